@@ -1,0 +1,29 @@
+# batchwire: `make demo` and `make test` set everything up in .venv first (idempotent).
+VENV ?= .venv
+PY := $(VENV)/bin/python
+export PYTHONUNBUFFERED := 1
+
+.PHONY: setup native demo test lint bench clean
+
+setup:
+	@scripts/setup.sh
+
+native: setup
+	@$(PY) -m batchwire.native build
+
+demo: native
+	@$(PY) -m batchwire.demo
+
+test: native
+	@$(PY) -m ruff check .
+	@$(PY) -m pytest -q
+
+lint: setup
+	@$(PY) -m ruff check .
+	@$(PY) -m ruff format --check .
+
+bench: native
+	@$(VENV)/bin/pipeline-bench --data ../shared/imagenet-sample
+
+clean:
+	rm -rf $(VENV) .cache

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Sets up a local .venv with batchwire and its test tools. Idempotent: a second run
+# reuses what the first installed (a stamp file records the pyproject it installed from).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+VENV=${VENV:-.venv}
+PYTHON=${PYTHON:-python3}
+EXTRAS=${BATCHWIRE_EXTRAS:-dev,dali}
+TORCH_SPEC=${BATCHWIRE_TORCH:-torch==2.13.0}
+
+# libjpeg-turbo's TurboJPEG API (PyTurboJPEG < 2 needs libturbojpeg 2.x).
+if ! ldconfig -p 2>/dev/null | grep -q 'libturbojpeg\.so'; then
+  if [ "$(id -u)" = 0 ]; then
+    echo "setup: installing libturbojpeg0 (apt-get)"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libturbojpeg0 >/dev/null
+  else
+    echo "setup: libturbojpeg is missing; run:  sudo apt-get update && sudo apt-get install -y libturbojpeg0" >&2
+    exit 1
+  fi
+fi
+
+stamp="$VENV/.batchwire-installed"
+want="$(sha1sum pyproject.toml | cut -c1-40) $EXTRAS $TORCH_SPEC"
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+  exit 0
+fi
+
+[ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
+pip="$VENV/bin/python -m pip"
+$pip install -q --upgrade pip setuptools wheel
+# torch first and pinned: an unpinned resolve would pull several GB of CUDA wheels.
+$pip install -q "$TORCH_SPEC"
+$pip install -q -e ".[$EXTRAS]"
+echo "$want" > "$stamp"
+echo "setup: $VENV ready"

@@ -1,0 +1,1 @@
+"""batchwire.train."""
