@@ -12,7 +12,7 @@ native: setup
 	@$(PY) -m batchwire.native build
 
 demo: native
-	@$(PY) -m batchwire.demo
+	@$(PY) -m batchwire.train.demo
 
 test: native
 	@$(PY) -m ruff check .

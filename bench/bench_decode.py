@@ -1,0 +1,173 @@
+"""Decode throughput per core, full-size against DCT-scaled for a random-resized crop, and the
+in-process LocalLoader rate.
+
+    python -m batchwire.bench.bench_decode [--dir ../shared/imagenet-sample] [--size 224]
+
+All files are read into memory first, so this measures decoding, not the disk. The per-core
+rows run on one thread; they report both wall-clock and CPU-time rates, because on a shared
+machine the wall clock includes time other processes held the core, while CPU time does not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from batchwire.pipeline.augment_plan import AugmentConfig, plan_sample
+from batchwire.pipeline.decode import (
+    choose_dct_scale,
+    decode_for_crop,
+    decode_full,
+    read_header,
+)
+
+DEFAULT_DIR = Path(__file__).resolve().parents[2] / "shared" / "imagenet-sample"
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
+
+
+def _timed(fns: dict[str, Callable[[], None]], repeats: int) -> dict[str, tuple[float, float]]:
+    """name -> (best wall seconds, CPU seconds of that run); the functions take turns, so
+    background load on a shared machine hits them alike."""
+    best = {name: (float("inf"), float("inf")) for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            w0, c0 = time.perf_counter(), time.process_time()
+            fn()
+            wall, cpu = time.perf_counter() - w0, time.process_time() - c0
+            if wall < best[name][0]:
+                best[name] = (wall, cpu)
+    return best
+
+
+def bench_decode(files: list[Path], size: int, repeats: int) -> dict:
+    """Per-core decode rates: full-size vs decode_for_crop for the train plan at `size`."""
+    blobs = [f.read_bytes() for f in files]
+    config = AugmentConfig(image_size=size, train=True)
+    headers = [read_header(b) for b in blobs]
+    plans = [plan_sample(config, 0, 0, i, h.height, h.width) for i, h in enumerate(headers)]
+    scales: dict[str, int] = {}
+    for h, p in zip(headers, plans, strict=True):
+        if h.kind == "jpeg":
+            y0, x0, y1, x1 = p.box
+            num, den = choose_dct_scale(y1 - y0, x1 - x0, size, size)
+            scales[f"{num}/{den}"] = scales.get(f"{num}/{den}", 0) + 1
+
+    def full() -> None:
+        for b in blobs:
+            decode_full(b)
+
+    def scaled() -> None:
+        # The pipeline's real per-sample work: header (size for the plan), then the decode.
+        for b, p in zip(blobs, plans, strict=True):
+            decode_for_crop(b, read_header(b), p.box, (size, size))
+
+    def forced(den: int) -> Callable[[], None]:
+        # Every JPEG decoded at 1/den whatever the crop: what each DCT scale costs by itself.
+        def run() -> None:
+            for b, h in zip(blobs, headers, strict=True):
+                box = (0.0, 0.0, float(h.height), float(h.width))
+                decode_for_crop(b, h, box, (h.height // den, h.width // den))
+
+        return run
+
+    n = len(blobs)
+    rows: dict = {}
+    fns = {"full": full, "dct_scaled": scaled} | {f"all_at_1/{d}": forced(d) for d in (2, 4, 8)}
+    for name, (wall, cpu) in _timed(fns, repeats).items():
+        rows[name] = {"images_per_s_wall": n / wall, "images_per_cpu_s": n / cpu}
+    full_r, dct_r = rows["full"], rows["dct_scaled"]
+    rows["speedup_wall"] = dct_r["images_per_s_wall"] / full_r["images_per_s_wall"]
+    rows["speedup_cpu"] = dct_r["images_per_cpu_s"] / full_r["images_per_cpu_s"]
+    rows["dct_scales_chosen"] = dict(sorted(scales.items()))
+    rows["images"] = n
+    rows["mean_bytes"] = sum(map(len, blobs)) / n
+    return rows
+
+
+def bench_local(files: list[Path], size: int, batch: int, threads: int, epochs: int) -> dict:
+    """LocalLoader images/s (train split, uint8 and float32 out) over whole epochs."""
+    from batchwire.pipeline.dataset import open_dataset
+    from batchwire.pipeline.local import LocalLoader
+
+    out = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        listing = Path(tmp) / "list.txt"
+        listing.write_text("".join(f"{f} {i}\n" for i, f in enumerate(files)))
+        dataset = open_dataset(listing)
+        for dtype in ("uint8", "float32"):
+            with LocalLoader(
+                dataset,
+                batch_size=batch,
+                image_size=size,
+                threads=threads,
+                output_dtype=dtype,
+                copy=False,
+            ) as loader:
+                next(iter(loader))  # warm-up: thread pool, op load, page cache
+                images = 0
+                t0, c0 = time.perf_counter(), time.process_time()
+                for epoch in range(epochs):
+                    loader.set_epoch(epoch)
+                    for x, _ in loader:
+                        images += x.shape[0]
+                seconds = time.perf_counter() - t0
+                cpu = time.process_time() - c0
+                out[dtype] = {
+                    "images_per_s": images / seconds,
+                    "images_per_cpu_s": images / cpu,
+                    "images": images,
+                    "augment": loader.producer.augment_name,
+                }
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--dir", type=Path, default=DEFAULT_DIR, help="folder of images")
+    ap.add_argument("--limit", type=int, default=0, help="use only the first N files (0 = all)")
+    ap.add_argument("--size", type=int, default=224, help="output size of the crop plan")
+    ap.add_argument("--repeats", type=int, default=3, help="timed passes (best is reported)")
+    ap.add_argument("--batch-size", type=int, default=64)
+    ap.add_argument("--threads", type=int, default=2, help="LocalLoader decode threads")
+    ap.add_argument("--epochs", type=int, default=1, help="LocalLoader epochs timed")
+    ap.add_argument("--no-loader", action="store_true", help="skip the LocalLoader row")
+    ap.add_argument("--json", type=Path, help="also write the figures here")
+    args = ap.parse_args(argv)
+
+    if not args.dir.is_dir():
+        ap.error(f"{args.dir} is not a folder")
+    files = sorted(p for p in args.dir.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+    if args.limit:
+        files = files[: args.limit]
+    if not files:
+        ap.error(f"no images in {args.dir}")
+
+    result = {"dir": str(args.dir), "decode": bench_decode(files, args.size, args.repeats)}
+    d = result["decode"]
+    print(f"decode, one thread, {d['images']} files ({d['mean_bytes'] / 1e3:.0f} kB mean), "
+          f"preloaded; crop plan: train RandomResizedCrop to {args.size} px")
+    print(f"  {'':<22}{'images/s (wall)':>16}{'images/CPU-s':>14}")
+    for name in ("full", "dct_scaled", "all_at_1/2", "all_at_1/4", "all_at_1/8"):
+        r = d[name]
+        print(f"  {name:<22}{r['images_per_s_wall']:>16.1f}{r['images_per_cpu_s']:>14.1f}")
+    print(f"  DCT scaling speed-up: {d['speedup_wall']:.2f}x wall, {d['speedup_cpu']:.2f}x CPU; "
+          f"scales chosen: {d['dct_scales_chosen']}")
+    if not args.no_loader:
+        result["local_loader"] = bench_local(
+            files, args.size, args.batch_size, args.threads, args.epochs
+        )
+        for dtype, r in result["local_loader"].items():
+            print(f"LocalLoader {args.size} px, batch {args.batch_size}, {args.threads} threads, "
+                  f"{dtype} out ({r['augment']} augment): {r['images_per_s']:.1f} images/s, "
+                  f"{r['images_per_cpu_s']:.1f} images/CPU-s ({r['images']} images)")
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

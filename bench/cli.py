@@ -1,0 +1,256 @@
+"""`pipeline-bench`: one command that shows how batchwire compares, on a given image folder.
+
+Rows, each timed for `--images` images (or `--max-seconds`) after a warm-up:
+  decode-only limit   TurboJPEG full decode of preloaded bytes on all cores (nothing else)
+  torch DataLoader    PIL decode + RandomResizedCrop + flip + to-tensor + normalize, --workers
+  DALI pipeline       DALI's own file reader + random-crop decode + resize + normalize
+  batchwire           a real pipeline-server subprocess + RemoteLoader here, uint8 wire,
+                      normalised by the loader (the same operations as the other rows)
+
+`--data` takes an ImageFolder tree, a list file, or a flat folder of images (treated as one
+class, through a list file written to the cache folder); default: the embedded dataset.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import logging
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from batchwire.bench import baselines
+from batchwire.bench.report import Report, Row, format_table, write_json, write_plot
+
+ROWS = ("decode", "dataloader", "dali", "batchwire")
+log = logging.getLogger("batchwire.bench")
+
+
+@dataclass(frozen=True)
+class BenchData:
+    """The image files, their labels, and what to pass to `pipeline-server --train`."""
+
+    shown: str
+    paths: list[str]
+    labels: np.ndarray
+    server_train: str
+
+
+def resolve_data(path: str | None) -> BenchData:
+    """Open `path` as an ImageFolder or list file; a flat folder of images becomes one class."""
+    from batchwire.pipeline.dataset import IMAGE_EXTENSIONS, open_dataset
+    from batchwire.pipeline.paths import cache_dir
+    from batchwire.pipeline.synthetic import default_dataset
+
+    target = Path(path).expanduser().resolve() if path else default_dataset().train_root
+    if not target.exists():
+        raise SystemExit(f"pipeline-bench: --data {target} does not exist")
+    has_class_dirs = target.is_dir() and any(p.is_dir() for p in target.iterdir())
+    if target.is_file() or has_class_dirs:
+        ds = open_dataset(target)
+        return BenchData(str(target), list(ds.paths), np.asarray(ds.labels), str(target))
+    files = sorted(
+        str(p) for p in target.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS
+    )
+    if not files:
+        raise SystemExit(f"pipeline-bench: no image files in {target}")
+    digest = hashlib.sha256("\n".join(files).encode()).hexdigest()[:16]
+    list_file = cache_dir() / "bench" / f"flat-{digest}.txt"
+    if not list_file.exists():
+        list_file.parent.mkdir(parents=True, exist_ok=True)
+        tmp = list_file.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text("".join(f"{f} 0\n" for f in files))
+        tmp.replace(list_file)
+    ds = open_dataset(list_file)
+    return BenchData(str(target), list(ds.paths), np.asarray(ds.labels), str(list_file))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="pipeline-bench",
+        description=__doc__.split("\n\n", 1)[1] if __doc__ else None,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--data", metavar="PATH", help="images to read (default: the embedded dataset)")
+    p.add_argument("--batch-size", type=int, default=64, metavar="B")
+    p.add_argument("--image-size", type=int, default=224, metavar="PX")
+    p.add_argument(
+        "--images",
+        type=int,
+        default=2048,
+        metavar="N",
+        help="images timed per row after the warm-up, at least 3 batches (default: 2048)",
+    )
+    p.add_argument(
+        "--warmup-batches",
+        type=int,
+        default=2,
+        metavar="N",
+        help="batches each row runs before timing starts; more than the prefetch queues "
+        "hold, so the timed window is steady state (default: 5)",
+    )
+    p.add_argument(
+        "--max-seconds",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="stop a row's timing after this long, whatever --images says (default: 60)",
+    )
+    p.add_argument(
+        "--device",
+        default="cpu",
+        metavar="DEV",
+        help="cpu or cuda[:N]: where DALI and batchwire decode/augment and where the "
+        "loader delivers (default: cpu)",
+    )
+    cores = os.cpu_count() or 1
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=2,
+        metavar="N",
+        help="DataLoader worker processes (default: 2)",
+    )
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=cores,
+        metavar="N",
+        help=f"decode threads of the decode-limit, DALI and server rows (default: all "
+        f"{cores} cores)",
+    )
+    p.add_argument(
+        "--decoder",
+        default="auto",
+        choices=("auto", "cpu", "nvjpeg", "dali"),
+        help="pipeline-server --decoder for the batchwire row (default: auto)",
+    )
+    p.add_argument(
+        "--rows",
+        default=",".join(ROWS),
+        metavar="LIST",
+        help=f"comma-separated rows to run, from {','.join(ROWS)} (default: all)",
+    )
+    p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    p.add_argument("--plot", metavar="FILE.png", help="also draw a bar chart (needs matplotlib)")
+    return p
+
+
+def _row(
+    report: Report, key: str, name: str, run: Callable[[], baselines.Measured], note: str = ""
+) -> None:
+    print(f"running: {name} ...", file=sys.stderr, flush=True)
+    try:
+        m = run()
+    except Exception as e:  # one row failing must not lose the others
+        log.debug("row %s failed", key, exc_info=True)
+        report.rows.append(Row(key, name, skipped=f"{type(e).__name__}: {e}"[:500]))
+        return
+    report.rows.append(Row(key, name, images=m.images, seconds=m.seconds, note=note))
+
+
+def run_bench(args: argparse.Namespace) -> Report:
+    import torch
+    from batchwire.bench.e2e_row import batchwire_row
+
+    rows = [r.strip() for r in args.rows.split(",") if r.strip()]
+    unknown = sorted(set(rows) - set(ROWS))
+    if unknown:
+        raise SystemExit(f"pipeline-bench: unknown rows {unknown}; choose from {', '.join(ROWS)}")
+    data = resolve_data(args.data)
+    dev = torch.device(args.device)
+    config = {
+        "data": data.shown,
+        "dataset_images": len(data.paths),
+        "batch_size": args.batch_size,
+        "image_size": args.image_size,
+        "images_per_row": args.images,
+        "device": str(dev),
+        "workers": args.workers,
+        "threads": args.threads,
+        "cpu_cores": os.cpu_count(),
+        "warmup_batches": args.warmup_batches,
+        "max_seconds": args.max_seconds,
+        "torch": torch.__version__,
+    }
+    report = Report(config)
+    common = {"measure_images": args.images, "max_seconds": args.max_seconds}
+    loop = {
+        **common,
+        "batch_size": args.batch_size,
+        "image_size": args.image_size,
+        "warmup": args.warmup_batches,
+    }
+    if "decode" in rows:
+        _row(
+            report,
+            "decode_limit",
+            f"decode-only limit (TurboJPEG, {args.threads} threads)",
+            lambda: baselines.decode_limit(data.paths, threads=args.threads, **common),
+        )
+    if "dataloader" in rows:
+        _, how = baselines.make_transform(args.image_size)
+        _row(
+            report,
+            "dataloader",
+            f"torch DataLoader ({args.workers} workers, PIL)",
+            lambda: baselines.dataloader_baseline(
+                data.paths, data.labels, workers=args.workers, **loop
+            )[0],
+            note=how,
+        )
+    if "dali" in rows:
+        name = f"DALI pipeline ({dev.type}, {args.threads} threads)"
+        try:
+            import nvidia.dali  # noqa: F401
+        except ImportError:
+            report.rows.append(Row("dali", name, skipped="NVIDIA DALI is not installed"))
+        else:
+            _row(
+                report,
+                "dali",
+                name,
+                lambda: baselines.dali_pipeline(
+                    data.paths, data.labels, device=str(dev), threads=args.threads, **loop
+                ),
+            )
+    if "batchwire" in rows:
+        _row(
+            report,
+            "batchwire",
+            f"batchwire (server + RemoteLoader, {dev.type}, uint8 wire)",
+            lambda: batchwire_row(
+                data.server_train,
+                device=str(dev),
+                threads=args.threads,
+                decoder=args.decoder,
+                **loop,
+            ),
+            note=f"pipeline-server --decoder {args.decoder} --workers {args.threads}",
+        )
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console script `pipeline-bench`."""
+    args = build_parser().parse_args(argv)
+    if args.batch_size < 1 or args.image_size < 1 or args.images < 1 or args.workers < 0:
+        raise SystemExit("pipeline-bench: --batch-size, --image-size, --images must be >= 1")
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    report = run_bench(args)
+    print(format_table(report))
+    if args.json:
+        write_json(report, args.json)
+        print(f"wrote {args.json}")
+    if args.plot:
+        why_not = write_plot(report, args.plot)
+        print(why_not if why_not else f"wrote {args.plot}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

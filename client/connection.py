@@ -1,0 +1,190 @@
+"""One DEALER session with one pipeline-server: sending control messages, receiving frames.
+
+Why a socket monitor: a killed and restarted server looks, to a DEALER, like silence; the TCP
+connection events tell us at once when the old peer vanished and when a new one completed its
+handshake, so the loader can re-send its hello immediately instead of guessing from silence
+(silence stays the fallback, see `RemoteLoader`). ``IMMEDIATE`` keeps control messages from
+queueing towards a peer that is not there: a hello sent while the server is down fails with
+EAGAIN and is retried once the handshake event arrives, so a restarted server never sees a burst
+of stale hellos and credits.
+
+All methods are called from the loader's own thread; nothing here blocks for longer than the
+poll timeout it is given.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from dataclasses import dataclass
+
+import zmq
+from batchwire.server import protocol
+from zmq.utils.monitor import recv_monitor_message
+
+log = logging.getLogger(__name__)
+
+_MONITOR_EVENTS = zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
+
+
+@dataclass
+class StreamState:
+    """What one server owes us in the current session (reset by every hello)."""
+
+    session: int = -1
+    start_batch: int = 0
+    welcomed: bool = False
+    granted: int = 0  # credits given in this session (hello's prefetch + credit messages)
+    received: int = 0  # batch messages received in this session
+
+    @property
+    def outstanding(self) -> int:
+        return self.granted - self.received
+
+
+class ServerConnection:
+    """The DEALER socket to one endpoint, its monitor, and its stream bookkeeping.
+
+    ``shard = (i, n)``: this server produces the rank's batches ``k`` with ``k % n == i``.
+    """
+
+    def __init__(self, ctx: zmq.Context, endpoint: str, shard: tuple[int, int]) -> None:
+        self.endpoint = endpoint
+        self.shard = shard
+        self.stream = StreamState()
+        #: False after a disconnect or `shutdown` until the hello of a new session is sent.
+        self.hello_sent = False
+        #: After `shutdown`: hold the next hello until the old process has disconnected.
+        self.wait_reconnect = False
+        self.connected = False
+        self.ever_connected = False
+        self.last_heard = self.prev_heard = time.monotonic()
+        self.last_sent = 0.0
+        self.last_error: str | None = None
+        self._sock = ctx.socket(zmq.DEALER)
+        self._sock.linger = 0
+        self._sock.immediate = True
+        self._sock.rcvtimeo = 0  # every receive below is preceded by a poll
+        # Reconnect quickly after a restart; back off to at most 1 s while the server is gone.
+        self._sock.reconnect_ivl = 100
+        self._sock.reconnect_ivl_max = 1000
+        self._monitor = self._sock.get_monitor_socket(_MONITOR_EVENTS)
+        self._sock.connect(endpoint)
+
+    # ------------------------------------------------------------------ sockets for polling
+
+    @property
+    def socket(self) -> zmq.Socket:
+        return self._sock
+
+    @property
+    def monitor(self) -> zmq.Socket:
+        return self._monitor
+
+    def close(self) -> None:
+        """Say bye (best effort) and close both sockets; safe to call twice."""
+        if self._sock.closed:
+            return
+        if self.hello_sent and self.connected:
+            self._send(protocol.Bye().pack())
+        with contextlib.suppress(zmq.ZMQError):
+            self._sock.disable_monitor()
+        self._monitor.close(linger=0)
+        self._sock.close(linger=0)
+
+    # ------------------------------------------------------------------ connection events
+
+    def drain_events(self) -> None:
+        """Apply pending monitor events: a disconnect invalidates the session's hello."""
+        while True:
+            try:
+                event = recv_monitor_message(self._monitor, zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            kind = event["event"]
+            if kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self.connected = True
+                self.ever_connected = True
+                log.debug("connected to %s", self.endpoint)
+            elif kind == zmq.EVENT_DISCONNECTED:
+                if self.connected:
+                    log.warning("lost pipeline-server at %s; will re-send hello", self.endpoint)
+                self.connected = False
+                self.hello_sent = False
+                self.wait_reconnect = False
+
+    def mark_lost(self, wait_reconnect: bool = False) -> None:
+        """The server said `shutdown` or went silent: the next hello starts a new session.
+
+        ``wait_reconnect`` (after `shutdown`) holds that hello until the exiting process has
+        dropped the connection, so it reaches the server that replaces it.
+        """
+        self.hello_sent = False
+        self.wait_reconnect = wait_reconnect
+
+    @property
+    def may_send_hello(self) -> bool:
+        return not self.hello_sent and not self.wait_reconnect
+
+    # ------------------------------------------------------------------ sending
+
+    def _send(self, frame: bytes) -> bool:
+        try:
+            self._sock.send(frame, zmq.NOBLOCK)
+        except zmq.Again:  # no completed connection (IMMEDIATE): the caller retries later
+            return False
+        self.last_sent = time.monotonic()
+        return True
+
+    def send_hello(self, hello: protocol.Hello) -> bool:
+        """Start session ``hello.session``; False if no server is connected yet (retry later)."""
+        if not self._send(hello.pack()):
+            return False
+        self.stream = StreamState(
+            session=hello.session, start_batch=hello.start_batch, granted=hello.prefetch
+        )
+        self.hello_sent = True
+        self.wait_reconnect = False
+        return True
+
+    def send_credit(self, n: int, stats: dict | None) -> bool:
+        """Grant ``n`` more batches in the current session (dropped while no session is up)."""
+        if n <= 0 or not self.hello_sent:
+            return False
+        if not self._send(protocol.Credit(n=n, stats=stats).pack()):
+            return False
+        self.stream.granted += n
+        return True
+
+    # ------------------------------------------------------------------ receiving
+
+    def recv_control(self) -> tuple[protocol.ServerMessage, bool]:
+        """Receive the first frame of the next message, decoded, and whether frames follow.
+
+        Raises `protocol.ProtocolError` for a frame that is not a valid v1 message; the rest of
+        that message is discarded first so the socket stays aligned on message boundaries.
+        """
+        frame = self._sock.recv(copy=True)
+        more = bool(self._sock.rcvmore)
+        self.prev_heard, self.last_heard = self.last_heard, time.monotonic()
+        try:
+            msg = protocol.decode_server_message(frame)
+        except protocol.ProtocolError:
+            if more:
+                self.discard_rest()
+            raise
+        return msg, more
+
+    def recv_into(self, buffer: memoryview) -> tuple[int, bool]:
+        """Receive the next frame of this message into ``buffer``; (frame size, more follow).
+
+        A frame larger than ``buffer`` is truncated by ZeroMQ: the returned size tells.
+        """
+        size = self._sock.recv_into(buffer)
+        return size, bool(self._sock.rcvmore)
+
+    def discard_rest(self) -> None:
+        """Drop the remaining frames of the current message (stale session, bad header)."""
+        while self._sock.rcvmore:
+            self._sock.recv_into(bytearray())

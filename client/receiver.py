@@ -1,0 +1,383 @@
+"""The client's engine: sessions with every server, credits, and the in-order reorder buffer.
+
+Everything runs on the consumer's thread. ZeroMQ's own I/O thread already receives up to the
+credited number of batches in the background; what is left for us is one ``recv_into`` per frame
+(straight into the slot the batch will be staged from) and queueing the asynchronous device
+copy. Before blocking on the batch it needs next, `get` takes in every batch that has already
+arrived, so copies are queued a step or more ahead of their use. A single thread also means no
+socket is ever shared between threads and no error has to be ferried across one.
+
+Several servers: server ``i`` of ``n`` produces the rank's batches ``k`` with ``k % n == i``;
+arrivals wait in a reorder buffer until their turn, so the loader yields the epoch in order,
+each batch exactly once. Each server gets its own credit window.
+
+Reconnects: a server that drops the TCP connection (killed, restarted) or says ``shutdown`` gets
+a new hello, with a new session id, from the next batch still needed from it, as soon as it is
+reachable again; a server that stays silent for a heartbeat while it owes us a batch is sent one
+too (the interval adapts to how long batches take, so a slow server is not restarted in a loop).
+Frames of an old session are dropped. A wait longer than ``timeout`` raises.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import zmq
+from batchwire.client.connection import ServerConnection
+from batchwire.client.errors import ProtocolError, ServerError, ServerUnavailable
+from batchwire.client.prefetch import Staged
+from batchwire.server import protocol
+
+log = logging.getLogger(__name__)
+
+_POLL_MS = 100  # longest single poll; bounds how late a reconnect or timeout is noticed
+
+
+@dataclass(eq=False)
+class Arrived:
+    """A batch in the reorder buffer."""
+
+    header: protocol.BatchHeader
+    staged: Staged
+    source: int  # index of the connection it came from
+
+
+class BatchReceiver:
+    """Receives one rank's batches of one split from one or more servers, in epoch order.
+
+    ``make_stager(welcome)`` is called once, with the first welcome, to build the object that
+    turns received bytes into tensors (see `prefetch`); it must offer ``slots_needed`` slots.
+    """
+
+    def __init__(
+        self,
+        endpoints: Sequence[str],
+        *,
+        split: str,
+        rank: int,
+        world_size: int,
+        prefetch: int,
+        timeout: float,
+        heartbeat: float,
+        make_stager: Callable[[protocol.Welcome, int], object],
+        stats: Callable[[], dict | None],
+    ) -> None:
+        self.split = split
+        self.rank = rank
+        self.world_size = world_size
+        self.timeout = float(timeout)
+        self.heartbeat = float(heartbeat)
+        n = len(endpoints)
+        #: Credits per server: the rank's prefetch split between its servers.
+        self.window = max(1, -(-prefetch // n))
+        self.slots_needed = self.window * n + 2
+        self._make_stager = make_stager
+        self._stats = stats
+        self._ctx = zmq.Context()
+        self.conns = [ServerConnection(self._ctx, ep, (i, n)) for i, ep in enumerate(endpoints)]
+        self._heartbeats = [self.heartbeat] * n
+        self._sessions = itertools.count(random.SystemRandom().randrange(1, 1 << 30))
+        self._poller = zmq.Poller()
+        for c in self.conns:
+            self._poller.register(c.socket, zmq.POLLIN)
+            self._poller.register(c.monitor, zmq.POLLIN)
+        self.welcome: protocol.Welcome | None = None
+        self.stager = None
+        self.epoch = -1
+        self.cursor = 0  # next batch index to hand out
+        self.held: dict[int, Arrived] = {}
+        self.dropped = 0  # batches received but not needed (stale, duplicate)
+        self._closed = False
+
+    # ------------------------------------------------------------------ public
+
+    @property
+    def num_batches(self) -> int | None:
+        return None if self.welcome is None else self.welcome.num_batches
+
+    def start(self, epoch: int, cursor: int) -> None:
+        """(Re)start every server's stream at ``(epoch, cursor)``; a no-op if already there."""
+        if epoch == self.epoch and cursor == self.cursor and self.conns[0].stream.session >= 0:
+            return
+        self.epoch, self.cursor = epoch, cursor
+        for arrived in self.held.values():
+            self.stager.discard(arrived.staged)
+        self.held.clear()
+        for c in self.conns:
+            c.mark_lost()
+        self._heartbeats = [self.heartbeat] * len(self.conns)
+        self._service()
+
+    def wait_welcome(self) -> protocol.Welcome:
+        """Block until every server has welcomed the current session."""
+        self._wait(lambda: all(c.stream.welcomed for c in self.conns), None)
+        assert self.welcome is not None
+        return self.welcome
+
+    def get(self, k: int) -> Arrived:
+        """Block until batch ``k`` (the cursor) arrives; hand it over and re-credit its server."""
+        if k != self.cursor:
+            raise RuntimeError(f"batches are handed out in order: asked {k}, next is {self.cursor}")
+        src = k % len(self.conns)
+        self._service()
+        self._wait(lambda: k in self.held, src)
+        arrived = self.held.pop(k)
+        self.cursor = k + 1
+        self._top_up(self.conns[src])
+        return arrived
+
+    @property
+    def depth(self) -> int:
+        """Batches received ahead of the consumer."""
+        return len(self.held)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if self.stager is not None:
+                for arrived in self.held.values():
+                    self.stager.discard(arrived.staged)
+                self.stager.close()
+        finally:
+            self.held.clear()
+            for c in self.conns:
+                c.close()
+            self._ctx.term()
+
+    # ------------------------------------------------------------------ credits and hellos
+
+    def _share(self, c: ServerConnection) -> tuple[int, int]:
+        """(batches this server still owes us in the epoch, batches of it we hold)."""
+        i, n = c.shard
+        held = sum(1 for a in self.held.values() if a.source == i)
+        total = self.num_batches
+        if total is None:
+            return self.window, held
+        first = self.cursor + ((i - self.cursor) % n)
+        remaining = len(range(first, total, n)) - held
+        return remaining, held
+
+    def _target(self, c: ServerConnection) -> int:
+        """How many batches this server should have in flight right now."""
+        remaining, held = self._share(c)
+        return max(0, min(self.window - held, remaining))
+
+    def _send_hello(self, c: ServerConnection) -> None:
+        """Start a new session with ``c`` from the next batch it owes, with a full window.
+
+        Batches of ``c`` already held are dropped and asked for again: the server grants a
+        session exactly its hello's ``prefetch`` in flight, so this keeps our credit count and
+        the slot ring exact; reconnects are rare enough for the re-send not to matter.
+        """
+        need_welcome = self.welcome is None or not c.stream.welcomed
+        remaining, _ = self._share(c)
+        if remaining == 0 and not need_welcome:
+            return  # everything it owes this epoch is here; no session needed
+        i, n = c.shard
+        for k in [k for k, a in self.held.items() if a.source == i]:
+            self.stager.discard(self.held.pop(k).staged)
+        hello = protocol.Hello(
+            split=self.split,
+            rank=self.rank,
+            world_size=self.world_size,
+            epoch=max(self.epoch, 0),
+            start_batch=self.cursor + ((i - self.cursor) % n),
+            prefetch=self.window,
+            shard=c.shard,
+            session=next(self._sessions),
+        )
+        if c.send_hello(hello):
+            log.debug("hello to %s: %s", c.endpoint, hello)
+
+    def _top_up(self, c: ServerConnection) -> None:
+        if not c.hello_sent:
+            return
+        grant = self._target(c) - c.stream.outstanding
+        if grant > 0:
+            c.send_credit(grant, self._stats())
+
+    def _service(self) -> None:
+        """Apply connection events and (re)send hellos where a session is missing."""
+        for c in self.conns:
+            c.drain_events()
+            if c.may_send_hello:
+                self._send_hello(c)
+
+    # ------------------------------------------------------------------ waiting
+
+    def _wait(self, done: Callable[[], bool], src: int | None) -> None:
+        """Receive until ``done()``; ``src`` is the connection the wait depends on (None: all)."""
+        start = time.monotonic()
+        deadline = start + self.timeout
+        while True:
+            self._receive_ready()
+            if done():
+                return
+            now = time.monotonic()
+            if now > deadline:
+                raise self._unavailable(src, now)
+            self._service()
+            self._check_silence(src, start, now)
+            self._poller.poll(min(_POLL_MS, max(1, int((deadline - now) * 1000))))
+
+    def _check_silence(self, src: int | None, start: float, now: float) -> None:
+        for i in range(len(self.conns)) if src is None else (src,):
+            c = self.conns[i]
+            if not c.hello_sent or not c.connected or c.stream.outstanding <= 0:
+                continue
+            quiet = now - max(c.last_heard, c.last_sent, start)
+            if quiet > self._heartbeats[i]:
+                log.info(
+                    "no message from %s for %.1f s while it owes batches; re-sending hello",
+                    c.endpoint, quiet,
+                )
+                self._heartbeats[i] = min(2 * self._heartbeats[i], max(self.timeout / 2, 1.0))
+                c.mark_lost()
+
+    def _unavailable(self, src: int | None, now: float) -> ServerUnavailable:
+        conns = self.conns if src is None else [self.conns[src]]
+        c = next((c for c in conns if not c.stream.welcomed), conns[0])
+        t = f"{self.timeout:g}"
+        if not c.ever_connected:
+            msg = (
+                f"no pipeline-server answered at {c.endpoint} within {t} s "
+                f"(is it running? start one with `pipeline-server --bind {c.endpoint}`)"
+            )
+        elif not c.connected:
+            msg = (
+                f"pipeline-server at {c.endpoint} went away (last heard "
+                f"{now - c.last_heard:.1f} s ago) and did not come back within {t} s"
+            )
+        else:
+            msg = (
+                f"pipeline-server at {c.endpoint} is connected but sent no batch for {t} s "
+                f"(waiting for batch {self.cursor} of epoch {self.epoch}, split {self.split!r})"
+            )
+        if c.last_error:
+            msg += f"; its last error: {c.last_error}"
+        return ServerUnavailable(c.endpoint, msg)
+
+    # ------------------------------------------------------------------ receiving
+
+    def _receive_ready(self) -> None:
+        for c in self.conns:
+            while c.socket.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                self._receive_one(c)
+
+    def _receive_one(self, c: ServerConnection) -> None:
+        try:
+            msg, more = c.recv_control()
+        except ProtocolError as exc:
+            exc.args = (f"pipeline-server at {c.endpoint}: {exc.args[0]}",)
+            raise
+        if isinstance(msg, protocol.BatchHeader):
+            self._receive_batch(c, msg, more)
+            return
+        if more:
+            c.discard_rest()
+        if isinstance(msg, protocol.Welcome):
+            if msg.session == c.stream.session and c.hello_sent:
+                self._accept_welcome(c, msg)
+        elif isinstance(msg, protocol.ErrorReply):
+            self._on_error(c, msg.message)
+        elif isinstance(msg, protocol.Shutdown):
+            log.warning("pipeline-server at %s is shutting down; waiting for it", c.endpoint)
+            c.mark_lost(wait_reconnect=True)
+
+    def _on_error(self, c: ServerConnection, message: str) -> None:
+        if not c.stream.welcomed:  # the answer to our hello: the server will not serve us
+            raise ServerError(c.endpoint, message)
+        # After a welcome, an error can only concern a later message; start a clean session:
+        # if the server really cannot serve us, it refuses that hello and we raise then.
+        log.warning("pipeline-server at %s: %s; re-sending hello", c.endpoint, message)
+        c.last_error = message
+        c.mark_lost()
+
+    def _accept_welcome(self, c: ServerConnection, w: protocol.Welcome) -> None:
+        if self.welcome is None:
+            self.welcome = w
+            self.stager = self._make_stager(w, self.slots_needed)
+        else:
+            mine, theirs = _welcome_key(self.welcome), _welcome_key(w)
+            if mine != theirs:
+                raise ProtocolError(
+                    f"pipeline-server at {c.endpoint} serves batches unlike the first server "
+                    f"it talked to: {theirs} vs {mine}; all servers of one loader must be "
+                    "started with the same data and options"
+                )
+        c.stream.welcomed = True
+        self._top_up(c)
+
+    def _receive_batch(self, c: ServerConnection, h: protocol.BatchHeader, more: bool) -> None:
+        s = c.stream
+        if h.session != s.session or not c.hello_sent or not s.welcomed:
+            c.discard_rest()  # a stale session's frames
+            return
+        s.received += 1
+        if s.received > s.granted:
+            c.discard_rest()
+            raise ProtocolError(
+                f"pipeline-server at {c.endpoint} sent more batches than credited "
+                f"({s.received} > {s.granted})"
+            )
+        i, n = c.shard
+        assert self.welcome is not None
+        total = self.welcome.num_batches
+        wanted = (
+            h.epoch == self.epoch and h.split == self.split and h.batch_index % n == i
+            and self.cursor <= h.batch_index < total and h.batch_index not in self.held
+        )
+        if not wanted:  # e.g. resent after a reconnect; costs a credit, so grant it back
+            c.discard_rest()
+            self.dropped += 1
+            self._top_up(c)
+            return
+        self._check_shape(c, h, more)
+        slot = self.stager.acquire(h)
+        size, more = c.recv_into(slot.images_buffer(h.nbytes))
+        if size != h.nbytes or not more:
+            c.discard_rest()
+            raise ProtocolError(
+                f"pipeline-server at {c.endpoint}: batch {h.batch_index} images frame has "
+                f"{size} bytes{'' if more else ' and no labels frame'}; its header says "
+                f"{h.nbytes}"
+            )
+        size, more = c.recv_into(slot.labels_buffer(h.batch_size))
+        if size != h.labels_nbytes or more:
+            c.discard_rest()
+            raise ProtocolError(
+                f"pipeline-server at {c.endpoint}: batch {h.batch_index} labels frame has "
+                f"{size} bytes, expected {h.labels_nbytes}{' and then more frames' if more else ''}"
+            )
+        staged = self.stager.stage(slot, h)
+        self.held[h.batch_index] = Arrived(h, staged, i)
+        # How long this batch took to come (since we last heard or asked): the silence check
+        # waits a few times that, so a server that is merely slow is not restarted in a loop.
+        gap = c.last_heard - max(c.last_sent, c.prev_heard)
+        self._heartbeats[i] = max(self.heartbeat, min(self._heartbeats[i], 4 * gap))
+
+    def _check_shape(self, c: ServerConnection, h: protocol.BatchHeader, more: bool) -> None:
+        w = self.welcome
+        assert w is not None
+        ok = (
+            more and h.dtype == w.dtype and h.layout == w.layout
+            and h.shape[1:] == w.shape[1:] and h.shape[0] <= w.shape[0]
+        )
+        if not ok:
+            c.discard_rest()
+            raise ProtocolError(
+                f"pipeline-server at {c.endpoint}: batch {h.batch_index} is "
+                f"{h.shape} {h.dtype} {h.layout}, but its welcome promised "
+                f"{w.shape} {w.dtype} {w.layout}{'' if more else ' (and it has no data frames)'}"
+            )
+
+
+def _welcome_key(w: protocol.Welcome) -> tuple:
+    return (w.num_batches, w.num_samples, tuple(w.shape), w.dtype, w.layout, w.num_classes)

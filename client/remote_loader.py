@@ -1,0 +1,340 @@
+"""RemoteLoader: a drop-in data loader that trains from one or more pipeline-servers.
+
+    loader = RemoteLoader("tcp://127.0.0.1:5555", split="train", device="cuda")
+    for epoch in range(epochs):
+        loader.set_epoch(epoch)
+        for images, labels in loader:  # images [B, 3, H, W] on the device, labels int64 [B]
+            ...
+
+Position semantics (what `state_dict` saves): the loader remembers ``(epoch, next_batch)``.
+Iterating continues from ``next_batch`` (so a loop that breaks early and iterates again goes on
+where it stopped); iterating an epoch that is already complete replays it from batch 0, as a
+sampler without ``set_epoch`` would; `set_epoch` with a new epoch starts that epoch at batch 0,
+and with the current epoch keeps the position (so "load state, then the usual
+``set_epoch(epoch)`` loop" resumes mid-epoch).
+
+Tensor lifetime: on CPU every batch is a fresh tensor, yours to keep. On CUDA the batch lives in
+one of ``prefetch + 2`` rotating device slots and is valid until you have requested the next
+``prefetch + 1`` batches; `clone()` it to keep it longer.
+
+One loader serves one consumer thread (it is not thread-safe); use one loader per rank.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import time
+import weakref
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+from batchwire.client.errors import LoaderError
+from batchwire.client.normalize import IMAGENET_MEAN, IMAGENET_STD, check_dtype
+from batchwire.client.prefetch import BatchFormat, CpuStager, CudaStager, Staged
+from batchwire.client.receiver import BatchReceiver
+from batchwire.server import protocol
+from torch.utils.data import IterableDataset, get_worker_info
+
+try:  # written by the monitoring work; the loader runs without it
+    from batchwire.client.loader_stats import LoaderStats
+except ImportError:  # pragma: no cover - depends on the checkout
+    LoaderStats = None  # type: ignore[assignment,misc]
+
+_STATE_KEYS = ("epoch", "next_batch", "split", "rank", "world_size")
+
+
+def _resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    """Explicit values, else torch.distributed when initialised, else RANK/WORLD_SIZE, else 0/1."""
+    if rank is None or world_size is None:
+        dist = torch.distributed
+        if dist.is_available() and dist.is_initialized():
+            env_rank, env_world = dist.get_rank(), dist.get_world_size()
+        else:
+            env_rank = int(os.environ.get("RANK", "0"))
+            env_world = int(os.environ.get("WORLD_SIZE", "1"))
+        rank = env_rank if rank is None else rank
+        world_size = env_world if world_size is None else world_size
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ValueError(f"need 0 <= rank < world_size, got rank={rank}, world_size={world_size}")
+    return rank, world_size
+
+
+def _resolve_device(device: str | torch.device | None) -> torch.device:
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device {device!r} asked for, but CUDA is not available")
+        if dev.index is None:
+            dev = torch.device("cuda", torch.cuda.current_device())
+    elif dev.type != "cpu":
+        raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {device!r}")
+    return dev
+
+
+def _make_stager(
+    welcome: protocol.Welcome,
+    slots: int,
+    *,
+    device: torch.device,
+    normalize: bool,
+    mean: tuple[float, ...] | None,
+    std: tuple[float, ...] | None,
+    dtype: torch.dtype,
+) -> CpuStager | CudaStager:
+    """Build the stager for what the first server's welcome announced."""
+    if normalize and welcome.dtype != "uint8":
+        raise ValueError(
+            f"normalize_on_device=True needs a uint8 wire, but the server sends {welcome.dtype} "
+            "(already normalised); drop normalize_on_device or start the server with "
+            "--output-dtype uint8"
+        )
+    fmt = BatchFormat(
+        shape=list(welcome.shape),
+        dtype=welcome.dtype,
+        layout=welcome.layout,
+        normalize=normalize,
+        out_dtype=dtype,
+        mean=mean or tuple(welcome.mean) or IMAGENET_MEAN,
+        std=std or tuple(welcome.std) or IMAGENET_STD,
+    )
+    if device.type == "cuda":
+        return CudaStager(fmt, device, slots)
+    return CpuStager(fmt)
+
+
+class RemoteLoader(IterableDataset):
+    """Batches of one split for one rank, streamed from pipeline-server(s).
+
+    Args:
+        endpoints: one endpoint or a list; with ``n`` servers, server ``i`` produces the rank's
+            batches ``k`` with ``k % n == i`` and the loader merges them back into order.
+        split: ``"train"`` or ``"val"`` (whatever the servers serve).
+        rank, world_size: default from torch.distributed, else ``RANK``/``WORLD_SIZE``, else 0/1.
+        prefetch: batches in flight (credits), split between the servers (at least one each).
+        timeout: seconds to wait for any one batch (reconnects included) before raising
+            `ServerUnavailable`.
+        device: ``"cpu"``, ``"cuda"``, ``"cuda:N"``; None picks CUDA when available.
+        with_indices: yield ``(images, labels, indices)``; padding slots have index -1.
+        normalize_on_device: convert a uint8 wire to ``dtype`` with ``(x/255 - mean)/std`` on
+            the device. With a float wire (already normalised by the server) this is an error,
+            raised when the server's welcome says so.
+        mean, std: for ``normalize_on_device``; None takes the server's (ImageNet if absent).
+        dtype: float dtype of normalised images (float32, bfloat16 or float16).
+        heartbeat: seconds of silence from a server that owes a batch before the hello is
+            re-sent (the fallback for restarts the connection events do not reveal).
+    """
+
+    def __init__(
+        self,
+        endpoints: str | Sequence[str],
+        split: str = "train",
+        *,
+        rank: int | None = None,
+        world_size: int | None = None,
+        prefetch: int = 4,
+        timeout: float = 60.0,
+        device: str | torch.device | None = None,
+        with_indices: bool = False,
+        normalize_on_device: bool = False,
+        mean: Sequence[float] | None = None,
+        std: Sequence[float] | None = None,
+        dtype: torch.dtype = torch.float32,
+        heartbeat: float = 1.0,
+    ) -> None:
+        super().__init__()
+        eps = [endpoints] if isinstance(endpoints, str) else list(endpoints)
+        if not eps or not all(isinstance(e, str) and "://" in e for e in eps):
+            raise ValueError(f"endpoints must be 'tcp://host:port' style strings, got {endpoints}")
+        if len(set(eps)) != len(eps):
+            raise ValueError(f"endpoints must be distinct, got {eps}")
+        if not 1 <= prefetch <= protocol.MAX_PREFETCH:
+            raise ValueError(f"prefetch must be in [1, {protocol.MAX_PREFETCH}], got {prefetch}")
+        if timeout <= 0 or heartbeat <= 0:
+            raise ValueError("timeout and heartbeat must be > 0 seconds")
+        self.endpoints = eps
+        self.split = split
+        self.rank, self.world_size = _resolve_rank(rank, world_size)
+        self.prefetch = int(prefetch)
+        self.timeout = float(timeout)
+        self.heartbeat = float(heartbeat)
+        self.with_indices = bool(with_indices)
+        self.normalize_on_device = bool(normalize_on_device)
+        self.mean = None if mean is None else tuple(float(v) for v in mean)
+        self.std = None if std is None else tuple(float(v) for v in std)
+        self.dtype = check_dtype(dtype)
+        self._device_arg = device
+        self.device: torch.device | None = None  # resolved on first connection
+        self.epoch = 0
+        self.next_batch = 0
+        self._receiver: BatchReceiver | None = None
+        self._handed: Staged | None = None  # the batch the consumer holds now
+        self._iteration = 0  # bumps with every __iter__, so a stale iterator stops
+        self._stats = LoaderStats() if LoaderStats is not None else None
+        self._finalizer: weakref.finalize | None = None
+
+    # ------------------------------------------------------------------ public API
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch to iterate next (keeps the position if it is the current epoch)."""
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+            raise ValueError(f"epoch must be an integer >= 0, got {epoch!r}")
+        if epoch != self.epoch:
+            self.epoch, self.next_batch = epoch, 0
+
+    def __len__(self) -> int:
+        """This rank's number of batches per epoch (asks the server on first use)."""
+        receiver = self._connect()
+        if receiver.num_batches is None:
+            receiver.start(self.epoch, self._start_position(receiver))
+            receiver.wait_welcome()
+        assert receiver.num_batches is not None
+        return receiver.num_batches
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, ...]]:
+        if get_worker_info() is not None:
+            raise LoaderError(
+                "RemoteLoader cannot run inside DataLoader worker processes: every worker would "
+                "stream the same batches. It already receives and prefetches in the background; "
+                "use DataLoader(loader, batch_size=None, num_workers=0) or iterate it directly"
+            )
+        self._iteration += 1
+        return self._iterate(self._iteration)
+
+    def stats(self) -> dict | None:
+        """`LoaderStats.as_dict()`: prefetch depth, wait per batch, data-wait fraction, images/s."""
+        return None if self._stats is None else self._stats.as_dict()
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the loader stands: resume with `load_state_dict` to get exactly the rest."""
+        return {
+            "epoch": self.epoch,
+            "next_batch": self.next_batch,
+            "split": self.split,
+            "rank": self.rank,
+            "world_size": self.world_size,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume at ``state``'s position; split and world_size must match this loader."""
+        missing = [k for k in _STATE_KEYS if k not in state]
+        if missing:
+            raise ValueError(f"RemoteLoader state is missing {missing}")
+        if state["split"] != self.split or state["world_size"] != self.world_size:
+            raise ValueError(
+                f"state is for split {state['split']!r} with world_size {state['world_size']}, "
+                f"this loader serves {self.split!r} with world_size {self.world_size}"
+            )
+        if state["rank"] != self.rank:
+            raise ValueError(f"state is for rank {state['rank']}, this loader is rank {self.rank}")
+        epoch, nxt = int(state["epoch"]), int(state["next_batch"])
+        if epoch < 0 or nxt < 0:
+            raise ValueError(f"invalid RemoteLoader state position: epoch {epoch}, batch {nxt}")
+        self.epoch, self.next_batch = epoch, nxt
+
+    def close(self) -> None:
+        """Leave the servers (bye) and free sockets and buffers; the loader reconnects if used."""
+        self._release_handed()
+        if self._receiver is not None:
+            self._receiver.close()
+            self._receiver = None
+        if self._finalizer is not None:
+            self._finalizer.detach()
+            self._finalizer = None
+
+    def __enter__(self) -> RemoteLoader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Picklable (for DataLoader workers, which then refuse to run): no live sockets."""
+        state = self.__dict__.copy()
+        state.update(_receiver=None, _handed=None, _finalizer=None, _stats=None)
+        return state
+
+    def __repr__(self) -> str:
+        return (
+            f"RemoteLoader({self.endpoints}, split={self.split!r}, rank={self.rank}, "
+            f"world_size={self.world_size}, epoch={self.epoch}, next_batch={self.next_batch})"
+        )
+
+    # ------------------------------------------------------------------ internals
+
+    def _connect(self) -> BatchReceiver:
+        if self._receiver is None:
+            self.device = _resolve_device(self._device_arg)
+            self._receiver = BatchReceiver(
+                self.endpoints,
+                split=self.split,
+                rank=self.rank,
+                world_size=self.world_size,
+                prefetch=self.prefetch,
+                timeout=self.timeout,
+                heartbeat=self.heartbeat,
+                make_stager=functools.partial(
+                    _make_stager,
+                    device=self.device,
+                    normalize=self.normalize_on_device,
+                    mean=self.mean,
+                    std=self.std,
+                    dtype=self.dtype,
+                ),
+                stats=self._stats.as_dict if self._stats is not None else lambda: None,
+            )
+            # Sockets and the context must close even if the user never calls close(); the
+            # receiver holds no reference back to the loader, so the loader can be collected.
+            self._finalizer = weakref.finalize(self, self._receiver.close)
+        return self._receiver
+
+    def _start_position(self, receiver: BatchReceiver) -> int:
+        total = receiver.num_batches
+        if total is not None and self.next_batch >= total:
+            self.next_batch = 0  # a complete epoch iterated again replays it
+        return self.next_batch
+
+    def _release_handed(self) -> None:
+        if self._handed is not None and self._receiver is not None:
+            stager = self._receiver.stager
+            if stager is not None:
+                stager.release(self._handed)
+        self._handed = None
+
+    def _iterate(self, iteration: int) -> Iterator[tuple[torch.Tensor, ...]]:
+        receiver = self._connect()
+        self._release_handed()
+        receiver.start(self.epoch, self._start_position(receiver))
+        total = len(self)
+        if self.next_batch >= total:  # learnt the epoch length just now
+            receiver.start(self.epoch, self._start_position(receiver))
+        try:
+            while self.next_batch < total:
+                if iteration != self._iteration:
+                    raise LoaderError("this iterator was superseded by a newer iter(loader)")
+                t0 = time.perf_counter()
+                self._release_handed()
+                arrived = receiver.get(self.next_batch)
+                receiver.stager.hand_out(arrived.staged)
+                self._handed = arrived.staged
+                self.next_batch += 1
+                if self._stats is not None:
+                    self._stats.record_wait(time.perf_counter() - t0)
+                    self._stats.record_batch(arrived.header.batch_size)
+                    self._stats.set_prefetch_depth(receiver.depth)
+                yield self._output(arrived)
+        finally:
+            if iteration == self._iteration:
+                self._release_handed()
+
+    def _output(self, arrived: Any) -> tuple[torch.Tensor, ...]:
+        staged: Staged = arrived.staged
+        if not self.with_indices:
+            return staged.images, staged.labels
+        indices = torch.tensor(arrived.header.indices, dtype=torch.int64)
+        if self.device is not None and self.device.type == "cuda":
+            indices = indices.to(self.device)
+        return staged.images, staged.labels, indices

@@ -1,0 +1,199 @@
+"""``pipeline-monitor ENDPOINT``: watch a running pipeline-server from a terminal.
+
+Live mode redraws the view every ``--interval`` seconds on the terminal's alternate screen (plain
+ANSI, no curses), redraws at once when the terminal is resized, and restores the terminal on
+Ctrl-C or SIGTERM. ``--once`` prints a single snapshot; ``--json`` prints the raw stats instead of
+the view (one JSON object per line when live), for scripts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import select
+import shutil
+import signal
+import sys
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import TextIO
+
+from batchwire.monitor.bottleneck import infer_bottleneck, smooth
+from batchwire.monitor.render import render
+from batchwire.monitor.stats_client import StatsClient, StatsUnavailable
+
+ENTER_SCREEN = "\x1b[?1049h\x1b[?25l"  # alternate screen, hide cursor
+LEAVE_SCREEN = "\x1b[?25h\x1b[?1049l"
+HOME = "\x1b[H"
+CLEAR_EOL = "\x1b[K"
+CLEAR_BELOW = "\x1b[J"
+# The live view infers the bottleneck from the queues averaged over this long: one snapshot
+# catches each worker in one stage, a few seconds show where batches really pile up.
+SMOOTH_S = 3.0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="pipeline-monitor",
+        description="Live view of a pipeline-server: stage queues, clients, throughput, and "
+                    "the inferred bottleneck.")
+    parser.add_argument("endpoint", metavar="ENDPOINT",
+                        help="the server's ZeroMQ endpoint, e.g. tcp://127.0.0.1:5555")
+    parser.add_argument("--once", action="store_true",
+                        help="print one snapshot and exit")
+    parser.add_argument("--json", action="store_true",
+                        help="print the raw stats as JSON (one object per line when live)")
+    parser.add_argument("--interval", type=float, default=1.0, metavar="S",
+                        help="seconds between refreshes in live mode (default: 1)")
+    parser.add_argument("--timeout", type=float, default=5.0, metavar="S",
+                        help="seconds to wait for the server's answer (default: 5)")
+    parser.add_argument("--no-color", action="store_true",
+                        help="no ANSI colours (also off when NO_COLOR is set or not a terminal)")
+    return parser
+
+
+def _use_color(stream: TextIO, disabled: bool) -> bool:
+    return not disabled and "NO_COLOR" not in os.environ and stream.isatty()
+
+
+def _use_unicode(stream: TextIO) -> bool:
+    return "utf" in (getattr(stream, "encoding", None) or "").lower()
+
+
+def _terminal_size(stream: TextIO) -> tuple[int, int]:
+    try:
+        size = os.get_terminal_size(stream.fileno())
+    except (OSError, ValueError, AttributeError):
+        size = shutil.get_terminal_size()
+    return max(1, size.columns), max(1, size.lines)
+
+
+def _raise_exit(signum: int, frame: object) -> None:
+    raise SystemExit(0)
+
+
+def _run_once(client: StatsClient, args: argparse.Namespace, out: TextIO) -> int:
+    try:
+        snapshot = client.fetch()
+    except StatsUnavailable as exc:
+        print(f"pipeline-monitor: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        out.write(json.dumps(snapshot) + "\n")
+    else:
+        width = _terminal_size(out)[0] if out.isatty() else 120
+        out.write(render(snapshot, width, endpoint=args.endpoint,
+                         color=_use_color(out, args.no_color), unicode=_use_unicode(out)) + "\n")
+    out.flush()
+    return 0
+
+
+def _run_json_stream(client: StatsClient, args: argparse.Namespace, out: TextIO) -> int:
+    """One JSON line per interval; a missed answer goes to stderr and polling goes on."""
+    while True:
+        started = time.monotonic()
+        try:
+            out.write(json.dumps(client.fetch()) + "\n")
+            out.flush()
+        except StatsUnavailable as exc:
+            print(f"pipeline-monitor: {exc}", file=sys.stderr, flush=True)
+        time.sleep(max(0.0, started + args.interval - time.monotonic()))
+
+
+def _run_live(client: StatsClient, args: argparse.Namespace, out: TextIO) -> int:
+    tty = out.isatty()
+    color = _use_color(out, args.no_color)
+    unicode = _use_unicode(out)
+    state: dict = {"snapshot": None, "error": None, "last_ok": None}
+    recent: deque[dict] = deque(maxlen=max(1, round(SMOOTH_S / args.interval)))
+
+    def draw() -> None:
+        width, height = _terminal_size(out) if tty else (120, None)
+        error = state["error"]
+        if error and state["last_ok"] is not None:
+            error = f"{error}; last answer {time.monotonic() - state['last_ok']:.0f} s ago"
+        bottleneck = infer_bottleneck(smooth(recent)) if recent else None
+        frame = render(state["snapshot"], width, height, endpoint=args.endpoint, error=error,
+                       color=color, unicode=unicode, bottleneck=bottleneck)
+        if tty:
+            body = (CLEAR_EOL + "\r\n").join(frame.split("\n"))
+            out.write(HOME + body + CLEAR_EOL + CLEAR_BELOW)
+        else:
+            out.write(frame + "\n\n")
+        out.flush()
+
+    # A resize must wake the sleep between refreshes. The handler only writes a byte to a
+    # pipe the sleep selects on: taking a lock in a signal handler (threading.Event.set) can
+    # deadlock against the same lock held by the interrupted wait.
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_r, False)
+    os.set_blocking(wake_w, False)
+
+    def on_resize(signum: int, frame: object) -> None:
+        with contextlib.suppress(OSError):  # pipe full: a wake-up is pending anyway
+            os.write(wake_w, b"w")
+
+    previous: Callable | int | None = None
+    if tty and hasattr(signal, "SIGWINCH"):
+        previous = signal.signal(signal.SIGWINCH, on_resize)
+    if tty:
+        out.write(ENTER_SCREEN)
+    try:
+        while True:
+            started = time.monotonic()
+            try:
+                state["snapshot"] = client.fetch()
+                recent.append(state["snapshot"])
+                state["error"] = None
+                state["last_ok"] = time.monotonic()
+            except StatsUnavailable as exc:
+                state["error"] = str(exc)
+            draw()
+            # Sleep until the next refresh, but redraw right away when the terminal resizes.
+            while (remaining := started + args.interval - time.monotonic()) > 0:
+                if select.select([wake_r], [], [], remaining)[0]:
+                    with contextlib.suppress(BlockingIOError):
+                        os.read(wake_r, 4096)
+                    draw()
+    finally:
+        if tty:
+            out.write(LEAVE_SCREEN)
+            out.flush()
+        if previous is not None:
+            signal.signal(signal.SIGWINCH, previous)
+        os.close(wake_r)
+        os.close(wake_w)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if not args.interval > 0:
+        build_parser().error("--interval must be > 0")
+    if not args.timeout > 0:
+        build_parser().error("--timeout must be > 0")
+    out = sys.stdout
+    # SIGTERM takes the same clean way out as Ctrl-C: the terminal must be restored.
+    signal.signal(signal.SIGTERM, _raise_exit)
+    client = StatsClient(args.endpoint, args.timeout)
+    try:
+        if args.once:
+            return _run_once(client, args, out)
+        if args.json:
+            return _run_json_stream(client, args, out)
+        return _run_live(client, args, out)
+    except KeyboardInterrupt:
+        return 0
+    except BrokenPipeError:
+        # The reader went away (`| head`): stop quietly, and keep Python from complaining
+        # about the unflushable stdout at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    finally:
+        client.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

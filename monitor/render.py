@@ -1,0 +1,266 @@
+"""Text rendering of a stats snapshot for the terminal: a pure function of (snapshot, size).
+
+Lines are built as styled segments and cut to the terminal width by their visible characters,
+so colour codes never get sliced in half and a narrow terminal shows a clipped, not wrapped, view.
+Client columns that do not fit are dropped, least useful first.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from batchwire.monitor.bottleneck import Bottleneck, infer_bottleneck, is_full
+
+# SGR codes; applied only when colour is on.
+BOLD = "1"
+DIM = "2"
+RED = "31"
+GREEN = "32"
+YELLOW = "33"
+CYAN = "36"
+
+Segment = tuple[str, str]  # (text, SGR style or "")
+Line = list[Segment]
+
+MIN_BAR = 6
+MAX_BAR = 50
+
+
+@dataclass(frozen=True)
+class _Column:
+    title: str
+    width: int
+    priority: int  # 1 = always shown; larger numbers are dropped first when space runs out
+    align: str  # "<" or ">"
+
+
+_CLIENT_COLUMNS = (
+    _Column("client", 12, 1, "<"),
+    _Column("split", 6, 2, "<"),
+    _Column("rank", 5, 1, ">"),
+    _Column("epoch", 5, 4, ">"),
+    _Column("credits", 7, 3, ">"),
+    _Column("ready", 7, 1, ">"),
+    _Column("inflight", 8, 5, ">"),
+    _Column("sent", 8, 6, ">"),
+    _Column("img/s", 8, 2, ">"),
+    _Column("wait", 6, 2, ">"),
+    _Column("seen", 6, 5, ">"),
+)
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} TB"
+
+
+def human_duration(seconds: float) -> str:
+    seconds = max(0.0, float(seconds))
+    if seconds < 10:
+        return f"{seconds:.1f}s"
+    if seconds < 60:
+        return f"{seconds:.0f}s"
+    minutes, secs = divmod(int(seconds), 60)
+    if minutes < 60:
+        return f"{minutes}m{secs:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 24:
+        return f"{hours}h{minutes:02d}m"
+    days, hours = divmod(hours, 24)
+    return f"{days}d{hours:02d}h"
+
+
+def fit(line: Line, width: int) -> Line:
+    """Cut ``line`` to ``width`` visible characters."""
+    out: Line = []
+    left = max(0, width)
+    for text, style in line:
+        if left <= 0:
+            break
+        out.append((text[:left], style))
+        left -= len(text[:left])
+    return out
+
+
+def to_text(line: Line, color: bool) -> str:
+    if not color:
+        return "".join(text for text, _ in line)
+    return "".join(f"\x1b[{style}m{text}\x1b[0m" if style and text else text
+                   for text, style in line)
+
+
+def _bar(depth: int, capacity: int, width: int, unicode: bool) -> Line:
+    full_ch, empty_ch = ("█", "░") if unicode else ("#", ".")
+    filled = 0 if capacity <= 0 else round(width * min(depth, capacity) / capacity)
+    if depth > 0 and filled == 0:
+        filled = 1  # a non-empty queue never looks empty
+    style = YELLOW if is_full(depth, capacity) else GREEN
+    return [("[", ""), (full_ch * filled, style), (empty_ch * (width - filled), DIM), ("]", "")]
+
+
+def _stage_lines(snapshot: Mapping[str, Any], width: int, unicode: bool,
+                 bottleneck: Bottleneck) -> list[Line]:
+    rows: list[tuple[str, int, int, str]] = [
+        (str(s["name"]), int(s["depth"]), int(s["capacity"]),
+         f"{float(s.get('latency_ms', 0.0)):7.1f} ms")
+        for s in snapshot.get("stages", [])
+    ]
+    clients = snapshot.get("clients", [])
+    if clients and not any(name == "ready" for name, *_ in rows):
+        rows.append(("ready", sum(int(c.get("ready", 0)) for c in clients),
+                     sum(int(c.get("ready_capacity", 0)) for c in clients),
+                     f"{len(clients)} client{'s' if len(clients) != 1 else ''}"))
+    if not rows:
+        return [[("  (the server reports no stages)", DIM)]]
+    name_w = max(8, *(len(r[0]) + 1 for r in rows))
+    count_w = max(len(f"{r[1]}/{r[2]}") for r in rows) + 1
+    tail_w = max(len(r[3]) for r in rows) + 2
+    # Row = indent + name + [bar] + space + count + tail.
+    bar_w = max(MIN_BAR, min(MAX_BAR, width - 2 - name_w - 2 - 1 - count_w - tail_w))
+    lines = []
+    for name, depth, cap, tail in rows:
+        hot = bottleneck.kind == "stage" and bottleneck.stage == name
+        lines.append([
+            ("  ", ""), (f"{name:<{name_w}}", RED + ";" + BOLD if hot else BOLD),
+            *_bar(depth, cap, bar_w, unicode),
+            (f" {f'{depth}/{cap}':>{count_w}}", ""), (f"  {tail}", DIM),
+        ])
+    return lines
+
+
+def _client_cells(c: Mapping[str, Any]) -> dict[str, Segment]:
+    loader = c.get("loader") or {}
+    wait = loader.get("data_wait_fraction")
+    ready, cap = int(c.get("ready", 0)), int(c.get("ready_capacity", 0))
+    return {
+        "client": (str(c.get("id", "?")), ""),
+        "split": (str(c.get("split", "")), ""),
+        "rank": (f"{c.get('rank', '?')}/{c.get('world_size', '?')}", ""),
+        "epoch": (str(c.get("epoch", "")), ""),
+        "credits": (str(c.get("credits", 0)), ""),
+        "ready": (f"{ready}/{cap}", YELLOW if is_full(ready, cap) else ""),
+        "inflight": (str(c.get("in_flight", 0)), ""),
+        "sent": (str(c.get("sent", 0)), ""),
+        "img/s": (f"{float(c.get('images_per_s', 0.0)):.1f}", ""),
+        "wait": ("-", DIM) if wait is None else
+                (f"{100 * float(wait):.0f}%", RED if float(wait) >= 0.2 else GREEN),
+        "seen": (human_duration(float(c.get("last_seen_s", 0.0))), ""),
+    }
+
+
+def _client_columns(width: int) -> list[_Column]:
+    cols = list(_CLIENT_COLUMNS)
+    while len(cols) > 1 and 2 + sum(c.width + 1 for c in cols) > width:
+        worst = max(c.priority for c in cols)
+        if worst == 1:
+            break
+        # Drop the rightmost of the least useful columns first.
+        idx = max(i for i, c in enumerate(cols) if c.priority == worst)
+        del cols[idx]
+    return cols
+
+
+def _cell(text: str, col: _Column) -> str:
+    if len(text) > col.width:
+        text = text[: col.width - 1] + "~"
+    return f"{text:{col.align}{col.width}} "
+
+
+def _client_lines(clients: Sequence[Mapping[str, Any]], width: int) -> list[Line]:
+    cols = _client_columns(width)
+    header: Line = [("  ", "")] + [(_cell(c.title, c), BOLD) for c in cols]
+    lines = [header]
+    for client in clients:
+        cells = _client_cells(client)
+        lines.append([("  ", "")] + [(_cell(cells[c.title][0], c), cells[c.title][1])
+                                     for c in cols])
+    return lines
+
+
+def render_lines(
+    snapshot: Mapping[str, Any] | None,
+    width: int = 100,
+    height: int | None = None,
+    *,
+    endpoint: str = "",
+    error: str | None = None,
+    unicode: bool = True,
+    bottleneck: Bottleneck | None = None,
+) -> list[Line]:
+    """The frame as styled lines, each at most ``width`` visible characters.
+
+    ``snapshot`` may be None (nothing received yet); ``error`` shows as a warning line above
+    the last good snapshot, so a hiccup does not blank the screen. ``bottleneck`` defaults to
+    the one inferred from ``snapshot`` alone (the live view passes one from several).
+    """
+    width = max(1, int(width))
+    lines: list[Line] = []
+    clock = time.strftime("%H:%M:%S")
+    head: Line = [("batchwire monitor", BOLD), (f"  {endpoint}", CYAN)]
+    if snapshot is not None:
+        head.append((f"  up {human_duration(float(snapshot.get('uptime_s', 0.0)))}", ""))
+    head.append((f"  {clock}", DIM))
+    lines.append(head)
+    if error:
+        lines.append([("! ", RED + ";" + BOLD), (error, RED)])
+    if snapshot is None:
+        lines.append([("waiting for the first answer...", DIM)])
+        return [fit(line, width) for line in lines]
+
+    if bottleneck is None:
+        bottleneck = infer_bottleneck(snapshot)
+    style = RED + ";" + BOLD if bottleneck.kind in ("trainers", "stage") else GREEN + ";" + BOLD
+    lines.append([("bottleneck: ", BOLD), (bottleneck.label, style),
+                  (f"  ({bottleneck.reason})", DIM)])
+    lines.append([])
+    lines.append([("queues", BOLD)])
+    lines.extend(_stage_lines(snapshot, width, unicode, bottleneck))
+    lines.append([])
+
+    tp = snapshot.get("throughput", {})
+    lines.append([("throughput  ", BOLD),
+                  (f"{float(tp.get('images_per_s', 0.0)):.1f} img/s   "
+                   f"{float(tp.get('batches_per_s', 0.0)):.2f} batch/s   "
+                   f"{human_bytes(float(tp.get('bytes_per_s', 0.0)))}/s", "")])
+    counters = snapshot.get("counters", {})
+    problems = sum(int(counters.get(k, 0)) for k in ("bad_total", "errors_total",
+                                                      "malformed_total"))
+    lines.append([("counters    ", BOLD),
+                  (f"images {int(counters.get('images_total', 0)):,}  "
+                   f"batches {int(counters.get('batches_total', 0)):,}  "
+                   f"bytes {human_bytes(float(counters.get('bytes_total', 0)))}  ", ""),
+                  (f"replaced {int(counters.get('replaced_total', 0)):,}  "
+                   f"bad {int(counters.get('bad_total', 0)):,}  "
+                   f"errors {int(counters.get('errors_total', 0)):,}  "
+                   f"malformed {int(counters.get('malformed_total', 0)):,}",
+                   YELLOW if problems else "")])
+    lines.append([])
+
+    clients = list(snapshot.get("clients", []))
+    lines.append([(f"clients ({len(clients)})", BOLD)])
+    if clients:
+        client_lines = _client_lines(clients, width)
+        if height is not None and len(lines) + len(client_lines) > height:
+            # Keep the header row and as many clients as fit, then say how many are hidden.
+            room = max(1, height - len(lines) - 1)
+            hidden = len(client_lines) - room
+            client_lines = [*client_lines[:room], [(f"  ... and {hidden} more", DIM)]]
+        lines.extend(client_lines)
+    else:
+        lines.append([("  (none connected)", DIM)])
+    return [fit(line, width) for line in lines]
+
+
+def render(snapshot: Mapping[str, Any] | None, width: int = 100, height: int | None = None, *,
+           endpoint: str = "", error: str | None = None, color: bool = False,
+           unicode: bool = True, bottleneck: Bottleneck | None = None) -> str:
+    """The frame as text, one line per row, ANSI colours only when ``color``."""
+    lines = render_lines(snapshot, width, height, endpoint=endpoint, error=error,
+                         unicode=unicode, bottleneck=bottleneck)
+    return "\n".join(to_text(line, color) for line in lines)

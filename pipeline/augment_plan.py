@@ -1,0 +1,379 @@
+"""Per-sample augmentation parameters from a counter-based random source.
+
+A sample's crop box, flip and colour-jitter factors depend only on (seed, epoch, dataset index)
+and the image's size. No generator state is carried from one sample to the next, so the result
+is the same whatever the thread count, rank count, server count, batch composition or resume
+point. Drawing is vectorised: a whole batch is planned in a few numpy operations.
+
+Layout of a training sample's uniform draws (`draw_uniforms(..., n=NUM_DRAWS)`), all in [0, 1):
+
+    [4a + 0] attempt a's area fraction    (a = 0 .. RRC_ATTEMPTS-1)
+    [4a + 1] attempt a's log aspect ratio
+    [4a + 2] attempt a's top offset        (used only if attempt a is the first accepted)
+    [4a + 3] attempt a's left offset
+    [FLIP_DRAW]          flip when < flip_prob
+    [JITTER_DRAW + 0..3] brightness, contrast, saturation, hue factors
+
+Draw j of a sample never depends on how many draws were requested, so other consumers may use
+draws past NUM_DRAWS (or another `stream`) without disturbing these.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    import torch
+
+RRC_ATTEMPTS = 10
+FLIP_DRAW = 4 * RRC_ATTEMPTS
+JITTER_DRAW = FLIP_DRAW + 1
+NUM_DRAWS = JITTER_DRAW + 4
+
+OUTPUT_DTYPES = ("uint8", "float16", "bfloat16", "float32")
+LAYOUTS = ("nchw", "nhwc")
+
+Box = tuple[float, float, float, float]
+Jitter = tuple[float, float, float, float]
+IDENTITY_JITTER: Jitter = (1.0, 1.0, 1.0, 0.0)
+
+# ---------------------------------------------------------------------------------------------
+# Counter-based uniforms (splitmix64 finaliser over a keyed counter).
+
+_MASK64 = (1 << 64) - 1
+_GAMMA = np.uint64(0x9E3779B97F4A7C15)
+_M1 = np.uint64(0xBF58476D1CE4E5B9)
+_M2 = np.uint64(0x94D049BB133111EB)
+_S30 = np.uint64(30)
+_S27 = np.uint64(27)
+_S31 = np.uint64(31)
+_S11 = np.uint64(11)
+_INV_2_53 = 1.0 / float(1 << 53)
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    """splitmix64's output function: a bijective avalanche of 64-bit words (wraps mod 2**64)."""
+    x = (x ^ (x >> _S30)) * _M1
+    x = (x ^ (x >> _S27)) * _M2
+    return x ^ (x >> _S31)
+
+
+def _key(seed: int, epoch: int, stream: int) -> np.ndarray:
+    k = _mix(np.array([seed & _MASK64], dtype=np.uint64))
+    k = _mix(k ^ np.array([epoch & _MASK64], dtype=np.uint64))
+    return _mix(k ^ np.array([stream & _MASK64], dtype=np.uint64))
+
+
+def draw_uniforms(seed: int, epoch: int, indices: Any, n: int, *, stream: int = 0) -> np.ndarray:
+    """Uniform floats in [0, 1), float64 `[len(indices), n]`, keyed on (seed, epoch, index).
+
+    Row i depends only on (seed, epoch, stream, indices[i]); column j is the j-th draw of that
+    sample, independent of `n`. `stream` separates unrelated uses of the same key (0 is the
+    augmentation plan). Each sample seeds a splitmix64 sequence at mix(key ^ mix(index)).
+    """
+    if n < 0:
+        raise ValueError(f"n must be >= 0, got {n}")
+    idx = np.asarray(indices)
+    if idx.ndim != 1:
+        idx = idx.reshape(-1)
+    if idx.size and not np.issubdtype(idx.dtype, np.integer):
+        raise TypeError(f"indices must be integers, got dtype {idx.dtype}")
+    idx64 = idx.astype(np.int64, copy=False).view(np.uint64)
+    state = _mix(_key(seed, epoch, stream) ^ _mix(idx64 + _GAMMA))
+    counters = np.arange(1, n + 1, dtype=np.uint64) * _GAMMA
+    bits = _mix(state[:, None] + counters[None, :])
+    return (bits >> _S11).astype(np.float64) * _INV_2_53
+
+
+# ---------------------------------------------------------------------------------------------
+# Configuration
+
+
+def _pair(name: str, value: Any, kind: type) -> tuple:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        value = (value, value)
+    try:
+        a, b = value
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a pair, got {value!r}") from None
+    return (kind(a), kind(b))
+
+
+@dataclass(frozen=True)
+class AugmentConfig:
+    """How to turn a decoded image into a training or validation sample.
+
+    Train: random-resized-crop with torchvision's `scale`/`ratio` semantics, horizontal flip
+    with `flip_prob`, colour jitter with torchvision ColorJitter ranges (factor uniform in
+    [max(0, 1 - b), 1 + b] for brightness/contrast/saturation, hue shift in [-hue, hue]).
+    Val: resize the shorter side to `size / val_crop_fraction`, centre crop, nothing random.
+    """
+
+    image_size: tuple[int, int]
+    train: bool
+    scale: tuple[float, float] = (0.08, 1.0)
+    ratio: tuple[float, float] = (3.0 / 4.0, 4.0 / 3.0)
+    flip_prob: float = 0.5
+    brightness: float = 0.0
+    contrast: float = 0.0
+    saturation: float = 0.0
+    hue: float = 0.0
+    val_crop_fraction: float = 0.875
+    mean: tuple[float, float, float] = (0.485, 0.456, 0.406)
+    std: tuple[float, float, float] = (0.229, 0.224, 0.225)
+    output_dtype: str = "float32"
+    layout: str = "nchw"
+
+    def __post_init__(self) -> None:
+        size = self.image_size
+        if isinstance(size, (int, np.integer)) and not isinstance(size, bool):
+            size = (int(size), int(size))
+        try:
+            h, w = size
+        except (TypeError, ValueError):
+            msg = f"image_size must be an int or (height, width), got {size!r}"
+            raise ValueError(msg) from None
+        if int(h) != h or int(w) != w or h < 1 or w < 1:
+            raise ValueError(f"image_size must be positive integers, got {size!r}")
+        object.__setattr__(self, "image_size", (int(h), int(w)))
+        object.__setattr__(self, "train", bool(self.train))
+
+        scale = _pair("scale", self.scale, float)
+        if not (0.0 < scale[0] <= scale[1] <= 1.0):
+            raise ValueError(f"scale must satisfy 0 < min <= max <= 1, got {scale}")
+        ratio = _pair("ratio", self.ratio, float)
+        if not (0.0 < ratio[0] <= ratio[1]) or not all(map(math.isfinite, ratio)):
+            raise ValueError(f"ratio must satisfy 0 < min <= max (finite), got {ratio}")
+        object.__setattr__(self, "scale", scale)
+        object.__setattr__(self, "ratio", ratio)
+
+        if not (0.0 <= self.flip_prob <= 1.0):
+            raise ValueError(f"flip_prob must be in [0, 1], got {self.flip_prob}")
+        for name in ("brightness", "contrast", "saturation"):
+            v = getattr(self, name)
+            if not (math.isfinite(v) and v >= 0.0):
+                raise ValueError(f"{name} must be a finite number >= 0, got {v}")
+        if not (0.0 <= self.hue <= 0.5):
+            raise ValueError(f"hue must be in [0, 0.5], got {self.hue}")
+        if not (0.0 < self.val_crop_fraction <= 1.0):
+            raise ValueError(f"val_crop_fraction must be in (0, 1], got {self.val_crop_fraction}")
+
+        for name in ("mean", "std"):
+            v = tuple(float(x) for x in getattr(self, name))
+            if len(v) != 3 or not all(map(math.isfinite, v)):
+                raise ValueError(f"{name} must be 3 finite numbers (R, G, B), got {v}")
+            object.__setattr__(self, name, v)
+        if min(self.std) <= 0.0:
+            raise ValueError(f"std must be > 0, got {self.std}")
+        if self.output_dtype not in OUTPUT_DTYPES:
+            raise ValueError(
+                f"output_dtype must be one of {', '.join(OUTPUT_DTYPES)}, got {self.output_dtype!r}"
+            )
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}, got {self.layout!r}")
+
+    @property
+    def has_jitter(self) -> bool:
+        return bool(self.brightness or self.contrast or self.saturation or self.hue)
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        import torch
+
+        return getattr(torch, self.output_dtype)
+
+    @property
+    def memory_format(self) -> torch.memory_format:
+        import torch
+
+        return torch.channels_last if self.layout == "nhwc" else torch.contiguous_format
+
+
+# ---------------------------------------------------------------------------------------------
+# Geometry
+
+
+@dataclass(frozen=True)
+class SamplePlan:
+    """What to do with one sample: crop `box` (y0, x0, y1, x1; float pixels of the full-size,
+    EXIF-oriented source, end-exclusive), resize to the output size, flip horizontally, jitter."""
+
+    box: Box
+    flip: bool
+    jitter: Jitter
+
+
+def _rrc_arrays(
+    u: np.ndarray,
+    heights: np.ndarray,
+    widths: np.ndarray,
+    scale: tuple[float, float],
+    ratio: tuple[float, float],
+) -> np.ndarray:
+    """Vectorised RandomResizedCrop.get_params over rows of draws; returns [N, 4] boxes."""
+    n = u.shape[0]
+    H = heights.astype(np.float64)[:, None]
+    W = widths.astype(np.float64)[:, None]
+    a = u[:, : 4 * RRC_ATTEMPTS].reshape(n, RRC_ATTEMPTS, 4)
+    log_lo, log_hi = math.log(ratio[0]), math.log(ratio[1])
+    target_area = H * W * (scale[0] + (scale[1] - scale[0]) * a[:, :, 0])
+    aspect = np.exp(log_lo + (log_hi - log_lo) * a[:, :, 1])
+    # np.rint rounds half to even, like Python's round() in torchvision.
+    cw = np.rint(np.sqrt(target_area * aspect))
+    ch = np.rint(np.sqrt(target_area / aspect))
+    ok = (cw > 0) & (cw <= W) & (ch > 0) & (ch <= H)
+    first = np.argmax(ok, axis=1)
+    found = ok[np.arange(n), first]
+    rows = np.arange(n)
+    h = ch[rows, first]
+    w = cw[rows, first]
+    hh = heights.astype(np.float64)
+    ww = widths.astype(np.float64)
+    # randint(0, m) from a uniform: floor(u * m), guarded against u * m rounding up to m.
+    top = np.minimum(np.floor(a[rows, first, 2] * (hh - h + 1)), hh - h)
+    left = np.minimum(np.floor(a[rows, first, 3] * (ww - w + 1)), ww - w)
+
+    # Fallback: the largest centred crop whose ratio is clamped into `ratio`.
+    in_ratio = ww / hh
+    fw = ww.copy()
+    fh = hh.copy()
+    narrow = in_ratio < ratio[0]
+    wide = in_ratio > ratio[1]
+    fh[narrow] = np.rint(ww[narrow] / ratio[0])
+    fw[wide] = np.rint(hh[wide] * ratio[1])
+    ftop = np.floor((hh - fh) / 2)
+    fleft = np.floor((ww - fw) / 2)
+
+    h = np.where(found, h, fh)
+    w = np.where(found, w, fw)
+    top = np.where(found, top, ftop)
+    left = np.where(found, left, fleft)
+    return np.stack([top, left, top + h, left + w], axis=1)
+
+
+def random_resized_crop_box(
+    u: Sequence[float] | np.ndarray,
+    height: int,
+    width: int,
+    scale: tuple[float, float] = (0.08, 1.0),
+    ratio: tuple[float, float] = (3.0 / 4.0, 4.0 / 3.0),
+) -> Box:
+    """torchvision's RandomResizedCrop.get_params driven by the draws `u` (layout: module doc).
+
+    Up to RRC_ATTEMPTS tries of a random area fraction and log-uniform aspect ratio; the first
+    that fits wins, at a uniform integer offset; else a centred crop with the ratio clamped.
+    """
+    uu = np.asarray(u, dtype=np.float64).reshape(1, -1)
+    if uu.shape[1] < 4 * RRC_ATTEMPTS:
+        raise ValueError(f"need at least {4 * RRC_ATTEMPTS} draws, got {uu.shape[1]}")
+    _check_size(height, width)
+    box = _rrc_arrays(uu, np.array([height]), np.array([width]), scale, ratio)[0]
+    return (float(box[0]), float(box[1]), float(box[2]), float(box[3]))
+
+
+def _center_arrays(
+    heights: np.ndarray, widths: np.ndarray, out_h: int, out_w: int, crop_fraction: float
+) -> np.ndarray:
+    H = heights.astype(np.float64)
+    W = widths.astype(np.float64)
+    # Resize so the image covers (out / crop_fraction): for a square output that is "resize the
+    # shorter side to size / crop_fraction". Then the output-sized centre crop, mapped back.
+    s = np.maximum(out_h / crop_fraction / H, out_w / crop_fraction / W)
+    ch = np.minimum(out_h / s, H)
+    cw = np.minimum(out_w / s, W)
+    y0 = (H - ch) / 2.0
+    x0 = (W - cw) / 2.0
+    return np.stack([y0, x0, y0 + ch, x0 + cw], axis=1)
+
+
+def center_crop_box(
+    height: int, width: int, out_h: int, out_w: int, crop_fraction: float = 0.875
+) -> Box:
+    """The validation crop (resize shorter side to out / crop_fraction, centre crop out) as a
+    float box in the source image, so decode and resize happen once, straight from the source."""
+    _check_size(height, width)
+    if not (0.0 < crop_fraction <= 1.0):
+        raise ValueError(f"crop_fraction must be in (0, 1], got {crop_fraction}")
+    box = _center_arrays(np.array([height]), np.array([width]), out_h, out_w, crop_fraction)[0]
+    return (float(box[0]), float(box[1]), float(box[2]), float(box[3]))
+
+
+def _check_size(height: int, width: int) -> None:
+    if height < 1 or width < 1:
+        raise ValueError(f"image size must be >= 1x1, got {height}x{width}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Planning
+
+
+def plan_arrays(
+    config: AugmentConfig,
+    seed: int,
+    epoch: int,
+    indices: Any,
+    heights: Any,
+    widths: Any,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Plans for a batch as arrays: boxes float32 [N, 4], flips bool [N], jitter float32 [N, 4].
+
+    This is the form `batchwire.native.augment_batch` takes. `heights`/`widths` are the
+    full-size, EXIF-oriented image sizes.
+    """
+    idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+    hs = np.asarray(heights, dtype=np.int64).reshape(-1)
+    ws = np.asarray(widths, dtype=np.int64).reshape(-1)
+    if not (idx.shape == hs.shape == ws.shape):
+        raise ValueError(
+            f"indices, heights and widths must have the same length, got "
+            f"{idx.shape[0]}, {hs.shape[0]}, {ws.shape[0]}"
+        )
+    if hs.size and (hs.min() < 1 or ws.min() < 1):
+        raise ValueError("image heights and widths must be >= 1")
+    n = idx.shape[0]
+    out_h, out_w = config.image_size
+    jitter = np.tile(np.array(IDENTITY_JITTER, dtype=np.float32), (n, 1))
+    if not config.train:
+        boxes = _center_arrays(hs, ws, out_h, out_w, config.val_crop_fraction)
+        return boxes.astype(np.float32), np.zeros(n, dtype=bool), jitter
+
+    u = draw_uniforms(seed, epoch, idx, NUM_DRAWS)
+    boxes = _rrc_arrays(u, hs, ws, config.scale, config.ratio)
+    flips = u[:, FLIP_DRAW] < config.flip_prob
+    for col, name in enumerate(("brightness", "contrast", "saturation")):
+        b = getattr(config, name)
+        if b > 0.0:
+            lo = max(0.0, 1.0 - b)
+            jitter[:, col] = lo + (1.0 + b - lo) * u[:, JITTER_DRAW + col]
+    if config.hue > 0.0:
+        jitter[:, 3] = -config.hue + 2.0 * config.hue * u[:, JITTER_DRAW + 3]
+    return boxes.astype(np.float32), flips, jitter
+
+
+def plan_samples(
+    config: AugmentConfig,
+    seed: int,
+    epoch: int,
+    indices: Any,
+    heights: Any,
+    widths: Any,
+) -> list[SamplePlan]:
+    """Vectorised `plan_sample` over a batch; same results as planning one by one."""
+    boxes, flips, jitter = plan_arrays(config, seed, epoch, indices, heights, widths)
+    # float32 -> float via tolist keeps the exact float32 values the arrays carry.
+    return [
+        SamplePlan(box=tuple(b), flip=bool(f), jitter=tuple(j))
+        for b, f, j in zip(boxes.tolist(), flips.tolist(), jitter.tolist(), strict=True)
+    ]
+
+
+def plan_sample(
+    config: AugmentConfig, seed: int, epoch: int, index: int, height: int, width: int
+) -> SamplePlan:
+    """The augmentation of dataset sample `index` (full-size oriented image height x width)."""
+    return plan_samples(config, seed, epoch, [index], [height], [width])[0]

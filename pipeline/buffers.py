@@ -1,0 +1,92 @@
+"""A ring of preallocated batch tensors, reused instead of allocating one per batch.
+
+Allocating a fresh pinned tensor per batch is slow (cudaHostAlloc is a synchronising call that
+costs milliseconds) and fragments memory; a fixed set of buffers also bounds how much memory
+the pipeline can hold, which is what gives back-pressure its teeth. `acquire` blocks until a
+buffer is free and fails loudly after a timeout instead of hanging when a consumer forgot to
+release one.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+
+import torch
+
+
+class BufferTimeout(TimeoutError):
+    """No buffer came free in time: every buffer is held (a consumer did not release one?)."""
+
+
+class BufferRing:
+    """`count` preallocated tensors of one shape, dtype and memory format.
+
+    CPU buffers are pinned (page-locked, for asynchronous host-to-device copies) when `pin` is
+    True, or when it is None and CUDA is available. `device` may be a CUDA device, for batches
+    produced on the GPU.
+    """
+
+    def __init__(
+        self,
+        count: int,
+        shape: Sequence[int],
+        dtype: torch.dtype,
+        memory_format: torch.memory_format = torch.contiguous_format,
+        pin: bool | None = None,
+        *,
+        device: str | torch.device = "cpu",
+    ) -> None:
+        if count < 1:
+            raise ValueError(f"a buffer ring needs at least 1 buffer, got {count}")
+        self.device = torch.device(device)
+        if pin is None:
+            pin = self.device.type == "cpu" and torch.cuda.is_available()
+        if pin and self.device.type != "cpu":
+            raise ValueError(f"only CPU buffers can be pinned, not {self.device}")
+        self.pinned = bool(pin)
+        self.shape = tuple(int(s) for s in shape)
+        self.dtype = dtype
+        self.memory_format = memory_format
+        self.buffers: list[torch.Tensor] = []
+        for _ in range(count):
+            t = torch.empty(self.shape, dtype=dtype, device=self.device, pin_memory=self.pinned)
+            if memory_format is not torch.contiguous_format:
+                t = t.contiguous(memory_format=memory_format)
+            self.buffers.append(t)
+        self._slot = {t.data_ptr(): i for i, t in enumerate(self.buffers)}
+        self._free = list(range(count))
+        self._cond = threading.Condition()
+
+    def __len__(self) -> int:
+        return len(self.buffers)
+
+    @property
+    def free(self) -> int:
+        with self._cond:
+            return len(self._free)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.buffers)
+
+    def acquire(self, timeout: float | None = 60.0) -> torch.Tensor:
+        """A free buffer (oldest released first); BufferTimeout after `timeout` seconds."""
+        with self._cond:
+            if not self._cond.wait_for(lambda: bool(self._free), timeout=timeout):
+                raise BufferTimeout(
+                    f"no free batch buffer after {timeout} s: all {len(self.buffers)} are held "
+                    "(release() each acquired buffer when done with it)"
+                )
+            return self.buffers[self._free.pop(0)]
+
+    def release(self, buf: torch.Tensor) -> None:
+        """Give a buffer back; releasing a foreign or already-free buffer is an error."""
+        slot = self._slot.get(buf.data_ptr())
+        if slot is None:
+            raise ValueError("release() of a tensor that is not one of this ring's buffers")
+        with self._cond:
+            if slot in self._free:
+                raise ValueError("release() of a buffer that is already free")
+            self._free.append(slot)
+            self._cond.notify()

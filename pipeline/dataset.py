@@ -1,0 +1,155 @@
+"""Datasets: which files exist and what their labels are. Nothing here decodes.
+
+Two sources, picked by what the path is:
+- a directory is an ImageFolder: one sub-folder per class, sorted names give label ids, image
+  files found recursively inside each class folder (listing cached, see `index_cache`);
+- a file is a list file: `path label` per line, relative paths resolved against the list
+  file's folder, blank lines and `#` comments ignored. The label is the last whitespace-separated
+  field, so paths may contain spaces.
+
+File contents are not checked here: a 1.3 M-file dataset must open in seconds, and unreadable
+files are the sample loader's business (logged, counted, replaced).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from batchwire.pipeline import paths as _paths
+from batchwire.pipeline.index_cache import IMAGE_EXTENSIONS, cached_folder_index
+
+__all__ = ["IMAGE_EXTENSIONS", "ImageDataset", "open_dataset", "read_list_file"]
+
+
+@dataclass
+class ImageDataset:
+    """Absolute file paths with int64 labels, and the class names the labels index."""
+
+    paths: list[str]
+    labels: np.ndarray
+    classes: list[str]
+    root: Path
+    kind: str = "folder"  # "folder" or "list"
+    from_cache: bool = False  # the ImageFolder listing came from the index cache
+    _counts: np.ndarray | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        self.labels = np.ascontiguousarray(self.labels, dtype=np.int64)
+        if len(self.paths) != len(self.labels):
+            raise ValueError(f"{len(self.paths)} paths but {len(self.labels)} labels")
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __repr__(self) -> str:
+        return (
+            f"ImageDataset({self.kind} {str(self.root)!r}: {len(self)} images, "
+            f"{self.num_classes} classes)"
+        )
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.classes)
+
+    def class_counts(self) -> np.ndarray:
+        """Images per class (int64 [num_classes])."""
+        if self._counts is None:
+            self._counts = np.bincount(self.labels, minlength=self.num_classes).astype(np.int64)
+        return self._counts
+
+    def read_bytes(self, i: int) -> bytes:
+        """The raw file contents of sample `i` (OSError propagates: the caller counts it)."""
+        n = len(self.paths)
+        if isinstance(i, bool) or not (-n <= int(i) < n):
+            raise IndexError(f"sample index {i} out of range for {n} images")
+        with open(self.paths[int(i)], "rb") as f:
+            return f.read()
+
+
+def read_list_file(list_path: str | os.PathLike[str]) -> tuple[list[str], np.ndarray]:
+    """Parse a list file into absolute paths and labels; a bad line is an error naming it."""
+    list_path = Path(list_path).resolve()
+    base = list_path.parent
+    out_paths: list[str] = []
+    out_labels: list[int] = []
+    try:
+        text = list_path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{list_path}: list file is not UTF-8 text ({exc})") from None
+    for lineno, raw in enumerate(text.splitlines(), start=1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        parts = line.rsplit(None, 1)
+        if len(parts) != 2:
+            raise ValueError(
+                f"{list_path}:{lineno}: expected 'path label', got {raw!r} (no label field)"
+            )
+        rel, label_s = parts
+        try:
+            label = int(label_s)
+        except ValueError:
+            raise ValueError(
+                f"{list_path}:{lineno}: label must be an integer, got {label_s!r} in {raw!r}"
+            ) from None
+        if label < 0:
+            raise ValueError(f"{list_path}:{lineno}: label must be >= 0, got {label}")
+        p = rel.strip()
+        out_paths.append(os.path.normpath(p if os.path.isabs(p) else os.path.join(base, p)))
+        out_labels.append(label)
+    return out_paths, np.asarray(out_labels, dtype=np.int64)
+
+
+def open_dataset(
+    path: str | os.PathLike[str], cache_dir: str | os.PathLike[str] | None = None
+) -> ImageDataset:
+    """Open an ImageFolder directory or a list file (see the module doc).
+
+    `cache_dir` is where ImageFolder listings are cached (default `paths.cache_dir()`).
+    Raises FileNotFoundError for a missing path and ValueError for an empty or malformed one.
+    """
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise FileNotFoundError(f"dataset path does not exist: {p}")
+    p = p.resolve()
+    if p.is_dir():
+        index, from_cache = cached_folder_index(p, cache_dir or _paths.cache_dir())
+        if not index.classes:
+            raise ValueError(
+                f"no class folders in {p}: an ImageFolder dataset needs one sub-folder per class "
+                "(or pass a list file)"
+            )
+        if not index.rel_paths:
+            raise ValueError(
+                f"no image files in {p} ({len(index.classes)} class folders; extensions looked "
+                f"for: {', '.join(sorted(IMAGE_EXTENSIONS))})"
+            )
+        root_s = str(p)
+        sep = os.sep
+        if sep != "/":
+            abs_paths = [root_s + sep + r.replace("/", sep) for r in index.rel_paths]
+        else:
+            abs_paths = [root_s + sep + r for r in index.rel_paths]
+        return ImageDataset(
+            paths=abs_paths,
+            labels=index.labels,
+            classes=list(index.classes),
+            root=p,
+            kind="folder",
+            from_cache=from_cache,
+        )
+
+    file_paths, labels = read_list_file(p)
+    if not file_paths:
+        raise ValueError(f"list file {p} names no images")
+    num_classes = int(labels.max()) + 1
+    return ImageDataset(
+        paths=file_paths,
+        labels=labels,
+        classes=[str(c) for c in range(num_classes)],
+        root=p,
+        kind="list",
+    )

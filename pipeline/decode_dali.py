@@ -1,0 +1,291 @@
+"""Batch decoding with an NVIDIA DALI pipeline: the GPU (hardware JPEG decoder + nvJPEG) or CPU.
+
+Why it looks like this:
+- The encoded bytes come from our own reader (the server's `read` stage), so the pipeline is just
+  `fn.external_source -> fn.decoders.image`; sampling, cropping and augmenting stay ours. The
+  outputs reach torch through DLPack without a copy (on the GPU, `torch.from_dlpack` makes the
+  consumer's stream wait on DALI's).
+- DALI fails a whole batch when one file is corrupt, and may leave the pipeline unusable. We beat
+  that: only requests whose header parsed as a plain JPEG go to DALI; when a run still fails, the
+  pipeline is rebuilt (about 10 ms), the sample DALI names in its error (or, failing that, a
+  bisection) is set aside and the rest retried, and every set-aside image is decoded by the CPU
+  decoder alone (`fallbacks`), so one bad image never fails the batch.
+- DALI has no DCT scaling, but it decodes a region of interest (`decoders.image_slice`,
+  libjpeg-turbo skipping rows and columns outside it): each image is decoded only over its crop
+  box plus a margin as wide as the resampling filter's support, so the augmented output equals
+  the one from a full decode, and each result's box is re-expressed in that region. DALI applies
+  EXIF orientation itself, with the region in oriented coordinates (checked against PIL in the
+  tests); a result whose shape is not the expected one goes to the CPU instead.
+- GPU memory is bounded: images over `max_image_pixels` decode on the CPU, and the bound
+  (batch x largest image x 3 bytes) is logged when the decoder starts.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import re
+import threading
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from batchwire.pipeline.decode import DecodeRequest, DecodeResult
+from batchwire.pipeline.decode_fallback import CpuFallback
+
+log = logging.getLogger("batchwire.pipeline")
+
+DEFAULT_MAX_GPU_IMAGE_PIXELS = 16 * 1024 * 1024
+_SAMPLE_IN_ERROR = re.compile(r"sample #(\d+)")
+
+
+def dali_available() -> bool:
+    """True when `nvidia.dali` imports (it is an optional extra: `batchwire[dali]`)."""
+    try:
+        import nvidia.dali  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def parse_device(device: str | torch.device) -> torch.device:
+    """'cpu', 'cuda' or 'cuda:N' as a torch.device with an explicit index for CUDA."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"device must be cpu, cuda or cuda:N, got {device!r}") from None
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", 0)
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"device must be cpu, cuda or cuda:N, got {device!r}")
+    return dev
+
+
+def decode_region(req: DecodeRequest) -> tuple[int, int, int, int]:
+    """(y0, x0, y1, x1) integer region of the oriented image to decode for `req`'s crop.
+
+    The crop box grows by the antialiasing filter's reach (max(1, box/out) source pixels per
+    side, as `batchwire.native` resamples) plus one, so pixels just outside the box that the
+    filter reads are decoded too.
+    """
+    h, w = req.header.height, req.header.width
+    y0, x0, y1, x1 = (float(v) for v in req.box)
+    out_h, out_w = (max(1, int(v)) for v in req.out_hw)
+    my = math.ceil(max(1.0, (y1 - y0) / out_h)) + 1
+    mx = math.ceil(max(1.0, (x1 - x0) / out_w)) + 1
+    ry0 = min(max(0, math.floor(y0) - my), h - 1)
+    rx0 = min(max(0, math.floor(x0) - mx), w - 1)
+    ry1 = max(min(h, math.ceil(y1) + my), ry0 + 1)
+    rx1 = max(min(w, math.ceil(x1) + mx), rx0 + 1)
+    return ry0, rx0, ry1, rx1
+
+
+def _short(error: BaseException) -> str:
+    """DALI errors repeat the pipeline traceback; the informative line is the last non-blank."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    keep = [line for line in lines if "sample #" in line or "decode" in line.lower()]
+    return (keep or lines or [type(error).__name__])[-1][:200]
+
+
+class DaliBatchDecoder:
+    """A `BatchDecoder` over a DALI `decoders.image` pipeline (device 'mixed' on CUDA, CPU else)."""
+
+    name = "dali"
+
+    def __init__(
+        self,
+        device: str | torch.device = "cpu",
+        threads: int | None = None,
+        hw_decoder_load: float = 0.65,
+        max_batch: int = 256,
+        max_image_pixels: int | None = None,
+    ) -> None:
+        try:
+            import nvidia.dali  # noqa: F401
+        except ImportError as e:
+            raise RuntimeError(
+                "the DALI decoder needs NVIDIA DALI: pip install 'batchwire[dali]' "
+                f"(nvidia-dali-cuda120) ({e})"
+            ) from None
+        self.device = parse_device(device)
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise RuntimeError(f"DALI on {self.device} needs CUDA, and torch sees no CUDA device")
+        if not 0.0 <= hw_decoder_load <= 1.0:
+            raise ValueError(f"hw_decoder_load must be in [0, 1], got {hw_decoder_load}")
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+        self.threads = max(1, int(threads if threads is not None else (os.cpu_count() or 1)))
+        self.hw_decoder_load = float(hw_decoder_load)
+        self.max_batch = int(max_batch)
+        if max_image_pixels is None and self.device.type == "cuda":
+            max_image_pixels = DEFAULT_MAX_GPU_IMAGE_PIXELS
+        self.max_image_pixels = max_image_pixels
+        self._fallback = CpuFallback("dali", self.device, self.threads)
+        self._lock = threading.Lock()
+        self.rebuilds = 0
+        # Set aside the sample DALI's error names; without a name (or with this off) bisect.
+        self.use_error_hint = True
+        self._pipe = self._build()
+        if self.device.type == "cuda":
+            budget = self.max_batch * int(self.max_image_pixels) * 3
+            log.info(
+                "dali decoder on %s: output bound %d images x %.1f MP x 3 B = %.0f MiB "
+                "(larger images decode on the CPU), hw_decoder_load=%.2f",
+                self.device,
+                self.max_batch,
+                self.max_image_pixels / 1e6,
+                budget / 2**20,
+                self.hw_decoder_load,
+            )
+
+    @property
+    def fallbacks(self) -> int:
+        """Images decoded by the CPU decoder instead of DALI (skipped or rejected by DALI)."""
+        return self._fallback.fallbacks
+
+    @property
+    def failures(self) -> int:
+        """Images neither DALI nor the CPU decoder could decode (returned with `error` set)."""
+        return self._fallback.failures
+
+    def _build(self):
+        from nvidia.dali import fn, pipeline_def, types
+
+        on_gpu = self.device.type == "cuda"
+        extra = {}
+        if on_gpu:
+            # Same chroma upsampling as libjpeg-turbo, so GPU and CPU fallback pixels agree.
+            extra = {"hw_decoder_load": self.hw_decoder_load, "jpeg_fancy_upsampling": True}
+
+        @pipeline_def
+        def graph():
+            encoded = fn.external_source(name="encoded", dtype=types.UINT8, ndim=1)
+            start = fn.external_source(name="start", dtype=types.INT32, ndim=1)
+            shape = fn.external_source(name="shape", dtype=types.INT32, ndim=1)
+            return fn.decoders.image_slice(
+                encoded,
+                start,
+                shape,
+                axis_names="HW",
+                normalized_anchor=False,
+                normalized_shape=False,
+                device="mixed" if on_gpu else "cpu",
+                output_type=types.RGB,
+                adjust_orientation=True,
+                **extra,
+            )
+
+        pipe = graph(
+            batch_size=self.max_batch,
+            num_threads=self.threads,
+            device_id=self.device.index if on_gpu else None,
+            prefetch_queue_depth=1,
+            exec_dynamic=True,
+        )
+        pipe.build()
+        return pipe
+
+    def _run(
+        self, datas: list[np.ndarray], regions: list[tuple[int, int, int, int]]
+    ) -> list[torch.Tensor]:
+        """One DALI run over `datas` (<= max_batch); raises whatever DALI raises."""
+        self._pipe.feed_input("encoded", datas)
+        self._pipe.feed_input("start", [np.array(r[:2], np.int32) for r in regions])
+        self._pipe.feed_input(
+            "shape", [np.array((r[2] - r[0], r[3] - r[1]), np.int32) for r in regions]
+        )
+        (out,) = self._pipe.run()
+        # DLPack: a zero-copy view that keeps DALI's buffer alive; on CUDA torch makes its
+        # current stream wait for DALI's before anything reads the pixels.
+        return [torch.from_dlpack(out[i]) for i in range(len(datas))]
+
+    def _rebuild(self) -> None:
+        self._pipe = None
+        self._pipe = self._build()
+        self.rebuilds += 1
+
+    def _decode_group(
+        self,
+        items: list[int],
+        requests: Sequence[DecodeRequest],
+        results: list[DecodeResult | None],
+        rejected: dict[int, str],
+    ) -> None:
+        """Decode `items` (request positions) on DALI, setting aside what makes DALI fail."""
+        pending = list(items)
+        while pending:
+            regions = [decode_region(requests[i]) for i in pending]
+            try:
+                images = self._run(
+                    [np.frombuffer(requests[i].data, np.uint8) for i in pending], regions
+                )
+            except Exception as e:  # DALI raises RuntimeError; anything else is just as fatal
+                self._rebuild()
+                reason = f"DALI: {_short(e)}"
+                if len(pending) == 1:
+                    rejected[pending[0]] = reason
+                    return
+                match = _SAMPLE_IN_ERROR.search(str(e))
+                culprit = int(match.group(1)) if match else -1
+                if self.use_error_hint and 0 <= culprit < len(pending):
+                    rejected[pending.pop(culprit)] = reason
+                    continue
+                mid = len(pending) // 2
+                self._decode_group(pending[:mid], requests, results, rejected)
+                pending = pending[mid:]
+                continue
+            for i, image, (ry0, rx0, ry1, rx1) in zip(pending, images, regions, strict=True):
+                if tuple(image.shape) != (ry1 - ry0, rx1 - rx0, 3):
+                    rejected[i] = (
+                        f"DALI decoded shape {tuple(image.shape)} for the region "
+                        f"{(ry0, rx0, ry1, rx1)} of a {requests[i].header}"
+                    )
+                    continue
+                y0, x0, y1, x1 = (float(v) for v in requests[i].box)
+                box = (y0 - ry0, x0 - rx0, y1 - ry0, x1 - rx0)
+                results[i] = DecodeResult(image=image, box=box)
+            return
+
+    def _skip_reason(self, req: DecodeRequest) -> str | None:
+        if req.header.kind != "jpeg":
+            return "not a plain JPEG"
+        if self.max_image_pixels is not None and req.header.pixels > self.max_image_pixels:
+            return f"{req.header.pixels} pixels over the {self.max_image_pixels} GPU bound"
+        if not req.data:
+            return "empty"
+        return None
+
+    def decode_batch(self, requests: Sequence[DecodeRequest]) -> list[DecodeResult]:
+        results: list[DecodeResult | None] = [None] * len(requests)
+        rejected: dict[int, str] = {}
+        eligible: list[int] = []
+        for i, req in enumerate(requests):
+            reason = self._skip_reason(req)
+            if reason is None:
+                eligible.append(i)
+            else:
+                rejected[i] = reason
+        with self._lock:
+            for start in range(0, len(eligible), self.max_batch):
+                chunk = eligible[start : start + self.max_batch]
+                self._decode_group(chunk, requests, results, rejected)
+        if rejected:
+            order = sorted(rejected)
+            redone = self._fallback.decode(
+                [requests[i] for i in order], [rejected[i] for i in order]
+            )
+            for i, res in zip(order, redone, strict=True):
+                results[i] = res
+        return results  # type: ignore[return-value]  # every slot is filled above
+
+    def close(self) -> None:
+        with self._lock:
+            self._pipe = None
+        self._fallback.close()
+
+    def __repr__(self) -> str:
+        return (
+            f"DaliBatchDecoder(device={self.device}, threads={self.threads}, "
+            f"max_batch={self.max_batch})"
+        )

@@ -1,0 +1,177 @@
+"""Batch JPEG decoding on a CUDA GPU with nvJPEG, through `torchvision.io.decode_jpeg`.
+
+This is the GPU decode path for machines with torch + torchvision but no DALI: one batched call
+decodes every eligible JPEG of the batch on the device. Why the rest:
+- nvJPEG handles baseline colour and greyscale JPEGs well; everything else (PNG, CMYK/YCCK,
+  files over the GPU memory bound, anything nvJPEG rejects) is decoded by the CPU decoder for
+  that image alone, counted in `fallbacks`. A failed batched call is retried image by image so
+  one bad file costs only itself.
+- GPU memory is bounded: images over `max_image_pixels` never reach the GPU, so the decode
+  output of one batch is at most `max_batch x max_image_pixels x 3` bytes, logged at start.
+- torchvision does not apply EXIF orientation on CUDA, so `orient` does it here on the device,
+  exactly as PIL's `ImageOps.exif_transpose` (the CPU decoder's convention).
+- torchvision is imported lazily: it is optional, and absent on CPU-only installs.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Sequence
+
+import torch
+from batchwire.pipeline.decode import DecodeRequest, DecodeResult
+from batchwire.pipeline.decode_dali import DEFAULT_MAX_GPU_IMAGE_PIXELS, parse_device
+from batchwire.pipeline.decode_fallback import CpuFallback
+
+log = logging.getLogger("batchwire.pipeline")
+
+
+def orient(image: torch.Tensor, orientation: int) -> torch.Tensor:
+    """Turn an HWC image as PIL's `exif_transpose` does for EXIF `orientation` (views only).
+
+    1 or anything outside 2..8 returns `image` itself.
+    """
+    if orientation == 2:
+        return image.flip(1)
+    if orientation == 3:
+        return image.flip(0, 1)
+    if orientation == 4:
+        return image.flip(0)
+    if orientation == 5:  # transpose: mirror over the main diagonal
+        return image.transpose(0, 1)
+    if orientation == 6:  # a quarter turn clockwise
+        return image.transpose(0, 1).flip(1)
+    if orientation == 7:  # transverse: mirror over the anti-diagonal
+        return image.transpose(0, 1).flip(0, 1)
+    if orientation == 8:  # a quarter turn counter-clockwise
+        return image.transpose(0, 1).flip(0)
+    return image
+
+
+def torchvision_gpu_decode_missing() -> str | None:
+    """Why torchvision's CUDA `decode_jpeg` cannot be used here, or None when it can."""
+    if not torch.cuda.is_available():
+        return "torch sees no CUDA device"
+    try:
+        from torchvision.io import decode_jpeg  # noqa: F401
+    except ImportError as e:
+        return f"torchvision is not installed ({e})"
+    return None
+
+
+class NvjpegBatchDecoder:
+    """A `BatchDecoder` that decodes JPEGs with nvJPEG on `device`, the rest on the CPU."""
+
+    name = "nvjpeg"
+
+    def __init__(
+        self,
+        device: str | torch.device = "cuda",
+        threads: int | None = None,
+        max_batch: int = 256,
+        max_image_pixels: int = DEFAULT_MAX_GPU_IMAGE_PIXELS,
+    ) -> None:
+        self.device = parse_device(device)
+        if self.device.type != "cuda":
+            raise ValueError(f"the nvjpeg decoder runs on a CUDA device, got {self.device}")
+        missing = torchvision_gpu_decode_missing()
+        if missing is not None:
+            raise RuntimeError(f"the nvjpeg decoder needs CUDA and torchvision: {missing}")
+        if max_batch < 1 or max_image_pixels < 1:
+            raise ValueError("max_batch and max_image_pixels must be >= 1")
+        self.threads = max(1, int(threads if threads is not None else (os.cpu_count() or 1)))
+        self.max_batch = int(max_batch)
+        self.max_image_pixels = int(max_image_pixels)
+        self._fallback = CpuFallback("nvjpeg", self.device, self.threads)
+        self._lock = threading.Lock()
+        budget = self.max_batch * self.max_image_pixels * 3
+        log.info(
+            "nvjpeg decoder on %s: output bound %d images x %.1f MP x 3 B = %.0f MiB "
+            "(larger images decode on the CPU)",
+            self.device,
+            self.max_batch,
+            self.max_image_pixels / 1e6,
+            budget / 2**20,
+        )
+
+    @property
+    def fallbacks(self) -> int:
+        return self._fallback.fallbacks
+
+    @property
+    def failures(self) -> int:
+        return self._fallback.failures
+
+    def _skip_reason(self, req: DecodeRequest) -> str | None:
+        if req.header.kind != "jpeg":
+            return "not a plain JPEG"
+        if req.header.pixels > self.max_image_pixels:
+            return f"{req.header.pixels} pixels over the {self.max_image_pixels} GPU bound"
+        if not req.data:
+            return "empty"
+        if not req.data.rstrip(b"\0").endswith(b"\xff\xd9"):
+            # nvJPEG may return a truncated file's missing part as grey without a word.
+            return "no end-of-image marker (truncated?)"
+        return None
+
+    def _decode(self, datas: list[bytes]) -> list[torch.Tensor]:
+        from torchvision.io import ImageReadMode, decode_jpeg
+
+        # bytearray: torch.frombuffer warns on read-only buffers; the copy is of encoded bytes.
+        encoded = [torch.frombuffer(bytearray(d), dtype=torch.uint8) for d in datas]
+        return decode_jpeg(encoded, mode=ImageReadMode.RGB, device=self.device)
+
+    def _decode_chunk(
+        self,
+        items: list[int],
+        requests: Sequence[DecodeRequest],
+        results: list[DecodeResult | None],
+        rejected: dict[int, str],
+    ) -> None:
+        try:
+            images = self._decode([requests[i].data for i in items])
+        except (RuntimeError, ValueError) as batch_error:
+            if len(items) == 1:
+                rejected[items[0]] = f"nvjpeg: {batch_error}"[:200]
+                return
+            for i in items:  # retry alone, so only the bad images leave the GPU path
+                self._decode_chunk([i], requests, results, rejected)
+            return
+        for i, chw in zip(items, images, strict=True):
+            header = requests[i].header
+            hwc = orient(chw.permute(1, 2, 0), header.orientation).contiguous()
+            if tuple(hwc.shape) != (header.height, header.width, 3):
+                rejected[i] = f"nvjpeg decoded {tuple(hwc.shape)}, header says {header}"
+            else:
+                results[i] = DecodeResult(image=hwc, box=requests[i].box)
+
+    def decode_batch(self, requests: Sequence[DecodeRequest]) -> list[DecodeResult]:
+        results: list[DecodeResult | None] = [None] * len(requests)
+        rejected: dict[int, str] = {}
+        eligible: list[int] = []
+        for i, req in enumerate(requests):
+            reason = self._skip_reason(req)
+            if reason is None:
+                eligible.append(i)
+            else:
+                rejected[i] = reason
+        with self._lock:
+            for start in range(0, len(eligible), self.max_batch):
+                chunk = eligible[start : start + self.max_batch]
+                self._decode_chunk(chunk, requests, results, rejected)
+        if rejected:
+            order = sorted(rejected)
+            redone = self._fallback.decode(
+                [requests[i] for i in order], [rejected[i] for i in order]
+            )
+            for i, res in zip(order, redone, strict=True):
+                results[i] = res
+        return results  # type: ignore[return-value]  # every slot is filled above
+
+    def close(self) -> None:
+        self._fallback.close()
+
+    def __repr__(self) -> str:
+        return f"NvjpegBatchDecoder(device={self.device}, max_batch={self.max_batch})"

@@ -1,0 +1,104 @@
+"""Choosing a `BatchDecoder` for `--decoder {auto,cpu,nvjpeg,dali}` and `--device`.
+
+`auto` on CUDA prefers DALI (hardware JPEG decoder plus nvJPEG, mature batching), then
+torchvision's nvJPEG, then the CPU. On a CPU-only server `auto` is the CPU decoder: TurboJPEG
+with DCT scaling decodes a random-resized crop at a fraction of the full-size cost, which DALI's
+CPU decoder (always full size) cannot; `pipeline-bench` measures the difference. The choice and
+its reason are logged on "batchwire.pipeline", and a decoder asked for by name that cannot run
+here is a clear error naming what is missing, never a silent substitute.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from batchwire.pipeline.decode import BatchDecoder, CpuBatchDecoder
+from batchwire.pipeline.decode_dali import (
+    DEFAULT_MAX_GPU_IMAGE_PIXELS,
+    DaliBatchDecoder,
+    dali_available,
+    parse_device,
+)
+from batchwire.pipeline.decode_nvjpeg import NvjpegBatchDecoder, torchvision_gpu_decode_missing
+
+log = logging.getLogger("batchwire.pipeline")
+
+DECODERS = ("auto", "cpu", "nvjpeg", "dali")
+
+
+def _cuda_missing(device: torch.device) -> str | None:
+    if not torch.cuda.is_available():
+        return f"--device {device} needs CUDA, and torch sees no CUDA device"
+    if device.index is not None and device.index >= torch.cuda.device_count():
+        return f"--device {device}: only {torch.cuda.device_count()} CUDA device(s) visible"
+    return None
+
+
+def make_decoder(
+    name: str,
+    device: str | torch.device,
+    threads: int,
+    *,
+    max_batch: int = 256,
+    max_gpu_image_pixels: int = DEFAULT_MAX_GPU_IMAGE_PIXELS,
+    hw_decoder_load: float = 0.65,
+) -> BatchDecoder:
+    """The decoder `name` on `device` ('cpu', 'cuda', 'cuda:N'); see the module doc for 'auto'.
+
+    Raises ValueError for an unknown name or device and RuntimeError when the requested decoder
+    cannot run here (the message says what is missing).
+    """
+    if name not in DECODERS:
+        raise ValueError(f"unknown decoder {name!r}: choose one of {', '.join(DECODERS)}")
+    dev = parse_device(device)
+    if dev.type == "cuda" and (missing := _cuda_missing(dev)) is not None:
+        raise RuntimeError(missing)
+
+    if name == "auto":
+        name, why = _auto_choice(dev)
+    else:
+        why = "asked for by name"
+
+    decoder: BatchDecoder
+    if name == "cpu":
+        decoder = CpuBatchDecoder(threads)
+    elif name == "dali":
+        if not dali_available():
+            raise RuntimeError(
+                "--decoder dali needs NVIDIA DALI, which is not installed: "
+                "pip install 'batchwire[dali]' (nvidia-dali-cuda120)"
+            )
+        decoder = DaliBatchDecoder(
+            dev,
+            threads,
+            hw_decoder_load=hw_decoder_load,
+            max_batch=max_batch,
+            max_image_pixels=max_gpu_image_pixels if dev.type == "cuda" else None,
+        )
+    else:
+        if dev.type != "cuda":
+            raise RuntimeError("--decoder nvjpeg decodes on a GPU: use it with --device cuda[:N]")
+        missing = torchvision_gpu_decode_missing()
+        if missing is not None:
+            raise RuntimeError(f"--decoder nvjpeg needs CUDA and torchvision: {missing}")
+        decoder = NvjpegBatchDecoder(
+            dev, threads, max_batch=max_batch, max_image_pixels=max_gpu_image_pixels
+        )
+    log.info("decoder: %s on %s, %d threads (%s)", decoder.name, decoder.device, threads, why)
+    return decoder
+
+
+def _auto_choice(dev: torch.device) -> tuple[str, str]:
+    """(decoder name, reason) for `--decoder auto` on `dev`."""
+    if dev.type == "cpu":
+        return "cpu", (
+            "auto on CPU: TurboJPEG with DCT scaling decodes crops faster than DALI's "
+            "full-size CPU decoder"
+        )
+    if dali_available():
+        return "dali", "auto on CUDA: DALI is installed (hardware JPEG decoder + nvJPEG)"
+    missing = torchvision_gpu_decode_missing()
+    if missing is None:
+        return "nvjpeg", "auto on CUDA: DALI not installed, torchvision's nvJPEG decode present"
+    return "cpu", f"auto on CUDA: no DALI and no GPU decode ({missing}); decoding on the CPU"

@@ -1,0 +1,143 @@
+"""EXIF orientation: read the Orientation tag (0x0112) and apply it as PIL's `exif_transpose`.
+
+Cameras store pixels in sensor order and record how to turn them in the EXIF Orientation tag;
+every viewer (and PIL's `ImageOps.exif_transpose`, which most training code uses) honours it.
+We read only that one tag, straight from the bytes, so the header pass stays cheap, and we never
+trust the bytes: any malformed EXIF means "orientation 1", never an exception.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+
+ORIENTATION_TAG = 0x0112
+_EXIF_MAGIC = b"Exif\x00\x00"
+_PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+_MAX_IFD_ENTRIES = 1024  # a sane IFD0 has a few dozen; more means garbage
+
+
+def swaps_axes(orientation: int) -> bool:
+    """True when the orientation transposes the image (5-8), so displayed h/w are swapped."""
+    return orientation in (5, 6, 7, 8)
+
+
+def orientation_from_tiff(tiff: bytes | memoryview) -> int:
+    """Orientation from a TIFF structure (the payload after "Exif\\0\\0"); 1 if absent or bad."""
+    try:
+        buf = bytes(tiff)
+        if len(buf) < 8:
+            return 1
+        if buf[:4] == b"II*\x00":
+            endian = "<"
+        elif buf[:4] == b"MM\x00*":
+            endian = ">"
+        else:
+            return 1
+        (ifd,) = struct.unpack_from(endian + "I", buf, 4)
+        if ifd < 8 or ifd + 2 > len(buf):
+            return 1
+        (count,) = struct.unpack_from(endian + "H", buf, ifd)
+        count = min(count, _MAX_IFD_ENTRIES, (len(buf) - ifd - 2) // 12)
+        for k in range(count):
+            tag, typ, n = struct.unpack_from(endian + "HHI", buf, ifd + 2 + 12 * k)
+            if tag != ORIENTATION_TAG:
+                continue
+            # SHORT (3) is the standard type; some writers use LONG (4). Value sits inline.
+            if typ == 3 and n >= 1:
+                (value,) = struct.unpack_from(endian + "H", buf, ifd + 2 + 12 * k + 8)
+            elif typ == 4 and n >= 1:
+                (value,) = struct.unpack_from(endian + "I", buf, ifd + 2 + 12 * k + 8)
+            else:
+                return 1
+            return int(value) if 1 <= value <= 8 else 1
+        return 1
+    except (struct.error, ValueError, IndexError):
+        return 1
+
+
+def _jpeg_exif(data: bytes) -> memoryview | None:
+    """The TIFF payload of the first "Exif" APP1 segment (as PIL takes the first), or None."""
+    n = len(data)
+    if n < 4 or data[0] != 0xFF or data[1] != 0xD8:
+        return None
+    view = memoryview(data)
+    pos = 2
+    while pos + 4 <= n:
+        if data[pos] != 0xFF:
+            return None  # lost sync: not a marker where one must be
+        marker = data[pos + 1]
+        if marker == 0xFF:  # fill byte
+            pos += 1
+            continue
+        if marker in (0xD9, 0xDA):  # EOI or start of scan: no more header segments
+            return None
+        if marker == 0x01 or 0xD0 <= marker <= 0xD7:  # standalone markers without length
+            pos += 2
+            continue
+        length = (data[pos + 2] << 8) | data[pos + 3]
+        if length < 2:
+            return None
+        start, end = pos + 4, pos + 2 + length
+        if marker == 0xE1 and end <= n and data[start : start + 6] == _EXIF_MAGIC:
+            return view[start + 6 : end]
+        pos = end
+    return None
+
+
+def _png_exif(data: bytes) -> memoryview | None:
+    """The payload of a PNG eXIf chunk (a bare TIFF structure), or None."""
+    if not data.startswith(_PNG_MAGIC):
+        return None
+    view = memoryview(data)
+    pos, n = len(_PNG_MAGIC), len(data)
+    while pos + 8 <= n:
+        (length,) = struct.unpack_from(">I", data, pos)
+        kind = data[pos + 4 : pos + 8]
+        start, end = pos + 8, pos + 8 + length
+        if end > n:
+            return None
+        if kind == b"eXIf":
+            payload = view[start:end]
+            # Some writers keep the JPEG-style prefix inside the chunk.
+            return payload[6:] if bytes(payload[:6]) == _EXIF_MAGIC else payload
+        if kind == b"IEND":
+            return None
+        pos = end + 4  # skip the CRC
+    return None
+
+
+def read_orientation(data: bytes) -> int:
+    """EXIF orientation (1-8) of a JPEG (APP1) or PNG (eXIf) file; 1 when absent or malformed."""
+    try:
+        tiff = _jpeg_exif(data)
+        if tiff is None:
+            tiff = _png_exif(data)
+        return 1 if tiff is None else orientation_from_tiff(tiff)
+    except (IndexError, ValueError, struct.error):
+        return 1
+
+
+def apply_orientation(pixels: np.ndarray, orientation: int) -> np.ndarray:
+    """Turn an HxWxC image the way `PIL.ImageOps.exif_transpose` does for `orientation`.
+
+    1 (or anything outside 2-8) returns the input unchanged; otherwise a C-contiguous copy.
+    """
+    if orientation == 2:
+        out = pixels[:, ::-1]
+    elif orientation == 3:
+        out = pixels[::-1, ::-1]
+    elif orientation == 4:
+        out = pixels[::-1]
+    elif orientation == 5:  # PIL TRANSPOSE: mirror over the main diagonal
+        out = pixels.swapaxes(0, 1)
+    elif orientation == 6:  # PIL ROTATE_270: a quarter turn clockwise
+        out = pixels.swapaxes(0, 1)[:, ::-1]
+    elif orientation == 7:  # PIL TRANSVERSE: mirror over the anti-diagonal
+        out = pixels.swapaxes(0, 1)[::-1, ::-1]
+    elif orientation == 8:  # PIL ROTATE_90: a quarter turn counter-clockwise
+        out = pixels.swapaxes(0, 1)[::-1]
+    else:
+        return pixels
+    return np.ascontiguousarray(out)

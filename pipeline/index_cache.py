@@ -1,0 +1,226 @@
+"""Listing an ImageFolder tree once, and reusing that listing while the tree is unchanged.
+
+Walking 1.3 M files takes minutes on a network file system and tens of seconds on a local disk;
+every rank and every server restart would pay it. A directory's mtime changes whenever an entry
+is added, removed or renamed in it, so recording the mtime of every directory visited (taken
+*before* listing it, so a change during the walk invalidates the result) lets a later open check
+a few thousand `stat`s instead of re-reading a million directory entries.
+
+Timestamps are coarse (a kernel tick locally, the server's clock on NFS), so a file added in the
+same tick as the walk could leave a directory's mtime unchanged. As git does with its "racily
+clean" index entries, a listing is only cached when every directory's mtime is at least
+RACY_WINDOW_S older than the start of the walk; a tree still being written is re-walked next time.
+
+Cache file: `<cache_dir>/index/<sha256(abs root)[:32]>.npz` holding the root, the class names,
+the directories with their mtimes, and the relative file paths as one NUL-separated blob (file
+names cannot contain NUL), labels as int64. Written atomically (temp file + rename), so racing
+writers are harmless: the last rename wins and every version is complete.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import tempfile
+import time
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff"})
+_FORMAT_VERSION = 1
+_ENC = "utf-8"
+_ERRORS = "surrogateescape"  # round-trips file names that are not valid UTF-8
+RACY_WINDOW_S = 2.0
+
+
+@dataclass
+class FolderIndex:
+    """An ImageFolder listing: `rel_paths[i]` (relative to the root, '/'-separated) has label
+    `labels[i]`, the position of its class in the sorted `classes`."""
+
+    root: str
+    classes: list[str]
+    rel_paths: list[str]
+    labels: np.ndarray  # int64
+    dirs: list[str]  # relative directory paths visited ("" is the root)
+    dir_mtimes: np.ndarray  # int64 ns, aligned with dirs
+    scanned_at_ns: int = 0  # wall clock when the walk started (0: unknown)
+
+    def is_racy(self, window_s: float = RACY_WINDOW_S) -> bool:
+        """Whether some directory changed too close to the walk for its mtime to be trusted."""
+        if not self.dir_mtimes.size:
+            return False
+        return int(self.dir_mtimes.max()) >= self.scanned_at_ns - int(window_s * 1e9)
+
+
+def _visible(name: str) -> bool:
+    # Hidden entries (.ipynb_checkpoints, .DS_Store, ._foo.jpg) are never data.
+    return not name.startswith(".")
+
+
+def scan_image_folder(root: str | os.PathLike[str]) -> FolderIndex:
+    """Walk `root`: each visible sub-folder is a class (sorted names give label ids); its image
+    files, recursively, sorted by relative path, are its samples."""
+    root_s = os.path.abspath(os.fspath(root))
+    started = time.time_ns()
+    dirs: list[str] = [""]
+    mtimes: list[int] = [os.stat(root_s).st_mtime_ns]
+    with os.scandir(root_s) as it:
+        classes = sorted(e.name for e in it if _visible(e.name) and e.is_dir())
+
+    rel_paths: list[str] = []
+    counts: list[int] = []
+    seen: set[tuple[int, int]] = set()  # (device, inode): symlinked folders must not loop
+    for cls in classes:
+        found: list[str] = []
+        stack = [cls]
+        while stack:
+            rel_dir = stack.pop()
+            full = os.path.join(root_s, rel_dir)
+            st = os.stat(full)
+            if (st.st_dev, st.st_ino) in seen:
+                log.warning("skipping %s: a folder already listed (symlink loop or alias)", full)
+                continue
+            seen.add((st.st_dev, st.st_ino))
+            dirs.append(rel_dir)
+            mtimes.append(st.st_mtime_ns)
+            with os.scandir(full) as it:
+                for e in it:
+                    if not _visible(e.name):
+                        continue
+                    rel = f"{rel_dir}/{e.name}"
+                    if e.is_dir():
+                        stack.append(rel)
+                    elif os.path.splitext(e.name)[1].lower() in IMAGE_EXTENSIONS and e.is_file():
+                        found.append(rel)
+        found.sort()
+        if not found:
+            log.warning("class folder %s has no image files", os.path.join(root_s, cls))
+        rel_paths.extend(found)
+        counts.append(len(found))
+
+    labels = np.repeat(np.arange(len(classes), dtype=np.int64), np.asarray(counts, dtype=np.int64))
+    return FolderIndex(
+        root=root_s,
+        classes=classes,
+        rel_paths=rel_paths,
+        labels=labels,
+        dirs=dirs,
+        dir_mtimes=np.asarray(mtimes, dtype=np.int64),
+        scanned_at_ns=started,
+    )
+
+
+def index_file(root: str | os.PathLike[str], cache_dir: str | os.PathLike[str]) -> Path:
+    """Where the listing of `root` is cached."""
+    key = hashlib.sha256(os.fsencode(os.path.abspath(os.fspath(root)))).hexdigest()[:32]
+    return Path(cache_dir) / "index" / f"{key}.npz"
+
+
+def _blob(strings: list[str]) -> np.ndarray:
+    data = "\0".join(strings).encode(_ENC, _ERRORS)
+    return np.frombuffer(data, dtype=np.uint8)
+
+
+def _unblob(arr: np.ndarray, count: int) -> list[str]:
+    if count == 0:
+        return []
+    out = arr.tobytes().decode(_ENC, _ERRORS).split("\0")
+    if len(out) != count:
+        raise ValueError(f"corrupt string table: {len(out)} entries, expected {count}")
+    return out
+
+
+def save_index(index: FolderIndex, cache_dir: str | os.PathLike[str]) -> Path:
+    """Write the listing atomically; returns the cache file."""
+    target = index_file(index.root, cache_dir)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=target.stem, suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            np.savez(
+                f,
+                version=np.array([_FORMAT_VERSION], dtype=np.int64),
+                root=_blob([index.root]),
+                classes=_blob(index.classes),
+                num_classes=np.array([len(index.classes)], dtype=np.int64),
+                dirs=_blob(index.dirs),
+                dir_mtimes=index.dir_mtimes,
+                paths=_blob(index.rel_paths),
+                labels=index.labels,
+            )
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return target
+
+
+def _still_valid(index: FolderIndex) -> bool:
+    for rel_dir, mtime in zip(index.dirs, index.dir_mtimes.tolist(), strict=True):
+        try:
+            if os.stat(os.path.join(index.root, rel_dir)).st_mtime_ns != mtime:
+                return False
+        except OSError:
+            return False
+    return True
+
+
+def load_index(
+    root: str | os.PathLike[str], cache_dir: str | os.PathLike[str]
+) -> FolderIndex | None:
+    """The cached listing of `root` if there is one and no directory in it changed since."""
+    path = index_file(root, cache_dir)
+    root_s = os.path.abspath(os.fspath(root))
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            if int(z["version"][0]) != _FORMAT_VERSION:
+                return None
+            if _unblob(z["root"], 1)[0] != root_s:
+                return None  # hash collision or a moved cache: never trust it
+            dirs_arr, mtimes = z["dirs"], z["dir_mtimes"]
+            dirs = _unblob(dirs_arr, len(mtimes))
+            index = FolderIndex(
+                root=root_s,
+                classes=_unblob(z["classes"], int(z["num_classes"][0])),
+                rel_paths=[],
+                labels=z["labels"],
+                dirs=dirs,
+                dir_mtimes=mtimes,
+            )
+            if not _still_valid(index):
+                return None
+            index.rel_paths = _unblob(z["paths"], len(index.labels))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile) as exc:
+        log.warning("ignoring unreadable index cache %s: %s", path, exc)
+        return None
+    return index
+
+
+def cached_folder_index(
+    root: str | os.PathLike[str], cache_dir: str | os.PathLike[str]
+) -> tuple[FolderIndex, bool]:
+    """The listing of `root` and whether it came from the cache (scanning and saving if not).
+
+    A cache that cannot be written (read-only disk, full disk) costs a warning, not the run.
+    """
+    index = load_index(root, cache_dir)
+    if index is not None:
+        return index, True
+    index = scan_image_folder(root)
+    if index.is_racy():
+        log.info("not caching the listing of %s: it changed within the last seconds", index.root)
+        return index, False
+    try:
+        save_index(index, cache_dir)
+    except OSError as exc:
+        log.warning("could not write the index cache for %s: %s", index.root, exc)
+    return index, False

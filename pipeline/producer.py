@@ -1,0 +1,151 @@
+"""One batch, start to finish: plan -> read/decode (SampleLoader) -> fused augment -> `out`.
+
+This is the unit of work both the in-process `LocalLoader` and the server run. It writes into a
+caller-provided tensor (a ring buffer) rather than returning a new one, so steady-state
+production allocates no batch-sized memory.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from batchwire.pipeline.augment_plan import AugmentConfig
+from batchwire.pipeline.dataset import ImageDataset
+from batchwire.pipeline.decode import DEFAULT_MAX_PIXELS, BatchDecoder
+from batchwire.pipeline.sampler import BatchPlan
+from batchwire.pipeline.samples import SampleLoader
+
+log = logging.getLogger("batchwire.pipeline")
+
+AugmentFn = Callable[..., torch.Tensor]
+_augment_lock = threading.Lock()
+_augment_choice: list[tuple[str, AugmentFn]] = []
+
+
+def augment_impl() -> tuple[str, AugmentFn]:
+    """("native" | "reference", fn): the fused op when it is built and loadable, else the pure
+    torch oracle. Chosen once per process and logged, so a slow fallback is never silent."""
+    if not _augment_choice:
+        with _augment_lock:
+            if not _augment_choice:
+                _augment_choice.append(_pick_augment())
+    return _augment_choice[0]
+
+
+def _pick_augment() -> tuple[str, AugmentFn]:
+    reason = "not available"
+    try:
+        from batchwire import native
+
+        if native.is_available():
+            log.info("augmenting with the native fused op (batchwire.native.augment_batch)")
+            return "native", native.augment_batch
+    except Exception as e:
+        reason = f"{type(e).__name__}: {e}"
+    from batchwire.native.reference import augment_batch_reference
+
+    log.warning(
+        "native augment op %s: augmenting with the pure torch reference (slow); build it with "
+        "`python -m batchwire.native build`",
+        reason,
+    )
+    return "reference", augment_batch_reference
+
+
+@dataclass(frozen=True)
+class BatchMeta:
+    """What goes with a produced batch.
+
+    `indices`: the sampler's dataset indices (-1 for padding slots). `sources`: the indices
+    whose pixels and labels are actually in the batch (they differ from `indices` where a bad
+    file was replaced). `labels` belong to `sources`. `replaced`: replaced valid slots.
+    """
+
+    epoch: int
+    batch_index: int
+    labels: np.ndarray  # int64 [B]
+    indices: np.ndarray  # int64 [B], -1 = padding
+    valid: np.ndarray  # bool [B]
+    sources: np.ndarray  # int64 [B]
+    replaced: int
+
+
+class BatchProducer:
+    """Produces batches of `dataset` under `config` into caller-provided output tensors."""
+
+    def __init__(
+        self,
+        dataset: ImageDataset,
+        config: AugmentConfig,
+        seed: int,
+        decoder: BatchDecoder,
+        *,
+        max_pixels: int | None = DEFAULT_MAX_PIXELS,
+        augment: AugmentFn | None = None,
+    ) -> None:
+        self.dataset = dataset
+        self.config = config
+        self.seed = int(seed)
+        self.decoder = decoder
+        self.samples = SampleLoader(dataset, config, seed, decoder, max_pixels=max_pixels)
+        if augment is None:
+            self.augment_name, self._augment = augment_impl()
+        else:
+            self.augment_name, self._augment = getattr(augment, "__name__", "custom"), augment
+        self._consts: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def counts(self) -> dict[str, int]:
+        """Bad-input counters (`bad_total`, `replaced_total`) of the sample loader."""
+        return self.samples.counts()
+
+    def output_shape(self, batch_size: int) -> tuple[int, int, int, int]:
+        h, w = self.config.image_size
+        return (batch_size, 3, h, w)
+
+    def _mean_std(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        if device not in self._consts:
+            mean = torch.tensor(self.config.mean, dtype=torch.float32, device=device)
+            std = torch.tensor(self.config.std, dtype=torch.float32, device=device)
+            self._consts[device] = (mean, std)
+        return self._consts[device]
+
+    def produce(self, plan: BatchPlan, out: torch.Tensor) -> BatchMeta:
+        """Fill `out` ([B, 3, H, W], config dtype, any memory format) with batch `plan`."""
+        n = len(plan.indices)
+        expected = self.output_shape(n)
+        if tuple(out.shape) != expected or out.dtype != self.config.torch_dtype:
+            raise ValueError(
+                f"out must be {list(expected)} {self.config.torch_dtype}, got "
+                f"{list(out.shape)} {out.dtype}"
+            )
+        samples = self.samples.load(plan.epoch, plan.indices)
+        device = out.device
+        non_blocking = device.type == "cuda"
+        images = [
+            s.image if s.image.device == device else s.image.to(device, non_blocking=non_blocking)
+            for s in samples
+        ]
+        boxes = torch.tensor([s.box for s in samples], dtype=torch.float32)
+        flips = torch.tensor([s.plan.flip for s in samples], dtype=torch.bool)
+        jitter = torch.tensor([s.plan.jitter for s in samples], dtype=torch.float32)
+        if device.type != "cpu":
+            boxes, flips, jitter = (t.to(device, non_blocking=True) for t in (boxes, flips, jitter))
+        mean, std = self._mean_std(device)
+        self._augment(images, boxes, flips, jitter, mean, std, out)
+
+        valid = np.asarray(plan.valid, dtype=bool)
+        replaced = np.fromiter((s.replaced for s in samples), dtype=bool, count=n)
+        return BatchMeta(
+            epoch=int(plan.epoch),
+            batch_index=int(plan.batch_index),
+            labels=np.fromiter((s.label for s in samples), dtype=np.int64, count=n),
+            indices=np.where(valid, np.asarray(plan.indices, dtype=np.int64), np.int64(-1)),
+            valid=valid,
+            sources=np.fromiter((s.index for s in samples), dtype=np.int64, count=n),
+            replaced=int((replaced & valid).sum()),
+        )

@@ -1,0 +1,7 @@
+"""`python -m batchwire.server` = `pipeline-server`."""
+
+import sys
+
+from batchwire.server.cli import main
+
+sys.exit(main())

@@ -1,0 +1,414 @@
+"""The server: one ROUTER loop thread that owns the socket and every client's stream.
+
+The loop receives control messages, hands production jobs to the worker pool (round-robin over
+clients with room), sends finished batches as credits allow, and returns buffers to the pool
+once ZeroMQ's tracker says it has let go. Only this thread touches the ROUTER socket (zmq
+sockets are not thread-safe) and the streams; workers report back through a queue and a wake-up
+pipe. Nothing here blocks for long: the loop polls, and a bad message costs one error reply.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import os
+import signal
+import time
+from collections import deque
+from typing import Any
+
+import zmq
+from batchwire.server import protocol
+from batchwire.server.bufpool import BufferPool, Slot
+from batchwire.server.config import ServerConfig
+from batchwire.server.protocol import (
+    BatchHeader,
+    Bye,
+    Credit,
+    ErrorReply,
+    Hello,
+    ProtocolError,
+    StatsReply,
+    StatsRequest,
+    VersionMismatch,
+    Welcome,
+)
+from batchwire.server.sender import send_batch, tensor_bytes
+from batchwire.server.splits import Split, StartupError, make_decoder, open_splits
+from batchwire.server.streams import Produced, Scheduler, Stream
+from batchwire.server.telemetry import Telemetry
+from batchwire.server.workers import Job, JobResult, ProducerPool, StageTimingDecoder, _Phases
+
+__all__ = ["ServerApp", "StartupError"]
+
+log = logging.getLogger("batchwire.server")
+
+# A peer that never reads cannot make us queue replies without bound (batches are bounded by
+# credits, which are capped at MAX_PREFETCH per client).
+_SNDHWM = 4 * protocol.MAX_PREFETCH + 64
+# Frames above this are refused by ZeroMQ itself (the peer is disconnected); smaller oversized
+# frames reach us and are counted as malformed.
+_MAXMSGSIZE = 16 * 1024 * 1024
+_MAX_RECV_PER_TURN = 256  # then do other work: a flood cannot starve sending
+_TRACKER_POLL_MAX_MS = 100
+_IDLE_POLL_MS = 250
+_SHUTDOWN_LINGER_MS = 1000
+_LOADER_STATS_KEYS = 32
+
+
+class ServerApp:
+    """`pipeline-server` as an object: build it from a `ServerConfig`, then `run()`."""
+
+    def __init__(self, config: ServerConfig) -> None:
+        self.config = config
+        self.telemetry = Telemetry()
+        decoder = make_decoder(config)
+        self._phases = _Phases(self.telemetry.observe_stage)
+        try:
+            self.splits: dict[str, Split] = open_splits(
+                config, StageTimingDecoder(decoder, self._phases)
+            )
+        except ValueError as exc:
+            raise StartupError(str(exc)) from None
+        first = next(iter(self.splits.values())).augment
+        self.shape = (config.batch_size, 3, config.image_size, config.image_size)
+        self.nbytes = protocol.images_nbytes(self.shape, config.output_dtype)
+        self.buffers = BufferPool(self.shape, first.torch_dtype, first.memory_format)
+        self._bad_seen = dict.fromkeys(self.splits, 0)
+
+        self.ctx = zmq.Context()
+        self.router = self.ctx.socket(zmq.ROUTER)
+        self.router.sndhwm = _SNDHWM
+        self.router.maxmsgsize = _MAXMSGSIZE
+        self.router.linger = 0
+        self.endpoints: list[str] = []
+        for endpoint in config.bind:
+            try:
+                self.router.bind(endpoint)
+            except zmq.ZMQError as exc:
+                self.router.close(0)
+                self.ctx.term()
+                raise StartupError(f"cannot bind {endpoint}: {exc}") from None
+            self.endpoints.append(self.router.last_endpoint.decode())
+
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        producers = {name: s.producer for name, s in self.splits.items()}
+        self.pool = ProducerPool(producers, config.producers, self._phases, self._wake_w,
+                                 device=config.device)
+        self.streams: dict[bytes, Stream] = {}
+        self.scheduler = Scheduler()
+        self._in_flight: deque[tuple[zmq.MessageTracker, Slot, Stream]] = deque()
+        self._tracker_wait_ms = 1
+        self._stopping = False
+        self._metrics: Any = None
+
+    # ----------------------------------------------------------------------------- lifecycle
+
+    def request_stop(self, *_: object) -> None:
+        """Ask the loop to shut down (signal handler; safe to call from any thread)."""
+        self._stopping = True
+        with contextlib.suppress(OSError):  # pipe full (a wake-up is pending anyway) or closed
+            os.write(self._wake_w, b"s")
+
+    def run(self) -> int:
+        """Serve until SIGINT/SIGTERM or `request_stop()`; returns the exit code (0)."""
+        try:
+            signal.signal(signal.SIGTERM, self.request_stop)
+            signal.signal(signal.SIGINT, self.request_stop)
+        except ValueError:  # not the main thread (embedded use): the caller stops us
+            pass
+        if self.config.metrics_port is not None:
+            self._metrics = self.telemetry.serve_prometheus(
+                self.config.metrics_port, self.stats_snapshot
+            )
+        log.info(
+            "serving %s on %s: batch %d, %dpx, %s %s, %d producers, %d decode threads, "
+            "work-ahead %d per client",
+            "/".join(self.splits), ", ".join(self.endpoints), self.config.batch_size,
+            self.config.image_size, self.config.output_dtype, self.config.layout,
+            self.config.producers, self.config.workers, self.config.prefetch_depth,
+        )
+        try:
+            self._loop()
+        finally:
+            self._shutdown()
+        log.info("stopped")
+        return 0
+
+    def _shutdown(self) -> None:
+        log.info("shutting down: telling %d client(s)", len(self.streams))
+        for identity in list(self.streams):
+            self._reply(identity, protocol.Shutdown())
+            self._drop(identity)
+        self.pool.stop(timeout=3.0)
+        if self._metrics is not None:
+            self._metrics()
+        self.router.close(linger=_SHUTDOWN_LINGER_MS)
+        self.ctx.term()
+        for fd in (self._wake_r, self._wake_w):
+            os.close(fd)
+        for split in self.splits.values():
+            close = getattr(split.producer.decoder, "close", None)
+            if close is not None:
+                close()
+                break  # one decoder shared by all splits
+
+    # ----------------------------------------------------------------------------- the loop
+
+    def _loop(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self.router, zmq.POLLIN)
+        poller.register(self._wake_r, zmq.POLLIN)
+        next_reap = time.monotonic() + 1.0
+        while not self._stopping:
+            # Trackers have no file descriptor: poll them with a timeout that backs off while
+            # nothing completes (a stalled client's buffers may stay with ZeroMQ for long).
+            timeout = self._tracker_wait_ms if self._in_flight else _IDLE_POLL_MS
+            events = dict(poller.poll(timeout))
+            if self._wake_r in events:
+                self._drain_wakeups()
+            if self.router in events:
+                self._receive()
+            self._collect_results()
+            self._release_sent()
+            self._send_ready()
+            self._schedule()
+            now = time.monotonic()
+            if now >= next_reap:
+                self._reap(now)
+                next_reap = now + 1.0
+
+    def _drain_wakeups(self) -> None:
+        try:
+            while os.read(self._wake_r, 4096):
+                pass
+        except BlockingIOError:
+            pass
+
+    def _receive(self) -> None:
+        for _ in range(_MAX_RECV_PER_TURN):
+            try:
+                frames = self.router.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            identity = frames[0].bytes
+            if len(frames) != 2:
+                self._malformed(identity, f"expected 1 control frame, got {len(frames) - 1}")
+                continue
+            try:
+                msg = protocol.decode_client_message(frames[1].buffer)
+            except VersionMismatch as exc:
+                self._malformed(
+                    identity,
+                    f"protocol version mismatch: client speaks v{exc.peer_version}, "
+                    f"server speaks v{protocol.PROTOCOL_VERSION}",
+                )
+                continue
+            except ProtocolError as exc:
+                self._malformed(identity, str(exc))
+                continue
+            self._dispatch(identity, msg)
+
+    def _dispatch(self, identity: bytes, msg: protocol.ClientMessage) -> None:
+        stream = self.streams.get(identity)
+        if stream is not None:
+            stream.last_seen = time.monotonic()
+        if isinstance(msg, Credit):
+            if stream is None:  # e.g. after a restart or a drop: the client will re-send hello
+                log.debug("credit from unknown client %s ignored", identity.hex())
+                return
+            # A correct client never exceeds its prefetch; clamping keeps a buggy one bounded.
+            stream.credits = min(stream.credits + msg.n, stream.hello.prefetch)
+            stream.loader_stats = _clean_loader_stats(msg.stats)
+        elif isinstance(msg, Hello):
+            self._on_hello(identity, msg)
+        elif isinstance(msg, Bye):
+            if stream is not None:
+                log.info("client %s said bye", identity.hex())
+                self._drop(identity)
+        elif isinstance(msg, StatsRequest):
+            self._reply(identity, StatsReply(self.stats_snapshot()))
+
+    def _on_hello(self, identity: bytes, hello: Hello) -> None:
+        split = self.splits.get(hello.split)
+        if split is None:
+            self._error(identity, f"unknown split {hello.split!r}: this server serves "
+                                  f"{sorted(self.splits)}")
+            return
+        for other in self.streams.values():
+            if (other.identity != identity and other.hello.split == hello.split
+                    and other.hello.world_size != hello.world_size and not other.done):
+                self._error(
+                    identity,
+                    f"world_size mismatch on split {hello.split!r}: this client says "
+                    f"world_size={hello.world_size}, connected client(s) use "
+                    f"world_size={other.hello.world_size}",
+                )
+                return
+        if identity in self.streams:  # next epoch, resume or reconnect: replace the stream
+            self._drop(identity)
+        sampler = split.sampler(self.config.batch_size, self.config.seed, hello.rank,
+                                hello.world_size)
+        stream = Stream(identity, hello, sampler.num_batches, self.config.prefetch_depth, sampler)
+        stream.credits = hello.prefetch  # a hello grants `prefetch` credits
+        self.streams[identity] = stream
+        self.scheduler.add(identity)
+        aug = split.augment
+        self._reply(identity, Welcome(
+            session=hello.session, num_batches=sampler.num_batches,
+            num_samples=len(split.dataset), batch_size=self.config.batch_size,
+            shape=list(self.shape), dtype=self.config.output_dtype, layout=self.config.layout,
+            mean=list(aug.mean), std=list(aug.std), num_classes=split.dataset.num_classes,
+        ))
+        log.info("client %s: %s epoch %d rank %d/%d from batch %d, shard %d/%d (%d batches)",
+                 identity.hex(), hello.split, hello.epoch, hello.rank, hello.world_size,
+                 hello.start_batch, hello.shard[0], hello.shard[1], len(stream.batches))
+
+    def _drop(self, identity: bytes) -> None:
+        """Forget a client's stream and release its queued batches (in-flight ones: later)."""
+        stream = self.streams.pop(identity, None)
+        self.scheduler.remove(identity)
+        if stream is not None:
+            for batch in stream.drain():
+                self.buffers.release(batch.slot)
+
+    def _reap(self, now: float) -> None:
+        limit = self.config.client_timeout
+        for identity, stream in list(self.streams.items()):
+            if now - stream.last_seen > limit:
+                log.warning("client %s silent for %.0f s: dropped", identity.hex(), limit)
+                self._drop(identity)
+
+    # ----------------------------------------------------------------------------- replies
+
+    def _reply(self, identity: bytes, msg: protocol._Message) -> None:
+        try:
+            self.router.send_multipart([identity, msg.pack()], zmq.NOBLOCK)
+        except zmq.ZMQError as exc:
+            log.debug("reply to %s dropped: %s", identity.hex(), exc)
+
+    def _error(self, identity: bytes, message: str) -> None:
+        log.warning("client %s: %s", identity.hex(), message)
+        self.telemetry.add_error()
+        self._reply(identity, ErrorReply(message))
+
+    def _malformed(self, identity: bytes, message: str) -> None:
+        log.warning("malformed message from %s: %s", identity.hex(), message)
+        self.telemetry.add_malformed()
+        self._reply(identity, ErrorReply(f"malformed message: {message}"))
+
+    # ----------------------------------------------------------------------------- batches
+
+    def _schedule(self) -> None:
+        while self.pool.has_room():
+            stream = self.scheduler.next(self.streams)
+            if stream is None:
+                return
+            pos, batch_index = stream.take_next()
+            self.pool.submit(Job(stream, pos, batch_index, self.buffers.acquire(),
+                                 time.monotonic()))
+
+    def _collect_results(self) -> None:
+        while not self.pool.results.empty():
+            result: JobResult = self.pool.results.get_nowait()
+            self._on_result(result)
+
+    def _on_result(self, result: JobResult) -> None:
+        job, stream = result.job, result.job.stream
+        if result.meta is None or stream.closed:
+            self.buffers.release(job.slot)
+            if not stream.closed:
+                stream.abandoned()
+                if result.error != "cancelled":
+                    self._error(stream.identity, f"producing {stream.hello.split} batch "
+                                                 f"{job.batch_index} failed: {result.error}")
+                    self._drop(stream.identity)
+            return
+        meta = result.meta
+        split = self.splits[stream.hello.split]
+        bad = split.producer.counts().get("bad_total", 0)
+        if bad > self._bad_seen[split.name]:
+            self.telemetry.add_bad(bad - self._bad_seen[split.name])
+            self._bad_seen[split.name] = bad
+        if meta.replaced:
+            self.telemetry.add_replaced(meta.replaced)
+        stream.completed(job.pos, Produced(
+            batch_index=job.batch_index, slot=job.slot, labels=meta.labels,
+            indices=meta.indices.tolist(), replaced=int(meta.replaced),
+            produce_s=result.seconds,
+        ))
+
+    def _send_ready(self) -> None:
+        now = time.monotonic()
+        for stream in self.streams.values():
+            for batch in stream.pop_sendable():
+                self._send(stream, batch, now)
+
+    def _send(self, stream: Stream, batch: Produced, now: float) -> None:
+        h = stream.hello
+        header = BatchHeader(
+            session=h.session, split=h.split, epoch=h.epoch, batch_index=batch.batch_index,
+            shape=list(self.shape), dtype=self.config.output_dtype, layout=self.config.layout,
+            indices=batch.indices, replaced=batch.replaced, nbytes=self.nbytes,
+        )
+        tracker = send_batch(self.router, header, tensor_bytes(batch.slot.tensor), batch.labels,
+                             identity=stream.identity)
+        self._in_flight.append((tracker, batch.slot, stream))
+        stream.in_flight += 1
+        self._tracker_wait_ms = 1
+        b = self.shape[0]
+        self.telemetry.add_batch(b, self.nbytes + 8 * b)
+        self.telemetry.observe_stage("ready", now - batch.done_at)
+        stream.meter.add(b, now)
+
+    def _release_sent(self) -> None:
+        """Return buffers whose frames ZeroMQ no longer holds (never blocks)."""
+        released = False
+        pending: deque[tuple[zmq.MessageTracker, Slot, Stream]] = deque()
+        while self._in_flight:
+            item = self._in_flight.popleft()
+            if item[0].done:
+                self.buffers.release(item[1])
+                item[2].in_flight -= 1
+                released = True
+            else:
+                pending.append(item)
+        self._in_flight = pending
+        if released:
+            self._tracker_wait_ms = 1
+        else:
+            self._tracker_wait_ms = min(2 * self._tracker_wait_ms, _TRACKER_POLL_MAX_MS)
+
+    # ----------------------------------------------------------------------------- stats
+
+    def stats_snapshot(self) -> dict[str, Any]:
+        """The Stats schema (ARCHITECTURE.md); safe to call from another thread (Prometheus)."""
+        now = time.monotonic()
+        streams = list(self.streams.values())
+        depth = self._phases.depth
+        n = self.pool.n
+        stages = [
+            {"name": "read", "depth": self.pool.queued + depth["read"], "capacity": 2 * n},
+            {"name": "decode", "depth": depth["decode"], "capacity": n},
+            {"name": "augment", "depth": depth["augment"], "capacity": n},
+            {"name": "ready", "depth": sum(s.ready for s in streams),
+             "capacity": max(1, len(streams)) * self.config.prefetch_depth},
+        ]
+        return self.telemetry.snapshot(stages, [s.row(now) for s in streams])
+
+
+def _clean_loader_stats(stats: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Keep only finite numbers under string keys: these travel on into stats and Prometheus."""
+    if stats is None:
+        return None
+    out: dict[str, Any] = {}
+    for key, value in list(stats.items())[:_LOADER_STATS_KEYS]:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        if isinstance(value, float) and not math.isfinite(value):
+            continue
+        out[str(key)[:64]] = value
+    return out

@@ -1,0 +1,119 @@
+"""`ServerConfig`: every setting of `pipeline-server`, from the CLI or a TOML file.
+
+One dataclass means the CLI, the TOML loader and the server agree on names and defaults: a
+TOML key is the option's name with dashes or underscores (``batch-size`` = ``batch_size``).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from batchwire.server.protocol import DTYPES, LAYOUTS, MAX_PREFETCH
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Python 3.10
+    import tomli as tomllib
+
+DEFAULT_BIND = "tcp://127.0.0.1:5555"
+DECODERS = ("auto", "cpu", "nvjpeg", "dali")
+
+
+def _default_workers() -> int:
+    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1)
+
+
+@dataclass
+class ServerConfig:
+    """What the server serves and how (defaults: torchvision's ImageNet training recipe)."""
+
+    train: str | None = None
+    val: str | None = None
+    bind: list[str] = field(default_factory=lambda: [DEFAULT_BIND])
+    batch_size: int = 64
+    image_size: int = 224
+    seed: int = 0
+    workers: int = field(default_factory=_default_workers)
+    producers: int = 2
+    output_dtype: str = "float32"
+    layout: str = "nchw"
+    scale: tuple[float, float] = (0.08, 1.0)
+    ratio: tuple[float, float] = (3.0 / 4.0, 4.0 / 3.0)
+    flip_prob: float = 0.5
+    brightness: float = 0.0
+    contrast: float = 0.0
+    saturation: float = 0.0
+    hue: float = 0.0
+    mean: tuple[float, float, float] = (0.485, 0.456, 0.406)
+    std: tuple[float, float, float] = (0.229, 0.224, 0.225)
+    val_crop_fraction: float = 0.875
+    decoder: str = "auto"
+    device: str = "cpu"
+    max_pixels: int = 89_478_485
+    prefetch_depth: int = 4
+    client_timeout: float = 60.0
+    metrics_port: int | None = None
+    log_level: str = "INFO"
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Reject impossible settings with a message naming the option."""
+        problems = []
+        if not self.bind:
+            problems.append("--bind needs at least one endpoint")
+        for ep in self.bind:
+            if "://" not in ep:
+                problems.append(f"--bind {ep!r} is not a ZeroMQ endpoint (tcp://host:port, ipc://path)")
+        for name in ("batch_size", "image_size", "workers", "producers", "prefetch_depth"):
+            if int(getattr(self, name)) < 1:
+                flag = "--" + name.replace("_", "-")
+                problems.append(f"{flag} must be >= 1, got {getattr(self, name)}")
+        if self.prefetch_depth > MAX_PREFETCH:
+            problems.append(f"--prefetch-depth must be <= {MAX_PREFETCH}")
+        if self.output_dtype not in DTYPES:
+            problems.append(
+                f"--output-dtype must be one of {list(DTYPES)}, got {self.output_dtype!r}"
+            )
+        if self.layout not in LAYOUTS:
+            problems.append(f"--layout must be one of {list(LAYOUTS)}, got {self.layout!r}")
+        if self.decoder not in DECODERS:
+            problems.append(f"--decoder must be one of {list(DECODERS)}, got {self.decoder!r}")
+        if not (self.device == "cpu" or self.device == "cuda" or self.device.startswith("cuda:")):
+            problems.append(f"--device must be cpu, cuda or cuda:N, got {self.device!r}")
+        if self.client_timeout <= 0:
+            problems.append("--client-timeout must be > 0")
+        if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
+            problems.append(f"--metrics-port must be a TCP port, got {self.metrics_port}")
+        if problems:
+            raise ValueError("; ".join(problems))
+
+
+_FIELDS = {f.name: f for f in fields(ServerConfig)}
+
+
+def config_from_toml(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Read a TOML file of server settings into ``{field: value}``; unknown keys are an error."""
+    with open(path, "rb") as fh:
+        try:
+            raw = tomllib.load(fh)
+        except tomllib.TOMLDecodeError as exc:
+            raise ValueError(f"{path}: not valid TOML: {exc}") from None
+    out: dict[str, Any] = {}
+    for key, value in raw.items():
+        name = key.replace("-", "_")
+        if name not in _FIELDS:
+            raise ValueError(f"{path}: unknown setting {key!r}; known: {sorted(_FIELDS)}")
+        if name == "bind" and isinstance(value, str):
+            value = [value]
+        if name in ("scale", "ratio", "mean", "std") and isinstance(value, list):
+            value = tuple(float(v) for v in value)
+        if name in ("train", "val") and value is not None:
+            value = str(Path(value).expanduser())
+        out[name] = value
+    return out

@@ -1,0 +1,181 @@
+"""Per-client stream state: which batches a client gets, what is produced, queued and sent.
+
+Owned by the ROUTER loop thread only (no locks): workers hand finished batches back through a
+queue and the loop calls `Stream.completed`. The invariants that bound memory live here:
+
+- work-ahead: ``in_production + ready <= prefetch_depth`` (`has_room`), so a client that stops
+  sending credits stops costing production after ``prefetch_depth`` batches;
+- in flight: at most the credits the client granted (`pop_sendable` consumes one per batch);
+- order: batches go out in batch-index order even when workers finish them out of order.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from batchwire.server.protocol import Hello
+
+
+@dataclass
+class Produced:
+    """A finished batch waiting to be sent: the buffer slot and what the header needs."""
+
+    batch_index: int
+    slot: Any  # a bufpool.Slot; released by whoever drops or sends the batch
+    labels: Any  # np.ndarray int64 [B]
+    indices: list[int]  # -1 for padding
+    replaced: int
+    produce_s: float
+    done_at: float = field(default_factory=time.monotonic)
+
+
+class RateMeter:
+    """Images per second over the last few seconds (for the per-client stats row)."""
+
+    def __init__(self, window_s: float = 5.0) -> None:
+        self.window_s = window_s
+        self._events: deque[tuple[float, int]] = deque()
+
+    def add(self, images: int, now: float) -> None:
+        self._events.append((now, images))
+        self._trim(now)
+
+    def rate(self, now: float) -> float:
+        """Read-only (a stats request may come from another thread, e.g. a Prometheus scrape)."""
+        recent = [(t, n) for t, n in list(self._events) if now - t <= self.window_s]
+        if not recent:
+            return 0.0
+        span = max(now - recent[0][0], 1.0)
+        return sum(n for _, n in recent) / span
+
+    def _trim(self, now: float) -> None:
+        while self._events and now - self._events[0][0] > self.window_s:
+            self._events.popleft()
+
+
+class Stream:
+    """One client's current stream: (split, epoch, rank, world_size, shard) from a hello."""
+
+    def __init__(
+        self, identity: bytes, hello: Hello, num_batches: int, prefetch_depth: int, sampler: Any
+    ) -> None:
+        self.identity = identity
+        self.hello = hello
+        self.sampler = sampler
+        self.prefetch_depth = prefetch_depth
+        i, n = hello.shard
+        first = hello.start_batch + ((i - hello.start_batch) % n)
+        self.batches = range(first, num_batches, n)  # batch indices this stream owes, in order
+        self.next_pos = 0  # position in `batches` of the next batch to produce
+        self.send_pos = 0  # position of the next batch to send
+        self.credits = 0
+        self.in_production = 0
+        self.in_flight = 0  # sent batches whose buffer ZeroMQ still holds
+        self.sent = 0
+        self._finished: dict[int, Produced] = {}  # position -> batch, out of order
+        self.closed = False
+        self.loader_stats: dict[str, Any] | None = None
+        self.last_seen = time.monotonic()
+        self.meter = RateMeter()
+
+    @property
+    def id(self) -> str:
+        return self.identity.hex()
+
+    @property
+    def ready(self) -> int:
+        """Produced batches not yet sent (in order or waiting for an earlier one)."""
+        return len(self._finished)
+
+    @property
+    def done(self) -> bool:
+        """Every batch of the stream has been sent."""
+        return self.send_pos >= len(self.batches)
+
+    def has_room(self) -> bool:
+        """May the scheduler start another batch for this stream?"""
+        return (
+            not self.closed
+            and self.next_pos < len(self.batches)
+            and self.in_production + self.ready < self.prefetch_depth
+        )
+
+    def take_next(self) -> tuple[int, int]:
+        """Reserve the next batch to produce: returns (position, batch_index)."""
+        pos = self.next_pos
+        self.next_pos += 1
+        self.in_production += 1
+        return pos, self.batches[pos]
+
+    def completed(self, pos: int, batch: Produced) -> None:
+        """A worker finished position ``pos`` (the caller checked the stream is still open)."""
+        self.in_production -= 1
+        self._finished[pos] = batch
+
+    def abandoned(self) -> None:
+        """A worker gave up on a batch of this stream (error or shutdown)."""
+        self.in_production -= 1
+
+    def pop_sendable(self) -> Iterator[Produced]:
+        """Yield the in-order batches that credits allow, consuming one credit each."""
+        while self.credits > 0 and self.send_pos in self._finished:
+            batch = self._finished.pop(self.send_pos)
+            self.send_pos += 1
+            self.credits -= 1
+            self.sent += 1
+            yield batch
+
+    def drain(self) -> list[Produced]:
+        """Close the stream and return its queued batches so their buffers can be released."""
+        self.closed = True
+        out = list(self._finished.values())
+        self._finished.clear()
+        return out
+
+    def row(self, now: float) -> dict[str, Any]:
+        """This client's entry in the stats ``clients`` list."""
+        h = self.hello
+        return {
+            "id": self.id,
+            "split": h.split,
+            "rank": h.rank,
+            "world_size": h.world_size,
+            "epoch": h.epoch,
+            "credits": self.credits,
+            "ready": self.ready,
+            "ready_capacity": self.prefetch_depth,
+            "in_flight": self.in_flight,
+            "sent": self.sent,
+            "images_per_s": self.meter.rate(now),
+            "last_seen_s": now - self.last_seen,
+            "loader": self.loader_stats,
+        }
+
+
+class Scheduler:
+    """Round-robin over streams with room, so every client gets its share of the workers."""
+
+    def __init__(self) -> None:
+        self._order: deque[bytes] = deque()
+
+    def add(self, identity: bytes) -> None:
+        if identity not in self._order:
+            self._order.append(identity)
+
+    def remove(self, identity: bytes) -> None:
+        if identity in self._order:
+            self._order.remove(identity)
+
+    def next(self, streams: dict[bytes, Stream]) -> Stream | None:
+        """The next stream (after the last one served) that may start a batch, or None."""
+        for _ in range(len(self._order)):
+            identity = self._order[0]
+            self._order.rotate(-1)
+            stream = streams.get(identity)
+            if stream is not None and stream.has_room():
+                return stream
+        return None

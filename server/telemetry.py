@@ -1,0 +1,365 @@
+"""Server-side measurements: counters, sliding-window rates, stage latencies, Prometheus export.
+
+The server's threads call the ``add_*``/``observe_stage`` methods on their hot paths, so each one
+takes one short lock and does O(1) amortised work. Everything the outside world sees comes out of
+:meth:`Telemetry.snapshot` (the "Stats schema" of ARCHITECTURE.md): the ZeroMQ ``stats`` reply and
+the Prometheus scrape are both built from it, so the two views can never disagree.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import generate_latest, start_http_server
+
+log = logging.getLogger(__name__)
+
+STATS_VERSION = 1
+# Long enough to smooth batch-sized bursts, short enough that a stall shows within seconds.
+THROUGHPUT_WINDOW_S = 5.0
+# Latency is a per-batch property: average the batches of the last few seconds.
+LATENCY_WINDOW_S = 10.0
+# Keeps memory bounded when one stage is observed thousands of times per second.
+LATENCY_MAX_SAMPLES = 1024
+# From sub-millisecond (a cache-hot read) to seconds (a huge batch decoded on one core).
+LATENCY_BUCKETS_S = (
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+)
+
+COUNTER_NAMES = (
+    "images_total", "batches_total", "bytes_total", "replaced_total", "bad_total",
+    "errors_total", "malformed_total",
+)
+# Stats-schema counter -> (Prometheus name, help). The names end in _total as Prometheus expects.
+_PROM_COUNTERS = {
+    "images_total": ("batchwire_images_total", "Images sent to clients."),
+    "batches_total": ("batchwire_batches_total", "Batches sent to clients."),
+    "bytes_total": ("batchwire_bytes_total", "Payload bytes (images and labels) sent."),
+    "replaced_total": (
+        "batchwire_replaced_samples_total", "Samples replaced because their file was unusable.",
+    ),
+    "bad_total": ("batchwire_bad_samples_total", "Samples whose file failed to read or decode."),
+    "errors_total": ("batchwire_errors_total", "Errors while serving (error replies, failures)."),
+    "malformed_total": (
+        "batchwire_malformed_messages_total", "Malformed or unknown messages received and dropped.",
+    ),
+}
+_CLIENT_LABELS = ("client", "split", "rank")
+
+
+class RateWindow:
+    """Sums of event amounts over the last ``window_s`` seconds, for "per second" figures.
+
+    Not locked: the owner (``Telemetry`` or a per-client record in the server) serialises access.
+    Old events are dropped as new ones arrive, so memory is bounded by the event rate x window.
+    """
+
+    def __init__(
+        self, window_s: float = THROUGHPUT_WINDOW_S, clock: Callable[[], float] = time.monotonic,
+    ):
+        self.window_s = float(window_s)
+        self._clock = clock
+        self._start = clock()
+        self._events: deque[tuple[float, tuple[float, ...]]] = deque()
+
+    def add(self, *amounts: float) -> None:
+        now = self._clock()
+        self._events.append((now, amounts))
+        self._prune(now)
+
+    def rates(self, width: int = 1) -> tuple[float, ...]:
+        """Per-second rate of each amount column over the window (shorter while just started)."""
+        now = self._clock()
+        self._prune(now)
+        totals = [0.0] * width
+        for _, amounts in self._events:
+            for i in range(min(width, len(amounts))):
+                totals[i] += amounts[i]
+        # Right after start the window is not full yet: dividing by the full window would
+        # under-report the first seconds, and dividing by a few microseconds would report
+        # absurd rates for the very first batch, hence the 1 s floor.
+        span = max(min(self.window_s, now - self._start), min(1.0, self.window_s))
+        return tuple(t / span for t in totals)
+
+    def rate(self) -> float:
+        return self.rates(1)[0]
+
+    def _prune(self, now: float) -> None:
+        horizon = now - self.window_s
+        events = self._events
+        while events and events[0][0] < horizon:
+            events.popleft()
+
+
+class _MetricsServer:
+    """What ``serve_prometheus`` returns: call it to stop; ``port``/``url`` say where it is."""
+
+    def __init__(self, httpd: Any, thread: threading.Thread, on_stop: Callable[[], None]):
+        self._httpd = httpd
+        self._thread = thread
+        self._on_stop = on_stop
+        self._stopped = False
+        self._lock = threading.Lock()
+        self.host = str(httpd.server_address[0])
+        self.port = int(httpd.server_address[1])
+
+    @property
+    def url(self) -> str:
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "::", "") else self.host
+        if ":" in host:
+            host = f"[{host}]"
+        return f"http://{host}:{self.port}/metrics"
+
+    def __call__(self) -> None:
+        with self._lock:
+            if self._stopped:
+                return
+            self._stopped = True
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join(timeout=5.0)
+        self._on_stop()
+
+
+class _SnapshotCollector:
+    """Turns a fresh snapshot into Prometheus families at scrape time (never stale, no polling)."""
+
+    def __init__(self, telemetry: Telemetry, snapshot_fn: Callable[[], Mapping[str, Any]]):
+        self._telemetry = telemetry
+        self._snapshot_fn = snapshot_fn
+
+    def collect(self) -> Iterable[Metric]:
+        try:
+            snap = self._snapshot_fn()
+        except Exception:
+            # A scrape racing the server's shutdown must not turn into an HTTP 500 loop:
+            # our own counters and rates are still true without the stage/client parts.
+            log.exception("stats snapshot failed during a metrics scrape")
+            snap = self._telemetry.snapshot([], [])
+        return list(_families(snap))
+
+
+def _families(snap: Mapping[str, Any]) -> Iterable[Metric]:
+    counters = snap.get("counters", {})
+    for key, (name, doc) in _PROM_COUNTERS.items():
+        family = CounterMetricFamily(name, doc)
+        family.add_metric([], float(counters.get(key, 0)))
+        yield family
+
+    depth = GaugeMetricFamily(
+        "batchwire_queue_depth", "Items waiting in a stage's queue.", labels=["stage"])
+    capacity = GaugeMetricFamily(
+        "batchwire_queue_capacity", "Bound of a stage's queue.", labels=["stage"])
+    for stage in snap.get("stages", []):
+        depth.add_metric([str(stage["name"])], float(stage["depth"]))
+        capacity.add_metric([str(stage["name"])], float(stage["capacity"]))
+    yield depth
+    yield capacity
+
+    throughput = snap.get("throughput", {})
+    for key, name, doc in (
+        ("images_per_s", "batchwire_images_per_second", "Images sent per second, recent window."),
+        ("batches_per_s", "batchwire_batches_per_second", "Batches sent per second, recent."),
+        ("bytes_per_s", "batchwire_bytes_per_second", "Bytes sent per second, recent window."),
+    ):
+        yield GaugeMetricFamily(name, doc, value=float(throughput.get(key, 0.0)))
+    yield GaugeMetricFamily(
+        "batchwire_uptime_seconds", "Seconds since the server started.",
+        value=float(snap.get("uptime_s", 0.0)))
+
+    per_client = {
+        "ready": GaugeMetricFamily(
+            "batchwire_client_ready", "Batches ready for a client, waiting for its credits.",
+            labels=list(_CLIENT_LABELS)),
+        "ready_capacity": GaugeMetricFamily(
+            "batchwire_client_ready_capacity", "Bound of a client's ready queue.",
+            labels=list(_CLIENT_LABELS)),
+        "credits": GaugeMetricFamily(
+            "batchwire_client_credits", "Credits a client has outstanding.",
+            labels=list(_CLIENT_LABELS)),
+        "in_flight": GaugeMetricFamily(
+            "batchwire_client_in_flight", "Batches sent to a client and not yet credited back.",
+            labels=list(_CLIENT_LABELS)),
+        "images_per_s": GaugeMetricFamily(
+            "batchwire_client_images_per_second", "Images sent to a client per second.",
+            labels=list(_CLIENT_LABELS)),
+        "data_wait_fraction": GaugeMetricFamily(
+            "batchwire_client_data_wait_fraction",
+            "Fraction of wall time the client's trainer waited for data (as it reports).",
+            labels=list(_CLIENT_LABELS)),
+    }
+    for client in snap.get("clients", []):
+        labels = [str(client.get("id", "")), str(client.get("split", "")),
+                  str(client.get("rank", ""))]
+        for key in ("ready", "ready_capacity", "credits", "in_flight", "images_per_s"):
+            if key in client:
+                per_client[key].add_metric(labels, float(client[key]))
+        loader = client.get("loader")
+        if loader and "data_wait_fraction" in loader:
+            per_client["data_wait_fraction"].add_metric(labels, float(loader["data_wait_fraction"]))
+    yield from per_client.values()
+
+
+class Telemetry:
+    """Thread-safe accumulator of everything the server measures about itself.
+
+    One instance per server. Stage queues and clients belong to the server, which passes their
+    current state to :meth:`snapshot`; this class adds what only it knows (counters, rates,
+    latencies, uptime) and exports the result.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic):
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._started = clock()
+        self._counters = dict.fromkeys(COUNTER_NAMES, 0)
+        self._sent = RateWindow(THROUGHPUT_WINDOW_S, clock)
+        self._latency: dict[str, deque[tuple[float, float]]] = {}
+        # Private registry: several servers (or tests) in one process must not collide in
+        # prometheus_client's global one. No auto_describe: it would call snapshot_fn at
+        # registration time, before the server is ready to answer it.
+        self.registry = CollectorRegistry()
+        self._histogram = Histogram(
+            "batchwire_stage_latency_seconds", "Time one batch spends in a pipeline stage.",
+            labelnames=["stage"], buckets=LATENCY_BUCKETS_S, registry=self.registry)
+        self._collector: _SnapshotCollector | None = None
+
+    # -- hot path -----------------------------------------------------------------------------
+
+    def observe_stage(self, stage: str, seconds: float) -> None:
+        """Record that one batch took ``seconds`` in ``stage`` (read, decode, augment, send...)."""
+        seconds = float(seconds)
+        if not math.isfinite(seconds) or seconds < 0:
+            return
+        now = self._clock()
+        with self._lock:
+            samples = self._latency.get(stage)
+            if samples is None:
+                samples = self._latency[stage] = deque(maxlen=LATENCY_MAX_SAMPLES)
+            samples.append((now, seconds))
+        self._histogram.labels(stage=stage).observe(seconds)
+
+    def add_batch(self, images: int, nbytes: int) -> None:
+        """Count one batch of ``images`` images and ``nbytes`` payload bytes sent to a client."""
+        with self._lock:
+            self._counters["batches_total"] += 1
+            self._counters["images_total"] += int(images)
+            self._counters["bytes_total"] += int(nbytes)
+            self._sent.add(1, int(images), int(nbytes))
+
+    def add_replaced(self, n: int) -> None:
+        self._add("replaced_total", n)
+
+    def add_bad(self, n: int) -> None:
+        self._add("bad_total", n)
+
+    def add_error(self) -> None:
+        self._add("errors_total", 1)
+
+    def add_malformed(self) -> None:
+        self._add("malformed_total", 1)
+
+    def _add(self, key: str, n: int) -> None:
+        with self._lock:
+            self._counters[key] += int(n)
+
+    # -- views --------------------------------------------------------------------------------
+
+    def counters(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._counters)
+
+    def stage_latency_ms(self, stage: str) -> float:
+        """Mean of the recent observations of ``stage``; the last such mean if it went quiet.
+
+        A stalled stage keeps showing how long its batches took, rather than a misleading 0.
+        """
+        with self._lock:
+            samples = list(self._latency.get(stage, ()))
+        if not samples:
+            return 0.0
+        # The window ends at the latest observation: "now" for a busy stage, and the last
+        # batch it handled for one that has gone quiet.
+        horizon = samples[-1][0] - LATENCY_WINDOW_S
+        recent = [s for t, s in samples if t >= horizon]
+        return 1000.0 * sum(recent) / len(recent)
+
+    def snapshot(self, stages: list[dict], clients: list[dict]) -> dict:
+        """Build the Stats-schema dict from the server's stage and client state.
+
+        ``stages`` entries need ``name``, ``depth`` and ``capacity``; ``latency_ms`` is filled
+        from this object's observations of the stage of that name (a value the server put there
+        is kept when nothing was observed). ``clients`` entries are passed through.
+        """
+        now = self._clock()
+        with self._lock:
+            counters = dict(self._counters)
+            batches_s, images_s, bytes_s = self._sent.rates(3)
+        out_stages = []
+        for stage in stages:
+            name = str(stage["name"])
+            observed = name in self._latency
+            out_stages.append({
+                **stage,
+                "name": name,
+                "depth": int(stage["depth"]),
+                "capacity": int(stage["capacity"]),
+                "latency_ms": (self.stage_latency_ms(name) if observed
+                               else float(stage.get("latency_ms", 0.0))),
+            })
+        return {
+            "v": STATS_VERSION,
+            "uptime_s": now - self._started,
+            "time": time.time(),
+            "stages": out_stages,
+            "throughput": {"images_per_s": images_s, "batches_per_s": batches_s,
+                           "bytes_per_s": bytes_s},
+            "counters": counters,
+            "clients": list(clients),
+        }
+
+    # -- Prometheus -----------------------------------------------------------------------------
+
+    def prometheus_text(self, snapshot_fn: Callable[[], Mapping[str, Any]] | None = None) -> bytes:
+        """The exposition text a scrape would return (no HTTP server needed)."""
+        registry = CollectorRegistry()
+        registry.register(self._histogram)
+        registry.register(_SnapshotCollector(self, snapshot_fn or (lambda: self.snapshot([], []))))
+        return generate_latest(registry)
+
+    def serve_prometheus(
+        self, port: int, snapshot_fn: Callable[[], Mapping[str, Any]], host: str = "0.0.0.0",
+    ) -> _MetricsServer:
+        """Serve ``/metrics`` on ``host:port`` from a daemon thread; returns the stop callable.
+
+        ``port=0`` binds a free port; the returned handle's ``port`` and ``url`` tell which.
+        Gauges come from ``snapshot_fn()`` called at each scrape, so the server needs no timer.
+        """
+        collector = _SnapshotCollector(self, snapshot_fn)
+        with self._lock:
+            if self._collector is not None:
+                raise RuntimeError("this Telemetry already serves Prometheus metrics")
+            self._collector = collector
+        self.registry.register(collector)
+        try:
+            httpd, thread = start_http_server(int(port), addr=host, registry=self.registry)
+        except Exception:
+            self._unregister(collector)
+            raise
+        handle = _MetricsServer(httpd, thread, lambda: self._unregister(collector))
+        log.info("Prometheus metrics on %s", handle.url)
+        return handle
+
+    def _unregister(self, collector: _SnapshotCollector) -> None:
+        self.registry.unregister(collector)
+        with self._lock:
+            if self._collector is collector:
+                self._collector = None

@@ -1,0 +1,234 @@
+"""Producer threads: each turns a scheduled job into a finished batch in a buffer.
+
+A few workers each produce whole batches (`BatchProducer.produce`: read -> decode -> augment).
+Decoding runs on the decoder's thread pool and the augment op releases the GIL, so two batches
+in production keep the cores busy: one batch is augmented while the next one is read and
+decoded. The pipeline stages are still visible: a thin wrapper around the decoder notes when
+a batch enters and leaves decoding, which splits each batch's time into read (before decoding),
+decode and augment, for both the stage depths (batches in each stage now) and their latencies.
+
+Workers never touch the ROUTER socket: results go back through a queue, and a byte on a pipe
+wakes the loop (`os.write` is safe from any thread; zmq sockets are not).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+log = logging.getLogger("batchwire.server")
+
+STAGES = ("read", "decode", "augment")
+
+
+@dataclass
+class Job:
+    """Produce ``batch_index`` of ``stream`` into ``slot``; ``pos`` is its place in the stream."""
+
+    stream: Any  # streams.Stream
+    pos: int
+    batch_index: int
+    slot: Any  # bufpool.Slot
+    queued_at: float
+
+
+@dataclass
+class JobResult:
+    job: Job
+    meta: Any | None  # BatchMeta from BatchProducer.produce
+    indices: np.ndarray | None  # public indices, -1 = padding
+    seconds: float
+    error: str | None = None
+
+
+def _memory_format(t: Any) -> Any:
+    import torch
+
+    if not t.is_contiguous() and t.is_contiguous(memory_format=torch.channels_last):
+        return torch.channels_last
+    return torch.contiguous_format
+
+
+class _Phases:
+    """Counts batches per stage (for depths) and times each batch's stages (for latencies)."""
+
+    def __init__(self, observe: Callable[[str, float], None]) -> None:
+        self._observe = observe
+        self._lock = threading.Lock()
+        self.depth = dict.fromkeys(STAGES, 0)
+        self._local = threading.local()
+
+    def enter(self, stage: str) -> None:
+        now = time.perf_counter()
+        prev = getattr(self._local, "stage", None)
+        with self._lock:
+            if prev is not None:
+                self.depth[prev] -= 1
+            if stage:
+                self.depth[stage] += 1
+        if prev is not None:
+            self._local.spent[prev] = self._local.spent.get(prev, 0.0) + now - self._local.t0
+        self._local.stage = stage or None
+        self._local.t0 = now
+
+    def begin(self) -> None:
+        self._local.spent = {}
+        self._local.stage = None
+        self.enter("read")
+
+    def end(self) -> None:
+        self.enter("")
+        for stage, seconds in self._local.spent.items():
+            self._observe(stage, seconds)
+
+    def current(self) -> str | None:
+        return getattr(self._local, "stage", None)
+
+
+class StageTimingDecoder:
+    """A `BatchDecoder` that forwards to another and marks the decode stage around each call."""
+
+    def __init__(self, inner: Any, phases: _Phases) -> None:
+        self._inner = inner
+        self._phases = phases
+        self.name = inner.name
+        self.device = inner.device
+
+    def decode_batch(self, requests: Sequence[Any]) -> list[Any]:
+        outer = self._phases.current()
+        if outer is None:  # called outside a job (e.g. a probe): nothing to attribute
+            return self._inner.decode_batch(requests)
+        self._phases.enter("decode")
+        try:
+            return self._inner.decode_batch(requests)
+        finally:
+            self._phases.enter("augment")
+
+    def __getattr__(self, name: str) -> Any:  # map(), close(), ... of the wrapped decoder
+        return getattr(self._inner, name)
+
+
+class ProducerPool:
+    """``n`` worker threads fed by a bounded job queue; results come back via `results`."""
+
+    def __init__(
+        self,
+        producers: dict[str, Any],
+        n: int,
+        phases: _Phases,
+        wake_fd: int,
+        device: str = "cpu",
+    ) -> None:
+        self.producers = producers  # split -> BatchProducer
+        self.device = device
+        self.n = n
+        self.phases = phases
+        self.jobs: queue.Queue[Job | None] = queue.Queue(maxsize=n)
+        self.results: queue.Queue[JobResult] = queue.Queue()
+        self._wake_fd = wake_fd
+        self._stop = threading.Event()
+        self._local = threading.local()
+        self._threads = [
+            threading.Thread(target=self._run, name=f"bw-producer-{i}", daemon=True)
+            for i in range(n)
+        ]
+        for t in self._threads:
+            t.start()
+
+    @property
+    def queued(self) -> int:
+        return self.jobs.qsize()
+
+    def has_room(self) -> bool:
+        return not self.jobs.full()
+
+    def submit(self, job: Job) -> None:
+        """Queue a job; the caller checked `has_room` (only the loop thread submits)."""
+        self.jobs.put_nowait(job)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                job = self.jobs.get(timeout=0.5)
+            except queue.Empty:
+                continue
+            if job is None:
+                return
+            self.results.put(self._produce(job))
+            try:
+                os.write(self._wake_fd, b"w")
+            except BlockingIOError:  # the pipe is full: the loop has plenty of wake-ups queued
+                pass
+            except OSError:  # closed during shutdown
+                return
+
+    def _produce(self, job: Job) -> JobResult:
+        stream = job.stream
+        if stream.closed or self._stop.is_set():
+            return JobResult(job, None, None, 0.0, error="cancelled")
+        t0 = time.perf_counter()
+        self.phases.begin()
+        try:
+            hello = stream.hello
+            plan = stream.sampler.plan(hello.epoch, job.batch_index)
+            out = job.slot.tensor
+            if self.device == "cpu":
+                meta = self.producers[hello.split].produce(plan, out)
+            else:
+                meta = self._produce_on_device(hello.split, plan, out)
+            indices = plan.public_indices()
+        except Exception as exc:  # travels to the loop as data; it tells the client
+            log.exception("producing %s batch %d failed", stream.hello.split, job.batch_index)
+            return JobResult(job, None, None, 0.0, error=f"{type(exc).__name__}: {exc}")
+        finally:
+            self.phases.end()
+        return JobResult(job, meta, indices, time.perf_counter() - t0)
+
+    def _produce_on_device(self, split: str, plan: Any, host_out: Any) -> Any:
+        """Augment into this worker's device buffer, then copy into the pinned host buffer.
+
+        Each worker has its own CUDA stream, so one batch's device-to-host copy overlaps the
+        other worker's decode and augment; the worker waits for its copy (not the loop).
+        """
+        import torch
+
+        local = self._local
+        if getattr(local, "device_out", None) is None:
+            local.device_out = torch.empty(
+                host_out.shape, dtype=host_out.dtype, device=self.device
+            ).contiguous(memory_format=_memory_format(host_out))
+            local.stream = torch.cuda.Stream(device=self.device)
+        with torch.cuda.stream(local.stream):
+            meta = self.producers[split].produce(plan, local.device_out)
+            host_out.copy_(local.device_out, non_blocking=True)
+            done = torch.cuda.Event()
+            done.record(local.stream)
+        done.synchronize()
+        return meta
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Ask workers to stop after their current batch and wait up to ``timeout`` in total."""
+        self._stop.set()
+        while True:  # drop queued jobs so workers see the sentinels at once
+            try:
+                self.jobs.get_nowait()
+            except queue.Empty:
+                break
+        for _ in self._threads:
+            try:
+                self.jobs.put_nowait(None)
+            except queue.Full:
+                break
+        deadline = time.monotonic() + timeout
+        for t in self._threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+            if t.is_alive():
+                log.warning("producer thread %s still busy at shutdown", t.name)

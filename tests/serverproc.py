@@ -1,0 +1,214 @@
+"""Run a real `pipeline-server` process for a test.
+
+    from serverproc import running_server
+
+    with running_server("--batch-size", "4", "--image-size", "32") as srv:
+        srv.endpoint          # "tcp://127.0.0.1:PORT" (or the ipc:// path you passed)
+        srv.stats()           # the server's stats dict, via a `stats` request
+    # on exit: SIGTERM, and the test fails unless the process exits 0 within `stop_timeout`
+
+Other tools on the handle: `srv.stop()` (SIGTERM, returns the exit code, fails if not 0),
+`srv.kill()` (SIGKILL, for crash tests), `srv.start()` (start again on the same endpoint, e.g.
+after `kill()`), `srv.pid`, `srv.log()` (everything the server wrote to stdout/stderr, handy
+in assertion messages), `srv.dealer()` (a raw zmq DEALER connected to it, linger 0).
+
+`start()` returns once the server answers a `stats` request (no sleeps); a server that exits
+or stays silent meanwhile fails the test with its log. Extra args are the CLI's.
+`endpoint="ipc"` picks a fresh ipc:// path in a temporary folder.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import zmq
+from batchwire.server import protocol
+
+_BIN = Path(sys.executable).parent / "pipeline-server"
+
+
+def free_tcp_endpoint() -> str:
+    """A tcp:// endpoint on 127.0.0.1 whose port was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return f"tcp://127.0.0.1:{port}"
+
+
+def request_stats(endpoint: str, timeout: float = 5.0, ctx: zmq.Context | None = None) -> dict:
+    """Ask the server at ``endpoint`` for its stats; raises TimeoutError if it does not answer."""
+    ctx = ctx or zmq.Context.instance()
+    sock = ctx.socket(zmq.DEALER)
+    sock.linger = 0
+    try:
+        sock.connect(endpoint)
+        sock.send(protocol.StatsRequest().pack())
+        if not sock.poll(int(timeout * 1000)):
+            raise TimeoutError(f"no stats reply from {endpoint} within {timeout}s")
+        frames = sock.recv_multipart()
+        reply = protocol.decode_server_message(frames[0])
+        if not isinstance(reply, protocol.StatsReply):
+            raise AssertionError(f"expected a stats reply, got {reply!r}")
+        return reply.stats
+    finally:
+        sock.close()
+
+
+class ServerProcess:
+    """One `pipeline-server` subprocess bound to a fixed endpoint (kept across restarts)."""
+
+    def __init__(
+        self,
+        args: tuple[str, ...],
+        endpoint: str,
+        env: Mapping[str, str] | None,
+        start_timeout: float,
+        stop_timeout: float,
+        log_dir: Path,
+    ) -> None:
+        self.args = tuple(str(a) for a in args)
+        self.endpoint = endpoint
+        self.env = {**os.environ, **(env or {})}
+        self.start_timeout = start_timeout
+        self.stop_timeout = stop_timeout
+        self._log_path = log_dir / "server.log"
+        self._proc: subprocess.Popen | None = None
+        self._ctx = zmq.Context()
+
+    @property
+    def command(self) -> list[str]:
+        exe = [str(_BIN)] if _BIN.exists() else [sys.executable, "-m", "batchwire.server"]
+        return [*exe, "--bind", self.endpoint, *self.args]
+
+    @property
+    def pid(self) -> int:
+        assert self._proc is not None, "server not started"
+        return self._proc.pid
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def log(self) -> str:
+        try:
+            return self._log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def start(self) -> ServerProcess:
+        """Start the process and return once it answers a stats request."""
+        assert not self.running, "server already running"
+        with open(self._log_path, "a") as log:
+            log.write(f"$ {' '.join(self.command)}\n")
+            log.flush()
+            self._proc = subprocess.Popen(
+                self.command, stdout=log, stderr=subprocess.STDOUT, env=self.env
+            )
+        deadline = time.monotonic() + self.start_timeout
+        sock = self._ctx.socket(zmq.DEALER)
+        sock.linger = 0
+        try:
+            sock.connect(self.endpoint)
+            sock.send(protocol.StatsRequest().pack())
+            while True:
+                if self._proc.poll() is not None:
+                    raise AssertionError(
+                        f"pipeline-server exited with {self._proc.returncode} before it "
+                        f"answered on {self.endpoint}:\n{self.log()}"
+                    )
+                if time.monotonic() > deadline:
+                    self.kill()
+                    raise AssertionError(
+                        f"pipeline-server did not answer on {self.endpoint} within "
+                        f"{self.start_timeout}s:\n{self.log()}"
+                    )
+                if sock.poll(100):
+                    reply = protocol.decode_server_message(sock.recv_multipart()[0])
+                    assert isinstance(reply, protocol.StatsReply), reply
+                    return self
+        finally:
+            sock.close()
+
+    def stats(self, timeout: float = 5.0) -> dict[str, Any]:
+        return request_stats(self.endpoint, timeout, self._ctx)
+
+    def dealer(self, endpoint: str | None = None) -> zmq.Socket:
+        """A raw DEALER connected to the server (linger 0); the caller closes it.
+
+        ``endpoint`` picks another of the server's endpoints (e.g. a second ``--bind``).
+        """
+        sock = self._ctx.socket(zmq.DEALER)
+        sock.linger = 0
+        sock.connect(endpoint or self.endpoint)
+        return sock
+
+    def stop(self, timeout: float | None = None) -> int:
+        """SIGTERM and wait; fails the test unless it exits 0 in time. Returns the exit code."""
+        assert self._proc is not None, "server not started"
+        timeout = self.stop_timeout if timeout is None else timeout
+        if self._proc.poll() is None:
+            self._proc.send_signal(signal.SIGTERM)
+            try:
+                self._proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+                raise AssertionError(
+                    f"pipeline-server ignored SIGTERM for {timeout}s:\n{self.log()}"
+                ) from None
+        code = self._proc.returncode
+        assert code == 0, f"pipeline-server exited with {code}:\n{self.log()}"
+        return code
+
+    def kill(self) -> None:
+        """SIGKILL (a crash, for restart tests); no exit code check."""
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.kill()
+            self._proc.wait()
+
+    def close(self) -> None:
+        self._ctx.destroy(linger=0)
+
+
+@contextmanager
+def running_server(
+    *args: str,
+    endpoint: str | None = None,
+    env: Mapping[str, str] | None = None,
+    start_timeout: float = 120.0,
+    stop_timeout: float = 10.0,
+) -> Iterator[ServerProcess]:
+    """Start `pipeline-server *args` on ``endpoint`` (default: a free 127.0.0.1 port).
+
+    On a clean exit of the block the server must stop with exit code 0 on SIGTERM; if the block
+    raised, the server is killed and the original error propagates. ``start_timeout`` is
+    generous because the first start may generate the embedded dataset.
+    """
+    with tempfile.TemporaryDirectory(prefix="bw-server-") as tmp:
+        if endpoint is None:
+            endpoint = free_tcp_endpoint()
+        elif endpoint == "ipc":
+            endpoint = f"ipc://{tmp}/server.sock"
+        srv = ServerProcess(args, endpoint, env, start_timeout, stop_timeout, Path(tmp))
+        try:
+            srv.start()
+            yield srv
+        except BaseException:
+            srv.kill()
+            raise
+        else:
+            if srv.running:
+                srv.stop()
+        finally:
+            srv.kill()
+            srv.close()

@@ -1,0 +1,139 @@
+"""RemoteLoader facing a server that breaks the protocol.
+
+The real pipeline-server never sends these frames, so a raw ZeroMQ ROUTER socket plays a broken
+(or foreign-version) server: it answers the loader's real hello with hand-made frames. Everything
+that works is tested against real servers in test_remote_loader*.py.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+import msgpack
+import pytest
+import zmq
+from batchwire.client import ProtocolError, RemoteLoader, VersionMismatch
+from batchwire.server import protocol
+
+SHAPE = [2, 3, 4, 4]
+NBYTES = 2 * 3 * 4 * 4
+
+
+def welcome(session: int) -> bytes:
+    return protocol.Welcome(
+        session=session, num_batches=2, num_samples=4, batch_size=2, shape=SHAPE,
+        dtype="uint8", layout="nchw", mean=[0.5] * 3, std=[0.25] * 3, num_classes=3,
+    ).pack()
+
+
+def header(session: int, k: int) -> bytes:
+    return protocol.BatchHeader(
+        session=session, split="train", epoch=0, batch_index=k, shape=SHAPE, dtype="uint8",
+        layout="nchw", indices=[2 * k, 2 * k + 1], replaced=0, nbytes=NBYTES,
+    ).pack()
+
+
+def labels(k: int) -> bytes:
+    return protocol.labels_to_frame([k, k + 1]).tobytes()
+
+
+class RawServer:
+    """A ROUTER that waits for one hello and answers with ``reply(identity, hello)``."""
+
+    def __init__(self, reply: Callable[[zmq.Socket, bytes, protocol.Hello], None]) -> None:
+        self.ctx = zmq.Context()
+        self.sock = self.ctx.socket(zmq.ROUTER)
+        self.sock.linger = 0
+        port = self.sock.bind_to_random_port("tcp://127.0.0.1")
+        self.endpoint = f"tcp://127.0.0.1:{port}"
+        self._reply = reply
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="raw-server", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            if not self.sock.poll(50):
+                continue
+            identity, frame = self.sock.recv_multipart()
+            msg = protocol.decode_client_message(frame)
+            if isinstance(msg, protocol.Hello):
+                self._reply(self.sock, identity, msg)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        assert not self._thread.is_alive(), "raw server thread did not stop"
+        self.sock.close()
+        self.ctx.term()
+
+
+def run_loader(reply) -> list:
+    srv = RawServer(reply)
+    try:
+        with RemoteLoader(srv.endpoint, "train", rank=0, world_size=1, device="cpu",
+                          with_indices=True, timeout=5) as loader:
+            return [tuple(t.clone() for t in b) for b in loader]
+    finally:
+        srv.close()
+
+
+@pytest.mark.timeout(30)
+def test_version_mismatch_names_both_versions():
+    def reply(sock, identity, hello):
+        sock.send_multipart([identity, msgpack.packb({"v": 2, "type": "welcome"})])
+
+    with pytest.raises(VersionMismatch, match="v2") as info:
+        run_loader(reply)
+    assert "v1" in str(info.value) and "tcp://127.0.0.1" in str(info.value)
+
+
+@pytest.mark.timeout(30)
+def test_images_frame_shorter_than_its_header_is_a_protocol_error():
+    def reply(sock, identity, hello):
+        sock.send_multipart([identity, welcome(hello.session)])
+        sock.send_multipart([identity, header(hello.session, 0), b"\0" * 50, labels(0)])
+
+    with pytest.raises(ProtocolError, match=f"50 bytes; its header says {NBYTES}"):
+        run_loader(reply)
+
+
+@pytest.mark.timeout(30)
+def test_missing_labels_frame_is_a_protocol_error():
+    def reply(sock, identity, hello):
+        sock.send_multipart([identity, welcome(hello.session)])
+        sock.send_multipart([identity, header(hello.session, 0), b"\0" * NBYTES])
+
+    with pytest.raises(ProtocolError, match="no labels frame"):
+        run_loader(reply)
+
+
+@pytest.mark.timeout(30)
+def test_stale_session_and_unwanted_batches_are_dropped():
+    def reply(sock, identity, hello):
+        s = hello.session
+        sock.send_multipart([identity, welcome(s)])
+        sock.send_multipart([identity, header(s - 1, 0), b"\1" * NBYTES, labels(7)])  # stale
+        sock.send_multipart([identity, header(s, 0), b"\2" * NBYTES, labels(0)])
+        sock.send_multipart([identity, header(s, 0), b"\3" * NBYTES, labels(0)])  # duplicate
+        sock.send_multipart([identity, header(s, 1), b"\4" * NBYTES, labels(1)])
+
+    got = run_loader(reply)
+    assert [int(images.flatten()[0]) for images, _, _ in got] == [2, 4]
+    assert [labels.tolist() for _, labels, _ in got] == [[0, 1], [1, 2]]
+    assert [indices.tolist() for _, _, indices in got] == [[0, 1], [2, 3]]
+
+
+@pytest.mark.timeout(30)
+def test_batch_unlike_the_welcome_is_a_protocol_error():
+    def reply(sock, identity, hello):
+        sock.send_multipart([identity, welcome(hello.session)])
+        bad = protocol.BatchHeader(
+            session=hello.session, split="train", epoch=0, batch_index=0, shape=[2, 3, 8, 8],
+            dtype="uint8", layout="nchw", indices=[0, 1], nbytes=2 * 3 * 8 * 8,
+        ).pack()
+        sock.send_multipart([identity, bad, b"\0" * (2 * 3 * 8 * 8), labels(0)])
+
+    with pytest.raises(ProtocolError, match="welcome promised"):
+        run_loader(reply)

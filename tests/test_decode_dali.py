@@ -1,0 +1,196 @@
+"""DaliBatchDecoder on DALI's CPU backend (device_id=None): real JPEGs, real odd and bad files.
+
+The CUDA ('mixed') backend runs the same code with a different DALI device; its test skips
+without CUDA.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("nvidia.dali", reason="NVIDIA DALI is not installed (extra batchwire[dali])")
+
+from batchwire.native.reference import augment_batch_reference
+from batchwire.pipeline.augment_plan import AugmentConfig, plan_sample
+from batchwire.pipeline.decode import CpuBatchDecoder, DecodeRequest, decode_full, read_header
+from batchwire.pipeline.decode_dali import DaliBatchDecoder, decode_region
+from batchwire.pipeline.synthetic import default_dataset
+from oddfiles import exif_jpeg, jpeg_bytes, odd_file_bytes, smooth_image
+
+SAMPLE = Path(__file__).resolve().parents[2] / "shared" / "imagenet-sample"
+
+
+def full_request(index: int, data: bytes) -> DecodeRequest:
+    """A request for the whole image at full size (so the CPU decoder does not DCT-scale)."""
+    h = read_header(data)
+    return DecodeRequest(
+        index, data, h, (0.0, 0.0, float(h.height), float(h.width)), (h.height, h.width)
+    )
+
+
+def assert_close_to_cpu(results, requests, tolerance: int = 1) -> None:
+    expected = CpuBatchDecoder(1).decode_batch(requests)
+    for res, exp, req in zip(results, expected, requests, strict=True):
+        assert res.error is None and res.image is not None, (req.index, res.error)
+        assert res.image.dtype == torch.uint8 and res.image.shape == exp.image.shape, req.index
+        diff = (res.image.int() - exp.image.int()).abs().max().item()
+        assert diff <= tolerance, f"image {req.index}: max abs diff {diff}"
+        assert res.box == req.box
+
+
+@pytest.fixture(scope="module")
+def decoder():
+    dec = DaliBatchDecoder("cpu", threads=2, max_batch=16)
+    yield dec
+    dec.close()
+
+
+def test_imagenet_sample_matches_cpu_decoder(decoder):
+    if not SAMPLE.is_dir():
+        pytest.skip(f"{SAMPLE} is absent (the shared ImageNet sample)")
+    files = sorted(SAMPLE.glob("*.JPEG"))[::50]  # 20 files, greyscale ones included by spread
+    requests = [full_request(i, f.read_bytes()) for i, f in enumerate(files)]
+    results = decoder.decode_batch(requests)  # 20 > max_batch: two DALI runs
+    assert_close_to_cpu(results, requests)
+    assert decoder.device == torch.device("cpu") and decoder.name == "dali"
+
+
+def test_embedded_dataset_matches_cpu_decoder(decoder):
+    root = default_dataset().train_root
+    files = sorted(p for p in root.rglob("*") if p.is_file())[::97][:12]
+    assert files, f"no files in {root}"
+    requests = [full_request(i, f.read_bytes()) for i, f in enumerate(files)]
+    before = decoder.fallbacks
+    assert_close_to_cpu(decoder.decode_batch(requests), requests)
+    # Progressive and greyscale JPEGs are plain JPEGs to DALI: nothing fell back.
+    assert decoder.fallbacks == before
+
+
+def test_exif_orientation_matches_cpu_decoder(decoder):
+    pixels = smooth_image(48, 80, seed=3)
+    requests = [full_request(o, exif_jpeg(pixels, o)) for o in range(1, 9)]
+    before = decoder.fallbacks
+    results = decoder.decode_batch(requests)
+    assert_close_to_cpu(results, requests)
+    assert results[5].image.shape[:2] == (80, 48)  # orientation 6 turns the image
+    assert decoder.fallbacks == before  # DALI oriented them itself
+
+
+def test_bad_files_fall_back_never_fail_the_batch(decoder, caplog):
+    good = [full_request(i, odd_file_bytes("rgb", seed=i)) for i in range(6)]
+    truncated = full_request(100, odd_file_bytes("truncated"))
+    cmyk = full_request(101, odd_file_bytes("cmyk"))  # not a plain JPEG: straight to the CPU
+    png = full_request(102, odd_file_bytes("png_as_jpg"))
+    batch = [*good[:2], truncated, *good[2:4], cmyk, png, *good[4:]]
+    before = (decoder.fallbacks, decoder.failures, decoder.rebuilds)
+    with caplog.at_level(logging.WARNING, logger="batchwire.pipeline"):
+        results = decoder.decode_batch(batch)
+        decoder.decode_batch([truncated])  # the same bad image again: not logged again
+    assert results[2].image is None and "truncated" in results[2].error
+    ok = [r for i, r in enumerate(results) if i != 2]
+    assert_close_to_cpu(ok, [q for i, q in enumerate(batch) if i != 2])
+    assert decoder.fallbacks - before[0] == 4  # truncated twice, CMYK, PNG
+    assert decoder.failures - before[1] == 2
+    assert decoder.rebuilds > before[2]
+    logged = [r.getMessage() for r in caplog.records if "image 100" in r.getMessage()]
+    assert len(logged) == 1, logged
+
+
+def test_bisection_isolates_bad_files_without_dali_naming_them():
+    dec = DaliBatchDecoder("cpu", threads=1, max_batch=8)
+    dec.use_error_hint = False
+    try:
+        batch = [full_request(i, odd_file_bytes("rgb", seed=i)) for i in range(7)]
+        batch.insert(5, full_request(50, odd_file_bytes("truncated", seed=1)))
+        batch.insert(1, full_request(51, odd_file_bytes("truncated", seed=2)))
+        results = dec.decode_batch(batch)
+        bad = [i for i, r in enumerate(results) if r.image is None]
+        assert bad == [1, 6]
+        assert_close_to_cpu(
+            [r for r in results if r.image is not None],
+            [q for q, r in zip(batch, results, strict=True) if r.image is not None],
+        )
+        assert dec.fallbacks == 2 and dec.failures == 2
+    finally:
+        dec.close()
+
+
+def crop_requests(files: list[bytes], size: int) -> list[DecodeRequest]:
+    config = AugmentConfig(image_size=size, train=True)
+    out = []
+    for i, data in enumerate(files):
+        h = read_header(data)
+        box = plan_sample(config, 7, 0, i, h.height, h.width).box
+        out.append(DecodeRequest(i, data, h, box, (size, size)))
+    return out
+
+
+def test_crops_decode_a_region_that_augments_like_the_full_image(decoder):
+    """The region DALI decodes (crop + filter margin) gives the augment op's exact output."""
+    pixels = smooth_image(300, 420, seed=11)
+    files = [jpeg_bytes(pixels)] + [exif_jpeg(pixels, o) for o in (3, 6, 8)]
+    if SAMPLE.is_dir():
+        files += [f.read_bytes() for f in sorted(SAMPLE.glob("*.JPEG"))[3:400:50]]
+    requests = crop_requests(files, 32) + crop_requests(files, 160)  # shrink and enlarge
+    results = decoder.decode_batch(requests)
+
+    def augment(images, boxes, size):
+        n = len(images)
+        out = torch.empty((n, 3, size, size), dtype=torch.uint8)
+        flips = torch.zeros(n, dtype=torch.bool)
+        jitter = torch.tensor([[1.0, 1.0, 1.0, 0.0]] * n)
+        mean, std = torch.zeros(3), torch.ones(3)
+        boxes = torch.tensor(boxes, dtype=torch.float32)
+        return augment_batch_reference(images, boxes, flips, jitter, mean, std, out)
+
+    smaller = 0
+    for size, lo in ((32, 0), (160, len(files))):
+        reqs, res = requests[lo : lo + len(files)], results[lo : lo + len(files)]
+        assert all(r.error is None for r in res)
+        for req, r in zip(reqs, res, strict=True):
+            region = decode_region(req)
+            assert tuple(r.image.shape) == (region[2] - region[0], region[3] - region[1], 3)
+            smaller += r.image.shape[0] * r.image.shape[1] < req.header.pixels
+        full = [torch.from_numpy(decode_full(q.data)) for q in reqs]
+        expected = augment(full, [q.box for q in reqs], size)
+        got = augment([r.image for r in res], [r.box for r in res], size)
+        assert (got.int() - expected.int()).abs().max().item() <= 1
+    assert smaller >= len(requests) // 2  # it really decoded less than the whole image
+
+
+def test_results_survive_later_batches_and_rebuilds(decoder):
+    first = [full_request(i, odd_file_bytes("rgb", seed=10 + i)) for i in range(4)]
+    kept = decoder.decode_batch(first)
+    snapshot = [r.image.clone() for r in kept]
+    decoder.decode_batch([full_request(9, odd_file_bytes("truncated", seed=3))])  # rebuild
+    decoder.decode_batch([full_request(i, odd_file_bytes("rgb", seed=20 + i)) for i in range(4)])
+    assert all(torch.equal(r.image, s) for r, s in zip(kept, snapshot, strict=True))
+
+
+def test_empty_batch(decoder):
+    assert decoder.decode_batch([]) == []
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (DALI 'mixed')")
+def test_gpu_decode_matches_cpu_decoder():
+    dec = DaliBatchDecoder("cuda:0", threads=2, max_batch=8, max_image_pixels=200_000)
+    try:
+        pixels = smooth_image(64, 96, seed=5)
+        batch = [full_request(o, exif_jpeg(pixels, o)) for o in (1, 3, 6, 8)]
+        batch.append(full_request(20, odd_file_bytes("truncated")))
+        batch.append(full_request(21, odd_file_bytes("rgb", height=600, width=400)))  # > bound
+        results = dec.decode_batch(batch)
+        assert results[4].image is None
+        good = [r for r in results if r.image is not None]
+        assert all(r.image.device.type == "cuda" for r in good)
+        moved = [type(r)(image=r.image.cpu(), box=r.box) for r in good]
+        # nvJPEG's IDCT differs slightly from libjpeg-turbo's: allow a few grey levels.
+        assert_close_to_cpu(moved, [q for i, q in enumerate(batch) if i != 4], tolerance=6)
+        assert dec.fallbacks >= 2
+    finally:
+        dec.close()

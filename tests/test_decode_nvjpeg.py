@@ -1,0 +1,76 @@
+"""NvjpegBatchDecoder: the EXIF orientation it applies on the device (checked here on CPU
+tensors against the CPU decoder's convention), its clear errors without CUDA/torchvision, and
+CUDA-only decode tests that skip without a GPU."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from batchwire.pipeline.decode import CpuBatchDecoder, DecodeRequest, read_header
+from batchwire.pipeline.decode_nvjpeg import (
+    NvjpegBatchDecoder,
+    orient,
+    torchvision_gpu_decode_missing,
+)
+from oddfiles import exif_jpeg, odd_file_bytes, smooth_image
+from PIL import Image, ImageOps
+
+MISSING = torchvision_gpu_decode_missing()
+
+
+def full_request(index: int, data: bytes) -> DecodeRequest:
+    h = read_header(data)
+    return DecodeRequest(
+        index, data, h, (0.0, 0.0, float(h.height), float(h.width)), (h.height, h.width)
+    )
+
+
+@pytest.mark.parametrize("orientation", range(0, 10))
+def test_orient_matches_pil_exif_transpose(orientation):
+    pixels = smooth_image(5, 7, seed=orientation)
+    image = Image.fromarray(pixels)
+    if 1 <= orientation <= 8:
+        image.getexif()[0x0112] = orientation  # the EXIF Orientation tag
+        expected = np.asarray(ImageOps.exif_transpose(image))
+    else:  # outside the EXIF range: left as it is
+        expected = pixels
+    got = orient(torch.from_numpy(pixels), orientation)
+    assert torch.equal(got.contiguous(), torch.from_numpy(np.array(expected)))
+
+
+def test_needs_a_cuda_device_argument():
+    with pytest.raises(ValueError, match="CUDA device"):
+        NvjpegBatchDecoder("cpu")
+
+
+@pytest.mark.skipif(MISSING is None, reason="CUDA and torchvision are both present")
+def test_says_what_is_missing():
+    with pytest.raises(RuntimeError, match="needs CUDA and torchvision") as info:
+        NvjpegBatchDecoder("cuda:0")
+    assert MISSING in str(info.value)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(MISSING is not None, reason=f"nvJPEG decode unavailable: {MISSING}")
+def test_gpu_decode_matches_cpu_with_fallbacks():
+    dec = NvjpegBatchDecoder("cuda:0", threads=2, max_batch=4, max_image_pixels=200_000)
+    pixels = smooth_image(64, 96, seed=5)
+    batch = [full_request(o, exif_jpeg(pixels, o)) for o in (1, 2, 3, 5, 6, 7, 8)]
+    batch.append(full_request(20, odd_file_bytes("truncated")))
+    batch.append(full_request(21, odd_file_bytes("cmyk")))
+    batch.append(full_request(22, odd_file_bytes("rgb", height=600, width=400)))  # over the bound
+    batch.append(full_request(23, odd_file_bytes("grey")))
+    batch.append(full_request(24, odd_file_bytes("progressive")))
+    results = dec.decode_batch(batch)
+    expected = CpuBatchDecoder(1).decode_batch(batch)
+    assert results[7].image is None and results[7].error
+    for res, exp, req in zip(results, expected, batch, strict=True):
+        if exp.image is None:
+            continue
+        assert res.image is not None and res.image.device.type == "cuda", req.index
+        diff = (res.image.cpu().int() - exp.image.int()).abs().float()
+        # nvJPEG's IDCT and upsampling differ slightly from libjpeg-turbo's.
+        assert diff.mean().item() < 1.5 and diff.max().item() <= 40, req.index
+    assert dec.fallbacks >= 3  # truncated, CMYK, oversize (and anything nvJPEG refused)
+    assert dec.failures == 1

@@ -1,0 +1,174 @@
+"""LocalLoader end to end on generated ImageFolders mixing good and bad files."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from batchwire.pipeline.dataset import ImageDataset, open_dataset
+from batchwire.pipeline.decode import CpuBatchDecoder
+from batchwire.pipeline.local import LocalLoader
+from oddfiles import BAD_KINDS, odd_file_bytes, write_image_folder
+
+BAD = {"class0": ("truncated", "empty"), "class2": ("text", "huge_header", "png_as_jpg")}
+# png_as_jpg is readable: it must not count as bad.
+N_BAD = 4
+
+
+@pytest.fixture(scope="module")
+def mixed(tmp_path_factory: pytest.TempPathFactory) -> ImageDataset:
+    tmp = tmp_path_factory.mktemp("local")
+    root = write_image_folder(tmp / "tree", classes=3, good_per_class=7, bad=BAD)
+    return open_dataset(root, cache_dir=tmp / "cache")
+
+
+def bad_paths(ds: ImageDataset) -> set[str]:
+    return {p for p in ds.paths if Path(p).name.startswith("bad_") and "png" not in p}
+
+
+@pytest.mark.timeout(120)
+def test_full_epoch_with_bad_files(mixed: ImageDataset, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="batchwire.pipeline")
+    bad = bad_paths(mixed)
+    assert len(bad) == N_BAD and len(mixed) == 26
+    with LocalLoader(
+        mixed, split="train", batch_size=4, image_size=20, seed=1, threads=2, with_indices=True
+    ) as loader:
+        assert len(loader) == 6  # 26 // 4 with drop_last
+        for epoch in (0, 1):
+            loader.set_epoch(epoch)
+            seen = []
+            for images, labels, indices in loader:
+                assert images.shape == (4, 3, 20, 20) and images.dtype == torch.float32
+                assert torch.isfinite(images).all()
+                assert labels.dtype == torch.int64 and indices.dtype == torch.int64
+                for i, label in zip(indices.tolist(), labels.tolist(), strict=True):
+                    if mixed.paths[i] not in bad:
+                        assert label == mixed.labels[i]
+                seen += indices.tolist()
+            assert len(seen) == 24 and len(set(seen)) == 24
+        counts = loader.counts()
+    # Every bad file is met in at least one of the two epochs (only 2 of 26 dropped per epoch).
+    assert counts["bad_total"] == N_BAD
+    assert N_BAD <= counts["replaced_total"] <= 2 * N_BAD
+    for path in bad:
+        assert sum(path in r.getMessage() for r in caplog.records) == 1, path
+
+
+def test_val_epoch_every_image_once_with_padding(mixed: ImageDataset) -> None:
+    with LocalLoader(
+        mixed, split="val", batch_size=4, image_size=16, threads=2, with_indices=True,
+        world_size=2, rank=1, output_dtype="uint8",
+    ) as r1, LocalLoader(
+        mixed, split="val", batch_size=4, image_size=16, threads=2, with_indices=True,
+        world_size=2, rank=0, output_dtype="uint8",
+    ) as r0:
+        assert len(r0) == len(r1) == 4
+        seen = []
+        for loader in (r0, r1):
+            for images, _, indices in loader:
+                assert images.shape == (4, 3, 16, 16) and images.dtype == torch.uint8
+                seen += indices.tolist()
+    valid = [i for i in seen if i >= 0]
+    assert sorted(valid) == list(range(len(mixed)))
+    assert seen.count(-1) == 32 - 26
+
+
+def test_same_seed_and_epoch_bit_identical_across_thread_counts(mixed: ImageDataset) -> None:
+    def run(threads: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        with LocalLoader(
+            mixed, batch_size=5, image_size=24, seed=9, threads=threads, contrast=0.5
+        ) as loader:
+            loader.set_epoch(3)
+            return list(loader)
+
+    one, four = run(1), run(4)
+    assert len(one) == len(four) == 5
+    for (a, la), (b, lb) in zip(one, four, strict=True):
+        assert torch.equal(a, b) and torch.equal(la, lb)
+    with LocalLoader(mixed, batch_size=5, image_size=24, seed=9, threads=2) as other:
+        other.set_epoch(4)
+        batches = iter(other)
+        assert not torch.equal(next(batches)[0], one[0][0])  # another epoch, another batch
+        batches.close()
+
+
+def test_ring_semantics_and_early_stop(mixed: ImageDataset) -> None:
+    """copy=False yields ring buffers (reused); the default yields tensors the caller owns."""
+    decoder = CpuBatchDecoder(2)
+    try:
+        raw = LocalLoader(mixed, batch_size=3, image_size=12, decoder=decoder, ring=2, copy=False)
+        ring_ptrs = {b.data_ptr() for b in raw.ring.buffers}
+        ptrs = [images.data_ptr() for images, _ in raw]
+        assert set(ptrs) <= ring_ptrs and len(ptrs) == len(raw)
+
+        safe = LocalLoader(mixed, batch_size=3, image_size=12, decoder=decoder, ring=2)
+        kept = []
+        for images, _ in safe:
+            assert images.data_ptr() not in {b.data_ptr() for b in safe.ring.buffers}
+            kept.append((images, images.clone()))
+        for images, snapshot in kept:
+            assert torch.equal(images, snapshot)
+
+        # Stopping after one batch ends the background thread and frees every buffer.
+        it = iter(raw)
+        next(it)
+        it.close()
+        assert raw.ring.free == len(raw.ring)
+        again = iter(safe)
+        assert torch.equal(next(again)[0], kept[0][1])
+        again.close()
+        assert safe.ring.free == len(safe.ring)
+    finally:
+        decoder.close()
+
+
+def test_all_bad_dataset_fails_at_construction(tmp_path: Path) -> None:
+    root = tmp_path / "bad"
+    (root / "only").mkdir(parents=True)
+    for kind in BAD_KINDS:
+        (root / "only" / f"{kind}.jpg").write_bytes(odd_file_bytes(kind))
+    dataset = open_dataset(root, cache_dir=tmp_path / "cache")
+    with pytest.raises(ValueError, match="no readable image in"):
+        LocalLoader(dataset, batch_size=2, image_size=8, threads=1)
+
+
+def test_bad_arguments_are_clear(mixed: ImageDataset) -> None:
+    with pytest.raises(ValueError, match="split"):
+        LocalLoader(mixed, split="test", batch_size=2, image_size=8)
+    with pytest.raises(ValueError, match="drop_last"):
+        LocalLoader(mixed, batch_size=100, image_size=8)
+    with pytest.raises(TypeError):
+        LocalLoader(mixed, batch_size=2, image_size=8, no_such_option=1)
+
+
+@pytest.mark.timeout(240)
+def test_embedded_dataset_bit_identical_with_1_and_4_threads() -> None:
+    """The embedded dataset (varied sizes, subsampling, greyscale, progressive JPEGs): a
+    40-image subset, jitter on, same (seed, epoch) -> the same bytes whatever the threads."""
+    from batchwire.pipeline.synthetic import default_dataset
+
+    full = open_dataset(default_dataset().train_root)
+    pick = np.arange(0, len(full), len(full) // 40)[:40]
+    subset = ImageDataset(
+        paths=[full.paths[i] for i in pick],
+        labels=full.labels[pick],
+        classes=full.classes,
+        root=full.root,
+    )
+
+    def run(threads: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        with LocalLoader(
+            subset, batch_size=10, image_size=48, seed=2, threads=threads,
+            brightness=0.3, saturation=0.3, output_dtype="uint8",
+        ) as loader:
+            loader.set_epoch(1)
+            return list(loader)
+
+    one, four = run(1), run(4)
+    assert len(one) == 4
+    for (a, la), (b, lb) in zip(one, four, strict=True):
+        assert torch.equal(a, b) and torch.equal(la, lb)

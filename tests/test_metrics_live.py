@@ -1,0 +1,86 @@
+"""Prometheus metrics of a real pipeline-server, scraped over HTTP while a trainer consumes."""
+
+from __future__ import annotations
+
+import socket
+import urllib.request
+from collections.abc import Iterator
+
+import pytest
+import zmq
+from serverproc import running_server
+from test_monitor_live import SERVER_ARGS, RawTrainer, wait_for
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def scrape(port: int) -> dict[str, float]:
+    """GET /metrics -> {'name{labels}': value}, comment lines skipped."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
+        assert resp.status == 200
+        assert resp.headers["Content-Type"].startswith("text/plain")
+        text = resp.read().decode()
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            key, _, value = line.rpartition(" ")
+            out[key] = float(value)
+    return out
+
+
+@pytest.fixture
+def ctx() -> Iterator[zmq.Context]:
+    context = zmq.Context()
+    yield context
+    context.destroy(linger=0)
+
+
+@pytest.mark.timeout(120)
+def test_metrics_move_while_a_trainer_consumes(ctx: zmq.Context) -> None:
+    port = free_port()
+    with running_server(*SERVER_ARGS, "--metrics-port", str(port)) as srv:
+        trainer = RawTrainer(srv.endpoint, b"bw-m0", ctx)
+        trainer.hello()
+        trainer.credit(trainer.prefetch)
+        trainer.consume(2)
+        first = scrape(port)
+        trainer.consume(4)
+        # The server counts a batch as it sends it: after 6 received, all 6 are counted.
+        second = scrape(port)
+        trainer.leave()
+
+        stage_names = [s["name"] for s in srv.stats()["stages"]]
+        for metrics in (first, second):
+            for name in stage_names:
+                assert f'batchwire_queue_depth{{stage="{name}"}}' in metrics
+                assert metrics[f'batchwire_queue_capacity{{stage="{name}"}}'] > 0
+        for counter in ("batchwire_images_total", "batchwire_batches_total",
+                        "batchwire_bytes_total"):
+            assert second[counter] > first[counter] > 0, counter
+        assert second["batchwire_batches_total"] >= 6
+        assert second["batchwire_images_total"] == 4 * second["batchwire_batches_total"]
+        for counter in ("batchwire_replaced_samples_total", "batchwire_bad_samples_total",
+                        "batchwire_errors_total", "batchwire_malformed_messages_total"):
+            assert counter in second
+        assert second["batchwire_uptime_seconds"] > first["batchwire_uptime_seconds"]
+        assert second["batchwire_images_per_second"] > 0
+
+        labels = f'client="{trainer.id}",rank="0",split="train"'
+        assert f"batchwire_client_ready{{{labels}}}" in second
+        assert f"batchwire_client_credits{{{labels}}}" in second
+        assert second[f"batchwire_client_images_per_second{{{labels}}}"] > 0
+        # The trainer's own figures travelled with its credits into the server's metrics.
+        assert 0.0 <= second[f"batchwire_client_data_wait_fraction{{{labels}}}"] <= 1.0
+
+        # Every batch went through the producing stages, each timed into the histogram.
+        for stage in ("read", "decode", "augment"):
+            count = f'batchwire_stage_latency_seconds_count{{stage="{stage}"}}'
+            assert second.get(count, 0) >= second["batchwire_batches_total"] - 1 > 0, stage
+
+        # After the trainer left, its series disappear at the next scrape.
+        wait_for(lambda: not srv.stats()["clients"], "the trainer to be dropped")
+        assert f"batchwire_client_ready{{{labels}}}" not in scrape(port)

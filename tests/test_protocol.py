@@ -1,0 +1,141 @@
+"""Wire protocol v1: every message round-trips, and hostile frames fail with a clear error."""
+
+from __future__ import annotations
+
+import msgpack
+import numpy as np
+import pytest
+import torch
+from batchwire.server import protocol as p
+from batchwire.server.sender import tensor_bytes
+
+HELLO = p.Hello(split="train", rank=1, world_size=4, epoch=3, start_batch=5, prefetch=4,
+                shard=(1, 2), session=2**62 + 7)
+WELCOME = p.Welcome(session=9, num_batches=10, num_samples=1500, batch_size=8,
+                    shape=[8, 3, 32, 32], dtype="uint8", layout="nhwc",
+                    mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225], num_classes=10)
+HEADER = p.BatchHeader(session=9, split="val", epoch=0, batch_index=7, shape=[2, 3, 4, 5],
+                       dtype="float16", layout="nchw", indices=[3, -1], replaced=1,
+                       nbytes=2 * 3 * 4 * 5 * 2)
+
+
+@pytest.mark.parametrize("msg", [HELLO, p.Credit(n=2, stats={"images_per_s": 1.5}),
+                                 p.Credit(n=1), p.Bye(), p.StatsRequest()])
+def test_client_messages_round_trip(msg):
+    assert p.decode_client_message(msg.pack()) == msg
+
+
+@pytest.mark.parametrize("msg", [WELCOME, HEADER, p.ErrorReply("no"), p.Shutdown(),
+                                 p.StatsReply({"v": 1, "clients": []})])
+def test_server_messages_round_trip(msg):
+    assert p.decode_server_message(msg.pack()) == msg
+
+
+def test_every_frame_carries_version_and_type():
+    for msg in (HELLO, WELCOME, HEADER, p.Bye()):
+        raw = msgpack.unpackb(msg.pack())
+        assert raw["v"] == p.PROTOCOL_VERSION == 1
+        assert raw["type"] == msg.TYPE
+
+
+def _hello_map(**changes):
+    m = HELLO.to_map()
+    m.update(changes)
+    return msgpack.packb(m)
+
+
+@pytest.mark.parametrize(
+    ("frame", "needle"),
+    [
+        (b"\xc1garbage", "not a valid msgpack"),
+        (b"", "not a valid msgpack"),
+        (msgpack.packb([1, 2, 3]), "must be a map"),
+        (msgpack.packb({"type": "hello"}), "no protocol version"),
+        (msgpack.packb({"v": 1}), "'type'"),
+        (msgpack.packb({"v": 1, "type": "launch"}), "unknown message type 'launch'"),
+        (msgpack.packb({1: 2, "v": 1, "type": "bye"}), "not a valid msgpack"),
+        (_hello_map(rank=True), "'rank' must be an integer"),
+        (_hello_map(rank=4), "must be < world_size"),
+        (_hello_map(world_size=0), "'world_size' must be >= 1"),
+        (_hello_map(shard=[2, 2]), "'shard'"),
+        (_hello_map(shard=[0]), "'shard' must have 2 items"),
+        (_hello_map(split=""), "'split'"),
+        (_hello_map(prefetch=p.MAX_PREFETCH + 1), "'prefetch'"),
+        (_hello_map(session="x"), "'session'"),
+        (msgpack.packb({"v": 1, "type": "credit", "n": -1}), "'n' must be >= 0"),
+        (msgpack.packb({"v": 1, "type": "credit", "n": 1, "stats": [1]}), "'stats'"),
+        (b"\x91" * 5000, "not a valid msgpack"),  # deeply nested arrays
+        (b"\xdd\xff\xff\xff\xff", "not a valid msgpack"),  # array claiming 4G items
+        (b"\x81\xa1v" + b"\xc6\x7f\xff\xff\xff", "not a valid msgpack"),  # 2 GB bin claim
+        (msgpack.packb({"v": 1, "type": "bye", "x": [0] * 70000}), "exceeds the limit"),
+        (b"x" * (10 << 20), "exceeds the limit of 65536"),
+    ],
+)
+def test_client_frame_rejected(frame, needle):
+    with pytest.raises(p.ProtocolError, match=None) as info:
+        p.decode_client_message(frame)
+    assert needle in str(info.value)
+
+
+def test_version_mismatch_names_both_versions():
+    with pytest.raises(p.VersionMismatch) as info:
+        p.decode_client_message(msgpack.packb({"v": 2, "type": "hello"}))
+    assert info.value.peer_version == 2
+    assert "v2" in str(info.value) and "v1" in str(info.value)
+
+
+def test_client_cannot_send_server_messages():
+    with pytest.raises(p.ProtocolError, match="unknown message type 'welcome'"):
+        p.decode_client_message(WELCOME.pack())
+
+
+def test_batch_header_checks_sizes():
+    bad = HEADER.to_map() | {"nbytes": 5}
+    with pytest.raises(p.ProtocolError, match="'nbytes'"):
+        p.decode_server_message(msgpack.packb(bad))
+    bad = HEADER.to_map() | {"indices": [1, 2, 3]}
+    with pytest.raises(p.ProtocolError, match="'indices' must have 2 items"):
+        p.decode_server_message(msgpack.packb(bad))
+    bad = HEADER.to_map() | {"shape": [2, 4, 4, 5]}
+    with pytest.raises(p.ProtocolError, match="'shape'"):
+        p.decode_server_message(msgpack.packb(bad))
+    bad = HEADER.to_map() | {"dtype": "int32"}
+    with pytest.raises(p.ProtocolError, match="'dtype'"):
+        p.decode_server_message(msgpack.packb(bad))
+
+
+def test_dtype_mapping():
+    for name in p.DTYPES:
+        dt = p.torch_dtype(name)
+        assert p.dtype_name(dt) == name
+        assert torch.empty(0, dtype=dt).element_size() == p.itemsize(name)
+    assert p.numpy_dtype("float16") == np.float16
+    with pytest.raises(p.ProtocolError, match="numpy has no bfloat16"):
+        p.numpy_dtype("bfloat16")
+    with pytest.raises(p.ProtocolError, match="cannot travel"):
+        p.dtype_name(torch.int32)
+    assert p.images_nbytes([64, 3, 224, 224], "uint8") == 64 * 3 * 224 * 224
+    assert p.images_nbytes([2, 3, 4, 4], "float32") == 2 * 3 * 4 * 4 * 4
+
+
+def test_labels_frame_is_little_endian_int64():
+    labels = np.array([0, 1, 2**40, 7], dtype=np.int64)
+    frame = p.labels_to_frame(labels).tobytes()
+    assert frame == b"".join(int(v).to_bytes(8, "little", signed=True) for v in labels)
+    np.testing.assert_array_equal(p.labels_from_frame(frame, 4), labels)
+    with pytest.raises(p.ProtocolError, match="expected 32"):
+        p.labels_from_frame(frame[:-1], 4)
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.bfloat16, torch.float32])
+def test_tensor_bytes_follow_the_layout(dtype):
+    t = torch.arange(2 * 3 * 4 * 5, dtype=torch.float32).reshape(2, 3, 4, 5).to(dtype)
+    nchw = tensor_bytes(t)
+    assert nchw.tobytes() == t.contiguous().view(torch.uint8).numpy().tobytes()
+    cl = t.contiguous(memory_format=torch.channels_last)
+    nhwc = tensor_bytes(cl)
+    assert nhwc.tobytes() == t.permute(0, 2, 3, 1).contiguous().view(torch.uint8).numpy().tobytes()
+    # zero copy: the array shares the tensor's memory
+    assert nhwc.__array_interface__["data"][0] == cl.data_ptr()
+    with pytest.raises(ValueError, match="neither NCHW nor NHWC"):
+        tensor_bytes(t[:, :, ::2])

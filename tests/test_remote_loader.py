@@ -1,0 +1,253 @@
+"""RemoteLoader against a real pipeline-server process on the embedded dataset.
+
+One server (32 px, batch 16, uint8 wire) serves every test of this module; loaders are closed
+(bye) before the next test so clients of different world sizes never overlap on a split. It
+serves the embedded val folder (400 real JPEGs) as both splits: short epochs, same code paths.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+import torch
+from batchwire.client import LoaderError, RemoteLoader, ServerError, ServerUnavailable
+from batchwire.pipeline.dataset import open_dataset
+from batchwire.pipeline.sampler import ShardSampler
+from batchwire.pipeline.synthetic import default_dataset
+from serverproc import free_tcp_endpoint, running_server
+from torch.utils.data import DataLoader
+
+B = 16
+PX = 32
+SEED = 7
+
+
+@pytest.fixture(scope="module")
+def data_root() -> str:
+    return str(default_dataset().val_root)
+
+
+@pytest.fixture(scope="module")
+def server(data_root):
+    with running_server("--train", data_root, "--val", data_root, "--batch-size", str(B),
+                        "--image-size", str(PX), "--output-dtype", "uint8", "--workers", "1",
+                        "--seed", str(SEED)) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def datasets(data_root):
+    ds = open_dataset(data_root)
+    return {"train": ds, "val": ds}
+
+
+def collect(loader, limit: int | None = None) -> list[tuple[torch.Tensor, ...]]:
+    """Iterate (at most ``limit`` batches), cloning each batch so it outlives the loader."""
+    out = []
+    for batch in loader:
+        out.append(tuple(t.clone() for t in batch))
+        if limit is not None and len(out) == limit:
+            break
+    return out
+
+
+def assert_same(a: list[tuple[torch.Tensor, ...]], b: list[tuple[torch.Tensor, ...]]) -> None:
+    assert len(a) == len(b)
+    for k, (x, y) in enumerate(zip(a, b, strict=True)):
+        for tx, ty in zip(x, y, strict=True):
+            assert torch.equal(tx, ty), f"batch {k} differs"
+
+
+@pytest.fixture(scope="module")
+def reference(server):
+    """Rank 0 of 1, epoch 0, with indices: the uninterrupted run other tests compare to."""
+    with RemoteLoader(server.endpoint, "train", rank=0, world_size=1, device="cpu",
+                      with_indices=True, timeout=30) as loader:
+        return collect(loader)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_ranks_disjoint_complete_and_labelled(server, datasets, world_size):
+    ds = datasets["train"]
+    per_rank = []
+    for rank in range(world_size):
+        with RemoteLoader(server.endpoint, "train", rank=rank, world_size=world_size,
+                          device="cpu", with_indices=True, timeout=30) as loader:
+            batches = collect(loader)
+            assert len(loader) == len(batches)
+        per_rank.append(batches)
+
+    counts = {len(b) for b in per_rank}
+    assert len(counts) == 1, f"unequal batch counts per rank: {[len(b) for b in per_rank]}"
+    n = counts.pop()
+    assert n == len(ds) // (B * world_size)
+    seen = []
+    for batches in per_rank:
+        for images, labels, indices in batches:
+            assert images.shape == (B, 3, PX, PX) and images.dtype == torch.uint8
+            assert labels.dtype == torch.int64 and indices.dtype == torch.int64
+            assert (indices >= 0).all(), "the train split has no padding"
+            np.testing.assert_array_equal(labels.numpy(), ds.labels[indices.numpy()])
+            seen.extend(indices.tolist())
+    assert len(seen) == len(set(seen)) == n * B * world_size, "ranks overlap"
+    sampler = ShardSampler(len(ds), B, seed=SEED, shuffle=True, drop_last=True,
+                           world_size=world_size)
+    assert set(seen) == set(sampler.epoch_order(0)[: n * B * world_size].tolist())
+
+
+@pytest.mark.timeout(60)
+def test_two_runs_are_bit_identical_and_epochs_differ(server, reference):
+    with RemoteLoader(server.endpoint, "train", rank=0, world_size=1, device="cpu",
+                      with_indices=True) as loader:
+        assert_same(collect(loader), reference)
+        loader.set_epoch(1)
+        epoch1 = collect(loader, limit=3)
+    assert not torch.equal(epoch1[0][2], reference[0][2]), "epoch 1 repeats epoch 0's order"
+
+
+@pytest.mark.timeout(60)
+def test_resume_mid_epoch_yields_exactly_the_rest(server, reference):
+    k = 7
+    with RemoteLoader(server.endpoint, "train", rank=0, world_size=1, device="cpu",
+                      with_indices=True, prefetch=3) as first:
+        assert_same(collect(first, limit=k), reference[:k])
+        state = first.state_dict()
+    assert state["epoch"] == 0 and state["next_batch"] == k
+
+    with RemoteLoader(server.endpoint, "train", rank=0, world_size=1, device="cpu",
+                      with_indices=True) as resumed:
+        resumed.load_state_dict(state)
+        resumed.set_epoch(0)  # the trainer's usual loop must not reset the position
+        assert_same(collect(resumed), reference[k:])
+        assert resumed.state_dict()["next_batch"] == len(reference)
+
+
+@pytest.mark.timeout(60)
+def test_break_then_iterate_again_continues(server, reference):
+    with RemoteLoader(server.endpoint, "train", rank=0, world_size=1, device="cpu",
+                      with_indices=True) as loader:
+        head = collect(loader, limit=5)
+        rest = collect(loader)
+        replay = collect(loader, limit=2)  # a complete epoch iterated again starts over
+    assert_same(head + rest, reference)
+    assert_same(replay, reference[:2])
+
+
+@pytest.mark.timeout(60)
+def test_under_dataloader(server, reference):
+    loader = RemoteLoader(server.endpoint, "train", rank=0, world_size=1, device="cpu",
+                          with_indices=True)
+    try:
+        assert len(DataLoader(loader, batch_size=None)) == len(reference)
+        assert_same(collect(DataLoader(loader, batch_size=None)), reference)
+        with pytest.raises(LoaderError, match="num_workers=0"):
+            next(iter(DataLoader(loader, batch_size=None, num_workers=1)))
+    finally:
+        loader.close()
+
+
+@pytest.mark.timeout(60)
+def test_val_split_pads_with_minus_one_and_covers_every_image_once(server, datasets):
+    ds = datasets["val"]
+    world_size = 3
+    valid, padding = [], 0
+    for rank in range(world_size):
+        with RemoteLoader(server.endpoint, "val", rank=rank, world_size=world_size,
+                          device="cpu", with_indices=True) as loader:
+            for images, labels, indices in loader:
+                assert images.shape == (B, 3, PX, PX)
+                keep = indices >= 0
+                padding += int((~keep).sum())
+                np.testing.assert_array_equal(
+                    labels[keep].numpy(), ds.labels[indices[keep].numpy()]
+                )
+                valid.extend(indices[keep].tolist())
+    per_round = B * world_size
+    assert padding == -len(ds) % per_round > 0
+    assert sorted(valid) == list(range(len(ds)))
+
+
+@pytest.mark.timeout(60)
+def test_normalize_on_device_matches_the_formula(server, reference):
+    mean = torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1)
+    std = torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1)
+    expected = (reference[0][0].float() / 255 - mean) / std
+    for dtype in (torch.float32, torch.bfloat16):
+        with RemoteLoader(server.endpoint, "train", rank=0, world_size=1, device="cpu",
+                          normalize_on_device=True, dtype=dtype, mean=mean.flatten().tolist(),
+                          std=std.flatten().tolist()) as loader:
+            images, labels = next(iter(loader))
+        assert images.dtype == dtype and images.shape == (B, 3, PX, PX)
+        torch.testing.assert_close(images, expected.to(dtype), rtol=0, atol=0)
+        assert torch.equal(labels, reference[0][1])
+
+
+@pytest.mark.timeout(60)
+def test_stats_travel_with_credits(server):
+    with RemoteLoader(server.endpoint, "train", rank=0, world_size=1, device="cpu") as loader:
+        it = iter(loader)
+        for _ in range(6):
+            next(it)
+        mine = loader.stats()
+        assert mine is not None and mine["images_per_s"] > 0
+        assert set(mine) >= {"prefetch_depth", "wait_s_per_batch", "data_wait_fraction"}
+        rows = [c for c in server.stats()["clients"] if c["loader"] is not None]
+        assert rows, f"no loader stats reached the server: {server.stats()['clients']}"
+        assert rows[0]["loader"]["images_per_s"] > 0
+
+
+@pytest.mark.timeout(60)
+def test_server_error_reply_becomes_an_exception(server):
+    with RemoteLoader(server.endpoint, "no-such-split", rank=0, world_size=1,
+                      device="cpu") as loader, pytest.raises(ServerError, match="no-such-split"):
+        len(loader)
+
+
+@pytest.mark.timeout(60)
+def test_world_size_mismatch_is_refused_with_both_sizes(server):
+    with RemoteLoader(server.endpoint, "val", rank=0, world_size=2, device="cpu") as a:
+        next(iter(a))  # a live stream of world_size 2
+        with RemoteLoader(server.endpoint, "val", rank=0, world_size=5, device="cpu") as b, \
+                pytest.raises(ServerError, match="world_size"):
+            len(b)
+
+
+@pytest.mark.timeout(30)
+def test_no_server_raises_naming_the_endpoint_within_the_timeout():
+    endpoint = free_tcp_endpoint()
+    loader = RemoteLoader(endpoint, "train", rank=0, world_size=1, device="cpu", timeout=1.0)
+    t0 = time.monotonic()
+    with pytest.raises(ServerUnavailable, match=endpoint) as info:
+        len(loader)
+    assert time.monotonic() - t0 < 3.0
+    assert isinstance(info.value, TimeoutError) and isinstance(info.value, ConnectionError)
+    with pytest.raises(ServerUnavailable, match=endpoint):
+        next(iter(DataLoader(loader, batch_size=None)))
+    loader.close()
+
+
+def test_state_dict_of_another_split_or_world_is_refused():
+    loader = RemoteLoader("tcp://127.0.0.1:9", "train", rank=1, world_size=2, device="cpu")
+    state = loader.state_dict()
+    assert state == {"epoch": 0, "next_batch": 0, "split": "train", "rank": 1, "world_size": 2}
+    with pytest.raises(ValueError, match="world_size"):
+        loader.load_state_dict({**state, "world_size": 4})
+    with pytest.raises(ValueError, match="split"):
+        loader.load_state_dict({**state, "split": "val"})
+    with pytest.raises(ValueError, match="missing"):
+        loader.load_state_dict({"epoch": 1})
+    loader.close()
+
+
+def test_constructor_rejects_bad_arguments():
+    with pytest.raises(ValueError, match="endpoints"):
+        RemoteLoader("localhost:5555")
+    with pytest.raises(ValueError, match="rank"):
+        RemoteLoader("tcp://127.0.0.1:9", rank=2, world_size=2)
+    with pytest.raises(ValueError, match="prefetch"):
+        RemoteLoader("tcp://127.0.0.1:9", rank=0, world_size=1, prefetch=0)
+    with pytest.raises(ValueError, match="dtype"):
+        RemoteLoader("tcp://127.0.0.1:9", rank=0, world_size=1, dtype=torch.int32)

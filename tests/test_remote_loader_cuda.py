@@ -1,0 +1,80 @@
+"""RemoteLoader's CUDA path: side-stream copies, events, slot reuse (skipped without CUDA).
+
+The check that the events are right: the consumer stream is kept busy (``torch.cuda._sleep``)
+before it reads each batch, while the host races ahead requesting the next ones. If a slot's
+device memory were refilled before the consumer stream had finished with it, or a batch handed
+out before its copy landed, the values read would differ from the CPU run of the same epoch.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from batchwire.client import RemoteLoader
+from batchwire.pipeline.synthetic import default_dataset
+from serverproc import running_server
+
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+SLEEP_CYCLES = 20_000_000  # ~10 ms of GPU time per batch on the consumer stream
+
+
+@pytest.fixture(scope="module")
+def server():
+    root = str(default_dataset().val_root)
+    with running_server("--train", root, "--batch-size", "16", "--image-size", "32",
+                        "--output-dtype", "uint8", "--workers", "1", "--seed", "5") as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def cpu_run(server):
+    with RemoteLoader(server.endpoint, "train", rank=0, world_size=1, device="cpu",
+                      with_indices=True) as loader:
+        return [tuple(t.clone() for t in b) for b in loader]
+
+
+def consume_slowly(loader, stream: torch.cuda.Stream) -> list[tuple[torch.Tensor, ...]]:
+    """Read every batch on ``stream`` only after a long GPU sleep queued on that stream."""
+    out = []
+    with torch.cuda.stream(stream):
+        for images, labels, indices in loader:
+            assert images.is_cuda and labels.is_cuda
+            torch.cuda._sleep(SLEEP_CYCLES)
+            out.append((images.clone(), labels.clone(), indices.clone()))
+    stream.synchronize()
+    return [tuple(t.cpu() for t in batch) for batch in out]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("consumer", ["default", "side"])
+def test_cuda_batches_equal_the_cpu_run_under_a_busy_consumer_stream(server, cpu_run, consumer):
+    stream = torch.cuda.current_stream() if consumer == "default" else torch.cuda.Stream()
+    with RemoteLoader(server.endpoint, "train", rank=0, world_size=1, device="cuda",
+                      with_indices=True, prefetch=2) as loader:
+        got = consume_slowly(loader, stream)
+    assert len(got) == len(cpu_run)
+    for k, (g, want) in enumerate(zip(got, cpu_run, strict=True)):
+        for a, b in zip(g, want, strict=True):
+            assert torch.equal(a, b), f"batch {k} differs from the CPU run"
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cuda_normalize_on_device(server, cpu_run, dtype):
+    mean = torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1)
+    std = torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1)
+    with RemoteLoader(server.endpoint, "train", rank=0, world_size=1, device="cuda",
+                      with_indices=True, normalize_on_device=True, dtype=dtype,
+                      mean=mean.flatten().tolist(), std=std.flatten().tolist()) as loader:
+        got = consume_slowly(loader, torch.cuda.current_stream())
+    assert len(got) == len(cpu_run)
+    tol = {"rtol": 0, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 1e-2, "atol": 2e-2}
+    for (images, labels, _), (raw, want_labels, _) in zip(got, cpu_run, strict=True):
+        assert images.dtype == dtype
+        expected = ((raw.float() / 255 - mean) / std).to(dtype)
+        torch.testing.assert_close(images.float(), expected.float(), **tol)
+        assert torch.equal(labels, want_labels)

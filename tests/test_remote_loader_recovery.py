@@ -1,0 +1,145 @@
+"""RemoteLoader across several servers, and across a server that dies, stops or restarts.
+
+Real pipeline-server processes (the embedded val folder, 400 real JPEGs, served as the train
+split keeps epochs short); "identical" always means bit-identical images, labels and indices, in
+epoch order, compared with an uninterrupted run of one server.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import torch
+from batchwire.client import RemoteLoader, ServerUnavailable
+from batchwire.pipeline.synthetic import default_dataset
+from serverproc import running_server
+
+
+def server_args() -> tuple[str, ...]:
+    root = str(default_dataset().val_root)
+    return ("--train", root, "--batch-size", "16", "--image-size", "32", "--output-dtype",
+            "uint8", "--workers", "1", "--seed", "3")
+
+
+@pytest.fixture(scope="module")
+def servers():
+    """Two identical servers, started side by side (each start takes seconds)."""
+    cms = [running_server(*server_args()) for _ in range(2)]
+    with ThreadPoolExecutor(2) as pool:
+        futures = [pool.submit(cm.__enter__) for cm in cms]
+    started = [cm for cm, f in zip(cms, futures, strict=True) if f.exception() is None]
+    try:
+        yield tuple(f.result() for f in futures)
+    finally:
+        for cm in started:
+            cm.__exit__(None, None, None)
+
+
+def loader_for(endpoints, **kw) -> RemoteLoader:
+    kw.setdefault("timeout", 60.0)
+    return RemoteLoader(endpoints, "train", rank=0, world_size=1, device="cpu",
+                        with_indices=True, **kw)
+
+
+def take(it, n: int) -> list[tuple[torch.Tensor, ...]]:
+    return [tuple(t.clone() for t in next(it)) for _ in range(n)]
+
+
+def rest(it) -> list[tuple[torch.Tensor, ...]]:
+    return [tuple(t.clone() for t in batch) for batch in it]
+
+
+def assert_same(a, b) -> None:
+    got = [int(x[2][0]) for x in a]
+    want = [int(x[2][0]) for x in b]
+    assert got == want, "batches lost, duplicated or out of order (first index of each batch)"
+    for k, (x, y) in enumerate(zip(a, b, strict=True)):
+        for tx, ty in zip(x, y, strict=True):
+            assert torch.equal(tx, ty), f"batch {k} differs"
+
+
+@pytest.fixture(scope="module")
+def reference(servers):
+    with loader_for(servers[0].endpoint) as loader:
+        return rest(iter(loader))
+
+
+@pytest.mark.timeout(120)
+def test_two_servers_feed_one_client_in_order_exactly_once_even_across_a_restart(
+    servers, reference
+):
+    a, b = servers
+    with loader_for([a.endpoint, b.endpoint], prefetch=4) as loader:
+        it = iter(loader)
+        head = take(it, 6)
+        sent = {srv.endpoint: [c["sent"] for c in srv.stats()["clients"]] for srv in servers}
+        head += take(it, 6)
+        b.kill()  # one of the two dies mid-epoch and comes back
+        b.start()
+        got = head + rest(it)
+    assert all(sum(s) > 0 for s in sent.values()), f"a server sent nothing: {sent}"
+    assert_same(got, reference)
+
+
+@pytest.mark.timeout(120)
+def test_killed_server_restarted_mid_epoch_loses_and_repeats_nothing(servers, reference):
+    a, _ = servers
+    with loader_for(a.endpoint, prefetch=4) as loader:
+        it = iter(loader)
+        head = take(it, 10)
+        a.kill()  # SIGKILL: no shutdown message, batches in flight are lost
+        a.start()
+        got = head + rest(it)
+    assert_same(got, reference)
+
+
+@pytest.mark.timeout(120)
+def test_gracefully_stopped_server_restarted_mid_epoch(servers, reference):
+    a, _ = servers
+    with loader_for(a.endpoint, prefetch=2) as loader:
+        it = iter(loader)
+        head = take(it, 12)
+        a.stop()  # SIGTERM: the server says `shutdown` to its clients and exits 0
+        a.start()
+        got = head + rest(it)
+    assert_same(got, reference)
+
+
+@pytest.mark.timeout(60)
+def test_stalled_server_gets_a_new_hello_and_the_stale_session_is_dropped(
+    servers, reference, caplog
+):
+    """A server that keeps its connection but goes silent (SIGSTOP) is only noticed by the
+    heartbeat: the loader re-sends hello (new session) until it answers again."""
+    a, _ = servers
+    with loader_for(a.endpoint, heartbeat=0.3) as loader:
+        it = iter(loader)
+        head = take(it, 5)
+        os.kill(a.pid, signal.SIGSTOP)
+        resume = threading.Timer(1.5, os.kill, (a.pid, signal.SIGCONT))  # a 1.5 s outage
+        resume.start()
+        try:
+            with caplog.at_level(logging.INFO, logger="batchwire.client.receiver"):
+                got = head + rest(it)
+        finally:
+            resume.cancel()
+            os.kill(a.pid, signal.SIGCONT)
+    assert "re-sending hello" in caplog.text
+    assert_same(got, reference)
+
+
+@pytest.mark.timeout(60)
+def test_server_that_never_returns_raises_naming_it(servers):
+    _, b = servers  # the module's last test: b stays dead
+    with loader_for(b.endpoint, timeout=2.0) as loader:
+        it = iter(loader)
+        take(it, 3)
+        b.kill()
+        with pytest.raises(ServerUnavailable, match="went away") as info:
+            rest(it)
+    assert b.endpoint in str(info.value)

@@ -1,0 +1,282 @@
+"""`pipeline-server` as a real process over real sockets, spoken to by raw zmq DEALERs.
+
+One server (module fixture) serves the protocol tests; shutdown tests start their own.
+Small batches of 32 px images from the embedded dataset keep the whole file fast.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import msgpack
+import pytest
+import torch
+from batchwire.pipeline.augment_plan import AugmentConfig
+from batchwire.pipeline.dataset import open_dataset
+from batchwire.pipeline.decode import CpuBatchDecoder
+from batchwire.pipeline.producer import BatchProducer
+from batchwire.pipeline.sampler import ShardSampler
+from batchwire.pipeline.synthetic import default_dataset
+from batchwire.server import protocol as p
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from serverproc import running_server
+
+BATCH, SIZE, SEED, DEPTH = 4, 32, 11, 3
+ARGS = ("--batch-size", BATCH, "--image-size", SIZE, "--seed", SEED, "--output-dtype", "uint8",
+        "--prefetch-depth", DEPTH, "--workers", 1, "--log-level", "WARNING")
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(scope="module")
+def server():
+    with running_server(*map(str, ARGS)) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def train_set():
+    return open_dataset(default_dataset().train_root)
+
+
+class Client:
+    """A raw DEALER speaking protocol v1 by hand."""
+
+    def __init__(self, srv, endpoint=None, **hello):
+        self.sock = srv.dealer(endpoint)
+        fields = dict(split="train", rank=0, world_size=1, epoch=0, start_batch=0, prefetch=2,
+                      shard=(0, 1), session=1)
+        fields.update(hello)
+        self.hello = p.Hello(**fields)
+
+    def send(self, msg) -> None:
+        self.sock.send(msg.pack())
+
+    def recv(self, timeout=20.0):
+        assert self.sock.poll(int(timeout * 1000)), f"nothing from the server in {timeout}s"
+        frames = self.sock.recv_multipart()
+        msg = p.decode_server_message(frames[0])
+        return msg, frames[1:]
+
+    def start(self) -> p.Welcome:
+        self.send(self.hello)
+        msg, _ = self.recv()
+        assert isinstance(msg, p.Welcome), msg
+        return msg
+
+    def batch(self):
+        msg, rest = self.recv()
+        assert isinstance(msg, p.BatchHeader), msg
+        images, labels = rest
+        assert len(images) == msg.nbytes
+        return msg, images, p.labels_from_frame(labels, msg.batch_size)
+
+    def close(self):
+        self.sock.close(0)
+
+
+def _client_row(srv, split, rank, epoch, world_size=None):
+    rows = [c for c in srv.stats()["clients"]
+            if c["split"] == split and c["rank"] == rank and c["epoch"] == epoch
+            and (world_size is None or c["world_size"] == world_size)]
+    assert len(rows) == 1, rows
+    return rows[0]
+
+
+def test_help_documents_every_option():
+    out = subprocess.run([sys.executable, "-m", "batchwire.server", "--help"],
+                         capture_output=True, text=True, timeout=60, check=True).stdout
+    for opt in ("--train", "--val", "--bind", "--batch-size", "--image-size", "--seed",
+                "--workers", "--output-dtype", "--layout", "--scale", "--ratio", "--flip-prob",
+                "--brightness", "--contrast", "--saturation", "--hue", "--mean", "--std",
+                "--val-crop-fraction", "--decoder", "--device", "--max-pixels",
+                "--prefetch-depth", "--metrics-port", "--config", "--log-level"):
+        assert opt in out, opt
+
+
+def test_bad_option_is_a_clear_error(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "batchwire.server", "--batch-size", "0"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "--batch-size must be >= 1" in r.stderr
+    cfg = tmp_path / "server.toml"
+    cfg.write_text('batch-size = 8\nbogus = 1\n')
+    r = subprocess.run([sys.executable, "-m", "batchwire.server", "--config", str(cfg)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "unknown setting 'bogus'" in r.stderr
+
+
+def test_hello_welcome_batches_match_the_files(server, train_set):
+    c = Client(server, epoch=2, prefetch=2, session=77)
+    try:
+        w = c.start()
+        sampler = ShardSampler(len(train_set), BATCH, seed=SEED, shuffle=True, drop_last=True)
+        assert (w.session, w.num_batches, w.num_samples, w.batch_size) == (
+            77, sampler.num_batches, len(train_set), BATCH)
+        assert w.shape == [BATCH, 3, SIZE, SIZE] and w.dtype == "uint8" and w.layout == "nchw"
+        assert w.num_classes == train_set.num_classes
+        got = [c.batch() for _ in range(2)]  # the hello's two credits
+        aug = AugmentConfig(image_size=(SIZE, SIZE), train=True, output_dtype="uint8")
+        producer = BatchProducer(train_set, aug, SEED, CpuBatchDecoder(1))
+        for k, (head, images, labels) in enumerate(got):
+            assert (head.session, head.split, head.epoch, head.batch_index) == (77, "train", 2, k)
+            plan = sampler.plan(2, k)
+            assert head.indices == plan.indices.tolist()
+            assert head.replaced == 0
+            for i, label in zip(head.indices, labels, strict=True):
+                assert Path(train_set.paths[i]).parent.name == train_set.classes[label]
+            want = torch.empty(BATCH, 3, SIZE, SIZE, dtype=torch.uint8)
+            producer.produce(plan, want)
+            assert bytes(images) == want.numpy().tobytes()  # bit-identical to in-process
+        # no credit left: the server works ahead but sends nothing more
+        row = _client_row(server, "train", 0, 2)
+        assert row["sent"] == 2 and row["credits"] == 0
+        c.send(p.Credit(n=1, stats={"prefetch_depth": 2, "data_wait_fraction": 0.25}))
+        head, _, _ = c.batch()
+        assert head.batch_index == 2
+        row = _client_row(server, "train", 0, 2)
+        assert row["loader"]["data_wait_fraction"] == 0.25
+        assert row["ready"] <= DEPTH
+        c.send(p.Bye())
+    finally:
+        c.close()
+
+
+def test_shard_and_start_batch_and_replaced_hello(server):
+    c = Client(server, start_batch=3, shard=(1, 2), prefetch=3, epoch=5, session=1)
+    try:
+        c.start()
+        assert [c.batch()[0].batch_index for _ in range(3)] == [3, 5, 7]
+        # a new hello replaces the stream: new session, new start, nothing stale arrives
+        c.hello = p.Hello(split="val", rank=0, world_size=1, epoch=0, start_batch=1,
+                          prefetch=2, shard=(0, 1), session=2)
+        c.start()
+        heads = [c.batch()[0] for _ in range(2)]
+        assert [(h.session, h.split, h.batch_index) for h in heads] == [
+            (2, "val", 1), (2, "val", 2)]
+        c.send(p.Bye())
+    finally:
+        c.close()
+
+
+def test_world_size_mismatch_is_an_error_not_a_crash(server):
+    a = Client(server, world_size=2, rank=0, epoch=7, session=1)
+    b = Client(server, world_size=4, rank=1, epoch=7, session=2)
+    try:
+        a.start()
+        errors_before = server.stats()["counters"]["errors_total"]
+        b.send(b.hello)
+        msg, _ = b.recv()
+        assert isinstance(msg, p.ErrorReply)
+        assert "world_size" in msg.message and "4" in msg.message and "2" in msg.message
+        assert server.stats()["counters"]["errors_total"] == errors_before + 1
+        assert [a.batch()[0].batch_index for _ in range(2)] == [0, 1]
+        a.send(p.Bye())
+    finally:
+        a.close()
+        b.close()
+
+
+def test_malformed_frames_are_counted_and_the_server_keeps_serving(server):
+    raw = server.dealer()
+    good = Client(server, epoch=9, session=5)
+    try:
+        before = server.stats()["counters"]["malformed_total"]
+        bad_frames = [
+            [b"\x00garbage\xff"],
+            [msgpack.packb([1, 2, 3])],
+            [msgpack.packb({"v": 2, "type": "hello"})],
+            [msgpack.packb({"v": 1, "type": "launch_missiles"})],
+            [msgpack.packb({"v": 1, "type": "hello", "rank": "zero"})],
+            [p.Bye().pack(), b"extra frame"],
+            [os.urandom(10 * 1024 * 1024)],
+        ]
+        for frames in bad_frames:
+            raw.send_multipart(frames)
+        replies = []
+        for _ in bad_frames:
+            assert raw.poll(20000), "no error reply"
+            replies.append(p.decode_server_message(raw.recv_multipart()[0]))
+        assert all(isinstance(r, p.ErrorReply) for r in replies), replies
+        assert "client speaks v2, server speaks v1" in replies[2].message
+        assert "exceeds the limit" in replies[6].message
+        # a healthy client is served as usual
+        good.start()
+        assert [good.batch()[0].batch_index for _ in range(2)] == [0, 1]
+        assert server.stats()["counters"]["malformed_total"] == before + len(bad_frames)
+        good.send(p.Bye())
+    finally:
+        raw.close(0)
+        good.close()
+
+
+def test_stopped_client_holds_bounded_memory_while_another_is_served(server):
+    stalled = Client(server, rank=0, world_size=2, epoch=11, prefetch=2, session=1)
+    healthy = Client(server, rank=1, world_size=2, epoch=11, prefetch=2, session=2)
+    try:
+        stalled.start()
+        healthy.start()
+        for _ in range(2):
+            stalled.batch()  # then it never sends another credit
+        got = 0
+        filled = False
+        deadline = time.monotonic() + 60
+        while (got < 20 or not filled) and time.monotonic() < deadline:
+            head, _, _ = healthy.batch()
+            assert head.batch_index == got
+            got += 1
+            healthy.send(p.Credit(n=1))
+            row = _client_row(server, "train", 0, 11, world_size=2)
+            assert row["ready"] <= DEPTH and row["in_flight"] <= 2 and row["sent"] == 2
+            filled = filled or row["ready"] == DEPTH
+        assert got >= 20 and filled, (got, filled)
+        stats = server.stats()
+        ready = next(s for s in stats["stages"] if s["name"] == "ready")
+        assert ready["depth"] <= ready["capacity"]
+        healthy_row = _client_row(server, "train", 1, 11)
+        assert got <= healthy_row["sent"] <= got + 2  # plus what its credits allow ahead
+        assert healthy_row["images_per_s"] > 0
+    finally:
+        for c in (stalled, healthy):
+            c.send(p.Bye())
+            c.close()
+
+
+def test_stats_schema(server):
+    stats = server.stats()
+    assert stats["v"] == 1 and stats["uptime_s"] > 0
+    assert [s["name"] for s in stats["stages"]] == ["read", "decode", "augment", "ready"]
+    for s in stats["stages"]:
+        assert 0 <= s["depth"] <= s["capacity"]
+    assert stats["counters"]["batches_total"] > 0
+    assert stats["counters"]["bytes_total"] >= stats["counters"]["batches_total"] * BATCH * (
+        3 * SIZE * SIZE + 8)
+    lat = {s["name"]: s["latency_ms"] for s in stats["stages"]}
+    assert lat["decode"] > 0 and lat["augment"] > 0
+
+
+def test_sigterm_tells_every_client_and_exits_zero(tmp_path):
+    ipc = f"ipc://{tmp_path}/server.sock"
+    with running_server(*map(str, ARGS), "--bind", ipc) as srv:
+        clients = [Client(srv, prefetch=2, session=1), Client(srv, ipc, prefetch=2, session=2)]
+        try:
+            for c in clients:
+                c.start()
+                c.batch()
+            t0 = time.monotonic()
+            assert srv.stop(timeout=10) == 0
+            stopped_in = time.monotonic() - t0
+            for c in clients:
+                while True:  # a batch may still be on its way; then the shutdown notice
+                    msg, _ = c.recv(timeout=5)
+                    if not isinstance(msg, p.BatchHeader):
+                        break
+                assert isinstance(msg, p.Shutdown), msg
+            assert stopped_in < 5, stopped_in
+        finally:
+            for c in clients:
+                c.close()

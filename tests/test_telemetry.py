@@ -1,0 +1,232 @@
+"""Telemetry: counters, sliding windows, latencies, thread safety, and the Prometheus endpoint."""
+
+from __future__ import annotations
+
+import math
+import threading
+import urllib.error
+import urllib.request
+
+import msgpack
+import pytest
+from batchwire.server.telemetry import (
+    LATENCY_WINDOW_S,
+    THROUGHPUT_WINDOW_S,
+    RateWindow,
+    Telemetry,
+)
+
+
+class FakeClock:
+    """A settable monotonic clock, so window arithmetic is tested exactly and without sleeping."""
+
+    def __init__(self, t: float = 1000.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+STAGES = [{"name": "read", "depth": 3, "capacity": 8},
+          {"name": "decode", "depth": 0, "capacity": 8},
+          {"name": "augment", "depth": 1, "capacity": 4}]
+
+
+def _parse_metrics(text: str) -> dict[str, float]:
+    """Prometheus exposition text -> {'name{labels}': value} (comments skipped)."""
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            key, _, value = line.rpartition(" ")
+            out[key] = float(value)
+    return out
+
+
+def test_snapshot_schema_and_counters() -> None:
+    tel = Telemetry()
+    tel.add_batch(64, 64 * 3 * 32 * 32)
+    tel.add_batch(64, 64 * 3 * 32 * 32)
+    tel.add_replaced(3)
+    tel.add_bad(2)
+    tel.add_error()
+    tel.add_malformed()
+    tel.add_malformed()
+    client = {"id": "c1", "split": "train", "rank": 0, "world_size": 1, "epoch": 0, "credits": 2,
+              "ready": 1, "ready_capacity": 4, "in_flight": 2, "sent": 2, "images_per_s": 1.0,
+              "last_seen_s": 0.0, "loader": None}
+    snap = tel.snapshot(STAGES, [client])
+    assert snap["v"] == 1
+    assert set(snap) == {"v", "uptime_s", "time", "stages", "throughput", "counters", "clients"}
+    assert snap["counters"] == {
+        "images_total": 128, "batches_total": 2, "bytes_total": 2 * 64 * 3 * 32 * 32,
+        "replaced_total": 3, "bad_total": 2, "errors_total": 1, "malformed_total": 2,
+    }
+    assert [s["name"] for s in snap["stages"]] == ["read", "decode", "augment"]
+    for stage in snap["stages"]:
+        assert set(stage) == {"name", "depth", "capacity", "latency_ms"}
+        assert isinstance(stage["latency_ms"], float)
+    assert snap["clients"] == [client]
+    assert set(snap["throughput"]) == {"images_per_s", "batches_per_s", "bytes_per_s"}
+    assert snap["uptime_s"] >= 0
+    # It must travel in a msgpack frame as it is.
+    assert msgpack.unpackb(msgpack.packb(snap)) == snap
+
+
+def test_throughput_is_a_sliding_window() -> None:
+    clock = FakeClock()
+    tel = Telemetry(clock=clock)
+    clock.t += 10  # well past start-up, so the full window applies
+    for _ in range(10):  # 10 batches of 32 images over 2.5 s
+        tel.add_batch(32, 1000)
+        clock.t += 0.25
+    tp = tel.snapshot([], [])["throughput"]
+    assert tp["batches_per_s"] == pytest.approx(10 / THROUGHPUT_WINDOW_S)
+    assert tp["images_per_s"] == pytest.approx(320 / THROUGHPUT_WINDOW_S)
+    assert tp["bytes_per_s"] == pytest.approx(10_000 / THROUGHPUT_WINDOW_S)
+    clock.t += THROUGHPUT_WINDOW_S  # nothing new: the window empties, the counters stay
+    snap = tel.snapshot([], [])
+    assert snap["throughput"]["images_per_s"] == 0.0
+    assert snap["counters"]["images_total"] == 320
+
+
+def test_rate_right_after_start_uses_elapsed_time_with_a_floor() -> None:
+    clock = FakeClock()
+    window = RateWindow(5.0, clock)
+    window.add(100)
+    assert window.rate() == pytest.approx(100.0)  # 1 s floor, not 100 / 1e-6
+    clock.t += 2.0
+    window.add(100)
+    assert window.rate() == pytest.approx(200 / 2.0)  # 2 s elapsed, window not full yet
+
+
+def test_stage_latency_mean_over_recent_window_then_last_known() -> None:
+    clock = FakeClock()
+    tel = Telemetry(clock=clock)
+    tel.observe_stage("decode", 0.100)
+    clock.t += LATENCY_WINDOW_S + 1
+    tel.observe_stage("decode", 0.010)
+    tel.observe_stage("decode", 0.030)
+    stages = {s["name"]: s for s in tel.snapshot(STAGES, [])["stages"]}
+    assert stages["decode"]["latency_ms"] == pytest.approx(20.0)  # the old 100 ms fell out
+    assert stages["read"]["latency_ms"] == 0.0  # never observed
+    clock.t += 10 * LATENCY_WINDOW_S  # stage went quiet: keep showing what batches took
+    stages = {s["name"]: s for s in tel.snapshot(STAGES, [])["stages"]}
+    assert stages["decode"]["latency_ms"] == pytest.approx(20.0)
+
+
+def test_bad_latency_values_are_ignored() -> None:
+    tel = Telemetry()
+    tel.observe_stage("augment", float("nan"))
+    tel.observe_stage("augment", -1.0)
+    tel.observe_stage("augment", 0.004)
+    assert tel.stage_latency_ms("augment") == pytest.approx(4.0)
+
+
+def test_concurrent_updates_are_not_lost() -> None:
+    tel = Telemetry()
+    threads_n, per_thread = 8, 2000
+    barrier = threading.Barrier(threads_n + 1)
+    snapshots: list[dict] = []
+
+    def work() -> None:
+        barrier.wait()
+        for _ in range(per_thread):
+            tel.add_batch(2, 10)
+            tel.add_replaced(1)
+            tel.observe_stage("decode", 0.001)
+
+    def read() -> None:
+        barrier.wait()
+        for _ in range(200):
+            snapshots.append(tel.snapshot(STAGES, []))
+
+    threads = [threading.Thread(target=work) for _ in range(threads_n)]
+    threads.append(threading.Thread(target=read))
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    total = threads_n * per_thread
+    assert tel.counters()["batches_total"] == total
+    assert tel.counters()["images_total"] == 2 * total
+    assert tel.counters()["bytes_total"] == 10 * total
+    assert tel.counters()["replaced_total"] == total
+    # Every snapshot taken meanwhile was internally consistent (one lock, one read).
+    for snap in snapshots:
+        c = snap["counters"]
+        assert c["images_total"] == 2 * c["batches_total"] == c["bytes_total"] / 5
+    metrics = _parse_metrics(tel.prometheus_text().decode())
+    assert metrics['batchwire_stage_latency_seconds_count{stage="decode"}'] == total
+
+
+def _scrape(url: str) -> dict[str, float]:
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        assert resp.status == 200
+        return _parse_metrics(resp.read().decode())
+
+
+@pytest.mark.timeout(30)
+def test_serve_prometheus_on_a_free_port_and_stop() -> None:
+    tel = Telemetry()
+    client = {"id": "c1", "split": "train", "rank": 1, "world_size": 2, "ready": 3,
+              "ready_capacity": 4, "credits": 2, "in_flight": 1, "images_per_s": 12.5,
+              "loader": {"prefetch_depth": 2, "wait_s_per_batch": 0.1,
+                         "data_wait_fraction": 0.25, "images_per_s": 12.0}}
+    stages = [dict(s) for s in STAGES]
+    stop = tel.serve_prometheus(0, lambda: tel.snapshot(stages, [client]), host="127.0.0.1")
+    try:
+        assert stop.port > 0
+        tel.add_batch(16, 4096)
+        tel.observe_stage("read", 0.002)
+        first = _scrape(stop.url)
+        assert first["batchwire_images_total"] == 16
+        assert first["batchwire_bytes_total"] == 4096
+        assert first['batchwire_queue_depth{stage="read"}'] == 3
+        assert first['batchwire_queue_capacity{stage="augment"}'] == 4
+        labels = 'client="c1",rank="1",split="train"'
+        assert first[f"batchwire_client_ready{{{labels}}}"] == 3
+        assert first[f"batchwire_client_credits{{{labels}}}"] == 2
+        assert first[f"batchwire_client_data_wait_fraction{{{labels}}}"] == 0.25
+        assert first[f"batchwire_client_images_per_second{{{labels}}}"] == 12.5
+        assert first['batchwire_stage_latency_seconds_count{stage="read"}'] == 1
+        assert first["batchwire_uptime_seconds"] >= 0
+        for name in ("batchwire_batches_total", "batchwire_replaced_samples_total",
+                     "batchwire_bad_samples_total", "batchwire_errors_total",
+                     "batchwire_malformed_messages_total", "batchwire_images_per_second"):
+            assert name in first
+        # Gauges are read at scrape time: a change shows on the next scrape.
+        tel.add_batch(16, 4096)
+        stages[0]["depth"] = 7
+        second = _scrape(stop.url)
+        assert second["batchwire_images_total"] == 32
+        assert second['batchwire_queue_depth{stage="read"}'] == 7
+        with pytest.raises(RuntimeError, match="already serves"):
+            tel.serve_prometheus(0, lambda: {}, host="127.0.0.1")
+    finally:
+        stop()
+    stop()  # idempotent
+    with pytest.raises(urllib.error.URLError):
+        urllib.request.urlopen(stop.url, timeout=2)
+    again = tel.serve_prometheus(0, lambda: tel.snapshot([], []), host="127.0.0.1")
+    try:
+        assert _scrape(again.url)["batchwire_images_total"] == 32
+    finally:
+        again()
+
+
+@pytest.mark.timeout(30)
+def test_a_failing_snapshot_still_scrapes_own_counters() -> None:
+    tel = Telemetry()
+    tel.add_error()
+
+    def broken() -> dict:
+        raise RuntimeError("server is shutting down")
+
+    stop = tel.serve_prometheus(0, broken, host="127.0.0.1")
+    try:
+        metrics = _scrape(stop.url)
+    finally:
+        stop()
+    assert metrics["batchwire_errors_total"] == 1
+    assert not any(k.startswith("batchwire_queue_depth{") for k in metrics)
+    assert math.isfinite(metrics["batchwire_uptime_seconds"])

@@ -1,0 +1,172 @@
+"""`pipeline-train`: the reference data-parallel training loop, fed by pipeline-server.
+
+One GPU per process under torchrun (rank, world size and local rank come from the environment):
+
+    pipeline-server --train /data/imagenet/train --val /data/imagenet/val \\
+        --output-dtype uint8 --layout nhwc &
+    torchrun --nproc_per_node=8 --max-restarts=3 --no-python pipeline-train \\
+        --server tcp://127.0.0.1:5555 --model resnet50 --epochs 90 --channels-last \\
+        --checkpoint-dir ckpt --checkpoint-every 1000
+
+On a CPU, as a single process or with gloo ranks (what `python -m batchwire.train.demo` runs):
+
+    pipeline-server --image-size 32 --batch-size 64 --output-dtype uint8 &
+    pipeline-train --server tcp://127.0.0.1:5555 --model small --epochs 5 --lr 0.2
+    torchrun --nproc_per_node=2 --no-python pipeline-train --server tcp://127.0.0.1:5555 ...
+
+The batch size, image size and augmentation are the server's: the trainer only consumes. With
+--checkpoint-dir the run resumes from the newest checkpoint there, so a restarted torchrun
+(`--max-restarts`) continues where the last checkpoint left off, at the same batch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import Any
+
+from .config import AMP_MODES, OPTIMIZERS, TrainConfig
+from .distributed import DistContext, init_distributed, shutdown_distributed
+from .loop import EpochResult, Trainer
+from .models import MODEL_NAMES
+from .schedule import SCHEDULES
+
+log = logging.getLogger("batchwire.train")
+
+
+def _triple(text: str) -> tuple[float, float, float]:
+    parts = [float(x) for x in text.split(",")]
+    if len(parts) != 3:
+        raise argparse.ArgumentTypeError(f"expected R,G,B (three numbers), got {text!r}")
+    return (parts[0], parts[1], parts[2])
+
+
+def build_parser() -> argparse.ArgumentParser:
+    d = TrainConfig()
+    p = argparse.ArgumentParser(
+        prog="pipeline-train",
+        description="Data-parallel training from pipeline-server (run it under torchrun for "
+        "several ranks).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    a = p.add_argument
+    a("--server", action="append", dest="servers", metavar="ENDPOINT",
+      help="pipeline-server endpoint, repeatable (each server produces a share of every rank's "
+      "batches) [default: tcp://127.0.0.1:5555]")
+    a("--model", choices=MODEL_NAMES, default=d.model, help="architecture")
+    a("--num-classes", type=int, help="classifier width [default: from the server]")
+    a("--epochs", type=int, default=d.epochs)
+    a("--lr", type=float, help="peak learning rate [default: 0.1 x global batch / 256 for SGD, "
+      "1e-3 for AdamW]")
+    a("--optimizer", choices=OPTIMIZERS, default=d.optimizer, help="sgd = SGD, Nesterov momentum")
+    a("--momentum", type=float, default=d.momentum)
+    a("--weight-decay", type=float, default=d.weight_decay, help="not applied to biases and norms")
+    a("--warmup-epochs", type=float, default=d.warmup_epochs, help="linear warm-up length")
+    a("--schedule", choices=SCHEDULES, default=d.schedule, help="shape after the warm-up")
+    a("--label-smoothing", type=float, default=d.label_smoothing)
+    a("--accum-steps", type=int, default=d.accum_steps,
+      help="micro-batches per optimizer step (gradient all-reduce only on the last)")
+    a("--clip-grad", type=float, help="clip the gradient norm to this value")
+    a("--compile", action="store_true", help="torch.compile the model")
+    a("--amp", choices=AMP_MODES, default=d.amp,
+      help="autocast dtype: auto = bf16 on CUDA, off on the CPU; fp16 uses a GradScaler")
+    a("--channels-last", action="store_true", help="NHWC memory format for model and inputs")
+    a("--zero-init-residual", action="store_true", help="ResNets: zero the last BN of each block")
+    a("--log-every", type=int, default=d.log_every, help="optimizer steps between log lines")
+    a("--checkpoint-dir", help="save here and resume from the newest checkpoint here")
+    a("--checkpoint-every", type=int, default=d.checkpoint_every,
+      help="optimizer steps between checkpoints (0 = at epoch ends only)")
+    a("--keep-checkpoints", type=int, default=d.keep_checkpoints, help="newest files kept")
+    a("--seed", type=int, default=d.seed, help="model initialisation seed")
+    a("--max-steps", type=int, help="stop after this many optimizer steps (validates first)")
+    a("--device", default=d.device, help="auto, cpu, cuda or cuda:N (auto: cuda:LOCAL_RANK)")
+    a("--prefetch", type=int, default=d.prefetch, help="batches in flight per rank")
+    a("--timeout", type=float, default=d.timeout, help="seconds to wait for a server")
+    a("--mean", type=_triple, default=d.mean, help="normalisation of a uint8 wire, R,G,B")
+    a("--std", type=_triple, default=d.std, help="normalisation of a uint8 wire, R,G,B")
+    a("--record-indices", metavar="DIR",
+      help="append each trained batch's dataset indices to DIR/indices-rank{R}.jsonl (checks)")
+    a("--fail-at-step", type=int, help=argparse.SUPPRESS)  # test hook, see Trainer._maybe_fail
+    return p
+
+
+def parse_config(argv: list[str] | None = None) -> TrainConfig:
+    parser = build_parser()
+    ns = vars(parser.parse_args(argv))
+    if not ns["servers"]:
+        ns["servers"] = TrainConfig().servers
+    cfg = TrainConfig(**ns)
+    try:
+        cfg.validate()
+    except ValueError as exc:
+        parser.error(str(exc))
+    return cfg
+
+
+def make_loader(cfg: TrainConfig, ctx: DistContext, split: str) -> Any:
+    """A RemoteLoader for `split` of this rank, normalising a uint8 wire on the device."""
+    from batchwire.client import RemoteLoader
+
+    return RemoteLoader(
+        cfg.servers,
+        split=split,
+        device=ctx.device,
+        rank=ctx.rank,
+        world_size=ctx.world_size,
+        prefetch=cfg.prefetch,
+        timeout=cfg.timeout,
+        with_indices=True,
+        normalize_on_device=True,
+        mean=cfg.mean,
+        std=cfg.std,
+    )
+
+
+def _server_info(loader: Any) -> tuple[int | None, int]:
+    """(num_classes or None, batch size) from the loader's welcome."""
+    info = loader.info()
+    return info.get("num_classes"), int(info["batch_size"])
+
+
+def run(cfg: TrainConfig) -> list[EpochResult]:
+    """Join the process group, train, and always leave the process group again."""
+    ctx = init_distributed(cfg.device)
+    train_loader = val_loader = None
+    try:
+        train_loader = make_loader(cfg, ctx, "train")
+        val_loader = make_loader(cfg, ctx, "val")
+        num_classes, batch_size = _server_info(train_loader)
+        num_classes = cfg.num_classes or num_classes
+        if not num_classes:
+            raise ValueError("the server does not say how many classes it has: pass --num-classes")
+        if ctx.is_main:
+            print(
+                f"pipeline-train: {cfg.model}, {num_classes} classes, {ctx.world_size} rank(s) on "
+                f"{ctx.device.type}, batch {batch_size} per rank, {len(train_loader)} batches "
+                f"per epoch per rank, servers {', '.join(cfg.servers)}",
+                flush=True,
+            )
+        trainer = Trainer(cfg, ctx, train_loader, val_loader, num_classes, batch_size,
+                          out=lambda msg: print(msg, flush=True))
+        return trainer.fit()
+    finally:
+        for loader in (train_loader, val_loader):
+            if loader is not None:
+                loader.close()
+        shutdown_distributed()
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    cfg = parse_config(argv)
+    try:
+        run(cfg)
+    except KeyboardInterrupt:
+        print("pipeline-train: interrupted", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

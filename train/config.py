@@ -1,0 +1,80 @@
+"""`TrainConfig`: every setting of `pipeline-train` in one dataclass (the CLI fills it)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+AMP_MODES = ("auto", "bf16", "fp16", "off")
+OPTIMIZERS = ("sgd", "adamw")
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+@dataclass
+class TrainConfig:
+    servers: list[str] = field(default_factory=lambda: ["tcp://127.0.0.1:5555"])
+    model: str = "resnet50"
+    num_classes: int | None = None  # None: from the server's welcome
+    epochs: int = 90
+    lr: float | None = None  # None: 0.1 x global batch / 256 for SGD, 1e-3 for AdamW
+    optimizer: str = "sgd"
+    momentum: float = 0.9
+    weight_decay: float = 5e-5
+    warmup_epochs: float = 1.0
+    schedule: str = "cosine"
+    label_smoothing: float = 0.0
+    accum_steps: int = 1
+    clip_grad: float | None = None
+    compile: bool = False
+    amp: str = "auto"
+    channels_last: bool = False
+    zero_init_residual: bool = False
+    log_every: int = 50
+    checkpoint_dir: str | None = None
+    checkpoint_every: int = 0  # optimizer steps; 0 = only at epoch ends
+    keep_checkpoints: int = 2
+    seed: int = 0
+    max_steps: int | None = None
+    device: str = "auto"
+    prefetch: int = 4
+    timeout: float = 60.0
+    mean: tuple[float, float, float] = IMAGENET_MEAN
+    std: tuple[float, float, float] = IMAGENET_STD
+    record_indices: str | None = None
+    fail_at_step: int | None = None  # test hook: SIGKILL the last rank after this step, once
+
+    def validate(self) -> None:
+        problems = []
+        if not self.servers:
+            problems.append("--server needs at least one endpoint")
+        for name in ("epochs", "accum_steps", "log_every", "prefetch"):
+            if getattr(self, name) < 1:
+                problems.append(f"--{name.replace('_', '-')} must be >= 1")
+        if self.checkpoint_every < 0:
+            problems.append("--checkpoint-every must be >= 0")
+        if self.max_steps is not None and self.max_steps < 1:
+            problems.append("--max-steps must be >= 1")
+        if self.num_classes is not None and self.num_classes < 1:
+            problems.append("--num-classes must be >= 1")
+        if self.lr is not None and not self.lr > 0:
+            problems.append("--lr must be > 0")
+        if not 0.0 <= self.label_smoothing < 1.0:
+            problems.append("--label-smoothing must be in [0, 1)")
+        if self.warmup_epochs < 0:
+            problems.append("--warmup-epochs must be >= 0")
+        if self.clip_grad is not None and not self.clip_grad > 0:
+            problems.append("--clip-grad must be > 0")
+        if self.fail_at_step is not None and self.checkpoint_dir is None:
+            problems.append("--fail-at-step needs --checkpoint-dir (it tests resuming)")
+        if problems:
+            raise ValueError("; ".join(problems))
+
+    def amp_dtype(self, device: torch.device) -> torch.dtype | None:
+        """The autocast dtype: bf16 on GPUs under `auto`, nothing on the CPU unless asked."""
+        if self.amp == "auto":
+            return torch.bfloat16 if device.type == "cuda" else None
+        if self.amp == "fp16" and device.type != "cuda":
+            raise ValueError("--amp fp16 needs a CUDA device (use bf16 or off on the CPU)")
+        return {"bf16": torch.bfloat16, "fp16": torch.float16, "off": None}[self.amp]

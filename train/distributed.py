@@ -1,0 +1,102 @@
+"""Process-group setup from torchrun's environment, and the few collectives the loop needs.
+
+torchrun sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT; without them the
+trainer is a single process and never touches torch.distributed (no rendezvous to configure for a
+quick CPU run). The backend follows the device: NCCL for CUDA, gloo otherwise.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class DistContext:
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+
+def _env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"environment variable {name}={raw!r} is not an integer") from None
+
+
+def resolve_device(requested: str, local_rank: int) -> torch.device:
+    """`auto` -> this rank's GPU when CUDA is usable, else the CPU; `cuda` -> cuda:LOCAL_RANK."""
+    if requested == "auto":
+        requested = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(requested)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise RuntimeError("--device cuda was requested but CUDA is not available")
+        if device.index is None:
+            device = torch.device("cuda", local_rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+    return device
+
+
+def init_distributed(requested_device: str, timeout_s: float = 600.0) -> DistContext:
+    """Read rank and world size from the environment; join the process group when > 1."""
+    world_size = _env_int("WORLD_SIZE", 1)
+    rank = _env_int("RANK", 0)
+    local_rank = _env_int("LOCAL_RANK", 0)
+    if not 0 <= rank < world_size:
+        raise ValueError(f"RANK={rank} is outside WORLD_SIZE={world_size}")
+    device = resolve_device(requested_device, local_rank)
+    if world_size > 1 and not dist.is_initialized():
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        kwargs: dict[str, Any] = {"timeout": timedelta(seconds=timeout_s)}
+        if device.type == "cuda":
+            kwargs["device_id"] = device  # binds NCCL to this GPU, no guessing
+        dist.init_process_group(backend, rank=rank, world_size=world_size, **kwargs)
+    return DistContext(rank, world_size, local_rank, device)
+
+
+def shutdown_distributed() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def all_reduce_sum(t: torch.Tensor, ctx: DistContext) -> torch.Tensor:
+    """Sum `t` over ranks in place (no-op for a single process) and return it."""
+    if ctx.distributed:
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t
+
+
+def all_gather_objects(obj: Any, ctx: DistContext) -> list[Any]:
+    """Every rank's `obj`, in rank order (small picklable objects only: loader states)."""
+    if not ctx.distributed:
+        return [obj]
+    out: list[Any] = [None] * ctx.world_size
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def barrier(ctx: DistContext) -> None:
+    if ctx.distributed:
+        if ctx.device.type == "cuda":
+            dist.barrier(device_ids=[ctx.device.index])
+        else:
+            dist.barrier()

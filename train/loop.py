@@ -1,0 +1,346 @@
+"""The training loop: DDP, AMP, accumulation, checkpoint/resume, per-epoch validation.
+
+Resume contract. Data-parallel ranks move in lockstep (every optimizer step all-reduces), so when
+rank 0 writes the checkpoint of step s, every rank has consumed exactly the same number k of its
+own batches in the epoch. The checkpoint stores (epoch, k) and every rank's loader
+`state_dict()` (gathered to rank 0, a few numbers each); on restart each rank loads its own loader
+state, i.e. resumes its own shard at the same k. A mid-epoch resume therefore needs the same world
+size (the shards depend on it); an epoch-end checkpoint can be resumed with any world size.
+Batches trained after the last checkpoint are trained again after a restart: their updates are
+not in the checkpoint, so this repeats no update and skips no sample.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import os
+import signal
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from .checkpoint import load_latest, save_checkpoint
+from .config import TrainConfig
+from .distributed import DistContext, all_gather_objects, all_reduce_sum, barrier
+from .evaluate import Accuracy, evaluate
+from .models import build_model
+from .progress import LossAverage, ProgressLine, WindowMeter
+from .record import IndexRecorder
+from .schedule import build_scheduler
+
+log = logging.getLogger(__name__)
+CHECKPOINT_FORMAT = 1
+
+
+@dataclass(frozen=True)
+class EpochResult:
+    epoch: int
+    accuracy: Accuracy
+    data_wait: float  # fraction of training wall time blocked on the next batch, all ranks
+    images_per_s: float  # training images per second, all ranks together
+    train_loss: float
+    seconds: float
+
+
+def make_optimizer(model: nn.Module, cfg: TrainConfig, global_batch: int) -> torch.optim.Optimizer:
+    """SGD+Nesterov or AdamW; no weight decay on biases and norm scales (1-d parameters)."""
+    decay = [p for p in model.parameters() if p.requires_grad and p.ndim > 1]
+    no_decay = [p for p in model.parameters() if p.requires_grad and p.ndim <= 1]
+    groups = [
+        {"params": decay, "weight_decay": cfg.weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+    if cfg.optimizer == "sgd":
+        lr = cfg.lr if cfg.lr is not None else 0.1 * global_batch / 256
+        return torch.optim.SGD(groups, lr=lr, momentum=cfg.momentum, nesterov=True)
+    if cfg.optimizer == "adamw":
+        return torch.optim.AdamW(groups, lr=cfg.lr if cfg.lr is not None else 1e-3)
+    raise ValueError(f"unknown optimizer {cfg.optimizer!r}")
+
+
+class Trainer:
+    """Owns the model, optimizer, schedule and loaders of one rank; `fit()` runs the epochs."""
+
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        ctx: DistContext,
+        train_loader: Any,
+        val_loader: Any,
+        num_classes: int,
+        batch_size: int,
+        out: Callable[[str], None] = print,
+    ) -> None:
+        self.cfg, self.ctx = cfg, ctx
+        self.train_loader, self.val_loader = train_loader, val_loader
+        self.say = out if ctx.is_main else (lambda _msg: None)
+        device = ctx.device
+        torch.manual_seed(cfg.seed)
+        if device.type == "cuda":
+            torch.backends.cudnn.benchmark = True
+            torch.backends.cuda.matmul.allow_tf32 = True
+            torch.backends.cudnn.allow_tf32 = True
+
+        self.memory_format = torch.channels_last if cfg.channels_last else torch.contiguous_format
+        raw = build_model(cfg.model, num_classes, zero_init_residual=cfg.zero_init_residual)
+        self.raw_model = raw.to(device=device, memory_format=self.memory_format)
+        model: nn.Module = torch.compile(self.raw_model) if cfg.compile else self.raw_model
+        self.eval_model = model
+        if ctx.distributed:
+            ids = [device.index] if device.type == "cuda" else None
+            model = DDP(model, device_ids=ids)
+        self.model = model
+
+        self.num_batches = len(train_loader)
+        self.steps_per_epoch = math.ceil(self.num_batches / cfg.accum_steps)
+        global_batch = batch_size * ctx.world_size * cfg.accum_steps
+        self.optimizer = make_optimizer(self.raw_model, cfg, global_batch)
+        self.scheduler = build_scheduler(
+            self.optimizer,
+            cfg.schedule,
+            total_steps=cfg.epochs * self.steps_per_epoch,
+            warmup_steps=round(cfg.warmup_epochs * self.steps_per_epoch),
+        )
+        self.amp_dtype = cfg.amp_dtype(device)
+        use_scaler = self.amp_dtype == torch.float16
+        self.scaler = torch.amp.GradScaler(device.type) if use_scaler else None
+        self.criterion = nn.CrossEntropyLoss(label_smoothing=cfg.label_smoothing)
+
+        self.epoch, self.batch, self.step = 0, 0, 0
+        self.resumed = False
+        self._loader_state: dict | None = None
+        self.recorder = IndexRecorder(cfg.record_indices, ctx.rank) if cfg.record_indices else None
+
+    # ------------------------------------------------------------------ helpers
+
+    def autocast(self) -> contextlib.AbstractContextManager[None]:
+        if self.amp_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.ctx.device.type, dtype=self.amp_dtype)
+
+    def prepare(self, images: torch.Tensor) -> torch.Tensor:
+        if images.dtype == torch.uint8:
+            raise TypeError(
+                "the loader yielded uint8 images; enable normalize_on_device (the trainer does) "
+                "or serve a float dtype"
+            )
+        return images.contiguous(memory_format=self.memory_format)
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def resume(self) -> None:
+        """Load the latest checkpoint of --checkpoint-dir, if any (every rank reads it)."""
+        cfg = self.cfg
+        found = load_latest(cfg.checkpoint_dir) if cfg.checkpoint_dir else None
+        if found is None:
+            if self.recorder:
+                self.recorder.truncate_to(0, 0)
+            return
+        path, state = found
+        if state.get("format") != CHECKPOINT_FORMAT or state.get("model_name") != cfg.model:
+            raise RuntimeError(
+                f"{path} was written for model {state.get('model_name')!r} (format "
+                f"{state.get('format')}); this run trains {cfg.model!r}: use another "
+                "--checkpoint-dir"
+            )
+        self.raw_model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        if self.scaler is not None and state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
+        self.epoch, self.batch, self.step = state["epoch"], state["batch"], state["step"]
+        if self.batch > 0:
+            if state["world_size"] != self.ctx.world_size:
+                raise RuntimeError(
+                    f"{path} was written mid-epoch by {state['world_size']} ranks; resuming it "
+                    f"needs the same world size (this run has {self.ctx.world_size}), because "
+                    "each rank's shard of the epoch depends on it"
+                )
+            self._loader_state = state["loader"][self.ctx.rank]
+        if self.recorder:
+            self.recorder.truncate_to(self.epoch, self.batch)
+        self.resumed = True
+        self.say(f"resumed from {path}: epoch {self.epoch}, batch {self.batch}, step {self.step}")
+
+    def save(self, epoch: int, batch: int, extra: dict[str, Any] | None = None) -> None:
+        """Collective: gather loader states, rank 0 writes, everyone waits until it is on disk."""
+        if not self.cfg.checkpoint_dir:
+            return
+        loader_state = self.train_loader.state_dict() if batch > 0 else None
+        loader_states = all_gather_objects(loader_state, self.ctx)
+        if self.ctx.is_main:
+            state = {
+                "format": CHECKPOINT_FORMAT,
+                "model_name": self.cfg.model,
+                "model": self.raw_model.state_dict(),
+                "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict(),
+                "scaler": self.scaler.state_dict() if self.scaler else None,
+                "epoch": epoch,
+                "batch": batch,
+                "step": self.step,
+                "world_size": self.ctx.world_size,
+                "loader": loader_states,
+                **(extra or {}),
+            }
+            save_checkpoint(self.cfg.checkpoint_dir, self.step, state, keep=self.cfg.keep_checkpoints)
+        barrier(self.ctx)
+
+    # ------------------------------------------------------------------ training
+
+    def _batches(self, epoch: int, start: int) -> Iterator[tuple[Any, float]]:
+        """This epoch's train batches from `start` on, each with the seconds spent waiting."""
+        if start > 0 and self._loader_state is not None:
+            self.train_loader.load_state_dict(self._loader_state)
+            self._loader_state = None
+        else:
+            self.train_loader.set_epoch(epoch)
+        it = iter(self.train_loader)
+        for k in range(start, self.num_batches):
+            t0 = time.perf_counter()
+            try:
+                batch = next(it)
+            except StopIteration:
+                raise RuntimeError(
+                    f"the train loader ended after batch {k - 1} of epoch {epoch}; "
+                    f"expected {self.num_batches} batches"
+                ) from None
+            yield batch, time.perf_counter() - t0
+
+    def _optimizer_step(self) -> None:
+        opt, scaler, clip = self.optimizer, self.scaler, self.cfg.clip_grad
+        if scaler is not None:
+            if clip:
+                scaler.unscale_(opt)
+                nn.utils.clip_grad_norm_(self.raw_model.parameters(), clip)
+            scaler.step(opt)
+            scaler.update()
+        else:
+            if clip:
+                nn.utils.clip_grad_norm_(self.raw_model.parameters(), clip)
+            opt.step()
+        opt.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        self.step += 1
+
+    def train_epoch(self, epoch: int, start: int) -> tuple[bool, WindowMeter, float]:
+        """Train from batch `start`; returns (stopped by --max-steps, epoch meter, mean loss)."""
+        cfg, accum, n = self.cfg, self.cfg.accum_steps, self.num_batches
+        self.model.train()
+        epoch_meter, window = WindowMeter(), WindowMeter()
+        epoch_loss, window_loss = LossAverage(self.ctx.device), LossAverage(self.ctx.device)
+        bar = ProgressLine(self.ctx.is_main)
+        k = start
+        for (images, labels, indices), wait_s in self._batches(epoch, start):
+            if self.recorder:
+                self.recorder.append(epoch, k, torch.as_tensor(indices).tolist())
+            group_start = (k // accum) * accum
+            group_end = min(group_start + accum, n)
+            last_micro = k + 1 == group_end
+            sync = last_micro or not isinstance(self.model, DDP)
+            with contextlib.nullcontext() if sync else self.model.no_sync():
+                with self.autocast():
+                    loss = self.criterion(self.model(self.prepare(images)), labels)
+                scaled = loss / (group_end - group_start)
+                (self.scaler.scale(scaled) if self.scaler else scaled).backward()
+            k += 1
+            for meter in (epoch_meter, window):
+                meter.add(images.shape[0], wait_s)
+            epoch_loss.add(loss)
+            window_loss.add(loss)
+            if not last_micro:
+                continue
+            self._optimizer_step()
+            self._maybe_fail()
+            bar.update(f"epoch {epoch} [{k}/{n}] step {self.step}")
+            if self.step % cfg.log_every == 0:
+                bar.clear()
+                self._log_window(epoch, k, window, window_loss)
+            if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0 and k < n:
+                self.save(epoch, k)
+            if cfg.max_steps is not None and self.step >= cfg.max_steps:
+                bar.clear()
+                self.batch = k
+                return True, epoch_meter, epoch_loss.mean_and_reset()
+        bar.clear()
+        self.batch = 0
+        return False, epoch_meter, epoch_loss.mean_and_reset()
+
+    def _maybe_fail(self) -> None:
+        """Test hook: the last rank SIGKILLs itself after step --fail-at-step of a fresh run."""
+        cfg = self.cfg
+        if cfg.fail_at_step == self.step and not self.resumed:
+            if self.ctx.rank == self.ctx.world_size - 1:
+                log.warning("--fail-at-step %d: rank %d kills itself", self.step, self.ctx.rank)
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    def _log_window(self, epoch: int, k: int, window: WindowMeter, loss: LossAverage) -> None:
+        lr = self.optimizer.param_groups[0]["lr"]
+        self.say(
+            f"step {self.step} (epoch {epoch} batch {k}/{self.num_batches}): "
+            f"loss {loss.mean_and_reset():.4f} lr {lr:.4g} "
+            f"images/s {window.images_per_s() * self.ctx.world_size:.0f} "
+            f"data-wait {100 * window.wait_fraction():.1f}%"
+        )
+        window.reset()
+
+    # ------------------------------------------------------------------ epochs
+
+    def validate(self, epoch: int) -> Accuracy:
+        self.val_loader.set_epoch(epoch)
+        return evaluate(
+            self.eval_model, self.val_loader, self.ctx, autocast=self.autocast, prepare=self.prepare
+        )
+
+    def fit(self) -> list[EpochResult]:
+        self.resume()
+        results = []
+        if self.epoch >= self.cfg.epochs:
+            self.say(f"nothing to do: the checkpoint has finished {self.epoch} epochs")
+        while self.epoch < self.cfg.epochs:
+            epoch, t0 = self.epoch, time.perf_counter()
+            stopped, meter, train_loss = self.train_epoch(epoch, self.batch)
+            totals = torch.tensor(
+                [meter.images, meter.wait_s, meter.elapsed()], dtype=torch.float64,
+                device=self.ctx.device,
+            )
+            images, wait_s, wall_s = all_reduce_sum(totals, self.ctx).tolist()
+            acc = self.validate(epoch)
+            result = EpochResult(
+                epoch=epoch,
+                accuracy=acc,
+                data_wait=wait_s / max(wall_s, 1e-9),
+                images_per_s=images / max(wall_s / self.ctx.world_size, 1e-9),
+                train_loss=train_loss,
+                seconds=time.perf_counter() - t0,
+            )
+            results.append(result)
+            self.say(format_epoch(result, partial=stopped))
+            if stopped:
+                self.save(epoch, self.batch, {"val": _acc_dict(acc)})
+                break
+            self.epoch += 1
+            self.save(self.epoch, 0, {"val": _acc_dict(acc)})
+        if self.recorder:
+            self.recorder.close()
+        return results
+
+
+def _acc_dict(acc: Accuracy) -> dict[str, float]:
+    return {"top1": acc.top1, "top5": acc.top5, "total": acc.total}
+
+
+def format_epoch(r: EpochResult, partial: bool = False) -> str:
+    note = " (stopped at --max-steps)" if partial else ""
+    return (
+        f"epoch {r.epoch}: val top1={r.accuracy.top1:.2f}% top5={r.accuracy.top5:.2f}% "
+        f"data-wait={100 * r.data_wait:.1f}% images/s={r.images_per_s:.0f} "
+        f"(train loss {r.train_loss:.4f}, {r.seconds:.1f} s){note}"
+    )
