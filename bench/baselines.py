@@ -33,14 +33,51 @@ STD = (0.229, 0.224, 0.225)
 
 @dataclass(frozen=True)
 class Measured:
-    """Images delivered in the timed window and its length."""
+    """Images delivered in the timed window, its length, and the CPU time this process and its
+    child processes (DataLoader workers, the server) spent in it (None where unmeasurable)."""
 
     images: int
     seconds: float
+    cpu_seconds: float | None = None
 
     @property
     def images_per_s(self) -> float:
         return self.images / self.seconds if self.seconds > 0 else 0.0
+
+
+def tree_cpu_seconds(root: int | None = None) -> float | None:
+    """User + system CPU seconds of process `root` (default: this one) and its live descendants.
+
+    On a shared machine wall-clock rates swing with other people's load; CPU time per image
+    does much less, so the report shows both. Linux /proc only (None elsewhere).
+    """
+    root = os.getpid() if root is None else root
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    children: dict[int, list[int]] = {}
+    cpu: dict[int, float] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return None
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue  # exited meanwhile
+        pid = int(entry)
+        children.setdefault(int(fields[1]), []).append(pid)
+        cpu[pid] = (int(fields[11]) + int(fields[12])) / tick
+    if root not in cpu:
+        return None
+    total, stack = 0.0, [root]
+    while stack:
+        pid = stack.pop()
+        total += cpu.get(pid, 0.0)
+        stack.extend(children.get(pid, ()))
+    return total
 
 
 MIN_TIMED_BATCHES = 3
@@ -63,6 +100,7 @@ def time_batches(
     for _ in range(warmup):
         next(batches)
     sync()
+    cpu0 = tree_cpu_seconds()
     images, start = 0, time.perf_counter()
     for count, n in enumerate(batches, start=1):
         images += n
@@ -70,9 +108,12 @@ def time_batches(
         if enough or time.perf_counter() - start >= max_seconds:
             break
     sync()
+    seconds = time.perf_counter() - start
+    cpu1 = tree_cpu_seconds()
     if images == 0:
         raise RuntimeError("the pipeline delivered no batch in the timed window")
-    return Measured(images, time.perf_counter() - start)
+    cpu = cpu1 - cpu0 if cpu0 is not None and cpu1 is not None else None
+    return Measured(images, seconds, cpu)
 
 
 def batches_needed(warmup: int, measure_images: int, batch_size: int) -> int:
@@ -103,15 +144,17 @@ def decode_limit(
 
     with ThreadPoolExecutor(threads, thread_name_prefix="bench-decode") as pool:
         list(pool.map(decode, blobs[: 4 * threads]))  # warm-up
+        cpu0 = tree_cpu_seconds()
         images, attempted, start = 0, 0, time.perf_counter()
         while attempted < measure_images and time.perf_counter() - start < max_seconds:
             chunk = blobs[: measure_images - attempted]
             attempted += len(chunk)
             images += sum(pool.map(decode, chunk))
         seconds = time.perf_counter() - start
+        cpu1 = tree_cpu_seconds()
     if images == 0:
         raise RuntimeError("TurboJPEG decoded none of the files")
-    return Measured(images, seconds)
+    return Measured(images, seconds, None if cpu0 is None or cpu1 is None else cpu1 - cpu0)
 
 
 # ---------------------------------------------------------------------------------------------

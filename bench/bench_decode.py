@@ -126,7 +126,9 @@ def bench_local(files: list[Path], size: int, batch: int, threads: int, epochs: 
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m batchwire.bench.bench_decode", description=__doc__.split("\n\n")[0]
+    )
     ap.add_argument("--dir", type=Path, default=DEFAULT_DIR, help="folder of images")
     ap.add_argument("--limit", type=int, default=0, help="use only the first N files (0 = all)")
     ap.add_argument("--size", type=int, default=224, help="output size of the crop plan")
@@ -136,6 +138,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--epochs", type=int, default=1, help="LocalLoader epochs timed")
     ap.add_argument("--no-loader", action="store_true", help="skip the LocalLoader row")
     ap.add_argument("--json", type=Path, help="also write the figures here")
+    ap.add_argument(
+        "--upscale",
+        type=int,
+        default=1,
+        help="re-encode the files N times larger first (quality 90, needs Pillow): what DCT "
+        "scaling does for camera-size photos",
+    )
     args = ap.parse_args(argv)
 
     if not args.dir.is_dir():
@@ -146,7 +155,29 @@ def main(argv: list[str] | None = None) -> int:
     if not files:
         ap.error(f"no images in {args.dir}")
 
+    with tempfile.TemporaryDirectory() as tmp:
+        if args.upscale > 1:
+            files = _upscaled(files, args.upscale, Path(tmp))
+        return _run(args, files)
+
+
+def _upscaled(files: list[Path], factor: int, folder: Path) -> list[Path]:
+    from PIL import Image
+
+    out = []
+    for f in files:
+        with Image.open(f) as img:
+            rgb = img.convert("RGB")
+        big = rgb.resize((rgb.width * factor, rgb.height * factor), Image.BICUBIC)
+        target = folder / f"{f.stem}.jpg"
+        big.save(target, quality=90)
+        out.append(target)
+    return out
+
+
+def _run(args: argparse.Namespace, files: list[Path]) -> int:
     result = {"dir": str(args.dir), "decode": bench_decode(files, args.size, args.repeats)}
+    result["upscale"] = args.upscale
     d = result["decode"]
     print(f"decode, one thread, {d['images']} files ({d['mean_bytes'] / 1e3:.0f} kB mean), "
           f"preloaded; crop plan: train RandomResizedCrop to {args.size} px")

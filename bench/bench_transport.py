@@ -3,7 +3,8 @@
     python -m batchwire.bench.bench_transport [--batches 200] [--endpoint tcp|ipc]
 
 Both sides move the same bytes (default 64 x 3 x 224 x 224 uint8 per batch, a 224 px uint8
-wire) between a sender thread and a receiver in this process, so only the transport differs:
+wire) from a sender process (as the server is one) to a receiver in this process, so only the
+transport differs:
 
 - ``pushpull``: a PUSH socket sends the images frame zero-copy, a PULL socket `recv_into`s a
   preallocated buffer. No header, no labels, no flow control: the ceiling.
@@ -19,10 +20,11 @@ Nothing is decoded or augmented: the producer is not what this measures.
 from __future__ import annotations
 
 import argparse
+import multiprocessing as mp
 import os
+import socket
 import statistics
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -42,76 +44,54 @@ class Rate:
 
 
 def _endpoint(kind: str, tmp: str, name: str) -> str:
+    """A concrete endpoint both processes can use (a free port now, or a fresh ipc path)."""
     if kind == "ipc":
         return f"ipc://{tmp}/{name}.sock"
-    return "tcp://127.0.0.1:*"
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return f"tcp://127.0.0.1:{s.getsockname()[1]}"
 
 
-# ------------------------------------------------------------------------------ bare PUSH/PULL
+# ------------------------------------------------------------------------------ senders
+# Each runs in a process of its own, as the server does, so sender and receiver do not share a
+# GIL; both serve every round until the parent terminates them.
 
 
-def run_pushpull(ctx: zmq.Context, endpoint: str, shape: tuple[int, ...], n: int) -> float:
-    """Seconds to move ``n`` images frames PUSH -> PULL (after a warm-up of a few)."""
-    src = torch.randint(0, 256, shape, dtype=torch.uint8)
-    frame = tensor_bytes(src)
-    pull = ctx.socket(zmq.PULL)
-    pull.linger = 0
-    pull.bind(endpoint)
-    endpoint = pull.last_endpoint.decode()
-    warm = 5
-
-    def sender() -> None:
-        push = ctx.socket(zmq.PUSH)
-        push.linger = 0
-        push.connect(endpoint)
-        for _ in range(n + warm):
-            push.send(frame, copy=False)
-        push.close(linger=-1)
-
-    thread = threading.Thread(target=sender, name="pushpull-sender")
-    thread.start()
-    dst = memoryview(np.empty(frame.nbytes, dtype=np.uint8))
-    for _ in range(warm):
-        pull.recv_into(dst)
-    t0 = time.perf_counter()
-    for _ in range(n):
-        size = pull.recv_into(dst)
-        assert size == frame.nbytes
-    elapsed = time.perf_counter() - t0
-    thread.join()
-    pull.close(0)
-    return elapsed
+def pushpull_sender(endpoint: str, nbytes: int) -> None:
+    """Bare pyzmq: PUSH the same zero-copy frame forever (blocks while the receiver is idle)."""
+    ctx = zmq.Context()
+    push = ctx.socket(zmq.PUSH)
+    push.bind(endpoint)
+    frame = np.random.default_rng(0).integers(0, 256, nbytes, dtype=np.uint8)
+    while True:
+        push.send(frame, copy=False)
 
 
-# ------------------------------------------------------------------------------ protocol v1
-
-
-class TransportServer(threading.Thread):
-    """Answers one hello, then sends batch k for every credit with the server's send path.
+class TransportServer:
+    """Answers hellos, then sends batch k for every credit with the server's send path.
 
     Buffers come from a small ring and are rewritten only when their tracker is done, exactly as
     the server does; their contents stay the same, since producing is not what is measured.
+    A new hello (any identity) restarts the stream, so one process serves every round.
     """
 
-    def __init__(self, ctx: zmq.Context, endpoint: str, shape: tuple[int, ...], n: int) -> None:
-        super().__init__(name="transport-server", daemon=True)
+    def __init__(self, endpoint: str, shape: tuple[int, ...], n: int) -> None:
         self.shape = list(shape)
         self.n = n
-        self.sock = ctx.socket(zmq.ROUTER)
+        self.ctx = zmq.Context()
+        self.sock = self.ctx.socket(zmq.ROUTER)
         self.sock.linger = 0
         self.sock.bind(endpoint)
-        self.endpoint = self.sock.last_endpoint.decode()
         self.labels = np.arange(shape[0], dtype=np.int64)
         self.indices = list(range(shape[0]))
         self.nbytes = p.images_nbytes(shape, "uint8")
         self.ring = [torch.randint(0, 256, shape, dtype=torch.uint8) for _ in range(8)]
-        self.stop = threading.Event()
 
-    def run(self) -> None:
+    def serve_forever(self) -> None:
         free = list(range(len(self.ring)))
         held: list[tuple[zmq.MessageTracker, int]] = []
-        identity, hello, credits, k = None, None, 0, 0
-        while not self.stop.is_set():  # until the receiver is done (closing looks like a crash)
+        identity, hello, credits, k = None, None, 0, self.n
+        while True:
             want = credits > 0 and k < self.n
             # ready to send: don't wait; waiting on trackers (no fd): short; idle: long
             if self.sock.poll(0 if want and free else 1 if want else 50):
@@ -119,11 +99,8 @@ class TransportServer(threading.Thread):
                 msg = p.decode_client_message(frames[1])
                 if isinstance(msg, p.Hello):
                     identity, hello, credits, k = frames[0], msg, msg.prefetch, msg.start_batch
-                    self.sock.send_multipart([identity, p.Welcome(
-                        session=msg.session, num_batches=self.n, num_samples=self.n * self.shape[0],
-                        batch_size=self.shape[0], shape=self.shape, dtype="uint8", layout="nchw",
-                        mean=[0.5] * 3, std=[0.5] * 3, num_classes=self.shape[0]).pack()])
-                elif isinstance(msg, p.Credit):
+                    self.sock.send_multipart([identity, self._welcome(msg.session).pack()])
+                elif isinstance(msg, p.Credit) and frames[0] == identity:
                     credits += msg.n
                 continue
             still = []
@@ -141,65 +118,89 @@ class TransportServer(threading.Thread):
                 held.append((tracker, slot))
                 credits -= 1
                 k += 1
-        self.sock.close(linger=0)
+
+    def _welcome(self, session: int) -> p.Welcome:
+        b = self.shape[0]
+        return p.Welcome(session=session, num_batches=self.n, num_samples=self.n * b,
+                         batch_size=b, shape=self.shape, dtype="uint8", layout="nchw",
+                         mean=[0.5] * 3, std=[0.5] * 3, num_classes=b)
 
 
-def run_protocol(ctx: zmq.Context, endpoint: str, shape: tuple[int, ...], n: int,
-                 prefetch: int) -> float:
-    """Seconds to receive ``n`` batches by hand (hello, recv_into, one credit per batch)."""
-    warm = 5
-    server = TransportServer(ctx, endpoint, shape, n + warm)
-    server.start()
-    sock = ctx.socket(zmq.DEALER)
-    sock.linger = 0
-    sock.connect(server.endpoint)
-    sock.send(p.Hello(split="train", rank=0, world_size=1, epoch=0, start_batch=0,
-                      prefetch=prefetch, shard=(0, 1), session=1).pack())
-    welcome = p.decode_server_message(sock.recv())
-    assert isinstance(welcome, p.Welcome), welcome
-    pin = torch.cuda.is_available()
-    images = torch.empty(p.images_nbytes(shape, "uint8"), dtype=torch.uint8, pin_memory=pin)
-    labels = torch.empty(shape[0], dtype=torch.int64, pin_memory=pin)
-    img_buf, lab_buf = memoryview(images.numpy()), memoryview(labels.numpy()).cast("B")
-    credit = p.Credit(n=1).pack()
-    t0 = 0.0
-    for i in range(n + warm):
-        if i == warm:
-            t0 = time.perf_counter()
-        header = p.decode_server_message(sock.recv())
-        assert isinstance(header, p.BatchHeader) and header.batch_index == i, header
-        assert sock.recv_into(img_buf) == header.nbytes
-        assert sock.recv_into(lab_buf) == header.labels_nbytes
-        sock.send(credit)
-    elapsed = time.perf_counter() - t0
-    server.stop.set()
-    server.join(10)
-    sock.close(0)
-    return elapsed
+def protocol_server(endpoint: str, shape: tuple[int, ...], n: int) -> None:
+    TransportServer(endpoint, shape, n).serve_forever()
 
 
-def run_loader(ctx: zmq.Context, endpoint: str, shape: tuple[int, ...], n: int,
-               prefetch: int) -> float:
+# ------------------------------------------------------------------------------ receivers
+
+WARM = 5
+
+
+def recv_pushpull(pull: zmq.Socket, nbytes: int, n: int) -> float:
+    """Seconds for ``n`` frames into one preallocated buffer (after a warm-up)."""
+    dst = memoryview(np.empty(nbytes, dtype=np.uint8))
+    for _ in range(WARM):
+        pull.recv_into(dst)
+    t0 = time.perf_counter()
+    for _ in range(n):
+        if pull.recv_into(dst) != nbytes:
+            raise RuntimeError("short frame")
+    return time.perf_counter() - t0
+
+
+class ProtocolReceiver:
+    """A hand-written v1 client: hello, then recv_into pinned buffers, one credit per batch."""
+
+    def __init__(self, sock: zmq.Socket, shape: tuple[int, ...], prefetch: int) -> None:
+        self.sock = sock
+        self.prefetch = prefetch
+        pin = torch.cuda.is_available()
+        self.images = torch.empty(p.images_nbytes(shape, "uint8"), dtype=torch.uint8,
+                                  pin_memory=pin)
+        self.labels = torch.empty(shape[0], dtype=torch.int64, pin_memory=pin)
+        self.session = 0
+
+    def run(self, n: int) -> float:
+        self.session += 1
+        self.sock.send(p.Hello(split="train", rank=0, world_size=1, epoch=0, start_batch=0,
+                               prefetch=self.prefetch, shard=(0, 1), session=self.session).pack())
+        while True:  # skip anything of an earlier round
+            msg = p.decode_server_message(self.sock.recv_multipart()[0])
+            if isinstance(msg, p.Welcome) and msg.session == self.session:
+                break
+        img = memoryview(self.images.numpy())
+        lab = memoryview(self.labels.numpy()).cast("B")
+        credit = p.Credit(n=1).pack()
+        t0 = 0.0
+        for i in range(n + WARM):
+            if i == WARM:
+                t0 = time.perf_counter()
+            header = p.decode_server_message(self.sock.recv())
+            if not isinstance(header, p.BatchHeader) or header.batch_index != i:
+                raise RuntimeError(f"unexpected {header}")
+            if self.sock.recv_into(img) != header.nbytes:
+                raise RuntimeError("short images frame")
+            if self.sock.recv_into(lab) != header.labels_nbytes:
+                raise RuntimeError("short labels frame")
+            self.sock.send(credit)
+        return time.perf_counter() - t0
+
+
+def recv_loader(endpoint: str, shape: tuple[int, ...], n: int, prefetch: int) -> float:
     """Seconds for `RemoteLoader` (CPU) to yield ``n`` batches from the transport server."""
     from batchwire.client import RemoteLoader
 
-    warm = 5
-    server = TransportServer(ctx, endpoint, shape, n + warm)
-    server.start()
-    loader = RemoteLoader(server.endpoint, "train", rank=0, world_size=1, prefetch=prefetch,
-                          device="cpu", timeout=30)
+    loader = RemoteLoader(endpoint, "train", rank=0, world_size=1, prefetch=prefetch,
+                          device="cpu", timeout=60)
     t0 = 0.0
     try:
         for i, (images, _labels) in enumerate(loader):
-            if i == warm:
+            if i == WARM:
                 t0 = time.perf_counter()
-            assert images.shape == shape
-        elapsed = time.perf_counter() - t0
+            if tuple(images.shape) != shape:
+                raise RuntimeError(f"unexpected shape {images.shape}")
+        return time.perf_counter() - t0
     finally:
         loader.close()
-        server.stop.set()
-        server.join(10)
-    return elapsed
 
 
 def _measure(paths: dict[str, Callable[[], float]], n: int, nbytes: int,
@@ -230,17 +231,36 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     shape = (args.batch_size, 3, args.image_size, args.image_size)
     nbytes = p.images_nbytes(shape, "uint8")
+    n = args.batches
+    spawn = mp.get_context("spawn")
     ctx = zmq.Context()
     with tempfile.TemporaryDirectory(prefix="bw-transport-") as tmp:
-        ep = lambda name: _endpoint(args.endpoint, tmp, name)  # noqa: E731
-        n = args.batches
-        paths = {
-            "pushpull": lambda: run_pushpull(ctx, ep("pp"), shape, n),
-            "protocol": lambda: run_protocol(ctx, ep("pr"), shape, n, args.prefetch),
-        }
-        if args.loader:
-            paths["loader"] = lambda: run_loader(ctx, ep("ld"), shape, n, args.prefetch)
-        rows = _measure(paths, n, nbytes, args.rounds)
+        pp_ep, pr_ep = _endpoint(args.endpoint, tmp, "pp"), _endpoint(args.endpoint, tmp, "pr")
+        senders = [
+            spawn.Process(target=pushpull_sender, args=(pp_ep, nbytes), daemon=True),
+            spawn.Process(target=protocol_server, args=(pr_ep, shape, n + WARM), daemon=True),
+        ]
+        for proc in senders:
+            proc.start()
+        pull = ctx.socket(zmq.PULL)
+        dealer = ctx.socket(zmq.DEALER)
+        try:
+            pull.connect(pp_ep)
+            dealer.connect(pr_ep)
+            receiver = ProtocolReceiver(dealer, shape, args.prefetch)
+            paths = {
+                "pushpull": lambda: recv_pushpull(pull, nbytes, n),
+                "protocol": lambda: receiver.run(n),
+            }
+            if args.loader:
+                paths["loader"] = lambda: recv_loader(pr_ep, shape, n, args.prefetch)
+            rows = _measure(paths, n, nbytes, args.rounds)
+        finally:
+            for proc in senders:
+                proc.terminate()
+                proc.join(10)
+            pull.close(0)
+            dealer.close(0)
     ctx.term()
     base = rows[0]
     print(f"transport, {args.endpoint}, batch {list(shape)} uint8 = {nbytes / 1e6:.2f} MB, "

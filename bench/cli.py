@@ -4,8 +4,8 @@ Rows, each timed for `--images` images (or `--max-seconds`) after a warm-up:
   decode-only limit   TurboJPEG full decode of preloaded bytes on all cores (nothing else)
   torch DataLoader    PIL decode + RandomResizedCrop + flip + to-tensor + normalize, --workers
   DALI pipeline       DALI's own file reader + random-crop decode + resize + normalize
-  batchwire           a real pipeline-server subprocess + RemoteLoader here, uint8 wire,
-                      normalised by the loader (the same operations as the other rows)
+  batchwire           a real pipeline-server subprocess + RemoteLoader here; uint8 wire
+                      normalised by the loader (or --wire float32, normalised by the server)
 
 `--data` takes an ImageFolder tree, a list file, or a flat folder of images (treated as one
 class, through a list file written to the cache folder); default: the embedded dataset.
@@ -76,8 +76,10 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--data", metavar="PATH", help="images to read (default: the embedded dataset)")
-    p.add_argument("--batch-size", type=int, default=64, metavar="B")
-    p.add_argument("--image-size", type=int, default=224, metavar="PX")
+    p.add_argument("--batch-size", type=int, default=64, metavar="B", help="(default: 64)")
+    p.add_argument(
+        "--image-size", type=int, default=224, metavar="PX", help="output side (default: 224)"
+    )
     p.add_argument(
         "--images",
         type=int,
@@ -130,6 +132,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="pipeline-server --decoder for the batchwire row (default: auto)",
     )
     p.add_argument(
+        "--wire",
+        default="uint8",
+        choices=("uint8", "float32"),
+        help="batchwire row: uint8 on the wire, normalised by the loader (default), or float32 "
+        "normalised by the server's fused op",
+    )
+    p.add_argument(
         "--rows",
         default=",".join(ROWS),
         metavar="LIST",
@@ -150,7 +159,9 @@ def _row(
         log.debug("row %s failed", key, exc_info=True)
         report.rows.append(Row(key, name, skipped=f"{type(e).__name__}: {e}"[:500]))
         return
-    report.rows.append(Row(key, name, images=m.images, seconds=m.seconds, note=note))
+    report.rows.append(
+        Row(key, name, images=m.images, seconds=m.seconds, cpu_seconds=m.cpu_seconds, note=note)
+    )
 
 
 def run_bench(args: argparse.Namespace) -> Report:
@@ -162,7 +173,14 @@ def run_bench(args: argparse.Namespace) -> Report:
     if unknown:
         raise SystemExit(f"pipeline-bench: unknown rows {unknown}; choose from {', '.join(ROWS)}")
     data = resolve_data(args.data)
-    dev = torch.device(args.device)
+    try:
+        dev = torch.device(args.device)
+    except RuntimeError:
+        dev = torch.device("meta")  # rejected just below
+    if dev.type not in ("cpu", "cuda"):
+        raise SystemExit(f"pipeline-bench: --device must be cpu or cuda[:N], got {args.device!r}")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("pipeline-bench: --device cuda needs CUDA, and torch sees no CUDA device")
     config = {
         "data": data.shown,
         "dataset_images": len(data.paths),
@@ -222,12 +240,13 @@ def run_bench(args: argparse.Namespace) -> Report:
         _row(
             report,
             "batchwire",
-            f"batchwire (server + RemoteLoader, {dev.type}, uint8 wire)",
+            f"batchwire (server + RemoteLoader, {dev.type}, {args.wire} wire)",
             lambda: batchwire_row(
                 data.server_train,
                 device=str(dev),
                 threads=args.threads,
                 decoder=args.decoder,
+                wire=args.wire,
                 **loop,
             ),
             note=f"pipeline-server --decoder {args.decoder} --workers {args.threads}",

@@ -1,10 +1,11 @@
 """The batchwire row of `pipeline-bench`: a real `pipeline-server` process feeding a
 RemoteLoader in this process, as a training job would use them.
 
-The server decodes and augments into uint8 batches (4x fewer wire bytes than float32) and the
-loader normalises them to float32 on its device, so the images a training loop receives are
-the same kind as the DataLoader's and DALI's rows. The server's start-up and the first batches
-fall into the warm-up.
+By default the server decodes and augments into uint8 batches (4x fewer wire bytes than
+float32) and the loader normalises them to float32 on its device; with `wire="float32"` the
+server's fused op normalises and the loader takes the batches as they come. Either way a
+training loop receives normalised float32 images, like the DataLoader's and DALI's rows.
+The server's start-up and the first batches fall into the warm-up.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ def batchwire_row(
     batch_size: int,
     image_size: int,
     measure_images: int,
+    wire: str = "uint8",
     warmup: int = 5,
     max_seconds: float = 60,
     start_timeout: float = 120,
@@ -70,7 +72,7 @@ def batchwire_row(
         "--image-size",
         str(image_size),
         "--output-dtype",
-        "uint8",
+        wire,
         "--workers",
         str(threads),
         "--decoder",
@@ -92,7 +94,7 @@ def batchwire_row(
                 rank=0,
                 world_size=1,
                 device=device,
-                normalize_on_device=True,
+                normalize_on_device=wire == "uint8",
                 timeout=start_timeout,
                 prefetch=4,
             )

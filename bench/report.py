@@ -24,8 +24,17 @@ class Row:
     name: str
     images: int = 0
     seconds: float = 0.0
+    cpu_seconds: float | None = None
     skipped: str | None = None
     note: str = ""
+
+    @property
+    def cpu_ms_per_image(self) -> float | None:
+        """CPU time (all threads and child processes) per image: steadier than wall time on a
+        shared machine, and what bounds the rate on idle cores (cores * 1000 / this)."""
+        if self.skipped is not None or self.cpu_seconds is None or self.images <= 0:
+            return None
+        return 1000.0 * self.cpu_seconds / self.images
 
     @property
     def images_per_s(self) -> float | None:
@@ -55,6 +64,7 @@ class Report:
         for row in self.rows:
             d = asdict(row)
             d["images_per_s"] = row.images_per_s
+            d["cpu_ms_per_image"] = row.cpu_ms_per_image
             d["vs_dataloader"] = self.ratio(row, BASELINE_KEY)
             d["vs_decode_limit"] = self.ratio(row, LIMIT_KEY)
             rows.append(d)
@@ -73,6 +83,7 @@ def format_table(report: Report) -> str:
         f"{c['image_size']} px, device {c['device']}, {c['cpu_cores']} CPU cores"
     )
     cols = ("row", "images", "seconds", "images/s", "vs DataLoader", "vs decode limit")
+    cols += ("CPU ms/img",)
     lines = [head, ""]
     table = [cols]
     notes = []
@@ -85,6 +96,7 @@ def format_table(report: Report) -> str:
                 _fmt(row.images_per_s, ".0f"),
                 _fmt(report.ratio(row, BASELINE_KEY), ".2f", "x"),
                 _fmt(report.ratio(row, LIMIT_KEY), ".2f", "x"),
+                _fmt(row.cpu_ms_per_image, ".2f"),
             )
         )
         if row.skipped is not None:

@@ -1,7 +1,7 @@
 """batchwire.client: train from pipeline-servers with `RemoteLoader`.
 
-    from batchwire.client import RemoteLoader
-    loader = RemoteLoader("tcp://127.0.0.1:5555", split="train", device="cuda")
+from batchwire.client import RemoteLoader
+loader = RemoteLoader("tcp://127.0.0.1:5555", split="train", device="cuda")
 """
 
 from batchwire.client.errors import (

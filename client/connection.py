@@ -26,6 +26,7 @@ from zmq.utils.monitor import recv_monitor_message
 log = logging.getLogger(__name__)
 
 _MONITOR_EVENTS = zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
+_BYE_LINGER_MS = 200
 
 
 @dataclass
@@ -70,7 +71,11 @@ class ServerConnection:
         self._sock.reconnect_ivl = 100
         self._sock.reconnect_ivl_max = 1000
         self._monitor = self._sock.get_monitor_socket(_MONITOR_EVENTS)
-        self._sock.connect(endpoint)
+        try:
+            self._sock.connect(endpoint)
+        except zmq.ZMQError as exc:
+            self.close()
+            raise ValueError(f"cannot connect to {endpoint!r}: {exc}") from None
 
     # ------------------------------------------------------------------ sockets for polling
 
@@ -86,12 +91,13 @@ class ServerConnection:
         """Say bye (best effort) and close both sockets; safe to call twice."""
         if self._sock.closed:
             return
-        if self.hello_sent and self.connected:
-            self._send(protocol.Bye().pack())
+        # The bye frees the server's buffers for us at once (instead of after its client
+        # timeout): give it a moment to leave, never more (a dead peer fails the send anyway).
+        said_bye = self.hello_sent and self.connected and self._send(protocol.Bye().pack())
         with contextlib.suppress(zmq.ZMQError):
             self._sock.disable_monitor()
         self._monitor.close(linger=0)
-        self._sock.close(linger=0)
+        self._sock.close(linger=_BYE_LINGER_MS if said_bye else 0)
 
     # ------------------------------------------------------------------ connection events
 

@@ -70,8 +70,12 @@ class LoaderStats:
             first = self._first
             depth = self._prefetch_depth
         if first is None:
-            return {"prefetch_depth": depth, "wait_s_per_batch": 0.0,
-                    "data_wait_fraction": 0.0, "images_per_s": 0.0}
+            return {
+                "prefetch_depth": depth,
+                "wait_s_per_batch": 0.0,
+                "data_wait_fraction": 0.0,
+                "images_per_s": 0.0,
+            }
         span = min(self.window_s, now - first)
         # A span of a few microseconds (first batch just arrived) would make rates meaningless.
         rate_span = max(span, min(1.0, self.window_s))

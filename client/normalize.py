@@ -24,9 +24,7 @@ def check_dtype(dtype: torch.dtype) -> torch.dtype:
     return dtype
 
 
-def channel_stats(
-    values: Sequence[float], name: str, device: torch.device
-) -> torch.Tensor:
+def channel_stats(values: Sequence[float], name: str, device: torch.device) -> torch.Tensor:
     """Per-channel statistics as a float32 ``[1, 3, 1, 1]`` tensor on ``device``."""
     vals = [float(v) for v in values]
     if len(vals) != 3:
@@ -47,5 +45,7 @@ def normalize_uint8(
     Runs on the current stream of ``images``' device; ``out`` has ``out.dtype`` and may be
     channels_last (its strides are kept).
     """
+    if out.dtype == torch.float32:  # compute in place: no temporary batch
+        return out.copy_(images).div_(255.0).sub_(mean).div_(std)
     x = images.to(torch.float32).div_(255.0).sub_(mean).div_(std)
     return out.copy_(x)

@@ -79,7 +79,15 @@ class BatchReceiver:
         self._make_stager = make_stager
         self._stats = stats
         self._ctx = zmq.Context()
-        self.conns = [ServerConnection(self._ctx, ep, (i, n)) for i, ep in enumerate(endpoints)]
+        self.conns: list[ServerConnection] = []
+        try:
+            for i, ep in enumerate(endpoints):
+                self.conns.append(ServerConnection(self._ctx, ep, (i, n)))
+        except BaseException:
+            for c in self.conns:
+                c.close()
+            self._ctx.term()
+            raise
         self._heartbeats = [self.heartbeat] * n
         self._sessions = itertools.count(random.SystemRandom().randrange(1, 1 << 30))
         self._poller = zmq.Poller()
@@ -236,7 +244,8 @@ class BatchReceiver:
             if quiet > self._heartbeats[i]:
                 log.info(
                     "no message from %s for %.1f s while it owes batches; re-sending hello",
-                    c.endpoint, quiet,
+                    c.endpoint,
+                    quiet,
                 )
                 self._heartbeats[i] = min(2 * self._heartbeats[i], max(self.timeout / 2, 1.0))
                 c.mark_lost()
@@ -254,6 +263,12 @@ class BatchReceiver:
             msg = (
                 f"pipeline-server at {c.endpoint} went away (last heard "
                 f"{now - c.last_heard:.1f} s ago) and did not come back within {t} s"
+            )
+        elif not c.stream.welcomed:
+            msg = (
+                f"pipeline-server at {c.endpoint} is connected but did not answer the hello "
+                f"within {t} s (is it a pipeline-server speaking protocol "
+                f"v{protocol.PROTOCOL_VERSION}?)"
             )
         else:
             msg = (
@@ -331,8 +346,11 @@ class BatchReceiver:
         assert self.welcome is not None
         total = self.welcome.num_batches
         wanted = (
-            h.epoch == self.epoch and h.split == self.split and h.batch_index % n == i
-            and self.cursor <= h.batch_index < total and h.batch_index not in self.held
+            h.epoch == self.epoch
+            and h.split == self.split
+            and h.batch_index % n == i
+            and self.cursor <= h.batch_index < total
+            and h.batch_index not in self.held
         )
         if not wanted:  # e.g. resent after a reconnect; costs a credit, so grant it back
             c.discard_rest()
@@ -367,8 +385,11 @@ class BatchReceiver:
         w = self.welcome
         assert w is not None
         ok = (
-            more and h.dtype == w.dtype and h.layout == w.layout
-            and h.shape[1:] == w.shape[1:] and h.shape[0] <= w.shape[0]
+            more
+            and h.dtype == w.dtype
+            and h.layout == w.layout
+            and h.shape[1:] == w.shape[1:]
+            and h.shape[0] <= w.shape[0]
         )
         if not ok:
             c.discard_rest()

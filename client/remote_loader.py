@@ -187,12 +187,28 @@ class RemoteLoader(IterableDataset):
 
     def __len__(self) -> int:
         """This rank's number of batches per epoch (asks the server on first use)."""
+        return self.server_info().num_batches
+
+    def server_info(self) -> protocol.Welcome:
+        """The server's welcome: batches per epoch, samples, batch shape, dtype, classes, ...
+
+        Connects (and starts streaming the current epoch) on first use.
+        """
         receiver = self._connect()
-        if receiver.num_batches is None:
+        if receiver.welcome is None:
             receiver.start(self.epoch, self._start_position(receiver))
             receiver.wait_welcome()
-        assert receiver.num_batches is not None
-        return receiver.num_batches
+        assert receiver.welcome is not None
+        return receiver.welcome
+
+    @property
+    def num_classes(self) -> int:
+        return self.server_info().num_classes
+
+    @property
+    def num_samples(self) -> int:
+        """Images in the split (all ranks together, before padding or dropping)."""
+        return self.server_info().num_samples
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, ...]]:
         if get_worker_info() is not None:
@@ -336,5 +352,7 @@ class RemoteLoader(IterableDataset):
             return staged.images, staged.labels
         indices = torch.tensor(arrived.header.indices, dtype=torch.int64)
         if self.device is not None and self.device.type == "cuda":
-            indices = indices.to(self.device)
+            # From pinned memory the copy is queued, not waited for: a pageable copy would make
+            # the host wait for all the GPU work queued before it.
+            indices = indices.pin_memory().to(self.device, non_blocking=True)
         return staged.images, staged.labels, indices

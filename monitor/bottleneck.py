@@ -72,12 +72,19 @@ def _num(x: float) -> str:
 
 def _chain(snapshot: Mapping[str, Any]) -> list[tuple[str, float, float]]:
     """The queues in pipeline order; the clients' ready queues close the chain as one link."""
-    chain = [(str(s["name"]), float(s["depth"]), float(s["capacity"]))
-             for s in snapshot.get("stages", [])]
+    chain = [
+        (str(s["name"]), float(s["depth"]), float(s["capacity"]))
+        for s in snapshot.get("stages", [])
+    ]
     clients = snapshot.get("clients", [])
     if clients and not any(name == READY for name, _, _ in chain):
-        chain.append((READY, sum(float(c.get("ready", 0)) for c in clients),
-                      sum(float(c.get("ready_capacity", 0)) for c in clients)))
+        chain.append(
+            (
+                READY,
+                sum(float(c.get("ready", 0)) for c in clients),
+                sum(float(c.get("ready_capacity", 0)) for c in clients),
+            )
+        )
     return chain
 
 
@@ -88,32 +95,42 @@ def infer_bottleneck(snapshot: Mapping[str, Any]) -> Bottleneck:
         return Bottleneck(IDLE, None, "no clients connected")
 
     bounded = [c for c in clients if float(c.get("ready_capacity", 0)) > 0]
-    if bounded and all(is_full(float(c.get("ready", 0)), float(c["ready_capacity"]))
-                       for c in bounded):
+    if bounded and all(
+        is_full(float(c.get("ready", 0)), float(c["ready_capacity"])) for c in bounded
+    ):
         n = len(bounded)
         return Bottleneck(
-            TRAINERS, None,
+            TRAINERS,
+            None,
             f"every client's ready queue is full ({n} client{'s' if n != 1 else ''}): "
-            "the server is ahead of the trainers")
+            "the server is ahead of the trainers",
+        )
 
     chain = _chain(snapshot)
     for (name, depth, cap), (next_name, next_depth, next_cap) in reversed(list(pairwise(chain))):
         if is_full(depth, cap) and is_empty(next_depth, next_cap):
             return Bottleneck(
-                STAGE, name,
+                STAGE,
+                name,
                 f"'{name}' is full ({_num(depth)}/{_num(cap)}) and '{next_name}' behind it "
-                f"is empty ({_num(next_depth)}/{_num(next_cap)})")
+                f"is empty ({_num(next_depth)}/{_num(next_cap)})",
+            )
 
     starving = [c for c in clients if _starving(c)]
-    timed = [s for s in snapshot.get("stages", [])
-             if s["name"] != READY and float(s.get("latency_ms", 0.0)) > 0]
+    timed = [
+        s
+        for s in snapshot.get("stages", [])
+        if s["name"] != READY and float(s.get("latency_ms", 0.0)) > 0
+    ]
     if starving and timed:
         slowest = max(timed, key=lambda s: float(s["latency_ms"]))
         total = sum(float(s["latency_ms"]) for s in timed)
         return Bottleneck(
-            STAGE, str(slowest["name"]),
+            STAGE,
+            str(slowest["name"]),
             f"trainers wait for batches; '{slowest['name']}' takes "
-            f"{float(slowest['latency_ms']):.1f} of {total:.1f} ms per batch")
+            f"{float(slowest['latency_ms']):.1f} of {total:.1f} ms per batch",
+        )
     return Bottleneck(BALANCED, None, "no queue runs empty behind a full one")
 
 
@@ -124,8 +141,11 @@ def _starving(client: Mapping[str, Any]) -> bool:
     if "data_wait_fraction" in loader:
         return float(loader["data_wait_fraction"]) >= STARVING_WAIT_FRACTION
     cap = float(client.get("ready_capacity", 0))
-    return (cap > 0 and int(client.get("credits", 0)) > 0
-            and is_empty(float(client.get("ready", 0)), cap))
+    return (
+        cap > 0
+        and int(client.get("credits", 0)) > 0
+        and is_empty(float(client.get("ready", 0)), cap)
+    )
 
 
 def smooth(snapshots: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -147,10 +167,12 @@ def smooth(snapshots: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
             ready_sums.setdefault(str(c.get("id")), []).append(float(c.get("ready", 0)))
     return {
         **last,
-        "stages": [{**s, "depth": _mean(stage_sums[str(s["name"])])}
-                   for s in last.get("stages", [])],
-        "clients": [{**c, "ready": _mean(ready_sums[str(c.get("id"))])}
-                    for c in last.get("clients", [])],
+        "stages": [
+            {**s, "depth": _mean(stage_sums[str(s["name"])])} for s in last.get("stages", [])
+        ],
+        "clients": [
+            {**c, "ready": _mean(ready_sums[str(c.get("id"))])} for c in last.get("clients", [])
+        ],
     }
 
 

@@ -39,19 +39,38 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="pipeline-monitor",
         description="Live view of a pipeline-server: stage queues, clients, throughput, and "
-                    "the inferred bottleneck.")
-    parser.add_argument("endpoint", metavar="ENDPOINT",
-                        help="the server's ZeroMQ endpoint, e.g. tcp://127.0.0.1:5555")
-    parser.add_argument("--once", action="store_true",
-                        help="print one snapshot and exit")
-    parser.add_argument("--json", action="store_true",
-                        help="print the raw stats as JSON (one object per line when live)")
-    parser.add_argument("--interval", type=float, default=1.0, metavar="S",
-                        help="seconds between refreshes in live mode (default: 1)")
-    parser.add_argument("--timeout", type=float, default=5.0, metavar="S",
-                        help="seconds to wait for the server's answer (default: 5)")
-    parser.add_argument("--no-color", action="store_true",
-                        help="no ANSI colours (also off when NO_COLOR is set or not a terminal)")
+        "the inferred bottleneck.",
+    )
+    parser.add_argument(
+        "endpoint",
+        metavar="ENDPOINT",
+        help="the server's ZeroMQ endpoint, e.g. tcp://127.0.0.1:5555",
+    )
+    parser.add_argument("--once", action="store_true", help="print one snapshot and exit")
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="print the raw stats as JSON (one object per line when live)",
+    )
+    parser.add_argument(
+        "--interval",
+        type=float,
+        default=1.0,
+        metavar="S",
+        help="seconds between refreshes in live mode (default: 1)",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=5.0,
+        metavar="S",
+        help="seconds to wait for the server's answer (default: 5)",
+    )
+    parser.add_argument(
+        "--no-color",
+        action="store_true",
+        help="no ANSI colours (also off when NO_COLOR is set or not a terminal)",
+    )
     return parser
 
 
@@ -85,8 +104,16 @@ def _run_once(client: StatsClient, args: argparse.Namespace, out: TextIO) -> int
         out.write(json.dumps(snapshot) + "\n")
     else:
         width = _terminal_size(out)[0] if out.isatty() else 120
-        out.write(render(snapshot, width, endpoint=args.endpoint,
-                         color=_use_color(out, args.no_color), unicode=_use_unicode(out)) + "\n")
+        out.write(
+            render(
+                snapshot,
+                width,
+                endpoint=args.endpoint,
+                color=_use_color(out, args.no_color),
+                unicode=_use_unicode(out),
+            )
+            + "\n"
+        )
     out.flush()
     return 0
 
@@ -116,8 +143,16 @@ def _run_live(client: StatsClient, args: argparse.Namespace, out: TextIO) -> int
         if error and state["last_ok"] is not None:
             error = f"{error}; last answer {time.monotonic() - state['last_ok']:.0f} s ago"
         bottleneck = infer_bottleneck(smooth(recent)) if recent else None
-        frame = render(state["snapshot"], width, height, endpoint=args.endpoint, error=error,
-                       color=color, unicode=unicode, bottleneck=bottleneck)
+        frame = render(
+            state["snapshot"],
+            width,
+            height,
+            endpoint=args.endpoint,
+            error=error,
+            color=color,
+            unicode=unicode,
+            bottleneck=bottleneck,
+        )
         if tty:
             body = (CLEAR_EOL + "\r\n").join(frame.split("\n"))
             out.write(HOME + body + CLEAR_EOL + CLEAR_BELOW)
@@ -178,6 +213,12 @@ def main(argv: list[str] | None = None) -> int:
     # SIGTERM takes the same clean way out as Ctrl-C: the terminal must be restored.
     signal.signal(signal.SIGTERM, _raise_exit)
     client = StatsClient(args.endpoint, args.timeout)
+    try:
+        client.connect()
+    except StatsUnavailable as exc:  # a malformed endpoint will not get better by retrying
+        client.close()
+        print(f"pipeline-monitor: {exc}", file=sys.stderr)
+        return 2
     try:
         if args.once:
             return _run_once(client, args, out)

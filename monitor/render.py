@@ -91,8 +91,9 @@ def fit(line: Line, width: int) -> Line:
 def to_text(line: Line, color: bool) -> str:
     if not color:
         return "".join(text for text, _ in line)
-    return "".join(f"\x1b[{style}m{text}\x1b[0m" if style and text else text
-                   for text, style in line)
+    return "".join(
+        f"\x1b[{style}m{text}\x1b[0m" if style and text else text for text, style in line
+    )
 
 
 def _bar(depth: int, capacity: int, width: int, unicode: bool) -> Line:
@@ -104,18 +105,28 @@ def _bar(depth: int, capacity: int, width: int, unicode: bool) -> Line:
     return [("[", ""), (full_ch * filled, style), (empty_ch * (width - filled), DIM), ("]", "")]
 
 
-def _stage_lines(snapshot: Mapping[str, Any], width: int, unicode: bool,
-                 bottleneck: Bottleneck) -> list[Line]:
+def _stage_lines(
+    snapshot: Mapping[str, Any], width: int, unicode: bool, bottleneck: Bottleneck
+) -> list[Line]:
     rows: list[tuple[str, int, int, str]] = [
-        (str(s["name"]), int(s["depth"]), int(s["capacity"]),
-         f"{float(s.get('latency_ms', 0.0)):7.1f} ms")
+        (
+            str(s["name"]),
+            int(s["depth"]),
+            int(s["capacity"]),
+            f"{float(s.get('latency_ms', 0.0)):7.1f} ms",
+        )
         for s in snapshot.get("stages", [])
     ]
     clients = snapshot.get("clients", [])
     if clients and not any(name == "ready" for name, *_ in rows):
-        rows.append(("ready", sum(int(c.get("ready", 0)) for c in clients),
-                     sum(int(c.get("ready_capacity", 0)) for c in clients),
-                     f"{len(clients)} client{'s' if len(clients) != 1 else ''}"))
+        rows.append(
+            (
+                "ready",
+                sum(int(c.get("ready", 0)) for c in clients),
+                sum(int(c.get("ready_capacity", 0)) for c in clients),
+                f"{len(clients)} client{'s' if len(clients) != 1 else ''}",
+            )
+        )
     if not rows:
         return [[("  (the server reports no stages)", DIM)]]
     name_w = max(8, *(len(r[0]) + 1 for r in rows))
@@ -126,11 +137,15 @@ def _stage_lines(snapshot: Mapping[str, Any], width: int, unicode: bool,
     lines = []
     for name, depth, cap, tail in rows:
         hot = bottleneck.kind == "stage" and bottleneck.stage == name
-        lines.append([
-            ("  ", ""), (f"{name:<{name_w}}", RED + ";" + BOLD if hot else BOLD),
-            *_bar(depth, cap, bar_w, unicode),
-            (f" {f'{depth}/{cap}':>{count_w}}", ""), (f"  {tail}", DIM),
-        ])
+        lines.append(
+            [
+                ("  ", ""),
+                (f"{name:<{name_w}}", RED + ";" + BOLD if hot else BOLD),
+                *_bar(depth, cap, bar_w, unicode),
+                (f" {f'{depth}/{cap}':>{count_w}}", ""),
+                (f"  {tail}", DIM),
+            ]
+        )
     return lines
 
 
@@ -148,8 +163,9 @@ def _client_cells(c: Mapping[str, Any]) -> dict[str, Segment]:
         "inflight": (str(c.get("in_flight", 0)), ""),
         "sent": (str(c.get("sent", 0)), ""),
         "img/s": (f"{float(c.get('images_per_s', 0.0)):.1f}", ""),
-        "wait": ("-", DIM) if wait is None else
-                (f"{100 * float(wait):.0f}%", RED if float(wait) >= 0.2 else GREEN),
+        "wait": ("-", DIM)
+        if wait is None
+        else (f"{100 * float(wait):.0f}%", RED if float(wait) >= 0.2 else GREEN),
         "seen": (human_duration(float(c.get("last_seen_s", 0.0))), ""),
     }
 
@@ -178,8 +194,9 @@ def _client_lines(clients: Sequence[Mapping[str, Any]], width: int) -> list[Line
     lines = [header]
     for client in clients:
         cells = _client_cells(client)
-        lines.append([("  ", "")] + [(_cell(cells[c.title][0], c), cells[c.title][1])
-                                     for c in cols])
+        lines.append(
+            [("  ", "")] + [(_cell(cells[c.title][0], c), cells[c.title][1]) for c in cols]
+        )
     return lines
 
 
@@ -216,30 +233,48 @@ def render_lines(
     if bottleneck is None:
         bottleneck = infer_bottleneck(snapshot)
     style = RED + ";" + BOLD if bottleneck.kind in ("trainers", "stage") else GREEN + ";" + BOLD
-    lines.append([("bottleneck: ", BOLD), (bottleneck.label, style),
-                  (f"  ({bottleneck.reason})", DIM)])
+    lines.append(
+        [("bottleneck: ", BOLD), (bottleneck.label, style), (f"  ({bottleneck.reason})", DIM)]
+    )
     lines.append([])
     lines.append([("queues", BOLD)])
     lines.extend(_stage_lines(snapshot, width, unicode, bottleneck))
     lines.append([])
 
     tp = snapshot.get("throughput", {})
-    lines.append([("throughput  ", BOLD),
-                  (f"{float(tp.get('images_per_s', 0.0)):.1f} img/s   "
-                   f"{float(tp.get('batches_per_s', 0.0)):.2f} batch/s   "
-                   f"{human_bytes(float(tp.get('bytes_per_s', 0.0)))}/s", "")])
+    lines.append(
+        [
+            ("throughput  ", BOLD),
+            (
+                f"{float(tp.get('images_per_s', 0.0)):.1f} img/s   "
+                f"{float(tp.get('batches_per_s', 0.0)):.2f} batch/s   "
+                f"{human_bytes(float(tp.get('bytes_per_s', 0.0)))}/s",
+                "",
+            ),
+        ]
+    )
     counters = snapshot.get("counters", {})
-    problems = sum(int(counters.get(k, 0)) for k in ("bad_total", "errors_total",
-                                                      "malformed_total"))
-    lines.append([("counters    ", BOLD),
-                  (f"images {int(counters.get('images_total', 0)):,}  "
-                   f"batches {int(counters.get('batches_total', 0)):,}  "
-                   f"bytes {human_bytes(float(counters.get('bytes_total', 0)))}  ", ""),
-                  (f"replaced {int(counters.get('replaced_total', 0)):,}  "
-                   f"bad {int(counters.get('bad_total', 0)):,}  "
-                   f"errors {int(counters.get('errors_total', 0)):,}  "
-                   f"malformed {int(counters.get('malformed_total', 0)):,}",
-                   YELLOW if problems else "")])
+    problems = sum(
+        int(counters.get(k, 0)) for k in ("bad_total", "errors_total", "malformed_total")
+    )
+    lines.append(
+        [
+            ("counters    ", BOLD),
+            (
+                f"images {int(counters.get('images_total', 0)):,}  "
+                f"batches {int(counters.get('batches_total', 0)):,}  "
+                f"bytes {human_bytes(float(counters.get('bytes_total', 0)))}  ",
+                "",
+            ),
+            (
+                f"replaced {int(counters.get('replaced_total', 0)):,}  "
+                f"bad {int(counters.get('bad_total', 0)):,}  "
+                f"errors {int(counters.get('errors_total', 0)):,}  "
+                f"malformed {int(counters.get('malformed_total', 0)):,}",
+                YELLOW if problems else "",
+            ),
+        ]
+    )
     lines.append([])
 
     clients = list(snapshot.get("clients", []))
@@ -257,10 +292,25 @@ def render_lines(
     return [fit(line, width) for line in lines]
 
 
-def render(snapshot: Mapping[str, Any] | None, width: int = 100, height: int | None = None, *,
-           endpoint: str = "", error: str | None = None, color: bool = False,
-           unicode: bool = True, bottleneck: Bottleneck | None = None) -> str:
+def render(
+    snapshot: Mapping[str, Any] | None,
+    width: int = 100,
+    height: int | None = None,
+    *,
+    endpoint: str = "",
+    error: str | None = None,
+    color: bool = False,
+    unicode: bool = True,
+    bottleneck: Bottleneck | None = None,
+) -> str:
     """The frame as text, one line per row, ANSI colours only when ``color``."""
-    lines = render_lines(snapshot, width, height, endpoint=endpoint, error=error,
-                         unicode=unicode, bottleneck=bottleneck)
+    lines = render_lines(
+        snapshot,
+        width,
+        height,
+        endpoint=endpoint,
+        error=error,
+        unicode=unicode,
+        bottleneck=bottleneck,
+    )
     return "\n".join(to_text(line, color) for line in lines)

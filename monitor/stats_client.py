@@ -26,6 +26,10 @@ class StatsClient:
         self._ctx = ctx or zmq.Context()
         self._sock: zmq.Socket | None = None
 
+    def connect(self) -> None:
+        """Open the socket now: a malformed endpoint fails here, before any waiting."""
+        self._socket()
+
     def _socket(self) -> zmq.Socket:
         if self._sock is None:
             sock = self._ctx.socket(zmq.DEALER)
@@ -54,7 +58,8 @@ class StatsClient:
                 self._reset()
                 raise StatsUnavailable(
                     f"no answer from {self.endpoint} within {self.timeout:g} s "
-                    "(is pipeline-server running there?)")
+                    "(is pipeline-server running there?)"
+                )
             frames = sock.recv_multipart()
             try:
                 reply = protocol.decode_server_message(frames[0])
@@ -65,8 +70,9 @@ class StatsClient:
                 return reply.stats
             if isinstance(reply, protocol.ErrorReply):
                 self._reset()
-                raise StatsUnavailable(f"{self.endpoint} refused the stats request: "
-                                       f"{reply.message}")
+                raise StatsUnavailable(
+                    f"{self.endpoint} refused the stats request: {reply.message}"
+                )
             # Anything else (a shutdown notice) is not our answer: keep waiting until the deadline.
 
     def close(self) -> None:

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
-from batchwire.native.build import BuildResult, NativeBuildError, build
+from batchwire.native.build import BuildResult, NativeBuildError
+from batchwire.native.build import build as _build
 
 __all__ = ["NativeBuildError", "NativeOps", "augment_batch", "is_available", "load"]
 
@@ -48,7 +49,7 @@ class NativeOps:
 
 def load(verbose: bool = False) -> NativeOps:
     """Builds (first use only, cached on disk) and loads the extension; raises NativeBuildError."""
-    return NativeOps(build(verbose=verbose))
+    return NativeOps(_build(verbose=verbose))
 
 
 def is_available() -> bool:

@@ -71,6 +71,16 @@ def _jitter(x: torch.Tensor, brightness: float, contrast: float, saturation: flo
     return x
 
 
+def _is_dense(t: torch.Tensor) -> bool:
+    """No two elements share memory and none is skipped, whatever the dimension order."""
+    expected = 1
+    for d in sorted(range(t.dim()), key=t.stride):
+        if t.shape[d] != 1 and t.stride(d) != expected:
+            return False
+        expected *= t.shape[d]
+    return True
+
+
 def check_args(
     images: Sequence[torch.Tensor],
     boxes: torch.Tensor,
@@ -83,6 +93,8 @@ def check_args(
     """The kernels' argument checks, with the same exception types (ValueError, TypeError)."""
     if out.dim() != 4 or out.shape[1] != 3 or out.shape[2] < 1 or out.shape[3] < 1:
         raise ValueError(f"augment_batch: out must be [N, 3, H, W], got shape {tuple(out.shape)}")
+    if not _is_dense(out):
+        raise ValueError("augment_batch: out must be dense (contiguous or channels_last)")
     if out.dtype not in OUTPUT_DTYPES:
         raise TypeError(f"augment_batch: out must be uint8, float16, bfloat16 or float32, got {out.dtype}")
     n = out.shape[0]
@@ -102,11 +114,13 @@ def check_args(
     for i, img in enumerate(images):
         if img.dtype != torch.uint8:
             raise TypeError(f"augment_batch: images[{i}] must be uint8 HWC, got {img.dtype}")
-        if img.dim() != 3 or img.shape[2] not in (1, 3) or img.shape[0] < 1 or img.shape[1] < 1:
+        if img.dim() != 3 or img.shape[2] not in (1, 3):
             raise ValueError(
                 f"augment_batch: images[{i}] must be HWC with 1 or 3 channels, got shape "
                 f"{tuple(img.shape)}"
             )
+        if img.shape[0] < 1 or img.shape[1] < 1:
+            raise ValueError(f"augment_batch: images[{i}] is empty: {tuple(img.shape)}")
         if img.device != out.device:
             raise ValueError(f"augment_batch: images[{i}] is on {img.device} but out is on {out.device}")
     for i, (box, factors) in enumerate(zip(boxes.tolist(), jitter.tolist(), strict=True)):

@@ -105,14 +105,16 @@ def _load_turbojpeg():
             code_fn = self._TurboJPEG__get_error_code
             message = self._TurboJPEG__get_error_string(handle)
             if code_fn is not None and code_fn(handle) == TJERR_WARNING:
-                self.last.warning = message
+                # One call may warn twice (header, then pixels): keep both.
+                self.last.warnings = [*getattr(self.last, "warnings", ()), message]
                 return
             raise OSError(message)
 
-        def take_warning(self) -> str | None:
-            message = getattr(self.last, "warning", None)
-            self.last.warning = None
-            return message
+        def take_warnings(self) -> list[str]:
+            """The warnings of this thread's calls since the last take (and forget them)."""
+            messages = list(getattr(self.last, "warnings", ()))
+            self.last.warnings = []
+            return messages
 
     try:
         return _RecordingTurboJPEG()
@@ -243,20 +245,20 @@ def _jpeg_header(data: bytes) -> tuple[int, int, str]:
         if sof is None:
             raise DecodeError("corrupt JPEG: no frame header")
         return sof[0], sof[1], "other"
-    tj.take_warning()  # drop anything a failed call left behind on this thread
+    tj.take_warnings()  # drop anything a failed call left behind on this thread
     try:
         w, h, _subsample, colorspace = tj.decode_header(data)
     except OSError as e:
         # TurboJPEG refuses some valid JPEGs (e.g. CMYK with unusual sampling factors); if
         # the frame header parses, let OpenCV try the pixels, else the file is bad.
-        tj.take_warning()
+        tj.take_warnings()
         sof = _jpeg_sof_size(data)
         if sof is None:
             raise DecodeError(f"corrupt JPEG header: {e}") from None
         return sof[0], sof[1], "other"
-    warning = tj.take_warning()
+    warnings = tj.take_warnings()
     if w < 1 or h < 1:
-        raise DecodeError(f"corrupt JPEG header: {warning or 'no image size'}")
+        raise DecodeError(f"corrupt JPEG header: {'; '.join(warnings) or 'no image size'}")
     kind = "other" if colorspace in (_TJCS_CMYK, _TJCS_YCCK) else "jpeg"
     return h, w, kind
 
@@ -302,11 +304,11 @@ def _turbo_decode(data: bytes, scale: tuple[int, int]) -> np.ndarray:
     """
     tj = _turbo()
     factor = None if scale == (1, 1) else scale
-    tj.take_warning()  # drop anything a failed call left behind on this thread
+    tj.take_warnings()  # drop anything a failed call left behind on this thread
     pixels = tj.decode(data, pixel_format=_TJPF_RGB, scaling_factor=factor)
-    warning = tj.take_warning()
-    if warning and not any(w in warning for w in _BENIGN_WARNINGS):
-        raise OSError(warning)
+    bad = [w for w in tj.take_warnings() if not any(b in w for b in _BENIGN_WARNINGS)]
+    if bad:
+        raise OSError("; ".join(bad))
     return pixels
 
 

@@ -43,23 +43,38 @@ class CpuFallback:
             return self._cpu
 
     def decode(
-        self, requests: Sequence[DecodeRequest], reasons: Sequence[str]
+        self,
+        requests: Sequence[DecodeRequest],
+        reasons: Sequence[str],
+        routine: Sequence[bool] | None = None,
     ) -> list[DecodeResult]:
-        """CPU-decode `requests` (why each one is here: `reasons`), results in request order."""
+        """CPU-decode `requests` (why each one is here: `reasons`), results in request order.
+
+        `routine[i]` marks an image sent here by design (not a JPEG, over the GPU bound): it is
+        logged at DEBUG unless the CPU fails too; the rest (rejected by the GPU decoder) at
+        WARNING, once per dataset index.
+        """
         if not requests:
             return []
         results = self._decoder().decode_batch(requests)
         out: list[DecodeResult] = []
         with self._lock:
             self.fallbacks += len(requests)
-            for req, reason, res in zip(requests, reasons, results, strict=True):
+            flags = routine if routine is not None else [False] * len(requests)
+            for req, reason, quiet, res in zip(requests, reasons, flags, results, strict=True):
                 if res.image is None:
                     self.failures += 1
                 if req.index not in self._logged:
                     self._logged.add(req.index)
                     outcome = "decoded on the CPU" if res.image is not None else res.error
-                    log.warning(
-                        "%s decoder: image %d (%s): %s", self.owner, req.index, reason, outcome
+                    level = logging.DEBUG if quiet and res.image is not None else logging.WARNING
+                    log.log(
+                        level,
+                        "%s decoder: image %d (%s): %s",
+                        self.owner,
+                        req.index,
+                        reason,
+                        outcome,
                     )
         for res in results:
             if res.image is not None and res.image.device != self.device:

@@ -157,6 +157,7 @@ class NvjpegBatchDecoder:
                 eligible.append(i)
             else:
                 rejected[i] = reason
+        routed = set(rejected)
         with self._lock:
             for start in range(0, len(eligible), self.max_batch):
                 chunk = eligible[start : start + self.max_batch]
@@ -164,7 +165,9 @@ class NvjpegBatchDecoder:
         if rejected:
             order = sorted(rejected)
             redone = self._fallback.decode(
-                [requests[i] for i in order], [rejected[i] for i in order]
+                [requests[i] for i in order],
+                [rejected[i] for i in order],
+                [i in routed for i in order],
             )
             for i, res in zip(order, redone, strict=True):
                 results[i] = res

@@ -173,7 +173,7 @@ class SampleLoader:
         """
         n = len(self.dataset)
         candidates = substitute_candidates(self.seed, requested, self.max_attempts, n)
-        while attempt <= self.max_attempts:
+        while attempt <= len(candidates):  # empty for a one-file dataset: nothing to swap in
             index = requested if attempt == 0 else int(candidates[attempt - 1])
             if not self._is_bad(index):
                 got = self._read(index)

@@ -63,14 +63,18 @@ class ServerApp:
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
         self.telemetry = Telemetry()
-        decoder = make_decoder(config)
+        self.decoder = make_decoder(config)
         self._phases = _Phases(self.telemetry.observe_stage)
         try:
             self.splits: dict[str, Split] = open_splits(
-                config, StageTimingDecoder(decoder, self._phases)
+                config, StageTimingDecoder(self.decoder, self._phases)
             )
         except ValueError as exc:
+            self._close_decoder()
             raise StartupError(str(exc)) from None
+        except BaseException:
+            self._close_decoder()
+            raise
         first = next(iter(self.splits.values())).augment
         self.shape = (config.batch_size, 3, config.image_size, config.image_size)
         self.nbytes = protocol.images_nbytes(self.shape, config.output_dtype)
@@ -89,6 +93,7 @@ class ServerApp:
             except zmq.ZMQError as exc:
                 self.router.close(0)
                 self.ctx.term()
+                self._close_decoder()
                 raise StartupError(f"cannot bind {endpoint}: {exc}") from None
             self.endpoints.append(self.router.last_endpoint.decode())
 
@@ -150,11 +155,12 @@ class ServerApp:
         self.ctx.term()
         for fd in (self._wake_r, self._wake_w):
             os.close(fd)
-        for split in self.splits.values():
-            close = getattr(split.producer.decoder, "close", None)
-            if close is not None:
-                close()
-                break  # one decoder shared by all splits
+        self._close_decoder()
+
+    def _close_decoder(self) -> None:
+        close = getattr(self.decoder, "close", None)
+        if close is not None:
+            close()
 
     # ----------------------------------------------------------------------------- the loop
 

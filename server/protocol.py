@@ -193,6 +193,8 @@ class Hello(_Message):
 
     The server produces batch k iff ``k % shard[1] == shard[0]`` and ``k >= start_batch``.
     ``session`` is chosen by the client and echoed on every batch so stale frames can be dropped.
+    The hello itself grants ``prefetch`` credits; each `Credit` adds ``n`` more. The server never
+    holds more than ``prefetch`` unused credits for a client (extra ones are ignored).
     """
 
     TYPE: ClassVar[str] = "hello"
@@ -233,7 +235,11 @@ class Hello(_Message):
 
 @dataclass(frozen=True)
 class Credit(_Message):
-    """``n`` more batches may be sent; ``stats`` is the loader's `LoaderStats.as_dict()` or None."""
+    """``n`` more batches may be sent; ``stats`` is the loader's `LoaderStats.as_dict()` or None.
+
+    A credit from a client the server does not know (after a server restart, or once it dropped
+    a silent client) is ignored: the client's re-sent hello starts a new stream.
+    """
 
     TYPE: ClassVar[str] = "credit"
     n: int

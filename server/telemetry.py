@@ -31,12 +31,30 @@ LATENCY_WINDOW_S = 10.0
 LATENCY_MAX_SAMPLES = 1024
 # From sub-millisecond (a cache-hot read) to seconds (a huge batch decoded on one core).
 LATENCY_BUCKETS_S = (
-    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
 )
 
 COUNTER_NAMES = (
-    "images_total", "batches_total", "bytes_total", "replaced_total", "bad_total",
-    "errors_total", "malformed_total",
+    "images_total",
+    "batches_total",
+    "bytes_total",
+    "replaced_total",
+    "bad_total",
+    "errors_total",
+    "malformed_total",
 )
 # Stats-schema counter -> (Prometheus name, help). The names end in _total as Prometheus expects.
 _PROM_COUNTERS = {
@@ -44,12 +62,14 @@ _PROM_COUNTERS = {
     "batches_total": ("batchwire_batches_total", "Batches sent to clients."),
     "bytes_total": ("batchwire_bytes_total", "Payload bytes (images and labels) sent."),
     "replaced_total": (
-        "batchwire_replaced_samples_total", "Samples replaced because their file was unusable.",
+        "batchwire_replaced_samples_total",
+        "Samples replaced because their file was unusable.",
     ),
     "bad_total": ("batchwire_bad_samples_total", "Samples whose file failed to read or decode."),
     "errors_total": ("batchwire_errors_total", "Errors while serving (error replies, failures)."),
     "malformed_total": (
-        "batchwire_malformed_messages_total", "Malformed or unknown messages received and dropped.",
+        "batchwire_malformed_messages_total",
+        "Malformed or unknown messages received and dropped.",
     ),
 }
 _CLIENT_LABELS = ("client", "split", "rank")
@@ -63,7 +83,9 @@ class RateWindow:
     """
 
     def __init__(
-        self, window_s: float = THROUGHPUT_WINDOW_S, clock: Callable[[], float] = time.monotonic,
+        self,
+        window_s: float = THROUGHPUT_WINDOW_S,
+        clock: Callable[[], float] = time.monotonic,
     ):
         self.window_s = float(window_s)
         self._clock = clock
@@ -99,7 +121,7 @@ class RateWindow:
             events.popleft()
 
 
-class _MetricsServer:
+class MetricsServer:
     """What ``serve_prometheus`` returns: call it to stop; ``port``/``url`` say where it is."""
 
     def __init__(self, httpd: Any, thread: threading.Thread, on_stop: Callable[[], None]):
@@ -155,9 +177,11 @@ def _families(snap: Mapping[str, Any]) -> Iterable[Metric]:
         yield family
 
     depth = GaugeMetricFamily(
-        "batchwire_queue_depth", "Items waiting in a stage's queue.", labels=["stage"])
+        "batchwire_queue_depth", "Items waiting in a stage's queue.", labels=["stage"]
+    )
     capacity = GaugeMetricFamily(
-        "batchwire_queue_capacity", "Bound of a stage's queue.", labels=["stage"])
+        "batchwire_queue_capacity", "Bound of a stage's queue.", labels=["stage"]
+    )
     for stage in snap.get("stages", []):
         depth.add_metric([str(stage["name"])], float(stage["depth"]))
         capacity.add_metric([str(stage["name"])], float(stage["capacity"]))
@@ -172,33 +196,49 @@ def _families(snap: Mapping[str, Any]) -> Iterable[Metric]:
     ):
         yield GaugeMetricFamily(name, doc, value=float(throughput.get(key, 0.0)))
     yield GaugeMetricFamily(
-        "batchwire_uptime_seconds", "Seconds since the server started.",
-        value=float(snap.get("uptime_s", 0.0)))
+        "batchwire_uptime_seconds",
+        "Seconds since the server started.",
+        value=float(snap.get("uptime_s", 0.0)),
+    )
 
     per_client = {
         "ready": GaugeMetricFamily(
-            "batchwire_client_ready", "Batches ready for a client, waiting for its credits.",
-            labels=list(_CLIENT_LABELS)),
+            "batchwire_client_ready",
+            "Batches ready for a client, waiting for its credits.",
+            labels=list(_CLIENT_LABELS),
+        ),
         "ready_capacity": GaugeMetricFamily(
-            "batchwire_client_ready_capacity", "Bound of a client's ready queue.",
-            labels=list(_CLIENT_LABELS)),
+            "batchwire_client_ready_capacity",
+            "Bound of a client's ready queue.",
+            labels=list(_CLIENT_LABELS),
+        ),
         "credits": GaugeMetricFamily(
-            "batchwire_client_credits", "Credits a client has outstanding.",
-            labels=list(_CLIENT_LABELS)),
+            "batchwire_client_credits",
+            "Credits a client has outstanding.",
+            labels=list(_CLIENT_LABELS),
+        ),
         "in_flight": GaugeMetricFamily(
-            "batchwire_client_in_flight", "Batches sent to a client and not yet credited back.",
-            labels=list(_CLIENT_LABELS)),
+            "batchwire_client_in_flight",
+            "Batches sent to a client and not yet credited back.",
+            labels=list(_CLIENT_LABELS),
+        ),
         "images_per_s": GaugeMetricFamily(
-            "batchwire_client_images_per_second", "Images sent to a client per second.",
-            labels=list(_CLIENT_LABELS)),
+            "batchwire_client_images_per_second",
+            "Images sent to a client per second.",
+            labels=list(_CLIENT_LABELS),
+        ),
         "data_wait_fraction": GaugeMetricFamily(
             "batchwire_client_data_wait_fraction",
             "Fraction of wall time the client's trainer waited for data (as it reports).",
-            labels=list(_CLIENT_LABELS)),
+            labels=list(_CLIENT_LABELS),
+        ),
     }
     for client in snap.get("clients", []):
-        labels = [str(client.get("id", "")), str(client.get("split", "")),
-                  str(client.get("rank", ""))]
+        labels = [
+            str(client.get("id", "")),
+            str(client.get("split", "")),
+            str(client.get("rank", "")),
+        ]
         for key in ("ready", "ready_capacity", "credits", "in_flight", "images_per_s"):
             if key in client:
                 per_client[key].add_metric(labels, float(client[key]))
@@ -228,8 +268,12 @@ class Telemetry:
         # registration time, before the server is ready to answer it.
         self.registry = CollectorRegistry()
         self._histogram = Histogram(
-            "batchwire_stage_latency_seconds", "Time one batch spends in a pipeline stage.",
-            labelnames=["stage"], buckets=LATENCY_BUCKETS_S, registry=self.registry)
+            "batchwire_stage_latency_seconds",
+            "Time one batch spends in a pipeline stage.",
+            labelnames=["stage"],
+            buckets=LATENCY_BUCKETS_S,
+            registry=self.registry,
+        )
         self._collector: _SnapshotCollector | None = None
 
     # -- hot path -----------------------------------------------------------------------------
@@ -277,15 +321,16 @@ class Telemetry:
         with self._lock:
             return dict(self._counters)
 
-    def stage_latency_ms(self, stage: str) -> float:
-        """Mean of the recent observations of ``stage``; the last such mean if it went quiet.
+    def stage_latency_ms(self, stage: str) -> float | None:
+        """Mean of the recent observations of ``stage``; the last such mean if it went quiet;
+        None if it was never observed.
 
         A stalled stage keeps showing how long its batches took, rather than a misleading 0.
         """
         with self._lock:
             samples = list(self._latency.get(stage, ()))
         if not samples:
-            return 0.0
+            return None
         # The window ends at the latest observation: "now" for a busy stage, and the last
         # batch it handled for one that has gone quiet.
         horizon = samples[-1][0] - LATENCY_WINDOW_S
@@ -306,22 +351,28 @@ class Telemetry:
         out_stages = []
         for stage in stages:
             name = str(stage["name"])
-            observed = name in self._latency
-            out_stages.append({
-                **stage,
-                "name": name,
-                "depth": int(stage["depth"]),
-                "capacity": int(stage["capacity"]),
-                "latency_ms": (self.stage_latency_ms(name) if observed
-                               else float(stage.get("latency_ms", 0.0))),
-            })
+            latency = self.stage_latency_ms(name)
+            out_stages.append(
+                {
+                    **stage,
+                    "name": name,
+                    "depth": int(stage["depth"]),
+                    "capacity": int(stage["capacity"]),
+                    "latency_ms": float(stage.get("latency_ms", 0.0))
+                    if latency is None
+                    else latency,
+                }
+            )
         return {
             "v": STATS_VERSION,
             "uptime_s": now - self._started,
             "time": time.time(),
             "stages": out_stages,
-            "throughput": {"images_per_s": images_s, "batches_per_s": batches_s,
-                           "bytes_per_s": bytes_s},
+            "throughput": {
+                "images_per_s": images_s,
+                "batches_per_s": batches_s,
+                "bytes_per_s": bytes_s,
+            },
             "counters": counters,
             "clients": list(clients),
         }
@@ -336,8 +387,11 @@ class Telemetry:
         return generate_latest(registry)
 
     def serve_prometheus(
-        self, port: int, snapshot_fn: Callable[[], Mapping[str, Any]], host: str = "0.0.0.0",
-    ) -> _MetricsServer:
+        self,
+        port: int,
+        snapshot_fn: Callable[[], Mapping[str, Any]],
+        host: str = "0.0.0.0",
+    ) -> MetricsServer:
         """Serve ``/metrics`` on ``host:port`` from a daemon thread; returns the stop callable.
 
         ``port=0`` binds a free port; the returned handle's ``port`` and ``url`` tell which.
@@ -354,7 +408,7 @@ class Telemetry:
         except Exception:
             self._unregister(collector)
             raise
-        handle = _MetricsServer(httpd, thread, lambda: self._unregister(collector))
+        handle = MetricsServer(httpd, thread, lambda: self._unregister(collector))
         log.info("Prometheus metrics on %s", handle.url)
         return handle
 

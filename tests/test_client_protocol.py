@@ -13,7 +13,7 @@ from collections.abc import Callable
 import msgpack
 import pytest
 import zmq
-from batchwire.client import ProtocolError, RemoteLoader, VersionMismatch
+from batchwire.client import ProtocolError, RemoteLoader, ServerUnavailable, VersionMismatch
 from batchwire.server import protocol
 
 SHAPE = [2, 3, 4, 4]
@@ -22,15 +22,31 @@ NBYTES = 2 * 3 * 4 * 4
 
 def welcome(session: int) -> bytes:
     return protocol.Welcome(
-        session=session, num_batches=2, num_samples=4, batch_size=2, shape=SHAPE,
-        dtype="uint8", layout="nchw", mean=[0.5] * 3, std=[0.25] * 3, num_classes=3,
+        session=session,
+        num_batches=2,
+        num_samples=4,
+        batch_size=2,
+        shape=SHAPE,
+        dtype="uint8",
+        layout="nchw",
+        mean=[0.5] * 3,
+        std=[0.25] * 3,
+        num_classes=3,
     ).pack()
 
 
 def header(session: int, k: int) -> bytes:
     return protocol.BatchHeader(
-        session=session, split="train", epoch=0, batch_index=k, shape=SHAPE, dtype="uint8",
-        layout="nchw", indices=[2 * k, 2 * k + 1], replaced=0, nbytes=NBYTES,
+        session=session,
+        split="train",
+        epoch=0,
+        batch_index=k,
+        shape=SHAPE,
+        dtype="uint8",
+        layout="nchw",
+        indices=[2 * k, 2 * k + 1],
+        replaced=0,
+        nbytes=NBYTES,
     ).pack()
 
 
@@ -72,8 +88,9 @@ class RawServer:
 def run_loader(reply) -> list:
     srv = RawServer(reply)
     try:
-        with RemoteLoader(srv.endpoint, "train", rank=0, world_size=1, device="cpu",
-                          with_indices=True, timeout=5) as loader:
+        with RemoteLoader(
+            srv.endpoint, "train", rank=0, world_size=1, device="cpu", with_indices=True, timeout=5
+        ) as loader:
             return [tuple(t.clone() for t in b) for b in loader]
     finally:
         srv.close()
@@ -130,10 +147,32 @@ def test_batch_unlike_the_welcome_is_a_protocol_error():
     def reply(sock, identity, hello):
         sock.send_multipart([identity, welcome(hello.session)])
         bad = protocol.BatchHeader(
-            session=hello.session, split="train", epoch=0, batch_index=0, shape=[2, 3, 8, 8],
-            dtype="uint8", layout="nchw", indices=[0, 1], nbytes=2 * 3 * 8 * 8,
+            session=hello.session,
+            split="train",
+            epoch=0,
+            batch_index=0,
+            shape=[2, 3, 8, 8],
+            dtype="uint8",
+            layout="nchw",
+            indices=[0, 1],
+            nbytes=2 * 3 * 8 * 8,
         ).pack()
         sock.send_multipart([identity, bad, b"\0" * (2 * 3 * 8 * 8), labels(0)])
 
     with pytest.raises(ProtocolError, match="welcome promised"):
         run_loader(reply)
+
+
+@pytest.mark.timeout(30)
+def test_peer_that_never_answers_the_hello_times_out_naming_it():
+    srv = RawServer(lambda sock, identity, hello: None)
+    try:
+        loader = RemoteLoader(
+            srv.endpoint, "train", rank=0, world_size=1, device="cpu", timeout=1.0
+        )
+        with pytest.raises(ServerUnavailable, match="did not answer the hello") as info:
+            len(loader)
+        assert srv.endpoint in str(info.value)
+        loader.close()
+    finally:
+        srv.close()

@@ -258,3 +258,24 @@ def test_without_libturbojpeg_opencv_decodes_jpegs(monkeypatch: pytest.MonkeyPat
     for kind in BAD_KINDS:
         with pytest.raises(DecodeError):
             decode_full(odd_file_bytes(kind))
+
+
+def test_benign_libjpeg_warning_still_decodes() -> None:
+    """Stray bytes before a marker make libjpeg warn, but the pixels are whole (PIL agrees)."""
+    good = jpeg_bytes(smooth_image(64, 80))
+    sos = good.find(b"\xff\xda")
+    data = good[:sos] + b"\x12\x34" + good[sos:]
+    header = read_header(data)
+    assert header.kind == "jpeg"
+    assert_close(decode_full(data), pil_rgb(data))
+
+
+@pytest.mark.parametrize("fmt", ["BMP", "WEBP", "TIFF", "PPM"])
+def test_other_formats_decode_through_opencv(fmt: str) -> None:
+    out = io.BytesIO()
+    options = {"lossless": True} if fmt == "WEBP" else {}
+    Image.fromarray(smooth_image(30, 44)).save(out, fmt, **options)
+    data = out.getvalue()
+    header = read_header(data)
+    assert (header.height, header.width, header.kind) == (30, 44, "other")
+    assert_close(decode_full(data), pil_rgb(data))

@@ -162,6 +162,22 @@ def test_crops_decode_a_region_that_augments_like_the_full_image(decoder):
     assert smaller >= len(requests) // 2  # it really decoded less than the whole image
 
 
+def test_without_roi_the_whole_image_is_decoded():
+    dec = DaliBatchDecoder("cpu", threads=1, max_batch=8, roi=False)
+    try:
+        files = [exif_jpeg(smooth_image(90, 120, seed=4), o) for o in (1, 6)]
+        requests = crop_requests(files, 32)
+        requests.append(full_request(9, odd_file_bytes("truncated")))
+        results = dec.decode_batch(requests)
+        full = [full_request(i, f) for i, f in enumerate(files)]
+        assert results[2].image is None and dec.fallbacks == 1
+        assert [r.box for r in results[:2]] == [q.box for q in requests[:2]]
+        whole = [type(r)(image=r.image, box=q.box) for r, q in zip(results, full, strict=False)]
+        assert_close_to_cpu(whole, full)
+    finally:
+        dec.close()
+
+
 def test_results_survive_later_batches_and_rebuilds(decoder):
     first = [full_request(i, odd_file_bytes("rgb", seed=10 + i)) for i in range(4)]
     kept = decoder.decode_batch(first)
@@ -177,8 +193,9 @@ def test_empty_batch(decoder):
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (DALI 'mixed')")
-def test_gpu_decode_matches_cpu_decoder():
-    dec = DaliBatchDecoder("cuda:0", threads=2, max_batch=8, max_image_pixels=200_000)
+@pytest.mark.parametrize("roi", [False, True])
+def test_gpu_decode_matches_cpu_decoder(roi):
+    dec = DaliBatchDecoder("cuda:0", threads=2, max_batch=8, max_image_pixels=200_000, roi=roi)
     try:
         pixels = smooth_image(64, 96, seed=5)
         batch = [full_request(o, exif_jpeg(pixels, o)) for o in (1, 3, 6, 8)]

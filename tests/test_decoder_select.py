@@ -39,7 +39,7 @@ def test_cpu_and_auto_on_cpu_pick_the_cpu_decoder(name, caplog):
     assert dec.threads == 2
     line = chosen(caplog)
     assert line.startswith("decoder: cpu on cpu, 2 threads")
-    assert ("DCT scaling" in line) if name == "auto" else ("asked for by name" in line)
+    assert ("auto on CPU" in line) if name == "auto" else ("asked for by name" in line)
     assert decode_one(dec).shape == (96, 128, 3)
     dec.close()
 

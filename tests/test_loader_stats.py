@@ -19,8 +19,12 @@ class FakeClock:
 def test_fresh_stats_are_zero_and_keys_match_the_schema() -> None:
     stats = LoaderStats()
     stats.set_prefetch_depth(3)
-    assert stats.as_dict() == {"prefetch_depth": 3, "wait_s_per_batch": 0.0,
-                               "data_wait_fraction": 0.0, "images_per_s": 0.0}
+    assert stats.as_dict() == {
+        "prefetch_depth": 3,
+        "wait_s_per_batch": 0.0,
+        "data_wait_fraction": 0.0,
+        "images_per_s": 0.0,
+    }
 
 
 def test_half_starved_trainer() -> None:

@@ -58,13 +58,20 @@ def test_metrics_move_while_a_trainer_consumes(ctx: zmq.Context) -> None:
             for name in stage_names:
                 assert f'batchwire_queue_depth{{stage="{name}"}}' in metrics
                 assert metrics[f'batchwire_queue_capacity{{stage="{name}"}}'] > 0
-        for counter in ("batchwire_images_total", "batchwire_batches_total",
-                        "batchwire_bytes_total"):
+        for counter in (
+            "batchwire_images_total",
+            "batchwire_batches_total",
+            "batchwire_bytes_total",
+        ):
             assert second[counter] > first[counter] > 0, counter
         assert second["batchwire_batches_total"] >= 6
         assert second["batchwire_images_total"] == 4 * second["batchwire_batches_total"]
-        for counter in ("batchwire_replaced_samples_total", "batchwire_bad_samples_total",
-                        "batchwire_errors_total", "batchwire_malformed_messages_total"):
+        for counter in (
+            "batchwire_replaced_samples_total",
+            "batchwire_bad_samples_total",
+            "batchwire_errors_total",
+            "batchwire_malformed_messages_total",
+        ):
             assert counter in second
         assert second["batchwire_uptime_seconds"] > first["batchwire_uptime_seconds"]
         assert second["batchwire_images_per_second"] > 0

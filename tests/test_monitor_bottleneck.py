@@ -12,20 +12,43 @@ import pytest
 from batchwire.monitor.bottleneck import infer_bottleneck, smooth
 
 
-def snapshot(stages: list[tuple[str, int, int]], clients: list[tuple[int, int]],
-             *, credits: int = 2, latency: dict[str, float] | None = None) -> dict[str, Any]:
+def snapshot(
+    stages: list[tuple[str, int, int]],
+    clients: list[tuple[int, int]],
+    *,
+    credits: int = 2,
+    latency: dict[str, float] | None = None,
+) -> dict[str, Any]:
     """stages: (name, depth, capacity); clients: (ready, ready_capacity)."""
     latency = latency or {}
     return {
-        "v": 1, "uptime_s": 10.0, "time": 0.0,
-        "stages": [{"name": n, "depth": d, "capacity": c, "latency_ms": latency.get(n, 0.0)}
-                   for n, d, c in stages],
+        "v": 1,
+        "uptime_s": 10.0,
+        "time": 0.0,
+        "stages": [
+            {"name": n, "depth": d, "capacity": c, "latency_ms": latency.get(n, 0.0)}
+            for n, d, c in stages
+        ],
         "throughput": {"images_per_s": 0.0, "batches_per_s": 0.0, "bytes_per_s": 0.0},
         "counters": {},
-        "clients": [{"id": f"c{i}", "split": "train", "rank": i, "world_size": len(clients),
-                     "epoch": 0, "credits": credits, "ready": r, "ready_capacity": cap,
-                     "in_flight": 0, "sent": 0, "images_per_s": 0.0, "last_seen_s": 0.0,
-                     "loader": None} for i, (r, cap) in enumerate(clients)],
+        "clients": [
+            {
+                "id": f"c{i}",
+                "split": "train",
+                "rank": i,
+                "world_size": len(clients),
+                "epoch": 0,
+                "credits": credits,
+                "ready": r,
+                "ready_capacity": cap,
+                "in_flight": 0,
+                "sent": 0,
+                "images_per_s": 0.0,
+                "last_seen_s": 0.0,
+                "loader": None,
+            }
+            for i, (r, cap) in enumerate(clients)
+        ],
     }
 
 
@@ -38,23 +61,33 @@ def snapshot(stages: list[tuple[str, int, int]], clients: list[tuple[int, int]],
         ([("read", 4, 4), ("decode", 0, 2), ("augment", 0, 2)], [(0, 4)], ("stage", "read")),
         # Augmenting is slow, seen while the job backlog is counted in read: the link
         # closest to the trainers wins over the backlog's edge.
-        ([("read", 4, 4), ("decode", 0, 2), ("augment", 2, 2)], [(0, 4)],
-         ("stage", "augment")),
+        ([("read", 4, 4), ("decode", 0, 2), ("augment", 2, 2)], [(0, 4)], ("stage", "augment")),
         # "Nearly" full counts as full; a single leftover item in a big queue counts as empty.
-        ([("read", 14, 16), ("decode", 14, 16), ("augment", 1, 16)], [(0, 4)],
-         ("stage", "decode")),
+        ([("read", 14, 16), ("decode", 14, 16), ("augment", 1, 16)], [(0, 4)], ("stage", "decode")),
         # Batches are made but do not reach the clients' ready queues (the ready link is
         # built from the clients when the server does not list it).
-        ([("read", 4, 4), ("decode", 2, 2), ("augment", 2, 2)], [(0, 4), (0, 4)],
-         ("stage", "augment")),
+        (
+            [("read", 4, 4), ("decode", 2, 2), ("augment", 2, 2)],
+            [(0, 4), (0, 4)],
+            ("stage", "augment"),
+        ),
         # Every trainer is behind: all ready queues full, whatever the stages look like.
-        ([("read", 4, 4), ("decode", 0, 2), ("augment", 0, 2)], [(4, 4), (4, 4)],
-         ("trainers", None)),
-        ([("read", 1, 4), ("decode", 1, 2), ("augment", 0, 2)], [(4, 4), (9, 10)],
-         ("trainers", None)),
+        (
+            [("read", 4, 4), ("decode", 0, 2), ("augment", 0, 2)],
+            [(4, 4), (4, 4)],
+            ("trainers", None),
+        ),
+        (
+            [("read", 1, 4), ("decode", 1, 2), ("augment", 0, 2)],
+            [(4, 4), (9, 10)],
+            ("trainers", None),
+        ),
         # One trainer behind and one keeping up is not "the trainers".
-        ([("read", 2, 4), ("decode", 1, 2), ("augment", 1, 2)], [(4, 4), (2, 4)],
-         ("balanced", None)),
+        (
+            [("read", 2, 4), ("decode", 1, 2), ("augment", 1, 2)],
+            [(4, 4), (2, 4)],
+            ("balanced", None),
+        ),
         # Queues half full everywhere: nothing to blame.
         ([("read", 2, 4), ("decode", 1, 2), ("augment", 1, 2)], [(2, 4)], ("balanced", None)),
         # Nobody connected.
@@ -93,14 +126,22 @@ def test_the_loaders_own_wait_report_decides_who_starves() -> None:
     stages = [("read", 1, 2), ("decode", 1, 2), ("augment", 0, 2), ("ready", 1, 4)]
     latency = {"read": 1.0, "decode": 2.0, "augment": 3.0}
     snap = snapshot(stages, [(1, 4)], credits=0, latency=latency)
-    snap["clients"][0]["loader"] = {"prefetch_depth": 1, "wait_s_per_batch": 0.02,
-                                    "data_wait_fraction": 0.9, "images_per_s": 100.0}
+    snap["clients"][0]["loader"] = {
+        "prefetch_depth": 1,
+        "wait_s_per_batch": 0.02,
+        "data_wait_fraction": 0.9,
+        "images_per_s": 100.0,
+    }
     b = infer_bottleneck(snap)
     assert (b.kind, b.stage) == ("stage", "augment")
     # Nothing ready and credits held, but the trainer says it hardly waits: balanced.
     snap = snapshot([*stages[:3], ("ready", 0, 4)], [(0, 4)], credits=2, latency=latency)
-    snap["clients"][0]["loader"] = {"prefetch_depth": 2, "wait_s_per_batch": 0.0,
-                                    "data_wait_fraction": 0.05, "images_per_s": 100.0}
+    snap["clients"][0]["loader"] = {
+        "prefetch_depth": 2,
+        "wait_s_per_batch": 0.0,
+        "data_wait_fraction": 0.05,
+        "images_per_s": 100.0,
+    }
     assert infer_bottleneck(snap).kind == "balanced"
 
 
@@ -111,9 +152,11 @@ def test_unbounded_or_zero_capacity_queues_never_count() -> None:
 
 def test_smoothing_finds_where_batches_really_are() -> None:
     # A single worker sampled three times: twice in decode, once in augment.
-    stages_at = [[("read", 2, 2), ("decode", 1, 1), ("augment", 0, 1)],
-                 [("read", 2, 2), ("decode", 1, 1), ("augment", 0, 1)],
-                 [("read", 2, 2), ("decode", 0, 1), ("augment", 1, 1)]]
+    stages_at = [
+        [("read", 2, 2), ("decode", 1, 1), ("augment", 0, 1)],
+        [("read", 2, 2), ("decode", 1, 1), ("augment", 0, 1)],
+        [("read", 2, 2), ("decode", 0, 1), ("augment", 1, 1)],
+    ]
     snaps = [snapshot(s, [(0, 4)]) for s in stages_at]
     assert infer_bottleneck(snaps[-1]).stage == "augment"  # the last sample alone misleads
     averaged = smooth(snaps)
@@ -126,7 +169,9 @@ def test_smoothing_finds_where_batches_really_are() -> None:
 
 def test_labels() -> None:
     assert infer_bottleneck(snapshot([], [(4, 4)])).label == "the trainers"
-    assert infer_bottleneck(snapshot([("read", 4, 4), ("decode", 0, 4)], [(0, 4)])).label == \
-        "stage 'read'"
+    assert (
+        infer_bottleneck(snapshot([("read", 4, 4), ("decode", 0, 4)], [(0, 4)])).label
+        == "stage 'read'"
+    )
     assert infer_bottleneck(snapshot([], [])).label == "none (idle)"
     assert infer_bottleneck(snapshot([("read", 1, 4)], [(1, 4)])).label == "none (balanced)"

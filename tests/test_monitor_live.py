@@ -31,11 +31,18 @@ from batchwire.server import protocol
 from serverproc import ServerProcess, free_tcp_endpoint, running_server
 
 PREFETCH_DEPTH = 3  # the server's work-ahead per client = each ready queue's capacity
-SERVER_ARGS = ("--batch-size", "4", "--image-size", "32", "--workers", "1",
-               "--prefetch-depth", str(PREFETCH_DEPTH))
+SERVER_ARGS = (
+    "--batch-size",
+    "4",
+    "--image-size",
+    "32",
+    "--workers",
+    "1",
+    "--prefetch-depth",
+    str(PREFETCH_DEPTH),
+)
 _MONITOR = Path(sys.executable).parent / "pipeline-monitor"
-MONITOR = [str(_MONITOR)] if _MONITOR.exists() else [sys.executable, "-m",
-                                                     "batchwire.monitor.cli"]
+MONITOR = [str(_MONITOR)] if _MONITOR.exists() else [sys.executable, "-m", "batchwire.monitor.cli"]
 ANSI = re.compile(rb"\x1b\[[0-9;?]*[A-Za-z]")
 T = TypeVar("T")
 
@@ -55,8 +62,15 @@ def wait_for(probe: Callable[[], T], what: str, timeout: float = 30.0) -> T:
 class RawTrainer:
     """A trainer reduced to the wire: hello, credits carrying LoaderStats, batches read or not."""
 
-    def __init__(self, endpoint: str, identity: bytes, ctx: zmq.Context, *,
-                 split: str = "train", prefetch: int = 2) -> None:
+    def __init__(
+        self,
+        endpoint: str,
+        identity: bytes,
+        ctx: zmq.Context,
+        *,
+        split: str = "train",
+        prefetch: int = 2,
+    ) -> None:
         self.identity = identity
         self.split = split
         self.prefetch = prefetch
@@ -76,9 +90,18 @@ class RawTrainer:
         return self.sock.recv_multipart()
 
     def hello(self, timeout: float = 60.0) -> protocol.Welcome:
-        self.sock.send(protocol.Hello(
-            split=self.split, rank=0, world_size=1, epoch=0, start_batch=0,
-            prefetch=self.prefetch, shard=(0, 1), session=1).pack())
+        self.sock.send(
+            protocol.Hello(
+                split=self.split,
+                rank=0,
+                world_size=1,
+                epoch=0,
+                start_batch=0,
+                prefetch=self.prefetch,
+                shard=(0, 1),
+                session=1,
+            ).pack()
+        )
         while True:
             msg = protocol.decode_server_message(self._recv(timeout)[0])
             assert not isinstance(msg, protocol.ErrorReply), msg.message
@@ -127,20 +150,40 @@ def check_schema(snap: dict[str, Any]) -> None:
         assert isinstance(stage["latency_ms"], number)
     assert set(snap["throughput"]) == {"images_per_s", "batches_per_s", "bytes_per_s"}
     assert all(isinstance(v, number) for v in snap["throughput"].values())
-    assert set(snap["counters"]) == {"images_total", "batches_total", "bytes_total",
-                                     "replaced_total", "bad_total", "errors_total",
-                                     "malformed_total"}
+    assert set(snap["counters"]) == {
+        "images_total",
+        "batches_total",
+        "bytes_total",
+        "replaced_total",
+        "bad_total",
+        "errors_total",
+        "malformed_total",
+    }
     assert all(isinstance(v, int) for v in snap["counters"].values())
     for client in snap["clients"]:
-        for key, kind in (("id", str), ("split", str), ("rank", int), ("world_size", int),
-                          ("epoch", int), ("credits", int), ("ready", int),
-                          ("ready_capacity", int), ("in_flight", int), ("sent", int),
-                          ("images_per_s", number), ("last_seen_s", number)):
+        for key, kind in (
+            ("id", str),
+            ("split", str),
+            ("rank", int),
+            ("world_size", int),
+            ("epoch", int),
+            ("credits", int),
+            ("ready", int),
+            ("ready_capacity", int),
+            ("in_flight", int),
+            ("sent", int),
+            ("images_per_s", number),
+            ("last_seen_s", number),
+        ):
             assert isinstance(client[key], kind), (key, client)
         loader = client["loader"]
         if loader is not None:
-            assert set(loader) == {"prefetch_depth", "wait_s_per_batch", "data_wait_fraction",
-                                   "images_per_s"}
+            assert set(loader) == {
+                "prefetch_depth",
+                "wait_s_per_batch",
+                "data_wait_fraction",
+                "images_per_s",
+            }
 
 
 @pytest.fixture(scope="module")
@@ -167,6 +210,12 @@ def test_once_json_against_a_live_server(server: ServerProcess, ctx: zmq.Context
         trainer.hello()
         trainer.credit(trainer.prefetch)
         trainer.consume(3)
+
+        def loader_reported() -> bool:
+            row = client_row(server.stats(), trainer)
+            return row is not None and (row["loader"] or {}).get("images_per_s", 0) > 0
+
+        wait_for(loader_reported, "the credits carrying the trainer's stats to be read")
         done = run_monitor(server.endpoint, "--once", "--json")
         assert done.returncode == 0, done.stderr
         snap = json.loads(done.stdout)
@@ -188,21 +237,29 @@ def test_once_json_against_a_live_server(server: ServerProcess, ctx: zmq.Context
 def test_remote_loader_figures_reach_the_monitor(server: ServerProcess) -> None:
     from batchwire.client.remote_loader import RemoteLoader
 
-    loader = RemoteLoader(server.endpoint, "train", rank=0, world_size=1, prefetch=2,
-                          timeout=60, device="cpu")
+    loader = RemoteLoader(
+        server.endpoint, "train", rank=0, world_size=1, prefetch=2, timeout=60, device="cpu"
+    )
     try:
         batches = iter(loader)
         for _ in range(4):
             images, _labels = next(batches)
         assert images.shape[0] == 4
         own = loader.stats()
-        assert set(own) == {"prefetch_depth", "wait_s_per_batch", "data_wait_fraction",
-                            "images_per_s"}
+        assert set(own) == {
+            "prefetch_depth",
+            "wait_s_per_batch",
+            "data_wait_fraction",
+            "images_per_s",
+        }
         assert own["images_per_s"] > 0 and 0.0 <= own["data_wait_fraction"] <= 1.0
 
         def reported() -> dict[str, Any] | None:
-            rows = [c for c in server.stats()["clients"]
-                    if c["loader"] is not None and c["loader"].get("images_per_s", 0) > 0]
+            rows = [
+                c
+                for c in server.stats()["clients"]
+                if c["loader"] is not None and c["loader"].get("images_per_s", 0) > 0
+            ]
             return rows[0] if len(rows) == 1 else None
 
         row = wait_for(reported, "the loader's stats to arrive with its credits")
@@ -216,8 +273,12 @@ def test_remote_loader_figures_reach_the_monitor(server: ServerProcess) -> None:
 
 @pytest.mark.timeout(60)
 def test_live_json_is_one_snapshot_per_line(server: ServerProcess) -> None:
-    proc = subprocess.Popen([*MONITOR, server.endpoint, "--json", "--interval", "0.2"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [*MONITOR, server.endpoint, "--json", "--interval", "0.2"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         snaps = [json.loads(proc.stdout.readline()) for _ in range(3)]
         proc.send_signal(signal.SIGINT)
@@ -243,6 +304,13 @@ def test_no_server_is_a_clear_error_naming_the_endpoint() -> None:
     assert time.monotonic() - started < 20
 
 
+@pytest.mark.timeout(30)
+def test_malformed_endpoint_fails_at_once() -> None:
+    done = run_monitor("localhost:5555")  # live mode: would otherwise retry forever
+    assert done.returncode == 2
+    assert "cannot connect to localhost:5555" in done.stderr
+
+
 def _set_winsize(fd: int, rows: int, cols: int) -> None:
     fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
 
@@ -259,14 +327,17 @@ class PtyReader:
         self.fd = fd
         self.data = b""
 
-    def read_until(self, predicate: Callable[[bytes], bool], what: str,
-                   timeout: float = 30.0) -> None:
+    def read_until(
+        self, predicate: Callable[[bytes], bool], what: str, timeout: float = 30.0
+    ) -> None:
         deadline = time.monotonic() + timeout
         while not predicate(self.data):
             left = deadline - time.monotonic()
             if left <= 0:
-                raise AssertionError(f"pty: no {what} within {timeout}s; got:\n"
-                                     f"{ANSI.sub(b'', self.data[-3000:]).decode(errors='replace')}")
+                raise AssertionError(
+                    f"pty: no {what} within {timeout}s; got:\n"
+                    f"{ANSI.sub(b'', self.data[-3000:]).decode(errors='replace')}"
+                )
             if select.select([self.fd], [], [], left)[0]:
                 try:
                     chunk = os.read(self.fd, 65536)
@@ -296,15 +367,23 @@ def test_live_view_in_a_pseudo_terminal(server: ServerProcess, ctx: zmq.Context)
     trainer.consume(2)
     master, slave = pty.openpty()
     _set_winsize(slave, 30, 110)
-    proc = subprocess.Popen([*MONITOR, server.endpoint, "--interval", "0.3"],
-                            stdin=slave, stdout=slave, stderr=slave,
-                            preexec_fn=_controlling_tty, close_fds=True)
+    proc = subprocess.Popen(
+        [*MONITOR, server.endpoint, "--interval", "0.3"],
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+        preexec_fn=_controlling_tty,
+        close_fds=True,
+    )
     os.close(slave)
     reader = PtyReader(master)
     try:
+
         def row_shown(data: bytes) -> bool:
-            return any(any(trainer.id in line and "train" in line for line in frame)
-                       for frame in frames(data))
+            return any(
+                any(trainer.id in line and "train" in line for line in frame)
+                for frame in frames(data)
+            )
 
         reader.read_until(row_shown, f"client row for {trainer.id}")
         frame = next(f for f in reversed(frames(reader.data)) if any(trainer.id in x for x in f))
@@ -320,8 +399,10 @@ def test_live_view_in_a_pseudo_terminal(server: ServerProcess, ctx: zmq.Context)
 
         def narrow_frame(data: bytes) -> bool:
             new = frames(data[mark:])
-            return any(f and all(len(line) <= 44 for line in f)
-                       and any(trainer.id in line for line in f) for f in new)
+            return any(
+                f and all(len(line) <= 44 for line in f) and any(trainer.id in line for line in f)
+                for f in new
+            )
 
         reader.read_until(narrow_frame, "a frame redrawn for 44 columns")
 
@@ -338,7 +419,8 @@ def test_live_view_in_a_pseudo_terminal(server: ServerProcess, ctx: zmq.Context)
 
 @pytest.mark.timeout(120)
 def test_a_trainer_that_stops_reading_is_named_the_bottleneck(
-    server: ServerProcess, ctx: zmq.Context,
+    server: ServerProcess,
+    ctx: zmq.Context,
 ) -> None:
     # The earlier tests' trainers said bye; wait until the server has dropped them.
     wait_for(lambda: not server.stats()["clients"], "earlier clients to leave")
@@ -347,6 +429,7 @@ def test_a_trainer_that_stops_reading_is_named_the_bottleneck(
         trainer.hello()
         trainer.credit(trainer.prefetch)
         trainer.consume(1)
+
         # From here on the trainer never reads again: the server works ahead up to its bound.
         def filled() -> dict[str, Any] | None:
             stats = server.stats()

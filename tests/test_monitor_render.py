@@ -10,22 +10,60 @@ from batchwire.monitor.render import human_bytes, human_duration, render
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 SNAP = {
-    "v": 1, "uptime_s": 3725.0, "time": 0.0,
-    "stages": [{"name": "read", "depth": 16, "capacity": 16, "latency_ms": 1.5},
-               {"name": "decode", "depth": 0, "capacity": 16, "latency_ms": 42.0},
-               {"name": "augment", "depth": 2, "capacity": 8, "latency_ms": 6.0}],
+    "v": 1,
+    "uptime_s": 3725.0,
+    "time": 0.0,
+    "stages": [
+        {"name": "read", "depth": 16, "capacity": 16, "latency_ms": 1.5},
+        {"name": "decode", "depth": 0, "capacity": 16, "latency_ms": 42.0},
+        {"name": "augment", "depth": 2, "capacity": 8, "latency_ms": 6.0},
+    ],
     "throughput": {"images_per_s": 1234.5, "batches_per_s": 19.29, "bytes_per_s": 185e6},
-    "counters": {"images_total": 123456, "batches_total": 1929, "bytes_total": 11_800_000_000,
-                 "replaced_total": 3, "bad_total": 3, "errors_total": 0, "malformed_total": 1},
+    "counters": {
+        "images_total": 123456,
+        "batches_total": 1929,
+        "bytes_total": 11_800_000_000,
+        "replaced_total": 3,
+        "bad_total": 3,
+        "errors_total": 0,
+        "malformed_total": 1,
+    },
     "clients": [
-        {"id": "62772d7430", "split": "train", "rank": 0, "world_size": 2, "epoch": 3,
-         "credits": 2, "ready": 1, "ready_capacity": 4, "in_flight": 2, "sent": 120,
-         "images_per_s": 600.0, "last_seen_s": 0.2,
-         "loader": {"prefetch_depth": 2, "wait_s_per_batch": 0.01, "data_wait_fraction": 0.35,
-                    "images_per_s": 590.0}},
-        {"id": "62772d7431", "split": "val", "rank": 1, "world_size": 2, "epoch": 0,
-         "credits": 0, "ready": 4, "ready_capacity": 4, "in_flight": 0, "sent": 12,
-         "images_per_s": 0.0, "last_seen_s": 75.0, "loader": None},
+        {
+            "id": "62772d7430",
+            "split": "train",
+            "rank": 0,
+            "world_size": 2,
+            "epoch": 3,
+            "credits": 2,
+            "ready": 1,
+            "ready_capacity": 4,
+            "in_flight": 2,
+            "sent": 120,
+            "images_per_s": 600.0,
+            "last_seen_s": 0.2,
+            "loader": {
+                "prefetch_depth": 2,
+                "wait_s_per_batch": 0.01,
+                "data_wait_fraction": 0.35,
+                "images_per_s": 590.0,
+            },
+        },
+        {
+            "id": "62772d7431",
+            "split": "val",
+            "rank": 1,
+            "world_size": 2,
+            "epoch": 0,
+            "credits": 0,
+            "ready": 4,
+            "ready_capacity": 4,
+            "in_flight": 0,
+            "sent": 12,
+            "images_per_s": 0.0,
+            "last_seen_s": 75.0,
+            "loader": None,
+        },
     ],
 }
 
@@ -35,15 +73,30 @@ def test_wide_view_shows_everything() -> None:
     assert "\x1b" not in text  # colour off by default
     assert "tcp://127.0.0.1:5555" in text and "up 1h02m" in text
     assert "bottleneck: stage 'read'" in text
-    for name, count in (("read", "16/16"), ("decode", "0/16"), ("augment", "2/8"),
-                        ("ready", "5/8")):
+    for name, count in (
+        ("read", "16/16"),
+        ("decode", "0/16"),
+        ("augment", "2/8"),
+        ("ready", "5/8"),
+    ):
         row = next(line for line in text.splitlines() if line.strip().startswith(name + " "))
         assert count in row and "[" in row
     assert "1234.5 img/s" in text and "185.0 MB/s" in text
     assert "images 123,456" in text and "malformed 1" in text
     row0 = next(line for line in text.splitlines() if "62772d7430" in line).split()
-    assert row0 == ["62772d7430", "train", "0/2", "3", "2", "1/4", "2", "120", "600.0", "35%",
-                    "0.2s"]
+    assert row0 == [
+        "62772d7430",
+        "train",
+        "0/2",
+        "3",
+        "2",
+        "1/4",
+        "2",
+        "120",
+        "600.0",
+        "35%",
+        "0.2s",
+    ]
     row1 = next(line for line in text.splitlines() if "62772d7431" in line).split()
     assert row1[-2:] == ["-", "1m15s"]  # no loader stats yet; last seen 75 s ago
 

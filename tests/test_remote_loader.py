@@ -31,9 +31,22 @@ def data_root() -> str:
 
 @pytest.fixture(scope="module")
 def server(data_root):
-    with running_server("--train", data_root, "--val", data_root, "--batch-size", str(B),
-                        "--image-size", str(PX), "--output-dtype", "uint8", "--workers", "1",
-                        "--seed", str(SEED)) as srv:
+    with running_server(
+        "--train",
+        data_root,
+        "--val",
+        data_root,
+        "--batch-size",
+        str(B),
+        "--image-size",
+        str(PX),
+        "--output-dtype",
+        "uint8",
+        "--workers",
+        "1",
+        "--seed",
+        str(SEED),
+    ) as srv:
         yield srv
 
 
@@ -63,8 +76,9 @@ def assert_same(a: list[tuple[torch.Tensor, ...]], b: list[tuple[torch.Tensor, .
 @pytest.fixture(scope="module")
 def reference(server):
     """Rank 0 of 1, epoch 0, with indices: the uninterrupted run other tests compare to."""
-    with RemoteLoader(server.endpoint, "train", rank=0, world_size=1, device="cpu",
-                      with_indices=True, timeout=30) as loader:
+    with RemoteLoader(
+        server.endpoint, "train", rank=0, world_size=1, device="cpu", with_indices=True, timeout=30
+    ) as loader:
         return collect(loader)
 
 
@@ -74,10 +88,18 @@ def test_ranks_disjoint_complete_and_labelled(server, datasets, world_size):
     ds = datasets["train"]
     per_rank = []
     for rank in range(world_size):
-        with RemoteLoader(server.endpoint, "train", rank=rank, world_size=world_size,
-                          device="cpu", with_indices=True, timeout=30) as loader:
+        with RemoteLoader(
+            server.endpoint,
+            "train",
+            rank=rank,
+            world_size=world_size,
+            device="cpu",
+            with_indices=True,
+            timeout=30,
+        ) as loader:
             batches = collect(loader)
             assert len(loader) == len(batches)
+            assert loader.num_samples == len(ds) and loader.num_classes == ds.num_classes
         per_rank.append(batches)
 
     counts = {len(b) for b in per_rank}
@@ -93,15 +115,17 @@ def test_ranks_disjoint_complete_and_labelled(server, datasets, world_size):
             np.testing.assert_array_equal(labels.numpy(), ds.labels[indices.numpy()])
             seen.extend(indices.tolist())
     assert len(seen) == len(set(seen)) == n * B * world_size, "ranks overlap"
-    sampler = ShardSampler(len(ds), B, seed=SEED, shuffle=True, drop_last=True,
-                           world_size=world_size)
+    sampler = ShardSampler(
+        len(ds), B, seed=SEED, shuffle=True, drop_last=True, world_size=world_size
+    )
     assert set(seen) == set(sampler.epoch_order(0)[: n * B * world_size].tolist())
 
 
 @pytest.mark.timeout(60)
 def test_two_runs_are_bit_identical_and_epochs_differ(server, reference):
-    with RemoteLoader(server.endpoint, "train", rank=0, world_size=1, device="cpu",
-                      with_indices=True) as loader:
+    with RemoteLoader(
+        server.endpoint, "train", rank=0, world_size=1, device="cpu", with_indices=True
+    ) as loader:
         assert_same(collect(loader), reference)
         loader.set_epoch(1)
         epoch1 = collect(loader, limit=3)
@@ -111,14 +135,16 @@ def test_two_runs_are_bit_identical_and_epochs_differ(server, reference):
 @pytest.mark.timeout(60)
 def test_resume_mid_epoch_yields_exactly_the_rest(server, reference):
     k = 7
-    with RemoteLoader(server.endpoint, "train", rank=0, world_size=1, device="cpu",
-                      with_indices=True, prefetch=3) as first:
+    with RemoteLoader(
+        server.endpoint, "train", rank=0, world_size=1, device="cpu", with_indices=True, prefetch=3
+    ) as first:
         assert_same(collect(first, limit=k), reference[:k])
         state = first.state_dict()
     assert state["epoch"] == 0 and state["next_batch"] == k
 
-    with RemoteLoader(server.endpoint, "train", rank=0, world_size=1, device="cpu",
-                      with_indices=True) as resumed:
+    with RemoteLoader(
+        server.endpoint, "train", rank=0, world_size=1, device="cpu", with_indices=True
+    ) as resumed:
         resumed.load_state_dict(state)
         resumed.set_epoch(0)  # the trainer's usual loop must not reset the position
         assert_same(collect(resumed), reference[k:])
@@ -127,8 +153,9 @@ def test_resume_mid_epoch_yields_exactly_the_rest(server, reference):
 
 @pytest.mark.timeout(60)
 def test_break_then_iterate_again_continues(server, reference):
-    with RemoteLoader(server.endpoint, "train", rank=0, world_size=1, device="cpu",
-                      with_indices=True) as loader:
+    with RemoteLoader(
+        server.endpoint, "train", rank=0, world_size=1, device="cpu", with_indices=True
+    ) as loader:
         head = collect(loader, limit=5)
         rest = collect(loader)
         replay = collect(loader, limit=2)  # a complete epoch iterated again starts over
@@ -138,8 +165,9 @@ def test_break_then_iterate_again_continues(server, reference):
 
 @pytest.mark.timeout(60)
 def test_under_dataloader(server, reference):
-    loader = RemoteLoader(server.endpoint, "train", rank=0, world_size=1, device="cpu",
-                          with_indices=True)
+    loader = RemoteLoader(
+        server.endpoint, "train", rank=0, world_size=1, device="cpu", with_indices=True
+    )
     try:
         assert len(DataLoader(loader, batch_size=None)) == len(reference)
         assert_same(collect(DataLoader(loader, batch_size=None)), reference)
@@ -155,8 +183,14 @@ def test_val_split_pads_with_minus_one_and_covers_every_image_once(server, datas
     world_size = 3
     valid, padding = [], 0
     for rank in range(world_size):
-        with RemoteLoader(server.endpoint, "val", rank=rank, world_size=world_size,
-                          device="cpu", with_indices=True) as loader:
+        with RemoteLoader(
+            server.endpoint,
+            "val",
+            rank=rank,
+            world_size=world_size,
+            device="cpu",
+            with_indices=True,
+        ) as loader:
             for images, labels, indices in loader:
                 assert images.shape == (B, 3, PX, PX)
                 keep = indices >= 0
@@ -176,9 +210,17 @@ def test_normalize_on_device_matches_the_formula(server, reference):
     std = torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1)
     expected = (reference[0][0].float() / 255 - mean) / std
     for dtype in (torch.float32, torch.bfloat16):
-        with RemoteLoader(server.endpoint, "train", rank=0, world_size=1, device="cpu",
-                          normalize_on_device=True, dtype=dtype, mean=mean.flatten().tolist(),
-                          std=std.flatten().tolist()) as loader:
+        with RemoteLoader(
+            server.endpoint,
+            "train",
+            rank=0,
+            world_size=1,
+            device="cpu",
+            normalize_on_device=True,
+            dtype=dtype,
+            mean=mean.flatten().tolist(),
+            std=std.flatten().tolist(),
+        ) as loader:
             images, labels = next(iter(loader))
         assert images.dtype == dtype and images.shape == (B, 3, PX, PX)
         torch.testing.assert_close(images, expected.to(dtype), rtol=0, atol=0)
@@ -197,12 +239,21 @@ def test_stats_travel_with_credits(server):
         rows = [c for c in server.stats()["clients"] if c["loader"] is not None]
         assert rows, f"no loader stats reached the server: {server.stats()['clients']}"
         assert rows[0]["loader"]["images_per_s"] > 0
+    # close() says bye: the server forgets the stream at once, not after its client timeout
+    deadline = time.monotonic() + 5
+    while server.stats()["clients"] and time.monotonic() < deadline:
+        pass
+    assert server.stats()["clients"] == []
 
 
 @pytest.mark.timeout(60)
 def test_server_error_reply_becomes_an_exception(server):
-    with RemoteLoader(server.endpoint, "no-such-split", rank=0, world_size=1,
-                      device="cpu") as loader, pytest.raises(ServerError, match="no-such-split"):
+    with (
+        RemoteLoader(
+            server.endpoint, "no-such-split", rank=0, world_size=1, device="cpu"
+        ) as loader,
+        pytest.raises(ServerError, match="no-such-split"),
+    ):
         len(loader)
 
 
@@ -210,8 +261,10 @@ def test_server_error_reply_becomes_an_exception(server):
 def test_world_size_mismatch_is_refused_with_both_sizes(server):
     with RemoteLoader(server.endpoint, "val", rank=0, world_size=2, device="cpu") as a:
         next(iter(a))  # a live stream of world_size 2
-        with RemoteLoader(server.endpoint, "val", rank=0, world_size=5, device="cpu") as b, \
-                pytest.raises(ServerError, match="world_size"):
+        with (
+            RemoteLoader(server.endpoint, "val", rank=0, world_size=5, device="cpu") as b,
+            pytest.raises(ServerError, match="world_size"),
+        ):
             len(b)
 
 
@@ -251,3 +304,50 @@ def test_constructor_rejects_bad_arguments():
         RemoteLoader("tcp://127.0.0.1:9", rank=0, world_size=1, prefetch=0)
     with pytest.raises(ValueError, match="dtype"):
         RemoteLoader("tcp://127.0.0.1:9", rank=0, world_size=1, dtype=torch.int32)
+    loader = RemoteLoader(["tcp://127.0.0.1:9", "tcp://*:5555"], rank=0, world_size=1, device="cpu")
+    with pytest.raises(ValueError, match=r"cannot connect to 'tcp://\*:5555'"):
+        len(loader)
+
+
+@pytest.mark.timeout(90)
+def test_float16_nhwc_wire_and_normalize_refused_on_a_float_wire(data_root, reference):
+    """A float16, channels_last wire: the same pixels as the uint8 run, normalised by the
+    server; asking the loader to normalise a float wire again is a clear error."""
+    mean = torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1)
+    std = torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1)
+    with running_server(
+        "--train",
+        data_root,
+        "--batch-size",
+        str(B),
+        "--image-size",
+        str(PX),
+        "--output-dtype",
+        "float16",
+        "--layout",
+        "nhwc",
+        "--workers",
+        "1",
+        "--seed",
+        str(SEED),
+    ) as srv:
+        with RemoteLoader(
+            srv.endpoint, "train", rank=0, world_size=1, device="cpu", with_indices=True
+        ) as loader:
+            got = collect(loader, limit=3)
+        with (
+            RemoteLoader(
+                srv.endpoint, "train", rank=0, world_size=1, device="cpu", normalize_on_device=True
+            ) as loader,
+            pytest.raises(ValueError, match=r"needs a uint8 wire.*float16"),
+        ):
+            next(iter(loader))
+    for (images, labels, indices), (raw, want_labels, want_indices) in zip(
+        got, reference, strict=False
+    ):
+        assert images.dtype == torch.float16 and images.shape == (B, 3, PX, PX)
+        assert images.is_contiguous(memory_format=torch.channels_last)
+        assert torch.equal(labels, want_labels) and torch.equal(indices, want_indices)
+        # uint8 is the rounded pixel: at most half a level (/ std) from the float output
+        expected = (raw.float() / 255 - mean) / std
+        torch.testing.assert_close(images.float(), expected, rtol=0, atol=0.5 / 255 / 0.224 + 4e-3)

@@ -25,15 +25,28 @@ SLEEP_CYCLES = 20_000_000  # ~10 ms of GPU time per batch on the consumer stream
 @pytest.fixture(scope="module")
 def server():
     root = str(default_dataset().val_root)
-    with running_server("--train", root, "--batch-size", "16", "--image-size", "32",
-                        "--output-dtype", "uint8", "--workers", "1", "--seed", "5") as srv:
+    with running_server(
+        "--train",
+        root,
+        "--batch-size",
+        "16",
+        "--image-size",
+        "32",
+        "--output-dtype",
+        "uint8",
+        "--workers",
+        "1",
+        "--seed",
+        "5",
+    ) as srv:
         yield srv
 
 
 @pytest.fixture(scope="module")
 def cpu_run(server):
-    with RemoteLoader(server.endpoint, "train", rank=0, world_size=1, device="cpu",
-                      with_indices=True) as loader:
+    with RemoteLoader(
+        server.endpoint, "train", rank=0, world_size=1, device="cpu", with_indices=True
+    ) as loader:
         return [tuple(t.clone() for t in b) for b in loader]
 
 
@@ -53,8 +66,9 @@ def consume_slowly(loader, stream: torch.cuda.Stream) -> list[tuple[torch.Tensor
 @pytest.mark.parametrize("consumer", ["default", "side"])
 def test_cuda_batches_equal_the_cpu_run_under_a_busy_consumer_stream(server, cpu_run, consumer):
     stream = torch.cuda.current_stream() if consumer == "default" else torch.cuda.Stream()
-    with RemoteLoader(server.endpoint, "train", rank=0, world_size=1, device="cuda",
-                      with_indices=True, prefetch=2) as loader:
+    with RemoteLoader(
+        server.endpoint, "train", rank=0, world_size=1, device="cuda", with_indices=True, prefetch=2
+    ) as loader:
         got = consume_slowly(loader, stream)
     assert len(got) == len(cpu_run)
     for k, (g, want) in enumerate(zip(got, cpu_run, strict=True)):
@@ -67,9 +81,18 @@ def test_cuda_batches_equal_the_cpu_run_under_a_busy_consumer_stream(server, cpu
 def test_cuda_normalize_on_device(server, cpu_run, dtype):
     mean = torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1)
     std = torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1)
-    with RemoteLoader(server.endpoint, "train", rank=0, world_size=1, device="cuda",
-                      with_indices=True, normalize_on_device=True, dtype=dtype,
-                      mean=mean.flatten().tolist(), std=std.flatten().tolist()) as loader:
+    with RemoteLoader(
+        server.endpoint,
+        "train",
+        rank=0,
+        world_size=1,
+        device="cuda",
+        with_indices=True,
+        normalize_on_device=True,
+        dtype=dtype,
+        mean=mean.flatten().tolist(),
+        std=std.flatten().tolist(),
+    ) as loader:
         got = consume_slowly(loader, torch.cuda.current_stream())
     assert len(got) == len(cpu_run)
     tol = {"rtol": 0, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 1e-2, "atol": 2e-2}

@@ -22,8 +22,20 @@ from serverproc import running_server
 
 def server_args() -> tuple[str, ...]:
     root = str(default_dataset().val_root)
-    return ("--train", root, "--batch-size", "16", "--image-size", "32", "--output-dtype",
-            "uint8", "--workers", "1", "--seed", "3")
+    return (
+        "--train",
+        root,
+        "--batch-size",
+        "16",
+        "--image-size",
+        "32",
+        "--output-dtype",
+        "uint8",
+        "--workers",
+        "1",
+        "--seed",
+        "3",
+    )
 
 
 @pytest.fixture(scope="module")
@@ -42,8 +54,9 @@ def servers():
 
 def loader_for(endpoints, **kw) -> RemoteLoader:
     kw.setdefault("timeout", 60.0)
-    return RemoteLoader(endpoints, "train", rank=0, world_size=1, device="cpu",
-                        with_indices=True, **kw)
+    return RemoteLoader(
+        endpoints, "train", rank=0, world_size=1, device="cpu", with_indices=True, **kw
+    )
 
 
 def take(it, n: int) -> list[tuple[torch.Tensor, ...]]:

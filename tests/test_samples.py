@@ -145,3 +145,32 @@ def test_missing_file_is_replaced(tmp_path: Path) -> None:
     assert [s.replaced for s in samples] == [False, False, True, False]
     assert samples[2].index != 2 and samples[2].label == ds.labels[samples[2].index]
     assert "cannot read" in loader.known_bad[2]
+
+
+def test_tiny_datasets(tmp_path: Path) -> None:
+    (tmp_path / "one" / "c").mkdir(parents=True)
+    (tmp_path / "one" / "c" / "a.jpg").write_bytes(odd_file_bytes("rgb"))
+    (tmp_path / "two" / "c").mkdir(parents=True)
+    (tmp_path / "two" / "c" / "a.jpg").write_bytes(odd_file_bytes("truncated"))
+    (tmp_path / "two" / "c" / "b.jpg").write_bytes(odd_file_bytes("grey"))
+    with CpuBatchDecoder(threads=1) as dec:
+        one = open_dataset(tmp_path / "one", cache_dir=tmp_path / "cache")
+        (s,) = SampleLoader(one, CONFIG, seed=0, decoder=dec).load(0, [0])
+        assert not s.replaced
+        two = open_dataset(tmp_path / "two", cache_dir=tmp_path / "cache")
+        a, b = SampleLoader(two, CONFIG, seed=0, decoder=dec).load(0, [0, 1])
+        assert (a.index, a.replaced, b.index, b.replaced) == (1, True, 1, False)
+
+
+def test_known_bad_files_are_not_read_again(tmp_path: Path) -> None:
+    root = write_image_folder(tmp_path / "tree", classes=2, good_per_class=3,
+                              bad={"class0": ("text",)})
+    ds = open_dataset(root, cache_dir=tmp_path / "cache")
+    (bad,) = bad_indices(ds)
+    with CpuBatchDecoder(threads=1) as dec:
+        loader = SampleLoader(ds, CONFIG, seed=0, decoder=dec)
+        assert loader.load(0, [bad])[0].replaced
+        # Repairing the file does not matter any more: the index is remembered as bad.
+        Path(ds.paths[bad]).write_bytes(odd_file_bytes("rgb"))
+        assert loader.load(1, [bad])[0].replaced
+        assert loader.counts() == {"bad_total": 1, "replaced_total": 2}

@@ -34,8 +34,12 @@ pytestmark = pytest.mark.timeout(120)
 
 
 @pytest.fixture(scope="module")
-def server():
-    with running_server(*map(str, ARGS)) as srv:
+def server(tmp_path_factory):
+    """Settings from a TOML file, some overridden on the command line (which wins)."""
+    cfg = tmp_path_factory.mktemp("cfg") / "server.toml"
+    cfg.write_text(f'batch-size = {BATCH}\nimage_size = {SIZE}\nseed = 999\n'
+                   f'output-dtype = "uint8"\nprefetch-depth = {DEPTH}\n')
+    with running_server("--config", str(cfg), "--seed", str(SEED), "--workers", "1") as srv:
         yield srv
 
 
@@ -108,6 +112,22 @@ def test_bad_option_is_a_clear_error(tmp_path):
     r = subprocess.run([sys.executable, "-m", "batchwire.server", "--config", str(cfg)],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "unknown setting 'bogus'" in r.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "needles"),
+    [
+        pytest.param(["--device", "cuda"], ["--device cuda", "CUDA"], marks=pytest.mark.skipif(
+            torch.cuda.is_available(), reason="checks the error on a machine without CUDA")),
+        (["--train", "/nonexistent/train"], ["--train /nonexistent/train", "does not exist"]),
+    ],
+)
+def test_startup_errors_are_clear(args, needles):
+    r = subprocess.run([sys.executable, "-m", "batchwire.server", *args],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stderr
+    for needle in needles:
+        assert needle in r.stderr, r.stderr
 
 
 def test_hello_welcome_batches_match_the_files(server, train_set):

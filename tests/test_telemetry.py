@@ -27,9 +27,11 @@ class FakeClock:
         return self.t
 
 
-STAGES = [{"name": "read", "depth": 3, "capacity": 8},
-          {"name": "decode", "depth": 0, "capacity": 8},
-          {"name": "augment", "depth": 1, "capacity": 4}]
+STAGES = [
+    {"name": "read", "depth": 3, "capacity": 8},
+    {"name": "decode", "depth": 0, "capacity": 8},
+    {"name": "augment", "depth": 1, "capacity": 4},
+]
 
 
 def _parse_metrics(text: str) -> dict[str, float]:
@@ -51,15 +53,32 @@ def test_snapshot_schema_and_counters() -> None:
     tel.add_error()
     tel.add_malformed()
     tel.add_malformed()
-    client = {"id": "c1", "split": "train", "rank": 0, "world_size": 1, "epoch": 0, "credits": 2,
-              "ready": 1, "ready_capacity": 4, "in_flight": 2, "sent": 2, "images_per_s": 1.0,
-              "last_seen_s": 0.0, "loader": None}
+    client = {
+        "id": "c1",
+        "split": "train",
+        "rank": 0,
+        "world_size": 1,
+        "epoch": 0,
+        "credits": 2,
+        "ready": 1,
+        "ready_capacity": 4,
+        "in_flight": 2,
+        "sent": 2,
+        "images_per_s": 1.0,
+        "last_seen_s": 0.0,
+        "loader": None,
+    }
     snap = tel.snapshot(STAGES, [client])
     assert snap["v"] == 1
     assert set(snap) == {"v", "uptime_s", "time", "stages", "throughput", "counters", "clients"}
     assert snap["counters"] == {
-        "images_total": 128, "batches_total": 2, "bytes_total": 2 * 64 * 3 * 32 * 32,
-        "replaced_total": 3, "bad_total": 2, "errors_total": 1, "malformed_total": 2,
+        "images_total": 128,
+        "batches_total": 2,
+        "bytes_total": 2 * 64 * 3 * 32 * 32,
+        "replaced_total": 3,
+        "bad_total": 2,
+        "errors_total": 1,
+        "malformed_total": 2,
     }
     assert [s["name"] for s in snap["stages"]] == ["read", "decode", "augment"]
     for stage in snap["stages"]:
@@ -168,10 +187,23 @@ def _scrape(url: str) -> dict[str, float]:
 @pytest.mark.timeout(30)
 def test_serve_prometheus_on_a_free_port_and_stop() -> None:
     tel = Telemetry()
-    client = {"id": "c1", "split": "train", "rank": 1, "world_size": 2, "ready": 3,
-              "ready_capacity": 4, "credits": 2, "in_flight": 1, "images_per_s": 12.5,
-              "loader": {"prefetch_depth": 2, "wait_s_per_batch": 0.1,
-                         "data_wait_fraction": 0.25, "images_per_s": 12.0}}
+    client = {
+        "id": "c1",
+        "split": "train",
+        "rank": 1,
+        "world_size": 2,
+        "ready": 3,
+        "ready_capacity": 4,
+        "credits": 2,
+        "in_flight": 1,
+        "images_per_s": 12.5,
+        "loader": {
+            "prefetch_depth": 2,
+            "wait_s_per_batch": 0.1,
+            "data_wait_fraction": 0.25,
+            "images_per_s": 12.0,
+        },
+    }
     stages = [dict(s) for s in STAGES]
     stop = tel.serve_prometheus(0, lambda: tel.snapshot(stages, [client]), host="127.0.0.1")
     try:
@@ -190,9 +222,14 @@ def test_serve_prometheus_on_a_free_port_and_stop() -> None:
         assert first[f"batchwire_client_images_per_second{{{labels}}}"] == 12.5
         assert first['batchwire_stage_latency_seconds_count{stage="read"}'] == 1
         assert first["batchwire_uptime_seconds"] >= 0
-        for name in ("batchwire_batches_total", "batchwire_replaced_samples_total",
-                     "batchwire_bad_samples_total", "batchwire_errors_total",
-                     "batchwire_malformed_messages_total", "batchwire_images_per_second"):
+        for name in (
+            "batchwire_batches_total",
+            "batchwire_replaced_samples_total",
+            "batchwire_bad_samples_total",
+            "batchwire_errors_total",
+            "batchwire_malformed_messages_total",
+            "batchwire_images_per_second",
+        ):
             assert name in first
         # Gauges are read at scrape time: a change shows on the next scrape.
         tel.add_batch(16, 4096)

@@ -92,7 +92,7 @@ def load_latest(directory: str | os.PathLike) -> tuple[Path, dict[str, Any]] | N
     for step, path in reversed(list_checkpoints(directory)):
         try:
             state = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as exc:  # noqa: BLE001 - any unreadable file is skipped the same way
+        except Exception as exc:  # any unreadable file is skipped the same way
             log.warning("skipping unreadable checkpoint %s: %s", path, exc)
             continue
         if not isinstance(state, dict) or state.get("step") != step:

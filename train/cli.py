@@ -51,42 +51,66 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     a = p.add_argument
-    a("--server", action="append", dest="servers", metavar="ENDPOINT",
-      help="pipeline-server endpoint, repeatable (each server produces a share of every rank's "
-      "batches) [default: tcp://127.0.0.1:5555]")
+    a(
+        "--server",
+        action="append",
+        dest="servers",
+        metavar="ENDPOINT",
+        help="pipeline-server endpoint, repeatable (each server produces a share of every rank's "
+        "batches) [default: tcp://127.0.0.1:5555]",
+    )
     a("--model", choices=MODEL_NAMES, default=d.model, help="architecture")
     a("--num-classes", type=int, help="classifier width [default: from the server]")
     a("--epochs", type=int, default=d.epochs)
-    a("--lr", type=float, help="peak learning rate [default: 0.1 x global batch / 256 for SGD, "
-      "1e-3 for AdamW]")
+    a(
+        "--lr",
+        type=float,
+        help="peak learning rate [default: 0.1 x global batch / 256 for SGD, 1e-3 for AdamW]",
+    )
     a("--optimizer", choices=OPTIMIZERS, default=d.optimizer, help="sgd = SGD, Nesterov momentum")
     a("--momentum", type=float, default=d.momentum)
     a("--weight-decay", type=float, default=d.weight_decay, help="not applied to biases and norms")
     a("--warmup-epochs", type=float, default=d.warmup_epochs, help="linear warm-up length")
     a("--schedule", choices=SCHEDULES, default=d.schedule, help="shape after the warm-up")
     a("--label-smoothing", type=float, default=d.label_smoothing)
-    a("--accum-steps", type=int, default=d.accum_steps,
-      help="micro-batches per optimizer step (gradient all-reduce only on the last)")
+    a(
+        "--accum-steps",
+        type=int,
+        default=d.accum_steps,
+        help="micro-batches per optimizer step (gradient all-reduce only on the last)",
+    )
     a("--clip-grad", type=float, help="clip the gradient norm to this value")
     a("--compile", action="store_true", help="torch.compile the model")
-    a("--amp", choices=AMP_MODES, default=d.amp,
-      help="autocast dtype: auto = bf16 on CUDA, off on the CPU; fp16 uses a GradScaler")
+    a(
+        "--amp",
+        choices=AMP_MODES,
+        default=d.amp,
+        help="autocast dtype: auto = bf16 on CUDA, off on the CPU; fp16 uses a GradScaler",
+    )
     a("--channels-last", action="store_true", help="NHWC memory format for model and inputs")
     a("--zero-init-residual", action="store_true", help="ResNets: zero the last BN of each block")
     a("--log-every", type=int, default=d.log_every, help="optimizer steps between log lines")
     a("--checkpoint-dir", help="save here and resume from the newest checkpoint here")
-    a("--checkpoint-every", type=int, default=d.checkpoint_every,
-      help="optimizer steps between checkpoints (0 = at epoch ends only)")
+    a(
+        "--checkpoint-every",
+        type=int,
+        default=d.checkpoint_every,
+        help="optimizer steps between checkpoints (0 = at epoch ends only)",
+    )
     a("--keep-checkpoints", type=int, default=d.keep_checkpoints, help="newest files kept")
     a("--seed", type=int, default=d.seed, help="model initialisation seed")
     a("--max-steps", type=int, help="stop after this many optimizer steps (validates first)")
     a("--device", default=d.device, help="auto, cpu, cuda or cuda:N (auto: cuda:LOCAL_RANK)")
     a("--prefetch", type=int, default=d.prefetch, help="batches in flight per rank")
     a("--timeout", type=float, default=d.timeout, help="seconds to wait for a server")
-    a("--mean", type=_triple, default=d.mean, help="normalisation of a uint8 wire, R,G,B")
-    a("--std", type=_triple, default=d.std, help="normalisation of a uint8 wire, R,G,B")
-    a("--record-indices", metavar="DIR",
-      help="append each trained batch's dataset indices to DIR/indices-rank{R}.jsonl (checks)")
+    a("--mean", type=_triple, help="normalisation of a uint8 wire, R,G,B [default: the server's]")
+    a("--std", type=_triple, help="normalisation of a uint8 wire, R,G,B [default: the server's]")
+    a("--no-val", action="store_true", help="skip validation (a server without a val split)")
+    a(
+        "--record-indices",
+        metavar="DIR",
+        help="append each trained batch's dataset indices to DIR/indices-rank{R}.jsonl (checks)",
+    )
     a("--fail-at-step", type=int, help=argparse.SUPPRESS)  # test hook, see Trainer._maybe_fail
     return p
 
@@ -104,8 +128,8 @@ def parse_config(argv: list[str] | None = None) -> TrainConfig:
     return cfg
 
 
-def make_loader(cfg: TrainConfig, ctx: DistContext, split: str) -> Any:
-    """A RemoteLoader for `split` of this rank, normalising a uint8 wire on the device."""
+def make_loader(cfg: TrainConfig, ctx: DistContext, split: str, normalize: bool) -> Any:
+    """A RemoteLoader for `split` of this rank; `normalize` turns a uint8 wire into floats."""
     from batchwire.client import RemoteLoader
 
     return RemoteLoader(
@@ -117,16 +141,26 @@ def make_loader(cfg: TrainConfig, ctx: DistContext, split: str) -> Any:
         prefetch=cfg.prefetch,
         timeout=cfg.timeout,
         with_indices=True,
-        normalize_on_device=True,
+        normalize_on_device=normalize,
         mean=cfg.mean,
         std=cfg.std,
     )
 
 
-def _server_info(loader: Any) -> tuple[int | None, int]:
-    """(num_classes or None, batch size) from the loader's welcome."""
-    info = loader.info()
-    return info.get("num_classes"), int(info["batch_size"])
+def open_loaders(cfg: TrainConfig, ctx: DistContext) -> tuple[Any, Any | None, Any]:
+    """(train loader, val loader or None, the server's welcome).
+
+    The wire dtype decides whether the loader normalises on the device, and the loader must
+    know that before it connects, so the train loader's first connection is the probe: with a
+    float wire it is kept, with a uint8 wire it is replaced by a normalising one.
+    """
+    train = make_loader(cfg, ctx, "train", normalize=False)
+    welcome = train.server_info()
+    if welcome.dtype == "uint8":
+        train.close()
+        train = make_loader(cfg, ctx, "train", normalize=True)
+    val = None if cfg.no_val else make_loader(cfg, ctx, "val", normalize=welcome.dtype == "uint8")
+    return train, val, welcome
 
 
 def run(cfg: TrainConfig) -> list[EpochResult]:
@@ -134,21 +168,27 @@ def run(cfg: TrainConfig) -> list[EpochResult]:
     ctx = init_distributed(cfg.device)
     train_loader = val_loader = None
     try:
-        train_loader = make_loader(cfg, ctx, "train")
-        val_loader = make_loader(cfg, ctx, "val")
-        num_classes, batch_size = _server_info(train_loader)
-        num_classes = cfg.num_classes or num_classes
+        train_loader, val_loader, welcome = open_loaders(cfg, ctx)
+        num_classes, batch_size = cfg.num_classes or welcome.num_classes, welcome.batch_size
         if not num_classes:
             raise ValueError("the server does not say how many classes it has: pass --num-classes")
         if ctx.is_main:
             print(
                 f"pipeline-train: {cfg.model}, {num_classes} classes, {ctx.world_size} rank(s) on "
-                f"{ctx.device.type}, batch {batch_size} per rank, {len(train_loader)} batches "
-                f"per epoch per rank, servers {', '.join(cfg.servers)}",
+                f"{ctx.device.type}, batch {batch_size} x {welcome.shape[2]}x{welcome.shape[3]} px "
+                f"{welcome.dtype} per rank, {welcome.num_batches} batches per epoch per rank, "
+                f"servers {', '.join(cfg.servers)}",
                 flush=True,
             )
-        trainer = Trainer(cfg, ctx, train_loader, val_loader, num_classes, batch_size,
-                          out=lambda msg: print(msg, flush=True))
+        trainer = Trainer(
+            cfg,
+            ctx,
+            train_loader,
+            val_loader,
+            num_classes,
+            batch_size,
+            out=lambda msg: print(msg, flush=True),
+        )
         return trainer.fit()
     finally:
         for loader in (train_loader, val_loader):

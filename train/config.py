@@ -8,8 +8,6 @@ import torch
 
 AMP_MODES = ("auto", "bf16", "fp16", "off")
 OPTIMIZERS = ("sgd", "adamw")
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
 @dataclass
@@ -40,8 +38,9 @@ class TrainConfig:
     device: str = "auto"
     prefetch: int = 4
     timeout: float = 60.0
-    mean: tuple[float, float, float] = IMAGENET_MEAN
-    std: tuple[float, float, float] = IMAGENET_STD
+    mean: tuple[float, float, float] | None = None  # None: the server's
+    std: tuple[float, float, float] | None = None
+    no_val: bool = False
     record_indices: str | None = None
     fail_at_step: int | None = None  # test hook: SIGKILL the last rank after this step, once
 

@@ -66,11 +66,43 @@ def init_distributed(requested_device: str, timeout_s: float = 600.0) -> DistCon
     device = resolve_device(requested_device, local_rank)
     if world_size > 1 and not dist.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"
-        kwargs: dict[str, Any] = {"timeout": timedelta(seconds=timeout_s)}
+        timeout = timedelta(seconds=timeout_s)
+        kwargs: dict[str, Any] = {"timeout": timeout}
         if device.type == "cuda":
             kwargs["device_id"] = device  # binds NCCL to this GPU, no guessing
+        store = _restart_scoped_store(rank, world_size, timeout)
+        if store is not None:
+            kwargs["store"] = store
         dist.init_process_group(backend, rank=rank, world_size=world_size, **kwargs)
     return DistContext(rank, world_size, local_rank, device)
+
+
+def _restart_scoped_store(rank: int, world_size: int, timeout: timedelta) -> dist.Store | None:
+    """torchrun's key-value store, seen under a prefix unique to this restart attempt.
+
+    torchrun (2.x, static and c10d rendezvous alike) hands every restart attempt the same store
+    without a per-attempt prefix. After `--max-restarts` relaunches the workers, the new ranks
+    read the previous attempt's gloo/NCCL addresses, still in the store, and fail to connect
+    ("Connection refused"). TORCHELASTIC_RESTART_COUNT names the attempt; it is the same for
+    all ranks only when one agent launched them all (a single node), so only then is it used;
+    several nodes keep torch's default behaviour.
+    """
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+    if restart is None or not addr or not port:
+        return None
+    if _env_int("LOCAL_WORLD_SIZE", -1) != world_size:
+        return None
+    agent_hosts = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == str(True)
+    store = dist.TCPStore(
+        addr,
+        int(port),
+        world_size,
+        is_master=(not agent_hosts and rank == 0),
+        timeout=timeout,
+        multi_tenant=not agent_hosts,
+    )
+    return dist.PrefixStore(f"batchwire/attempt-{restart}", store)
 
 
 def shutdown_distributed() -> None:

@@ -42,7 +42,7 @@ CHECKPOINT_FORMAT = 1
 @dataclass(frozen=True)
 class EpochResult:
     epoch: int
-    accuracy: Accuracy
+    accuracy: Accuracy | None  # None with --no-val
     data_wait: float  # fraction of training wall time blocked on the next batch, all ranks
     images_per_s: float  # training images per second, all ranks together
     train_loss: float
@@ -190,7 +190,8 @@ class Trainer:
                 "loader": loader_states,
                 **(extra or {}),
             }
-            save_checkpoint(self.cfg.checkpoint_dir, self.step, state, keep=self.cfg.keep_checkpoints)
+            keep = self.cfg.keep_checkpoints
+            save_checkpoint(self.cfg.checkpoint_dir, self.step, state, keep=keep)
         barrier(self.ctx)
 
     # ------------------------------------------------------------------ training
@@ -267,7 +268,7 @@ class Trainer:
                 self.save(epoch, k)
             if cfg.max_steps is not None and self.step >= cfg.max_steps:
                 bar.clear()
-                self.batch = k
+                self.batch = k if k < n else 0
                 return True, epoch_meter, epoch_loss.mean_and_reset()
         bar.clear()
         self.batch = 0
@@ -275,11 +276,10 @@ class Trainer:
 
     def _maybe_fail(self) -> None:
         """Test hook: the last rank SIGKILLs itself after step --fail-at-step of a fresh run."""
-        cfg = self.cfg
-        if cfg.fail_at_step == self.step and not self.resumed:
-            if self.ctx.rank == self.ctx.world_size - 1:
-                log.warning("--fail-at-step %d: rank %d kills itself", self.step, self.ctx.rank)
-                os.kill(os.getpid(), signal.SIGKILL)
+        last_rank = self.ctx.rank == self.ctx.world_size - 1
+        if self.cfg.fail_at_step == self.step and not self.resumed and last_rank:
+            log.warning("--fail-at-step %d: rank %d kills itself", self.step, self.ctx.rank)
+            os.kill(os.getpid(), signal.SIGKILL)
 
     def _log_window(self, epoch: int, k: int, window: WindowMeter, loss: LossAverage) -> None:
         lr = self.optimizer.param_groups[0]["lr"]
@@ -293,7 +293,9 @@ class Trainer:
 
     # ------------------------------------------------------------------ epochs
 
-    def validate(self, epoch: int) -> Accuracy:
+    def validate(self, epoch: int) -> Accuracy | None:
+        if self.val_loader is None:
+            return None
         self.val_loader.set_epoch(epoch)
         return evaluate(
             self.eval_model, self.val_loader, self.ctx, autocast=self.autocast, prepare=self.prepare
@@ -308,7 +310,8 @@ class Trainer:
             epoch, t0 = self.epoch, time.perf_counter()
             stopped, meter, train_loss = self.train_epoch(epoch, self.batch)
             totals = torch.tensor(
-                [meter.images, meter.wait_s, meter.elapsed()], dtype=torch.float64,
+                [meter.images, meter.wait_s, meter.elapsed()],
+                dtype=torch.float64,
                 device=self.ctx.device,
             )
             images, wait_s, wall_s = all_reduce_sum(totals, self.ctx).tolist()
@@ -323,11 +326,12 @@ class Trainer:
             )
             results.append(result)
             self.say(format_epoch(result, partial=stopped))
+            val = {"val": _acc_dict(acc)} if acc else {}
+            if self.batch == 0:  # the epoch is complete (also when --max-steps ended it)
+                self.epoch += 1
+            self.save(self.epoch, self.batch, val)
             if stopped:
-                self.save(epoch, self.batch, {"val": _acc_dict(acc)})
                 break
-            self.epoch += 1
-            self.save(self.epoch, 0, {"val": _acc_dict(acc)})
         if self.recorder:
             self.recorder.close()
         return results
@@ -339,8 +343,10 @@ def _acc_dict(acc: Accuracy) -> dict[str, float]:
 
 def format_epoch(r: EpochResult, partial: bool = False) -> str:
     note = " (stopped at --max-steps)" if partial else ""
+    acc = r.accuracy
+    val = f"val top1={acc.top1:.2f}% top5={acc.top5:.2f}%" if acc else "val skipped"
     return (
-        f"epoch {r.epoch}: val top1={r.accuracy.top1:.2f}% top5={r.accuracy.top5:.2f}% "
+        f"epoch {r.epoch}: {val} "
         f"data-wait={100 * r.data_wait:.1f}% images/s={r.images_per_s:.0f} "
         f"(train loss {r.train_loss:.4f}, {r.seconds:.1f} s){note}"
     )

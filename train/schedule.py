@@ -1,4 +1,4 @@
-"""Learning-rate schedules stepped once per optimizer step: linear warm-up, then cosine or one-cycle.
+"""Per-optimizer-step learning-rate schedules: linear warm-up, then cosine or one-cycle.
 
 Both are a `LambdaLR` over a picklable multiplier object, so the scheduler's `state_dict()` is
 plain numbers that `torch.load(weights_only=True)` accepts, and a resumed run rebuilt with the

@@ -102,25 +102,48 @@ BW_CLONES void vertical_pass(float* __restrict acc, const uint8_t* const* rows, 
 
 // dst[3 * o + c] = sum_k w[o][k] * src[3 * (start[o] + k) + c]. `src` has one float of padding
 // after its last pixel, so the 4-wide load of the last pixel stays inside the buffer.
+#if defined(__SSE2__)
+inline __m128 taps_rgb(__m128 acc, const float* s, const float* w, int from, int to) {
+  for (int k = from; k < to; ++k) {
+    acc = _mm_add_ps(acc, _mm_mul_ps(_mm_set1_ps(w[k]), _mm_loadu_ps(s + 3 * k)));
+  }
+  return acc;
+}
+
+inline void store_rgb(float* dst, __m128 v) {
+  alignas(16) float a[4];
+  _mm_store_ps(a, v);
+  dst[0] = a[0];
+  dst[1] = a[1];
+  dst[2] = a[2];
+}
+
+void horizontal_pass_rgb(float* __restrict dst, const float* __restrict src, const AxisTable& t,
+                         int out_w) {
+  const auto tap_src = [&](int o) { return src + 3 * (t.start[o] - t.lo); };
+  const auto tap_w = [&](int o) { return &t.weights[static_cast<size_t>(o) * t.stride]; };
+  int o = 0;
+  for (; o + 1 < out_w; o += 2) {  // two pixels at a time: two independent add chains
+    const float *sa = tap_src(o), *sb = tap_src(o + 1), *wa = tap_w(o), *wb = tap_w(o + 1);
+    const int ca = t.count[o], cb = t.count[o + 1], common = std::min(ca, cb);
+    __m128 a = _mm_setzero_ps(), b = _mm_setzero_ps();
+    for (int k = 0; k < common; ++k) {
+      a = _mm_add_ps(a, _mm_mul_ps(_mm_set1_ps(wa[k]), _mm_loadu_ps(sa + 3 * k)));
+      b = _mm_add_ps(b, _mm_mul_ps(_mm_set1_ps(wb[k]), _mm_loadu_ps(sb + 3 * k)));
+    }
+    store_rgb(dst + 3 * o, taps_rgb(a, sa, wa, common, ca));
+    store_rgb(dst + 3 * o + 3, taps_rgb(b, sb, wb, common, cb));
+  }
+  if (o < out_w) store_rgb(dst + 3 * o, taps_rgb(_mm_setzero_ps(), tap_src(o), tap_w(o), 0, t.count[o]));
+}
+#else
 void horizontal_pass_rgb(float* __restrict dst, const float* __restrict src, const AxisTable& t,
                          int out_w) {
   for (int o = 0; o < out_w; ++o) {
     const float* s = src + 3 * (t.start[o] - t.lo);
     const float* w = &t.weights[static_cast<size_t>(o) * t.stride];
-    const int count = t.count[o];
-#if defined(__SSE2__)
-    __m128 acc = _mm_setzero_ps();
-    for (int k = 0; k < count; ++k) {
-      acc = _mm_add_ps(acc, _mm_mul_ps(_mm_set1_ps(w[k]), _mm_loadu_ps(s + 3 * k)));
-    }
-    alignas(16) float a[4];
-    _mm_store_ps(a, acc);
-    dst[3 * o] = a[0];
-    dst[3 * o + 1] = a[1];
-    dst[3 * o + 2] = a[2];
-#else
     float a0 = 0.f, a1 = 0.f, a2 = 0.f;
-    for (int k = 0; k < count; ++k) {
+    for (int k = 0; k < t.count[o]; ++k) {
       a0 += w[k] * s[3 * k];
       a1 += w[k] * s[3 * k + 1];
       a2 += w[k] * s[3 * k + 2];
@@ -128,9 +151,9 @@ void horizontal_pass_rgb(float* __restrict dst, const float* __restrict src, con
     dst[3 * o] = a0;
     dst[3 * o + 1] = a1;
     dst[3 * o + 2] = a2;
-#endif
   }
 }
+#endif
 
 // Greyscale source: one channel filtered, then expanded to RGB.
 void horizontal_pass_grey(float* __restrict dst, const float* __restrict src, const AxisTable& t,
@@ -166,7 +189,10 @@ template <typename T>
 inline T convert(float v, float scale, float bias);
 template <>
 inline uint8_t convert<uint8_t>(float v, float, float) {
-  return static_cast<uint8_t>(std::nearbyint(clamp255(v)));  // round half to even
+  // Round half to even without a libm call: adding 1.5 * 2^23 leaves no fraction bits, so the
+  // FPU's default rounding (to nearest even) does the work. Valid for |v| < 2^22.
+  constexpr float kMagic = 12582912.f;
+  return static_cast<uint8_t>((clamp255(v) + kMagic) - kMagic);
 }
 template <>
 inline float convert<float>(float v, float scale, float bias) { return v * scale + bias; }

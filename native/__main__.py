@@ -1,0 +1,64 @@
+"""`python -m batchwire.native build|info`: build the extension ahead of time (Docker images,
+CI caches) or show what would be built, where, and why.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import shutil
+import sys
+
+import torch
+
+from batchwire.native.build import NativeBuildError, build, make_plan, missing_tools
+
+
+def _info() -> int:
+    try:
+        plan = make_plan()
+    except NativeBuildError as exc:
+        print(f"error: {exc}")
+        return 1
+    print(f"torch:      {torch.__version__} (CUDA {torch.version.cuda})")
+    print(f"CUDA build: {'yes' if plan.with_cuda else 'no'} ({plan.cuda_reason})")
+    print(f"compiler:   {shutil.which(os.environ.get('CXX', 'c++')) or 'missing'}")
+    problems = missing_tools(plan)
+    print(f"ninja:      {shutil.which('ninja') or 'missing'}")
+    print(f"build dir:  {plan.build_dir}")
+    print(f"built:      {'yes' if plan.library.exists() else 'no'} ({plan.library})")
+    for problem in problems:
+        print(f"problem:    {problem}")
+    return 1 if problems else 0
+
+
+def _build(verbose: bool) -> int:
+    try:
+        result = build(verbose=verbose)
+    except NativeBuildError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    plan = result.plan
+    if result.compiled:
+        print(f"built the {plan.kind} extension in {result.seconds:.1f} s: {plan.library}")
+    else:
+        print(f"the {plan.kind} extension is up to date ({result.seconds:.2f} s): {plan.library}")
+    print(f"CUDA: {'yes' if plan.with_cuda else 'no'} ({plan.cuda_reason})")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m batchwire.native",
+        description="Build the batchwire native augment op ahead of time, or show its status.",
+    )
+    parser.add_argument("command", choices=("build", "info"))
+    parser.add_argument("-v", "--verbose", action="store_true", help="show compiler commands")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    return _build(args.verbose) if args.command == "build" else _info()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,260 @@
+"""The compiled augment op against the pure torch reference (the oracle), on random parameters:
+every output dtype and layout, flips, greyscale, 1x1 and thin images, boxes on the borders,
+shrink factors 1 to 16 and enlargement; plus exact properties and bad input.
+
+Each check is one `_check_*(device)` body run on the CPU and, where CUDA is present and the
+extension was built with it, on the GPU.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+
+import pytest
+import torch
+
+from batchwire import native
+from batchwire.native.reference import augment_batch_reference
+
+DTYPES = (torch.uint8, torch.float16, torch.bfloat16, torch.float32)
+# (atol, rtol) in output units; uint8 is checked separately (max abs error 1).
+FLOAT_TOL = {
+    torch.float32: (1e-4, 1e-5),
+    torch.float16: (4e-3, 1e-3),
+    torch.bfloat16: (3.2e-2, 8e-3),
+}
+MEAN = torch.tensor([0.485, 0.456, 0.406])
+STD = torch.tensor([0.229, 0.224, 0.225])
+
+
+@pytest.fixture(scope="module")
+def ops() -> native.NativeOps:
+    return native.load()
+
+
+def _devices() -> list:
+    cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+    return ["cpu", pytest.param("cuda", marks=[cuda, pytest.mark.cuda])]
+
+
+def _skip_without_cuda_build(ops: native.NativeOps, device: str) -> None:
+    if device == "cuda" and not ops.with_cuda:
+        pytest.fail(f"CUDA device present but the extension has no CUDA: {ops.build.plan.cuda_reason}")
+
+
+def _random_box(gen: torch.Generator, h: int, w: int, out_h: int, out_w: int) -> list[float]:
+    """A box whose scale is 1/4 to 16 source pixels per output pixel, clipped to the image,
+    touching a border a third of the time."""
+
+    def axis(size: int, out: int) -> tuple[float, float]:
+        factor = math.exp(float(torch.empty(1).uniform_(math.log(0.25), math.log(16), generator=gen)))
+        length = min(size, max(0.3, out * factor))
+        start = float(torch.rand(1, generator=gen)) * (size - length)
+        edge = int(torch.randint(0, 3, (1,), generator=gen))
+        if edge == 1:
+            start = 0.0
+        elif edge == 2:
+            start = size - length
+        return start, start + length
+
+    y0, y1 = axis(h, out_h)
+    x0, x1 = axis(w, out_w)
+    return [y0, x0, y1, x1]
+
+
+def _random_batch(seed: int, n: int, out_h: int, out_w: int, device: str) -> tuple:
+    gen = torch.Generator().manual_seed(seed)
+    images, boxes = [], []
+    for i in range(n):
+        kind = i % 6
+        h, w = (int(v) for v in torch.randint(1, 200, (2,), generator=gen))
+        if kind == 3:
+            h = 1  # 1 x W
+        elif kind == 4:
+            w = 1  # H x 1
+        channels = 1 if kind in (1, 4) else 3
+        images.append(torch.randint(0, 256, (h, w, channels), dtype=torch.uint8, generator=gen))
+        boxes.append(_random_box(gen, h, w, out_h, out_w))
+    jitter = torch.ones(n, 4)
+    jitter[:, 3] = 0
+    jittered = torch.rand(n, generator=gen) < 0.5
+    jitter[jittered, :3] = torch.empty(int(jittered.sum()), 3).uniform_(0.5, 1.6, generator=gen)
+    flips = torch.rand(n, generator=gen) < 0.5
+    images = [im.to(device) for im in images]
+    return images, torch.tensor(boxes, dtype=torch.float32), flips, jitter
+
+
+def _outputs(n: int, h: int, w: int, dtype: torch.dtype, channels_last: bool, device: str):
+    out = torch.full((n, 3, h, w), 7, dtype=dtype, device=device)
+    if channels_last:
+        out = out.contiguous(memory_format=torch.channels_last)
+    return out, torch.zeros_like(out)
+
+
+def _assert_matches(got: torch.Tensor, want: torch.Tensor) -> None:
+    if got.dtype == torch.uint8:
+        err = (got.int() - want.int()).abs().max().item()
+        assert err <= 1, f"max abs error {err} > 1 uint8 level"
+    else:
+        atol, rtol = FLOAT_TOL[got.dtype]
+        torch.testing.assert_close(got.float(), want.float(), atol=atol, rtol=rtol)
+
+
+def _check_against_reference(ops, device: str, dtype: torch.dtype, channels_last: bool, seed: int):
+    images, boxes, flips, jitter = _random_batch(seed, 18, 13, 11, device)
+    got, want = _outputs(18, 13, 11, dtype, channels_last, device)
+    ops.augment_batch(images, boxes, flips, jitter, MEAN, STD, got)
+    augment_batch_reference(images, boxes, flips, jitter, MEAN, STD, want)
+    assert got.is_contiguous(
+        memory_format=torch.channels_last if channels_last else torch.contiguous_format
+    )
+    _assert_matches(got, want)
+
+
+@pytest.mark.parametrize("device", _devices())
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "nhwc"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_matches_reference_on_random_batches(ops, device, dtype, channels_last):
+    _skip_without_cuda_build(ops, device)
+    for seed in range(3):
+        _check_against_reference(ops, device, dtype, channels_last, seed)
+
+
+@pytest.mark.parametrize("device", _devices())
+def test_tiny_and_thin_images_enlarged_and_shrunk(ops, device):
+    _skip_without_cuda_build(ops, device)
+    shapes = [(1, 1, 3), (1, 1, 1), (1, 37, 3), (29, 1, 3), (2, 2, 1), (1, 300, 3), (300, 1, 1)]
+    images = [torch.randint(0, 256, s, dtype=torch.uint8).to(device) for s in shapes]
+    boxes = torch.tensor([[0, 0, h, w] for h, w, _ in shapes], dtype=torch.float32)
+    n = len(shapes)
+    flips = torch.arange(n) % 2 == 0
+    jitter = torch.tensor([[1.2, 0.8, 1.3, 0.0]]).repeat(n, 1)
+    for dtype in (torch.uint8, torch.float32):
+        got, want = _outputs(n, 9, 17, dtype, False, device)
+        ops.augment_batch(images, boxes, flips, jitter, MEAN, STD, got)
+        augment_batch_reference(images, boxes, flips, jitter, MEAN, STD, want)
+        _assert_matches(got, want)
+
+
+@pytest.mark.parametrize("device", _devices())
+def test_unit_scale_copies_pixels_and_flip_mirrors(ops, device):
+    _skip_without_cuda_build(ops, device)
+    image = torch.randint(0, 256, (12, 17, 3), dtype=torch.uint8).to(device)
+    grey = torch.randint(0, 256, (12, 17, 1), dtype=torch.uint8).to(device)
+    boxes = torch.tensor([[0, 0, 12, 17]] * 2, dtype=torch.float32)
+    jitter = torch.tensor([[1.0, 1.0, 1.0, 0.0]] * 2)
+    plain = torch.empty(2, 3, 12, 17, dtype=torch.uint8, device=device)
+    flipped = torch.empty_like(plain).contiguous(memory_format=torch.channels_last)
+    ops.augment_batch([image, grey], boxes, torch.tensor([False, False]), jitter, MEAN, STD, plain)
+    ops.augment_batch([image, grey], boxes, torch.tensor([True, True]), jitter, MEAN, STD, flipped)
+    assert torch.equal(plain[0], image.permute(2, 0, 1))
+    assert torch.equal(plain[1], grey.permute(2, 0, 1).expand(3, -1, -1))
+    assert torch.equal(flipped, plain.flip(3))
+
+
+@pytest.mark.parametrize("device", _devices())
+def test_float_output_is_normalised_uint8_output(ops, device):
+    _skip_without_cuda_build(ops, device)
+    images, boxes, flips, jitter = _random_batch(7, 6, 20, 20, device)
+    as_uint8 = torch.empty(6, 3, 20, 20, dtype=torch.uint8, device=device)
+    as_float = torch.empty(6, 3, 20, 20, dtype=torch.float32, device=device)
+    ops.augment_batch(images, boxes, flips, jitter, MEAN, STD, as_uint8)
+    ops.augment_batch(images, boxes, flips, jitter, MEAN, STD, as_float)
+    pixels = (as_float.cpu() * STD.view(3, 1, 1) + MEAN.view(3, 1, 1)) * 255
+    assert (pixels - as_uint8.cpu().float()).abs().max() <= 0.5 + 1e-3
+
+
+def test_empty_batch_is_a_no_op(ops):
+    out = torch.empty(0, 3, 8, 8)
+    ops.augment_batch([], torch.empty(0, 4), torch.empty(0, dtype=torch.bool), torch.empty(0, 4), MEAN, STD, out)
+
+
+def _bad_cases():
+    img = torch.zeros(10, 10, 3, dtype=torch.uint8)
+    ok = dict(
+        images=[img],
+        boxes=torch.tensor([[0.0, 0.0, 10.0, 10.0]]),
+        flips=torch.tensor([False]),
+        jitter=torch.tensor([[1.0, 1.0, 1.0, 0.0]]),
+        mean=MEAN,
+        std=STD,
+        out=torch.empty(1, 3, 4, 4),
+    )
+    cases = {
+        "float image": ({"images": [img.float()]}, TypeError, "uint8"),
+        "chw image": ({"images": [torch.zeros(3, 10, 10, dtype=torch.uint8)]}, ValueError, "1 or 3"),
+        "2-channel": ({"images": [torch.zeros(5, 5, 2, dtype=torch.uint8)]}, ValueError, "1 or 3"),
+        "empty image": ({"images": [torch.zeros(0, 5, 3, dtype=torch.uint8)]}, ValueError, "empty"),
+        "2 images": ({"images": [img, img]}, ValueError, "2 images"),
+        "box outside": ({"boxes": torch.tensor([[0.0, 0.0, 10.5, 10.0]])}, ValueError, "inside"),
+        "negative box": ({"boxes": torch.tensor([[-1.0, 0.0, 5.0, 5.0]])}, ValueError, "inside"),
+        "empty box": ({"boxes": torch.tensor([[3.0, 3.0, 3.0, 8.0]])}, ValueError, "positive size"),
+        "nan box": ({"boxes": torch.tensor([[0.0, 0.0, float("nan"), 5.0]])}, ValueError, "inside"),
+        "box dtype": ({"boxes": torch.tensor([[0.0, 0.0, 10.0, 10.0]], dtype=torch.float64)}, TypeError, "boxes"),
+        "box shape": ({"boxes": torch.zeros(1, 3)}, ValueError, "boxes"),
+        "flip dtype": ({"flips": torch.tensor([0])}, TypeError, "flips"),
+        "hue": ({"jitter": torch.tensor([[1.0, 1.0, 1.0, 0.1]])}, ValueError, "hue"),
+        "negative factor": ({"jitter": torch.tensor([[-1.0, 1.0, 1.0, 0.0]])}, ValueError, "non-negative"),
+        "zero std": ({"std": torch.tensor([0.2, 0.0, 0.2])}, ValueError, "std"),
+        "out int32": ({"out": torch.empty(1, 3, 4, 4, dtype=torch.int32)}, TypeError, "out must be"),
+        "out 4 channels": ({"out": torch.empty(1, 4, 4, 4)}, ValueError, r"\[N, 3, H, W\]"),
+        "out 3d": ({"out": torch.empty(3, 4, 4)}, ValueError, r"\[N, 3, H, W\]"),
+        "out overlapping": ({"out": torch.empty(1, 1, 4, 4).expand(1, 3, 4, 4)}, ValueError, "dense"),
+    }
+    return ok, cases
+
+
+@pytest.mark.parametrize("case", list(_bad_cases()[1]))
+def test_bad_input_raises_a_clear_error(ops, case):
+    ok, cases = _bad_cases()
+    change, exc, match = cases[case]
+    args = {**ok, **change}
+    for fn in (ops.augment_batch, augment_batch_reference):
+        with pytest.raises(exc, match=match):
+            fn(**args)
+
+
+def test_gil_is_released_while_the_op_runs(ops):
+    """A Python thread keeps running while another thread is inside the op."""
+    gen = torch.Generator().manual_seed(1)
+    images = [torch.randint(0, 256, (600, 600, 3), dtype=torch.uint8, generator=gen)] * 48
+    boxes = torch.tensor([[0.0, 0.0, 600.0, 600.0]] * 48)
+    flips, jitter = torch.zeros(48, dtype=torch.bool), torch.tensor([[1.0, 1.0, 1.0, 0.0]] * 48)
+    out = torch.empty(48, 3, 224, 224)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        started, ticks = threading.Event(), []
+
+        def work() -> None:
+            started.set()
+            ops.augment_batch(images, boxes, flips, jitter, MEAN, STD, out)
+
+        worker = threading.Thread(target=work)
+        t0 = time.perf_counter()
+        worker.start()
+        started.wait()
+        while worker.is_alive():
+            ticks.append(time.perf_counter())
+            time.sleep(0.001)
+        duration = time.perf_counter() - t0
+    finally:
+        torch.set_num_threads(threads)
+    gaps = [b - a for a, b in zip([t0, *ticks], ticks, strict=False)]
+    assert duration > 0.05, "op too fast to judge: enlarge the batch"
+    # Holding the GIL would stall this loop for the whole call (one gap ~ duration).
+    assert len(ticks) >= 10 and max(gaps) < 0.5 * duration, (len(ticks), max(gaps), duration)
+
+
+def test_opcheck(ops):
+    images, boxes, flips, jitter = _random_batch(3, 4, 6, 5, "cpu")
+    out = torch.empty(4, 3, 6, 5)
+    # The schema (mutation of `out`), autograd registration and the Meta kernel; the AOT
+    # dispatch check is left out for time (it compiles the op through functorch).
+    torch.library.opcheck(
+        torch.ops.batchwire.augment_batch.default,
+        (images, boxes, flips, jitter, MEAN, STD, out),
+        test_utils=("test_schema", "test_autograd_registration", "test_faketensor"),
+    )
