@@ -80,7 +80,7 @@ def tree_cpu_seconds(root: int | None = None) -> float | None:
     return total
 
 
-MIN_TIMED_BATCHES = 3
+MIN_TIMED_BATCHES = 8
 
 
 def time_batches(
@@ -249,7 +249,7 @@ def dataloader_baseline(
     image_size: int,
     workers: int,
     measure_images: int,
-    warmup: int = 5,
+    warmup: int = 10,
     max_seconds: float = 60,
 ) -> tuple[Measured, str]:
     """A torch DataLoader with `workers` processes; returns the rate and which ops it used."""
@@ -284,7 +284,7 @@ def dali_pipeline(
     device: str,
     threads: int,
     measure_images: int,
-    warmup: int = 5,
+    warmup: int = 10,
     max_seconds: float = 60,
 ) -> Measured:
     """DALI reading, random-crop decoding, resizing, flipping and normalizing by itself."""

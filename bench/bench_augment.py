@@ -24,9 +24,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from PIL import Image
-
 from batchwire import native
+from PIL import Image
 
 MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)
@@ -65,18 +64,20 @@ def chain_one(img: Image.Image, box, flip: bool, out: torch.Tensor, mean, std) -
     im = img.crop((x0, y0, x1, y1)).resize((out.shape[2], out.shape[1]), Image.BILINEAR)
     if flip:
         im = im.transpose(Image.FLIP_LEFT_RIGHT)
-    t = torch.from_numpy(np.asarray(im)).permute(2, 0, 1).float().div(255)
+    t = torch.from_numpy(np.array(im)).permute(2, 0, 1).float().div(255)
     out.copy_((t - mean) / std)
 
 
-def best_rate(fn: Callable[[], int], repeats: int) -> float:
-    """Images per second of the best of `repeats` runs (the machine is shared: best is steadiest)."""
-    best = 0.0
+def best_rate(fn: Callable[[], int], repeats: int) -> tuple[float, float]:
+    """Images per wall second and per CPU second (all threads) of the best of `repeats` runs.
+    On a shared machine the CPU-second figure is the steadier per-core measure."""
+    wall = cpu = 0.0
     for _ in range(repeats):
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         n = fn()
-        best = max(best, n / (time.perf_counter() - start))
-    return best
+        wall = max(wall, n / (time.perf_counter() - start))
+        cpu = max(cpu, n / max(time.process_time() - start_cpu, 1e-9))
+    return wall, cpu
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -90,7 +91,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
 
     pil = load_images(args.data, args.images)
-    tensors = [torch.from_numpy(np.asarray(im)).contiguous() for im in pil]
+    tensors = [torch.from_numpy(np.array(im)) for im in pil]
     rng = np.random.default_rng(0)
     boxes = [random_resized_crop(rng, im.height, im.width) for im in pil]
     flips = [bool(rng.integers(0, 2)) for _ in pil]
@@ -123,7 +124,9 @@ def main(argv: list[str] | None = None) -> None:
     def op_batches(device_images, dst: torch.Tensor) -> int:
         for start in range(0, n - b + 1, b):
             sl = slice(start, start + b)
-            ops.augment_batch(device_images[sl], box_t[sl], flip_t[sl], jitter[sl], mean_t, std_t, dst)
+            ops.augment_batch(
+                device_images[sl], box_t[sl], flip_t[sl], jitter[sl], mean_t, std_t, dst
+            )
         return (n // b) * b
 
     rates = {}
@@ -133,19 +136,104 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(args.threads)
     with ThreadPoolExecutor(args.threads) as pool:
         torch.set_num_threads(1)  # one image per thread: torch inside the chain stays serial
-        rates[f"chain, {args.threads} threads"] = best_rate(lambda: chain_batches(pool), args.repeats)
+        rates[f"chain, {args.threads} threads"] = best_rate(
+            lambda: chain_batches(pool), args.repeats
+        )
     torch.set_num_threads(args.threads)
-    rates[f"op cpu, {args.threads} threads"] = best_rate(lambda: op_batches(tensors, out), args.repeats)
-    for name, rate in rates.items():
-        print(f"{name:>24}: {rate:9.1f} images/s")
-    print(f"ratio op/chain, 1 thread: {rates['op cpu, 1 thread'] / rates['chain, 1 thread']:.2f}x")
-    key_chain, key_op = f"chain, {args.threads} threads", f"op cpu, {args.threads} threads"
-    print(f"ratio op/chain, {args.threads} threads: {rates[key_op] / rates[key_chain]:.2f}x")
+    rates[f"op cpu, {args.threads} threads"] = best_rate(
+        lambda: op_batches(tensors, out), args.repeats
+    )
+    for name, (wall, cpu) in rates.items():
+        print(f"{name:>24}: {wall:9.1f} images/s wall, {cpu:9.1f} images per CPU-second")
+    for threads in (1, args.threads):
+        suffix = "thread" if threads == 1 else "threads"
+        op, chain = rates[f"op cpu, {threads} {suffix}"], rates[f"chain, {threads} {suffix}"]
+        print(
+            f"ratio op/chain, {threads} {suffix}: {op[0] / chain[0]:.2f}x wall, "
+            f"{op[1] / chain[1]:.2f}x per CPU-second"
+        )
 
     if torch.cuda.is_available():
-        from batchwire.bench.bench_augment_cuda import run_cuda
+        run_cuda(ops, tensors, box_t, flip_t, args)
+    else:
+        print("no CUDA device: GPU figures skipped")
 
-        run_cuda(ops, tensors, boxes, flips, args)
+
+def cuda_rate(fn: Callable[[], int], repeats: int) -> float:
+    """Images per second of `fn` on the GPU, timed with events after one warm-up run."""
+    fn()
+    torch.cuda.synchronize()
+    best = 0.0
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        n = fn()
+        end.record()
+        end.synchronize()
+        best = max(best, n / (start.elapsed_time(end) / 1e3))
+    return best
+
+
+def copy_bandwidth(nbytes: int = 1 << 30) -> float:
+    """Device-to-device copy bandwidth in bytes/s (read + write), the practical HBM ceiling."""
+    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+
+    def copy() -> int:
+        dst.copy_(src)
+        return 1
+
+    return 2 * nbytes * cuda_rate(copy, 5)
+
+
+def run_cuda(ops, tensors, boxes: torch.Tensor, flips: torch.Tensor, args) -> None:
+    if not ops.with_cuda:
+        print(f"op cuda: the extension has no CUDA ({ops.build.plan.cuda_reason})")
+        return
+    n, b, s = len(tensors), args.batch, args.size
+    images = [t.cuda() for t in tensors]
+    jitter = torch.tensor([[1.0, 1.0, 1.0, 0.0]]).repeat(n, 1)
+    mean_t, std_t = torch.tensor(MEAN), torch.tensor(STD)
+    out = torch.empty(b, 3, s, s, device="cuda")
+
+    def op_batches() -> int:
+        for start in range(0, n - b + 1, b):
+            sl = slice(start, start + b)
+            ops.augment_batch(images[sl], boxes[sl], flips[sl], jitter[sl], mean_t, std_t, out)
+        return (n // b) * b
+
+    rate = cuda_rate(op_batches, args.repeats)
+    used = (n // b) * b
+    crop = (boxes[:used, 2] - boxes[:used, 0]) * (boxes[:used, 3] - boxes[:used, 1])
+    bytes_per_image = float(crop.sum()) * 3 / used + 3 * s * s * out.element_size()
+    achieved, ceiling = rate * bytes_per_image, copy_bandwidth()
+    print(f"{'op cuda':>24}: {rate:9.1f} images/s")
+    print(
+        f"op cuda bandwidth: {achieved / 1e9:.1f} GB/s (crop bytes read + batch written) = "
+        f"{achieved / ceiling:.0%} of a measured device copy ({ceiling / 1e9:.0f} GB/s)"
+    )
+    try:
+        from torchvision.transforms.v2 import functional as tvf
+    except ImportError:
+        print("torchvision not installed: no transforms.v2 comparison")
+        return
+    box_list, flip_list = boxes.round().int().tolist(), flips.tolist()
+
+    def tv_batches() -> int:
+        for start in range(0, n - b + 1, b):
+            for i in range(start, start + b):
+                y0, x0, y1, x1 = box_list[i]
+                img = images[i].permute(2, 0, 1)
+                r = tvf.resized_crop(img, y0, x0, y1 - y0, x1 - x0, [s, s], antialias=True)
+                if flip_list[i]:
+                    r = tvf.horizontal_flip(r)
+                r = tvf.normalize(tvf.to_dtype(r, torch.float32, scale=True), MEAN, STD)
+                out[i - start].copy_(r)
+        return (n // b) * b
+
+    tv_rate = cuda_rate(tv_batches, args.repeats)
+    print(f"{'torchvision v2 cuda':>24}: {tv_rate:9.1f} images/s")
+    print(f"ratio op/torchvision on cuda: {rate / tv_rate:.2f}x")
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from multiprocessing.connection import Connection
 
 import numpy as np
 import torch
@@ -57,14 +58,19 @@ def _endpoint(kind: str, tmp: str, name: str) -> str:
 # GIL; both serve every round until the parent terminates them.
 
 
-def pushpull_sender(endpoint: str, nbytes: int) -> None:
-    """Bare pyzmq: PUSH the same zero-copy frame forever (blocks while the receiver is idle)."""
+def pushpull_sender(endpoint: str, nbytes: int, orders: Connection) -> None:
+    """Bare pyzmq: PUSH the same zero-copy frame as many times as each order says.
+
+    Counted, not endless: frames pushed while the receiver measures something else would pile
+    up in its queue, and the next round would time a memcpy from memory instead of the wire.
+    """
     ctx = zmq.Context()
     push = ctx.socket(zmq.PUSH)
     push.bind(endpoint)
     frame = np.random.default_rng(0).integers(0, 256, nbytes, dtype=np.uint8)
-    while True:
-        push.send(frame, copy=False)
+    while (count := orders.recv()) is not None:
+        for _ in range(count):
+            push.send(frame, copy=False)
 
 
 class TransportServer:
@@ -110,20 +116,38 @@ class TransportServer:
             while credits and free and k < self.n:
                 slot = free.pop()
                 header = p.BatchHeader(
-                    session=hello.session, split=hello.split, epoch=hello.epoch, batch_index=k,
-                    shape=self.shape, dtype="uint8", layout="nchw", indices=self.indices,
-                    replaced=0, nbytes=self.nbytes)
-                tracker = send_batch(self.sock, header, tensor_bytes(self.ring[slot]),
-                                     self.labels, identity=identity)
+                    session=hello.session,
+                    split=hello.split,
+                    epoch=hello.epoch,
+                    batch_index=k,
+                    shape=self.shape,
+                    dtype="uint8",
+                    layout="nchw",
+                    indices=self.indices,
+                    replaced=0,
+                    nbytes=self.nbytes,
+                )
+                tracker = send_batch(
+                    self.sock, header, tensor_bytes(self.ring[slot]), self.labels, identity=identity
+                )
                 held.append((tracker, slot))
                 credits -= 1
                 k += 1
 
     def _welcome(self, session: int) -> p.Welcome:
         b = self.shape[0]
-        return p.Welcome(session=session, num_batches=self.n, num_samples=self.n * b,
-                         batch_size=b, shape=self.shape, dtype="uint8", layout="nchw",
-                         mean=[0.5] * 3, std=[0.5] * 3, num_classes=b)
+        return p.Welcome(
+            session=session,
+            num_batches=self.n,
+            num_samples=self.n * b,
+            batch_size=b,
+            shape=self.shape,
+            dtype="uint8",
+            layout="nchw",
+            mean=[0.5] * 3,
+            std=[0.5] * 3,
+            num_classes=b,
+        )
 
 
 def protocol_server(endpoint: str, shape: tuple[int, ...], n: int) -> None:
@@ -135,9 +159,10 @@ def protocol_server(endpoint: str, shape: tuple[int, ...], n: int) -> None:
 WARM = 5
 
 
-def recv_pushpull(pull: zmq.Socket, nbytes: int, n: int) -> float:
+def recv_pushpull(pull: zmq.Socket, orders: Connection, nbytes: int, n: int) -> float:
     """Seconds for ``n`` frames into one preallocated buffer (after a warm-up)."""
     dst = memoryview(np.empty(nbytes, dtype=np.uint8))
+    orders.send(n + WARM)
     for _ in range(WARM):
         pull.recv_into(dst)
     t0 = time.perf_counter()
@@ -154,15 +179,26 @@ class ProtocolReceiver:
         self.sock = sock
         self.prefetch = prefetch
         pin = torch.cuda.is_available()
-        self.images = torch.empty(p.images_nbytes(shape, "uint8"), dtype=torch.uint8,
-                                  pin_memory=pin)
+        self.images = torch.empty(
+            p.images_nbytes(shape, "uint8"), dtype=torch.uint8, pin_memory=pin
+        )
         self.labels = torch.empty(shape[0], dtype=torch.int64, pin_memory=pin)
         self.session = 0
 
     def run(self, n: int) -> float:
         self.session += 1
-        self.sock.send(p.Hello(split="train", rank=0, world_size=1, epoch=0, start_batch=0,
-                               prefetch=self.prefetch, shard=(0, 1), session=self.session).pack())
+        self.sock.send(
+            p.Hello(
+                split="train",
+                rank=0,
+                world_size=1,
+                epoch=0,
+                start_batch=0,
+                prefetch=self.prefetch,
+                shard=(0, 1),
+                session=self.session,
+            ).pack()
+        )
         while True:  # skip anything of an earlier round
             msg = p.decode_server_message(self.sock.recv_multipart()[0])
             if isinstance(msg, p.Welcome) and msg.session == self.session:
@@ -189,8 +225,9 @@ def recv_loader(endpoint: str, shape: tuple[int, ...], n: int, prefetch: int) ->
     """Seconds for `RemoteLoader` (CPU) to yield ``n`` batches from the transport server."""
     from batchwire.client import RemoteLoader
 
-    loader = RemoteLoader(endpoint, "train", rank=0, world_size=1, prefetch=prefetch,
-                          device="cpu", timeout=60)
+    loader = RemoteLoader(
+        endpoint, "train", rank=0, world_size=1, prefetch=prefetch, device="cpu", timeout=60
+    )
     t0 = 0.0
     try:
         for i, (images, _labels) in enumerate(loader):
@@ -203,8 +240,7 @@ def recv_loader(endpoint: str, shape: tuple[int, ...], n: int, prefetch: int) ->
         loader.close()
 
 
-def _measure(paths: dict[str, Callable[[], float]], n: int, nbytes: int,
-             rounds: int) -> list[Rate]:
+def _measure(paths: dict[str, Callable[[], float]], n: int, nbytes: int, rounds: int) -> list[Rate]:
     """Median of ``rounds`` runs per path, the paths interleaved so load drifts hit all alike."""
     times: dict[str, list[float]] = {name: [] for name in paths}
     for _ in range(rounds):
@@ -218,11 +254,16 @@ def _measure(paths: dict[str, Callable[[], float]], n: int, nbytes: int,
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m batchwire.bench.bench_transport",
-                                 description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m batchwire.bench.bench_transport", description=__doc__.split("\n\n")[0]
+    )
     ap.add_argument("--batches", type=int, default=200, help="batches per measurement")
-    ap.add_argument("--rounds", type=int, default=5,
-                    help="measurements per row, interleaved across rows (median)")
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=5,
+        help="measurements per row, interleaved across rows (median)",
+    )
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--image-size", type=int, default=224)
     ap.add_argument("--prefetch", type=int, default=4, help="credits in flight (protocol)")
@@ -236,8 +277,9 @@ def main(argv: list[str] | None = None) -> int:
     ctx = zmq.Context()
     with tempfile.TemporaryDirectory(prefix="bw-transport-") as tmp:
         pp_ep, pr_ep = _endpoint(args.endpoint, tmp, "pp"), _endpoint(args.endpoint, tmp, "pr")
+        orders, sender_orders = spawn.Pipe()
         senders = [
-            spawn.Process(target=pushpull_sender, args=(pp_ep, nbytes), daemon=True),
+            spawn.Process(target=pushpull_sender, args=(pp_ep, nbytes, sender_orders), daemon=True),
             spawn.Process(target=protocol_server, args=(pr_ep, shape, n + WARM), daemon=True),
         ]
         for proc in senders:
@@ -249,13 +291,14 @@ def main(argv: list[str] | None = None) -> int:
             dealer.connect(pr_ep)
             receiver = ProtocolReceiver(dealer, shape, args.prefetch)
             paths = {
-                "pushpull": lambda: recv_pushpull(pull, nbytes, n),
+                "pushpull": lambda: recv_pushpull(pull, orders, nbytes, n),
                 "protocol": lambda: receiver.run(n),
             }
             if args.loader:
                 paths["loader"] = lambda: recv_loader(pr_ep, shape, n, args.prefetch)
             rows = _measure(paths, n, nbytes, args.rounds)
         finally:
+            orders.send(None)
             for proc in senders:
                 proc.terminate()
                 proc.join(10)
@@ -263,13 +306,17 @@ def main(argv: list[str] | None = None) -> int:
             dealer.close(0)
     ctx.term()
     base = rows[0]
-    print(f"transport, {args.endpoint}, batch {list(shape)} uint8 = {nbytes / 1e6:.2f} MB, "
-          f"{args.batches} batches x {args.rounds} rounds (median), prefetch {args.prefetch}, "
-          f"{os.cpu_count()} CPUs")
+    print(
+        f"transport, {args.endpoint}, batch {list(shape)} uint8 = {nbytes / 1e6:.2f} MB, "
+        f"{args.batches} batches x {args.rounds} rounds (median), prefetch {args.prefetch}, "
+        f"{os.cpu_count()} CPUs"
+    )
     print(f"{'path':<10} {'batches/s':>10} {'GB/s':>8} {'vs pushpull':>12}")
     for r in rows:
-        print(f"{r.name:<10} {r.batches_per_s:>10.1f} {r.gbytes_per_s:>8.2f} "
-              f"{r.batches_per_s / base.batches_per_s:>11.1%}")
+        print(
+            f"{r.name:<10} {r.batches_per_s:>10.1f} {r.gbytes_per_s:>8.2f} "
+            f"{r.batches_per_s / base.batches_per_s:>11.1%}"
+        )
     return 0
 
 

@@ -51,7 +51,7 @@ def batchwire_row(
     image_size: int,
     measure_images: int,
     wire: str = "uint8",
-    warmup: int = 5,
+    warmup: int = 10,
     max_seconds: float = 60,
     start_timeout: float = 120,
 ) -> Measured:

@@ -9,7 +9,10 @@ socket is ever shared between threads and no error has to be ferried across one.
 
 Several servers: server ``i`` of ``n`` produces the rank's batches ``k`` with ``k % n == i``;
 arrivals wait in a reorder buffer until their turn, so the loader yields the epoch in order,
-each batch exactly once. Each server gets its own credit window.
+each batch exactly once. Each server gets its own credit window (the rank's prefetch split
+between them). A credit goes back as soon as a batch is handed to the consumer, so the server
+can send the next while the step runs; the slot ring is sized for that: the windows, one batch
+held by the consumer and one whose release event is still pending.
 
 Reconnects: a server that drops the TCP connection (killed, restarted) or says ``shutdown`` gets
 a new hello, with a new session id, from the next batch still needed from it, as soon as it is

@@ -14,8 +14,9 @@ and with the current epoch keeps the position (so "load state, then the usual
 ``set_epoch(epoch)`` loop" resumes mid-epoch).
 
 Tensor lifetime: on CPU every batch is a fresh tensor, yours to keep. On CUDA the batch lives in
-one of ``prefetch + 2`` rotating device slots and is valid until you have requested the next
-``prefetch + 1`` batches; `clone()` it to keep it longer.
+one of ``prefetch + 2`` rotating device slots, recycled once you request the next batch: all the
+GPU work you queued on it before that request is safe (an event on your stream guards the slot),
+anything later is not; `clone()` what you keep longer.
 
 One loader serves one consumer thread (it is not thread-safe); use one loader per rank.
 """
@@ -331,6 +332,8 @@ class RemoteLoader(IterableDataset):
             while self.next_batch < total:
                 if iteration != self._iteration:
                     raise LoaderError("this iterator was superseded by a newer iter(loader)")
+                if self._receiver is not receiver:
+                    raise LoaderError("the loader was closed while this iterator was in use")
                 t0 = time.perf_counter()
                 self._release_handed()
                 arrived = receiver.get(self.next_batch)

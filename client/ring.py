@@ -13,6 +13,7 @@ Two policies, chosen by the target device:
 from __future__ import annotations
 
 import sys
+from collections import deque
 from dataclasses import dataclass, field
 
 import torch
@@ -97,7 +98,9 @@ class SlotRing:
             )
             for i in range(count)
         ]
-        self._free = list(range(count - 1, -1, -1))  # pop() hands out slot 0 first
+        # First in, first out: a returned slot is reused last, which gives the events guarding
+        # it the most time to complete before anyone has to wait on them.
+        self._free = deque(range(count))
 
     def __len__(self) -> int:
         return len(self.slots)
@@ -111,7 +114,7 @@ class SlotRing:
             raise protocol.ProtocolError(
                 "no free receive slot: the server sent more batches than it was credited"
             )
-        return self.slots[self._free.pop()]
+        return self.slots[self._free.popleft()]
 
     def give_back(self, slot: HostSlot) -> None:
         if slot.index in self._free:

@@ -13,7 +13,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-
 from batchwire.native.build import BuildResult, NativeBuildError
 from batchwire.native.build import build as _build
 

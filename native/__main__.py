@@ -11,7 +11,6 @@ import shutil
 import sys
 
 import torch
-
 from batchwire.native.build import NativeBuildError, build, make_plan, missing_tools
 
 

@@ -32,7 +32,7 @@ NAME = "batchwire_native"
 CPU_SOURCES = ("augment_op.cpp", "augment_cpu.cpp")
 CUDA_SOURCES = ("augment_kernel.cu", "augment_cuda.cpp")
 CPU_HEADERS = ("filter_math.h", "augment_op.h")
-CUDA_HEADERS = ("augment_kernel.cuh",)
+CUDA_HEADERS = ("augment_kernel.cuh", "augment_desc.h", "augment_pixel.h")
 # -O3 but no -march=native: a build may be carried to other machines (Docker images, clusters);
 # the hot loops carry their own AVX2 clones instead.
 CFLAGS = ("-O3", "-fopenmp")
@@ -180,10 +180,27 @@ def missing_tools(plan: BuildPlan) -> list[str]:
     return problems
 
 
+# torch serialises builds of one folder with a `lock` file; a build killed midway leaves it
+# behind and every later load would wait on it forever.
+STALE_LOCK_S = 900.0
+
+
+def _clear_stale_lock(build_dir: Path) -> None:
+    lock = build_dir / "lock"
+    try:
+        age = time.time() - lock.stat().st_mtime
+    except FileNotFoundError:
+        return
+    if age > STALE_LOCK_S:
+        log.warning("batchwire.native: removing a build lock left %.0f s ago: %s", age, lock)
+        lock.unlink(missing_ok=True)
+
+
 def _compile_and_load(plan: BuildPlan, verbose: bool) -> None:
     from torch.utils import cpp_extension
 
     plan.build_dir.mkdir(parents=True, exist_ok=True)
+    _clear_stale_lock(plan.build_dir)
     try:
         cpp_extension.load(
             name=NAME,

@@ -96,7 +96,9 @@ def check_args(
     if not _is_dense(out):
         raise ValueError("augment_batch: out must be dense (contiguous or channels_last)")
     if out.dtype not in OUTPUT_DTYPES:
-        raise TypeError(f"augment_batch: out must be uint8, float16, bfloat16 or float32, got {out.dtype}")
+        raise TypeError(
+            f"augment_batch: out must be uint8, float16, bfloat16 or float32, got {out.dtype}"
+        )
     n = out.shape[0]
     if len(images) != n:
         raise ValueError(f"augment_batch: got {len(images)} images for an out batch of {n}")
@@ -122,7 +124,9 @@ def check_args(
         if img.shape[0] < 1 or img.shape[1] < 1:
             raise ValueError(f"augment_batch: images[{i}] is empty: {tuple(img.shape)}")
         if img.device != out.device:
-            raise ValueError(f"augment_batch: images[{i}] is on {img.device} but out is on {out.device}")
+            raise ValueError(
+                f"augment_batch: images[{i}] is on {img.device} but out is on {out.device}"
+            )
     for i, (box, factors) in enumerate(zip(boxes.tolist(), jitter.tolist(), strict=True)):
         y0, x0, y1, x1 = box
         h, w = images[i].shape[:2]
@@ -141,7 +145,9 @@ def check_args(
                 "brightness, contrast and saturation"
             )
         if hue != 0:
-            raise ValueError(f"augment_batch: hue jitter is not supported (jitter[{i}][3] = {hue}, must be 0)")
+            raise ValueError(
+                f"augment_batch: hue jitter is not supported (jitter[{i}][3] = {hue}, must be 0)"
+            )
     if out.dtype != torch.uint8 and not (
         torch.isfinite(mean).all() and torch.isfinite(std).all() and (std != 0).all()
     ):

@@ -89,7 +89,10 @@ def _short(error: BaseException) -> str:
 
 
 class DaliBatchDecoder:
-    """A `BatchDecoder` over a DALI `decoders.image` pipeline (device 'mixed' on CUDA, CPU else)."""
+    """A `BatchDecoder` over a DALI decoding pipeline (device 'mixed' on CUDA, CPU else).
+
+    `roi` (default: on for CPU, off for CUDA) decodes only each crop's region.
+    """
 
     name = "dali"
 
@@ -130,6 +133,7 @@ class DaliBatchDecoder:
         self.rebuilds = 0
         # Set aside the sample DALI's error names; without a name (or with this off) bisect.
         self.use_error_hint = True
+        self._broken: str | None = None
         self._pipe = self._build()
         if self.device.type == "cuda":
             budget = self.max_batch * int(self.max_image_pixels) * 3
@@ -216,9 +220,15 @@ class DaliBatchDecoder:
         return 0, 0, req.header.height, req.header.width
 
     def _rebuild(self) -> None:
+        """A fresh pipeline after a failed run; if even that fails, DALI is done for and every
+        later image goes to the CPU decoder (logged once), rather than failing batches."""
         self._pipe = None
-        self._pipe = self._build()
         self.rebuilds += 1
+        try:
+            self._pipe = self._build()
+        except Exception as e:
+            self._broken = f"DALI pipeline could not be rebuilt: {_short(e)}"
+            log.error("dali decoder: %s; decoding everything on the CPU from now on", self._broken)
 
     def _decode_group(
         self,
@@ -230,6 +240,9 @@ class DaliBatchDecoder:
         """Decode `items` (request positions) on DALI, setting aside what makes DALI fail."""
         pending = list(items)
         while pending:
+            if self._broken is not None:
+                rejected.update(dict.fromkeys(pending, self._broken))
+                return
             regions = [self._region(requests[i]) for i in pending]
             try:
                 images = self._run(
@@ -288,6 +301,8 @@ class DaliBatchDecoder:
                 self._decode_group(chunk, requests, results, rejected)
         if rejected:
             order = sorted(rejected)
+            if self._broken is not None:  # already logged as an error: no warning per image
+                routed.update(i for i in order if rejected[i] == self._broken)
             redone = self._fallback.decode(
                 [requests[i] for i in order],
                 [rejected[i] for i in order],

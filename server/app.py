@@ -55,6 +55,7 @@ _TRACKER_POLL_MAX_MS = 100
 _IDLE_POLL_MS = 250
 _SHUTDOWN_LINGER_MS = 1000
 _LOADER_STATS_KEYS = 32
+_MALFORMED_LOGGED = 20
 
 
 class ServerApp:
@@ -101,13 +102,15 @@ class ServerApp:
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
         producers = {name: s.producer for name, s in self.splits.items()}
-        self.pool = ProducerPool(producers, config.producers, self._phases, self._wake_w,
-                                 device=config.device)
+        self.pool = ProducerPool(
+            producers, config.producers, self._phases, self._wake_w, device=config.device
+        )
         self.streams: dict[bytes, Stream] = {}
         self.scheduler = Scheduler()
         self._in_flight: deque[tuple[zmq.MessageTracker, Slot, Stream]] = deque()
         self._tracker_wait_ms = 1
         self._stopping = False
+        self._malformed_seen = 0
         self._metrics: Any = None
 
     # ----------------------------------------------------------------------------- lifecycle
@@ -132,9 +135,15 @@ class ServerApp:
         log.info(
             "serving %s on %s: batch %d, %dpx, %s %s, %d producers, %d decode threads, "
             "work-ahead %d per client",
-            "/".join(self.splits), ", ".join(self.endpoints), self.config.batch_size,
-            self.config.image_size, self.config.output_dtype, self.config.layout,
-            self.config.producers, self.config.workers, self.config.prefetch_depth,
+            "/".join(self.splits),
+            ", ".join(self.endpoints),
+            self.config.batch_size,
+            self.config.image_size,
+            self.config.output_dtype,
+            self.config.layout,
+            self.config.producers,
+            self.config.workers,
+            self.config.prefetch_depth,
         )
         try:
             self._loop()
@@ -241,12 +250,17 @@ class ServerApp:
     def _on_hello(self, identity: bytes, hello: Hello) -> None:
         split = self.splits.get(hello.split)
         if split is None:
-            self._error(identity, f"unknown split {hello.split!r}: this server serves "
-                                  f"{sorted(self.splits)}")
+            self._error(
+                identity, f"unknown split {hello.split!r}: this server serves {sorted(self.splits)}"
+            )
             return
         for other in self.streams.values():
-            if (other.identity != identity and other.hello.split == hello.split
-                    and other.hello.world_size != hello.world_size and not other.done):
+            if (
+                other.identity != identity
+                and other.hello.split == hello.split
+                and other.hello.world_size != hello.world_size
+                and not other.done
+            ):
                 self._error(
                     identity,
                     f"world_size mismatch on split {hello.split!r}: this client says "
@@ -256,22 +270,41 @@ class ServerApp:
                 return
         if identity in self.streams:  # next epoch, resume or reconnect: replace the stream
             self._drop(identity)
-        sampler = split.sampler(self.config.batch_size, self.config.seed, hello.rank,
-                                hello.world_size)
+        sampler = split.sampler(
+            self.config.batch_size, self.config.seed, hello.rank, hello.world_size
+        )
         stream = Stream(identity, hello, sampler.num_batches, self.config.prefetch_depth, sampler)
         stream.credits = hello.prefetch  # a hello grants `prefetch` credits
         self.streams[identity] = stream
         self.scheduler.add(identity)
         aug = split.augment
-        self._reply(identity, Welcome(
-            session=hello.session, num_batches=sampler.num_batches,
-            num_samples=len(split.dataset), batch_size=self.config.batch_size,
-            shape=list(self.shape), dtype=self.config.output_dtype, layout=self.config.layout,
-            mean=list(aug.mean), std=list(aug.std), num_classes=split.dataset.num_classes,
-        ))
-        log.info("client %s: %s epoch %d rank %d/%d from batch %d, shard %d/%d (%d batches)",
-                 identity.hex(), hello.split, hello.epoch, hello.rank, hello.world_size,
-                 hello.start_batch, hello.shard[0], hello.shard[1], len(stream.batches))
+        self._reply(
+            identity,
+            Welcome(
+                session=hello.session,
+                num_batches=sampler.num_batches,
+                num_samples=len(split.dataset),
+                batch_size=self.config.batch_size,
+                shape=list(self.shape),
+                dtype=self.config.output_dtype,
+                layout=self.config.layout,
+                mean=list(aug.mean),
+                std=list(aug.std),
+                num_classes=split.dataset.num_classes,
+            ),
+        )
+        log.info(
+            "client %s: %s epoch %d rank %d/%d from batch %d, shard %d/%d (%d batches)",
+            identity.hex(),
+            hello.split,
+            hello.epoch,
+            hello.rank,
+            hello.world_size,
+            hello.start_batch,
+            hello.shard[0],
+            hello.shard[1],
+            len(stream.batches),
+        )
 
     def _drop(self, identity: bytes) -> None:
         """Forget a client's stream and release its queued batches (in-flight ones: later)."""
@@ -302,7 +335,19 @@ class ServerApp:
         self._reply(identity, ErrorReply(message))
 
     def _malformed(self, identity: bytes, message: str) -> None:
-        log.warning("malformed message from %s: %s", identity.hex(), message)
+        self._malformed_seen += 1
+        # A flood of garbage must not flood the log too: the counter in stats tells the rest.
+        if self._malformed_seen <= _MALFORMED_LOGGED:
+            log.warning(
+                "malformed message from %s: %s%s",
+                identity.hex(),
+                message,
+                " (further ones are only counted)"
+                if self._malformed_seen == _MALFORMED_LOGGED
+                else "",
+            )
+        else:
+            log.debug("malformed message from %s: %s", identity.hex(), message)
         self.telemetry.add_malformed()
         self._reply(identity, ErrorReply(f"malformed message: {message}"))
 
@@ -314,8 +359,9 @@ class ServerApp:
             if stream is None:
                 return
             pos, batch_index = stream.take_next()
-            self.pool.submit(Job(stream, pos, batch_index, self.buffers.acquire(),
-                                 time.monotonic()))
+            self.pool.submit(
+                Job(stream, pos, batch_index, self.buffers.acquire(), time.monotonic())
+            )
 
     def _collect_results(self) -> None:
         while not self.pool.results.empty():
@@ -329,8 +375,11 @@ class ServerApp:
             if not stream.closed:
                 stream.abandoned()
                 if result.error != "cancelled":
-                    self._error(stream.identity, f"producing {stream.hello.split} batch "
-                                                 f"{job.batch_index} failed: {result.error}")
+                    self._error(
+                        stream.identity,
+                        f"producing {stream.hello.split} batch "
+                        f"{job.batch_index} failed: {result.error}",
+                    )
                     self._drop(stream.identity)
             return
         meta = result.meta
@@ -341,11 +390,17 @@ class ServerApp:
             self._bad_seen[split.name] = bad
         if meta.replaced:
             self.telemetry.add_replaced(meta.replaced)
-        stream.completed(job.pos, Produced(
-            batch_index=job.batch_index, slot=job.slot, labels=meta.labels,
-            indices=meta.indices.tolist(), replaced=int(meta.replaced),
-            produce_s=result.seconds,
-        ))
+        stream.completed(
+            job.pos,
+            Produced(
+                batch_index=job.batch_index,
+                slot=job.slot,
+                labels=meta.labels,
+                indices=meta.indices.tolist(),
+                replaced=int(meta.replaced),
+                produce_s=result.seconds,
+            ),
+        )
 
     def _send_ready(self) -> None:
         now = time.monotonic()
@@ -356,12 +411,24 @@ class ServerApp:
     def _send(self, stream: Stream, batch: Produced, now: float) -> None:
         h = stream.hello
         header = BatchHeader(
-            session=h.session, split=h.split, epoch=h.epoch, batch_index=batch.batch_index,
-            shape=list(self.shape), dtype=self.config.output_dtype, layout=self.config.layout,
-            indices=batch.indices, replaced=batch.replaced, nbytes=self.nbytes,
+            session=h.session,
+            split=h.split,
+            epoch=h.epoch,
+            batch_index=batch.batch_index,
+            shape=list(self.shape),
+            dtype=self.config.output_dtype,
+            layout=self.config.layout,
+            indices=batch.indices,
+            replaced=batch.replaced,
+            nbytes=self.nbytes,
         )
-        tracker = send_batch(self.router, header, tensor_bytes(batch.slot.tensor), batch.labels,
-                             identity=stream.identity)
+        tracker = send_batch(
+            self.router,
+            header,
+            tensor_bytes(batch.slot.tensor),
+            batch.labels,
+            identity=stream.identity,
+        )
         self._in_flight.append((tracker, batch.slot, stream))
         stream.in_flight += 1
         self._tracker_wait_ms = 1
@@ -400,8 +467,11 @@ class ServerApp:
             {"name": "read", "depth": self.pool.queued + depth["read"], "capacity": 2 * n},
             {"name": "decode", "depth": depth["decode"], "capacity": n},
             {"name": "augment", "depth": depth["augment"], "capacity": n},
-            {"name": "ready", "depth": sum(s.ready for s in streams),
-             "capacity": max(1, len(streams)) * self.config.prefetch_depth},
+            {
+                "name": "ready",
+                "depth": sum(s.ready for s in streams),
+                "capacity": max(1, len(streams)) * self.config.prefetch_depth,
+            },
         ]
         return self.telemetry.snapshot(stages, [s.row(now) for s in streams])
 

@@ -62,7 +62,9 @@ class BufferPool:
         ring = BufferRing(self.chunk, self.shape, self.dtype, self.memory_format, self.pin)
         self._rings.append(ring)
         log.debug(
-            "batch buffers: %d (%.1f MB%s)", self.capacity, self.nbytes / 1e6,
+            "batch buffers: %d (%.1f MB%s)",
+            self.capacity,
+            self.nbytes / 1e6,
             ", pinned" if ring.pinned else "",
         )
         self.held += 1

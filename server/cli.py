@@ -43,85 +43,164 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=(
             "Every option can also be set in a TOML file (--config) under the same name, with "
-            "dashes or underscores (batch-size = 64, bind = [\"tcp://*:5555\"]); command-line "
+            'dashes or underscores (batch-size = 64, bind = ["tcp://*:5555"]); command-line '
             "options win. Stop with SIGINT or SIGTERM: connected clients are told, exit code 0."
         ),
     )
     data = p.add_argument_group("data")
-    data.add_argument("--train", metavar="PATH",
-                      help="training split: an ImageFolder root or a list file "
-                           "(default: the embedded dataset's train split)")
-    data.add_argument("--val", metavar="PATH",
-                      help="validation split (default: the embedded dataset's val split when "
-                           "--train is not given, else none)")
+    data.add_argument(
+        "--train",
+        metavar="PATH",
+        help="training split: an ImageFolder root or a list file "
+        "(default: the embedded dataset's train split)",
+    )
+    data.add_argument(
+        "--val",
+        metavar="PATH",
+        help="validation split (default: the embedded dataset's val split when "
+        "--train is not given, else none)",
+    )
     data.add_argument("--config", metavar="FILE.toml", help="read settings from a TOML file")
 
     net = p.add_argument_group("network")
-    net.add_argument("--bind", action="append", metavar="ENDPOINT",
-                     help=f"ZeroMQ endpoint to listen on, repeatable; tcp:// or ipc:// "
-                          f"(default: {DEFAULT_BIND})")
-    net.add_argument("--prefetch-depth", type=int, metavar="N",
-                     help="batches the server produces ahead for each client, at most; bounds "
-                          f"memory per client (default: {_D.prefetch_depth})")
-    net.add_argument("--client-timeout", type=float, metavar="SECONDS",
-                     help="drop a client that sent nothing (no credit, no hello) for this long "
-                          f"(default: {_D.client_timeout:g})")
-    net.add_argument("--metrics-port", type=int, metavar="PORT",
-                     help="serve Prometheus metrics on http://0.0.0.0:PORT/metrics (default: off)")
+    net.add_argument(
+        "--bind",
+        action="append",
+        metavar="ENDPOINT",
+        help=f"ZeroMQ endpoint to listen on, repeatable; tcp:// or ipc:// "
+        f"(default: {DEFAULT_BIND})",
+    )
+    net.add_argument(
+        "--prefetch-depth",
+        type=int,
+        metavar="N",
+        help="batches the server produces ahead for each client, at most; bounds "
+        f"memory per client (default: {_D.prefetch_depth})",
+    )
+    net.add_argument(
+        "--client-timeout",
+        type=float,
+        metavar="SECONDS",
+        help="drop a client that sent nothing (no credit, no hello) for this long "
+        f"(default: {_D.client_timeout:g})",
+    )
+    net.add_argument(
+        "--metrics-port",
+        type=int,
+        metavar="PORT",
+        help="serve Prometheus metrics on http://0.0.0.0:PORT/metrics (default: off)",
+    )
 
     batch = p.add_argument_group("batches")
-    batch.add_argument("--batch-size", type=int, metavar="B",
-                       help=f"images per batch (default: {_D.batch_size})")
-    batch.add_argument("--image-size", type=int, metavar="PX",
-                       help=f"output height and width (default: {_D.image_size})")
-    batch.add_argument("--seed", type=int, help=f"seed of shuffling and augmentation "
-                                                f"(default: {_D.seed})")
-    batch.add_argument("--output-dtype", choices=list(DTYPES),
-                       help="dtype of the images on the wire; uint8 carries 4x fewer bytes than "
-                            "float32 and skips normalisation (the client can normalise on the "
-                            f"device) (default: {_D.output_dtype})")
-    batch.add_argument("--layout", choices=list(LAYOUTS),
-                       help="memory layout; nhwc = torch.channels_last (default: "
-                            f"{_D.layout})")
+    batch.add_argument(
+        "--batch-size", type=int, metavar="B", help=f"images per batch (default: {_D.batch_size})"
+    )
+    batch.add_argument(
+        "--image-size",
+        type=int,
+        metavar="PX",
+        help=f"output height and width (default: {_D.image_size})",
+    )
+    batch.add_argument(
+        "--seed", type=int, help=f"seed of shuffling and augmentation (default: {_D.seed})"
+    )
+    batch.add_argument(
+        "--output-dtype",
+        choices=list(DTYPES),
+        help="dtype of the images on the wire; uint8 carries 4x fewer bytes than "
+        "float32 and skips normalisation (the client can normalise on the "
+        f"device) (default: {_D.output_dtype})",
+    )
+    batch.add_argument(
+        "--layout",
+        choices=list(LAYOUTS),
+        help=f"memory layout; nhwc = torch.channels_last (default: {_D.layout})",
+    )
 
     aug = p.add_argument_group("augmentation (train split; torchvision's defaults)")
-    aug.add_argument("--scale", type=_pair, metavar="LO,HI",
-                     help="random-resized-crop area fraction range (default: 0.08,1)")
-    aug.add_argument("--ratio", type=_pair, metavar="LO,HI",
-                     help="random-resized-crop aspect ratio range (default: 0.75,1.3333)")
-    aug.add_argument("--flip-prob", type=float, metavar="P",
-                     help=f"horizontal flip probability (default: {_D.flip_prob:g})")
+    aug.add_argument(
+        "--scale",
+        type=_pair,
+        metavar="LO,HI",
+        help="random-resized-crop area fraction range (default: 0.08,1)",
+    )
+    aug.add_argument(
+        "--ratio",
+        type=_pair,
+        metavar="LO,HI",
+        help="random-resized-crop aspect ratio range (default: 0.75,1.3333)",
+    )
+    aug.add_argument(
+        "--flip-prob",
+        type=float,
+        metavar="P",
+        help=f"horizontal flip probability (default: {_D.flip_prob:g})",
+    )
     for name in ("brightness", "contrast", "saturation", "hue"):
-        aug.add_argument(f"--{name}", type=float, metavar="X",
-                         help=f"colour jitter {name} as in torchvision ColorJitter "
-                              "(default: 0 = off)")
-    aug.add_argument("--mean", type=_triple, metavar="R,G,B",
-                     help="normalisation mean for float outputs (default: ImageNet's "
-                          "0.485,0.456,0.406)")
-    aug.add_argument("--std", type=_triple, metavar="R,G,B",
-                     help="normalisation std for float outputs (default: ImageNet's "
-                          "0.229,0.224,0.225)")
-    aug.add_argument("--val-crop-fraction", type=float, metavar="F",
-                     help="val split: resize the shorter side to size/F, then centre crop "
-                          f"(default: {_D.val_crop_fraction:g})")
+        aug.add_argument(
+            f"--{name}",
+            type=float,
+            metavar="X",
+            help=f"colour jitter {name} as in torchvision ColorJitter (default: 0 = off)",
+        )
+    aug.add_argument(
+        "--mean",
+        type=_triple,
+        metavar="R,G,B",
+        help="normalisation mean for float outputs (default: ImageNet's 0.485,0.456,0.406)",
+    )
+    aug.add_argument(
+        "--std",
+        type=_triple,
+        metavar="R,G,B",
+        help="normalisation std for float outputs (default: ImageNet's 0.229,0.224,0.225)",
+    )
+    aug.add_argument(
+        "--val-crop-fraction",
+        type=float,
+        metavar="F",
+        help="val split: resize the shorter side to size/F, then centre crop "
+        f"(default: {_D.val_crop_fraction:g})",
+    )
 
     work = p.add_argument_group("compute")
-    work.add_argument("--workers", type=int, metavar="N",
-                      help="decode threads (default: the CPU cores this process may use)")
-    work.add_argument("--producers", type=int, metavar="N",
-                      help="batches produced concurrently, so one batch's augmentation overlaps "
-                           f"the next one's reading and decoding (default: {_D.producers})")
-    work.add_argument("--decoder", choices=list(DECODERS),
-                      help="JPEG decoder: cpu (TurboJPEG/OpenCV), nvjpeg, dali, or auto = the "
-                           f"best available for --device (default: {_D.decoder})")
-    work.add_argument("--device", metavar="DEV",
-                      help="where to decode and augment: cpu, cuda or cuda:N "
-                           f"(default: {_D.device})")
-    work.add_argument("--max-pixels", type=int, metavar="N",
-                      help="images whose header claims more pixels are treated as bad and "
-                           f"replaced (decompression-bomb guard) (default: {_D.max_pixels})")
-    p.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
-                   type=str.upper, help=f"logging verbosity (default: {_D.log_level})")
+    work.add_argument(
+        "--workers",
+        type=int,
+        metavar="N",
+        help="decode threads (default: the CPU cores this process may use)",
+    )
+    work.add_argument(
+        "--producers",
+        type=int,
+        metavar="N",
+        help="batches produced concurrently, so one batch's augmentation overlaps "
+        f"the next one's reading and decoding (default: {_D.producers})",
+    )
+    work.add_argument(
+        "--decoder",
+        choices=list(DECODERS),
+        help="JPEG decoder: cpu (TurboJPEG/OpenCV), nvjpeg, dali, or auto = the "
+        f"best available for --device (default: {_D.decoder})",
+    )
+    work.add_argument(
+        "--device",
+        metavar="DEV",
+        help=f"where to decode and augment: cpu, cuda or cuda:N (default: {_D.device})",
+    )
+    work.add_argument(
+        "--max-pixels",
+        type=int,
+        metavar="N",
+        help="images whose header claims more pixels are treated as bad and "
+        f"replaced (decompression-bomb guard) (default: {_D.max_pixels})",
+    )
+    p.add_argument(
+        "--log-level",
+        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+        type=str.upper,
+        help=f"logging verbosity (default: {_D.log_level})",
+    )
     return p
 
 

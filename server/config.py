@@ -69,7 +69,9 @@ class ServerConfig:
             problems.append("--bind needs at least one endpoint")
         for ep in self.bind:
             if "://" not in ep:
-                problems.append(f"--bind {ep!r} is not a ZeroMQ endpoint (tcp://host:port, ipc://path)")
+                problems.append(
+                    f"--bind {ep!r} is not a ZeroMQ endpoint (tcp://host:port, ipc://path)"
+                )
         for name in ("batch_size", "image_size", "workers", "producers", "prefetch_depth"):
             if int(getattr(self, name)) < 1:
                 flag = "--" + name.replace("_", "-")

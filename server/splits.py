@@ -36,8 +36,13 @@ class Split:
     def sampler(self, batch_size: int, seed: int, rank: int, world_size: int) -> ShardSampler:
         """Train: shuffled, incomplete last round dropped; val: in order, padded."""
         return ShardSampler(
-            len(self.dataset), batch_size, seed=seed, shuffle=self.train,
-            drop_last=self.train, rank=rank, world_size=world_size,
+            len(self.dataset),
+            batch_size,
+            seed=seed,
+            shuffle=self.train,
+            drop_last=self.train,
+            rank=rank,
+            world_size=world_size,
         )
 
 
@@ -94,8 +99,9 @@ def make_decoder(config: ServerConfig) -> Any:
     try:
         return select(config.decoder, config.device, config.workers, max_batch=config.batch_size)
     except (RuntimeError, ValueError) as exc:
-        raise StartupError(f"cannot use --decoder {config.decoder} on --device "
-                           f"{config.device}: {exc}") from None
+        raise StartupError(
+            f"cannot use --decoder {config.decoder} on --device {config.device}: {exc}"
+        ) from None
 
 
 def open_splits(config: ServerConfig, decoder: Any) -> dict[str, Split]:
@@ -113,7 +119,6 @@ def open_splits(config: ServerConfig, decoder: Any) -> dict[str, Split]:
             )
         except ValueError as exc:  # e.g. UnreadableDatasetError from the probe
             raise StartupError(f"--{name} {root}: {exc}") from None
-        log.info("%s: %d images, %d classes from %s", name, len(dataset),
-                 dataset.num_classes, root)
+        log.info("%s: %d images, %d classes from %s", name, len(dataset), dataset.num_classes, root)
         splits[name] = split
     return splits

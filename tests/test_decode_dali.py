@@ -178,6 +178,28 @@ def test_without_roi_the_whole_image_is_decoded():
         dec.close()
 
 
+def test_a_pipeline_that_cannot_be_rebuilt_sends_everything_to_the_cpu(caplog):
+    dec = DaliBatchDecoder("cpu", threads=1, max_batch=4)
+    try:
+        dec.threads = 0  # DALI refuses to build a runnable pipeline without threads
+        bad, good = (
+            full_request(0, odd_file_bytes("truncated")),
+            full_request(1, odd_file_bytes("rgb")),
+        )
+        with caplog.at_level(logging.WARNING, logger="batchwire.pipeline"):
+            first = dec.decode_batch([bad, good])
+            later = dec.decode_batch(
+                [full_request(i, odd_file_bytes("rgb", seed=i)) for i in (2, 3)]
+            )
+        assert first[0].image is None and first[1].image is not None
+        assert all(r.image is not None for r in later) and dec.fallbacks == 4
+        errors = [r for r in caplog.records if r.levelno == logging.ERROR]
+        assert len(errors) == 1 and "could not be rebuilt" in errors[0].getMessage()
+        assert not any("image 2" in r.getMessage() for r in caplog.records)  # no per-image flood
+    finally:
+        dec.close()
+
+
 def test_results_survive_later_batches_and_rebuilds(decoder):
     first = [full_request(i, odd_file_bytes("rgb", seed=10 + i)) for i in range(4)]
     kept = decoder.decode_batch(first)
@@ -207,7 +229,7 @@ def test_gpu_decode_matches_cpu_decoder(roi):
         assert all(r.image.device.type == "cuda" for r in good)
         moved = [type(r)(image=r.image.cpu(), box=r.box) for r in good]
         # nvJPEG's IDCT differs slightly from libjpeg-turbo's: allow a few grey levels.
-        assert_close_to_cpu(moved, [q for i, q in enumerate(batch) if i != 4], tolerance=6)
+        assert_close_to_cpu(moved, [q for i, q in enumerate(batch) if i != 4], tolerance=12)
         assert dec.fallbacks >= 2
     finally:
         dec.close()

@@ -8,13 +8,16 @@ extension was built with it, on the GPU.
 
 from __future__ import annotations
 
+import ctypes
 import math
+import os
+import subprocess
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
-
 from batchwire import native
 from batchwire.native.reference import augment_batch_reference
 
@@ -41,7 +44,9 @@ def _devices() -> list:
 
 def _skip_without_cuda_build(ops: native.NativeOps, device: str) -> None:
     if device == "cuda" and not ops.with_cuda:
-        pytest.fail(f"CUDA device present but the extension has no CUDA: {ops.build.plan.cuda_reason}")
+        pytest.fail(
+            f"CUDA device present but the extension has no CUDA: {ops.build.plan.cuda_reason}"
+        )
 
 
 def _random_box(gen: torch.Generator, h: int, w: int, out_h: int, out_w: int) -> list[float]:
@@ -49,7 +54,9 @@ def _random_box(gen: torch.Generator, h: int, w: int, out_h: int, out_w: int) ->
     touching a border a third of the time."""
 
     def axis(size: int, out: int) -> tuple[float, float]:
-        factor = math.exp(float(torch.empty(1).uniform_(math.log(0.25), math.log(16), generator=gen)))
+        factor = math.exp(
+            float(torch.empty(1).uniform_(math.log(0.25), math.log(16), generator=gen))
+        )
         length = min(size, max(0.3, out * factor))
         start = float(torch.rand(1, generator=gen)) * (size - length)
         edge = int(torch.randint(0, 3, (1,), generator=gen))
@@ -139,6 +146,31 @@ def test_tiny_and_thin_images_enlarged_and_shrunk(ops, device):
 
 
 @pytest.mark.parametrize("device", _devices())
+def test_every_shrink_factor_from_1_to_16_and_enlargement(ops, device):
+    _skip_without_cuda_build(ops, device)
+    factors = [*range(1, 17), 0.5, 0.27]
+    gen = torch.Generator().manual_seed(5)
+    images = [torch.randint(0, 256, (140, 150, 3), dtype=torch.uint8, generator=gen).to(device)]
+    images = images * len(factors)
+    boxes = torch.tensor([[1.5, 0.25, 1.5 + 8 * f, 0.25 + 9 * f] for f in factors])
+    n = len(factors)
+    flips, jitter = torch.zeros(n, dtype=torch.bool), torch.tensor([[1.0, 1.0, 1.0, 0.0]] * n)
+    got, want = _outputs(n, 8, 9, torch.uint8, False, device)
+    ops.augment_batch(images, boxes, flips, jitter, MEAN, STD, got)
+    augment_batch_reference(images, boxes, flips, jitter, MEAN, STD, want)
+    _assert_matches(got, want)
+
+
+def test_public_entry_point_runs_the_compiled_op(ops):
+    images, boxes, flips, jitter = _random_batch(9, 5, 10, 12, "cpu")
+    via_api, via_ops = _outputs(5, 10, 12, torch.float32, True, "cpu")
+    assert native.augment_batch(images, boxes, flips, jitter, MEAN, STD, via_api) is via_api
+    ops.augment_batch(images, boxes, flips, jitter, MEAN, STD, via_ops)
+    assert torch.equal(via_api, via_ops)
+    assert native.is_available()
+
+
+@pytest.mark.parametrize("device", _devices())
 def test_unit_scale_copies_pixels_and_flip_mirrors(ops, device):
     _skip_without_cuda_build(ops, device)
     image = torch.randint(0, 256, (12, 17, 3), dtype=torch.uint8).to(device)
@@ -168,7 +200,9 @@ def test_float_output_is_normalised_uint8_output(ops, device):
 
 def test_empty_batch_is_a_no_op(ops):
     out = torch.empty(0, 3, 8, 8)
-    ops.augment_batch([], torch.empty(0, 4), torch.empty(0, dtype=torch.bool), torch.empty(0, 4), MEAN, STD, out)
+    ops.augment_batch(
+        [], torch.empty(0, 4), torch.empty(0, dtype=torch.bool), torch.empty(0, 4), MEAN, STD, out
+    )
 
 
 def _bad_cases():
@@ -184,7 +218,11 @@ def _bad_cases():
     )
     cases = {
         "float image": ({"images": [img.float()]}, TypeError, "uint8"),
-        "chw image": ({"images": [torch.zeros(3, 10, 10, dtype=torch.uint8)]}, ValueError, "1 or 3"),
+        "chw image": (
+            {"images": [torch.zeros(3, 10, 10, dtype=torch.uint8)]},
+            ValueError,
+            "1 or 3",
+        ),
         "2-channel": ({"images": [torch.zeros(5, 5, 2, dtype=torch.uint8)]}, ValueError, "1 or 3"),
         "empty image": ({"images": [torch.zeros(0, 5, 3, dtype=torch.uint8)]}, ValueError, "empty"),
         "2 images": ({"images": [img, img]}, ValueError, "2 images"),
@@ -192,16 +230,32 @@ def _bad_cases():
         "negative box": ({"boxes": torch.tensor([[-1.0, 0.0, 5.0, 5.0]])}, ValueError, "inside"),
         "empty box": ({"boxes": torch.tensor([[3.0, 3.0, 3.0, 8.0]])}, ValueError, "positive size"),
         "nan box": ({"boxes": torch.tensor([[0.0, 0.0, float("nan"), 5.0]])}, ValueError, "inside"),
-        "box dtype": ({"boxes": torch.tensor([[0.0, 0.0, 10.0, 10.0]], dtype=torch.float64)}, TypeError, "boxes"),
+        "box dtype": (
+            {"boxes": torch.tensor([[0.0, 0.0, 10.0, 10.0]], dtype=torch.float64)},
+            TypeError,
+            "boxes",
+        ),
         "box shape": ({"boxes": torch.zeros(1, 3)}, ValueError, "boxes"),
         "flip dtype": ({"flips": torch.tensor([0])}, TypeError, "flips"),
         "hue": ({"jitter": torch.tensor([[1.0, 1.0, 1.0, 0.1]])}, ValueError, "hue"),
-        "negative factor": ({"jitter": torch.tensor([[-1.0, 1.0, 1.0, 0.0]])}, ValueError, "non-negative"),
+        "negative factor": (
+            {"jitter": torch.tensor([[-1.0, 1.0, 1.0, 0.0]])},
+            ValueError,
+            "non-negative",
+        ),
         "zero std": ({"std": torch.tensor([0.2, 0.0, 0.2])}, ValueError, "std"),
-        "out int32": ({"out": torch.empty(1, 3, 4, 4, dtype=torch.int32)}, TypeError, "out must be"),
+        "out int32": (
+            {"out": torch.empty(1, 3, 4, 4, dtype=torch.int32)},
+            TypeError,
+            "out must be",
+        ),
         "out 4 channels": ({"out": torch.empty(1, 4, 4, 4)}, ValueError, r"\[N, 3, H, W\]"),
         "out 3d": ({"out": torch.empty(3, 4, 4)}, ValueError, r"\[N, 3, H, W\]"),
-        "out overlapping": ({"out": torch.empty(1, 1, 4, 4).expand(1, 3, 4, 4)}, ValueError, "dense"),
+        "out overlapping": (
+            {"out": torch.empty(1, 1, 4, 4).expand(1, 3, 4, 4)},
+            ValueError,
+            "dense",
+        ),
     }
     return ok, cases
 
@@ -219,10 +273,10 @@ def test_bad_input_raises_a_clear_error(ops, case):
 def test_gil_is_released_while_the_op_runs(ops):
     """A Python thread keeps running while another thread is inside the op."""
     gen = torch.Generator().manual_seed(1)
-    images = [torch.randint(0, 256, (600, 600, 3), dtype=torch.uint8, generator=gen)] * 48
-    boxes = torch.tensor([[0.0, 0.0, 600.0, 600.0]] * 48)
-    flips, jitter = torch.zeros(48, dtype=torch.bool), torch.tensor([[1.0, 1.0, 1.0, 0.0]] * 48)
-    out = torch.empty(48, 3, 224, 224)
+    images = [torch.randint(0, 256, (600, 600, 3), dtype=torch.uint8, generator=gen)] * 96
+    boxes = torch.tensor([[0.0, 0.0, 600.0, 600.0]] * 96)
+    flips, jitter = torch.zeros(96, dtype=torch.bool), torch.tensor([[1.0, 1.0, 1.0, 0.0]] * 96)
+    out = torch.empty(96, 3, 224, 224)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -258,3 +312,45 @@ def test_opcheck(ops):
         (images, boxes, flips, jitter, MEAN, STD, out),
         test_utils=("test_schema", "test_autograd_registration", "test_faketensor"),
     )
+
+
+class _ImageDesc(ctypes.Structure):
+    """Mirror of batchwire::cuda::ImageDesc (native/csrc/augment_desc.h)."""
+
+    _fields_ = [
+        ("pixels", ctypes.c_void_p),
+        ("height", ctypes.c_int),
+        ("width", ctypes.c_int),
+        ("channels", ctypes.c_int),
+        *((name, ctypes.c_float) for name in ("y0", "x0", "y1", "x1")),
+        *((name, ctypes.c_float) for name in ("brightness", "contrast", "saturation")),
+        ("flip", ctypes.c_int),
+    ]
+
+
+@pytest.mark.timeout(120)
+def test_cuda_pixel_math_emulated_on_the_host(tmp_path):
+    """The CUDA kernel's per-pixel code (augment_pixel.h), compiled for the host, against the
+    reference: the kernel's arithmetic is checked even where no GPU is."""
+    csrc = Path(native.__file__).parent / "csrc"
+    lib_path = tmp_path / "emulation.so"
+    cxx = os.environ.get("CXX", "c++")
+    subprocess.run(
+        [cxx, "-O2", "-std=c++17", "-shared", "-fPIC", f"-I{csrc}",
+         str(csrc / "cuda_emulation.cpp"), "-o", str(lib_path)],
+        check=True, timeout=100,
+    )  # fmt: skip
+    lib = ctypes.CDLL(str(lib_path))
+    images, boxes, flips, jitter = _random_batch(11, 18, 13, 11, "cpu")
+    table = (_ImageDesc * len(images))()
+    for d, img, box, flip, jit in zip(table, images, boxes.tolist(), flips, jitter, strict=True):
+        d.pixels, (d.height, d.width, d.channels) = img.data_ptr(), img.shape
+        d.y0, d.x0, d.y1, d.x1 = box
+        d.brightness, d.contrast, d.saturation = jit[:3].tolist()
+        d.flip = int(flip)
+    emulated = torch.empty(len(images), 13, 11, 3)
+    lib.batchwire_emulate_cuda(table, len(images), 13, 11, ctypes.c_void_p(emulated.data_ptr()))
+    want = torch.empty(len(images), 3, 13, 11, dtype=torch.uint8)
+    augment_batch_reference(images, boxes, flips, jitter, MEAN, STD, want)
+    got = torch.round(emulated).permute(0, 3, 1, 2)
+    assert (got - want.float()).abs().max() <= 1

@@ -27,6 +27,19 @@ def _nvcc() -> str | None:
     return str(candidate) if candidate.exists() else None
 
 
+def _cuda_include(nvcc: str) -> Path:
+    """The toolkit's include folder (nvcc may be a wrapper script outside the toolkit)."""
+    homes = [
+        os.environ.get("CUDA_HOME", ""),
+        "/usr/local/cuda",
+        str(Path(nvcc).resolve().parents[1]),
+    ]
+    for home in filter(None, homes):
+        if (Path(home) / "include" / "cuda_runtime.h").exists():
+            return Path(home) / "include"
+    pytest.fail(f"nvcc at {nvcc} but no cuda_runtime.h in {homes}: set CUDA_HOME")
+
+
 @pytest.mark.timeout(240)
 def test_cuda_sources_compile(tmp_path):
     """The torch-free kernel with nvcc, and the torch binding's syntax with the host compiler
@@ -45,7 +58,7 @@ def test_cuda_sources_compile(tmp_path):
         # CPU wheels ship the c10/cuda headers without this generated one.
         stub.mkdir(parents=True)
         (stub / "cuda_cmake_macros.h").write_text("#pragma once\n")
-    cuda_include = Path(nvcc).resolve().parent.parent / "include"
+    cuda_include = _cuda_include(nvcc)
     binding = subprocess.Popen(
         [os.environ.get("CXX", "c++"), "-std=c++20", "-fsyntax-only", "-w",
          f"-I{torch_include}", f"-I{torch_include / 'torch/csrc/api/include'}",
@@ -71,7 +84,7 @@ def test_cuda_switch_decides_the_build(monkeypatch):
     if torch.version.cuda is None:
         assert not with_cuda and "CPU-only" in reason
         monkeypatch.setenv("BATCHWIRE_CUDA", "1")
-        with pytest.raises(build.NativeBuildError, match="CPU-only build.*BATCHWIRE_CUDA=0"):
+        with pytest.raises(build.NativeBuildError, match=r"CPU-only build.*BATCHWIRE_CUDA=0"):
             build.cuda_decision()
     else:
         assert with_cuda == (build._cuda_home() is not None), reason

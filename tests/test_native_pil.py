@@ -10,9 +10,8 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from PIL import Image
-
 from batchwire import native
+from PIL import Image
 
 SAMPLE = Path(__file__).resolve().parents[2] / "shared" / "imagenet-sample"
 IDENTITY = torch.tensor([[1.0, 1.0, 1.0, 0.0]])

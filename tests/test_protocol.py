@@ -9,24 +9,54 @@ import torch
 from batchwire.server import protocol as p
 from batchwire.server.sender import tensor_bytes
 
-HELLO = p.Hello(split="train", rank=1, world_size=4, epoch=3, start_batch=5, prefetch=4,
-                shard=(1, 2), session=2**62 + 7)
-WELCOME = p.Welcome(session=9, num_batches=10, num_samples=1500, batch_size=8,
-                    shape=[8, 3, 32, 32], dtype="uint8", layout="nhwc",
-                    mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225], num_classes=10)
-HEADER = p.BatchHeader(session=9, split="val", epoch=0, batch_index=7, shape=[2, 3, 4, 5],
-                       dtype="float16", layout="nchw", indices=[3, -1], replaced=1,
-                       nbytes=2 * 3 * 4 * 5 * 2)
+HELLO = p.Hello(
+    split="train",
+    rank=1,
+    world_size=4,
+    epoch=3,
+    start_batch=5,
+    prefetch=4,
+    shard=(1, 2),
+    session=2**62 + 7,
+)
+WELCOME = p.Welcome(
+    session=9,
+    num_batches=10,
+    num_samples=1500,
+    batch_size=8,
+    shape=[8, 3, 32, 32],
+    dtype="uint8",
+    layout="nhwc",
+    mean=[0.485, 0.456, 0.406],
+    std=[0.229, 0.224, 0.225],
+    num_classes=10,
+)
+HEADER = p.BatchHeader(
+    session=9,
+    split="val",
+    epoch=0,
+    batch_index=7,
+    shape=[2, 3, 4, 5],
+    dtype="float16",
+    layout="nchw",
+    indices=[3, -1],
+    replaced=1,
+    nbytes=2 * 3 * 4 * 5 * 2,
+)
 
 
-@pytest.mark.parametrize("msg", [HELLO, p.Credit(n=2, stats={"images_per_s": 1.5}),
-                                 p.Credit(n=1), p.Bye(), p.StatsRequest()])
+@pytest.mark.parametrize(
+    "msg",
+    [HELLO, p.Credit(n=2, stats={"images_per_s": 1.5}), p.Credit(n=1), p.Bye(), p.StatsRequest()],
+)
 def test_client_messages_round_trip(msg):
     assert p.decode_client_message(msg.pack()) == msg
 
 
-@pytest.mark.parametrize("msg", [WELCOME, HEADER, p.ErrorReply("no"), p.Shutdown(),
-                                 p.StatsReply({"v": 1, "clients": []})])
+@pytest.mark.parametrize(
+    "msg",
+    [WELCOME, HEADER, p.ErrorReply("no"), p.Shutdown(), p.StatsReply({"v": 1, "clients": []})],
+)
 def test_server_messages_round_trip(msg):
     assert p.decode_server_message(msg.pack()) == msg
 

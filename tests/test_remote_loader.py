@@ -161,6 +161,11 @@ def test_break_then_iterate_again_continues(server, reference):
         replay = collect(loader, limit=2)  # a complete epoch iterated again starts over
     assert_same(head + rest, reference)
     assert_same(replay, reference[:2])
+    it = iter(loader)  # a closed loader reconnects when iterated again ...
+    next(it)
+    loader.close()
+    with pytest.raises(LoaderError, match="closed"):  # ... but an iterator it closed under stops
+        next(it)
 
 
 @pytest.mark.timeout(60)

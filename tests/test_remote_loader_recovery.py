@@ -123,6 +123,21 @@ def test_gracefully_stopped_server_restarted_mid_epoch(servers, reference):
     assert_same(got, reference)
 
 
+@pytest.mark.timeout(120)
+def test_loader_started_before_its_server_waits_for_it(servers, reference):
+    """Trainers often start before the server is up: the first hello waits for it."""
+    a, _ = servers
+    a.kill()
+    starter = threading.Thread(target=a.start, name="server-start")
+    with loader_for(a.endpoint) as loader:
+        starter.start()
+        try:
+            got = rest(iter(loader))
+        finally:
+            starter.join()
+    assert_same(got, reference)
+
+
 @pytest.mark.timeout(60)
 def test_stalled_server_gets_a_new_hello_and_the_stale_session_is_dropped(
     servers, reference, caplog

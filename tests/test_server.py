@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import msgpack
+import numpy as np
 import pytest
 import torch
 from batchwire.pipeline.augment_plan import AugmentConfig
@@ -27,8 +28,22 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from serverproc import running_server
 
 BATCH, SIZE, SEED, DEPTH = 4, 32, 11, 3
-ARGS = ("--batch-size", BATCH, "--image-size", SIZE, "--seed", SEED, "--output-dtype", "uint8",
-        "--prefetch-depth", DEPTH, "--workers", 1, "--log-level", "WARNING")
+ARGS = (
+    "--batch-size",
+    BATCH,
+    "--image-size",
+    SIZE,
+    "--seed",
+    SEED,
+    "--output-dtype",
+    "uint8",
+    "--prefetch-depth",
+    DEPTH,
+    "--workers",
+    1,
+    "--log-level",
+    "WARNING",
+)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -37,8 +52,10 @@ pytestmark = pytest.mark.timeout(120)
 def server(tmp_path_factory):
     """Settings from a TOML file, some overridden on the command line (which wins)."""
     cfg = tmp_path_factory.mktemp("cfg") / "server.toml"
-    cfg.write_text(f'batch-size = {BATCH}\nimage_size = {SIZE}\nseed = 999\n'
-                   f'output-dtype = "uint8"\nprefetch-depth = {DEPTH}\n')
+    cfg.write_text(
+        f"batch-size = {BATCH}\nimage_size = {SIZE}\nseed = 999\n"
+        f'output-dtype = "uint8"\nprefetch-depth = {DEPTH}\n'
+    )
     with running_server("--config", str(cfg), "--seed", str(SEED), "--workers", "1") as srv:
         yield srv
 
@@ -53,8 +70,16 @@ class Client:
 
     def __init__(self, srv, endpoint=None, **hello):
         self.sock = srv.dealer(endpoint)
-        fields = dict(split="train", rank=0, world_size=1, epoch=0, start_batch=0, prefetch=2,
-                      shard=(0, 1), session=1)
+        fields = dict(
+            split="train",
+            rank=0,
+            world_size=1,
+            epoch=0,
+            start_batch=0,
+            prefetch=2,
+            shard=(0, 1),
+            session=1,
+        )
         fields.update(hello)
         self.hello = p.Hello(**fields)
 
@@ -85,46 +110,107 @@ class Client:
 
 
 def _client_row(srv, split, rank, epoch, world_size=None):
-    rows = [c for c in srv.stats()["clients"]
-            if c["split"] == split and c["rank"] == rank and c["epoch"] == epoch
-            and (world_size is None or c["world_size"] == world_size)]
+    rows = [
+        c
+        for c in srv.stats()["clients"]
+        if c["split"] == split
+        and c["rank"] == rank
+        and c["epoch"] == epoch
+        and (world_size is None or c["world_size"] == world_size)
+    ]
     assert len(rows) == 1, rows
     return rows[0]
 
 
+def _expected(dataset, plan, dtype: str, layout: str, train: bool = True) -> bytes:
+    """The batch's bytes as the in-process producer makes them (what the wire must carry)."""
+    aug = AugmentConfig(image_size=(SIZE, SIZE), train=train, output_dtype=dtype, layout=layout)
+    out = torch.empty(BATCH, 3, SIZE, SIZE, dtype=p.torch_dtype(dtype)).contiguous(
+        memory_format=aug.memory_format
+    )
+    BatchProducer(dataset, aug, SEED, CpuBatchDecoder(1)).produce(plan, out)
+    memory = out.permute(0, 2, 3, 1) if layout == "nhwc" else out
+    return memory.contiguous().view(torch.uint8).numpy().tobytes()
+
+
 def test_help_documents_every_option():
-    out = subprocess.run([sys.executable, "-m", "batchwire.server", "--help"],
-                         capture_output=True, text=True, timeout=60, check=True).stdout
-    for opt in ("--train", "--val", "--bind", "--batch-size", "--image-size", "--seed",
-                "--workers", "--output-dtype", "--layout", "--scale", "--ratio", "--flip-prob",
-                "--brightness", "--contrast", "--saturation", "--hue", "--mean", "--std",
-                "--val-crop-fraction", "--decoder", "--device", "--max-pixels",
-                "--prefetch-depth", "--metrics-port", "--config", "--log-level"):
+    out = subprocess.run(
+        [sys.executable, "-m", "batchwire.server", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    for opt in (
+        "--train",
+        "--val",
+        "--bind",
+        "--batch-size",
+        "--image-size",
+        "--seed",
+        "--workers",
+        "--output-dtype",
+        "--layout",
+        "--scale",
+        "--ratio",
+        "--flip-prob",
+        "--brightness",
+        "--contrast",
+        "--saturation",
+        "--hue",
+        "--mean",
+        "--std",
+        "--val-crop-fraction",
+        "--decoder",
+        "--device",
+        "--max-pixels",
+        "--prefetch-depth",
+        "--metrics-port",
+        "--config",
+        "--log-level",
+    ):
         assert opt in out, opt
 
 
 def test_bad_option_is_a_clear_error(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "batchwire.server", "--batch-size", "0"],
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-m", "batchwire.server", "--batch-size", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 2 and "--batch-size must be >= 1" in r.stderr
     cfg = tmp_path / "server.toml"
-    cfg.write_text('batch-size = 8\nbogus = 1\n')
-    r = subprocess.run([sys.executable, "-m", "batchwire.server", "--config", str(cfg)],
-                       capture_output=True, text=True, timeout=60)
+    cfg.write_text("batch-size = 8\nbogus = 1\n")
+    r = subprocess.run(
+        [sys.executable, "-m", "batchwire.server", "--config", str(cfg)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 2 and "unknown setting 'bogus'" in r.stderr
 
 
 @pytest.mark.parametrize(
     ("args", "needles"),
     [
-        pytest.param(["--device", "cuda"], ["--device cuda", "CUDA"], marks=pytest.mark.skipif(
-            torch.cuda.is_available(), reason="checks the error on a machine without CUDA")),
+        pytest.param(
+            ["--device", "cuda"],
+            ["--device cuda", "CUDA"],
+            marks=pytest.mark.skipif(
+                torch.cuda.is_available(), reason="checks the error on a machine without CUDA"
+            ),
+        ),
         (["--train", "/nonexistent/train"], ["--train /nonexistent/train", "does not exist"]),
     ],
 )
 def test_startup_errors_are_clear(args, needles):
-    r = subprocess.run([sys.executable, "-m", "batchwire.server", *args],
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "batchwire.server", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 2, r.stderr
     for needle in needles:
         assert needle in r.stderr, r.stderr
@@ -136,12 +222,14 @@ def test_hello_welcome_batches_match_the_files(server, train_set):
         w = c.start()
         sampler = ShardSampler(len(train_set), BATCH, seed=SEED, shuffle=True, drop_last=True)
         assert (w.session, w.num_batches, w.num_samples, w.batch_size) == (
-            77, sampler.num_batches, len(train_set), BATCH)
+            77,
+            sampler.num_batches,
+            len(train_set),
+            BATCH,
+        )
         assert w.shape == [BATCH, 3, SIZE, SIZE] and w.dtype == "uint8" and w.layout == "nchw"
         assert w.num_classes == train_set.num_classes
         got = [c.batch() for _ in range(2)]  # the hello's two credits
-        aug = AugmentConfig(image_size=(SIZE, SIZE), train=True, output_dtype="uint8")
-        producer = BatchProducer(train_set, aug, SEED, CpuBatchDecoder(1))
         for k, (head, images, labels) in enumerate(got):
             assert (head.session, head.split, head.epoch, head.batch_index) == (77, "train", 2, k)
             plan = sampler.plan(2, k)
@@ -149,9 +237,7 @@ def test_hello_welcome_batches_match_the_files(server, train_set):
             assert head.replaced == 0
             for i, label in zip(head.indices, labels, strict=True):
                 assert Path(train_set.paths[i]).parent.name == train_set.classes[label]
-            want = torch.empty(BATCH, 3, SIZE, SIZE, dtype=torch.uint8)
-            producer.produce(plan, want)
-            assert bytes(images) == want.numpy().tobytes()  # bit-identical to in-process
+            assert bytes(images) == _expected(train_set, plan, "uint8", "nchw")
         # no credit left: the server works ahead but sends nothing more
         row = _client_row(server, "train", 0, 2)
         assert row["sent"] == 2 and row["credits"] == 0
@@ -172,12 +258,22 @@ def test_shard_and_start_batch_and_replaced_hello(server):
         c.start()
         assert [c.batch()[0].batch_index for _ in range(3)] == [3, 5, 7]
         # a new hello replaces the stream: new session, new start, nothing stale arrives
-        c.hello = p.Hello(split="val", rank=0, world_size=1, epoch=0, start_batch=1,
-                          prefetch=2, shard=(0, 1), session=2)
+        c.hello = p.Hello(
+            split="val",
+            rank=0,
+            world_size=1,
+            epoch=0,
+            start_batch=1,
+            prefetch=2,
+            shard=(0, 1),
+            session=2,
+        )
         c.start()
         heads = [c.batch()[0] for _ in range(2)]
         assert [(h.session, h.split, h.batch_index) for h in heads] == [
-            (2, "val", 1), (2, "val", 2)]
+            (2, "val", 1),
+            (2, "val", 2),
+        ]
         c.send(p.Bye())
     finally:
         c.close()
@@ -274,19 +370,34 @@ def test_stats_schema(server):
         assert 0 <= s["depth"] <= s["capacity"]
     assert stats["counters"]["batches_total"] > 0
     assert stats["counters"]["bytes_total"] >= stats["counters"]["batches_total"] * BATCH * (
-        3 * SIZE * SIZE + 8)
+        3 * SIZE * SIZE + 8
+    )
     lat = {s["name"]: s["latency_ms"] for s in stats["stages"]}
     assert lat["decode"] > 0 and lat["augment"] > 0
 
 
-def test_sigterm_tells_every_client_and_exits_zero(tmp_path):
+def test_nhwc_float16_over_ipc_and_sigterm_tells_every_client(tmp_path):
     ipc = f"ipc://{tmp_path}/server.sock"
-    with running_server(*map(str, ARGS), "--bind", ipc) as srv:
-        clients = [Client(srv, prefetch=2, session=1), Client(srv, ipc, prefetch=2, session=2)]
+    args = (*map(str, ARGS), "--output-dtype", "float16", "--layout", "nhwc", "--bind", ipc)
+    with running_server(*args) as srv:
+        clients = [
+            Client(srv, prefetch=2, session=1),
+            Client(srv, ipc, split="val", prefetch=2, session=2),
+        ]
         try:
             for c in clients:
-                c.start()
-                c.batch()
+                w = c.start()
+                assert (w.dtype, w.layout) == ("float16", "nhwc")
+                head, images, labels = c.batch()
+                assert (head.dtype, head.layout, head.split) == ("float16", "nhwc", c.hello.split)
+                train = c.hello.split == "train"
+                dataset = open_dataset(getattr(default_dataset(), f"{c.hello.split}_root"))
+                sampler = ShardSampler(
+                    len(dataset), BATCH, seed=SEED, shuffle=train, drop_last=train
+                )
+                plan = sampler.plan(0, 0)
+                assert bytes(images) == _expected(dataset, plan, "float16", "nhwc", train)
+                np.testing.assert_array_equal(labels, dataset.labels[plan.indices])
             t0 = time.monotonic()
             assert srv.stop(timeout=10) == 0
             stopped_in = time.monotonic() - t0

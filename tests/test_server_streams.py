@@ -9,8 +9,16 @@ from batchwire.server.streams import Produced, Scheduler, Stream
 
 
 def _stream(identity=b"a", *, start=0, shard=(0, 1), prefetch=2, depth=3, num_batches=10):
-    hello = Hello(split="train", rank=0, world_size=1, epoch=0, start_batch=start,
-                  prefetch=prefetch, shard=shard, session=1)
+    hello = Hello(
+        split="train",
+        rank=0,
+        world_size=1,
+        epoch=0,
+        start_batch=start,
+        prefetch=prefetch,
+        shard=shard,
+        session=1,
+    )
     s = Stream(identity, hello, num_batches, depth, sampler=None)
     s.credits = prefetch
     return s

@@ -26,7 +26,7 @@ import logging
 import sys
 from typing import Any
 
-from .config import AMP_MODES, OPTIMIZERS, TrainConfig
+from .config import AMP_MODES, OPTIMIZERS, ConfigError, TrainConfig
 from .distributed import DistContext, init_distributed, shutdown_distributed
 from .loop import EpochResult, Trainer
 from .models import MODEL_NAMES
@@ -97,7 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=d.checkpoint_every,
         help="optimizer steps between checkpoints (0 = at epoch ends only)",
     )
-    a("--keep-checkpoints", type=int, default=d.keep_checkpoints, help="newest files kept")
+    a("--keep-checkpoints", type=int, default=d.keep_checkpoints, help="files kept (0 = all)")
     a("--seed", type=int, default=d.seed, help="model initialisation seed")
     a("--max-steps", type=int, help="stop after this many optimizer steps (validates first)")
     a("--device", default=d.device, help="auto, cpu, cuda or cuda:N (auto: cuda:LOCAL_RANK)")
@@ -123,7 +123,7 @@ def parse_config(argv: list[str] | None = None) -> TrainConfig:
     cfg = TrainConfig(**ns)
     try:
         cfg.validate()
-    except ValueError as exc:
+    except ConfigError as exc:
         parser.error(str(exc))
     return cfg
 
@@ -171,7 +171,7 @@ def run(cfg: TrainConfig) -> list[EpochResult]:
         train_loader, val_loader, welcome = open_loaders(cfg, ctx)
         num_classes, batch_size = cfg.num_classes or welcome.num_classes, welcome.batch_size
         if not num_classes:
-            raise ValueError("the server does not say how many classes it has: pass --num-classes")
+            raise ConfigError("the server does not say how many classes it has: pass --num-classes")
         if ctx.is_main:
             print(
                 f"pipeline-train: {cfg.model}, {num_classes} classes, {ctx.world_size} rank(s) on "
@@ -205,6 +205,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("pipeline-train: interrupted", file=sys.stderr)
         return 130
+    except (ConfigError, ConnectionError) as exc:  # ConnectionError: no server (ServerUnavailable)
+        print(f"pipeline-train: error: {exc}", file=sys.stderr)
+        return 2 if isinstance(exc, ConfigError) else 1
     return 0
 
 

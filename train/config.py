@@ -10,6 +10,10 @@ AMP_MODES = ("auto", "bf16", "fp16", "off")
 OPTIMIZERS = ("sgd", "adamw")
 
 
+class ConfigError(ValueError):
+    """A setting that cannot work (told to the user as one line, without a traceback)."""
+
+
 @dataclass
 class TrainConfig:
     servers: list[str] = field(default_factory=lambda: ["tcp://127.0.0.1:5555"])
@@ -68,12 +72,12 @@ class TrainConfig:
         if self.fail_at_step is not None and self.checkpoint_dir is None:
             problems.append("--fail-at-step needs --checkpoint-dir (it tests resuming)")
         if problems:
-            raise ValueError("; ".join(problems))
+            raise ConfigError("; ".join(problems))
 
     def amp_dtype(self, device: torch.device) -> torch.dtype | None:
         """The autocast dtype: bf16 on GPUs under `auto`, nothing on the CPU unless asked."""
         if self.amp == "auto":
             return torch.bfloat16 if device.type == "cuda" else None
         if self.amp == "fp16" and device.type != "cuda":
-            raise ValueError("--amp fp16 needs a CUDA device (use bf16 or off on the CPU)")
+            raise ConfigError("--amp fp16 needs a CUDA device (use bf16 or off on the CPU)")
         return {"bf16": torch.bfloat16, "fp16": torch.float16, "off": None}[self.amp]

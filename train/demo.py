@@ -66,7 +66,9 @@ def trainer_command(endpoint: str, args: argparse.Namespace) -> list[str]:
     exe = _bin("pipeline-train")
     if args.ranks == 1:
         return [*([exe] if exe else [sys.executable, "-m", "batchwire.train.cli"]), *train_args]
-    launcher = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={args.ranks}"]
+    # --standalone: a private rendezvous on a free port, so two demos never collide.
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    launcher.append(f"--nproc_per_node={args.ranks}")
     if exe:
         return [*launcher, "--no-python", exe, *train_args]
     return [*launcher, "-m", "batchwire.train.cli", *train_args]

@@ -117,6 +117,13 @@ def all_reduce_sum(t: torch.Tensor, ctx: DistContext) -> torch.Tensor:
     return t
 
 
+def broadcast_buffers(module: torch.nn.Module, ctx: DistContext) -> None:
+    """Copy rank 0's buffers (BatchNorm running statistics) to every rank."""
+    if ctx.distributed:
+        for buf in module.buffers():
+            dist.broadcast(buf, src=0)
+
+
 def all_gather_objects(obj: Any, ctx: DistContext) -> list[Any]:
     """Every rank's `obj`, in rank order (small picklable objects only: loader states)."""
     if not ctx.distributed:

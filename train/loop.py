@@ -27,8 +27,14 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from .checkpoint import load_latest, save_checkpoint
-from .config import TrainConfig
-from .distributed import DistContext, all_gather_objects, all_reduce_sum, barrier
+from .config import ConfigError, TrainConfig
+from .distributed import (
+    DistContext,
+    all_gather_objects,
+    all_reduce_sum,
+    barrier,
+    broadcast_buffers,
+)
 from .evaluate import Accuracy, evaluate
 from .models import build_model
 from .progress import LossAverage, ProgressLine, WindowMeter
@@ -145,7 +151,7 @@ class Trainer:
             return
         path, state = found
         if state.get("format") != CHECKPOINT_FORMAT or state.get("model_name") != cfg.model:
-            raise RuntimeError(
+            raise ConfigError(
                 f"{path} was written for model {state.get('model_name')!r} (format "
                 f"{state.get('format')}); this run trains {cfg.model!r}: use another "
                 "--checkpoint-dir"
@@ -158,12 +164,19 @@ class Trainer:
         self.epoch, self.batch, self.step = state["epoch"], state["batch"], state["step"]
         if self.batch > 0:
             if state["world_size"] != self.ctx.world_size:
-                raise RuntimeError(
+                raise ConfigError(
                     f"{path} was written mid-epoch by {state['world_size']} ranks; resuming it "
                     f"needs the same world size (this run has {self.ctx.world_size}), because "
                     "each rank's shard of the epoch depends on it"
                 )
-            self._loader_state = state["loader"][self.ctx.rank]
+            loader_state = state["loader"][self.ctx.rank]
+            position = (loader_state.get("epoch"), loader_state.get("next_batch"))
+            if position != (self.epoch, self.batch):
+                raise RuntimeError(
+                    f"{path} is inconsistent: rank {self.ctx.rank}'s loader stood at "
+                    f"(epoch, batch) {position}, the model at {(self.epoch, self.batch)}"
+                )
+            self._loader_state = loader_state
         if self.recorder:
             self.recorder.truncate_to(self.epoch, self.batch)
         self.resumed = True
@@ -296,6 +309,9 @@ class Trainer:
     def validate(self, epoch: int) -> Accuracy | None:
         if self.val_loader is None:
             return None
+        # Every rank evaluates rank 0's model, the one the checkpoint holds: BatchNorm statistics
+        # drift apart by each rank's last training batch.
+        broadcast_buffers(self.raw_model, self.ctx)
         self.val_loader.set_epoch(epoch)
         return evaluate(
             self.eval_model, self.val_loader, self.ctx, autocast=self.autocast, prepare=self.prepare
