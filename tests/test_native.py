@@ -2,8 +2,9 @@
 every output dtype and layout, flips, greyscale, 1x1 and thin images, boxes on the borders,
 shrink factors 1 to 16 and enlargement; plus exact properties and bad input.
 
-Each check is one `_check_*(device)` body run on the CPU and, where CUDA is present and the
-extension was built with it, on the GPU.
+The oracle tests take a `device` parameter: they run on the CPU always and on the GPU where
+CUDA is present (the extension must then have been built with CUDA). Where no GPU is, the CUDA
+kernel's per-pixel arithmetic still runs on the host (last test).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ def _devices() -> list:
     return ["cpu", pytest.param("cuda", marks=[cuda, pytest.mark.cuda])]
 
 
-def _skip_without_cuda_build(ops: native.NativeOps, device: str) -> None:
+def _require_cuda_build(ops: native.NativeOps, device: str) -> None:
     if device == "cuda" and not ops.with_cuda:
         pytest.fail(
             f"CUDA device present but the extension has no CUDA: {ops.build.plan.cuda_reason}"
@@ -124,14 +125,14 @@ def _check_against_reference(ops, device: str, dtype: torch.dtype, channels_last
 @pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "nhwc"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_matches_reference_on_random_batches(ops, device, dtype, channels_last):
-    _skip_without_cuda_build(ops, device)
+    _require_cuda_build(ops, device)
     for seed in range(3):
         _check_against_reference(ops, device, dtype, channels_last, seed)
 
 
 @pytest.mark.parametrize("device", _devices())
 def test_tiny_and_thin_images_enlarged_and_shrunk(ops, device):
-    _skip_without_cuda_build(ops, device)
+    _require_cuda_build(ops, device)
     shapes = [(1, 1, 3), (1, 1, 1), (1, 37, 3), (29, 1, 3), (2, 2, 1), (1, 300, 3), (300, 1, 1)]
     images = [torch.randint(0, 256, s, dtype=torch.uint8).to(device) for s in shapes]
     boxes = torch.tensor([[0, 0, h, w] for h, w, _ in shapes], dtype=torch.float32)
@@ -147,7 +148,7 @@ def test_tiny_and_thin_images_enlarged_and_shrunk(ops, device):
 
 @pytest.mark.parametrize("device", _devices())
 def test_every_shrink_factor_from_1_to_16_and_enlargement(ops, device):
-    _skip_without_cuda_build(ops, device)
+    _require_cuda_build(ops, device)
     factors = [*range(1, 17), 0.5, 0.27]
     gen = torch.Generator().manual_seed(5)
     images = [torch.randint(0, 256, (140, 150, 3), dtype=torch.uint8, generator=gen).to(device)]
@@ -172,7 +173,7 @@ def test_public_entry_point_runs_the_compiled_op(ops):
 
 @pytest.mark.parametrize("device", _devices())
 def test_unit_scale_copies_pixels_and_flip_mirrors(ops, device):
-    _skip_without_cuda_build(ops, device)
+    _require_cuda_build(ops, device)
     image = torch.randint(0, 256, (12, 17, 3), dtype=torch.uint8).to(device)
     grey = torch.randint(0, 256, (12, 17, 1), dtype=torch.uint8).to(device)
     boxes = torch.tensor([[0, 0, 12, 17]] * 2, dtype=torch.float32)
@@ -188,7 +189,7 @@ def test_unit_scale_copies_pixels_and_flip_mirrors(ops, device):
 
 @pytest.mark.parametrize("device", _devices())
 def test_float_output_is_normalised_uint8_output(ops, device):
-    _skip_without_cuda_build(ops, device)
+    _require_cuda_build(ops, device)
     images, boxes, flips, jitter = _random_batch(7, 6, 20, 20, device)
     as_uint8 = torch.empty(6, 3, 20, 20, dtype=torch.uint8, device=device)
     as_float = torch.empty(6, 3, 20, 20, dtype=torch.float32, device=device)

@@ -126,3 +126,34 @@ def test_build_and_info_commands():
     assert "built:      yes" in info.stdout
     expected = "yes" if build.make_plan().with_cuda else "no"
     assert f"CUDA build: {expected}" in info.stdout
+
+
+FALLBACK_SCRIPT = """
+import torch
+from batchwire import native
+from batchwire.native.reference import augment_batch_reference
+images = [torch.randint(0, 256, (20, 30, 3), dtype=torch.uint8)]
+args = (images, torch.tensor([[0.0, 0.0, 20.0, 30.0]]), torch.tensor([True]),
+        torch.tensor([[1.1, 0.9, 1.2, 0.0]]), torch.zeros(3), torch.ones(3))
+got = native.augment_batch(*args, torch.empty(1, 3, 8, 9))
+want = augment_batch_reference(*args, torch.empty(1, 3, 8, 9))
+assert torch.equal(got, want)
+assert not native.is_available()
+print("fallback ok")
+"""
+
+
+@pytest.mark.timeout(120)
+def test_unbuildable_extension_falls_back_to_the_reference_with_a_warning(tmp_path):
+    env = {**os.environ, "CXX": "/nonexistent/c++", "BATCHWIRE_NATIVE_CACHE": str(tmp_path)}
+    run = subprocess.run(
+        [sys.executable, "-c", FALLBACK_SCRIPT],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=100,
+    )
+    assert run.returncode == 0, run.stderr
+    assert "fallback ok" in run.stdout
+    assert run.stderr.count("using the slow reference op") == 1, run.stderr
+    assert "no C++ compiler" in run.stderr

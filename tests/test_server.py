@@ -411,3 +411,24 @@ def test_nhwc_float16_over_ipc_and_sigterm_tells_every_client(tmp_path):
         finally:
             for c in clients:
                 c.close()
+
+
+def test_silent_client_is_dropped_and_can_come_back():
+    with running_server(*map(str, ARGS), "--client-timeout", "1") as srv:
+        c = Client(srv, prefetch=1, session=1)
+        try:
+            c.start()
+            c.batch()
+            t0 = time.monotonic()
+            while srv.stats()["clients"]:  # silent from now on
+                assert time.monotonic() - t0 < 10, "silent client never dropped"
+                assert not c.sock.poll(100), "no credit was given, yet something arrived"
+            assert time.monotonic() - t0 >= 0.9
+            c.send(p.Credit(n=1))  # unknown now: ignored, the client must say hello again
+            assert srv.stats()["clients"] == []
+            c.hello = p.Hello(**{**c.hello.__dict__, "start_batch": 1, "session": 2})
+            c.start()
+            head, _, _ = c.batch()
+            assert (head.session, head.batch_index) == (2, 1)
+        finally:
+            c.close()

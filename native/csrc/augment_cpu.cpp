@@ -3,8 +3,8 @@
 // Per output row: a vertical pass over the crop's columns (contiguous uint8 -> float, the loop
 // the compiler vectorises), then a horizontal pass with precomputed taps (4-wide SSE over the
 // interleaved channels), then jitter, normalisation and a write through `out`'s strides. Work is
-// split over (image, row block) items with at::parallel_for; an image with contrast != 1 is one
-// item, since contrast needs its whole-image grey mean before anything is written.
+// split over (image, row block) items run by at::parallel_for's threads; an image with
+// contrast != 1 is one item, since contrast needs its whole-image grey mean before any write.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
@@ -12,9 +12,8 @@
 #include <torch/library.h>
 
 #include <algorithm>
-#include <cmath>
+#include <atomic>
 #include <cstdint>
-#include <cstring>
 #include <vector>
 
 #if defined(__SSE2__)
@@ -134,7 +133,9 @@ void horizontal_pass_rgb(float* __restrict dst, const float* __restrict src, con
     store_rgb(dst + 3 * o, taps_rgb(a, sa, wa, common, ca));
     store_rgb(dst + 3 * o + 3, taps_rgb(b, sb, wb, common, cb));
   }
-  if (o < out_w) store_rgb(dst + 3 * o, taps_rgb(_mm_setzero_ps(), tap_src(o), tap_w(o), 0, t.count[o]));
+  if (o < out_w) {
+    store_rgb(dst + 3 * o, taps_rgb(_mm_setzero_ps(), tap_src(o), tap_w(o), 0, t.count[o]));
+  }
 }
 #else
 void horizontal_pass_rgb(float* __restrict dst, const float* __restrict src, const AxisTable& t,
@@ -217,7 +218,9 @@ void write_row(T* base, int64_t sc, int64_t sw, const float* px, int w, const No
     }
   } else if (sc == 1 && sw == 3) {  // NHWC: interleaved, same order as px
     for (int o = 0; o < w; ++o) {
-      for (int c = 0; c < 3; ++c) base[3 * o + c] = convert<T>(px[3 * o + c], nz.scale[c], nz.bias[c]);
+      for (int c = 0; c < 3; ++c) {
+        base[3 * o + c] = convert<T>(px[3 * o + c], nz.scale[c], nz.bias[c]);
+      }
     }
   } else {
     for (int o = 0; o < w; ++o) {
@@ -334,12 +337,18 @@ std::vector<WorkItem> make_items(const std::vector<ImagePlan>& plans, int out_h)
   return items;
 }
 
+// Items are handed out one at a time from a shared counter rather than in fixed per-thread
+// blocks: on a busy machine (decode threads, other processes) a thread that loses its core
+// delays only the item it holds, and uneven items (whole contrast images) balance themselves.
 template <typename T>
 void run_items(std::vector<ImagePlan>& plans, const std::vector<WorkItem>& items,
                const at::Tensor& out, const Normalize& nz) {
-  at::parallel_for(0, static_cast<int64_t>(items.size()), 1, [&](int64_t b, int64_t e) {
+  const int64_t total = static_cast<int64_t>(items.size());
+  const int64_t workers = std::min<int64_t>(std::max(1, at::get_num_threads()), total);
+  std::atomic<int64_t> next{0};
+  at::parallel_for(0, workers, 1, [&](int64_t, int64_t) {
     CpuAugment<T> worker(plans, out, nz);
-    for (int64_t i = b; i < e; ++i) worker.run(items[i]);
+    for (int64_t i = next++; i < total; i = next++) worker.run(items[i]);
   });
 }
 
@@ -352,21 +361,20 @@ void augment_batch_cpu(at::TensorList images, const at::Tensor& boxes, const at:
   const Normalize nz = make_normalize(mean, std, out.scalar_type());
   const int out_h = static_cast<int>(out.size(2)), out_w = static_cast<int>(out.size(3));
 
+  // Weight tables cost microseconds per image: built serially, no thread barrier to wait on.
   std::vector<ImagePlan> plans(imgs.size());
-  at::parallel_for(0, static_cast<int64_t>(imgs.size()), 8, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) {
-      const at::Tensor& img = imgs[i];
-      const SampleParams& p = params[i];
-      ImagePlan& ip = plans[i];
-      ip.pixels = img.data_ptr<uint8_t>();
-      ip.height = static_cast<int>(img.size(0));
-      ip.width = static_cast<int>(img.size(1));
-      ip.channels = static_cast<int>(img.size(2));
-      ip.ys = make_axis(p.y0, p.y1, ip.height, out_h, false);
-      ip.xs = make_axis(p.x0, p.x1, ip.width, out_w, p.flip);
-      ip.p = p;
-    }
-  });
+  for (size_t i = 0; i < imgs.size(); ++i) {
+    const at::Tensor& img = imgs[i];
+    const SampleParams& p = params[i];
+    ImagePlan& ip = plans[i];
+    ip.pixels = img.data_ptr<uint8_t>();
+    ip.height = static_cast<int>(img.size(0));
+    ip.width = static_cast<int>(img.size(1));
+    ip.channels = static_cast<int>(img.size(2));
+    ip.ys = make_axis(p.y0, p.y1, ip.height, out_h, false);
+    ip.xs = make_axis(p.x0, p.x1, ip.width, out_w, p.flip);
+    ip.p = p;
+  }
   const std::vector<WorkItem> items = make_items(plans, out_h);
 
   AT_DISPATCH_SWITCH(out.scalar_type(), "augment_batch_cpu",

@@ -78,7 +78,9 @@ __global__ void augment_kernel(const ImageDesc* __restrict__ images, OutDesc out
                            : 0.f;
     jitter_pixel(im, mean, rgb);
     T* dst = dst_base + n * out.stride_n + oy * out.stride_h + ox * out.stride_w;
-    for (int c = 0; c < 3; ++c) dst[c * out.stride_c] = convert<T>(rgb[c], out.scale[c], out.bias[c]);
+    for (int c = 0; c < 3; ++c) {
+      dst[c * out.stride_c] = convert<T>(rgb[c], out.scale[c], out.bias[c]);
+    }
   }
 }
 

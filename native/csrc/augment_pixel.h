@@ -64,7 +64,9 @@ BW_HD void jitter_pixel(const ImageDesc& im, float grey_mean, float* rgb) {
   }
   if (im.saturation != 1.f) {
     const float g = grey(rgb);
-    for (int c = 0; c < 3; ++c) rgb[c] = clamp255(im.saturation * rgb[c] + (1.f - im.saturation) * g);
+    for (int c = 0; c < 3; ++c) {
+      rgb[c] = clamp255(im.saturation * rgb[c] + (1.f - im.saturation) * g);
+    }
   }
 }
 
