@@ -2,7 +2,8 @@
 embedded dataset and 2 gloo DDP ranks under torchrun, to at least 90% validation top-1; and the
 server is stopped whatever happens to the training.
 
-Runtime on this 2-core machine: about 95 s for the file (each test states its own).
+Runtime on this 2-core machine (shared, load 6-8): about 80 s for the file (each test states
+its own).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ def _refuses_connections(endpoint: str) -> bool:
 
 @pytest.mark.timeout(240)
 def test_demo_reaches_90_percent_with_two_ranks_and_stops_the_server() -> None:
-    """About 75 s on 2 cores (4 epochs of the small model at 32 px; 97% when measured)."""
+    """About 50 s on 2 cores (4 epochs of the small model at 32 px; 97% top-1 when measured)."""
     endpoint = free_tcp_endpoint()
     done = subprocess.run(
         _demo(endpoint, "--epochs", "4", "--min-top1", "90"),
@@ -59,7 +60,7 @@ def test_demo_reaches_90_percent_with_two_ranks_and_stops_the_server() -> None:
 
 @pytest.mark.timeout(90)
 def test_demo_fails_when_training_fails_and_still_stops_the_server() -> None:
-    """About 8 s on 2 cores: pipeline-train rejects --epochs 0, the demo exits non-zero."""
+    """About 13 s on 2 cores: pipeline-train rejects --epochs 0, the demo exits non-zero."""
     endpoint = free_tcp_endpoint()
     done = subprocess.run(
         _demo(endpoint, "--epochs", "0", "--ranks", "1"),
@@ -73,7 +74,7 @@ def test_demo_fails_when_training_fails_and_still_stops_the_server() -> None:
 
 @pytest.mark.timeout(90)
 def test_ctrl_c_stops_trainer_and_server() -> None:
-    """About 12 s on 2 cores: SIGINT to the demo once training has started."""
+    """About 13 s on 2 cores: SIGINT to the demo once training has started."""
     endpoint = free_tcp_endpoint()
     proc = subprocess.Popen(
         _demo(endpoint, "--epochs", "50", "--ranks", "1", "--log-every", "1"),

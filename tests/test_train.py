@@ -2,7 +2,7 @@
 that lose a rank mid-epoch and recover from the checkpoint.
 
 Real processes, sockets and JPEGs (the embedded dataset at 32 px). Runtime on this 2-core
-machine: about 50 s for the file (each test states its own).
+machine (shared, load 6-8): about 60 s for the file (each test states its own).
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def _train_args(endpoint: str, *extra: str) -> list[str]:
 
 @pytest.mark.timeout(150)
 def test_single_process_trains_checkpoints_and_resumes(tmp_path: Path) -> None:
-    """About 20 s on 2 cores: 3 steps, stop, then resume to step 5 from the checkpoint."""
+    """About 22 s on 2 cores: 3 steps, stop, then resume to step 5 from the checkpoint."""
     ckpt = tmp_path / "ckpt"
     with running_server(*SERVER_ARGS) as srv:
         common = ["--epochs", "2", "--checkpoint-dir", str(ckpt)]
@@ -80,7 +80,7 @@ def test_single_process_trains_checkpoints_and_resumes(tmp_path: Path) -> None:
 def test_killed_rank_resumes_from_checkpoint_and_trains_the_epoch_exactly_once(
     tmp_path: Path,
 ) -> None:
-    """About 35 s on 2 cores. 2 gloo ranks under torchrun --max-restarts=1, gradient
+    """About 40 s on 2 cores. 2 gloo ranks under torchrun --max-restarts=1, gradient
     accumulation of 2; a checkpoint every 3 optimizer steps; rank 1 SIGKILLs itself after step
     5, so torchrun restarts both ranks, which resume at step 3 (batch 6). The per-rank index
     record, cut back to the checkpoint on resume, must then hold every batch of the epoch

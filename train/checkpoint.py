@@ -65,6 +65,9 @@ def save_checkpoint(
     if keep > 0:
         for _, old in list_checkpoints(root)[:-keep]:
             old.unlink(missing_ok=True)
+    # Only rank 0 writes, one file at a time: any other temporary file is a killed writer's.
+    for stale in root.glob(".ckpt-*.tmp"):
+        stale.unlink(missing_ok=True)
     return final
 
 

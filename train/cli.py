@@ -10,13 +10,16 @@ One GPU per process under torchrun (rank, world size and local rank come from th
 
 On a CPU, as a single process or with gloo ranks (what `python -m batchwire.train.demo` runs):
 
-    pipeline-server --image-size 32 --batch-size 64 --output-dtype uint8 &
+    pipeline-server --image-size 32 --batch-size 32 --output-dtype uint8 --scale 0.35,1 &
     pipeline-train --server tcp://127.0.0.1:5555 --model small --epochs 5 --lr 0.2
     torchrun --nproc_per_node=2 --no-python pipeline-train --server tcp://127.0.0.1:5555 ...
 
-The batch size, image size and augmentation are the server's: the trainer only consumes. With
---checkpoint-dir the run resumes from the newest checkpoint there, so a restarted torchrun
-(`--max-restarts`) continues where the last checkpoint left off, at the same batch.
+The batch size, image size and augmentation are the server's: the trainer only consumes (a
+uint8 wire is normalised on the device with the server's mean/std). With --checkpoint-dir the
+run resumes from the newest checkpoint there, so a restarted torchrun (`--max-restarts`)
+continues where the last checkpoint left off, at the same batch of every rank (see
+`batchwire.train.loop` for why that is exact). Each epoch ends with one line:
+`epoch E: val top1=..% top5=..% data-wait=..% images/s=..`.
 """
 
 from __future__ import annotations
@@ -42,13 +45,22 @@ def _triple(text: str) -> tuple[float, float, float]:
     return (parts[0], parts[1], parts[2])
 
 
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows real defaults; options whose default is computed say so in their own help."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default is None or isinstance(action.default, bool):
+            return action.help
+        return super()._get_help_string(action)
+
+
 def build_parser() -> argparse.ArgumentParser:
     d = TrainConfig()
     p = argparse.ArgumentParser(
         prog="pipeline-train",
         description="Data-parallel training from pipeline-server (run it under torchrun for "
         "several ranks).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=_HelpFormatter,
     )
     a = p.add_argument
     a(
@@ -61,18 +73,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     a("--model", choices=MODEL_NAMES, default=d.model, help="architecture")
     a("--num-classes", type=int, help="classifier width [default: from the server]")
-    a("--epochs", type=int, default=d.epochs)
+    a("--epochs", type=int, default=d.epochs, help="epochs to train")
     a(
         "--lr",
         type=float,
         help="peak learning rate [default: 0.1 x global batch / 256 for SGD, 1e-3 for AdamW]",
     )
     a("--optimizer", choices=OPTIMIZERS, default=d.optimizer, help="sgd = SGD, Nesterov momentum")
-    a("--momentum", type=float, default=d.momentum)
+    a("--momentum", type=float, default=d.momentum, help="SGD momentum")
     a("--weight-decay", type=float, default=d.weight_decay, help="not applied to biases and norms")
     a("--warmup-epochs", type=float, default=d.warmup_epochs, help="linear warm-up length")
     a("--schedule", choices=SCHEDULES, default=d.schedule, help="shape after the warm-up")
-    a("--label-smoothing", type=float, default=d.label_smoothing)
+    a("--label-smoothing", type=float, default=d.label_smoothing, help="of the cross-entropy")
     a(
         "--accum-steps",
         type=int,

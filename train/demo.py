@@ -110,8 +110,10 @@ def stop(proc: subprocess.Popen | None, name: str, grace: float = 10.0) -> None:
 def run_trainer(cmd: list[str]) -> tuple[int, list[tuple[int, float, float, float]]]:
     """Run the trainer, echo its output, and collect (epoch, top1, top5, data-wait %) lines."""
     epochs = []
+    # torchrun would set this itself (one thread per rank on a small machine), with a warning.
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1, env=env
     )
     try:
         assert proc.stdout is not None
@@ -191,5 +193,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("PYTHONUNBUFFERED", "1")
     sys.exit(main())

@@ -255,8 +255,10 @@ class Trainer:
         for (images, labels, indices), wait_s in self._batches(epoch, start):
             if self.recorder:
                 self.recorder.append(epoch, k, torch.as_tensor(indices).tolist())
-            group_start = (k // accum) * accum
-            group_end = min(group_start + accum, n)
+            # Groups are aligned to batch 0 so a resumed epoch keeps them; a resume with another
+            # --accum-steps gets one short first group, averaged over what it really has.
+            group_start = max((k // accum) * accum, start)
+            group_end = min((k // accum + 1) * accum, n)
             last_micro = k + 1 == group_end
             sync = last_micro or not isinstance(self.model, DDP)
             with contextlib.nullcontext() if sync else self.model.no_sync():

@@ -100,21 +100,15 @@ BW_CLONES void vertical_pass(float* __restrict acc, const uint8_t* const* rows, 
 }
 
 // dst[3 * o + c] = sum_k w[o][k] * src[3 * (start[o] + k) + c]. `src` has one float of padding
-// after its last pixel, so the 4-wide load of the last pixel stays inside the buffer.
+// after its last pixel, so the 4-wide load of the last pixel stays inside the buffer; likewise
+// each pixel is stored 4 wide (its lane 3 lands on the next pixel's R, rewritten next), so `dst`
+// needs one float of padding too.
 #if defined(__SSE2__)
 inline __m128 taps_rgb(__m128 acc, const float* s, const float* w, int from, int to) {
   for (int k = from; k < to; ++k) {
     acc = _mm_add_ps(acc, _mm_mul_ps(_mm_set1_ps(w[k]), _mm_loadu_ps(s + 3 * k)));
   }
   return acc;
-}
-
-inline void store_rgb(float* dst, __m128 v) {
-  alignas(16) float a[4];
-  _mm_store_ps(a, v);
-  dst[0] = a[0];
-  dst[1] = a[1];
-  dst[2] = a[2];
 }
 
 void horizontal_pass_rgb(float* __restrict dst, const float* __restrict src, const AxisTable& t,
@@ -130,11 +124,11 @@ void horizontal_pass_rgb(float* __restrict dst, const float* __restrict src, con
       a = _mm_add_ps(a, _mm_mul_ps(_mm_set1_ps(wa[k]), _mm_loadu_ps(sa + 3 * k)));
       b = _mm_add_ps(b, _mm_mul_ps(_mm_set1_ps(wb[k]), _mm_loadu_ps(sb + 3 * k)));
     }
-    store_rgb(dst + 3 * o, taps_rgb(a, sa, wa, common, ca));
-    store_rgb(dst + 3 * o + 3, taps_rgb(b, sb, wb, common, cb));
+    _mm_storeu_ps(dst + 3 * o, taps_rgb(a, sa, wa, common, ca));
+    _mm_storeu_ps(dst + 3 * o + 3, taps_rgb(b, sb, wb, common, cb));
   }
   if (o < out_w) {
-    store_rgb(dst + 3 * o, taps_rgb(_mm_setzero_ps(), tap_src(o), tap_w(o), 0, t.count[o]));
+    _mm_storeu_ps(dst + 3 * o, taps_rgb(_mm_setzero_ps(), tap_src(o), tap_w(o), 0, t.count[o]));
   }
 }
 #else
@@ -258,7 +252,7 @@ class CpuAugment {
     const int span = (ip.xs.hi - ip.xs.lo) * ip.channels;
     tmp_.resize(static_cast<size_t>(span) + 1);
     rows_.resize(ip.ys.stride);
-    buf_.resize(static_cast<size_t>(contrast ? out_h_ : 1) * w3);
+    buf_.resize(static_cast<size_t>(contrast ? out_h_ : 1) * w3 + 1);  // +1: 4-wide stores
     double grey_sum = 0.0;
     for (int oy = item.row0; oy < item.row1; ++oy) {
       float* px = buf_.data() + (contrast ? static_cast<size_t>(oy) * w3 : 0);
