@@ -5,7 +5,7 @@
 // interleaved channels), then jitter, normalisation and a write through `out`'s strides. Work is
 // split over (image, row block) items run by at::parallel_for's threads; an image with
 // contrast != 1 is one item, since contrast needs its whole-image grey mean before any write.
-#include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>

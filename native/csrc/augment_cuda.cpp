@@ -1,12 +1,12 @@
 // Torch binding of the CUDA kernel: checks, packs the per-image table into pinned memory, copies
 // it to the device asynchronously and launches on the current stream (no host synchronisation
 // when the parameter tensors are on the CPU, as the pipeline passes them).
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
-#include <cstring>
 #include <vector>
 
 #include "augment_kernel.cuh"

@@ -2,7 +2,7 @@
 // the per-sample parameters read from the (host) parameter tensors.
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include <cstdint>
 #include <vector>
