@@ -1,11 +1,14 @@
 """Benchmark of the fused augment op against the usual per-image chain.
 
     python -m batchwire.bench.bench_augment [--data ../shared/imagenet-sample] [--images 256]
+        [--dtype float32|float16|bfloat16|uint8] [--layout nchw|nhwc]
 
 Decodes the images once with PIL, then times the same work (random-resized-crop, flip, to float,
-normalise, 224 px, float32 NCHW batches of 64):
+normalise, 224 px, float32 NCHW batches of 64 by default):
 - `chain`: per image PIL crop + resize (BILINEAR, antialiased) + flip, to tensor, normalise with
   torch: what a torchvision-style Dataset does; single thread, and on a thread pool of all cores.
+  For uint8 output (the server's wire format) the chain stops at the uint8 tensor, as the op
+  does: no normalisation.
 - `op cpu`: batchwire.native.augment_batch on the CPU with 1 thread and with all cores.
 With CUDA: the op on the GPU against torchvision.transforms.v2 on GPU tensors (where torchvision
 is installed), and the op's bandwidth (crop bytes read + batch bytes written per second) as a
@@ -29,6 +32,7 @@ from PIL import Image
 
 MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)
+DTYPES = ("float32", "float16", "bfloat16", "uint8")
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "imagenet-sample"
 
 
@@ -64,13 +68,17 @@ def chain_one(img: Image.Image, box, flip: bool, out: torch.Tensor, mean, std) -
     im = img.crop((x0, y0, x1, y1)).resize((out.shape[2], out.shape[1]), Image.BILINEAR)
     if flip:
         im = im.transpose(Image.FLIP_LEFT_RIGHT)
-    t = torch.from_numpy(np.array(im)).permute(2, 0, 1).float().div(255)
-    out.copy_((t - mean) / std)
+    t = torch.from_numpy(np.array(im)).permute(2, 0, 1)
+    if out.dtype == torch.uint8:
+        out.copy_(t)
+    else:
+        out.copy_((t.float().div(255) - mean) / std)
 
 
 def best_rate(fn: Callable[[], int], repeats: int) -> tuple[float, float]:
-    """Images per wall second and per CPU second (all threads) of the best of `repeats` runs.
-    On a shared machine the CPU-second figure is the steadier per-core measure."""
+    """Images per wall second and per CPU second (all threads, `time.process_time`) of the best
+    of `repeats` runs. On a shared machine the CPU-second figure is the steadier per-core
+    measure."""
     wall = cpu = 0.0
     for _ in range(repeats):
         start, start_cpu = time.perf_counter(), time.process_time()
@@ -88,6 +96,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--size", type=int, default=224)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--dtype", choices=DTYPES, default="float32")
+    parser.add_argument("--layout", choices=("nchw", "nhwc"), default="nchw")
     args = parser.parse_args(argv)
 
     pil = load_images(args.data, args.images)
@@ -98,9 +108,13 @@ def main(argv: list[str] | None = None) -> None:
     n, b, s = len(pil), args.batch, args.size
     mean = torch.tensor(MEAN).view(3, 1, 1)
     std = torch.tensor(STD).view(3, 1, 1)
-    out = torch.empty(b, 3, s, s)
+    fmt = torch.channels_last if args.layout == "nhwc" else torch.contiguous_format
+    out = torch.empty(b, 3, s, s, dtype=getattr(torch, args.dtype)).contiguous(memory_format=fmt)
     ops = native.load()
-    print(f"{n} images from {args.data}, batch {b}, {s} px, float32 NCHW, {args.threads} cores")
+    print(
+        f"{n} images from {args.data}, batch {b}, {s} px, {args.dtype} {args.layout.upper()}, "
+        f"{args.threads} cores"
+    )
 
     def chain_batches(pool: ThreadPoolExecutor | None) -> int:
         for start in range(0, n - b + 1, b):
@@ -144,7 +158,10 @@ def main(argv: list[str] | None = None) -> None:
         lambda: op_batches(tensors, out), args.repeats
     )
     for name, (wall, cpu) in rates.items():
-        print(f"{name:>24}: {wall:9.1f} images/s wall, {cpu:9.1f} images per CPU-second")
+        print(
+            f"{name:>24}: {wall:9.1f} images/s wall, {cpu:9.1f} images per CPU-second "
+            f"({1e3 / cpu:.3f} CPU ms/image)"
+        )
     for threads in (1, args.threads):
         suffix = "thread" if threads == 1 else "threads"
         op, chain = rates[f"op cpu, {threads} {suffix}"], rates[f"chain, {threads} {suffix}"]
@@ -194,7 +211,9 @@ def run_cuda(ops, tensors, boxes: torch.Tensor, flips: torch.Tensor, args) -> No
     images = [t.cuda() for t in tensors]
     jitter = torch.tensor([[1.0, 1.0, 1.0, 0.0]]).repeat(n, 1)
     mean_t, std_t = torch.tensor(MEAN), torch.tensor(STD)
-    out = torch.empty(b, 3, s, s, device="cuda")
+    fmt = torch.channels_last if args.layout == "nhwc" else torch.contiguous_format
+    out = torch.empty(b, 3, s, s, dtype=getattr(torch, args.dtype), device="cuda")
+    out = out.contiguous(memory_format=fmt)
 
     def op_batches() -> int:
         for start in range(0, n - b + 1, b):
@@ -227,7 +246,8 @@ def run_cuda(ops, tensors, boxes: torch.Tensor, flips: torch.Tensor, args) -> No
                 r = tvf.resized_crop(img, y0, x0, y1 - y0, x1 - x0, [s, s], antialias=True)
                 if flip_list[i]:
                     r = tvf.horizontal_flip(r)
-                r = tvf.normalize(tvf.to_dtype(r, torch.float32, scale=True), MEAN, STD)
+                if out.dtype != torch.uint8:
+                    r = tvf.normalize(tvf.to_dtype(r, torch.float32, scale=True), MEAN, STD)
                 out[i - start].copy_(r)
         return (n // b) * b
 

@@ -1,5 +1,6 @@
-"""Decode throughput per core, full-size against DCT-scaled for a random-resized crop, and the
-in-process LocalLoader rate.
+"""Decode throughput per core, full-size against DCT-scaled for a random-resized crop, against
+decoding only the crop's region (ROI, where the native decoder builds), and the in-process
+LocalLoader rate.
 
     python -m batchwire.bench.bench_decode [--dir ../shared/imagenet-sample] [--size 224]
 
@@ -17,6 +18,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from batchwire.pipeline import decode
 from batchwire.pipeline.augment_plan import AugmentConfig, plan_sample
 from batchwire.pipeline.decode import (
     choose_dct_scale,
@@ -44,7 +46,8 @@ def _timed(fns: dict[str, Callable[[], None]], repeats: int) -> dict[str, tuple[
 
 
 def bench_decode(files: list[Path], size: int, repeats: int) -> dict:
-    """Per-core decode rates: full-size vs decode_for_crop for the train plan at `size`."""
+    """Per-core decode rates: full-size vs decode_for_crop for the train plan at `size`, whole
+    image (DCT-scaled) and region of interest (ROI), with and without checking the tail."""
     blobs = [f.read_bytes() for f in files]
     config = AugmentConfig(image_size=size, train=True)
     headers = [read_header(b) for b in blobs]
@@ -63,25 +66,46 @@ def bench_decode(files: list[Path], size: int, repeats: int) -> dict:
     def scaled() -> None:
         # The pipeline's real per-sample work: header (size for the plan), then the decode.
         for b, p in zip(blobs, plans, strict=True):
-            decode_for_crop(b, read_header(b), p.box, (size, size))
+            decode_for_crop(b, read_header(b), p.box, (size, size), roi=False)
+
+    def roi(verify_tail: bool) -> Callable[[], None]:
+        # The same with only the crop's region decoded (the pipeline's default where built).
+        def run() -> None:
+            saved, decode.ROI_VERIFY_TAIL = decode.ROI_VERIFY_TAIL, verify_tail
+            try:
+                for b, p in zip(blobs, plans, strict=True):
+                    decode_for_crop(b, read_header(b), p.box, (size, size), roi=True)
+            finally:
+                decode.ROI_VERIFY_TAIL = saved
+
+        return run
 
     def forced(den: int) -> Callable[[], None]:
         # Every JPEG decoded at 1/den whatever the crop: what each DCT scale costs by itself.
         def run() -> None:
             for b, h in zip(blobs, headers, strict=True):
                 box = (0.0, 0.0, float(h.height), float(h.width))
-                decode_for_crop(b, h, box, (h.height // den, h.width // den))
+                decode_for_crop(b, h, box, (h.height // den, h.width // den), roi=False)
 
         return run
 
     n = len(blobs)
     rows: dict = {}
     fns = {"full": full, "dct_scaled": scaled} | {f"all_at_1/{d}": forced(d) for d in (2, 4, 8)}
+    roi_built = decode._roi_decoder() is not None  # builds it (once) before any timing
+    if roi_built:
+        fns |= {"roi": roi(False), "roi_verify_tail": roi(True)}
     for name, (wall, cpu) in _timed(fns, repeats).items():
         rows[name] = {"images_per_s_wall": n / wall, "images_per_cpu_s": n / cpu}
     full_r, dct_r = rows["full"], rows["dct_scaled"]
     rows["speedup_wall"] = dct_r["images_per_s_wall"] / full_r["images_per_s_wall"]
     rows["speedup_cpu"] = dct_r["images_per_cpu_s"] / full_r["images_per_cpu_s"]
+    rows["roi_available"] = roi_built
+    if roi_built:
+        for name in ("roi", "roi_verify_tail"):
+            rows[f"{name}_speedup_cpu_vs_dct_scaled"] = (
+                rows[name]["images_per_cpu_s"] / dct_r["images_per_cpu_s"]
+            )
     rows["dct_scales_chosen"] = dict(sorted(scales.items()))
     rows["images"] = n
     rows["mean_bytes"] = sum(map(len, blobs)) / n
@@ -181,12 +205,21 @@ def _run(args: argparse.Namespace, files: list[Path]) -> int:
     d = result["decode"]
     print(f"decode, one thread, {d['images']} files ({d['mean_bytes'] / 1e3:.0f} kB mean), "
           f"preloaded; crop plan: train RandomResizedCrop to {args.size} px")
-    print(f"  {'':<22}{'images/s (wall)':>16}{'images/CPU-s':>14}")
-    for name in ("full", "dct_scaled", "all_at_1/2", "all_at_1/4", "all_at_1/8"):
+    names = ["full", "dct_scaled", "all_at_1/2", "all_at_1/4", "all_at_1/8"]
+    names += ["roi", "roi_verify_tail"] if d["roi_available"] else []
+    print(f"  {'':<22}{'images/s (wall)':>16}{'images/CPU-s':>14}{'CPU ms/image':>14}")
+    for name in names:
         r = d[name]
-        print(f"  {name:<22}{r['images_per_s_wall']:>16.1f}{r['images_per_cpu_s']:>14.1f}")
+        print(f"  {name:<22}{r['images_per_s_wall']:>16.1f}{r['images_per_cpu_s']:>14.1f}"
+              f"{1e3 / r['images_per_cpu_s']:>14.3f}")
     print(f"  DCT scaling speed-up: {d['speedup_wall']:.2f}x wall, {d['speedup_cpu']:.2f}x CPU; "
           f"scales chosen: {d['dct_scales_chosen']}")
+    if d["roi_available"]:
+        print(f"  ROI speed-up over dct_scaled (CPU): "
+              f"{d['roi_speedup_cpu_vs_dct_scaled']:.2f}x, with the tail verified "
+              f"{d['roi_verify_tail_speedup_cpu_vs_dct_scaled']:.2f}x")
+    else:
+        print("  ROI decoding unavailable here (see the logged build error)")
     if not args.no_loader:
         result["local_loader"] = bench_local(
             files, args.size, args.batch_size, args.threads, args.epochs

@@ -1,11 +1,14 @@
-"""The batchwire row of `pipeline-bench`: a real `pipeline-server` process feeding a
-RemoteLoader in this process, as a training job would use them.
+"""The batchwire row of `pipeline-bench` (and of `bench_e2e`): a real `pipeline-server` process
+feeding a RemoteLoader in this process, as a training job would use them.
 
 By default the server decodes and augments into uint8 batches (4x fewer wire bytes than
 float32) and the loader normalises them to float32 on its device; with `wire="float32"` the
 server's fused op normalises and the loader takes the batches as they come. Either way a
 training loop receives normalised float32 images, like the DataLoader's and DALI's rows.
 The server's start-up and the first batches fall into the warm-up.
+
+`pipeline_server` and `time_remote_loader` are the two halves, for benchmarks that time several
+loaders against one server; `batchwire_row` is both in one call.
 """
 
 from __future__ import annotations
@@ -17,7 +20,9 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import torch
 from batchwire.bench.baselines import Measured, time_batches
@@ -41,23 +46,23 @@ def _stop(proc: subprocess.Popen, timeout: float = 15.0) -> None:
         proc.wait(timeout)
 
 
-def batchwire_row(
+@contextmanager
+def pipeline_server(
     train: str,
     *,
-    device: str,
-    threads: int,
-    decoder: str,
     batch_size: int,
     image_size: int,
-    measure_images: int,
+    threads: int,
     wire: str = "uint8",
-    warmup: int = 10,
-    max_seconds: float = 60,
-    start_timeout: float = 120,
-) -> Measured:
-    """Start the server on `train`, time RemoteLoader batches, stop the server."""
-    from batchwire.client import RemoteLoader
+    decoder: str = "auto",
+    device: str = "cpu",
+    producers: int = 2,
+) -> Iterator[str]:
+    """Run `pipeline-server --train train` as a subprocess; yields its endpoint, stops it after.
 
+    An exception raised inside the block comes out as a RuntimeError carrying the tail of the
+    server's log, since the cause of a failed row is usually written there.
+    """
     endpoint = free_tcp_endpoint()
     command = [
         sys.executable,
@@ -75,6 +80,8 @@ def batchwire_row(
         wire,
         "--workers",
         str(threads),
+        "--producers",
+        str(producers),
         "--decoder",
         decoder,
         "--device",
@@ -86,31 +93,86 @@ def batchwire_row(
         log_path = Path(tmp) / "server.log"
         with open(log_path, "w") as log:
             proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-        loader = None
         try:
-            loader = RemoteLoader(
-                endpoint,
-                split="train",
-                rank=0,
-                world_size=1,
-                device=device,
-                normalize_on_device=wire == "uint8",
-                timeout=start_timeout,
-                prefetch=4,
-            )
-
-            def batches() -> Iterator[int]:
-                for epoch in itertools.count():
-                    loader.set_epoch(epoch)
-                    for images, _labels in loader:
-                        yield int(images.shape[0])
-
-            sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
-            return time_batches(batches(), warmup, measure_images, max_seconds, sync)
+            yield endpoint
         except Exception as e:
             tail = log_path.read_text(errors="replace")[-2000:]
             raise RuntimeError(f"{e}\n--- pipeline-server log (tail) ---\n{tail}") from e
         finally:
-            if loader is not None:
-                loader.close()
             _stop(proc)
+
+
+def time_remote_loader(
+    endpoint: str,
+    *,
+    device: str,
+    normalize_on_device: bool,
+    measure_images: int,
+    warmup: int = 10,
+    max_seconds: float = 60,
+    prefetch: int = 4,
+    start_timeout: float = 120,
+) -> tuple[Measured, dict[str, Any]]:
+    """Time the train batches a RemoteLoader receives from `endpoint`, epoch after epoch.
+
+    Returns the rate and the loader's own figures (`LoaderStats.as_dict()`, e.g. how much of
+    the time the consumer waited for data).
+    """
+    from batchwire.client import RemoteLoader
+
+    with RemoteLoader(
+        endpoint,
+        split="train",
+        rank=0,
+        world_size=1,
+        device=device,
+        normalize_on_device=normalize_on_device,
+        timeout=start_timeout,
+        prefetch=prefetch,
+    ) as loader:
+
+        def batches() -> Iterator[int]:
+            for epoch in itertools.count():
+                loader.set_epoch(epoch)
+                for images, _labels in loader:
+                    yield int(images.shape[0])
+
+        sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
+        measured = time_batches(batches(), warmup, measure_images, max_seconds, sync)
+        return measured, loader.stats() or {}
+
+
+def batchwire_row(
+    train: str,
+    *,
+    device: str,
+    threads: int,
+    decoder: str,
+    batch_size: int,
+    image_size: int,
+    measure_images: int,
+    wire: str = "uint8",
+    warmup: int = 10,
+    max_seconds: float = 60,
+    start_timeout: float = 120,
+) -> Measured:
+    """Start the server on `train`, time RemoteLoader batches, stop the server."""
+    with pipeline_server(
+        train,
+        batch_size=batch_size,
+        image_size=image_size,
+        threads=threads,
+        wire=wire,
+        decoder=decoder,
+        device=device,
+    ) as endpoint:
+        measured, _stats = time_remote_loader(
+            endpoint,
+            device=device,
+            normalize_on_device=wire == "uint8",
+            measure_images=measure_images,
+            warmup=warmup,
+            max_seconds=max_seconds,
+            start_timeout=start_timeout,
+        )
+    return measured

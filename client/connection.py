@@ -34,6 +34,7 @@ class StreamState:
     """What one server owes us in the current session (reset by every hello)."""
 
     session: int = -1
+    epoch: int = -1
     start_batch: int = 0
     welcomed: bool = False
     granted: int = 0  # credits given in this session (hello's prefetch + credit messages)
@@ -54,6 +55,9 @@ class ServerConnection:
         self.endpoint = endpoint
         self.shard = shard
         self.stream = StreamState()
+        #: Batches of a session for the *next* epoch, received ahead as raw frames:
+        #: ``(header, images frame, labels frame)``; see `receiver` ("next epoch").
+        self.ahead: list[tuple[protocol.BatchHeader, zmq.Frame, zmq.Frame]] = []
         #: False after a disconnect or `shutdown` until the hello of a new session is sent.
         self.hello_sent = False
         #: After `shutdown`: hold the next hello until the old process has disconnected.
@@ -119,6 +123,7 @@ class ServerConnection:
                 self.connected = False
                 self.hello_sent = False
                 self.wait_reconnect = False
+                self.ahead.clear()
 
     def mark_lost(self, wait_reconnect: bool = False) -> None:
         """The server said `shutdown` or went silent: the next hello starts a new session.
@@ -128,6 +133,7 @@ class ServerConnection:
         """
         self.hello_sent = False
         self.wait_reconnect = wait_reconnect
+        self.ahead.clear()
 
     @property
     def may_send_hello(self) -> bool:
@@ -148,8 +154,12 @@ class ServerConnection:
         if not self._send(hello.pack()):
             return False
         self.stream = StreamState(
-            session=hello.session, start_batch=hello.start_batch, granted=hello.prefetch
+            session=hello.session,
+            epoch=hello.epoch,
+            start_batch=hello.start_batch,
+            granted=hello.prefetch,
         )
+        self.ahead.clear()
         self.hello_sent = True
         self.wait_reconnect = False
         return True
@@ -190,7 +200,19 @@ class ServerConnection:
         size = self._sock.recv_into(buffer)
         return size, bool(self._sock.rcvmore)
 
+    def recv_frame(self) -> tuple[zmq.Frame, bool]:
+        """Receive the next frame of this message without copying it; (frame, more follow).
+
+        The frame owns ZeroMQ's receive buffer: a tensor viewing ``frame.buffer`` keeps it
+        alive, so the bytes are handed on without the copy ``recv_into`` would make.
+        """
+        frame = self._sock.recv(copy=False)
+        return frame, bool(self._sock.rcvmore)
+
     def discard_rest(self) -> None:
         """Drop the remaining frames of the current message (stale session, bad header)."""
         while self._sock.rcvmore:
-            self._sock.recv_into(bytearray())
+            try:
+                self._sock.recv_into(bytearray())
+            except zmq.Again:  # defensive: ZeroMQ delivers a message's frames atomically
+                return

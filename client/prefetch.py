@@ -9,16 +9,24 @@ event completed (the host is about to overwrite it), its device memory after an 
 on the consumer's stream when the *next* batch was requested (the GPU has finished every kernel
 the training step queued on it).
 
-`CpuStager` is the trivial counterpart: fresh tensors per batch, no streams.
+`CpuStager` is the CPU counterpart: no copy at all for the wire's own dtype (the yielded tensor
+views the ZeroMQ frame it arrived in, and keeps it alive), and normalisation straight into a
+recycled output buffer (see `ring.RecyclingPool`).
+
+Both take a batch either received into a slot (``acquire``, ``recv_into``, ``stage``: the
+CUDA path, whose slots are pinned) or as ZeroMQ frames (``stage_frames``: the CPU path, and
+batches of the next epoch that arrived early).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
-from batchwire.client.normalize import channel_stats, normalize_uint8
-from batchwire.client.ring import HostSlot, SlotRing, fresh_slot, images_view, labels_fixup
+import zmq
+from batchwire.client.normalize import Affine, normalize_uint8
+from batchwire.client.ring import HostSlot, RecyclingPool, SlotRing, images_view, labels_fixup
 from batchwire.server import protocol
 
 
@@ -43,29 +51,59 @@ class BatchFormat:
 class Staged:
     """A received batch on its way to the consumer."""
 
-    slot: HostSlot
+    slot: HostSlot | None  # None on the CPU path
     images: torch.Tensor
     labels: torch.Tensor
 
 
+def frame_tensor(frame: zmq.Frame, dtype: torch.dtype) -> torch.Tensor:
+    """A flat uint8 tensor over ``frame``'s bytes, sharing them (and keeping the frame alive).
+
+    Copied instead when the bytes are not aligned for ``dtype`` (ZeroMQ allocates large
+    messages on their own, aligned; small ones may sit anywhere in its receive buffer).
+    """
+    flat = torch.frombuffer(frame.buffer, dtype=torch.uint8)
+    if flat.data_ptr() % dtype.itemsize:
+        flat = flat.clone()
+    return flat
+
+
+def frame_labels(frame: zmq.Frame) -> torch.Tensor:
+    """The little-endian int64 labels frame as a native int64 tensor of its own."""
+    return torch.from_numpy(np.frombuffer(frame.buffer, dtype="<i8").astype(np.int64))
+
+
 class CpuStager:
-    """CPU target: receive into fresh tensors, normalise (if asked) on the CPU."""
+    """CPU target: tensors over the received frames, normalised (if asked) on the CPU."""
 
-    def __init__(self, fmt: BatchFormat) -> None:
+    wants_frames = True
+
+    def __init__(self, fmt: BatchFormat, pool_size: int) -> None:
         self.fmt = fmt
-        self._mean = channel_stats(fmt.mean, "mean", torch.device("cpu"))
-        self._std = channel_stats(fmt.std, "std", torch.device("cpu"))
+        self._affine = Affine.from_stats(fmt.mean, fmt.std, torch.device("cpu"))
+        self._pool: RecyclingPool | None = None
+        self._scratch: torch.Tensor | None = None
+        if fmt.normalize:
+            b, c, h, w = fmt.shape
+            memory_format = torch.channels_last if fmt.layout == "nhwc" else torch.contiguous_format
+            self._pool = RecyclingPool(
+                lambda: torch.empty((b, c, h, w), dtype=fmt.out_dtype, memory_format=memory_format),
+                pool_size,
+            )
+            if fmt.out_dtype != torch.float32:  # never handed out: reused every batch
+                self._scratch = torch.empty((b, c, h, w), memory_format=memory_format)
 
-    def acquire(self, header: protocol.BatchHeader) -> HostSlot:
-        return fresh_slot(header.nbytes, header.batch_size)
-
-    def stage(self, slot: HostSlot, header: protocol.BatchHeader) -> Staged:
-        images = images_view(slot.images, header.shape, header.dtype, header.layout)
-        labels = labels_fixup(slot.labels[: header.batch_size])
-        if self.fmt.normalize:
-            out = torch.empty_like(images, dtype=self.fmt.out_dtype)
-            images = normalize_uint8(images, self._mean, self._std, out)
-        return Staged(slot, images, labels)
+    def stage_frames(
+        self, header: protocol.BatchHeader, images: zmq.Frame, labels: zmq.Frame
+    ) -> Staged:
+        dtype = protocol.torch_dtype(header.dtype)
+        raw = images_view(frame_tensor(images, dtype), header.shape, header.dtype, header.layout)
+        if self._pool is not None:
+            b = header.batch_size
+            out = self._pool.take()[:b]  # a fresh view: it is what keeps the buffer taken
+            scratch = None if self._scratch is None else self._scratch[:b]
+            raw = normalize_uint8(raw, self._affine, out, scratch)
+        return Staged(None, raw, frame_labels(labels))
 
     def hand_out(self, staged: Staged) -> None:
         pass
@@ -95,14 +133,16 @@ class _DeviceHalf:
 class CudaStager:
     """CUDA target: a ring of pinned slots, a side stream for copies, events for reuse."""
 
+    wants_frames = False
+
     def __init__(self, fmt: BatchFormat, device: torch.device, slots: int) -> None:
         self.fmt = fmt
         self.device = device
         b, c, h, w = fmt.shape
         self.ring = SlotRing(slots, fmt.nbytes, b, pin=True)
         self.stream = torch.cuda.Stream(device)
-        self._mean = channel_stats(fmt.mean, "mean", device)
-        self._std = channel_stats(fmt.std, "std", device)
+        self._affine = Affine.from_stats(fmt.mean, fmt.std, device)
+        self._scratch: torch.Tensor | None = None
         memory_format = torch.channels_last if fmt.layout == "nhwc" else torch.contiguous_format
         for slot in self.ring.slots:
             out = None
@@ -110,6 +150,11 @@ class CudaStager:
                 out = torch.empty(
                     (b, c, h, w), dtype=fmt.out_dtype, device=device, memory_format=memory_format
                 )
+                if fmt.out_dtype != torch.float32 and self._scratch is None:
+                    # Used by the side stream only, one batch at a time.
+                    self._scratch = torch.empty(
+                        (b, c, h, w), device=device, memory_format=memory_format
+                    )
             slot.device = _DeviceHalf(
                 images=torch.empty(fmt.nbytes, dtype=torch.uint8, device=device),
                 labels=torch.empty(b, dtype=torch.int64, device=device),
@@ -139,10 +184,20 @@ class CudaStager:
             images = images_view(dev.images, header.shape, header.dtype, header.layout)
             if self.fmt.normalize:
                 assert dev.out is not None
-                images = normalize_uint8(images, self._mean, self._std, dev.out[:b])
+                scratch = None if self._scratch is None else self._scratch[:b]
+                images = normalize_uint8(images, self._affine, dev.out[:b], scratch)
             dev.copied.record(self.stream)
         dev.copy_pending = True
         return Staged(slot, images, dev.labels[:b])
+
+    def stage_frames(
+        self, header: protocol.BatchHeader, images: zmq.Frame, labels: zmq.Frame
+    ) -> Staged:
+        """A batch that arrived as frames (ahead of its epoch): copied into a pinned slot."""
+        slot = self.acquire(header)
+        slot.images_buffer(header.nbytes)[:] = images.buffer
+        slot.labels_buffer(header.batch_size)[:] = labels.buffer
+        return self.stage(slot, header)
 
     def hand_out(self, staged: Staged) -> None:
         dev: _DeviceHalf = staged.slot.device

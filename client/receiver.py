@@ -14,6 +14,17 @@ between them). A credit goes back as soon as a batch is handed to the consumer, 
 can send the next while the step runs; the slot ring is sized for that: the windows, one batch
 held by the consumer and one whose release event is still pending.
 
+Next epoch: as soon as a server has delivered its last batch of the epoch (everything it owes
+is received), it is sent the hello of the next epoch from batch 0 (``speculate``), so it
+produces that epoch's first batches while the consumer finishes this one. The usual loop asks
+for that epoch next; then `start` adopts the session and its first batches are already here. The
+batches of such a session are kept as ZeroMQ frames (`ServerConnection.ahead`), outside the
+reorder buffer, the slot ring and the credit windows of the current epoch, and take their slots
+only when the epoch is adopted (at most one window per server, into an empty reorder buffer).
+Any other `start` (another epoch, a resume mid-epoch, a replay) drops them and sends a new hello
+whose session id makes the server's stale frames droppable. The loader's position (its
+``state_dict``) never counts them: it only moves when a batch is handed to the consumer.
+
 Reconnects: a server that drops the TCP connection (killed, restarted) or says ``shutdown`` gets
 a new hello, with a new session id, from the next batch still needed from it, as soon as it is
 reachable again; a server that stays silent for a heartbeat while it owes us a batch is sent one
@@ -69,12 +80,14 @@ class BatchReceiver:
         heartbeat: float,
         make_stager: Callable[[protocol.Welcome, int], object],
         stats: Callable[[], dict | None],
+        speculate: bool = True,
     ) -> None:
         self.split = split
         self.rank = rank
         self.world_size = world_size
         self.timeout = float(timeout)
         self.heartbeat = float(heartbeat)
+        self.speculate = bool(speculate)
         n = len(endpoints)
         #: Credits per server: the rank's prefetch split between its servers.
         self.window = max(1, -(-prefetch // n))
@@ -103,6 +116,8 @@ class BatchReceiver:
         self.cursor = 0  # next batch index to hand out
         self.held: dict[int, Arrived] = {}
         self.dropped = 0  # batches received but not needed (stale, duplicate)
+        self.adopted = 0  # batches of a next-epoch session that the epoch then used
+        self._no_speculation_in = -1  # an epoch in which a next-epoch hello was refused
         self._closed = False
 
     # ------------------------------------------------------------------ public
@@ -120,7 +135,10 @@ class BatchReceiver:
             self.stager.discard(arrived.staged)
         self.held.clear()
         for c in self.conns:
-            c.mark_lost()
+            if self._matches(c, epoch, cursor):
+                self._adopt(c)
+            else:
+                c.mark_lost()
         self._heartbeats = [self.heartbeat] * len(self.conns)
         self._service()
 
@@ -175,6 +193,41 @@ class BatchReceiver:
         remaining = len(range(first, total, n)) - held
         return remaining, held
 
+    def _first(self, c: ServerConnection, cursor: int) -> int:
+        """The first batch at or after ``cursor`` that ``c`` produces."""
+        i, n = c.shard
+        return cursor + ((i - cursor) % n)
+
+    def _is_ahead(self, c: ServerConnection) -> bool:
+        """Does ``c``'s session serve a later epoch than the one being iterated?"""
+        return c.hello_sent and c.stream.epoch != self.epoch
+
+    def _matches(self, c: ServerConnection, epoch: int, cursor: int) -> bool:
+        """Is ``c``'s live session exactly the stream ``(epoch, cursor)`` needs from it?
+
+        Only a session none of whose batches were used or dropped qualifies (every batch it
+        sent is still in ``c.ahead``): anything else is restarted with a new hello.
+        """
+        s = c.stream
+        return (
+            c.hello_sent
+            and s.epoch == epoch
+            and s.start_batch == self._first(c, cursor)
+            and s.received == len(c.ahead)
+        )
+
+    def _adopt(self, c: ServerConnection) -> None:
+        """Make ``c``'s next-epoch session the current one: its frames join the reorder buffer."""
+        ahead, c.ahead = c.ahead, []
+        if not ahead:
+            return
+        assert self.stager is not None
+        for h, images, labels in ahead:
+            staged = self.stager.stage_frames(h, images, labels)
+            self.held[h.batch_index] = Arrived(h, staged, c.shard[0])
+        self.adopted += len(ahead)
+        log.debug("%s: %d batch(es) of epoch %d here already", c.endpoint, len(ahead), self.epoch)
+
     def _target(self, c: ServerConnection) -> int:
         """How many batches this server should have in flight right now."""
         remaining, held = self._share(c)
@@ -190,16 +243,22 @@ class BatchReceiver:
         need_welcome = self.welcome is None or not c.stream.welcomed
         remaining, _ = self._share(c)
         if remaining == 0 and not need_welcome:
-            return  # everything it owes this epoch is here; no session needed
-        i, n = c.shard
+            # Everything it owes this epoch is here: no session needed for it, but maybe one
+            # for the next epoch.
+            self._speculate(c)
+            return
+        i = c.shard[0]
         for k in [k for k, a in self.held.items() if a.source == i]:
             self.stager.discard(self.held.pop(k).staged)
+        self._hello(c, max(self.epoch, 0), self._first(c, self.cursor))
+
+    def _hello(self, c: ServerConnection, epoch: int, start_batch: int) -> None:
         hello = protocol.Hello(
             split=self.split,
             rank=self.rank,
             world_size=self.world_size,
-            epoch=max(self.epoch, 0),
-            start_batch=self.cursor + ((i - self.cursor) % n),
+            epoch=epoch,
+            start_batch=start_batch,
             prefetch=self.window,
             shard=c.shard,
             session=next(self._sessions),
@@ -207,9 +266,30 @@ class BatchReceiver:
         if c.send_hello(hello):
             log.debug("hello to %s: %s", c.endpoint, hello)
 
-    def _top_up(self, c: ServerConnection) -> None:
-        if not c.hello_sent:
+    def _speculate(self, c: ServerConnection) -> None:
+        """Start ``c`` on the next epoch once it owes nothing more in this one.
+
+        The server's stream of this epoch is complete, so replacing it loses nothing; the
+        hello's ``prefetch`` credits let it send that many batches, which wait in ``c.ahead``.
+        """
+        if (
+            not self.speculate
+            or self.welcome is None
+            or self.epoch < 0
+            or self._no_speculation_in == self.epoch
+            or self._is_ahead(c)
+            or (c.hello_sent and not c.stream.welcomed)
+            or c.wait_reconnect
+            or self._share(c)[0] != 0
+        ):
             return
+        if self._first(c, 0) >= self.welcome.num_batches:
+            return  # it owes nothing in the next epoch either
+        self._hello(c, self.epoch + 1, self._first(c, 0))
+
+    def _top_up(self, c: ServerConnection) -> None:
+        if not c.hello_sent or self._is_ahead(c):
+            return  # a next-epoch session has its hello's window and needs no more yet
         grant = self._target(c) - c.stream.outstanding
         if grant > 0:
             c.send_credit(grant, self._stats())
@@ -241,7 +321,12 @@ class BatchReceiver:
     def _check_silence(self, src: int | None, start: float, now: float) -> None:
         for i in range(len(self.conns)) if src is None else (src,):
             c = self.conns[i]
-            if not c.hello_sent or not c.connected or c.stream.outstanding <= 0:
+            if (
+                not c.hello_sent
+                or not c.connected
+                or c.stream.outstanding <= 0
+                or self._is_ahead(c)  # owes nothing to this epoch; checked once adopted
+            ):
                 continue
             quiet = now - max(c.last_heard, c.last_sent, start)
             if quiet > self._heartbeats[i]:
@@ -310,6 +395,14 @@ class BatchReceiver:
             c.mark_lost(wait_reconnect=True)
 
     def _on_error(self, c: ServerConnection, message: str) -> None:
+        if self._is_ahead(c):
+            # A next-epoch hello refused: nothing of this epoch is at stake. Stop guessing for
+            # the rest of it; if the server really refuses that epoch, the hello sent when it
+            # starts raises then.
+            log.info("pipeline-server at %s refused the next epoch early: %s", c.endpoint, message)
+            self._no_speculation_in = self.epoch
+            c.mark_lost()
+            return
         if not c.stream.welcomed:  # the answer to our hello: the server will not serve us
             raise ServerError(c.endpoint, message)
         # After a welcome, an error can only concern a later message; start a clean session:
@@ -345,6 +438,9 @@ class BatchReceiver:
                 f"pipeline-server at {c.endpoint} sent more batches than credited "
                 f"({s.received} > {s.granted})"
             )
+        if self._is_ahead(c):
+            self._receive_ahead(c, h, more)
+            return
         i, n = c.shard
         assert self.welcome is not None
         total = self.welcome.num_batches
@@ -361,6 +457,19 @@ class BatchReceiver:
             self._top_up(c)
             return
         self._check_shape(c, h, more)
+        if self.stager.wants_frames:
+            staged = self.stager.stage_frames(h, *self._recv_frames(c, h))
+        else:
+            staged = self._recv_into_slot(c, h)
+        self.held[h.batch_index] = Arrived(h, staged, i)
+        # How long this batch took to come (since we last heard or asked): the silence check
+        # waits a few times that, so a server that is merely slow is not restarted in a loop.
+        gap = c.last_heard - max(c.last_sent, c.prev_heard)
+        self._heartbeats[i] = max(self.heartbeat, min(self._heartbeats[i], 4 * gap))
+        self._speculate(c)
+
+    def _recv_into_slot(self, c: ServerConnection, h: protocol.BatchHeader) -> Staged:
+        """Receive the data frames straight into a (pinned) slot of the stager's ring."""
         slot = self.stager.acquire(h)
         size, more = c.recv_into(slot.images_buffer(h.nbytes))
         if size != h.nbytes or not more:
@@ -377,12 +486,42 @@ class BatchReceiver:
                 f"pipeline-server at {c.endpoint}: batch {h.batch_index} labels frame has "
                 f"{size} bytes, expected {h.labels_nbytes}{' and then more frames' if more else ''}"
             )
-        staged = self.stager.stage(slot, h)
-        self.held[h.batch_index] = Arrived(h, staged, i)
-        # How long this batch took to come (since we last heard or asked): the silence check
-        # waits a few times that, so a server that is merely slow is not restarted in a loop.
-        gap = c.last_heard - max(c.last_sent, c.prev_heard)
-        self._heartbeats[i] = max(self.heartbeat, min(self._heartbeats[i], 4 * gap))
+        return self.stager.stage(slot, h)
+
+    def _receive_ahead(self, c: ServerConnection, h: protocol.BatchHeader, more: bool) -> None:
+        """Keep a next-epoch batch as frames; it takes a slot only if its epoch is adopted."""
+        s = c.stream
+        expected = s.start_batch + c.shard[1] * len(c.ahead)  # a stream is sent in order
+        if h.epoch != s.epoch or h.split != self.split or h.batch_index != expected:
+            c.discard_rest()
+            raise ProtocolError(
+                f"pipeline-server at {c.endpoint} sent {h.split!r} batch {h.batch_index} of "
+                f"epoch {h.epoch} where its session promised batch {expected} of epoch {s.epoch}"
+            )
+        self._check_shape(c, h, more)
+        c.ahead.append((h, *self._recv_frames(c, h)))
+
+    def _recv_frames(
+        self, c: ServerConnection, h: protocol.BatchHeader
+    ) -> tuple[zmq.Frame, zmq.Frame]:
+        """Receive the images and labels frames as they are (no copy), checking their sizes."""
+        images, more = c.recv_frame()
+        if len(images) != h.nbytes or not more:
+            c.discard_rest()
+            raise ProtocolError(
+                f"pipeline-server at {c.endpoint}: batch {h.batch_index} images frame has "
+                f"{len(images)} bytes{'' if more else ' and no labels frame'}; its header says "
+                f"{h.nbytes}"
+            )
+        labels, more = c.recv_frame()
+        if len(labels) != h.labels_nbytes or more:
+            c.discard_rest()
+            raise ProtocolError(
+                f"pipeline-server at {c.endpoint}: batch {h.batch_index} labels frame has "
+                f"{len(labels)} bytes, expected {h.labels_nbytes}"
+                f"{' and then more frames' if more else ''}"
+            )
+        return images, labels
 
     def _check_shape(self, c: ServerConnection, h: protocol.BatchHeader, more: bool) -> None:
         w = self.welcome

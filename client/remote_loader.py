@@ -13,7 +13,16 @@ sampler without ``set_epoch`` would; `set_epoch` with a new epoch starts that ep
 and with the current epoch keeps the position (so "load state, then the usual
 ``set_epoch(epoch)`` loop" resumes mid-epoch).
 
-Tensor lifetime: on CPU every batch is a fresh tensor, yours to keep. On CUDA the batch lives in
+Next epoch early: once the servers have sent the last batch of an epoch, the loader asks them
+for the next epoch (``epoch + 1`` from batch 0), so the usual ``set_epoch(epoch + 1)`` finds
+its first batches already received instead of waiting for the servers to start. Any other next
+step (another epoch, ``load_state_dict``, iterating the same epoch again) discards those batches
+and asks for what it needs; the position above never counts them. ``prefetch_next_epoch=False``
+turns this off (e.g. a loader whose epochs are not consecutive).
+
+Tensor lifetime: on CPU every batch is yours to keep: it is never overwritten while any tensor,
+view or numpy array of it exists (a normalised batch's buffer is recycled only after that,
+``reuse_buffers``). On CUDA the batch lives in
 one of ``prefetch + 2`` rotating device slots, recycled once you request the next batch: all the
 GPU work you queued on it before that request is safe (an event on your stream guards the slot),
 anything later is not; `clone()` what you keep longer.
@@ -85,6 +94,7 @@ def _make_stager(
     mean: tuple[float, ...] | None,
     std: tuple[float, ...] | None,
     dtype: torch.dtype,
+    reuse_buffers: bool,
 ) -> CpuStager | CudaStager:
     """Build the stager for what the first server's welcome announced."""
     if normalize and welcome.dtype != "uint8":
@@ -104,7 +114,9 @@ def _make_stager(
     )
     if device.type == "cuda":
         return CudaStager(fmt, device, slots)
-    return CpuStager(fmt)
+    # Output buffers in use at once: the received batches, the one the consumer holds, the one
+    # it may still hold while asking for the next; beyond that a buffer is allocated afresh.
+    return CpuStager(fmt, slots + 2 if reuse_buffers else 0)
 
 
 class RemoteLoader(IterableDataset):
@@ -127,6 +139,11 @@ class RemoteLoader(IterableDataset):
         dtype: float dtype of normalised images (float32, bfloat16 or float16).
         heartbeat: seconds of silence from a server that owes a batch before the hello is
             re-sent (the fallback for restarts the connection events do not reveal).
+        prefetch_next_epoch: at the end of an epoch, have the servers start the next one (see
+            the module's docstring); the batches yielded are the same either way.
+        reuse_buffers: CPU only: recycle the output buffers of normalised batches once no
+            tensor refers to them any more (saves allocating, and page-faulting, a fresh batch
+            each step); False allocates every batch afresh.
     """
 
     def __init__(
@@ -145,6 +162,8 @@ class RemoteLoader(IterableDataset):
         std: Sequence[float] | None = None,
         dtype: torch.dtype = torch.float32,
         heartbeat: float = 1.0,
+        prefetch_next_epoch: bool = True,
+        reuse_buffers: bool = True,
     ) -> None:
         super().__init__()
         eps = [endpoints] if isinstance(endpoints, str) else list(endpoints)
@@ -167,6 +186,8 @@ class RemoteLoader(IterableDataset):
         self.mean = None if mean is None else tuple(float(v) for v in mean)
         self.std = None if std is None else tuple(float(v) for v in std)
         self.dtype = check_dtype(dtype)
+        self.prefetch_next_epoch = bool(prefetch_next_epoch)
+        self.reuse_buffers = bool(reuse_buffers)
         self._device_arg = device
         self.device: torch.device | None = None  # resolved on first connection
         self.epoch = 0
@@ -293,6 +314,7 @@ class RemoteLoader(IterableDataset):
                 prefetch=self.prefetch,
                 timeout=self.timeout,
                 heartbeat=self.heartbeat,
+                speculate=self.prefetch_next_epoch,
                 make_stager=functools.partial(
                     _make_stager,
                     device=self.device,
@@ -300,6 +322,7 @@ class RemoteLoader(IterableDataset):
                     mean=self.mean,
                     std=self.std,
                     dtype=self.dtype,
+                    reuse_buffers=self.reuse_buffers,
                 ),
                 stats=self._stats.as_dict if self._stats is not None else lambda: None,
             )

@@ -4,6 +4,9 @@ normalisation, dtype and layout) over a whole batch in one pass.
 `augment_batch` runs the compiled op (built on first use, see `build.py`) and falls back to the
 pure torch reference, with one logged warning, where the extension cannot be built or was built
 without CUDA for CUDA tensors: slower, never wrong. `load()` raises instead of falling back.
+
+`decode_jpeg_roi` (optional, `jpeg_roi_available()`) decodes just a region of a JPEG; see
+`jpeg_roi.py`.
 """
 
 from __future__ import annotations
@@ -15,8 +18,18 @@ from dataclasses import dataclass
 import torch
 from batchwire.native.build import BuildResult, NativeBuildError
 from batchwire.native.build import build as _build
+from batchwire.native.jpeg_roi import JpegRoiError, decode_jpeg_roi, jpeg_roi_available
 
-__all__ = ["NativeBuildError", "NativeOps", "augment_batch", "is_available", "load"]
+__all__ = [
+    "JpegRoiError",
+    "NativeBuildError",
+    "NativeOps",
+    "augment_batch",
+    "decode_jpeg_roi",
+    "is_available",
+    "jpeg_roi_available",
+    "load",
+]
 
 log = logging.getLogger("batchwire.native")
 

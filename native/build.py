@@ -7,6 +7,10 @@ installs, wheels, Docker images (`python -m batchwire.native build` at image bui
 CPU-only or CUDA machines. The build folder is keyed by a hash of the sources, torch version and
 flags, so a changed source or torch rebuilds and an unchanged one loads in milliseconds.
 
+Two extensions share this machinery (`ExtensionSpec`): the fused augment op (`build()`), and the
+optional region-of-interest JPEG decoder (`build_jpeg_roi()`), a separate pybind11 module so
+that a machine without the libjpeg headers still builds the augment op.
+
 CUDA is compiled iff `BATCHWIRE_CUDA=1`, or `BATCHWIRE_CUDA` is unset and torch is a CUDA build
 and a CUDA toolkit (nvcc) is found. A GPU is never probed: a Docker build has none.
 """
@@ -17,6 +21,7 @@ import hashlib
 import logging
 import os
 import shutil
+import subprocess
 import sys
 import threading
 import time
@@ -39,6 +44,50 @@ CFLAGS = ("-O3", "-fopenmp")
 LDFLAGS = ("-fopenmp",)
 CUDA_CFLAGS = ("-O3",)
 
+JPEG_ROI_NAME = "batchwire_jpeg_roi"
+JPEG_ROI_SOURCES = ("jpeg_roi.cpp",)
+JPEG_ROI_CFLAGS = ("-O2",)
+JPEG_ROI_LDFLAGS = ("-ljpeg",)
+
+
+@dataclass(frozen=True)
+class ExtensionSpec:
+    """One JIT-built extension: its module name, files and flags.
+
+    `python_module`: a pybind11 module that the build returns, rather than a library that
+    registers torch ops. `system_header`: a header from a system package that the sources
+    include, checked before compiling so that its absence is named with its fix, not buried in
+    compiler output; `system_package` says what to install.
+    """
+
+    name: str
+    sources: tuple[str, ...]
+    headers: tuple[str, ...]
+    cflags: tuple[str, ...]
+    ldflags: tuple[str, ...]
+    python_module: bool = False
+    system_header: str | None = None
+    system_package: str = ""
+
+
+def augment_spec() -> ExtensionSpec:
+    """The fused augment op, from the module's constants as they are now (tests patch them)."""
+    return ExtensionSpec(NAME, CPU_SOURCES, CPU_HEADERS, CFLAGS, LDFLAGS)
+
+
+def jpeg_roi_spec() -> ExtensionSpec:
+    """The region-of-interest JPEG decoder: libjpeg-turbo's libjpeg API (jpeglib.h, -ljpeg)."""
+    return ExtensionSpec(
+        JPEG_ROI_NAME,
+        JPEG_ROI_SOURCES,
+        (),
+        JPEG_ROI_CFLAGS,
+        JPEG_ROI_LDFLAGS,
+        python_module=True,
+        system_header="jpeglib.h",
+        system_package="libjpeg62-turbo-dev (Debian; libjpeg-turbo8-dev on Ubuntu)",
+    )
+
 
 class NativeBuildError(RuntimeError):
     """The extension could not be built or loaded; the message names the cause and the fix."""
@@ -52,10 +101,11 @@ class BuildPlan:
     cuda_reason: str
     build_dir: Path
     sources: tuple[Path, ...]
+    spec: ExtensionSpec
 
     @property
     def library(self) -> Path:
-        return self.build_dir / f"{NAME}.so"
+        return self.build_dir / f"{self.spec.name}.so"
 
     @property
     def kind(self) -> str:
@@ -64,11 +114,13 @@ class BuildPlan:
 
 @dataclass(frozen=True)
 class BuildResult:
-    """A loaded build: `compiled` says whether this call compiled it, `seconds` how long it took."""
+    """A loaded build: `compiled` says whether this call compiled it, `seconds` how long it took;
+    `module` is the imported module of a `python_module` extension (None for the op library)."""
 
     plan: BuildPlan
     compiled: bool
     seconds: float
+    module: object | None = None
 
 
 def _cuda_home() -> str | None:
@@ -114,13 +166,13 @@ def _cache_root() -> Path:
     return cache_dir() / "native"
 
 
-def _fingerprint(with_cuda: bool, files: list[Path]) -> str:
+def _fingerprint(spec: ExtensionSpec, with_cuda: bool, files: list[Path]) -> str:
     h = hashlib.sha256()
     for part in (
         torch.__version__,
         str(torch.version.cuda),
         sys.version.split()[0],
-        repr((CFLAGS, LDFLAGS, CUDA_CFLAGS, with_cuda)),
+        repr((spec.cflags, spec.ldflags, CUDA_CFLAGS, with_cuda)),
         os.environ.get("CXX", ""),
         os.environ.get("TORCH_CUDA_ARCH_LIST", "") if with_cuda else "",
     ):
@@ -130,14 +182,19 @@ def _fingerprint(with_cuda: bool, files: list[Path]) -> str:
     return h.hexdigest()[:16]
 
 
-def make_plan() -> BuildPlan:
-    """Decides CUDA or not and the cache folder for this torch and these sources."""
-    with_cuda, reason = cuda_decision()
-    names = CPU_SOURCES + (CUDA_SOURCES if with_cuda else ())
-    headers = CPU_HEADERS + (CUDA_HEADERS if with_cuda else ())
+def make_plan(spec: ExtensionSpec | None = None) -> BuildPlan:
+    """Decides CUDA or not and the cache folder for this torch and these sources (the augment
+    op's unless `spec` names another extension; only the augment op has CUDA sources)."""
+    if spec is None:
+        spec = augment_spec()
+        with_cuda, reason = cuda_decision()
+    else:
+        with_cuda, reason = False, "CPU-only extension"
+    names = spec.sources + (CUDA_SOURCES if with_cuda else ())
+    headers = spec.headers + (CUDA_HEADERS if with_cuda else ())
     sources = tuple(CSRC / n for n in names)
-    digest = _fingerprint(with_cuda, [*sources, *(CSRC / n for n in headers)])
-    return BuildPlan(with_cuda, reason, _cache_root() / digest, sources)
+    digest = _fingerprint(spec, with_cuda, [*sources, *(CSRC / n for n in headers)])
+    return BuildPlan(with_cuda, reason, _cache_root() / digest, sources, spec)
 
 
 def _ensure_ninja_on_path() -> None:
@@ -180,6 +237,32 @@ def missing_tools(plan: BuildPlan) -> list[str]:
     return problems
 
 
+def missing_system_header(plan: BuildPlan) -> str | None:
+    """The missing system header of `plan` with what to install, or None (asks the compiler's
+    preprocessor, so it runs only before a compile)."""
+    spec = plan.spec
+    if spec.system_header is None:
+        return None
+    cxx = os.environ.get("CXX", "c++")
+    source = f"#include <cstdio>\n#include <{spec.system_header}>\n"
+    try:
+        probe = subprocess.run(
+            [cxx, "-E", "-x", "c++", "-", "-o", os.devnull],
+            input=source,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"cannot run {cxx!r} to look for <{spec.system_header}>: {exc}"
+    if probe.returncode == 0:
+        return None
+    return (
+        f"<{spec.system_header}> is missing: install {spec.system_package}, e.g. "
+        f"`apt-get install {spec.system_package.split()[0]}`"
+    )
+
+
 # torch serialises builds of one folder with a `lock` file; a build killed midway leaves it
 # behind and every later load would wait on it forever.
 STALE_LOCK_S = 900.0
@@ -196,22 +279,22 @@ def _clear_stale_lock(build_dir: Path) -> None:
         lock.unlink(missing_ok=True)
 
 
-def _compile_and_load(plan: BuildPlan, verbose: bool) -> None:
+def _compile_and_load(plan: BuildPlan, verbose: bool) -> object | None:
     from torch.utils import cpp_extension
 
     plan.build_dir.mkdir(parents=True, exist_ok=True)
     _clear_stale_lock(plan.build_dir)
     try:
-        cpp_extension.load(
-            name=NAME,
+        return cpp_extension.load(
+            name=plan.spec.name,
             sources=[str(s) for s in plan.sources],
-            extra_cflags=list(CFLAGS),
-            extra_ldflags=list(LDFLAGS),
+            extra_cflags=list(plan.spec.cflags),
+            extra_ldflags=list(plan.spec.ldflags),
             extra_cuda_cflags=list(CUDA_CFLAGS),
             extra_include_paths=[str(CSRC)],
             build_directory=str(plan.build_dir),
             with_cuda=plan.with_cuda,
-            is_python_module=False,
+            is_python_module=plan.spec.python_module,
             verbose=verbose,
         )
     except (RuntimeError, OSError, ImportError) as exc:
@@ -219,40 +302,55 @@ def _compile_and_load(plan: BuildPlan, verbose: bool) -> None:
         if len(detail) > 4000:
             detail = "...\n" + detail[-4000:]
         raise NativeBuildError(
-            f"batchwire.native: building the {plan.kind} extension in {plan.build_dir} failed. "
-            "Compiler output follows; `python -m batchwire.native info` lists the toolchain, and "
-            "BATCHWIRE_CUDA=0 builds without CUDA.\n" + detail
+            f"batchwire.native: building the {plan.kind} extension {plan.spec.name} in "
+            f"{plan.build_dir} failed. Compiler output follows; `python -m batchwire.native "
+            "info` lists the toolchain, and BATCHWIRE_CUDA=0 builds without CUDA.\n" + detail
         ) from exc
 
 
 _lock = threading.Lock()
-_result: BuildResult | None = None
+_results: dict[str, BuildResult] = {}
+
+
+def build_extension(spec: ExtensionSpec | None = None, verbose: bool = False) -> BuildResult:
+    """Builds (if needed) and loads an extension (the augment op by default) into this
+    process, once per process; raises NativeBuildError."""
+    with _lock:
+        plan = make_plan(spec)
+        done = _results.get(plan.spec.name)
+        if done is None:
+            done = _results[plan.spec.name] = _build_and_load(plan, verbose)
+        return done
+
+
+def _build_and_load(plan: BuildPlan, verbose: bool) -> BuildResult:
+    what = f"{plan.kind} extension {plan.spec.name}"
+    problems = missing_tools(plan)
+    compiling = not plan.library.exists()
+    if compiling and not problems:
+        header = missing_system_header(plan)
+        problems += [header] if header else []
+    if problems:
+        raise NativeBuildError(f"batchwire.native: cannot build the {what}: " + "; ".join(problems))
+    if compiling:
+        log.warning(
+            "batchwire.native: compiling the %s into %s (first use, cached afterwards)...",
+            what,
+            plan.build_dir,
+        )
+    start = time.perf_counter()
+    module = _compile_and_load(plan, verbose)
+    seconds = time.perf_counter() - start
+    if compiling:
+        log.warning("batchwire.native: compiled %s in %.1f s", plan.spec.name, seconds)
+    return BuildResult(plan, compiling, seconds, module if plan.spec.python_module else None)
 
 
 def build(verbose: bool = False) -> BuildResult:
-    """Builds (if needed) and loads the extension into this process, once per process."""
-    global _result
-    with _lock:
-        if _result is not None:
-            return _result
-        plan = make_plan()
-        problems = missing_tools(plan)
-        if problems:
-            raise NativeBuildError(
-                f"batchwire.native: cannot build the {plan.kind} extension: " + "; ".join(problems)
-            )
-        compiling = not plan.library.exists()
-        if compiling:
-            log.warning(
-                "batchwire.native: compiling the %s extension into %s (first use, cached "
-                "afterwards)...",
-                plan.kind,
-                plan.build_dir,
-            )
-        start = time.perf_counter()
-        _compile_and_load(plan, verbose)
-        seconds = time.perf_counter() - start
-        if compiling:
-            log.warning("batchwire.native: compiled in %.1f s", seconds)
-        _result = BuildResult(plan, compiling, seconds)
-        return _result
+    """Builds (if needed) and loads the augment op into this process, once per process."""
+    return build_extension(None, verbose)
+
+
+def build_jpeg_roi(verbose: bool = False) -> BuildResult:
+    """Builds (if needed) and loads the region-of-interest JPEG decoder; `.module` holds it."""
+    return build_extension(jpeg_roi_spec(), verbose)

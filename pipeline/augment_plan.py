@@ -272,8 +272,7 @@ def random_resized_crop_box(
     if uu.shape[1] < 4 * RRC_ATTEMPTS:
         raise ValueError(f"need at least {4 * RRC_ATTEMPTS} draws, got {uu.shape[1]}")
     _check_size(height, width)
-    box = _rrc_arrays(uu, np.array([height]), np.array([width]), scale, ratio)[0]
-    return (float(box[0]), float(box[1]), float(box[2]), float(box[3]))
+    return _as_box(_rrc_arrays(uu, np.array([height]), np.array([width]), scale, ratio)[0])
 
 
 def _center_arrays(
@@ -300,12 +299,17 @@ def center_crop_box(
     if not (0.0 < crop_fraction <= 1.0):
         raise ValueError(f"crop_fraction must be in (0, 1], got {crop_fraction}")
     box = _center_arrays(np.array([height]), np.array([width]), out_h, out_w, crop_fraction)[0]
-    return (float(box[0]), float(box[1]), float(box[2]), float(box[3]))
+    return _as_box(box)
 
 
 def _check_size(height: int, width: int) -> None:
     if height < 1 or width < 1:
         raise ValueError(f"image size must be >= 1x1, got {height}x{width}")
+
+
+def _as_box(row: np.ndarray) -> Box:
+    y0, x0, y1, x1 = row.tolist()
+    return (y0, x0, y1, x1)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -8,6 +8,10 @@ Why the shape of this module:
 - JPEG's DCT can be inverted at 1/8..1 of the size for much less work. RandomResizedCrop throws
   most pixels away anyway, so `decode_for_crop` picks the smallest scale whose crop still covers
   the output and re-expresses the crop box in the decoded image.
+- A crop of a training sample is about half the image, and the DCT scale rarely applies at
+  224 px. Where the native ROI decoder is built (`batchwire.native.decode_jpeg_roi`, libjpeg-turbo
+  with a crop) `decode_for_crop` decodes only the crop plus the resize filter's margin; any
+  failure there retries the whole-image path, so bad files end the same way.
 - Every failure of a bad file surfaces as `DecodeError`, whatever library tripped over it, so
   callers (`samples.SampleLoader`) can count and replace bad samples without a catch-all.
 """
@@ -15,6 +19,7 @@ Why the shape of this module:
 from __future__ import annotations
 
 import logging
+import math
 import os
 import struct
 import threading
@@ -330,17 +335,138 @@ def _decode_pixels(data: bytes, header: ImageHeader, scale: tuple[int, int]) -> 
     return apply_orientation(raw, header.orientation)
 
 
+# ---------------------------------------------------------------------------------------------
+# Region-of-interest decoding
+
+_ROI_SWITCH = "BATCHWIRE_JPEG_ROI"  # "0" turns ROI decoding off (benchmarks, debugging)
+# Entropy-decode the rows below the crop too, so corrupt data there fails the sample as a full
+# decode does. Off: those rows are never read (the crop's pixels are unaffected by them); a
+# truncated file is still caught, by its missing EOI marker. Costs ~0.2 CPU ms per ImageNet file.
+ROI_VERIFY_TAIL = False
+_roi_lock = threading.Lock()
+_roi_state: list = []
+
+# Per EXIF orientation: (transposed, stored rows flipped, stored columns flipped), as
+# `exif.apply_orientation` turns stored pixels into displayed ones.
+_ORIENTATION_OPS = {
+    1: (False, False, False),
+    2: (False, False, True),
+    3: (False, True, True),
+    4: (False, True, False),
+    5: (True, False, False),
+    6: (True, True, False),
+    7: (True, True, True),
+    8: (True, False, True),
+}
+Region = tuple[int, int, int, int]
+
+
+def _roi_decoder() -> Callable | None:
+    """`batchwire.native.decode_jpeg_roi` if enabled and built here, else None. The switch is
+    read on every call (cheap; tests and benchmarks flip it), the build is tried once."""
+    if os.environ.get(_ROI_SWITCH, "1").strip() == "0":
+        return None
+    if not _roi_state:
+        with _roi_lock:
+            if not _roi_state:
+                from batchwire.native.jpeg_roi import decode_jpeg_roi, jpeg_roi_available
+
+                _roi_state.append(decode_jpeg_roi if jpeg_roi_available() else None)
+    return _roi_state[0]
+
+
+def _flip(lo: int, hi: int, size: int) -> tuple[int, int]:
+    return size - hi, size - lo
+
+
+def stored_region(orientation: int, stored_hw: tuple[int, int], region: Region) -> Region:
+    """The region of the stored (EXIF-unoriented) image that displays as `region`."""
+    transposed, flip_rows, flip_cols = _ORIENTATION_OPS.get(orientation, _ORIENTATION_OPS[1])
+    y0, x0, y1, x1 = region
+    r0, r1, c0, c1 = (x0, x1, y0, y1) if transposed else (y0, y1, x0, x1)
+    if flip_rows:
+        r0, r1 = _flip(r0, r1, stored_hw[0])
+    if flip_cols:
+        c0, c1 = _flip(c0, c1, stored_hw[1])
+    return r0, c0, r1, c1
+
+
+def displayed_region(orientation: int, stored_hw: tuple[int, int], region: Region) -> Region:
+    """The inverse of `stored_region`: where a stored region lands once oriented."""
+    transposed, flip_rows, flip_cols = _ORIENTATION_OPS.get(orientation, _ORIENTATION_OPS[1])
+    r0, c0, r1, c1 = region
+    if flip_rows:
+        r0, r1 = _flip(r0, r1, stored_hw[0])
+    if flip_cols:
+        c0, c1 = _flip(c0, c1, stored_hw[1])
+    return (c0, r0, c1, r1) if transposed else (r0, c0, r1, c1)
+
+
+def _filter_reach(b0: float, b1: float, out_size: int, size: int) -> tuple[int, int]:
+    """Pixels [lo, hi) of one axis that resizing [b0, b1) to `out_size` may read, plus one.
+
+    The antialiasing triangle reaches `max(scale, 1)` pixels beyond the box (see
+    native/csrc/filter_math.h); one more pixel keeps libjpeg's crop edge, whose chroma
+    upsampling lacks its outer neighbour and may differ from a full decode, out of reach.
+    """
+    support = math.ceil(max((b1 - b0) / out_size, 1.0)) + 1
+    return max(0, math.floor(b0) - support), min(size, math.ceil(b1) + support)
+
+
+def _decode_roi(
+    decode: Callable,
+    data: bytes,
+    header: ImageHeader,
+    box: Box,
+    scale: tuple[int, int],
+    out_hw: tuple[int, int],
+) -> DecodedImage | None:
+    """Decode only what the resize of `box` reads, or None when the ROI decoder fails (the
+    caller then decodes the whole image, which also decides what a bad file's error is)."""
+    from batchwire.native.jpeg_roi import JpegRoiError
+
+    denom = scale[1] // scale[0]
+    transposed = swaps_axes(header.orientation)
+    stored_hw = (header.width, header.height) if transposed else (header.height, header.width)
+    scaled_stored = (-(-stored_hw[0] // denom), -(-stored_hw[1] // denom))
+    scaled_h, scaled_w = scaled_stored[::-1] if transposed else scaled_stored
+    sy, sx = scaled_h / header.height, scaled_w / header.width
+    y0, x0, y1, x1 = box[0] * sy, box[1] * sx, box[2] * sy, box[3] * sx
+    ry0, ry1 = _filter_reach(y0, y1, out_hw[0], scaled_h)
+    rx0, rx1 = _filter_reach(x0, x1, out_hw[1], scaled_w)
+    want = stored_region(header.orientation, scaled_stored, (ry0, rx0, ry1, rx1))
+    try:
+        raw, got, full = decode(data, *want, denom, verify=ROI_VERIFY_TAIL)
+    except JpegRoiError as e:
+        log.debug("ROI decode failed (%s): decoding the whole image", e)
+        return None
+    if full != scaled_stored:
+        log.debug("ROI decode size %s, header says %s: decoding it whole", full, scaled_stored)
+        return None
+    oy0, ox0, _, _ = displayed_region(header.orientation, scaled_stored, got)
+    pixels = apply_orientation(raw, header.orientation)
+    return DecodedImage(pixels=pixels, box=(y0 - oy0, x0 - ox0, y1 - oy0, x1 - ox0))
+
+
 def decode_for_crop(
-    data: bytes, header: ImageHeader, box: Box, out_hw: tuple[int, int]
+    data: bytes, header: ImageHeader, box: Box, out_hw: tuple[int, int], *, roi: bool = True
 ) -> DecodedImage:
     """Decode just enough of the image to cut `box` (full-size oriented coords) at `out_hw`.
 
-    Returns the decoded, oriented image (possibly DCT-reduced) and the box scaled into it.
+    Returns the decoded, oriented image (possibly DCT-reduced, possibly only the region around
+    the box that the resize reads) and the box re-expressed in it. `roi=False` decodes the
+    whole image (benchmarks and tests compare the two).
     """
     y0, x0, y1, x1 = (float(v) for v in box)
     scale = (1, 1)
     if header.kind == "jpeg":
         scale = choose_dct_scale(y1 - y0, x1 - x0, int(out_hw[0]), int(out_hw[1]))
+        decode = _roi_decoder() if roi else None
+        if decode is not None:
+            out = (int(out_hw[0]), int(out_hw[1]))
+            decoded = _decode_roi(decode, data, header, (y0, x0, y1, x1), scale, out)
+            if decoded is not None:
+                return decoded
     pixels = _decode_pixels(data, header, scale)
     # Ratio of actual to header size (not num/denom): TurboJPEG rounds scaled sizes up, and
     # this maps the full image extent onto the full decoded extent either way.

@@ -24,19 +24,20 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import re
-import threading
 from collections.abc import Sequence
 
 import numpy as np
 import torch
 from batchwire.pipeline.decode import DecodeRequest, DecodeResult
-from batchwire.pipeline.decode_fallback import CpuFallback
+from batchwire.pipeline.decode_fallback import (
+    DEFAULT_MAX_GPU_IMAGE_PIXELS,
+    GpuDecoderBase,
+    parse_device,
+)
 
 log = logging.getLogger("batchwire.pipeline")
 
-DEFAULT_MAX_GPU_IMAGE_PIXELS = 16 * 1024 * 1024
 _SAMPLE_IN_ERROR = re.compile(r"sample #(\d+)")
 
 
@@ -47,19 +48,6 @@ def dali_available() -> bool:
     except ImportError:
         return False
     return True
-
-
-def parse_device(device: str | torch.device) -> torch.device:
-    """'cpu', 'cuda' or 'cuda:N' as a torch.device with an explicit index for CUDA."""
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError):
-        raise ValueError(f"device must be cpu, cuda or cuda:N, got {device!r}") from None
-    if dev.type == "cuda" and dev.index is None:
-        dev = torch.device("cuda", 0)
-    if dev.type not in ("cpu", "cuda"):
-        raise ValueError(f"device must be cpu, cuda or cuda:N, got {device!r}")
-    return dev
 
 
 def decode_region(req: DecodeRequest) -> tuple[int, int, int, int]:
@@ -88,7 +76,7 @@ def _short(error: BaseException) -> str:
     return (keep or lines or [type(error).__name__])[-1][:200]
 
 
-class DaliBatchDecoder:
+class DaliBatchDecoder(GpuDecoderBase):
     """A `BatchDecoder` over a DALI decoding pipeline (device 'mixed' on CUDA, CPU else).
 
     `roi` (default: on for CPU, off for CUDA) decodes only each crop's region.
@@ -119,7 +107,6 @@ class DaliBatchDecoder:
             raise ValueError(f"hw_decoder_load must be in [0, 1], got {hw_decoder_load}")
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
-        self.threads = max(1, int(threads if threads is not None else (os.cpu_count() or 1)))
         self.hw_decoder_load = float(hw_decoder_load)
         self.max_batch = int(max_batch)
         if max_image_pixels is None and self.device.type == "cuda":
@@ -128,34 +115,14 @@ class DaliBatchDecoder:
         # Region decoding is a measured CPU win; on the GPU the hardware decoder's fast path is
         # the full image, so there it is opt-in until measured on a GPU machine.
         self.roi = (self.device.type == "cpu") if roi is None else bool(roi)
-        self._fallback = CpuFallback("dali", self.device, self.threads)
-        self._lock = threading.Lock()
+        self._start_fallback(threads)
         self.rebuilds = 0
         # Set aside the sample DALI's error names; without a name (or with this off) bisect.
         self.use_error_hint = True
         self._broken: str | None = None
         self._pipe = self._build()
         if self.device.type == "cuda":
-            budget = self.max_batch * int(self.max_image_pixels) * 3
-            log.info(
-                "dali decoder on %s: output bound %d images x %.1f MP x 3 B = %.0f MiB "
-                "(larger images decode on the CPU), hw_decoder_load=%.2f",
-                self.device,
-                self.max_batch,
-                self.max_image_pixels / 1e6,
-                budget / 2**20,
-                self.hw_decoder_load,
-            )
-
-    @property
-    def fallbacks(self) -> int:
-        """Images decoded by the CPU decoder instead of DALI (skipped or rejected by DALI)."""
-        return self._fallback.fallbacks
-
-    @property
-    def failures(self) -> int:
-        """Images neither DALI nor the CPU decoder could decode (returned with `error` set)."""
-        return self._fallback.failures
+            self._log_output_bound(f", hw_decoder_load={self.hw_decoder_load:.2f}")
 
     def _build(self):
         from nvidia.dali import fn, pipeline_def, types
@@ -275,47 +242,14 @@ class DaliBatchDecoder:
                 results[i] = DecodeResult(image=image, box=box)
             return
 
-    def _skip_reason(self, req: DecodeRequest) -> str | None:
-        if req.header.kind != "jpeg":
-            return "not a plain JPEG"
-        if self.max_image_pixels is not None and req.header.pixels > self.max_image_pixels:
-            return f"{req.header.pixels} pixels over the {self.max_image_pixels} GPU bound"
-        if not req.data:
-            return "empty"
-        return None
-
-    def decode_batch(self, requests: Sequence[DecodeRequest]) -> list[DecodeResult]:
-        results: list[DecodeResult | None] = [None] * len(requests)
-        rejected: dict[int, str] = {}
-        eligible: list[int] = []
-        for i, req in enumerate(requests):
-            reason = self._skip_reason(req)
-            if reason is None:
-                eligible.append(i)
-            else:
-                rejected[i] = reason
-        routed = set(rejected)
-        with self._lock:
-            for start in range(0, len(eligible), self.max_batch):
-                chunk = eligible[start : start + self.max_batch]
-                self._decode_group(chunk, requests, results, rejected)
-        if rejected:
-            order = sorted(rejected)
-            if self._broken is not None:  # already logged as an error: no warning per image
-                routed.update(i for i in order if rejected[i] == self._broken)
-            redone = self._fallback.decode(
-                [requests[i] for i in order],
-                [rejected[i] for i in order],
-                [i in routed for i in order],
-            )
-            for i, res in zip(order, redone, strict=True):
-                results[i] = res
-        return results  # type: ignore[return-value]  # every slot is filled above
+    def _routine(self, reason: str) -> bool:
+        # A pipeline that cannot be rebuilt was logged as an error once: no warning per image.
+        return self._broken is not None and reason == self._broken
 
     def close(self) -> None:
         with self._lock:
             self._pipe = None
-        self._fallback.close()
+        super().close()
 
     def __repr__(self) -> str:
         return (

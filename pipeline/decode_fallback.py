@@ -1,15 +1,20 @@
-"""The CPU safety net shared by the GPU-side decoders (DALI, nvJPEG).
+"""What the GPU-side decoders (DALI, nvJPEG) share: the CPU safety net and the batch skeleton.
 
 A GPU decoder hands every image it could not or would not decode (not a JPEG, too large for the
 GPU memory bound, rejected by the library, a corrupt file that made a whole batch fail) to the
 CPU decoder, one image at a time, so one bad file never fails a batch. Each such image is
 counted and logged once per dataset index, so a dataset with a few odd files says so without
 flooding the log every epoch.
+
+`GpuDecoderBase.decode_batch` is that routine once for both decoders: route, decode the rest in
+chunks of `max_batch` under one lock, send what is left to `CpuFallback`. A decoder supplies
+only `_decode_group` (and may add reasons to `_skip_reason`).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import Sequence
 
@@ -17,6 +22,21 @@ import torch
 from batchwire.pipeline.decode import CpuBatchDecoder, DecodeRequest, DecodeResult
 
 log = logging.getLogger("batchwire.pipeline")
+
+DEFAULT_MAX_GPU_IMAGE_PIXELS = 16 * 1024 * 1024
+
+
+def parse_device(device: str | torch.device) -> torch.device:
+    """'cpu', 'cuda' or 'cuda:N' as a torch.device with an explicit index for CUDA."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"device must be cpu, cuda or cuda:N, got {device!r}") from None
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", 0)
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"device must be cpu, cuda or cuda:N, got {device!r}")
+    return dev
 
 
 class CpuFallback:
@@ -87,3 +107,100 @@ class CpuFallback:
             if self._cpu is not None:
                 self._cpu.close()
                 self._cpu = None
+
+
+class GpuDecoderBase:
+    """The `BatchDecoder` skeleton of a GPU-side decoder with the CPU decoder as safety net.
+
+    A subclass sets `name`, `device`, `max_batch` and `max_image_pixels` (None: no bound), calls
+    `_start_fallback(threads)`, and implements `_decode_group`.
+    """
+
+    name: str
+    device: torch.device
+    max_batch: int
+    max_image_pixels: int | None
+    threads: int
+
+    def _start_fallback(self, threads: int | None) -> None:
+        self.threads = max(1, int(threads if threads is not None else (os.cpu_count() or 1)))
+        self._fallback = CpuFallback(self.name, self.device, self.threads)
+        self._lock = threading.Lock()
+
+    def _log_output_bound(self, extra: str = "") -> None:
+        """Say at start how much GPU memory one batch's decode output can take at most."""
+        assert self.max_image_pixels is not None
+        log.info(
+            "%s decoder on %s: output bound %d images x %.1f MP x 3 B = %.0f MiB "
+            "(larger images decode on the CPU)%s",
+            self.name,
+            self.device,
+            self.max_batch,
+            self.max_image_pixels / 1e6,
+            self.max_batch * self.max_image_pixels * 3 / 2**20,
+            extra,
+        )
+
+    @property
+    def fallbacks(self) -> int:
+        """Images decoded by the CPU decoder instead (skipped or rejected by the GPU decoder)."""
+        return self._fallback.fallbacks
+
+    @property
+    def failures(self) -> int:
+        """Images neither decoder could decode (returned with `error` set)."""
+        return self._fallback.failures
+
+    def _skip_reason(self, req: DecodeRequest) -> str | None:
+        """Why `req` goes straight to the CPU decoder, or None to try it on the GPU."""
+        if req.header.kind != "jpeg":
+            return "not a plain JPEG"
+        if self.max_image_pixels is not None and req.header.pixels > self.max_image_pixels:
+            return f"{req.header.pixels} pixels over the {self.max_image_pixels} GPU bound"
+        if not req.data:
+            return "empty"
+        return None
+
+    def _decode_group(
+        self,
+        items: list[int],
+        requests: Sequence[DecodeRequest],
+        results: list[DecodeResult | None],
+        rejected: dict[int, str],
+    ) -> None:
+        """Decode `requests[i]` for i in `items` (<= max_batch) into `results[i]`, or put the
+        reason it failed into `rejected[i]`. Called under the decoder's lock."""
+        raise NotImplementedError
+
+    def _routine(self, reason: str) -> bool:
+        """True for a GPU-side rejection already reported otherwise (no warning per image)."""
+        return False
+
+    def decode_batch(self, requests: Sequence[DecodeRequest]) -> list[DecodeResult]:
+        results: list[DecodeResult | None] = [None] * len(requests)
+        rejected: dict[int, str] = {}
+        eligible: list[int] = []
+        for i, req in enumerate(requests):
+            reason = self._skip_reason(req)
+            if reason is None:
+                eligible.append(i)
+            else:
+                rejected[i] = reason
+        routed = set(rejected)
+        with self._lock:
+            for start in range(0, len(eligible), self.max_batch):
+                chunk = eligible[start : start + self.max_batch]
+                self._decode_group(chunk, requests, results, rejected)
+        if rejected:
+            order = sorted(rejected)
+            redone = self._fallback.decode(
+                [requests[i] for i in order],
+                [rejected[i] for i in order],
+                [i in routed or self._routine(rejected[i]) for i in order],
+            )
+            for i, res in zip(order, redone, strict=True):
+                results[i] = res
+        return results  # type: ignore[return-value]  # every slot is filled above
+
+    def close(self) -> None:
+        self._fallback.close()

@@ -15,17 +15,15 @@ decodes every eligible JPEG of the batch on the device. Why the rest:
 
 from __future__ import annotations
 
-import logging
-import os
-import threading
 from collections.abc import Sequence
 
 import torch
 from batchwire.pipeline.decode import DecodeRequest, DecodeResult
-from batchwire.pipeline.decode_dali import DEFAULT_MAX_GPU_IMAGE_PIXELS, parse_device
-from batchwire.pipeline.decode_fallback import CpuFallback
-
-log = logging.getLogger("batchwire.pipeline")
+from batchwire.pipeline.decode_fallback import (
+    DEFAULT_MAX_GPU_IMAGE_PIXELS,
+    GpuDecoderBase,
+    parse_device,
+)
 
 
 def orient(image: torch.Tensor, orientation: int) -> torch.Tensor:
@@ -61,7 +59,7 @@ def torchvision_gpu_decode_missing() -> str | None:
     return None
 
 
-class NvjpegBatchDecoder:
+class NvjpegBatchDecoder(GpuDecoderBase):
     """A `BatchDecoder` that decodes JPEGs with nvJPEG on `device`, the rest on the CPU."""
 
     name = "nvjpeg"
@@ -81,40 +79,17 @@ class NvjpegBatchDecoder:
             raise RuntimeError(f"the nvjpeg decoder needs CUDA and torchvision: {missing}")
         if max_batch < 1 or max_image_pixels < 1:
             raise ValueError("max_batch and max_image_pixels must be >= 1")
-        self.threads = max(1, int(threads if threads is not None else (os.cpu_count() or 1)))
         self.max_batch = int(max_batch)
         self.max_image_pixels = int(max_image_pixels)
-        self._fallback = CpuFallback("nvjpeg", self.device, self.threads)
-        self._lock = threading.Lock()
-        budget = self.max_batch * self.max_image_pixels * 3
-        log.info(
-            "nvjpeg decoder on %s: output bound %d images x %.1f MP x 3 B = %.0f MiB "
-            "(larger images decode on the CPU)",
-            self.device,
-            self.max_batch,
-            self.max_image_pixels / 1e6,
-            budget / 2**20,
-        )
-
-    @property
-    def fallbacks(self) -> int:
-        return self._fallback.fallbacks
-
-    @property
-    def failures(self) -> int:
-        return self._fallback.failures
+        self._start_fallback(threads)
+        self._log_output_bound()
 
     def _skip_reason(self, req: DecodeRequest) -> str | None:
-        if req.header.kind != "jpeg":
-            return "not a plain JPEG"
-        if req.header.pixels > self.max_image_pixels:
-            return f"{req.header.pixels} pixels over the {self.max_image_pixels} GPU bound"
-        if not req.data:
-            return "empty"
-        if not req.data[-4096:].rstrip(b"\0").endswith(b"\xff\xd9"):
+        reason = super()._skip_reason(req)
+        if reason is None and not req.data[-4096:].rstrip(b"\0").endswith(b"\xff\xd9"):
             # nvJPEG may return a truncated file's missing part as grey without a word.
             return "no end-of-image marker (truncated?)"
-        return None
+        return reason
 
     def _decode(self, datas: list[bytes]) -> list[torch.Tensor]:
         from torchvision.io import ImageReadMode, decode_jpeg
@@ -123,7 +98,7 @@ class NvjpegBatchDecoder:
         encoded = [torch.frombuffer(bytearray(d), dtype=torch.uint8) for d in datas]
         return decode_jpeg(encoded, mode=ImageReadMode.RGB, device=self.device)
 
-    def _decode_chunk(
+    def _decode_group(
         self,
         items: list[int],
         requests: Sequence[DecodeRequest],
@@ -137,7 +112,7 @@ class NvjpegBatchDecoder:
                 rejected[items[0]] = f"nvjpeg: {batch_error}"[:200]
                 return
             for i in items:  # retry alone, so only the bad images leave the GPU path
-                self._decode_chunk([i], requests, results, rejected)
+                self._decode_group([i], requests, results, rejected)
             return
         for i, chw in zip(items, images, strict=True):
             header = requests[i].header
@@ -146,35 +121,6 @@ class NvjpegBatchDecoder:
                 rejected[i] = f"nvjpeg decoded {tuple(hwc.shape)}, header says {header}"
             else:
                 results[i] = DecodeResult(image=hwc, box=requests[i].box)
-
-    def decode_batch(self, requests: Sequence[DecodeRequest]) -> list[DecodeResult]:
-        results: list[DecodeResult | None] = [None] * len(requests)
-        rejected: dict[int, str] = {}
-        eligible: list[int] = []
-        for i, req in enumerate(requests):
-            reason = self._skip_reason(req)
-            if reason is None:
-                eligible.append(i)
-            else:
-                rejected[i] = reason
-        routed = set(rejected)
-        with self._lock:
-            for start in range(0, len(eligible), self.max_batch):
-                chunk = eligible[start : start + self.max_batch]
-                self._decode_chunk(chunk, requests, results, rejected)
-        if rejected:
-            order = sorted(rejected)
-            redone = self._fallback.decode(
-                [requests[i] for i in order],
-                [rejected[i] for i in order],
-                [i in routed for i in order],
-            )
-            for i, res in zip(order, redone, strict=True):
-                results[i] = res
-        return results  # type: ignore[return-value]  # every slot is filled above
-
-    def close(self) -> None:
-        self._fallback.close()
 
     def __repr__(self) -> str:
         return f"NvjpegBatchDecoder(device={self.device}, max_batch={self.max_batch})"

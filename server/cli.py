@@ -6,6 +6,7 @@ import argparse
 import logging
 import os
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from batchwire.server.config import DECODERS, DEFAULT_BIND, ServerConfig, config_from_toml
@@ -16,18 +17,25 @@ log = logging.getLogger("batchwire.server")
 _D = ServerConfig(workers=1)  # defaults for the help text (workers shown separately)
 
 
-def _pair(text: str) -> tuple[float, float]:
-    parts = text.replace(",", " ").split()
-    if len(parts) != 2:
-        raise argparse.ArgumentTypeError(f"expected two numbers 'LO,HI', got {text!r}")
-    return float(parts[0]), float(parts[1])
+def _numbers(form: str) -> Callable[[str], tuple[float, ...]]:
+    """An argparse type for as many numbers as `form` names ('LO,HI', 'R,G,B'), split at commas
+    or spaces; the error names `form`."""
+    count = len(form.split(","))
+
+    def parse(text: str) -> tuple[float, ...]:
+        parts = text.replace(",", " ").split()
+        if len(parts) != count:
+            raise argparse.ArgumentTypeError(f"expected {count} numbers {form!r}, got {text!r}")
+        try:
+            return tuple(float(v) for v in parts)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected numbers {form!r}, got {text!r}") from None
+
+    return parse
 
 
-def _triple(text: str) -> tuple[float, float, float]:
-    parts = text.replace(",", " ").split()
-    if len(parts) != 3:
-        raise argparse.ArgumentTypeError(f"expected three numbers 'R,G,B', got {text!r}")
-    return float(parts[0]), float(parts[1]), float(parts[2])
+_PAIR = _numbers("LO,HI")
+_RGB = _numbers("R,G,B")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -120,13 +128,13 @@ def build_parser() -> argparse.ArgumentParser:
     aug = p.add_argument_group("augmentation (train split; torchvision's defaults)")
     aug.add_argument(
         "--scale",
-        type=_pair,
+        type=_PAIR,
         metavar="LO,HI",
         help="random-resized-crop area fraction range (default: 0.08,1)",
     )
     aug.add_argument(
         "--ratio",
-        type=_pair,
+        type=_PAIR,
         metavar="LO,HI",
         help="random-resized-crop aspect ratio range (default: 0.75,1.3333)",
     )
@@ -145,13 +153,13 @@ def build_parser() -> argparse.ArgumentParser:
         )
     aug.add_argument(
         "--mean",
-        type=_triple,
+        type=_RGB,
         metavar="R,G,B",
         help="normalisation mean for float outputs (default: ImageNet's 0.485,0.456,0.406)",
     )
     aug.add_argument(
         "--std",
-        type=_triple,
+        type=_RGB,
         metavar="R,G,B",
         help="normalisation std for float outputs (default: ImageNet's 0.229,0.224,0.225)",
     )

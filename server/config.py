@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from batchwire.pipeline.augment_plan import AugmentConfig
 from batchwire.server.protocol import DTYPES, LAYOUTS, MAX_PREFETCH
 
 if sys.version_info >= (3, 11):
@@ -21,6 +22,9 @@ else:  # Python 3.10
 
 DEFAULT_BIND = "tcp://127.0.0.1:5555"
 DECODERS = ("auto", "cpu", "nvjpeg", "dali")
+# The augmentation settings' defaults are AugmentConfig's, so the two cannot drift apart; it
+# also checks them when the server builds its splits (one validation, one message).
+_AUGMENT = AugmentConfig(image_size=224, train=True)
 
 
 def _default_workers() -> int:
@@ -39,18 +43,18 @@ class ServerConfig:
     seed: int = 0
     workers: int = field(default_factory=_default_workers)
     producers: int = 2
-    output_dtype: str = "float32"
-    layout: str = "nchw"
-    scale: tuple[float, float] = (0.08, 1.0)
-    ratio: tuple[float, float] = (3.0 / 4.0, 4.0 / 3.0)
-    flip_prob: float = 0.5
-    brightness: float = 0.0
-    contrast: float = 0.0
-    saturation: float = 0.0
-    hue: float = 0.0
-    mean: tuple[float, float, float] = (0.485, 0.456, 0.406)
-    std: tuple[float, float, float] = (0.229, 0.224, 0.225)
-    val_crop_fraction: float = 0.875
+    output_dtype: str = _AUGMENT.output_dtype
+    layout: str = _AUGMENT.layout
+    scale: tuple[float, float] = _AUGMENT.scale
+    ratio: tuple[float, float] = _AUGMENT.ratio
+    flip_prob: float = _AUGMENT.flip_prob
+    brightness: float = _AUGMENT.brightness
+    contrast: float = _AUGMENT.contrast
+    saturation: float = _AUGMENT.saturation
+    hue: float = _AUGMENT.hue
+    mean: tuple[float, float, float] = _AUGMENT.mean
+    std: tuple[float, float, float] = _AUGMENT.std
+    val_crop_fraction: float = _AUGMENT.val_crop_fraction
     decoder: str = "auto"
     device: str = "cpu"
     max_pixels: int = 89_478_485

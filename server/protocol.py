@@ -183,6 +183,11 @@ class _Message:
     def to_map(self) -> dict[str, Any]:
         return {"v": PROTOCOL_VERSION, "type": self.TYPE, **asdict(self)}
 
+    @classmethod
+    def from_map(cls, d: Mapping[str, Any]) -> _Message:
+        """Build the message from an unpacked map (messages with fields override this)."""
+        return cls()
+
     def pack(self) -> bytes:
         return pack(self.to_map())
 
@@ -256,20 +261,12 @@ class Bye(_Message):
 
     TYPE: ClassVar[str] = "bye"
 
-    @classmethod
-    def from_map(cls, d: Mapping[str, Any]) -> Bye:
-        return cls()
-
 
 @dataclass(frozen=True)
 class StatsRequest(_Message):
     """Ask for the server's stats snapshot; needs no hello."""
 
     TYPE: ClassVar[str] = "stats"
-
-    @classmethod
-    def from_map(cls, d: Mapping[str, Any]) -> StatsRequest:
-        return cls()
 
 
 @dataclass(frozen=True)
@@ -321,10 +318,6 @@ class Shutdown(_Message):
     """The server is exiting gracefully; reconnect to it (or another) later."""
 
     TYPE: ClassVar[str] = "shutdown"
-
-    @classmethod
-    def from_map(cls, d: Mapping[str, Any]) -> Shutdown:
-        return cls()
 
 
 @dataclass(frozen=True)
@@ -400,33 +393,38 @@ _SERVER_TYPES: dict[str, type] = {
 }
 
 
-def decode_client_message(frame: bytes | memoryview) -> ClientMessage:
-    """Parse a client -> server control frame; `ProtocolError` if it is anything else."""
-    d = unpack_frame(frame, MAX_CLIENT_FRAME_BYTES)
-    cls = _CLIENT_TYPES.get(d["type"])
+def _decode(frame: bytes | memoryview, max_bytes: int, types: Mapping[str, type]) -> Any:
+    d = unpack_frame(frame, max_bytes)
+    cls = types.get(d["type"])
     if cls is None:
         raise ProtocolError(f"unknown message type {d['type']!r}")
     return cls.from_map(d)
+
+
+def decode_client_message(frame: bytes | memoryview) -> ClientMessage:
+    """Parse a client -> server control frame; `ProtocolError` if it is anything else."""
+    return _decode(frame, MAX_CLIENT_FRAME_BYTES, _CLIENT_TYPES)
 
 
 def decode_server_message(frame: bytes | memoryview) -> ServerMessage:
     """Parse a server -> client control frame; `ProtocolError` if it is anything else."""
-    d = unpack_frame(frame, MAX_SERVER_FRAME_BYTES)
-    cls = _SERVER_TYPES.get(d["type"])
-    if cls is None:
-        raise ProtocolError(f"unknown message type {d['type']!r}")
-    return cls.from_map(d)
+    return _decode(frame, MAX_SERVER_FRAME_BYTES, _SERVER_TYPES)
 
 
 # --------------------------------------------------------------------------- dtypes and frames
+
+
+def _dtype_entry(name: str) -> tuple[str | None, int]:
+    if name not in DTYPES:
+        raise ProtocolError(f"unknown dtype {name!r}; expected one of {list(DTYPES)}")
+    return DTYPES[name]
 
 
 def torch_dtype(name: str):  # -> torch.dtype; torch imported lazily to keep this module light
     """The torch dtype for a wire dtype name."""
     import torch
 
-    if name not in DTYPES:
-        raise ProtocolError(f"unknown dtype {name!r}; expected one of {list(DTYPES)}")
+    _dtype_entry(name)
     return getattr(torch, name)
 
 
@@ -440,9 +438,7 @@ def dtype_name(dtype: Any) -> str:
 
 def numpy_dtype(name: str) -> np.dtype:
     """The numpy dtype for a wire dtype name (bfloat16 has none: use `torch_dtype`)."""
-    if name not in DTYPES:
-        raise ProtocolError(f"unknown dtype {name!r}; expected one of {list(DTYPES)}")
-    np_name = DTYPES[name][0]
+    np_name = _dtype_entry(name)[0]
     if np_name is None:
         raise ProtocolError(f"numpy has no {name}; view the bytes with torch_dtype({name!r})")
     return np.dtype(np_name)
@@ -450,9 +446,7 @@ def numpy_dtype(name: str) -> np.dtype:
 
 def itemsize(name: str) -> int:
     """Bytes per element of a wire dtype."""
-    if name not in DTYPES:
-        raise ProtocolError(f"unknown dtype {name!r}; expected one of {list(DTYPES)}")
-    return DTYPES[name][1]
+    return _dtype_entry(name)[1]
 
 
 def images_nbytes(shape: list[int] | tuple[int, ...], dtype: str) -> int:

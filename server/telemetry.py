@@ -73,6 +73,25 @@ _PROM_COUNTERS = {
     ),
 }
 _CLIENT_LABELS = ("client", "split", "rank")
+# Stats-schema client field -> (Prometheus gauge name, help); data_wait_fraction comes from the
+# client's "loader" figures, the rest from the client row itself.
+_CLIENT_GAUGES = {
+    "ready": ("batchwire_client_ready", "Batches ready for a client, waiting for its credits."),
+    "ready_capacity": ("batchwire_client_ready_capacity", "Bound of a client's ready queue."),
+    "credits": ("batchwire_client_credits", "Credits a client has outstanding."),
+    "in_flight": (
+        "batchwire_client_in_flight",
+        "Batches sent to a client and not yet credited back.",
+    ),
+    "images_per_s": (
+        "batchwire_client_images_per_second",
+        "Images sent to a client per second.",
+    ),
+    "data_wait_fraction": (
+        "batchwire_client_data_wait_fraction",
+        "Fraction of wall time the client's trainer waited for data (as it reports).",
+    ),
+}
 
 
 class RateWindow:
@@ -202,36 +221,8 @@ def _families(snap: Mapping[str, Any]) -> Iterable[Metric]:
     )
 
     per_client = {
-        "ready": GaugeMetricFamily(
-            "batchwire_client_ready",
-            "Batches ready for a client, waiting for its credits.",
-            labels=list(_CLIENT_LABELS),
-        ),
-        "ready_capacity": GaugeMetricFamily(
-            "batchwire_client_ready_capacity",
-            "Bound of a client's ready queue.",
-            labels=list(_CLIENT_LABELS),
-        ),
-        "credits": GaugeMetricFamily(
-            "batchwire_client_credits",
-            "Credits a client has outstanding.",
-            labels=list(_CLIENT_LABELS),
-        ),
-        "in_flight": GaugeMetricFamily(
-            "batchwire_client_in_flight",
-            "Batches sent to a client and not yet credited back.",
-            labels=list(_CLIENT_LABELS),
-        ),
-        "images_per_s": GaugeMetricFamily(
-            "batchwire_client_images_per_second",
-            "Images sent to a client per second.",
-            labels=list(_CLIENT_LABELS),
-        ),
-        "data_wait_fraction": GaugeMetricFamily(
-            "batchwire_client_data_wait_fraction",
-            "Fraction of wall time the client's trainer waited for data (as it reports).",
-            labels=list(_CLIENT_LABELS),
-        ),
+        key: GaugeMetricFamily(name, doc, labels=list(_CLIENT_LABELS))
+        for key, (name, doc) in _CLIENT_GAUGES.items()
     }
     for client in snap.get("clients", []):
         labels = [

@@ -31,6 +31,15 @@ def _env() -> dict[str, str]:
     return env
 
 
+def _run_demo(endpoint: str, *args: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    """Run the demo to its end, stdout and stderr together in ``stdout``."""
+    return subprocess.run(
+        _demo(endpoint, *args),
+        env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout,
+        check=False,
+    )  # fmt: skip
+
+
 def _refuses_connections(endpoint: str) -> bool:
     host, port = endpoint.removeprefix("tcp://").rsplit(":", 1)
     with socket.socket() as s:
@@ -41,11 +50,7 @@ def _refuses_connections(endpoint: str) -> bool:
 def test_demo_reaches_90_percent_with_two_ranks_and_stops_the_server() -> None:
     """About 50 s on 2 cores (4 epochs of the small model at 32 px; 97% top-1 when measured)."""
     endpoint = free_tcp_endpoint()
-    done = subprocess.run(
-        _demo(endpoint, "--epochs", "4", "--min-top1", "90"),
-        env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=230,
-        check=False,
-    )  # fmt: skip
+    done = _run_demo(endpoint, "--epochs", "4", "--min-top1", "90", timeout=230)
     out = done.stdout
     assert done.returncode == 0, out
     assert "2 rank(s) on cpu" in out, out
@@ -62,11 +67,7 @@ def test_demo_reaches_90_percent_with_two_ranks_and_stops_the_server() -> None:
 def test_demo_fails_when_training_fails_and_still_stops_the_server() -> None:
     """About 13 s on 2 cores: pipeline-train rejects --epochs 0, the demo exits non-zero."""
     endpoint = free_tcp_endpoint()
-    done = subprocess.run(
-        _demo(endpoint, "--epochs", "0", "--ranks", "1"),
-        env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=80,
-        check=False,
-    )  # fmt: skip
+    done = _run_demo(endpoint, "--epochs", "0", "--ranks", "1", timeout=80)
     assert done.returncode != 0, done.stdout
     assert "demo: training failed" in done.stdout
     assert _refuses_connections(endpoint), "pipeline-server still listening after a failure"

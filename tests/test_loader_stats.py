@@ -6,14 +6,7 @@ import threading
 
 import pytest
 from batchwire.client.loader_stats import WINDOW_S, LoaderStats
-
-
-class FakeClock:
-    def __init__(self, t: float = 500.0) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
+from fakeclock import FakeClock
 
 
 def test_fresh_stats_are_zero_and_keys_match_the_schema() -> None:
@@ -28,7 +21,7 @@ def test_fresh_stats_are_zero_and_keys_match_the_schema() -> None:
 
 
 def test_half_starved_trainer() -> None:
-    clock = FakeClock()
+    clock = FakeClock(500.0)
     stats = LoaderStats(clock=clock)
     for _ in range(8):  # each step: wait 0.25 s for data, then compute 0.25 s
         clock.t += 0.25
@@ -42,7 +35,7 @@ def test_half_starved_trainer() -> None:
 
 
 def test_window_forgets_old_waits_and_clips_a_straddling_one() -> None:
-    clock = FakeClock()
+    clock = FakeClock(500.0)
     stats = LoaderStats(window_s=10.0, clock=clock)
     clock.t += 6.0
     stats.record_wait(6.0)  # one long wait from t0 to t0+6
@@ -58,7 +51,7 @@ def test_window_forgets_old_waits_and_clips_a_straddling_one() -> None:
 
 
 def test_fraction_never_exceeds_one() -> None:
-    clock = FakeClock()
+    clock = FakeClock(500.0)
     stats = LoaderStats(clock=clock)
     clock.t += 1.0
     stats.record_wait(5.0)  # claims more waiting than wall time since the loader started
@@ -69,7 +62,7 @@ def test_fraction_never_exceeds_one() -> None:
 
 
 def test_concurrent_recording_and_reading() -> None:
-    clock = FakeClock()  # frozen: every record lands in the window, the rate divides by 1 s
+    clock = FakeClock(500.0)  # frozen: every record lands in the window, the rate divides by 1 s
     stats = LoaderStats(clock=clock)
     n_threads, per_thread = 4, 3000
     barrier = threading.Barrier(n_threads + 1)

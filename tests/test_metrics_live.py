@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import socket
 import urllib.request
-from collections.abc import Iterator
 
 import pytest
 import zmq
+from promtext import parse_metrics
+from rawclient import SERVER_ARGS, RawTrainer, wait_for
 from serverproc import running_server
-from test_monitor_live import SERVER_ARGS, RawTrainer, wait_for
 
 
 def free_port() -> int:
@@ -23,20 +23,7 @@ def scrape(port: int) -> dict[str, float]:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
         assert resp.status == 200
         assert resp.headers["Content-Type"].startswith("text/plain")
-        text = resp.read().decode()
-    out = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            key, _, value = line.rpartition(" ")
-            out[key] = float(value)
-    return out
-
-
-@pytest.fixture
-def ctx() -> Iterator[zmq.Context]:
-    context = zmq.Context()
-    yield context
-    context.destroy(linger=0)
+        return parse_metrics(resp.read().decode())
 
 
 @pytest.mark.timeout(120)

@@ -211,9 +211,16 @@ def test_val_split_pads_with_minus_one_and_covers_every_image_once(server, datas
 
 @pytest.mark.timeout(60)
 def test_normalize_on_device_matches_the_formula(server, reference):
+    """``x * scale + bias`` in float32 with scale = 1/(255 std), bias = -mean/std (both
+    rounded from double, the server's own affine form): exactly, then rounded to ``dtype``;
+    and within float32 rounding of the textbook ``(x / 255 - mean) / std``."""
     mean = torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1)
     std = torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1)
-    expected = (reference[0][0].float() / 255 - mean) / std
+    scale = (1 / (255 * std.double())).float()
+    bias = (-mean.double() / std.double()).float()
+    expected = reference[0][0].float() * scale + bias
+    textbook = (reference[0][0].float() / 255 - mean) / std
+    torch.testing.assert_close(expected, textbook, rtol=0, atol=1e-6)
     for dtype in (torch.float32, torch.bfloat16):
         with RemoteLoader(
             server.endpoint,

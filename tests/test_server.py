@@ -6,6 +6,7 @@ Small batches of 32 px images from the embedded dataset keep the whole file fast
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -258,15 +259,8 @@ def test_shard_and_start_batch_and_replaced_hello(server):
         c.start()
         assert [c.batch()[0].batch_index for _ in range(3)] == [3, 5, 7]
         # a new hello replaces the stream: new session, new start, nothing stale arrives
-        c.hello = p.Hello(
-            split="val",
-            rank=0,
-            world_size=1,
-            epoch=0,
-            start_batch=1,
-            prefetch=2,
-            shard=(0, 1),
-            session=2,
+        c.hello = dataclasses.replace(
+            c.hello, split="val", epoch=0, start_batch=1, prefetch=2, shard=(0, 1), session=2
         )
         c.start()
         heads = [c.batch()[0] for _ in range(2)]

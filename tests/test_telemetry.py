@@ -15,33 +15,14 @@ from batchwire.server.telemetry import (
     RateWindow,
     Telemetry,
 )
-
-
-class FakeClock:
-    """A settable monotonic clock, so window arithmetic is tested exactly and without sleeping."""
-
-    def __init__(self, t: float = 1000.0) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
-
+from fakeclock import FakeClock
+from promtext import parse_metrics
 
 STAGES = [
     {"name": "read", "depth": 3, "capacity": 8},
     {"name": "decode", "depth": 0, "capacity": 8},
     {"name": "augment", "depth": 1, "capacity": 4},
 ]
-
-
-def _parse_metrics(text: str) -> dict[str, float]:
-    """Prometheus exposition text -> {'name{labels}': value} (comments skipped)."""
-    out = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            key, _, value = line.rpartition(" ")
-            out[key] = float(value)
-    return out
 
 
 def test_snapshot_schema_and_counters() -> None:
@@ -174,14 +155,14 @@ def test_concurrent_updates_are_not_lost() -> None:
     for snap in snapshots:
         c = snap["counters"]
         assert c["images_total"] == 2 * c["batches_total"] == c["bytes_total"] / 5
-    metrics = _parse_metrics(tel.prometheus_text().decode())
+    metrics = parse_metrics(tel.prometheus_text().decode())
     assert metrics['batchwire_stage_latency_seconds_count{stage="decode"}'] == total
 
 
 def _scrape(url: str) -> dict[str, float]:
     with urllib.request.urlopen(url, timeout=5) as resp:
         assert resp.status == 200
-        return _parse_metrics(resp.read().decode())
+        return parse_metrics(resp.read().decode())
 
 
 @pytest.mark.timeout(30)

@@ -14,10 +14,11 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #if defined(__SSE2__)
-#include <emmintrin.h>
+#include <immintrin.h>
 #endif
 
 #include "augment_op.h"
@@ -30,16 +31,43 @@
 #define BW_CLONES
 #endif
 
+// The two passes also have hand-written AVX2 + FMA versions (intrinsics, so not target_clones),
+// chosen at run time by cpu_has_avx2_fma().
+#if defined(__x86_64__) && defined(__GNUC__)
+#define BW_HAVE_AVX2_PATH 1
+#endif
+
 namespace batchwire {
 namespace {
+
+#ifdef BW_HAVE_AVX2_PATH
+bool cpu_has_avx2_fma() {
+  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return has;
+}
+#endif
 
 // Taps of one axis for every output index, in output order (reversed for a flipped axis).
 struct AxisTable {
   int stride = 0;              // weights per output index (max taps)
   int lo = 0, hi = 0;          // union of all taps: [lo, hi)
   std::vector<int> start, count;
-  std::vector<float> weights;  // [out][stride], normalised
+  std::vector<float> weights;  // [out][stride], normalised, zero past count
+  // The same weights for pixel pairs (2p, 2p + 1), each broadcast 4 wide: [pair][stride][8],
+  // one 8-float load per tap for the AVX2 horizontal pass. Built for the x axis only.
+  std::vector<float> pair_weights;
 };
+
+// pair_weights from weights (see AxisTable); a missing last pixel of an odd width has zeros.
+void make_pair_weights(AxisTable& t, int out_size) {
+  const int pairs = (out_size + 1) / 2;
+  t.pair_weights.assign(static_cast<size_t>(pairs) * t.stride * 8, 0.f);
+  for (int o = 0; o < out_size; ++o) {
+    const float* w = &t.weights[static_cast<size_t>(o) * t.stride];
+    float* d = &t.pair_weights[static_cast<size_t>(o / 2) * t.stride * 8 + 4 * (o % 2)];
+    for (int k = 0; k < t.stride; ++k) std::fill(d + 8 * k, d + 8 * k + 4, w[k]);
+  }
+}
 
 AxisTable make_axis(float b0, float b1, int in_size, int out_size, bool reverse) {
   AxisTable t;
@@ -99,11 +127,48 @@ BW_CLONES void vertical_pass(float* __restrict acc, const uint8_t* const* rows, 
   }
 }
 
-// dst[3 * o + c] = sum_k w[o][k] * src[3 * (start[o] + k) + c]. `src` has one float of padding
-// after its last pixel, so the 4-wide load of the last pixel stays inside the buffer; likewise
-// each pixel is stored 4 wide (its lane 3 lands on the next pixel's R, rewritten next), so `dst`
-// needs one float of padding too.
+#ifdef BW_HAVE_AVX2_PATH
+// The vertical pass with AVX2 + FMA: 32 columns at a time whose sums stay in four registers
+// over all taps, so `acc` is written once per row instead of once per pair of taps.
+__attribute__((target("avx2,fma"))) inline __m256 load8(const uint8_t* p) {
+  return _mm256_cvtepi32_ps(
+      _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
+
+__attribute__((target("avx2,fma"))) void vertical_pass_avx2(
+    float* __restrict acc, const uint8_t* const* rows, const float* w, int taps, int64_t n) {
+  int64_t j = 0;
+  for (; j + 64 <= n; j += 64) {
+    __m256 a[8];
+    for (int q = 0; q < 8; ++q) a[q] = _mm256_setzero_ps();
+    for (int k = 0; k < taps; ++k) {
+      const uint8_t* r = rows[k] + j;
+      const __m256 wk = _mm256_broadcast_ss(w + k);
+      for (int q = 0; q < 8; ++q) a[q] = _mm256_fmadd_ps(wk, load8(r + 8 * q), a[q]);
+    }
+    for (int q = 0; q < 8; ++q) _mm256_storeu_ps(acc + j + 8 * q, a[q]);
+  }
+  for (; j + 8 <= n; j += 8) {
+    __m256 a0 = _mm256_setzero_ps();
+    for (int k = 0; k < taps; ++k) a0 = _mm256_fmadd_ps(_mm256_broadcast_ss(w + k), load8(rows[k] + j), a0);
+    _mm256_storeu_ps(acc + j, a0);
+  }
+  for (; j < n; ++j) {
+    float a = 0.f;
+    for (int k = 0; k < taps; ++k) a += w[k] * static_cast<float>(rows[k][j]);
+    acc[j] = a;
+  }
+}
+#endif
+
+// A resampled row is three planes (R, G, B) of `pitch` floats, pitch = out_w rounded up to 4:
+// planar rows make jitter, normalisation and NCHW writes plain contiguous loops.
+inline int plane_pitch(int out_w) { return (out_w + 3) & ~3; }
+
+// px[c * pitch + o] = sum_k w[o][k] * src[3 * (start[o] + k) + c]. `src` has one float of
+// padding after its last pixel, so the 4-wide load of the last pixel stays inside the buffer.
 #if defined(__SSE2__)
+// [R, G, B, junk] of output pixel o, summing taps [from, to) onto acc.
 inline __m128 taps_rgb(__m128 acc, const float* s, const float* w, int from, int to) {
   for (int k = from; k < to; ++k) {
     acc = _mm_add_ps(acc, _mm_mul_ps(_mm_set1_ps(w[k]), _mm_loadu_ps(s + 3 * k)));
@@ -111,29 +176,79 @@ inline __m128 taps_rgb(__m128 acc, const float* s, const float* w, int from, int
   return acc;
 }
 
-void horizontal_pass_rgb(float* __restrict dst, const float* __restrict src, const AxisTable& t,
-                         int out_w) {
+void horizontal_pass_rgb(float* __restrict px, int pitch, const float* __restrict src,
+                         const AxisTable& t, int out_w) {
   const auto tap_src = [&](int o) { return src + 3 * (t.start[o] - t.lo); };
   const auto tap_w = [&](int o) { return &t.weights[static_cast<size_t>(o) * t.stride]; };
-  int o = 0;
-  for (; o + 1 < out_w; o += 2) {  // two pixels at a time: two independent add chains
-    const float *sa = tap_src(o), *sb = tap_src(o + 1), *wa = tap_w(o), *wb = tap_w(o + 1);
-    const int ca = t.count[o], cb = t.count[o + 1], common = std::min(ca, cb);
-    __m128 a = _mm_setzero_ps(), b = _mm_setzero_ps();
-    for (int k = 0; k < common; ++k) {
-      a = _mm_add_ps(a, _mm_mul_ps(_mm_set1_ps(wa[k]), _mm_loadu_ps(sa + 3 * k)));
-      b = _mm_add_ps(b, _mm_mul_ps(_mm_set1_ps(wb[k]), _mm_loadu_ps(sb + 3 * k)));
+  const auto count = [&](int o) { return o < out_w ? t.count[o] : 0; };
+  for (int o = 0; o < out_w; o += 4) {
+    // Four pixels at once: four independent add chains, then a 4x4 transpose turns the four
+    // [R, G, B, junk] vectors into four lanes of each plane. Pixels past out_w are zero and
+    // land in the planes' padding.
+    const float* s[4];
+    const float* w[4];
+    int c[4];
+    for (int q = 0; q < 4; ++q) {
+      c[q] = count(o + q);
+      s[q] = c[q] ? tap_src(o + q) : src;
+      w[q] = c[q] ? tap_w(o + q) : nullptr;
     }
-    _mm_storeu_ps(dst + 3 * o, taps_rgb(a, sa, wa, common, ca));
-    _mm_storeu_ps(dst + 3 * o + 3, taps_rgb(b, sb, wb, common, cb));
-  }
-  if (o < out_w) {
-    _mm_storeu_ps(dst + 3 * o, taps_rgb(_mm_setzero_ps(), tap_src(o), tap_w(o), 0, t.count[o]));
+    const int common = std::min(std::min(c[0], c[1]), std::min(c[2], c[3]));
+    __m128 a = _mm_setzero_ps(), b = _mm_setzero_ps(), d = _mm_setzero_ps(),
+           e = _mm_setzero_ps();
+    for (int k = 0; k < common; ++k) {
+      a = _mm_add_ps(a, _mm_mul_ps(_mm_set1_ps(w[0][k]), _mm_loadu_ps(s[0] + 3 * k)));
+      b = _mm_add_ps(b, _mm_mul_ps(_mm_set1_ps(w[1][k]), _mm_loadu_ps(s[1] + 3 * k)));
+      d = _mm_add_ps(d, _mm_mul_ps(_mm_set1_ps(w[2][k]), _mm_loadu_ps(s[2] + 3 * k)));
+      e = _mm_add_ps(e, _mm_mul_ps(_mm_set1_ps(w[3][k]), _mm_loadu_ps(s[3] + 3 * k)));
+    }
+    a = taps_rgb(a, s[0], w[0], common, c[0]);
+    b = taps_rgb(b, s[1], w[1], common, c[1]);
+    d = taps_rgb(d, s[2], w[2], common, c[2]);
+    e = taps_rgb(e, s[3], w[3], common, c[3]);
+    _MM_TRANSPOSE4_PS(a, b, d, e);
+    _mm_storeu_ps(px + o, a);
+    _mm_storeu_ps(px + pitch + o, b);
+    _mm_storeu_ps(px + 2 * pitch + o, d);
   }
 }
+
+#ifdef BW_HAVE_AVX2_PATH
+// The AVX2 + FMA horizontal pass: two pixels per 8-wide register (one per 128-bit half), four
+// pixels per step. Taps run to the longest count of the four; the weights past a pixel's count
+// are zero and `src` is padded with zeros (kSrcPad) so those extra taps add exact zeros.
+__attribute__((target("avx2,fma"))) void horizontal_pass_rgb_avx2(
+    float* __restrict px, int pitch, const float* __restrict src, const AxisTable& t, int out_w) {
+  const auto tap_src = [&](int o) { return src + 3 * (t.start[std::min(o, out_w - 1)] - t.lo); };
+  const auto count = [&](int o) { return o < out_w ? t.count[o] : 0; };
+  const size_t pair_stride = static_cast<size_t>(t.stride) * 8;
+  for (int o = 0; o < out_w; o += 4) {
+    const int taps = std::max(std::max(count(o), count(o + 1)), std::max(count(o + 2), count(o + 3)));
+    const float *s0 = tap_src(o), *s1 = tap_src(o + 1), *s2 = tap_src(o + 2), *s3 = tap_src(o + 3);
+    const float* wa = &t.pair_weights[(o / 2) * pair_stride];
+    const float* wb = (o + 2 < out_w) ? wa + pair_stride : wa;  // wb unused lanes: zero below
+    const bool second = o + 2 < out_w;
+    __m256 a = _mm256_setzero_ps(), b = _mm256_setzero_ps();
+    for (int k = 0; k < taps; ++k) {
+      a = _mm256_fmadd_ps(_mm256_loadu_ps(wa + 8 * k), _mm256_loadu2_m128(s1 + 3 * k, s0 + 3 * k),
+                          a);
+      if (second) {
+        b = _mm256_fmadd_ps(_mm256_loadu_ps(wb + 8 * k),
+                            _mm256_loadu2_m128(s3 + 3 * k, s2 + 3 * k), b);
+      }
+    }
+    __m128 p0 = _mm256_castps256_ps128(a), p1 = _mm256_extractf128_ps(a, 1);
+    __m128 p2 = _mm256_castps256_ps128(b), p3 = _mm256_extractf128_ps(b, 1);
+    _MM_TRANSPOSE4_PS(p0, p1, p2, p3);
+    _mm_storeu_ps(px + o, p0);
+    _mm_storeu_ps(px + pitch + o, p1);
+    _mm_storeu_ps(px + 2 * pitch + o, p2);
+  }
+}
+#endif
 #else
-void horizontal_pass_rgb(float* __restrict dst, const float* __restrict src, const AxisTable& t,
-                         int out_w) {
+void horizontal_pass_rgb(float* __restrict px, int pitch, const float* __restrict src,
+                         const AxisTable& t, int out_w) {
   for (int o = 0; o < out_w; ++o) {
     const float* s = src + 3 * (t.start[o] - t.lo);
     const float* w = &t.weights[static_cast<size_t>(o) * t.stride];
@@ -143,83 +258,162 @@ void horizontal_pass_rgb(float* __restrict dst, const float* __restrict src, con
       a1 += w[k] * s[3 * k + 1];
       a2 += w[k] * s[3 * k + 2];
     }
-    dst[3 * o] = a0;
-    dst[3 * o + 1] = a1;
-    dst[3 * o + 2] = a2;
+    px[o] = a0;
+    px[pitch + o] = a1;
+    px[2 * pitch + o] = a2;
   }
 }
 #endif
 
-// Greyscale source: one channel filtered, then expanded to RGB.
-void horizontal_pass_grey(float* __restrict dst, const float* __restrict src, const AxisTable& t,
-                          int out_w) {
+// Greyscale source: one channel filtered, then copied to the G and B planes.
+void horizontal_pass_grey(float* __restrict px, int pitch, const float* __restrict src,
+                          const AxisTable& t, int out_w) {
   for (int o = 0; o < out_w; ++o) {
     const float* s = src + (t.start[o] - t.lo);
     const float* w = &t.weights[static_cast<size_t>(o) * t.stride];
     float a = 0.f;
     for (int k = 0; k < t.count[o]; ++k) a += w[k] * s[k];
-    dst[3 * o] = dst[3 * o + 1] = dst[3 * o + 2] = a;
+    px[o] = a;
   }
+  std::copy(px, px + out_w, px + pitch);
+  std::copy(px, px + out_w, px + 2 * pitch);
 }
 
 inline float clamp255(float v) { return std::min(std::max(v, 0.f), 255.f); }
 
-BW_CLONES void scale_clamp(float* px, int64_t n, float factor) {
+BW_CLONES void scale_clamp(float* __restrict px, int64_t n, float factor) {
   for (int64_t j = 0; j < n; ++j) px[j] = clamp255(px[j] * factor);
 }
 
 // v = clamp(f * v + (1 - f) * target) with target the pixel's grey (saturation) or `mean`.
-void blend_grey(float* px, int w, float f, bool per_pixel, float mean) {
+BW_CLONES void blend_grey(float* __restrict px, int pitch, int w, float f, bool per_pixel,
+                          float mean) {
   const float g = 1.f - f;
-  for (int o = 0; o < w; ++o) {
-    float* p = px + 3 * o;
-    const float t = per_pixel ? kGreyR * p[0] + kGreyG * p[1] + kGreyB * p[2] : mean;
-    p[0] = clamp255(f * p[0] + g * t);
-    p[1] = clamp255(f * p[1] + g * t);
-    p[2] = clamp255(f * p[2] + g * t);
+  float* __restrict r = px;
+  float* __restrict gr = px + pitch;
+  float* __restrict b = px + 2 * pitch;
+  if (per_pixel) {
+    for (int o = 0; o < w; ++o) {
+      const float t = g * (kGreyR * r[o] + kGreyG * gr[o] + kGreyB * b[o]);
+      r[o] = clamp255(f * r[o] + t);
+      gr[o] = clamp255(f * gr[o] + t);
+      b[o] = clamp255(f * b[o] + t);
+    }
+  } else {
+    const float t = g * mean;
+    for (int o = 0; o < w; ++o) {
+      r[o] = clamp255(f * r[o] + t);
+      gr[o] = clamp255(f * gr[o] + t);
+      b[o] = clamp255(f * b[o] + t);
+    }
   }
 }
 
-template <typename T>
-inline T convert(float v, float scale, float bias);
-template <>
-inline uint8_t convert<uint8_t>(float v, float, float) {
-  // Round half to even without a libm call: adding 1.5 * 2^23 leaves no fraction bits, so the
-  // FPU's default rounding (to nearest even) does the work. Valid for |v| < 2^22.
+// d[j] = s[j] clamped to [0, 255] and rounded half to even, j < n. cvtps2dq rounds with the
+// MXCSR mode, round-to-nearest-even by default (as the reference's torch.round), 16 at a time
+// with two saturating packs; the scalar tail uses the same instruction.
+void store_u8(uint8_t* __restrict d, const float* __restrict s, int64_t n) {
+  int64_t j = 0;
+#if defined(__SSE2__)
+  const __m128 lo = _mm_setzero_ps(), hi = _mm_set1_ps(255.f);
+  const auto round4 = [&](const float* p) {
+    return _mm_cvtps_epi32(_mm_min_ps(_mm_max_ps(_mm_loadu_ps(p), lo), hi));
+  };
+  for (; j + 16 <= n; j += 16) {
+    const __m128i ab = _mm_packs_epi32(round4(s + j), round4(s + j + 4));
+    const __m128i cd = _mm_packs_epi32(round4(s + j + 8), round4(s + j + 12));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(d + j), _mm_packus_epi16(ab, cd));
+  }
+  for (; j < n; ++j) {
+    d[j] = static_cast<uint8_t>(_mm_cvtss_si32(_mm_min_ss(_mm_max_ss(_mm_set_ss(s[j]), lo), hi)));
+  }
+#else
+  // Adding 1.5 * 2^23 leaves no fraction bits, so the FPU's default rounding (to nearest even)
+  // does the work; valid for |v| < 2^22.
   constexpr float kMagic = 12582912.f;
-  return static_cast<uint8_t>((clamp255(v) + kMagic) - kMagic);
-}
-template <>
-inline float convert<float>(float v, float scale, float bias) { return v * scale + bias; }
-template <>
-inline c10::Half convert<c10::Half>(float v, float scale, float bias) {
-  return c10::Half(v * scale + bias);
-}
-template <>
-inline c10::BFloat16 convert<c10::BFloat16>(float v, float scale, float bias) {
-  return c10::BFloat16(v * scale + bias);
+  for (; j < n; ++j) d[j] = static_cast<uint8_t>((clamp255(s[j]) + kMagic) - kMagic);
+#endif
 }
 
-// Writes one RGB float row through the output strides; the two common layouts get
-// contiguous inner loops.
 template <typename T>
-void write_row(T* base, int64_t sc, int64_t sw, const float* px, int w, const Normalize& nz) {
-  if (sw == 1) {  // NCHW: three planes
+inline T convert(float v, float scale, float bias) {
+  return T(v * scale + bias);
+}
+
+// d[j] = s[j] * scale + bias as T: one NCHW plane.
+template <typename T>
+BW_CLONES void store_plane(T* __restrict d, const float* __restrict s, int n, float scale,
+                           float bias) {
+  for (int j = 0; j < n; ++j) d[j] = convert<T>(s[j], scale, bias);
+}
+
+// d[j] = s[j] * scale[j % 3] + bias[j % 3] as T: an interleaved NHWC row, 12 values (four
+// pixels, a whole period of both the 3-channel pattern and a 4-wide vector) at a time.
+template <typename T>
+BW_CLONES void store_interleaved(T* __restrict d, const float* __restrict s, int64_t n,
+                                 const Normalize& nz) {
+  float sc[12], bi[12];
+  for (int k = 0; k < 12; ++k) {
+    sc[k] = nz.scale[k % 3];
+    bi[k] = nz.bias[k % 3];
+  }
+  int64_t j = 0;
+  for (; j + 12 <= n; j += 12) {
+    for (int k = 0; k < 12; ++k) d[j + k] = convert<T>(s[j + k], sc[k], bi[k]);
+  }
+  for (; j < n; ++j) d[j] = convert<T>(s[j], nz.scale[j % 3], nz.bias[j % 3]);
+}
+
+// dst[3 * o + c] = px[c * pitch + o]: planes back to interleaved pixels for an NHWC write.
+// `dst` needs one float of padding (4-wide stores of the last pixel).
+void interleave_rgb(float* __restrict dst, const float* __restrict px, int pitch, int w) {
+  int o = 0;
+#if defined(__SSE2__)
+  for (; o + 4 <= w; o += 4) {
+    __m128 r = _mm_loadu_ps(px + o), g = _mm_loadu_ps(px + pitch + o);
+    __m128 b = _mm_loadu_ps(px + 2 * pitch + o), z = _mm_setzero_ps();
+    _MM_TRANSPOSE4_PS(r, g, b, z);  // r..z now hold pixels o..o+3 as [R, G, B, 0]
+    _mm_storeu_ps(dst + 3 * o, r);
+    _mm_storeu_ps(dst + 3 * o + 3, g);
+    _mm_storeu_ps(dst + 3 * o + 6, b);
+    _mm_storeu_ps(dst + 3 * o + 9, z);
+  }
+#endif
+  for (; o < w; ++o) {
+    for (int c = 0; c < 3; ++c) dst[3 * o + c] = px[c * pitch + o];
+  }
+}
+
+// Writes one planar float row through the output strides. NCHW writes each plane contiguously;
+// NHWC interleaves into `scratch` (3 * w + 1 floats) and converts that linearly.
+template <typename T>
+void write_row(T* base, int64_t sc, int64_t sw, const float* px, int pitch, int w,
+               const Normalize& nz, float* scratch) {
+  if (sw == 1) {
     for (int c = 0; c < 3; ++c) {
-      T* d = base + c * sc;
-      const float s = nz.scale[c], b = nz.bias[c];
-      for (int o = 0; o < w; ++o) d[o] = convert<T>(px[3 * o + c], s, b);
-    }
-  } else if (sc == 1 && sw == 3) {  // NHWC: interleaved, same order as px
-    for (int o = 0; o < w; ++o) {
-      for (int c = 0; c < 3; ++c) {
-        base[3 * o + c] = convert<T>(px[3 * o + c], nz.scale[c], nz.bias[c]);
+      if constexpr (std::is_same_v<T, uint8_t>) {
+        store_u8(base + c * sc, px + c * pitch, w);
+      } else {
+        store_plane<T>(base + c * sc, px + c * pitch, w, nz.scale[c], nz.bias[c]);
       }
     }
-  } else {
-    for (int o = 0; o < w; ++o) {
-      for (int c = 0; c < 3; ++c) {
-        base[c * sc + o * sw] = convert<T>(px[3 * o + c], nz.scale[c], nz.bias[c]);
+  } else if (sc == 1 && sw == 3) {
+    interleave_rgb(scratch, px, pitch, w);
+    if constexpr (std::is_same_v<T, uint8_t>) {
+      store_u8(base, scratch, 3 * static_cast<int64_t>(w));
+    } else {
+      store_interleaved<T>(base, scratch, 3 * static_cast<int64_t>(w), nz);
+    }
+  } else {  // any other dense order (a batch of one, odd strides): element by element
+    for (int c = 0; c < 3; ++c) {
+      const float* s = px + c * pitch;
+      for (int o = 0; o < w; ++o) {
+        T* d = base + c * sc + o * sw;
+        if constexpr (std::is_same_v<T, uint8_t>) {
+          store_u8(d, s + o, 1);
+        } else {
+          *d = convert<T>(s[o], nz.scale[c], nz.bias[c]);
+        }
       }
     }
   }
@@ -248,61 +442,80 @@ class CpuAugment {
   void run(const WorkItem& item) {
     const ImagePlan& ip = plans_[item.image];
     const bool contrast = ip.p.contrast != 1.f;
-    const int w3 = 3 * out_w_;
+    const int pitch = plane_pitch(out_w_);
+    const int row = 3 * pitch;
     const int span = (ip.xs.hi - ip.xs.lo) * ip.channels;
-    tmp_.resize(static_cast<size_t>(span) + 1);
+    // Zero padding past the span: the 4-wide load of the last pixel, and the AVX2 pass's taps
+    // past a pixel's count (up to the axis's stride).
+    const size_t pad = 3 * static_cast<size_t>(ip.xs.stride) + 4;
+    tmp_.resize(static_cast<size_t>(span) + pad);
+    std::fill(tmp_.begin() + span, tmp_.end(), 0.f);
     rows_.resize(ip.ys.stride);
-    buf_.resize(static_cast<size_t>(contrast ? out_h_ : 1) * w3 + 1);  // +1: 4-wide stores
+    buf_.resize(static_cast<size_t>(contrast ? out_h_ : 1) * row);
+    scratch_.resize(3 * static_cast<size_t>(out_w_) + 1);
     double grey_sum = 0.0;
     for (int oy = item.row0; oy < item.row1; ++oy) {
-      float* px = buf_.data() + (contrast ? static_cast<size_t>(oy) * w3 : 0);
-      resample_row(ip, oy, px);
-      if (ip.p.brightness != 1.f) scale_clamp(px, w3, ip.p.brightness);
+      float* px = buf_.data() + (contrast ? static_cast<size_t>(oy) * row : 0);
+      resample_row(ip, oy, px, pitch);
+      if (ip.p.brightness != 1.f) scale_clamp(px, row, ip.p.brightness);
       if (contrast) {
-        grey_sum += row_grey_sum(px);
+        grey_sum += row_grey_sum(px, pitch);
       } else {
-        finish_row(ip, item.image, oy, px);
+        finish_row(ip, item.image, oy, px, pitch);
       }
     }
     if (contrast) {
       const float mean = static_cast<float>(grey_sum / (static_cast<double>(out_h_) * out_w_));
       for (int oy = 0; oy < out_h_; ++oy) {
-        float* px = buf_.data() + static_cast<size_t>(oy) * w3;
-        blend_grey(px, out_w_, ip.p.contrast, false, mean);
-        finish_row(ip, item.image, oy, px);
+        float* px = buf_.data() + static_cast<size_t>(oy) * row;
+        blend_grey(px, pitch, out_w_, ip.p.contrast, false, mean);
+        finish_row(ip, item.image, oy, px, pitch);
       }
     }
   }
 
  private:
-  void resample_row(const ImagePlan& ip, int oy, float* px) {
+  void resample_row(const ImagePlan& ip, int oy, float* px, int pitch) {
     const int ys = ip.ys.start[oy], taps = ip.ys.count[oy];
     const int64_t row_bytes = static_cast<int64_t>(ip.width) * ip.channels;
     for (int k = 0; k < taps; ++k) {
       rows_[k] = ip.pixels + (ys + k) * row_bytes + static_cast<int64_t>(ip.xs.lo) * ip.channels;
     }
     const int64_t span = static_cast<int64_t>(ip.xs.hi - ip.xs.lo) * ip.channels;
-    vertical_pass(tmp_.data(), rows_.data(), &ip.ys.weights[static_cast<size_t>(oy) * ip.ys.stride],
-                  taps, span);
-    tmp_[span] = 0.f;
-    if (ip.channels == 3) {
-      horizontal_pass_rgb(px, tmp_.data(), ip.xs, out_w_);
+    const float* wy = &ip.ys.weights[static_cast<size_t>(oy) * ip.ys.stride];
+#ifdef BW_HAVE_AVX2_PATH
+    if (cpu_has_avx2_fma()) {
+      vertical_pass_avx2(tmp_.data(), rows_.data(), wy, taps, span);
     } else {
-      horizontal_pass_grey(px, tmp_.data(), ip.xs, out_w_);
+      vertical_pass(tmp_.data(), rows_.data(), wy, taps, span);
+    }
+#else
+    vertical_pass(tmp_.data(), rows_.data(), wy, taps, span);
+#endif
+    if (ip.channels == 3) {
+#ifdef BW_HAVE_AVX2_PATH
+      if (!ip.xs.pair_weights.empty()) {
+        horizontal_pass_rgb_avx2(px, pitch, tmp_.data(), ip.xs, out_w_);
+        return;
+      }
+#endif
+      horizontal_pass_rgb(px, pitch, tmp_.data(), ip.xs, out_w_);
+    } else {
+      horizontal_pass_grey(px, pitch, tmp_.data(), ip.xs, out_w_);
     }
   }
 
-  double row_grey_sum(const float* px) const {
-    double s = 0.0;
+  double row_grey_sum(const float* px, int pitch) const {
+    float s = 0.f;  // one row's sum: float is exact enough, the image total is double
     for (int o = 0; o < out_w_; ++o) {
-      s += kGreyR * px[3 * o] + kGreyG * px[3 * o + 1] + kGreyB * px[3 * o + 2];
+      s += kGreyR * px[o] + kGreyG * px[pitch + o] + kGreyB * px[2 * pitch + o];
     }
     return s;
   }
 
-  void finish_row(const ImagePlan& ip, int n, int oy, float* px) {
-    if (ip.p.saturation != 1.f) blend_grey(px, out_w_, ip.p.saturation, true, 0.f);
-    write_row<T>(out_ + n * sn_ + oy * sh_, sc_, sw_, px, out_w_, nz_);
+  void finish_row(const ImagePlan& ip, int n, int oy, float* px, int pitch) {
+    if (ip.p.saturation != 1.f) blend_grey(px, pitch, out_w_, ip.p.saturation, true, 0.f);
+    write_row<T>(out_ + n * sn_ + oy * sh_, sc_, sw_, px, pitch, out_w_, nz_, scratch_.data());
   }
 
   std::vector<ImagePlan>& plans_;
@@ -310,40 +523,68 @@ class CpuAugment {
   T* out_;
   const int out_h_, out_w_;
   const int64_t sn_, sc_, sh_, sw_;
-  std::vector<float> tmp_, buf_;
+  std::vector<float> tmp_, buf_, scratch_;
   std::vector<const uint8_t*> rows_;
 };
 
-// Row blocks small enough that every thread gets work even for a small batch.
-std::vector<WorkItem> make_items(const std::vector<ImagePlan>& plans, int out_h) {
-  const int64_t n = static_cast<int64_t>(plans.size());
-  const int64_t threads = std::max<int64_t>(1, at::get_num_threads());
-  const int64_t blocks = n >= 2 * threads ? 1 : (4 * threads + n - 1) / std::max<int64_t>(n, 1);
-  const int rows = static_cast<int>(std::max<int64_t>(1, (out_h + blocks - 1) / blocks));
+// A work plan: the items, and how many threads to run them on.
+struct Schedule {
   std::vector<WorkItem> items;
+  int64_t workers = 1;
+};
+
+// Rough cost of one image in multiply-adds: the vertical pass over the crop's columns and the
+// 4-lane horizontal pass, both with their widest tap count.
+double image_cost(const ImagePlan& ip, int out_h, int out_w) {
+  const double span = static_cast<double>(ip.xs.hi - ip.xs.lo) * ip.channels;
+  return static_cast<double>(out_h) * (span * ip.ys.stride + 4.0 * out_w * ip.xs.stride);
+}
+
+// Work below this many multiply-adds per thread (~0.2 ms) runs on fewer threads: waking a
+// thread and joining it costs microseconds on an idle machine but can cost milliseconds when
+// the cores are shared (decode threads, other processes) and the joined thread waits for one.
+constexpr double kMinCostPerThread = 2e6;
+
+// Whole images are the items when there are enough of them; otherwise row blocks small enough
+// that every thread gets work. An image with contrast != 1 is always one item.
+Schedule make_schedule(const std::vector<ImagePlan>& plans, int out_h, int out_w) {
+  const int64_t n = static_cast<int64_t>(plans.size());
+  double cost = 0.0;
+  for (const ImagePlan& ip : plans) cost += image_cost(ip, out_h, out_w);
+  Schedule s;
+  const int64_t threads = std::max<int64_t>(1, at::get_num_threads());
+  s.workers = std::clamp<int64_t>(static_cast<int64_t>(cost / kMinCostPerThread), 1, threads);
+  const int64_t blocks =
+      s.workers == 1 || n >= 2 * s.workers ? 1 : (4 * s.workers + n - 1) / std::max<int64_t>(n, 1);
+  const int rows = static_cast<int>(std::max<int64_t>(1, (out_h + blocks - 1) / blocks));
   for (int i = 0; i < static_cast<int>(n); ++i) {
     if (plans[i].p.contrast != 1.f) {
-      items.push_back({i, 0, out_h});
+      s.items.push_back({i, 0, out_h});
       continue;
     }
-    for (int r = 0; r < out_h; r += rows) items.push_back({i, r, std::min(out_h, r + rows)});
+    for (int r = 0; r < out_h; r += rows) s.items.push_back({i, r, std::min(out_h, r + rows)});
   }
-  return items;
+  s.workers = std::min<int64_t>(s.workers, static_cast<int64_t>(s.items.size()));
+  return s;
 }
 
 // Items are handed out one at a time from a shared counter rather than in fixed per-thread
 // blocks: on a busy machine (decode threads, other processes) a thread that loses its core
 // delays only the item it holds, and uneven items (whole contrast images) balance themselves.
 template <typename T>
-void run_items(std::vector<ImagePlan>& plans, const std::vector<WorkItem>& items,
-               const at::Tensor& out, const Normalize& nz) {
-  const int64_t total = static_cast<int64_t>(items.size());
-  const int64_t workers = std::min<int64_t>(std::max(1, at::get_num_threads()), total);
+void run_items(std::vector<ImagePlan>& plans, const Schedule& s, const at::Tensor& out,
+               const Normalize& nz) {
+  const int64_t total = static_cast<int64_t>(s.items.size());
   std::atomic<int64_t> next{0};
-  at::parallel_for(0, workers, 1, [&](int64_t, int64_t) {
+  const auto work = [&](int64_t, int64_t) {
     CpuAugment<T> worker(plans, out, nz);
-    for (int64_t i = next++; i < total; i = next++) worker.run(items[i]);
-  });
+    for (int64_t i = next++; i < total; i = next++) worker.run(s.items[i]);
+  };
+  if (s.workers <= 1) {
+    work(0, 1);
+  } else {
+    at::parallel_for(0, s.workers, 1, work);
+  }
 }
 
 void augment_batch_cpu(at::TensorList images, const at::Tensor& boxes, const at::Tensor& flips,
@@ -367,15 +608,18 @@ void augment_batch_cpu(at::TensorList images, const at::Tensor& boxes, const at:
     ip.channels = static_cast<int>(img.size(2));
     ip.ys = make_axis(p.y0, p.y1, ip.height, out_h, false);
     ip.xs = make_axis(p.x0, p.x1, ip.width, out_w, p.flip);
+#ifdef BW_HAVE_AVX2_PATH
+    if (ip.channels == 3 && cpu_has_avx2_fma()) make_pair_weights(ip.xs, out_w);
+#endif
     ip.p = p;
   }
-  const std::vector<WorkItem> items = make_items(plans, out_h);
+  const Schedule schedule = make_schedule(plans, out_h, out_w);
 
   AT_DISPATCH_SWITCH(out.scalar_type(), "augment_batch_cpu",
-      AT_DISPATCH_CASE(at::kByte, [&] { run_items<scalar_t>(plans, items, out, nz); })
-      AT_DISPATCH_CASE(at::kFloat, [&] { run_items<scalar_t>(plans, items, out, nz); })
-      AT_DISPATCH_CASE(at::kHalf, [&] { run_items<scalar_t>(plans, items, out, nz); })
-      AT_DISPATCH_CASE(at::kBFloat16, [&] { run_items<scalar_t>(plans, items, out, nz); }));
+      AT_DISPATCH_CASE(at::kByte, [&] { run_items<scalar_t>(plans, schedule, out, nz); })
+      AT_DISPATCH_CASE(at::kFloat, [&] { run_items<scalar_t>(plans, schedule, out, nz); })
+      AT_DISPATCH_CASE(at::kHalf, [&] { run_items<scalar_t>(plans, schedule, out, nz); })
+      AT_DISPATCH_CASE(at::kBFloat16, [&] { run_items<scalar_t>(plans, schedule, out, nz); }));
 }
 
 }  // namespace

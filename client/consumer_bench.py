@@ -1,0 +1,117 @@
+"""What consuming batches costs the training process: client CPU time per image, and images/s.
+
+    python -m batchwire.client.consumer_bench --train /path/list.txt --batch-size 64 \\
+        --image-size 224 --config float32 --config uint8-normalize
+
+Starts a `pipeline-server` on a private ipc:// endpoint for each configuration, iterates a
+CPU `RemoteLoader` over it and prints one JSON line per configuration. Why CPU time and not
+only images/s: on a shared machine the server's production rate bounds images/s, while the
+loader's own cost (receiving, allocating, normalising) is what a CPU-only trainer pays out of
+its step time; `time.process_time` counts every thread of this process, ZeroMQ's I/O thread
+included.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import zmq
+from batchwire.client.remote_loader import RemoteLoader
+from batchwire.server import protocol
+
+CONFIGS = {
+    "float32": ("float32", False),
+    "uint8": ("uint8", False),
+    "uint8-normalize": ("uint8", True),
+}
+
+
+def _wait_ready(endpoint: str, proc: subprocess.Popen, timeout: float) -> None:
+    ctx = zmq.Context.instance()
+    sock = ctx.socket(zmq.DEALER)
+    sock.linger = 0
+    sock.connect(endpoint)
+    deadline = time.monotonic() + timeout
+    try:
+        sock.send(protocol.StatsRequest().pack())
+        while not sock.poll(100):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"pipeline-server did not start on {endpoint}")
+    finally:
+        sock.close()
+
+
+def run_config(args: argparse.Namespace, name: str, tmp: Path) -> dict:
+    wire, normalize = CONFIGS[name]
+    endpoint = f"ipc://{tmp}/{name}.sock"
+    server = [sys.executable, "-m", "batchwire.server", "--train", args.train, "--bind", endpoint]
+    server += ["--batch-size", str(args.batch_size), "--image-size", str(args.image_size)]
+    server += ["--output-dtype", wire, "--log-level", "WARNING", *args.server_arg]
+    proc = subprocess.Popen(server)
+    try:
+        _wait_ready(endpoint, proc, 120.0)
+        loader = RemoteLoader(
+            endpoint,
+            "train",
+            rank=0,
+            world_size=1,
+            device="cpu",
+            prefetch=args.prefetch,
+            normalize_on_device=normalize,
+            **({"reuse_buffers": args.reuse_buffers} if args.reuse_buffers is not None else {}),
+        )
+        with loader:
+            images = batches = 0
+            cpu0 = wall0 = 0.0
+            for epoch in range(args.epochs):
+                loader.set_epoch(epoch)
+                for x, _labels in loader:
+                    if batches == args.warmup:
+                        cpu0, wall0, images = time.process_time(), time.perf_counter(), 0
+                    batches += 1
+                    images += x.shape[0]
+                    del x, _labels  # a trainer drops the batch before asking for the next
+            cpu = time.process_time() - cpu0
+            wall = time.perf_counter() - wall0
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    return {
+        "config": name,
+        "images": images,
+        "client_cpu_ms_per_image": round(1000 * cpu / images, 4),
+        "images_per_s": round(images / wall, 1),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--train", required=True, help="list file or ImageFolder root")
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--image-size", type=int, default=224)
+    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--warmup", type=int, default=3, help="batches not measured")
+    p.add_argument("--prefetch", type=int, default=4)
+    p.add_argument("--config", action="append", choices=sorted(CONFIGS), default=None)
+    p.add_argument(
+        "--reuse-buffers",
+        type=lambda s: s.lower() in ("1", "true", "yes"),
+        default=None,
+        help="pass reuse_buffers= to RemoteLoader (default: the loader's default)",
+    )
+    p.add_argument("--server-arg", action="append", default=[], help="extra server argument")
+    args = p.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="bw-consumer-") as tmp:
+        for name in args.config or ["float32", "uint8-normalize"]:
+            print(json.dumps(run_config(args, name, Path(tmp))), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

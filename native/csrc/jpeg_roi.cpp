@@ -1,0 +1,234 @@
+// Region-of-interest JPEG decoding with libjpeg-turbo's libjpeg API: decode only the rows and
+// columns a random-resized crop will read, at a DCT scale, into RGB.
+//
+// Why not TurboJPEG: its 2.x API (what PyTurboJPEG < 2 binds) cannot crop, and a crop of a
+// typical training sample is about half the image. Here rows above the region are entropy
+// decoded only (jpeg_skip_scanlines), columns outside it skip the IDCT, upsampling and colour
+// conversion (jpeg_crop_scanline), and rows below it are never touched unless `verify` asks
+// for them to be entropy decoded (so that corrupt data anywhere in the file still fails, as a
+// full decode does).
+//
+// Errors: libjpeg reports fatal errors through error_exit and recoverable ones (corrupt data,
+// premature end of file) as warnings after which it carries on with made-up pixels. Both jump
+// back here and become a JpegRoiError; only "extraneous bytes before marker" is let through,
+// as pipeline/decode.py does. The setjmp function holds no C++ objects with destructors, so
+// the longjmp skips nothing that needs unwinding.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+
+#include <csetjmp>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+#include <jpeglib.h>  // after <cstdio>: it uses FILE and size_t without including them
+#include <jerror.h>
+
+namespace py = pybind11;
+
+namespace {
+
+struct ErrorManager {
+  jpeg_error_mgr pub;
+  std::jmp_buf jump;
+  char message[JMSG_LENGTH_MAX];
+};
+
+[[noreturn]] void jump_on_error(j_common_ptr cinfo) {
+  auto* err = reinterpret_cast<ErrorManager*>(cinfo->err);
+  (*cinfo->err->format_message)(cinfo, err->message);
+  std::longjmp(err->jump, 1);
+}
+
+void jump_on_warning(j_common_ptr cinfo, int msg_level) {
+  if (msg_level >= 0) return;  // trace messages
+  if (cinfo->err->msg_code == JWRN_EXTRANEOUS_DATA) {
+    cinfo->err->num_warnings++;
+    return;
+  }
+  jump_on_error(cinfo);
+}
+
+struct Request {
+  const unsigned char* data;
+  std::size_t size;
+  long long y0, x0, y1, x1;  // wanted region in the scaled, stored (unoriented) image
+  int scale_denom;
+  bool verify;
+};
+
+struct Region {
+  unsigned char* pixels;  // malloc'd (height x width x 3), owned by the caller on success
+  int full_height, full_width;  // the whole image at this scale
+  int y0, x0, height, width;    // the region decoded: rows exact, columns widened to iMCUs
+  bool has_eoi;
+};
+
+// Whether an EOI marker follows the first scan's header. Entropy-coded data never contains
+// 0xFF 0xD9 (0xFF is always stuffed), so one found there is the end of the image; without it
+// the file is truncated, which the rows we skip would otherwise hide.
+bool has_eoi_after(const unsigned char* data, std::size_t size, std::size_t from) {
+  for (std::size_t i = size; i >= from + 2; --i) {
+    if (data[i - 2] == 0xFF && data[i - 1] == 0xD9) return true;
+  }
+  return false;
+}
+
+long long clamp(long long v, long long lo, long long hi) { return v < lo ? lo : (v > hi ? hi : v); }
+
+// Plain C control flow only between setjmp and every libjpeg call (see the file comment).
+// Returns true on success; on failure writes the reason into `message`.
+bool decode_region(const Request& req, Region* out, char* message, std::size_t message_size) {
+  jpeg_decompress_struct cinfo;
+  ErrorManager jerr;
+  out->pixels = nullptr;
+  unsigned char* volatile scratch = nullptr;
+  std::memset(&cinfo, 0, sizeof cinfo);  // destroying it is safe even if creating it failed
+  cinfo.err = jpeg_std_error(&jerr.pub);
+  jerr.pub.error_exit = jump_on_error;
+  jerr.pub.emit_message = jump_on_warning;
+  jerr.message[0] = '\0';
+  if (setjmp(jerr.jump)) {
+    jpeg_destroy_decompress(&cinfo);
+    std::free(out->pixels);
+    std::free(scratch);
+    out->pixels = nullptr;
+    std::snprintf(message, message_size, "%s", jerr.message);
+    return false;
+  }
+  jpeg_create_decompress(&cinfo);
+  jpeg_mem_src(&cinfo, req.data, static_cast<unsigned long>(req.size));
+  jpeg_read_header(&cinfo, TRUE);
+  if (cinfo.jpeg_color_space == JCS_CMYK || cinfo.jpeg_color_space == JCS_YCCK) {
+    std::snprintf(jerr.message, sizeof jerr.message, "CMYK/YCCK JPEGs are not decoded here");
+    std::longjmp(jerr.jump, 1);
+  }
+  out->has_eoi = has_eoi_after(req.data, req.size, req.size - cinfo.src->bytes_in_buffer);
+  cinfo.out_color_space = JCS_EXT_RGB;  // greyscale is expanded by the colour converter
+  cinfo.dct_method = JDCT_ISLOW;
+  cinfo.do_fancy_upsampling = TRUE;
+  cinfo.scale_num = 1;
+  cinfo.scale_denom = static_cast<unsigned int>(req.scale_denom);
+  jpeg_calc_output_dimensions(&cinfo);
+  out->full_height = static_cast<int>(cinfo.output_height);
+  out->full_width = static_cast<int>(cinfo.output_width);
+  const long long y0 = clamp(req.y0, 0, out->full_height);
+  const long long y1 = clamp(req.y1, 0, out->full_height);
+  const long long x0 = clamp(req.x0, 0, out->full_width);
+  const long long x1 = clamp(req.x1, 0, out->full_width);
+  if (y1 <= y0 || x1 <= x0) {
+    std::snprintf(jerr.message, sizeof jerr.message,
+                  "region (%lld, %lld, %lld, %lld) is empty in the %dx%d image", req.y0, req.x0,
+                  req.y1, req.x1, out->full_width, out->full_height);
+    std::longjmp(jerr.jump, 1);
+  }
+  jpeg_start_decompress(&cinfo);
+  JDIMENSION xoffset = static_cast<JDIMENSION>(x0);
+  JDIMENSION width = static_cast<JDIMENSION>(x1 - x0);
+  if (width < cinfo.output_width) jpeg_crop_scanline(&cinfo, &xoffset, &width);
+  out->y0 = static_cast<int>(y0);
+  out->x0 = static_cast<int>(xoffset);
+  out->height = static_cast<int>(y1 - y0);
+  out->width = static_cast<int>(width);
+  const std::size_t stride = static_cast<std::size_t>(width) * 3;
+  out->pixels = static_cast<unsigned char*>(std::malloc(stride * out->height));
+  if (out->pixels == nullptr) {
+    std::snprintf(jerr.message, sizeof jerr.message, "out of memory for a %ux%d region", width,
+                  out->height);
+    std::longjmp(jerr.jump, 1);
+  }
+  if (y0 > 0 && jpeg_skip_scanlines(&cinfo, static_cast<JDIMENSION>(y0)) != y0) {
+    std::snprintf(jerr.message, sizeof jerr.message, "could not skip to row %lld", y0);
+    std::longjmp(jerr.jump, 1);
+  }
+  while (cinfo.output_scanline < y1) {
+    JSAMPROW row = out->pixels + (cinfo.output_scanline - y0) * stride;
+    if (jpeg_read_scanlines(&cinfo, &row, 1) != 1) {
+      std::snprintf(jerr.message, sizeof jerr.message, "no data for row %u",
+                    cinfo.output_scanline);
+      std::longjmp(jerr.jump, 1);
+    }
+  }
+  if (req.verify) {
+    // Entropy decode the rest (skipping costs no IDCT) and read up to EOI, so that a corrupt
+    // or truncated tail fails here as it fails a full decode. Skipping straight to the end
+    // would not: libjpeg short-cuts that without reading, so the last row is decoded.
+    const JDIMENSION last = cinfo.output_height - 1;
+    if (cinfo.output_scanline < last) {
+      jpeg_skip_scanlines(&cinfo, last - cinfo.output_scanline);
+    }
+    if (cinfo.output_scanline == last) {
+      scratch = static_cast<unsigned char*>(std::malloc(stride));
+      if (scratch == nullptr) {
+        std::snprintf(jerr.message, sizeof jerr.message, "out of memory for a row");
+        std::longjmp(jerr.jump, 1);
+      }
+      JSAMPROW row = scratch;
+      jpeg_read_scanlines(&cinfo, &row, 1);
+    }
+    jpeg_finish_decompress(&cinfo);
+  } else {
+    jpeg_abort_decompress(&cinfo);
+  }
+  jpeg_destroy_decompress(&cinfo);
+  std::free(scratch);
+  return true;
+}
+
+class JpegRoiError : public std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+py::tuple decode_jpeg_roi(const py::buffer& data, long long y0, long long x0, long long y1,
+                          long long x1, int scale_denom, bool verify) {
+  if (scale_denom != 1 && scale_denom != 2 && scale_denom != 4 && scale_denom != 8) {
+    throw py::value_error("scale_denom must be 1, 2, 4 or 8, got " + std::to_string(scale_denom));
+  }
+  const py::buffer_info info = data.request();  // holds the buffer (and its bytes) until return
+  if (info.itemsize != 1 || info.ndim != 1 || info.strides[0] != 1) {
+    throw py::value_error("data must be a contiguous bytes-like object");
+  }
+  Request req{static_cast<const unsigned char*>(info.ptr), static_cast<std::size_t>(info.size),
+              y0, x0, y1, x1, scale_denom, verify};
+  Region region{};
+  char message[JMSG_LENGTH_MAX + 64];
+  bool ok;
+  {
+    py::gil_scoped_release release;
+    ok = req.size >= 2 && decode_region(req, &region, message, sizeof message);
+  }
+  if (!ok) {
+    throw JpegRoiError(req.size < 2 ? "not a JPEG (fewer than 2 bytes)" : message);
+  }
+  if (!region.has_eoi && !verify) {
+    std::free(region.pixels);
+    throw JpegRoiError("Premature end of JPEG file (no EOI marker)");
+  }
+  py::capsule owner(region.pixels, [](void* p) { std::free(p); });
+  py::array_t<std::uint8_t> pixels({region.height, region.width, 3}, region.pixels, owner);
+  return py::make_tuple(
+      pixels, py::make_tuple(region.y0, region.x0, region.y0 + region.height,
+                             region.x0 + region.width),
+      py::make_tuple(region.full_height, region.full_width));
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "Region-of-interest JPEG decoding (libjpeg-turbo) for batchwire's CPU decode path.";
+  py::register_exception<JpegRoiError>(m, "JpegRoiError", PyExc_ValueError);
+  m.def("decode_jpeg_roi", &decode_jpeg_roi, py::arg("data"), py::arg("y0"), py::arg("x0"),
+        py::arg("y1"), py::arg("x1"), py::arg("scale_denom") = 1, py::arg("verify") = true,
+        R"(Decodes rows [y0, y1) and at least columns [x0, x1) of a JPEG, as RGB, at 1/scale_denom.
+
+Coordinates are in the stored (EXIF-unoriented) image at that scale and are clamped to it.
+Returns (pixels HxWx3 uint8, (ry0, rx0, ry1, rx1) the region decoded, (height, width) of the
+whole scaled image): libjpeg widens the columns to iMCU boundaries. With verify, the rest of
+the file is entropy decoded too, so corrupt or truncated data anywhere raises JpegRoiError
+(a ValueError), as a full decode would; without it only a missing EOI marker is checked.)");
+  m.attr("LIBJPEG_VERSION") = JPEG_LIB_VERSION;
+}

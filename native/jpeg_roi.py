@@ -1,0 +1,77 @@
+"""Region-of-interest JPEG decoding (csrc/jpeg_roi.cpp): only the part of a JPEG a crop reads.
+
+Optional by design: it needs libjpeg-turbo's headers at build time (`libjpeg62-turbo-dev`), so
+it is a separate extension from the augment op, and callers (pipeline/decode.py) keep their
+full-image decoder for when it is unavailable. The build is tried once per process; a failure
+is logged once and remembered, never retried per image.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+import numpy as np
+from batchwire.native.build import NativeBuildError, build_jpeg_roi
+
+log = logging.getLogger("batchwire.native")
+
+Region = tuple[int, int, int, int]
+
+_lock = threading.Lock()
+_state: dict[str, Any] = {}
+
+
+class JpegRoiError(ValueError):
+    """The JPEG could not be decoded (corrupt, truncated, unsupported): the message says why."""
+
+
+def _module() -> Any | None:
+    """The loaded extension, or None when it cannot be built here (logged once)."""
+    if "module" not in _state:
+        with _lock:
+            if "module" not in _state:
+                try:
+                    _state["module"] = build_jpeg_roi().module
+                except NativeBuildError as exc:
+                    log.warning("batchwire.native: ROI JPEG decoding unavailable: %s", exc)
+                    _state["module"] = None
+    return _state["module"]
+
+
+def jpeg_roi_available() -> bool:
+    """True when the ROI decoder builds and loads here (the first call may compile it)."""
+    return _module() is not None
+
+
+def decode_jpeg_roi(
+    data: bytes | memoryview,
+    y0: int,
+    x0: int,
+    y1: int,
+    x1: int,
+    scale_denom: int = 1,
+    *,
+    verify: bool = True,
+) -> tuple[np.ndarray, Region, tuple[int, int]]:
+    """Rows [y0, y1) and at least columns [x0, x1) of a JPEG at 1/scale_denom, as RGB.
+
+    Coordinates refer to the stored image (EXIF orientation not applied) at that scale and are
+    clamped to it. Returns (pixels HxWx3 uint8, (ry0, rx0, ry1, rx1) the region actually
+    decoded, (height, width) of the whole scaled image): the columns are widened to iMCU
+    boundaries, so callers re-express their crop in region coordinates. `verify` entropy-decodes
+    the rest of the file too, so that corrupt data outside the region fails as a full decode
+    fails. Raises JpegRoiError for bad data, RuntimeError when the extension is unavailable.
+    The GIL is released while decoding.
+    """
+    module = _module()
+    if module is None:
+        raise RuntimeError("the ROI JPEG decoder is unavailable (see the logged build error)")
+    try:
+        pixels, region, full = module.decode_jpeg_roi(
+            data, int(y0), int(x0), int(y1), int(x1), int(scale_denom), bool(verify)
+        )
+    except module.JpegRoiError as exc:
+        raise JpegRoiError(str(exc)) from None
+    return pixels, tuple(region), tuple(full)
