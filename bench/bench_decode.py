@@ -32,16 +32,16 @@ IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
 
 
 def _timed(fns: dict[str, Callable[[], None]], repeats: int) -> dict[str, tuple[float, float]]:
-    """name -> (best wall seconds, CPU seconds of that run); the functions take turns, so
-    background load on a shared machine hits them alike."""
+    """name -> (best wall seconds, best CPU seconds), each the minimum over the runs; the
+    functions take turns, so background load on a shared machine hits them alike, and the
+    minimum is the run it disturbed least (CPU time too grows under load: shared caches)."""
     best = {name: (float("inf"), float("inf")) for name in fns}
     for _ in range(repeats):
         for name, fn in fns.items():
             w0, c0 = time.perf_counter(), time.process_time()
             fn()
             wall, cpu = time.perf_counter() - w0, time.process_time() - c0
-            if wall < best[name][0]:
-                best[name] = (wall, cpu)
+            best[name] = (min(wall, best[name][0]), min(cpu, best[name][1]))
     return best
 
 
@@ -203,21 +203,29 @@ def _run(args: argparse.Namespace, files: list[Path]) -> int:
     result = {"dir": str(args.dir), "decode": bench_decode(files, args.size, args.repeats)}
     result["upscale"] = args.upscale
     d = result["decode"]
-    print(f"decode, one thread, {d['images']} files ({d['mean_bytes'] / 1e3:.0f} kB mean), "
-          f"preloaded; crop plan: train RandomResizedCrop to {args.size} px")
+    print(
+        f"decode, one thread, {d['images']} files ({d['mean_bytes'] / 1e3:.0f} kB mean), "
+        f"preloaded; crop plan: train RandomResizedCrop to {args.size} px"
+    )
     names = ["full", "dct_scaled", "all_at_1/2", "all_at_1/4", "all_at_1/8"]
     names += ["roi", "roi_verify_tail"] if d["roi_available"] else []
     print(f"  {'':<22}{'images/s (wall)':>16}{'images/CPU-s':>14}{'CPU ms/image':>14}")
     for name in names:
         r = d[name]
-        print(f"  {name:<22}{r['images_per_s_wall']:>16.1f}{r['images_per_cpu_s']:>14.1f}"
-              f"{1e3 / r['images_per_cpu_s']:>14.3f}")
-    print(f"  DCT scaling speed-up: {d['speedup_wall']:.2f}x wall, {d['speedup_cpu']:.2f}x CPU; "
-          f"scales chosen: {d['dct_scales_chosen']}")
+        print(
+            f"  {name:<22}{r['images_per_s_wall']:>16.1f}{r['images_per_cpu_s']:>14.1f}"
+            f"{1e3 / r['images_per_cpu_s']:>14.3f}"
+        )
+    print(
+        f"  DCT scaling speed-up: {d['speedup_wall']:.2f}x wall, {d['speedup_cpu']:.2f}x CPU; "
+        f"scales chosen: {d['dct_scales_chosen']}"
+    )
     if d["roi_available"]:
-        print(f"  ROI speed-up over dct_scaled (CPU): "
-              f"{d['roi_speedup_cpu_vs_dct_scaled']:.2f}x, with the tail verified "
-              f"{d['roi_verify_tail_speedup_cpu_vs_dct_scaled']:.2f}x")
+        print(
+            f"  ROI speed-up over dct_scaled (CPU): "
+            f"{d['roi_speedup_cpu_vs_dct_scaled']:.2f}x, with the tail verified "
+            f"{d['roi_verify_tail_speedup_cpu_vs_dct_scaled']:.2f}x"
+        )
     else:
         print("  ROI decoding unavailable here (see the logged build error)")
     if not args.no_loader:
@@ -225,9 +233,11 @@ def _run(args: argparse.Namespace, files: list[Path]) -> int:
             files, args.size, args.batch_size, args.threads, args.epochs
         )
         for dtype, r in result["local_loader"].items():
-            print(f"LocalLoader {args.size} px, batch {args.batch_size}, {args.threads} threads, "
-                  f"{dtype} out ({r['augment']} augment): {r['images_per_s']:.1f} images/s, "
-                  f"{r['images_per_cpu_s']:.1f} images/CPU-s ({r['images']} images)")
+            print(
+                f"LocalLoader {args.size} px, batch {args.batch_size}, {args.threads} threads, "
+                f"{dtype} out ({r['augment']} augment): {r['images_per_s']:.1f} images/s, "
+                f"{r['images_per_cpu_s']:.1f} images/CPU-s ({r['images']} images)"
+            )
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))
     return 0

@@ -47,6 +47,11 @@ def _wait_ready(endpoint: str, proc: subprocess.Popen, timeout: float) -> None:
         sock.close()
 
 
+def _optional(args: argparse.Namespace, *names: str) -> dict:
+    """Loader options given on the command line (the original loader lacks some of them)."""
+    return {n: getattr(args, n) for n in names if getattr(args, n) is not None}
+
+
 def run_config(args: argparse.Namespace, name: str, tmp: Path) -> dict:
     wire, normalize = CONFIGS[name]
     endpoint = f"ipc://{tmp}/{name}.sock"
@@ -64,19 +69,26 @@ def run_config(args: argparse.Namespace, name: str, tmp: Path) -> dict:
             device="cpu",
             prefetch=args.prefetch,
             normalize_on_device=normalize,
-            **({"reuse_buffers": args.reuse_buffers} if args.reuse_buffers is not None else {}),
+            **_optional(args, "reuse_buffers", "prefetch_next_epoch"),
         )
         with loader:
             images = batches = 0
             cpu0 = wall0 = 0.0
+            epoch_start_waits = []
             for epoch in range(args.epochs):
                 loader.set_epoch(epoch)
+                t0 = time.perf_counter()
                 for x, _labels in loader:
+                    if t0:  # the wait for an epoch's first batch (the epoch boundary)
+                        epoch_start_waits.append(time.perf_counter() - t0)
+                        t0 = 0.0
                     if batches == args.warmup:
                         cpu0, wall0, images = time.process_time(), time.perf_counter(), 0
                     batches += 1
                     images += x.shape[0]
                     del x, _labels  # a trainer drops the batch before asking for the next
+                    if args.step_ms:
+                        time.sleep(args.step_ms / 1000)  # a training step that costs no CPU here
             cpu = time.process_time() - cpu0
             wall = time.perf_counter() - wall0
     finally:
@@ -87,6 +99,8 @@ def run_config(args: argparse.Namespace, name: str, tmp: Path) -> dict:
         "images": images,
         "client_cpu_ms_per_image": round(1000 * cpu / images, 4),
         "images_per_s": round(images / wall, 1),
+        # epochs after the first: what the next-epoch prefetch saves at each boundary
+        "epoch_start_wait_ms": [round(1000 * w, 1) for w in epoch_start_waits[1:]],
     }
 
 
@@ -98,6 +112,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--warmup", type=int, default=3, help="batches not measured")
     p.add_argument("--prefetch", type=int, default=4)
+    p.add_argument("--step-ms", type=float, default=0.0, help="simulated step time per batch")
+    p.add_argument(
+        "--prefetch-next-epoch",
+        type=lambda s: s.lower() in ("1", "true", "yes"),
+        default=None,
+        help="pass prefetch_next_epoch= to RemoteLoader (default: the loader's default)",
+    )
     p.add_argument("--config", action="append", choices=sorted(CONFIGS), default=None)
     p.add_argument(
         "--reuse-buffers",

@@ -6,9 +6,14 @@ bandwidth.
 
 It is computed as ``x * scale + bias`` with ``scale = 1 / (255 std)`` and ``bias = -mean / std``
 (float32, rounded from double), the same affine form the server's fused op applies to its float
-output, in as few passes as torch allows: one converting copy into the output, then a multiply
-and an add in place (per channel plane, with plain float scalars, when the output is NCHW
-contiguous, which is the fastest form on the CPU). No temporary batch for a float32 output.
+output, in two passes per channel plane written straight into the output: a multiply that reads
+the uint8 plane, and an add in place. No temporary batch for a float32 output.
+
+On the CPU these run as numpy ufuncs, single-threaded on purpose: torch's elementwise kernels
+would fan out to its intra-op threads, whose barriers spin; on a machine whose cores are busy
+anyway (the server, the training step) that burned ~3x the CPU time for the same result
+(measured: 22 vs 6.7 CPU ms per 64x224x224 batch on 2 loaded cores). Both give bit-identical
+float32 results (one rounding per operation, in the same order).
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 #: ImageNet channel statistics, the usual defaults for pretrained-style normalisation.
@@ -66,12 +72,17 @@ class Affine:
         )
 
     def apply_(self, x: torch.Tensor) -> torch.Tensor:
-        """``x = x * scale + bias`` in place (float32 ``[B, 3, H, W]``)."""
-        if x.is_contiguous() and x.device.type == "cpu":
-            for c in range(3):  # contiguous planes: the fastest vectorised loops on the CPU
-                x[:, c].mul_(self.scale[c]).add_(self.bias[c])
-            return x
+        """``x = x * scale + bias`` in place (float32 ``[B, 3, H, W]``, any device)."""
         return x.mul_(self.scale_t).add_(self.bias_t)
+
+    def apply_cpu(self, images: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """``out = images * scale + bias`` for CPU tensors (``out`` float32), single-threaded."""
+        src, dst = images.numpy(), out.numpy()
+        for c in range(3):
+            plane = dst[:, c]
+            np.multiply(src[:, c], np.float32(self.scale[c]), out=plane)
+            np.add(plane, np.float32(self.bias[c]), out=plane)
+        return out
 
 
 def normalize_uint8(
@@ -86,7 +97,11 @@ def normalize_uint8(
     channels_last (its strides are kept). A half-precision ``out`` is computed in float32 first
     (in ``scratch`` when given, shaped like ``out``), so its only rounding is the final one.
     """
-    if out.dtype == torch.float32:
-        return affine.apply_(out.copy_(images))
-    tmp = scratch if scratch is not None else torch.empty_like(out, dtype=torch.float32)
-    return out.copy_(affine.apply_(tmp.copy_(images)))
+    f32 = out if out.dtype == torch.float32 else scratch
+    if f32 is None:
+        f32 = torch.empty_like(out, dtype=torch.float32)
+    if images.device.type == "cpu":
+        affine.apply_cpu(images, f32)
+    else:
+        affine.apply_(f32.copy_(images))
+    return f32 if f32 is out else out.copy_(f32)

@@ -10,8 +10,8 @@ on the consumer's stream when the *next* batch was requested (the GPU has finish
 the training step queued on it).
 
 `CpuStager` is the CPU counterpart: no copy at all for the wire's own dtype (the yielded tensor
-views the ZeroMQ frame it arrived in, and keeps it alive), and normalisation straight into a
-recycled output buffer (see `ring.RecyclingPool`).
+views the ZeroMQ frame it arrived in, and keeps it alive), and normalisation, when the batch is
+handed out, straight into a recycled output buffer (see `ring.RecyclingPool`).
 
 Both take a batch either received into a slot (``acquire``, ``recv_into``, ``stage``: the
 CUDA path, whose slots are pinned) or as ZeroMQ frames (``stage_frames``: the CPU path, and
@@ -54,6 +54,8 @@ class Staged:
     slot: HostSlot | None  # None on the CPU path
     images: torch.Tensor
     labels: torch.Tensor
+    #: CPU: ``images`` is still the uint8 wire batch, normalised when handed out.
+    normalize_pending: bool = False
 
 
 def frame_tensor(frame: zmq.Frame, dtype: torch.dtype) -> torch.Tensor:
@@ -98,15 +100,20 @@ class CpuStager:
     ) -> Staged:
         dtype = protocol.torch_dtype(header.dtype)
         raw = images_view(frame_tensor(images, dtype), header.shape, header.dtype, header.layout)
-        if self._pool is not None:
-            b = header.batch_size
-            out = self._pool.take()[:b]  # a fresh view: it is what keeps the buffer taken
-            scratch = None if self._scratch is None else self._scratch[:b]
-            raw = normalize_uint8(raw, self._affine, out, scratch)
-        return Staged(None, raw, frame_labels(labels))
+        return Staged(None, raw, frame_labels(labels), normalize_pending=self.fmt.normalize)
 
     def hand_out(self, staged: Staged) -> None:
-        pass
+        """Normalise now, not on arrival: a batch waiting in the reorder buffer (or several,
+        arriving at once when an early epoch is adopted) costs no work before its turn, and
+        only the batches handed out hold output buffers."""
+        if not staged.normalize_pending:
+            return
+        assert self._pool is not None
+        b = staged.images.shape[0]
+        out = self._pool.take()[:b]  # a fresh view: it is what keeps the buffer taken
+        scratch = None if self._scratch is None else self._scratch[:b]
+        staged.images = normalize_uint8(staged.images, self._affine, out, scratch)
+        staged.normalize_pending = False
 
     def release(self, staged: Staged) -> None:
         pass

@@ -1,11 +1,13 @@
 """The client's engine: sessions with every server, credits, and the in-order reorder buffer.
 
 Everything runs on the consumer's thread. ZeroMQ's own I/O thread already receives up to the
-credited number of batches in the background; what is left for us is one ``recv_into`` per frame
-(straight into the slot the batch will be staged from) and queueing the asynchronous device
-copy. Before blocking on the batch it needs next, `get` takes in every batch that has already
-arrived, so copies are queued a step or more ahead of their use. A single thread also means no
-socket is ever shared between threads and no error has to be ferried across one.
+credited number of batches in the background; what is left for us is, for CUDA, one
+``recv_into`` per frame (straight into the pinned slot the batch will be staged from) and
+queueing the asynchronous device copy; for the CPU, taking the frames as they are (no copy, see
+`prefetch.CpuStager`). Before blocking on the batch it needs next, `get` takes in every batch
+that has already arrived, so copies are queued a step or more ahead of their use. A single
+thread also means no socket is ever shared between threads and no error has to be ferried
+across one.
 
 Several servers: server ``i`` of ``n`` produces the rank's batches ``k`` with ``k % n == i``;
 arrivals wait in a reorder buffer until their turn, so the loader yields the epoch in order,
@@ -50,6 +52,10 @@ from batchwire.server import protocol
 log = logging.getLogger(__name__)
 
 _POLL_MS = 100  # longest single poll; bounds how late a reconnect or timeout is noticed
+# A next-epoch session we have not spoken to for this long may have been dropped by the server
+# (its --client-timeout, 60 s by default, counts our silence): it is replaced, not adopted,
+# so a long validation between epochs costs a plain restart, never a heartbeat's stall.
+AHEAD_MAX_AGE_S = 30.0
 
 
 @dataclass(eq=False)
@@ -117,6 +123,7 @@ class BatchReceiver:
         self.held: dict[int, Arrived] = {}
         self.dropped = 0  # batches received but not needed (stale, duplicate)
         self.adopted = 0  # batches of a next-epoch session that the epoch then used
+        self.ahead_max_age = AHEAD_MAX_AGE_S
         self._no_speculation_in = -1  # an epoch in which a next-epoch hello was refused
         self._closed = False
 
@@ -206,7 +213,8 @@ class BatchReceiver:
         """Is ``c``'s live session exactly the stream ``(epoch, cursor)`` needs from it?
 
         Only a session none of whose batches were used or dropped qualifies (every batch it
-        sent is still in ``c.ahead``): anything else is restarted with a new hello.
+        sent is still in ``c.ahead``), and only if we spoke to the server recently enough for
+        it to still know the session: anything else is restarted with a new hello.
         """
         s = c.stream
         return (
@@ -214,6 +222,7 @@ class BatchReceiver:
             and s.epoch == epoch
             and s.start_batch == self._first(c, cursor)
             and s.received == len(c.ahead)
+            and time.monotonic() - c.last_sent <= self.ahead_max_age
         )
 
     def _adopt(self, c: ServerConnection) -> None:
@@ -300,6 +309,8 @@ class BatchReceiver:
             c.drain_events()
             if c.may_send_hello:
                 self._send_hello(c)
+            else:  # e.g. a next-epoch hello that found no connection when first tried
+                self._speculate(c)
 
     # ------------------------------------------------------------------ waiting
 

@@ -17,7 +17,9 @@ Next epoch early: once the servers have sent the last batch of an epoch, the loa
 for the next epoch (``epoch + 1`` from batch 0), so the usual ``set_epoch(epoch + 1)`` finds
 its first batches already received instead of waiting for the servers to start. Any other next
 step (another epoch, ``load_state_dict``, iterating the same epoch again) discards those batches
-and asks for what it needs; the position above never counts them. ``prefetch_next_epoch=False``
+and asks for what it needs; the position above never counts them. After a long pause between
+epochs (over `receiver.AHEAD_MAX_AGE_S`, e.g. a long validation) the early stream is replaced
+rather than trusted, since the server may have dropped it meanwhile. ``prefetch_next_epoch=False``
 turns this off (e.g. a loader whose epochs are not consecutive).
 
 Tensor lifetime: on CPU every batch is yours to keep: it is never overwritten while any tensor,
@@ -53,6 +55,7 @@ except ImportError:  # pragma: no cover - depends on the checkout
     LoaderStats = None  # type: ignore[assignment,misc]
 
 _STATE_KEYS = ("epoch", "next_batch", "split", "rank", "world_size")
+_CPU_OUTPUT_BUFFERS = 4
 
 
 def _resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
@@ -114,9 +117,9 @@ def _make_stager(
     )
     if device.type == "cuda":
         return CudaStager(fmt, device, slots)
-    # Output buffers in use at once: the received batches, the one the consumer holds, the one
-    # it may still hold while asking for the next; beyond that a buffer is allocated afresh.
-    return CpuStager(fmt, slots + 2 if reuse_buffers else 0)
+    # Output buffers are taken at hand-out: the batch the consumer holds, the one it may still
+    # hold while asking for the next, and slack; beyond that a buffer is allocated afresh.
+    return CpuStager(fmt, _CPU_OUTPUT_BUFFERS if reuse_buffers else 0)
 
 
 class RemoteLoader(IterableDataset):

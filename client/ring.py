@@ -156,7 +156,9 @@ class RecyclingPool:
         self._enabled = size > 0 and _use_count_works()
         if size > 0 and not self._enabled:
             log.info("this torch's storage use count is unusable: output buffers are not reused")
-        self._buffers: list[tuple[torch.Tensor, int]] = []  # (pool's tensor, its idle count)
+        # (pool's tensor, its idle use count), oldest first. When all are held, a new buffer
+        # replaces the oldest: batches a user keeps for good leave the pool, not block it.
+        self._buffers: deque[tuple[torch.Tensor, int]] = deque(maxlen=max(size, 1))
         self.allocated = 0
 
     def take(self) -> torch.Tensor:
@@ -170,6 +172,6 @@ class RecyclingPool:
                     return buf
         buf = self._make()
         self.allocated += 1
-        if self._enabled and len(self._buffers) < self._size:
+        if self._enabled:
             self._buffers.append((buf, _storage_use_count(buf)))
         return buf

@@ -11,7 +11,14 @@ import shutil
 import sys
 
 import torch
-from batchwire.native.build import NativeBuildError, build, make_plan, missing_tools
+from batchwire.native.build import (
+    BuildResult,
+    NativeBuildError,
+    build,
+    build_jpeg_roi,
+    make_plan,
+    missing_tools,
+)
 
 
 def _info() -> int:
@@ -32,18 +39,28 @@ def _info() -> int:
     return 1 if problems else 0
 
 
-def _build(verbose: bool) -> int:
-    try:
-        result = build(verbose=verbose)
-    except NativeBuildError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+def _report(result: BuildResult) -> None:
     plan = result.plan
     if result.compiled:
         print(f"built the {plan.kind} extension in {result.seconds:.1f} s: {plan.library}")
     else:
         print(f"the {plan.kind} extension is up to date ({result.seconds:.2f} s): {plan.library}")
-    print(f"CUDA: {'yes' if plan.with_cuda else 'no'} ({plan.cuda_reason})")
+
+
+def _build(verbose: bool) -> int:
+    """The augment op is required; the JPEG region decoder is optional (the pipeline then
+    decodes whole images), so its failure is reported but does not fail the build."""
+    try:
+        result = build(verbose=verbose)
+    except NativeBuildError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    _report(result)
+    print(f"CUDA: {'yes' if result.plan.with_cuda else 'no'} ({result.plan.cuda_reason})")
+    try:
+        _report(build_jpeg_roi(verbose=verbose))
+    except NativeBuildError as exc:
+        print(f"warning: JPEG region decoder not built, whole images will be decoded: {exc}")
     return 0
 
 

@@ -9,13 +9,18 @@ PYTHON=${PYTHON:-python3}
 EXTRAS=${BATCHWIRE_EXTRAS:-dev,dali}
 TORCH_SPEC=${BATCHWIRE_TORCH:-torch==2.13.0}
 
-# libjpeg-turbo's TurboJPEG API (PyTurboJPEG < 2 needs libturbojpeg 2.x).
-if ! ldconfig -p 2>/dev/null | grep -q 'libturbojpeg\.so'; then
+# System libraries: libjpeg-turbo's TurboJPEG API (PyTurboJPEG < 2 needs libturbojpeg 2.x), and
+# libjpeg's headers for our region-of-interest JPEG decoder (optional: without them whole images
+# are decoded).
+missing=()
+ldconfig -p 2>/dev/null | grep -q 'libturbojpeg\.so' || missing+=(libturbojpeg0)
+[ -f /usr/include/jpeglib.h ] || [ -f /usr/include/x86_64-linux-gnu/jpeglib.h ] || missing+=(libjpeg62-turbo-dev)
+if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then
-    echo "setup: installing libturbojpeg0 (apt-get)"
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libturbojpeg0 >/dev/null
+    echo "setup: installing ${missing[*]} (apt-get)"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
   else
-    echo "setup: libturbojpeg is missing; run:  sudo apt-get update && sudo apt-get install -y libturbojpeg0" >&2
+    echo "setup: missing system packages; run:  sudo apt-get update && sudo apt-get install -y ${missing[*]}" >&2
     exit 1
   fi
 fi

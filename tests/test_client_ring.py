@@ -1,11 +1,15 @@
-"""The client's receive slots and byte views (the CUDA ring's host half runs here unpinned)."""
+"""The client's receive slots, byte views (the CUDA ring's host half runs here unpinned), and
+the CPU output pool that must never recycle a buffer someone still refers to."""
 
 from __future__ import annotations
+
+import gc
 
 import pytest
 import torch
 from batchwire.client import ProtocolError
-from batchwire.client.ring import SlotRing, images_view, writable
+from batchwire.client.normalize import Affine, normalize_uint8
+from batchwire.client.ring import RecyclingPool, SlotRing, images_view, writable
 
 
 def test_ring_reuses_returned_slots_last_and_refuses_overdraw():
@@ -46,3 +50,78 @@ def test_images_view_reads_the_bytes_a_server_sends(dtype, layout):
     assert view.shape == (2, 3, 4, 5) and view.dtype == dtype
     assert torch.equal(view, batch)
     assert view.is_contiguous(memory_format=torch.channels_last) == (layout == "nhwc")
+
+
+def make_pool(size: int = 2) -> RecyclingPool:
+    return RecyclingPool(lambda: torch.zeros(4, 6), size)
+
+
+def test_pool_reuses_a_buffer_only_when_no_view_of_it_is_left():
+    pool = make_pool()
+    first = pool.take()
+    handed = first[:3]  # what a loader yields: a fresh view
+    assert pool.take() is not first, "a buffer whose view is alive was reused"
+    del handed
+    gc.collect()
+    assert pool.take() is first
+    assert pool.allocated == 2
+
+
+@pytest.mark.parametrize(
+    "keep",
+    [
+        lambda v: v[1],  # a view of the view: the yielded tensor itself is gone
+        lambda v: v.numpy(),  # a numpy array over it
+        lambda v: memoryview(v.numpy()),
+        lambda v: v.view(torch.int32).t(),
+        lambda v: v.requires_grad_().mul(2),  # autograd saves the input for backward
+    ],
+    ids=["view", "numpy", "memoryview", "reinterpreted", "autograd"],
+)
+def test_pool_never_reuses_what_is_still_referenced(keep):
+    pool = make_pool()
+    buf = pool.take()
+    held = keep(buf[:2])
+    gc.collect()
+    assert pool.take() is not buf
+    del held
+    gc.collect()
+    assert pool.take() is buf
+
+
+def test_pool_replaces_buffers_kept_for_good_and_drops_shared_memory():
+    pool = make_pool(size=1)
+    a = pool.take()
+    kept = a[:]  # the user keeps this batch
+    b = pool.take()  # the one pooled buffer is held: a new one replaces it in the pool
+    assert b is not a
+    assert pool.take() is b, "the pool must recycle the newer buffer, not stay blocked"
+    del kept
+    assert pool.take() is b, "a buffer that left the pool never comes back"
+    b.share_memory_()  # as if sent to another process: it may be mapped there
+    c = pool.take()
+    assert c is not b and pool.take() is c
+    assert pool.allocated == 3
+
+
+def test_pool_of_size_zero_always_allocates():
+    pool = make_pool(size=0)
+    a = pool.take()
+    assert pool.take() is not a and pool.allocated == 2
+
+
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+def test_cpu_normalize_is_the_affine_formula_exactly(out_dtype, layout):
+    x = (torch.arange(2 * 3 * 5 * 7) * 37 % 256).to(torch.uint8).view(2, 3, 5, 7)
+    fmt = torch.channels_last if layout == "nhwc" else torch.contiguous_format
+    x = x.contiguous(memory_format=fmt)
+    affine = Affine.from_stats((0.485, 0.456, 0.406), (0.229, 0.224, 0.225), torch.device("cpu"))
+    out = torch.empty(x.shape, dtype=out_dtype, memory_format=fmt)
+    normalize_uint8(x, affine, out)
+    expected = (x.float() * affine.scale_t + affine.bias_t).to(out_dtype)
+    assert torch.equal(out, expected)
+    assert out.is_contiguous(memory_format=fmt)
+    # the device path (torch ops) computes the same values
+    generic = torch.empty_like(out)
+    assert torch.equal(out, generic.copy_(affine.apply_(x.float())))

@@ -107,7 +107,7 @@ def test_crop_box_maps_into_scaled_oriented_image() -> None:
     assert (header.height, header.width, header.orientation) == (640, 400, 6)
     full = pil_rgb(data)
     box = (100.0, 40.0, 600.0, 360.0)  # 500 x 320 in the displayed image
-    decoded = decode_for_crop(data, header, box, (112, 80))
+    decoded = decode_for_crop(data, header, box, (112, 80), roi=False)  # the whole image
     assert decoded.pixels.shape[:2] == (160, 100)  # 1/4 scale
     assert decoded.box == pytest.approx((25.0, 10.0, 150.0, 90.0))
     y0, x0, y1, x1 = (int(v) for v in decoded.box)

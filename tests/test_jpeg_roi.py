@@ -351,24 +351,29 @@ def test_decodes_from_memoryview_and_other_threads_agree() -> None:
 
 def test_the_gil_is_released_while_decoding() -> None:
     """Another Python thread keeps running during a long decode: the longest pause it sees is
-    far below one decode's duration (it would be the whole decode if the GIL were held)."""
+    far below one decode's duration (it would be the whole decode if the GIL were held). GIL
+    hand-overs alone cost a few switch intervals, and on a loaded machine the OS may pause any
+    thread, so the best of three trials is judged. (Checked against a call that keeps the GIL,
+    ctypes.PyDLL's usleep: its pause here is the whole call.)"""
     import threading
     import time
 
-    data = encode(np.tile(smooth_image(500, 375, seed=8), (6, 8, 1)))  # 3000 x 3000
-    durations = []
-    for _ in range(2):
+    data = encode(np.tile(smooth_image(500, 375, seed=8), (8, 8, 1)))  # 4000 x 3000
+    whole = (0, 0, 4000, 3000)
+    durations, pauses = [], []
+    for _ in range(3):
         start = time.perf_counter()
-        native.decode_jpeg_roi(data, 0, 0, 3000, 3000)
+        native.decode_jpeg_roi(data, *whole)
         durations.append(time.perf_counter() - start)
-    worker = threading.Thread(target=native.decode_jpeg_roi, args=(data, 0, 0, 3000, 3000))
-    worker.start()
-    longest, last = 0.0, time.perf_counter()
-    while worker.is_alive():
-        now = time.perf_counter()
-        longest, last = max(longest, now - last), now
-    worker.join()
-    assert longest < min(durations) / 2, (longest, durations)
+        worker = threading.Thread(target=native.decode_jpeg_roi, args=(data, *whole))
+        longest, last = 0.0, time.perf_counter()  # before start(): a held GIL stalls start()
+        worker.start()
+        while worker.is_alive():
+            now = time.perf_counter()
+            longest, last = max(longest, now - last), now
+        worker.join()
+        pauses.append(longest)
+    assert min(pauses) < min(durations) / 2, (pauses, durations)
 
 
 def test_roi_extension_is_separate_from_the_augment_op(monkeypatch, tmp_path) -> None:

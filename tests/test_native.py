@@ -13,6 +13,7 @@ import ctypes
 import math
 import os
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -128,6 +129,60 @@ def test_matches_reference_on_random_batches(ops, device, dtype, channels_last):
     _require_cuda_build(ops, device)
     for seed in range(3):
         _check_against_reference(ops, device, dtype, channels_last, seed)
+
+
+def _check_split_over_threads(ops) -> None:
+    """Enough work for the CPU kernel to use two threads, and too few images for one each, so
+    it splits images into row blocks (a contrast image stays whole, a grey one has its own
+    horizontal pass)."""
+    gen = torch.Generator().manual_seed(5)
+    images = [
+        torch.randint(0, 256, (300, 400, 3), dtype=torch.uint8, generator=gen),
+        torch.randint(0, 256, (310, 390, 1), dtype=torch.uint8, generator=gen),
+        torch.randint(0, 256, (280, 420, 3), dtype=torch.uint8, generator=gen),
+    ]
+    boxes = torch.tensor([[0, 0, 300, 400], [5.5, 3.25, 300, 390], [10, 20, 270, 410]])
+    flips = torch.tensor([False, True, True])
+    jitter = torch.tensor([[1.0, 1.0, 1.0, 0.0], [1.2, 1.0, 0.7, 0.0], [0.9, 1.3, 1.1, 0.0]])
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        for dtype, channels_last in ((torch.uint8, False), (torch.float32, True)):
+            got, want = _outputs(3, 224, 200, dtype, channels_last, "cpu")
+            ops.augment_batch(images, boxes, flips, jitter, MEAN, STD, got)
+            augment_batch_reference(images, boxes, flips, jitter, MEAN, STD, want)
+            _assert_matches(got, want)
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_work_split_over_threads_matches_reference(ops):
+    _check_split_over_threads(ops)
+
+
+@pytest.mark.timeout(120)
+def test_portable_cpu_path_matches_reference():
+    """The CPU kernel picks hand-written AVX2 / F16C loops at run time where the CPU has them;
+    BATCHWIRE_NATIVE_SIMD=baseline turns them off, so the portable loops that other machines
+    run are checked here too, in a fresh process (the choice is made once per process)."""
+    script = (
+        "import importlib.util, sys, torch\n"
+        "from batchwire import native\n"
+        f"spec = importlib.util.spec_from_file_location('oracle_tests', {str(__file__)!r})\n"
+        "t = importlib.util.module_from_spec(spec); spec.loader.exec_module(t)\n"
+        "ops = native.load()\n"
+        "for dtype in t.DTYPES:\n"
+        "    for channels_last in (False, True):\n"
+        "        t._check_against_reference(ops, 'cpu', dtype, channels_last, 0)\n"
+        "t._check_split_over_threads(ops)\n"
+        "print('portable path ok')\n"
+    )
+    env = {**os.environ, "BATCHWIRE_NATIVE_SIMD": "baseline"}
+    result = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=110
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "portable path ok" in result.stdout
 
 
 @pytest.mark.parametrize("device", _devices())

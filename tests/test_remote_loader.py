@@ -240,6 +240,30 @@ def test_normalize_on_device_matches_the_formula(server, reference):
 
 
 @pytest.mark.timeout(60)
+def test_cpu_batches_are_never_overwritten_while_referenced(server, reference):
+    """Normalised CPU batches come from recycled buffers: keeping every batch (or just a view
+    of it) must keep them intact, and a trainer that drops each batch reuses a few buffers."""
+    mean = torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1)
+    std = torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1)
+    scale = (1 / (255 * std.double())).float()
+    bias = (-mean.double() / std.double()).float()
+    expected = [raw.float() * scale + bias for raw, _, _ in reference]
+    kw = dict(rank=0, world_size=1, device="cpu", normalize_on_device=True, prefetch=2)
+    kw.update(mean=mean.flatten().tolist(), std=std.flatten().tolist())
+    with RemoteLoader(server.endpoint, "train", **kw) as loader:
+        kept = [images for images, _ in loader]  # whole batches, no clone
+        views = [images[1:3] for images, _ in loader]  # only views of each batch survive
+        for images, _ in loader:  # the usual loop: nothing kept
+            del images
+        pool = loader._receiver.stager._pool  # white-box: the recycling really happens
+    for k, (batch, view) in enumerate(zip(kept, views, strict=True)):
+        assert torch.equal(batch, expected[k]), f"kept batch {k} was overwritten"
+        assert torch.equal(view, expected[k][1:3]), f"view of batch {k} was overwritten"
+    allocated_by_keeping = 2 * len(reference)
+    assert pool.allocated < allocated_by_keeping + 8, "buffers are not reused once dropped"
+
+
+@pytest.mark.timeout(60)
 def test_stats_travel_with_credits(server):
     with RemoteLoader(server.endpoint, "train", rank=0, world_size=1, device="cpu") as loader:
         it = iter(loader)

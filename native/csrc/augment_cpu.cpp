@@ -1,9 +1,11 @@
 // CPU kernel of batchwire::augment_batch.
 //
 // Per output row: a vertical pass over the crop's columns (contiguous uint8 -> float, the loop
-// the compiler vectorises), then a horizontal pass with precomputed taps (4-wide SSE over the
-// interleaved channels), then jitter, normalisation and a write through `out`'s strides. Work is
-// split over (image, row block) items run by at::parallel_for's threads; an image with
+// the compiler vectorises), then a horizontal pass with precomputed taps over the interleaved
+// channels (SSE, 4 pixels per step, transposed into three planes; AVX2 + FMA where the CPU has
+// it), then jitter and normalisation on the planes and a vectorised store per layout and dtype
+// (uint8: cvtps2dq + saturating packs). Work is split over (image, row block) items run by
+// at::parallel_for's threads, and only as many threads as the work pays for; an image with
 // contrast != 1 is one item, since contrast needs its whole-image grey mean before any write.
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
@@ -14,6 +16,8 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <type_traits>
 #include <vector>
 
@@ -31,8 +35,8 @@
 #define BW_CLONES
 #endif
 
-// The two passes also have hand-written AVX2 + FMA versions (intrinsics, so not target_clones),
-// chosen at run time by cpu_has_avx2_fma().
+// The horizontal pass also has a hand-written AVX2 + FMA version (intrinsics, so not
+// target_clones), chosen at run time by cpu_has_avx2_fma().
 #if defined(__x86_64__) && defined(__GNUC__)
 #define BW_HAVE_AVX2_PATH 1
 #endif
@@ -41,8 +45,19 @@ namespace batchwire {
 namespace {
 
 #ifdef BW_HAVE_AVX2_PATH
+// BATCHWIRE_NATIVE_SIMD=baseline turns the hand-written AVX2 / F16C paths off, so that the
+// portable ones can be tested (and compared) on a machine that has AVX2.
+bool simd_allowed() {
+  static const bool allowed = [] {
+    const char* v = std::getenv("BATCHWIRE_NATIVE_SIMD");
+    return v == nullptr || std::strcmp(v, "baseline") != 0;
+  }();
+  return allowed;
+}
+
 bool cpu_has_avx2_fma() {
-  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  static const bool has =
+      simd_allowed() && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   return has;
 }
 #endif
@@ -127,40 +142,6 @@ BW_CLONES void vertical_pass(float* __restrict acc, const uint8_t* const* rows, 
   }
 }
 
-#ifdef BW_HAVE_AVX2_PATH
-// The vertical pass with AVX2 + FMA: 32 columns at a time whose sums stay in four registers
-// over all taps, so `acc` is written once per row instead of once per pair of taps.
-__attribute__((target("avx2,fma"))) inline __m256 load8(const uint8_t* p) {
-  return _mm256_cvtepi32_ps(
-      _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
-}
-
-__attribute__((target("avx2,fma"))) void vertical_pass_avx2(
-    float* __restrict acc, const uint8_t* const* rows, const float* w, int taps, int64_t n) {
-  int64_t j = 0;
-  for (; j + 64 <= n; j += 64) {
-    __m256 a[8];
-    for (int q = 0; q < 8; ++q) a[q] = _mm256_setzero_ps();
-    for (int k = 0; k < taps; ++k) {
-      const uint8_t* r = rows[k] + j;
-      const __m256 wk = _mm256_broadcast_ss(w + k);
-      for (int q = 0; q < 8; ++q) a[q] = _mm256_fmadd_ps(wk, load8(r + 8 * q), a[q]);
-    }
-    for (int q = 0; q < 8; ++q) _mm256_storeu_ps(acc + j + 8 * q, a[q]);
-  }
-  for (; j + 8 <= n; j += 8) {
-    __m256 a0 = _mm256_setzero_ps();
-    for (int k = 0; k < taps; ++k) a0 = _mm256_fmadd_ps(_mm256_broadcast_ss(w + k), load8(rows[k] + j), a0);
-    _mm256_storeu_ps(acc + j, a0);
-  }
-  for (; j < n; ++j) {
-    float a = 0.f;
-    for (int k = 0; k < taps; ++k) a += w[k] * static_cast<float>(rows[k][j]);
-    acc[j] = a;
-  }
-}
-#endif
-
 // A resampled row is three planes (R, G, B) of `pitch` floats, pitch = out_w rounded up to 4:
 // planar rows make jitter, normalisation and NCHW writes plain contiguous loops.
 inline int plane_pitch(int out_w) { return (out_w + 3) & ~3; }
@@ -223,7 +204,8 @@ __attribute__((target("avx2,fma"))) void horizontal_pass_rgb_avx2(
   const auto count = [&](int o) { return o < out_w ? t.count[o] : 0; };
   const size_t pair_stride = static_cast<size_t>(t.stride) * 8;
   for (int o = 0; o < out_w; o += 4) {
-    const int taps = std::max(std::max(count(o), count(o + 1)), std::max(count(o + 2), count(o + 3)));
+    const int taps =
+        std::max(std::max(count(o), count(o + 1)), std::max(count(o + 2), count(o + 3)));
     const float *s0 = tap_src(o), *s1 = tap_src(o + 1), *s2 = tap_src(o + 2), *s3 = tap_src(o + 3);
     const float* wa = &t.pair_weights[(o / 2) * pair_stride];
     const float* wb = (o + 2 < out_w) ? wa + pair_stride : wa;  // wb unused lanes: zero below
@@ -335,34 +317,61 @@ void store_u8(uint8_t* __restrict d, const float* __restrict s, int64_t n) {
 #endif
 }
 
-template <typename T>
-inline T convert(float v, float scale, float bias) {
-  return T(v * scale + bias);
-}
-
-// d[j] = s[j] * scale + bias as T: one NCHW plane.
-template <typename T>
-BW_CLONES void store_plane(T* __restrict d, const float* __restrict s, int n, float scale,
-                           float bias) {
-  for (int j = 0; j < n; ++j) d[j] = convert<T>(s[j], scale, bias);
-}
-
-// d[j] = s[j] * scale[j % 3] + bias[j % 3] as T: an interleaved NHWC row, 12 values (four
-// pixels, a whole period of both the 3-channel pattern and a 4-wide vector) at a time.
-template <typename T>
-BW_CLONES void store_interleaved(T* __restrict d, const float* __restrict s, int64_t n,
-                                 const Normalize& nz) {
-  float sc[12], bi[12];
-  for (int k = 0; k < 12; ++k) {
-    sc[k] = nz.scale[k % 3];
-    bi[k] = nz.bias[k % 3];
+// px[c * pitch + o] = px[c * pitch + o] * scale[c] + bias[c], o < w: float normalisation, in
+// place on the planes, before an NHWC interleave.
+BW_CLONES void normalise_planes(float* __restrict px, int pitch, int w, const Normalize& nz) {
+  for (int c = 0; c < 3; ++c) {
+    float* __restrict p = px + c * pitch;
+    const float sc = nz.scale[c], bi = nz.bias[c];
+    for (int o = 0; o < w; ++o) p[o] = p[o] * sc + bi;
   }
+}
+
+// d[j] = s[j] * scale + bias, j < n: one normalised NCHW float plane in one pass.
+BW_CLONES void store_affine(float* __restrict d, const float* __restrict s, int n, float scale,
+                            float bias) {
+  for (int j = 0; j < n; ++j) d[j] = s[j] * scale + bias;
+}
+
+// d[j] = T(s[j]), j < n, rounding to nearest even (c10's conversions).
+template <typename T>
+BW_CLONES void store_linear(T* __restrict d, const float* __restrict s, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) d[j] = T(s[j]);
+}
+
+template <>
+void store_linear<float>(float* __restrict d, const float* __restrict s, int64_t n) {
+  std::copy(s, s + n, d);
+}
+
+#ifdef BW_HAVE_AVX2_PATH
+// float -> half with F16C, 8 at a time (c10::Half converts one value at a time in software).
+// Both round to nearest even.
+__attribute__((target("avx,f16c"))) void store_half_f16c(c10::Half* __restrict d,
+                                                         const float* __restrict s, int64_t n) {
   int64_t j = 0;
-  for (; j + 12 <= n; j += 12) {
-    for (int k = 0; k < 12; ++k) d[j + k] = convert<T>(s[j + k], sc[k], bi[k]);
+  for (; j + 8 <= n; j += 8) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(d + j),
+                     _mm256_cvtps_ph(_mm256_loadu_ps(s + j), _MM_FROUND_TO_NEAREST_INT));
   }
-  for (; j < n; ++j) d[j] = convert<T>(s[j], nz.scale[j % 3], nz.bias[j % 3]);
+  for (; j < n; ++j) d[j] = c10::Half(s[j]);
 }
+
+bool cpu_has_f16c() {
+  static const bool has =
+      simd_allowed() && __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");
+  return has;
+}
+
+template <>
+void store_linear<c10::Half>(c10::Half* __restrict d, const float* __restrict s, int64_t n) {
+  if (cpu_has_f16c()) {
+    store_half_f16c(d, s, n);
+  } else {
+    for (int64_t j = 0; j < n; ++j) d[j] = c10::Half(s[j]);
+  }
+}
+#endif
 
 // dst[3 * o + c] = px[c * pitch + o]: planes back to interleaved pixels for an NHWC write.
 // `dst` needs one float of padding (4-wide stores of the last pixel).
@@ -384,37 +393,38 @@ void interleave_rgb(float* __restrict dst, const float* __restrict px, int pitch
   }
 }
 
-// Writes one planar float row through the output strides. NCHW writes each plane contiguously;
-// NHWC interleaves into `scratch` (3 * w + 1 floats) and converts that linearly.
+// Writes one planar row through the output strides, normalising float outputs on the way (in
+// place on the planes, except for float32 NCHW which does it in its one store pass). NCHW
+// writes each plane contiguously; NHWC interleaves into `scratch` (3 * w + 1 floats) and
+// converts that linearly.
 template <typename T>
-void write_row(T* base, int64_t sc, int64_t sw, const float* px, int pitch, int w,
-               const Normalize& nz, float* scratch) {
-  if (sw == 1) {
-    for (int c = 0; c < 3; ++c) {
-      if constexpr (std::is_same_v<T, uint8_t>) {
-        store_u8(base + c * sc, px + c * pitch, w);
-      } else {
-        store_plane<T>(base + c * sc, px + c * pitch, w, nz.scale[c], nz.bias[c]);
+void write_row(T* base, int64_t sc, int64_t sw, float* px, int pitch, int w, const Normalize& nz,
+               float* scratch) {
+  constexpr bool kU8 = std::is_same_v<T, uint8_t>;
+  if constexpr (std::is_same_v<T, float>) {
+    if (sw == 1) {
+      for (int c = 0; c < 3; ++c) {
+        store_affine(base + c * sc, px + c * pitch, w, nz.scale[c], nz.bias[c]);
       }
+      return;
     }
+  }
+  if constexpr (!kU8) normalise_planes(px, pitch, w, nz);
+  const auto store = [](T* d, const float* s, int64_t n) {
+    if constexpr (kU8) {
+      store_u8(d, s, n);
+    } else {
+      store_linear<T>(d, s, n);
+    }
+  };
+  if (sw == 1) {
+    for (int c = 0; c < 3; ++c) store(base + c * sc, px + c * pitch, w);
   } else if (sc == 1 && sw == 3) {
     interleave_rgb(scratch, px, pitch, w);
-    if constexpr (std::is_same_v<T, uint8_t>) {
-      store_u8(base, scratch, 3 * static_cast<int64_t>(w));
-    } else {
-      store_interleaved<T>(base, scratch, 3 * static_cast<int64_t>(w), nz);
-    }
+    store(base, scratch, 3 * static_cast<int64_t>(w));
   } else {  // any other dense order (a batch of one, odd strides): element by element
     for (int c = 0; c < 3; ++c) {
-      const float* s = px + c * pitch;
-      for (int o = 0; o < w; ++o) {
-        T* d = base + c * sc + o * sw;
-        if constexpr (std::is_same_v<T, uint8_t>) {
-          store_u8(d, s + o, 1);
-        } else {
-          *d = convert<T>(s[o], nz.scale[c], nz.bias[c]);
-        }
-      }
+      for (int o = 0; o < w; ++o) store(base + c * sc + o * sw, px + c * pitch + o, 1);
     }
   }
 }
@@ -483,15 +493,7 @@ class CpuAugment {
     }
     const int64_t span = static_cast<int64_t>(ip.xs.hi - ip.xs.lo) * ip.channels;
     const float* wy = &ip.ys.weights[static_cast<size_t>(oy) * ip.ys.stride];
-#ifdef BW_HAVE_AVX2_PATH
-    if (cpu_has_avx2_fma()) {
-      vertical_pass_avx2(tmp_.data(), rows_.data(), wy, taps, span);
-    } else {
-      vertical_pass(tmp_.data(), rows_.data(), wy, taps, span);
-    }
-#else
     vertical_pass(tmp_.data(), rows_.data(), wy, taps, span);
-#endif
     if (ip.channels == 3) {
 #ifdef BW_HAVE_AVX2_PATH
       if (!ip.xs.pair_weights.empty()) {
