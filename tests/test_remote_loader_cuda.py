@@ -8,6 +8,8 @@ out before its copy landed, the values read would differ from the CPU run of the
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from batchwire.client import RemoteLoader
@@ -101,3 +103,29 @@ def test_cuda_normalize_on_device(server, cpu_run, dtype):
         expected = ((raw.float() / 255 - mean) / std).to(dtype)
         torch.testing.assert_close(images.float(), expected.float(), **tol)
         assert torch.equal(labels, want_labels)
+
+
+@pytest.mark.timeout(120)
+def test_cuda_next_epoch_started_early_equals_a_fresh_cpu_run(server, cpu_run):
+    """Epoch 1's first batches arrive as frames during epoch 0 and are copied into pinned slots
+    when epoch 1 is adopted: with a busy consumer stream, both epochs must match CPU runs."""
+    with RemoteLoader(
+        server.endpoint, "train", rank=0, world_size=1, device="cpu", with_indices=True
+    ) as loader:
+        loader.set_epoch(1)
+        cpu_epoch1 = [tuple(t.clone() for t in b) for b in loader]
+    hellos = re.compile(r": train epoch 1 rank 0/1 from batch 0")
+    before = len(hellos.findall(server.log()))
+    with RemoteLoader(
+        server.endpoint, "train", rank=0, world_size=1, device="cuda", with_indices=True, prefetch=2
+    ) as loader:
+        got0 = consume_slowly(loader, torch.cuda.current_stream())
+        loader.set_epoch(1)
+        got1 = consume_slowly(loader, torch.cuda.current_stream())
+    # one hello for epoch 1, sent early: the early session was used, not replaced
+    assert len(hellos.findall(server.log())) == before + 1
+    for got, want in ((got0, cpu_run), (got1, cpu_epoch1)):
+        assert len(got) == len(want)
+        for k, (g, w) in enumerate(zip(got, want, strict=True)):
+            for a, b in zip(g, w, strict=True):
+                assert torch.equal(a, b), f"batch {k} differs from the CPU run"

@@ -1,6 +1,6 @@
 """What consuming batches costs the training process: client CPU time per image, and images/s.
 
-    python -m batchwire.client.consumer_bench --train /path/list.txt --batch-size 64 \\
+    python -m batchwire.bench.bench_consumer --train /path/list.txt --batch-size 64 \\
         --image-size 224 --config float32 --config uint8-normalize
 
 Starts a `pipeline-server` on a private ipc:// endpoint for each configuration, iterates a
