@@ -150,8 +150,9 @@ class BatchReceiver:
         self._service()
 
     def wait_welcome(self) -> protocol.Welcome:
-        """Block until every server has welcomed the current session."""
-        self._wait(lambda: all(c.stream.welcomed for c in self.conns), None)
+        """Block until every server has welcomed the current session (a server that already
+        moved on to the next epoch's session welcomed this one before it did)."""
+        self._wait(lambda: all(c.stream.welcomed or self._is_ahead(c) for c in self.conns), None)
         assert self.welcome is not None
         return self.welcome
 

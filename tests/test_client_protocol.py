@@ -55,7 +55,10 @@ def labels(k: int) -> bytes:
 
 
 class RawServer:
-    """A ROUTER that waits for one hello and answers with ``reply(identity, hello)``."""
+    """A ROUTER that answers each epoch-0 hello with ``reply(identity, hello)``.
+
+    It serves one epoch only: the loader's early hello for epoch 1 (sent once epoch 0 is
+    delivered) stays unanswered, as a real server would never answer it with epoch-0 batches."""
 
     def __init__(self, reply: Callable[[zmq.Socket, bytes, protocol.Hello], None]) -> None:
         self.ctx = zmq.Context()
@@ -74,7 +77,7 @@ class RawServer:
                 continue
             identity, frame = self.sock.recv_multipart()
             msg = protocol.decode_client_message(frame)
-            if isinstance(msg, protocol.Hello):
+            if isinstance(msg, protocol.Hello) and msg.epoch == 0:
                 self._reply(self.sock, identity, msg)
 
     def close(self) -> None:

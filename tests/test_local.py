@@ -59,13 +59,30 @@ def test_full_epoch_with_bad_files(mixed: ImageDataset, caplog: pytest.LogCaptur
 
 
 def test_val_epoch_every_image_once_with_padding(mixed: ImageDataset) -> None:
-    with LocalLoader(
-        mixed, split="val", batch_size=4, image_size=16, threads=2, with_indices=True,
-        world_size=2, rank=1, output_dtype="uint8",
-    ) as r1, LocalLoader(
-        mixed, split="val", batch_size=4, image_size=16, threads=2, with_indices=True,
-        world_size=2, rank=0, output_dtype="uint8",
-    ) as r0:
+    with (
+        LocalLoader(
+            mixed,
+            split="val",
+            batch_size=4,
+            image_size=16,
+            threads=2,
+            with_indices=True,
+            world_size=2,
+            rank=1,
+            output_dtype="uint8",
+        ) as r1,
+        LocalLoader(
+            mixed,
+            split="val",
+            batch_size=4,
+            image_size=16,
+            threads=2,
+            with_indices=True,
+            world_size=2,
+            rank=0,
+            output_dtype="uint8",
+        ) as r0,
+    ):
         assert len(r0) == len(r1) == 4
         seen = []
         for loader in (r0, r1):
@@ -162,8 +179,14 @@ def test_embedded_dataset_bit_identical_with_1_and_4_threads() -> None:
 
     def run(threads: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         with LocalLoader(
-            subset, batch_size=10, image_size=48, seed=2, threads=threads,
-            brightness=0.3, saturation=0.3, output_dtype="uint8",
+            subset,
+            batch_size=10,
+            image_size=48,
+            seed=2,
+            threads=threads,
+            brightness=0.3,
+            saturation=0.3,
+            output_dtype="uint8",
         ) as loader:
             loader.set_epoch(1)
             return list(loader)

@@ -60,9 +60,7 @@ def test_bad_files_replaced_counted_and_logged_once(
                 assert s.label == mixed.labels[s.index]
                 assert s.image.ndim == 3 and s.image.shape[2] == 3
                 header = read_header(mixed.read_bytes(s.index))
-                assert s.plan == plan_sample(
-                    CONFIG, 3, epoch, s.index, header.height, header.width
-                )
+                assert s.plan == plan_sample(CONFIG, 3, epoch, s.index, header.height, header.width)
         assert loader.counts() == {"bad_total": 5, "replaced_total": 10}
         assert set(loader.known_bad) == bad
     for i in bad:
@@ -163,8 +161,9 @@ def test_tiny_datasets(tmp_path: Path) -> None:
 
 
 def test_known_bad_files_are_not_read_again(tmp_path: Path) -> None:
-    root = write_image_folder(tmp_path / "tree", classes=2, good_per_class=3,
-                              bad={"class0": ("text",)})
+    root = write_image_folder(
+        tmp_path / "tree", classes=2, good_per_class=3, bad={"class0": ("text",)}
+    )
     ds = open_dataset(root, cache_dir=tmp_path / "cache")
     (bad,) = bad_indices(ds)
     with CpuBatchDecoder(threads=1) as dec:
