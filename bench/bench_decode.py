@@ -170,6 +170,7 @@ def main(argv: list[str] | None = None) -> int:
         "scaling does for camera-size photos",
     )
     args = ap.parse_args(argv)
+    args.dir = args.dir.resolve()  # the loader's list file lives elsewhere: absolute paths
 
     if not args.dir.is_dir():
         ap.error(f"{args.dir} is not a folder")
