@@ -533,7 +533,7 @@ def _decode_request(req: DecodeRequest) -> DecodeResult:
     return DecodeResult(image=torch.from_numpy(decoded.pixels), box=decoded.box)
 
 
-_CHUNKS_PER_THREAD = 8
+_CHUNKS_PER_THREAD = int(os.environ.get("BWX_CHUNKS", "8"))
 
 
 def _map_chunk(fn: Callable, chunk: Sequence) -> list:

@@ -27,6 +27,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -212,3 +213,18 @@ def running_server(
         finally:
             srv.kill()
             srv.close()
+
+
+@contextmanager
+def running_servers(count: int, *args: str) -> Iterator[tuple[ServerProcess, ...]]:
+    """``count`` identical servers started side by side (each start takes seconds); those that
+    started are stopped as `running_server` stops one, and a failed start raises."""
+    cms = [running_server(*args) for _ in range(count)]
+    with ThreadPoolExecutor(count) as pool:
+        futures = [pool.submit(cm.__enter__) for cm in cms]
+    started = [cm for cm, f in zip(cms, futures, strict=True) if f.exception() is None]
+    try:
+        yield tuple(f.result() for f in futures)
+    finally:
+        for cm in started:
+            cm.__exit__(None, None, None)

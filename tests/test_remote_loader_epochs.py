@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import re
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 import torch
 from batchwire.client import RemoteLoader
 from batchwire.pipeline.synthetic import default_dataset
-from serverproc import running_server
+from serverproc import running_server, running_servers
 
 B = 16
 IMAGENET = Path(__file__).resolve().parents[2] / "shared" / "imagenet-sample"
@@ -48,15 +47,8 @@ def server_args(root: str | None = None) -> tuple[str, ...]:
 @pytest.fixture(scope="module")
 def servers():
     """Two identical servers, started side by side."""
-    cms = [running_server(*server_args()) for _ in range(2)]
-    with ThreadPoolExecutor(2) as pool:
-        futures = [pool.submit(cm.__enter__) for cm in cms]
-    started = [cm for cm, f in zip(cms, futures, strict=True) if f.exception() is None]
-    try:
-        yield tuple(f.result() for f in futures)
-    finally:
-        for cm in started:
-            cm.__exit__(None, None, None)
+    with running_servers(2, *server_args()) as both:
+        yield both
 
 
 def loader_for(endpoints, split: str = "train", **kw) -> RemoteLoader:

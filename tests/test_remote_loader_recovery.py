@@ -11,13 +11,12 @@ import logging
 import os
 import signal
 import threading
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
 from batchwire.client import RemoteLoader, ServerUnavailable
 from batchwire.pipeline.synthetic import default_dataset
-from serverproc import running_server
+from serverproc import running_servers
 
 
 def server_args() -> tuple[str, ...]:
@@ -41,15 +40,8 @@ def server_args() -> tuple[str, ...]:
 @pytest.fixture(scope="module")
 def servers():
     """Two identical servers, started side by side (each start takes seconds)."""
-    cms = [running_server(*server_args()) for _ in range(2)]
-    with ThreadPoolExecutor(2) as pool:
-        futures = [pool.submit(cm.__enter__) for cm in cms]
-    started = [cm for cm, f in zip(cms, futures, strict=True) if f.exception() is None]
-    try:
-        yield tuple(f.result() for f in futures)
-    finally:
-        for cm in started:
-            cm.__exit__(None, None, None)
+    with running_servers(2, *server_args()) as both:
+        yield both
 
 
 def loader_for(endpoints, **kw) -> RemoteLoader:
