@@ -533,7 +533,7 @@ def _decode_request(req: DecodeRequest) -> DecodeResult:
     return DecodeResult(image=torch.from_numpy(decoded.pixels), box=decoded.box)
 
 
-_CHUNKS_PER_THREAD = int(os.environ.get("BWX_CHUNKS", "8"))
+_CHUNKS_PER_THREAD = 4
 
 
 def _map_chunk(fn: Callable, chunk: Sequence) -> list:
@@ -559,7 +559,7 @@ class CpuBatchDecoder:
     def map(self, fn: Callable, items: Sequence) -> list:
         """Run `fn` over `items` on the decode threads, results in order (also used for reads).
 
-        Items go to the threads in chunks of a few (about 8 chunks per thread), not one future
+        Items go to the threads in chunks of a few (about 4 chunks per thread), not one future
         each: a future's handoff costs tens of microseconds of GIL-holding Python, a
         noticeable share of the per-image overhead, while a few chunks per thread still
         balance images of uneven decode cost.

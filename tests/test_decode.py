@@ -242,6 +242,22 @@ def test_cpu_batch_decoder_thread_count_does_not_change_pixels() -> None:
         assert torch.equal(x.image, y.image) and x.box == y.box
 
 
+def test_cpu_batch_decoder_map_keeps_order_across_chunks() -> None:
+    """Items travel to the threads in chunks (uneven last one here): results stay in order and
+    an item's exception reaches the caller."""
+    items = list(range(37))
+    with CpuBatchDecoder(threads=2) as dec:
+        assert dec.map(lambda v: v * v, items) == [v * v for v in items]
+
+        def fail_on_30(v: int) -> int:
+            if v == 30:
+                raise ValueError("item 30")
+            return v
+
+        with pytest.raises(ValueError, match="item 30"):
+            dec.map(fail_on_30, items)
+
+
 def test_without_libturbojpeg_opencv_decodes_jpegs(monkeypatch: pytest.MonkeyPatch) -> None:
     """Where libturbojpeg is missing, JPEGs still decode (OpenCV, header parsed by hand)."""
     import batchwire.pipeline.decode as decode_module
