@@ -228,3 +228,17 @@ def running_servers(count: int, *args: str) -> Iterator[tuple[ServerProcess, ...
     finally:
         for cm in started:
             cm.__exit__(None, None, None)
+
+
+def small_server_args(*, seed: int, root: str | None = None, val: bool = False) -> tuple[str, ...]:
+    """A cheap server for client tests: batches of 16 uint8 32-px images from `root` (default: the
+    embedded dataset's val split, 400 images), one decode thread; `val` serves `root` as val too."""
+    from batchwire.pipeline.synthetic import default_dataset
+
+    root = root or str(default_dataset().val_root)
+    args = ("--train", root, *(("--val", root) if val else ()))
+    return (
+        *args,
+        *("--batch-size", "16", "--image-size", "32", "--output-dtype", "uint8"),
+        *("--workers", "1", "--seed", str(seed)),
+    )

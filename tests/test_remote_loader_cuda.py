@@ -13,8 +13,7 @@ import re
 import pytest
 import torch
 from batchwire.client import RemoteLoader
-from batchwire.pipeline.synthetic import default_dataset
-from serverproc import running_server
+from serverproc import running_server, small_server_args
 
 pytestmark = [
     pytest.mark.cuda,
@@ -26,21 +25,7 @@ SLEEP_CYCLES = 20_000_000  # ~10 ms of GPU time per batch on the consumer stream
 
 @pytest.fixture(scope="module")
 def server():
-    root = str(default_dataset().val_root)
-    with running_server(
-        "--train",
-        root,
-        "--batch-size",
-        "16",
-        "--image-size",
-        "32",
-        "--output-dtype",
-        "uint8",
-        "--workers",
-        "1",
-        "--seed",
-        "5",
-    ) as srv:
+    with running_server(*small_server_args(seed=5)) as srv:
         yield srv
 
 

@@ -17,37 +17,16 @@ from pathlib import Path
 import pytest
 import torch
 from batchwire.client import RemoteLoader
-from batchwire.pipeline.synthetic import default_dataset
-from serverproc import running_server, running_servers
+from serverproc import running_server, running_servers, small_server_args
 
-B = 16
+B = 16  # small_server_args serves batches of 16
 IMAGENET = Path(__file__).resolve().parents[2] / "shared" / "imagenet-sample"
-
-
-def server_args(root: str | None = None) -> tuple[str, ...]:
-    root = root or str(default_dataset().val_root)
-    return (
-        "--train",
-        root,
-        "--val",
-        root,
-        "--batch-size",
-        str(B),
-        "--image-size",
-        "32",
-        "--output-dtype",
-        "uint8",
-        "--workers",
-        "1",
-        "--seed",
-        "5",
-    )
 
 
 @pytest.fixture(scope="module")
 def servers():
     """Two identical servers, started side by side."""
-    with running_servers(2, *server_args()) as both:
+    with running_servers(2, *small_server_args(seed=5, val=True)) as both:
         yield both
 
 

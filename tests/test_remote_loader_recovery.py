@@ -15,32 +15,13 @@ import threading
 import pytest
 import torch
 from batchwire.client import RemoteLoader, ServerUnavailable
-from batchwire.pipeline.synthetic import default_dataset
-from serverproc import running_servers
-
-
-def server_args() -> tuple[str, ...]:
-    root = str(default_dataset().val_root)
-    return (
-        "--train",
-        root,
-        "--batch-size",
-        "16",
-        "--image-size",
-        "32",
-        "--output-dtype",
-        "uint8",
-        "--workers",
-        "1",
-        "--seed",
-        "3",
-    )
+from serverproc import running_servers, small_server_args
 
 
 @pytest.fixture(scope="module")
 def servers():
     """Two identical servers, started side by side (each start takes seconds)."""
-    with running_servers(2, *server_args()) as both:
+    with running_servers(2, *small_server_args(seed=3)) as both:
         yield both
 
 
