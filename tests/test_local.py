@@ -59,8 +59,8 @@ def test_full_epoch_with_bad_files(mixed: ImageDataset, caplog: pytest.LogCaptur
 
 
 def test_val_epoch_every_image_once_with_padding(mixed: ImageDataset) -> None:
-    with (
-        LocalLoader(
+    def rank_loader(rank: int) -> LocalLoader:
+        return LocalLoader(
             mixed,
             split="val",
             batch_size=4,
@@ -68,21 +68,11 @@ def test_val_epoch_every_image_once_with_padding(mixed: ImageDataset) -> None:
             threads=2,
             with_indices=True,
             world_size=2,
-            rank=1,
+            rank=rank,
             output_dtype="uint8",
-        ) as r1,
-        LocalLoader(
-            mixed,
-            split="val",
-            batch_size=4,
-            image_size=16,
-            threads=2,
-            with_indices=True,
-            world_size=2,
-            rank=0,
-            output_dtype="uint8",
-        ) as r0,
-    ):
+        )
+
+    with rank_loader(1) as r1, rank_loader(0) as r0:
         assert len(r0) == len(r1) == 4
         seen = []
         for loader in (r0, r1):

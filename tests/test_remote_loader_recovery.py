@@ -73,24 +73,21 @@ def test_two_servers_feed_one_client_in_order_exactly_once_even_across_a_restart
 
 
 @pytest.mark.timeout(120)
-def test_killed_server_restarted_mid_epoch_loses_and_repeats_nothing(servers, reference):
+@pytest.mark.parametrize(
+    ("interrupt", "prefetch", "consumed"),
+    [
+        ("kill", 4, 10),  # SIGKILL: no shutdown message, batches in flight are lost
+        ("stop", 2, 12),  # SIGTERM: the server says `shutdown` to its clients and exits 0
+    ],
+)
+def test_server_restarted_mid_epoch_loses_and_repeats_nothing(
+    servers, reference, interrupt, prefetch, consumed
+):
     a, _ = servers
-    with loader_for(a.endpoint, prefetch=4) as loader:
+    with loader_for(a.endpoint, prefetch=prefetch) as loader:
         it = iter(loader)
-        head = take(it, 10)
-        a.kill()  # SIGKILL: no shutdown message, batches in flight are lost
-        a.start()
-        got = head + rest(it)
-    assert_same(got, reference)
-
-
-@pytest.mark.timeout(120)
-def test_gracefully_stopped_server_restarted_mid_epoch(servers, reference):
-    a, _ = servers
-    with loader_for(a.endpoint, prefetch=2) as loader:
-        it = iter(loader)
-        head = take(it, 12)
-        a.stop()  # SIGTERM: the server says `shutdown` to its clients and exits 0
+        head = take(it, consumed)
+        getattr(a, interrupt)()
         a.start()
         got = head + rest(it)
     assert_same(got, reference)
