@@ -422,6 +422,10 @@ class ServerApp:
             replaced=batch.replaced,
             nbytes=self.nbytes,
         )
+        # Counted before the hand-off: ZeroMQ's I/O thread can deliver the batch before this
+        # thread runs again, and a scrape must never show fewer batches than a client received.
+        b = self.shape[0]
+        self.telemetry.add_batch(b, self.nbytes + 8 * b)
         tracker = send_batch(
             self.router,
             header,
@@ -432,8 +436,6 @@ class ServerApp:
         self._in_flight.append((tracker, batch.slot, stream))
         stream.in_flight += 1
         self._tracker_wait_ms = 1
-        b = self.shape[0]
-        self.telemetry.add_batch(b, self.nbytes + 8 * b)
         self.telemetry.observe_stage("ready", now - batch.done_at)
         stream.meter.add(b, now)
 

@@ -36,7 +36,7 @@ def test_metrics_move_while_a_trainer_consumes(ctx: zmq.Context) -> None:
         trainer.consume(2)
         first = scrape(port)
         trainer.consume(4)
-        # The server counts a batch as it sends it: after 6 received, all 6 are counted.
+        # The server counts a batch before handing it to ZeroMQ: after 6 received, all 6 count.
         second = scrape(port)
         trainer.leave()
 

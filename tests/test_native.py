@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -326,21 +327,44 @@ def test_bad_input_raises_a_clear_error(ops, case):
             fn(**args)
 
 
+def _augment_call_taking(ops, seconds: float) -> tuple[Callable[[], None], float]:
+    """A single-threaded op call that takes at least ``seconds`` on this machine, and its time.
+
+    The batch doubles until one call is slow enough to tell "GIL held" from "GIL released" on
+    any machine, fast CI runners included.
+    """
+    gen = torch.Generator().manual_seed(1)
+    image = torch.randint(0, 256, (600, 600, 3), dtype=torch.uint8, generator=gen)
+    n = 32
+    while True:
+        images = [image] * n
+        boxes = torch.tensor([[0.0, 0.0, 600.0, 600.0]] * n)
+        flips = torch.zeros(n, dtype=torch.bool)
+        jitter = torch.tensor([[1.0, 1.0, 1.0, 0.0]] * n)
+        out = torch.empty(n, 3, 224, 224)
+
+        def call(images=images, boxes=boxes, flips=flips, jitter=jitter, out=out) -> None:
+            ops.augment_batch(images, boxes, flips, jitter, MEAN, STD, out)
+
+        t0 = time.perf_counter()
+        call()
+        took = time.perf_counter() - t0
+        if took >= seconds or n >= 4096:
+            return call, took
+        n *= 2
+
+
 def test_gil_is_released_while_the_op_runs(ops):
     """A Python thread keeps running while another thread is inside the op."""
-    gen = torch.Generator().manual_seed(1)
-    images = [torch.randint(0, 256, (600, 600, 3), dtype=torch.uint8, generator=gen)] * 96
-    boxes = torch.tensor([[0.0, 0.0, 600.0, 600.0]] * 96)
-    flips, jitter = torch.zeros(96, dtype=torch.bool), torch.tensor([[1.0, 1.0, 1.0, 0.0]] * 96)
-    out = torch.empty(96, 3, 224, 224)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
+        call, single = _augment_call_taking(ops, seconds=0.15)
         started, ticks = threading.Event(), []
 
         def work() -> None:
             started.set()
-            ops.augment_batch(images, boxes, flips, jitter, MEAN, STD, out)
+            call()
 
         worker = threading.Thread(target=work)
         t0 = time.perf_counter()
@@ -353,7 +377,7 @@ def test_gil_is_released_while_the_op_runs(ops):
     finally:
         torch.set_num_threads(threads)
     gaps = [b - a for a, b in zip([t0, *ticks], ticks, strict=False)]
-    assert duration > 0.05, "op too fast to judge: enlarge the batch"
+    assert single >= 0.15, f"op too fast to judge even at the largest batch ({single:.3f} s)"
     # Holding the GIL would stall this loop for the whole call (one gap ~ duration).
     assert len(ticks) >= 10 and max(gaps) < 0.5 * duration, (len(ticks), max(gaps), duration)
 
