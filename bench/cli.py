@@ -147,6 +147,14 @@ def build_parser() -> argparse.ArgumentParser:
         "normalised by the server's fused op",
     )
     p.add_argument(
+        "--transport",
+        default="ipc",
+        choices=("ipc", "tcp"),
+        help="how the batchwire row's loader reaches its server: ipc (a Unix socket, as a "
+        "trainer on the same host would) or tcp (loopback, as from another host) "
+        "(default: ipc)",
+    )
+    p.add_argument(
         "--rows",
         default=",".join(ROWS),
         metavar="LIST",
@@ -213,6 +221,7 @@ def run_bench(args: argparse.Namespace) -> Report:
         "warmup_batches": args.warmup_batches,
         "max_seconds": args.max_seconds,
         "repeat": args.repeat,
+        "transport": args.transport,
         "torch": torch.__version__,
     }
     report = Report(config)
@@ -270,9 +279,11 @@ def run_bench(args: argparse.Namespace) -> Report:
                     threads=args.threads,
                     decoder=args.decoder,
                     wire=args.wire,
+                    transport=args.transport,
                     **loop,
                 ),
-                note=f"pipeline-server --decoder {args.decoder} --workers {args.threads}",
+                note=f"pipeline-server --decoder {args.decoder} --workers {args.threads}, "
+                f"{args.transport}",
             )
         )
     # Rows take turns, so a burst of someone else's load on a shared machine hits them alike.

@@ -111,11 +111,17 @@ def test_pool_of_size_zero_always_allocates():
 
 
 @pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
-def test_cpu_normalize_is_the_affine_formula_exactly(out_dtype, layout):
-    x = (torch.arange(2 * 3 * 5 * 7) * 37 % 256).to(torch.uint8).view(2, 3, 5, 7)
+@pytest.mark.parametrize(
+    ("layout", "in_layout"), [("nchw", "nchw"), ("nhwc", "nhwc"), ("nchw", "nhwc")]
+)
+def test_cpu_normalize_is_the_affine_formula_exactly(out_dtype, layout, in_layout):
+    """Every uint8 value in every channel: the table path (same layouts) and the ufunc path
+    (input and output layouts differ) give exactly the affine formula's float32 values."""
+    x = torch.arange(256).repeat(2, 3, 1).view(2, 3, 16, 16).to(torch.uint8)
+    x[1] = x[1].flip(-1)
     fmt = torch.channels_last if layout == "nhwc" else torch.contiguous_format
-    x = x.contiguous(memory_format=fmt)
+    in_fmt = torch.channels_last if in_layout == "nhwc" else torch.contiguous_format
+    x = x.contiguous(memory_format=in_fmt)
     affine = Affine.from_stats((0.485, 0.456, 0.406), (0.229, 0.224, 0.225), torch.device("cpu"))
     out = torch.empty(x.shape, dtype=out_dtype, memory_format=fmt)
     normalize_uint8(x, affine, out)
