@@ -47,7 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-seconds", type=float, default=90.0, help="cap on each row's timing")
     p.add_argument("--workers", type=int, default=2, help="DataLoader worker processes")
     p.add_argument("--threads", type=int, default=2, help="server decode threads")
-    p.add_argument("--producers", type=int, default=2, help="server batch producers")
+    p.add_argument(
+        "--producers", type=int, help="server batch producers (default: the server's own)"
+    )
     p.add_argument("--prefetch", type=int, default=4, help="RemoteLoader credits")
     return p
 

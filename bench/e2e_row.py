@@ -59,7 +59,7 @@ def pipeline_server(
     wire: str = "uint8",
     decoder: str = "auto",
     device: str = "cpu",
-    producers: int = 2,
+    producers: int | None = None,
     transport: str = "ipc",
 ) -> Iterator[str]:
     """Run `pipeline-server --train train` as a subprocess; yields its endpoint, stops it after.
@@ -90,8 +90,6 @@ def pipeline_server(
         wire,
         "--workers",
         str(threads),
-        "--producers",
-        str(producers),
         "--decoder",
         decoder,
         "--device",
@@ -99,6 +97,8 @@ def pipeline_server(
         "--log-level",
         "WARNING",
     ]
+    if producers is not None:
+        command += ["--producers", str(producers)]
     with tmp:
         log_path = Path(tmp.name) / "server.log"
         with open(log_path, "w") as log:

@@ -145,6 +145,14 @@ class ServerApp:
             self.config.workers,
             self.config.prefetch_depth,
         )
+        if self.config.device != "cpu":
+            bound = gpu_memory_statement(
+                self.config.producers,
+                getattr(self.decoder, "max_batch", self.config.batch_size),
+                getattr(self.decoder, "max_image_pixels", None),
+                self.nbytes,
+            )
+            log.info("%s", bound)
         try:
             self._loop()
         finally:
@@ -490,3 +498,20 @@ def _clean_loader_stats(stats: dict[str, Any] | None) -> dict[str, Any] | None:
             continue
         out[str(key)[:64]] = value
     return out
+
+
+def gpu_memory_statement(
+    producers: int, max_batch: int, max_image_pixels: int | None, batch_nbytes: int
+) -> str:
+    """The device memory the server's batches can hold at once, said at start.
+
+    Each producer holds at most one batch's decode output (``max_batch`` images of at most
+    ``max_image_pixels``: the decoder sends larger ones to the CPU) and its own output batch.
+    """
+    decode_mib = max_batch * (max_image_pixels or 0) * 3 / 2**20
+    batch_mib = batch_nbytes / 2**20
+    total = producers * (decode_mib + batch_mib)
+    return (
+        f"GPU memory bound: {producers} producers x (decode output {decode_mib:.0f} MiB + "
+        f"batch {batch_mib:.0f} MiB) = {total:.0f} MiB; --producers and --batch-size scale it"
+    )

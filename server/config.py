@@ -42,7 +42,10 @@ class ServerConfig:
     image_size: int = 224
     seed: int = 0
     workers: int = field(default_factory=_default_workers)
-    producers: int = 2
+    # Three batches in production keep two cores busy across batch boundaries (the Python
+    # between one batch's decode and augment overlaps the others' work): 3-4 % more images/s
+    # than two on a 2-core machine (bench/RESULTS.md), one batch buffer more of memory.
+    producers: int = 3
     output_dtype: str = _AUGMENT.output_dtype
     layout: str = _AUGMENT.layout
     scale: tuple[float, float] = _AUGMENT.scale

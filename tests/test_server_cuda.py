@@ -1,0 +1,63 @@
+"""pipeline-server with `--device cuda`, end to end: a real server process on the GPU, a real
+RemoteLoader, compared with the same server on the CPU (skipped without CUDA).
+
+With the CPU decoder, only the augment kernel differs between the two runs (CUDA against C++),
+so the batches match to the kernel tolerance (1 grey level). With a GPU decoder (DALI or nvJPEG)
+the decoded pixels themselves differ slightly from libjpeg-turbo's (other IDCT and chroma
+upsampling), so only the sampling (indices, labels) is exact and the pixels are close.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from batchwire.client import RemoteLoader
+from batchwire.server.app import gpu_memory_statement
+from serverproc import running_server, small_server_args
+
+CUDA = torch.cuda.is_available()
+
+
+def epoch(endpoint: str) -> list[tuple[torch.Tensor, ...]]:
+    with RemoteLoader(
+        endpoint, "train", rank=0, world_size=1, device="cpu", with_indices=True
+    ) as loader:
+        return [tuple(t.clone() for t in batch) for batch in loader]
+
+
+@pytest.fixture(scope="module")
+def cpu_epoch():
+    with running_server(*small_server_args(seed=11)) as srv:
+        return epoch(srv.endpoint)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("decoder", ["cpu", "auto"])
+def test_cuda_server_serves_the_cpu_servers_epoch(cpu_epoch, decoder):
+    args = (*small_server_args(seed=11), "--device", "cuda", "--decoder", decoder)
+    with running_server(*args, "--log-level", "INFO") as srv:
+        got = epoch(srv.endpoint)
+        log = srv.log()
+    assert "GPU memory bound:" in log, log[-2000:]
+    assert len(got) == len(cpu_epoch) > 0
+    worst = 0.0
+    for (images, labels, indices), (ref_images, ref_labels, ref_indices) in zip(
+        got, cpu_epoch, strict=True
+    ):
+        assert torch.equal(indices, ref_indices) and torch.equal(labels, ref_labels)
+        assert images.shape == ref_images.shape and images.dtype == torch.uint8
+        diff = (images.int() - ref_images.int()).abs()
+        if decoder == "cpu":
+            assert diff.max() <= 1, "the CUDA kernel must match the CPU kernel to 1 grey level"
+        worst = max(worst, diff.float().mean().item())
+    # A GPU JPEG decoder's pixels differ from libjpeg-turbo's by a grey level or two on average.
+    assert worst < (0.05 if decoder == "cpu" else 4.0), worst
+
+
+def test_gpu_memory_statement_adds_each_producers_decode_output_and_batch():
+    line = gpu_memory_statement(3, 64, 16 * 2**20, 64 * 3 * 224 * 224)
+    assert "3 producers x (decode output 3072 MiB + batch 9 MiB) = 9244 MiB" in line, line
+    # A decoder with no pixel bound (DALI on the CPU) holds no device decode output.
+    assert "decode output 0 MiB" in gpu_memory_statement(2, 64, None, 2**20)
