@@ -4,8 +4,9 @@ Rows, each timed for `--images` images (or `--max-seconds`) after a warm-up:
   decode-only limit   TurboJPEG full decode of preloaded bytes on all cores (nothing else)
   torch DataLoader    PIL decode + RandomResizedCrop + flip + to-tensor + normalize, --workers
   DALI pipeline       DALI's own file reader + random-crop decode + resize + normalize
-  batchwire           a real pipeline-server subprocess + RemoteLoader here; uint8 wire
-                      normalised by the loader (or --wire float32, normalised by the server)
+  batchwire           a real pipeline-server subprocess + RemoteLoader here, over ipc:// (or
+                      --transport tcp); uint8 wire normalised by the loader (or --wire
+                      float32, normalised by the server)
 
 `--data` takes an ImageFolder tree, a list file, or a flat folder of images (treated as one
 class, through a list file written to the cache folder); default: the embedded dataset.

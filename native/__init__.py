@@ -92,7 +92,11 @@ def augment_batch(
     out: torch.Tensor,
 ) -> torch.Tensor:
     """Crops `boxes` (y0, x0, y1, x1) out of each HWC uint8 image, resizes to out's H x W,
-    flips, jitters, normalises and writes `out` [N, 3, H, W] in place; returns `out`."""
+    flips, jitters, normalises and writes `out` [N, 3, H, W] in place; returns `out`.
+
+    `jitter` [N, 4] holds (brightness, contrast, saturation, hue) per image, (1, 1, 1, 0) for
+    none; hue is a shift in turns within [-0.5, 0.5]. The semantics are spelled out in
+    `batchwire.native.reference`."""
     try:
         ops = load()
     except NativeBuildError as exc:

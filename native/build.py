@@ -36,11 +36,13 @@ CSRC = Path(__file__).resolve().parent / "csrc"
 NAME = "batchwire_native"
 CPU_SOURCES = ("augment_op.cpp", "augment_cpu.cpp")
 CUDA_SOURCES = ("augment_kernel.cu", "augment_cuda.cpp")
-CPU_HEADERS = ("filter_math.h", "augment_op.h")
+CPU_HEADERS = ("filter_math.h", "hue_math.h", "augment_op.h")
 CUDA_HEADERS = ("augment_kernel.cuh", "augment_desc.h", "augment_pixel.h")
 # -O3 but no -march=native: a build may be carried to other machines (Docker images, clusters);
-# the hot loops carry their own AVX2 clones instead.
-CFLAGS = ("-O3", "-fopenmp")
+# the hot loops carry their own AVX2 clones instead. -fno-trapping-math: nothing reads floating-
+# point exception flags, and without it GCC keeps the selects of the hue loop as branches and
+# leaves it scalar (values are unchanged: no reassociation, no fast-math).
+CFLAGS = ("-O3", "-fopenmp", "-fno-trapping-math")
 LDFLAGS = ("-fopenmp",)
 CUDA_CFLAGS = ("-O3",)
 

@@ -10,9 +10,11 @@ spelled out here once:
   max(scale, 1) (antialiased when shrinking, plain bilinear when enlarging); taps are
   [trunc(centre - half + 0.5), trunc(centre + half + 0.5)) clipped to the image; weights are
   normalised. A 1-channel image is expanded to RGB.
-- horizontal flip of the output; then brightness, contrast, saturation, each clamped to [0, 255].
-  Contrast blends with the mean grey (0.299, 0.587, 0.114) of the brightness-adjusted output
-  image; saturation with each pixel's grey. Hue must be 0.
+- horizontal flip of the output; then brightness, contrast, saturation, each clamped to [0, 255],
+  then hue, in that fixed order. Contrast blends with the mean grey (0.299, 0.587, 0.114) of the
+  brightness-adjusted output image; saturation with each pixel's grey. Hue moves each pixel's
+  HSV hue by jitter[3] turns (in [-0.5, 0.5]) and keeps its value and saturation, as
+  torchvision's adjust_hue; grey pixels stay as they are.
 - float outputs hold (x / 255 - mean) / std; uint8 holds x rounded half to even.
 """
 
@@ -26,6 +28,7 @@ import torch
 GREY = (0.299, 0.587, 0.114)
 OUTPUT_DTYPES = (torch.uint8, torch.float16, torch.bfloat16, torch.float32)
 BOX_SLACK = 1e-3
+MAX_HUE = 0.5  # a hue shift in turns; torchvision's hue_factor range
 
 
 def axis_weights(
@@ -58,7 +61,40 @@ def _resample(image: torch.Tensor, box: Sequence[float], out_h: int, out_w: int)
     return resampled.expand(-1, -1, 3) if resampled.shape[2] == 1 else resampled
 
 
-def _jitter(x: torch.Tensor, brightness: float, contrast: float, saturation: float) -> torch.Tensor:
+def rotate_hue(x: torch.Tensor, turns: float) -> torch.Tensor:
+    """[..., 3] RGB (0-255) with each pixel's HSV hue moved by ``turns``."""
+    r, g, b = x.unbind(-1)
+    hi, lo = x.amax(-1), x.amin(-1)
+    chroma = hi - lo
+    safe = torch.where(chroma > 0, chroma, torch.ones_like(chroma))
+    sixths = torch.where(
+        hi == r,
+        (g - b) / safe,
+        torch.where(hi == g, 2.0 + (b - r) / safe, 4.0 + (r - g) / safe),
+    )
+    sixths = torch.remainder(sixths + 6.0 * turns, 6.0)
+    sector = torch.floor(sixths).clamp(max=5)
+    frac = sixths - sector
+    rising, falling = lo + chroma * frac, hi - chroma * frac
+    # (r, g, b) per sector of the hue circle: red-yellow, yellow-green, ... magenta-red
+    table = torch.stack(
+        [
+            torch.stack([hi, rising, lo], -1),
+            torch.stack([falling, hi, lo], -1),
+            torch.stack([lo, hi, rising], -1),
+            torch.stack([lo, falling, hi], -1),
+            torch.stack([rising, lo, hi], -1),
+            torch.stack([hi, lo, falling], -1),
+        ],
+        -2,
+    )
+    index = sector.long()[..., None, None].expand(*sector.shape, 1, 3)
+    return table.gather(-2, index).squeeze(-2)
+
+
+def _jitter(
+    x: torch.Tensor, brightness: float, contrast: float, saturation: float, hue: float
+) -> torch.Tensor:
     grey = torch.tensor(GREY, dtype=x.dtype, device=x.device)
     if brightness != 1.0:
         x = (x * brightness).clamp(0.0, 255.0)
@@ -68,6 +104,8 @@ def _jitter(x: torch.Tensor, brightness: float, contrast: float, saturation: flo
     if saturation != 1.0:
         g = (x @ grey)[..., None]
         x = (saturation * x + (1.0 - saturation) * g).clamp(0.0, 255.0)
+    if hue != 0.0:
+        x = rotate_hue(x, hue)
     return x
 
 
@@ -144,9 +182,9 @@ def check_args(
                 f"augment_batch: jitter[{i}] = {tuple(factors)} must have finite, non-negative "
                 "brightness, contrast and saturation"
             )
-        if hue != 0:
+        if not (math.isfinite(hue) and -MAX_HUE <= hue <= MAX_HUE):
             raise ValueError(
-                f"augment_batch: hue jitter is not supported (jitter[{i}][3] = {hue}, must be 0)"
+                f"augment_batch: hue jitter[{i}][3] = {hue} must be in [-0.5, 0.5] (turns)"
             )
     if out.dtype != torch.uint8 and not (
         torch.isfinite(mean).all() and torch.isfinite(std).all() and (std != 0).all()
@@ -172,8 +210,8 @@ def augment_batch_reference(
         x = _resample(image.to(out.device), boxes[i].tolist(), out_h, out_w)
         if bool(flips[i]):
             x = x.flip(1)
-        b, c, sat, _ = jitter[i].tolist()
-        x = _jitter(x, b, c, sat)
+        b, c, sat, hue = jitter[i].tolist()
+        x = _jitter(x, b, c, sat, hue)
         if out.dtype == torch.uint8:
             value = torch.round(x).clamp(0, 255).to(torch.uint8)
         else:

@@ -110,7 +110,8 @@ class AugmentConfig:
 
     Train: random-resized-crop with torchvision's `scale`/`ratio` semantics, horizontal flip
     with `flip_prob`, colour jitter with torchvision ColorJitter ranges (factor uniform in
-    [max(0, 1 - b), 1 + b] for brightness/contrast/saturation, hue shift in [-hue, hue]).
+    [max(0, 1 - b), 1 + b] for brightness/contrast/saturation, hue shift in [-hue, hue] turns),
+    applied in that fixed order (ColorJitter shuffles it per image).
     Val: resize the shorter side to `size / val_crop_fraction`, centre crop, nothing random.
     """
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 from batchwire import native
-from batchwire.native.reference import augment_batch_reference
+from batchwire.native.reference import augment_batch_reference, rotate_hue
 
 DTYPES = (torch.uint8, torch.float16, torch.bfloat16, torch.float32)
 # (atol, rtol) in output units; uint8 is checked separately (max abs error 1).
@@ -91,6 +91,7 @@ def _random_batch(seed: int, n: int, out_h: int, out_w: int, device: str) -> tup
     jitter[:, 3] = 0
     jittered = torch.rand(n, generator=gen) < 0.5
     jitter[jittered, :3] = torch.empty(int(jittered.sum()), 3).uniform_(0.5, 1.6, generator=gen)
+    jitter[jittered, 3] = torch.empty(int(jittered.sum())).uniform_(-0.5, 0.5, generator=gen)
     flips = torch.rand(n, generator=gen) < 0.5
     images = [im.to(device) for im in images]
     return images, torch.tensor(boxes, dtype=torch.float32), flips, jitter
@@ -294,7 +295,7 @@ def _bad_cases():
         ),
         "box shape": ({"boxes": torch.zeros(1, 3)}, ValueError, "boxes"),
         "flip dtype": ({"flips": torch.tensor([0])}, TypeError, "flips"),
-        "hue": ({"jitter": torch.tensor([[1.0, 1.0, 1.0, 0.1]])}, ValueError, "hue"),
+        "hue": ({"jitter": torch.tensor([[1.0, 1.0, 1.0, 0.6]])}, ValueError, "hue"),
         "negative factor": (
             {"jitter": torch.tensor([[-1.0, 1.0, 1.0, 0.0]])},
             ValueError,
@@ -382,6 +383,57 @@ def test_gil_is_released_while_the_op_runs(ops):
     assert len(ticks) >= 10 and max(gaps) < 0.5 * duration, (len(ticks), max(gaps), duration)
 
 
+def test_reference_hue_is_the_hsv_hue_shift():
+    """The oracle's hue rotation against Python's colorsys (HSV there, hue moved, back), on
+    random colours and on the edge cases: greys, primaries, ties between channels, full turns."""
+    import colorsys
+
+    gen = torch.Generator().manual_seed(4)
+    special = [
+        (0, 0, 0),
+        (255, 255, 255),
+        (90, 90, 90),
+        (255, 0, 0),
+        (0, 255, 0),
+        (0, 0, 255),
+        (255, 255, 0),
+        (0, 255, 255),
+        (255, 0, 255),
+        (200, 200, 10),
+        (10, 200, 200),
+        (200, 10, 200),
+        (12.5, 3.25, 250.0),
+    ]
+    colours = torch.cat(
+        [torch.tensor(special, dtype=torch.float64), torch.rand(500, 3, generator=gen) * 255]
+    ).to(torch.float64)
+    for turns in (-0.5, -0.31, -0.01, 0.0, 0.17, 0.5):
+        got = rotate_hue(colours, turns)
+        for rgb, out in zip(colours.tolist(), got.tolist(), strict=True):
+            h, s, v = colorsys.rgb_to_hsv(*(c / 255 for c in rgb))
+            want = [c * 255 for c in colorsys.hsv_to_rgb((h + turns) % 1.0, s, v)]
+            assert max(abs(a - b) for a, b in zip(out, want, strict=True)) < 1e-9, (rgb, turns)
+
+
+def test_hue_keeps_greys_and_a_half_turn_twice_is_the_identity(ops):
+    gen = torch.Generator().manual_seed(6)
+    image = torch.randint(0, 256, (40, 30, 3), dtype=torch.uint8, generator=gen)
+    image[:10] = image[:10, :, :1]  # grey rows
+    box = torch.tensor([[0.0, 0.0, 40.0, 30.0]])
+    flips = torch.zeros(1, dtype=torch.bool)
+
+    def hue(turns: float, source: torch.Tensor) -> torch.Tensor:
+        out = torch.empty(1, 3, 40, 30, dtype=torch.uint8)
+        jitter = torch.tensor([[1.0, 1.0, 1.0, turns]])
+        ops.augment_batch([source], box, flips, jitter, MEAN, STD, out)
+        return out[0].permute(1, 2, 0).contiguous()
+
+    once = hue(0.5, image)
+    assert torch.equal(once[:10], image[:10]), "a grey pixel has no hue to move"
+    assert (once[10:].int() - image[10:].int()).abs().max() > 50, "the colours did move"
+    assert (hue(0.5, once).int() - image.int()).abs().max() <= 1
+
+
 def test_opcheck(ops):
     images, boxes, flips, jitter = _random_batch(3, 4, 6, 5, "cpu")
     out = torch.empty(4, 3, 6, 5)
@@ -403,7 +455,7 @@ class _ImageDesc(ctypes.Structure):
         ("width", ctypes.c_int),
         ("channels", ctypes.c_int),
         *((name, ctypes.c_float) for name in ("y0", "x0", "y1", "x1")),
-        *((name, ctypes.c_float) for name in ("brightness", "contrast", "saturation")),
+        *((name, ctypes.c_float) for name in ("brightness", "contrast", "saturation", "hue")),
         ("flip", ctypes.c_int),
     ]
 
@@ -426,7 +478,7 @@ def test_cuda_pixel_math_emulated_on_the_host(tmp_path):
     for d, img, box, flip, jit in zip(table, images, boxes.tolist(), flips, jitter, strict=True):
         d.pixels, (d.height, d.width, d.channels) = img.data_ptr(), img.shape
         d.y0, d.x0, d.y1, d.x1 = box
-        d.brightness, d.contrast, d.saturation = jit[:3].tolist()
+        d.brightness, d.contrast, d.saturation, d.hue = jit.tolist()
         d.flip = int(flip)
     emulated = torch.empty(len(images), 13, 11, 3)
     lib.batchwire_emulate_cuda(table, len(images), 13, 11, ctypes.c_void_p(emulated.data_ptr()))

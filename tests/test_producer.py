@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from batchwire.native.reference import augment_batch_reference
 from batchwire.pipeline.augment_plan import AugmentConfig
 from batchwire.pipeline.buffers import BufferRing, BufferTimeout
 from batchwire.pipeline.dataset import ImageDataset, open_dataset
@@ -122,6 +123,31 @@ def test_thread_count_gives_bit_identical_batches(mixed: ImageDataset) -> None:
     for (a, ma, _), (b, mb, _) in zip(one, four, strict=True):
         assert torch.equal(a, b)
         assert np.array_equal(ma.sources, mb.sources) and np.array_equal(ma.labels, mb.labels)
+
+
+def test_full_colour_jitter_matches_the_reference_op(photos: ImageDataset) -> None:
+    """ColorJitter(0.4, 0.4, 0.4, 0.2) on real photos through the whole producer: the fused op
+    gives the pure-torch reference's pixels (hue included) to one grey level."""
+    config = AugmentConfig(
+        image_size=64,
+        train=True,
+        brightness=0.4,
+        contrast=0.4,
+        saturation=0.4,
+        hue=0.2,
+        output_dtype="uint8",
+    )
+    plan = ShardSampler(len(photos), 8, seed=3, shuffle=True, drop_last=True).plan(0, 0)
+    with CpuBatchDecoder(2) as dec:
+        outs = []
+        for augment in (None, augment_batch_reference):
+            producer = BatchProducer(photos, config, 3, dec, augment=augment)
+            out = torch.empty(producer.output_shape(8), dtype=torch.uint8)
+            producer.produce(plan, out)
+            outs.append(out)
+    native_out, reference_out = outs
+    assert producer.augment_name == "augment_batch_reference"
+    assert (native_out.int() - reference_out.int()).abs().max() <= 1
 
 
 def test_augment_impl_is_native_or_reference() -> None:

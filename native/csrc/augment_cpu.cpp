@@ -27,6 +27,7 @@
 
 #include "augment_op.h"
 #include "filter_math.h"
+#include "hue_math.h"
 
 // Hot loops get an AVX2 clone picked at load time, so one build runs on any x86-64 machine.
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
@@ -291,6 +292,14 @@ BW_CLONES void blend_grey(float* __restrict px, int pitch, int w, float f, bool 
   }
 }
 
+// Each pixel of a planar row with its hue moved by `turns` (hue_math.h).
+BW_CLONES void rotate_hue_row(float* __restrict px, int pitch, int w, float turns) {
+  float* __restrict r = px;
+  float* __restrict g = px + pitch;
+  float* __restrict b = px + 2 * pitch;
+  for (int o = 0; o < w; ++o) rotate_hue(r[o], g[o], b[o], turns);
+}
+
 // d[j] = s[j] clamped to [0, 255] and rounded half to even, j < n. cvtps2dq rounds with the
 // MXCSR mode, round-to-nearest-even by default (as the reference's torch.round), 16 at a time
 // with two saturating packs; the scalar tail uses the same instruction.
@@ -517,6 +526,7 @@ class CpuAugment {
 
   void finish_row(const ImagePlan& ip, int n, int oy, float* px, int pitch) {
     if (ip.p.saturation != 1.f) blend_grey(px, pitch, out_w_, ip.p.saturation, true, 0.f);
+    if (ip.p.hue != 0.f) rotate_hue_row(px, pitch, out_w_, ip.p.hue);
     write_row<T>(out_ + n * sn_ + oy * sh_, sc_, sw_, px, pitch, out_w_, nz_, scratch_.data());
   }
 

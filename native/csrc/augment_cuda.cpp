@@ -49,7 +49,7 @@ void augment_batch_cuda(at::TensorList images, const at::Tensor& boxes, const at
     table[i] = cuda::ImageDesc{img.data_ptr<uint8_t>(), static_cast<int>(img.size(0)),
                                static_cast<int>(img.size(1)), static_cast<int>(img.size(2)),
                                p.y0, p.x0, p.y1, p.x1, p.brightness, p.contrast, p.saturation,
-                               p.flip ? 1 : 0};
+                               p.hue, p.flip ? 1 : 0};
     any_contrast = any_contrast || p.contrast != 1.f;
   }
   // The caching host allocator keeps `host` alive until this copy has run.

@@ -12,7 +12,7 @@ struct ImageDesc {
   const uint8_t* pixels;  // HWC uint8, contiguous, on the device
   int height, width, channels;
   float y0, x0, y1, x1;  // crop box in source pixels, end-exclusive
-  float brightness, contrast, saturation;
+  float brightness, contrast, saturation, hue;  // hue: a shift in turns, 0 = none
   int flip;
 };
 

@@ -58,8 +58,9 @@ void check_factors(const SampleParams& p, size_t i) {
   TORCH_CHECK_VALUE(ok, "augment_batch: jitter[", i, "] = (", p.brightness, ", ", p.contrast,
                     ", ", p.saturation, ", ", hue,
                     ") must have finite, non-negative brightness, contrast and saturation");
-  TORCH_CHECK_VALUE(hue == 0.f, "augment_batch: hue jitter is not supported (jitter[", i,
-                    "][3] = ", hue, ", must be 0)");
+  TORCH_CHECK_VALUE(std::isfinite(hue) && hue >= -0.5f && hue <= 0.5f,
+                    "augment_batch: hue jitter[", i, "][3] = ", hue,
+                    " must be in [-0.5, 0.5] (turns)");
 }
 
 }  // namespace

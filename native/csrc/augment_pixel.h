@@ -4,6 +4,7 @@
 
 #include "augment_desc.h"
 #include "filter_math.h"
+#include "hue_math.h"
 
 namespace batchwire {
 namespace cuda {
@@ -55,7 +56,7 @@ BW_HD void resample_pixel(const ImageDesc& im, int out_h, int out_w, int oy, int
   }
 }
 
-// Contrast (towards the image's grey mean) and saturation (towards the pixel's grey).
+// Contrast (towards the image's grey mean), saturation (towards the pixel's grey), then hue.
 BW_HD void jitter_pixel(const ImageDesc& im, float grey_mean, float* rgb) {
   if (im.contrast != 1.f) {
     for (int c = 0; c < 3; ++c) {
@@ -68,6 +69,7 @@ BW_HD void jitter_pixel(const ImageDesc& im, float grey_mean, float* rgb) {
       rgb[c] = clamp255(im.saturation * rgb[c] + (1.f - im.saturation) * g);
     }
   }
+  if (im.hue != 0.f) rotate_hue(rgb[0], rgb[1], rgb[2], im.hue);
 }
 
 }  // namespace cuda
