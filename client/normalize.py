@@ -100,7 +100,7 @@ def _value_tables(scale: np.ndarray, bias: np.ndarray) -> np.ndarray:
 
 def _same_dense_layout(src: np.ndarray, dst: np.ndarray) -> bool:
     """Both ``[B, 3, H, W]`` batches dense per image in the same layout (NCHW or NHWC)."""
-    if src.ndim != 4 or src.shape != dst.shape or src.shape[1] != 3:
+    if src.ndim != 4 or src.shape != dst.shape or src.shape[1] != 3 or len(src) == 0:
         return False
     nchw = all(a[b].flags.c_contiguous for a in (src, dst) for b in range(len(a)))
     nhwc = all(
