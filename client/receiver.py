@@ -425,8 +425,10 @@ class BatchReceiver:
 
     def _accept_welcome(self, c: ServerConnection, w: protocol.Welcome) -> None:
         if self.welcome is None:
-            self.welcome = w
+            # The stager first: if it refuses this server's batches (e.g. normalize_on_device on
+            # a float wire), the loader stays unwelcomed and says so again, not something else.
             self.stager = self._make_stager(w, self.slots_needed)
+            self.welcome = w
         else:
             mine, theirs = _welcome_key(self.welcome), _welcome_key(w)
             if mine != theirs:

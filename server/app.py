@@ -15,7 +15,7 @@ import math
 import os
 import signal
 import time
-from collections import deque
+from collections import Counter, deque
 from typing import Any
 
 import zmq
@@ -108,6 +108,9 @@ class ServerApp:
         self.streams: dict[bytes, Stream] = {}
         self.scheduler = Scheduler()
         self._in_flight: deque[tuple[zmq.MessageTracker, Slot, Stream]] = deque()
+        # Sent batches ZeroMQ still holds, per peer and across its streams: a peer that sends
+        # credits (or new hellos) but never reads would otherwise pin a buffer per credit.
+        self._held: Counter[bytes] = Counter()
         self._tracker_wait_ms = 1
         self._stopping = False
         self._malformed_seen = 0
@@ -128,37 +131,41 @@ class ServerApp:
             signal.signal(signal.SIGINT, self.request_stop)
         except ValueError:  # not the main thread (embedded use): the caller stops us
             pass
-        if self.config.metrics_port is not None:
-            self._metrics = self.telemetry.serve_prometheus(
-                self.config.metrics_port, self.stats_snapshot
-            )
-        log.info(
-            "serving %s on %s: batch %d, %dpx, %s %s, %d producers, %d decode threads, "
-            "work-ahead %d per client",
-            "/".join(self.splits),
-            ", ".join(self.endpoints),
-            self.config.batch_size,
-            self.config.image_size,
-            self.config.output_dtype,
-            self.config.layout,
-            self.config.producers,
-            self.config.workers,
-            self.config.prefetch_depth,
-        )
-        if self.config.device != "cpu":
-            bound = gpu_memory_statement(
-                self.config.producers,
-                getattr(self.decoder, "max_batch", self.config.batch_size),
-                getattr(self.decoder, "max_image_pixels", None),
-                self.nbytes,
-            )
-            log.info("%s", bound)
         try:
+            if self.config.metrics_port is not None:
+                self._serve_metrics(self.config.metrics_port)
+            log.info(
+                "serving %s on %s: batch %d, %dpx, %s %s, %d producers, %d decode threads, "
+                "work-ahead %d per client",
+                "/".join(self.splits),
+                ", ".join(self.endpoints),
+                self.config.batch_size,
+                self.config.image_size,
+                self.config.output_dtype,
+                self.config.layout,
+                self.config.producers,
+                self.config.workers,
+                self.config.prefetch_depth,
+            )
+            if self.config.device != "cpu":
+                bound = gpu_memory_statement(
+                    self.config.producers,
+                    getattr(self.decoder, "max_batch", self.config.batch_size),
+                    getattr(self.decoder, "max_image_pixels", None),
+                    self.nbytes,
+                )
+                log.info("%s", bound)
             self._loop()
         finally:
             self._shutdown()
         log.info("stopped")
         return 0
+
+    def _serve_metrics(self, port: int) -> None:
+        try:
+            self._metrics = self.telemetry.serve_prometheus(port, self.stats_snapshot)
+        except OSError as exc:  # port taken, no permission: a start-up error like a bad --bind
+            raise StartupError(f"cannot serve metrics on --metrics-port {port}: {exc}") from None
 
     def _shutdown(self) -> None:
         log.info("shutting down: telling %d client(s)", len(self.streams))
@@ -278,9 +285,13 @@ class ServerApp:
                 return
         if identity in self.streams:  # next epoch, resume or reconnect: replace the stream
             self._drop(identity)
-        sampler = split.sampler(
-            self.config.batch_size, self.config.seed, hello.rank, hello.world_size
-        )
+        try:  # e.g. more ranks x batch than the split has samples: this client's problem alone
+            sampler = split.sampler(
+                self.config.batch_size, self.config.seed, hello.rank, hello.world_size
+            )
+        except ValueError as exc:
+            self._error(identity, f"cannot serve this hello: {exc}")
+            return
         stream = Stream(identity, hello, sampler.num_batches, self.config.prefetch_depth, sampler)
         stream.credits = hello.prefetch  # a hello grants `prefetch` credits
         self.streams[identity] = stream
@@ -413,7 +424,9 @@ class ServerApp:
     def _send_ready(self) -> None:
         now = time.monotonic()
         for stream in self.streams.values():
-            for batch in stream.pop_sendable():
+            # A client that reads what it asked for never has more than `prefetch` unread.
+            room = stream.hello.prefetch - self._held[stream.identity]
+            for batch in stream.pop_sendable(room):
                 self._send(stream, batch, now)
 
     def _send(self, stream: Stream, batch: Produced, now: float) -> None:
@@ -442,6 +455,7 @@ class ServerApp:
             identity=stream.identity,
         )
         self._in_flight.append((tracker, batch.slot, stream))
+        self._held[stream.identity] += 1
         stream.in_flight += 1
         self._tracker_wait_ms = 1
         self.telemetry.observe_stage("ready", now - batch.done_at)
@@ -456,6 +470,9 @@ class ServerApp:
             if item[0].done:
                 self.buffers.release(item[1])
                 item[2].in_flight -= 1
+                self._held[item[2].identity] -= 1
+                if self._held[item[2].identity] <= 0:
+                    del self._held[item[2].identity]
                 released = True
             else:
                 pending.append(item)

@@ -268,10 +268,10 @@ def main(argv: list[str] | None = None) -> int:
     _limit_intra_op_threads(config)
     try:
         app = ServerApp(config)
+        code = app.run()
     except StartupError as exc:
         log.error("%s", exc)
         return 2
-    code = app.run()
     # Everything is closed and joined by now. Interpreter teardown with torch loaded takes
     # seconds (module finalisation) and would delay a supervisor's restart for nothing.
     logging.shutdown()

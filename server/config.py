@@ -79,6 +79,8 @@ class ServerConfig:
                 problems.append(
                     f"--bind {ep!r} is not a ZeroMQ endpoint (tcp://host:port, ipc://path)"
                 )
+        if int(self.seed) < 0:
+            problems.append(f"--seed must be >= 0, got {self.seed}")
         for name in ("batch_size", "image_size", "workers", "producers", "prefetch_depth"):
             if int(getattr(self, name)) < 1:
                 flag = "--" + name.replace("_", "-")

@@ -120,9 +120,10 @@ class Stream:
         """A worker gave up on a batch of this stream (error or shutdown)."""
         self.in_production -= 1
 
-    def pop_sendable(self) -> Iterator[Produced]:
-        """Yield the in-order batches that credits allow, consuming one credit each."""
-        while self.credits > 0 and self.send_pos in self._finished:
+    def pop_sendable(self, limit: int) -> Iterator[Produced]:
+        """Yield the in-order batches that credits allow, at most ``limit``, one credit each."""
+        while limit > 0 and self.credits > 0 and self.send_pos in self._finished:
+            limit -= 1
             batch = self._finished.pop(self.send_pos)
             self.send_pos += 1
             self.credits -= 1

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -17,6 +18,7 @@ import msgpack
 import numpy as np
 import pytest
 import torch
+import zmq
 from batchwire.pipeline.augment_plan import AugmentConfig
 from batchwire.pipeline.dataset import open_dataset
 from batchwire.pipeline.decode import CpuBatchDecoder
@@ -203,15 +205,21 @@ def test_bad_option_is_a_clear_error(tmp_path):
             ),
         ),
         (["--train", "/nonexistent/train"], ["--train /nonexistent/train", "does not exist"]),
+        (["--seed", "-1"], ["--seed must be >= 0"]),
+        (["--metrics-port", "BUSY"], ["cannot serve metrics on --metrics-port"]),
     ],
 )
 def test_startup_errors_are_clear(args, needles):
-    r = subprocess.run(
-        [sys.executable, "-m", "batchwire.server", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    with socket.socket() as busy:  # a port something else already listens on
+        busy.bind(("0.0.0.0", 0))
+        busy.listen()
+        args = [str(busy.getsockname()[1]) if a == "BUSY" else a for a in args]
+        r = subprocess.run(
+            [sys.executable, "-m", "batchwire.server", "--bind", "tcp://127.0.0.1:0", *args],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
     assert r.returncode == 2, r.stderr
     for needle in needles:
         assert needle in r.stderr, r.stderr
@@ -289,6 +297,67 @@ def test_world_size_mismatch_is_an_error_not_a_crash(server):
     finally:
         a.close()
         b.close()
+
+
+def test_unservable_hello_is_an_error_for_that_client_only(server):
+    """More ranks x batch than the split has samples leaves no batch to serve: that client
+    gets an error naming the cause, and the server serves the next client as usual."""
+    greedy = Client(server, world_size=10_000, rank=0, epoch=13, session=4)
+    good = Client(server, epoch=13, session=3)
+    try:
+        greedy.send(greedy.hello)
+        msg, _ = greedy.recv()
+        assert isinstance(msg, p.ErrorReply) and "cannot serve this hello" in msg.message, msg
+        assert "no batch" in msg.message, msg
+        good.start()
+        assert [good.batch()[0].batch_index for _ in range(2)] == [0, 1]
+    finally:
+        for c in (greedy, good):
+            c.send(p.Bye())
+            c.close()
+
+
+def test_credits_without_reading_pin_no_more_than_prefetch_buffers():
+    """A peer that keeps granting credits but never reads holds at most `prefetch` batches in
+    flight (each pins a buffer until ZeroMQ is done with it); the rest wait as work-ahead,
+    bounded by --prefetch-depth. Batches of 768 KiB overflow the socket buffers, so unread
+    batches really stay with the server."""
+    root = str(default_dataset().val_root)
+    args = ("--train", root, "--batch-size", "4", "--image-size", "256", "--workers", "1")
+    with running_server(*args, "--output-dtype", "uint8", "--prefetch-depth", "4") as srv:
+        ctx = zmq.Context.instance()
+        sock = ctx.socket(zmq.DEALER)
+        sock.linger = 0
+        sock.rcvhwm = 1
+        sock.setsockopt(zmq.RCVBUF, 4096)
+        sock.connect(srv.endpoint)
+        try:
+            hello = p.Hello(
+                split="train",
+                rank=0,
+                world_size=1,
+                epoch=0,
+                start_batch=0,
+                prefetch=2,
+                shard=(0, 1),
+                session=1,
+            )
+            sock.send(hello.pack())
+            for _ in range(30):
+                sock.send(p.Credit(n=2).pack())
+                time.sleep(0.05)
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline:  # until the server has worked ahead in full
+                row = _client_row(srv, "train", 0, 0)
+                if row["ready"] >= 4:
+                    break
+                time.sleep(0.05)
+            row = _client_row(srv, "train", 0, 0)
+            # Its credits are still there (it asked for far more), yet no more goes out.
+            assert row["ready"] == 4 and row["credits"] == 2, row
+            assert row["in_flight"] <= 2, row
+        finally:
+            sock.close(0)
 
 
 def test_malformed_frames_are_counted_and_the_server_keeps_serving(server):

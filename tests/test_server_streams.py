@@ -7,6 +7,8 @@ import pytest
 from batchwire.server.protocol import Hello
 from batchwire.server.streams import Produced, Scheduler, Stream
 
+ANY = 1 << 30  # no limit from unread batches
+
 
 def _stream(identity=b"a", *, start=0, shard=(0, 1), prefetch=2, depth=3, num_batches=10):
     hello = Hello(
@@ -52,15 +54,28 @@ def test_work_ahead_is_bounded_and_credits_limit_sending():
     # finish out of order: nothing goes out until batch 0 is there
     s.completed(taken[2][0], _batch(2))
     s.completed(taken[1][0], _batch(1))
-    assert list(s.pop_sendable()) == []
+    assert list(s.pop_sendable(ANY)) == []
     assert s.ready == 2 and not s.has_room()
     s.completed(taken[0][0], _batch(0))
-    sent = [b.batch_index for b in s.pop_sendable()]
+    sent = [b.batch_index for b in s.pop_sendable(ANY)]
     assert sent == [0, 1]  # two credits
     assert s.credits == 0 and s.ready == 1 and s.sent == 2
     assert s.has_room()  # one slot of work-ahead freed
     s.credits += 1
-    assert [b.batch_index for b in s.pop_sendable()] == [2]
+    assert [b.batch_index for b in s.pop_sendable(ANY)] == [2]
+
+
+def test_sending_stops_at_the_limit_whatever_the_credits():
+    """The server passes how many more batches the peer may have unread (prefetch minus what
+    ZeroMQ still holds for it): credits alone do not let a peer that never reads pin buffers."""
+    s = _stream(prefetch=4, depth=4)
+    while s.has_room():
+        pos, k = s.take_next()
+        s.completed(pos, _batch(k))
+    s.credits = 50
+    assert [b.batch_index for b in s.pop_sendable(1)] == [0]
+    assert list(s.pop_sendable(0)) == [] and s.credits == 49
+    assert [b.batch_index for b in s.pop_sendable(ANY)] == [1, 2, 3]
 
 
 def test_stopped_client_costs_nothing_beyond_its_depth():
@@ -68,7 +83,7 @@ def test_stopped_client_costs_nothing_beyond_its_depth():
     for _ in range(2):
         pos, k = s.take_next()
         s.completed(pos, _batch(k))
-    list(s.pop_sendable())  # the one credit
+    list(s.pop_sendable(ANY))  # the one credit
     pos, k = s.take_next()
     s.completed(pos, _batch(k))
     assert s.ready == 2 and not s.has_room()
@@ -89,7 +104,7 @@ def test_done_after_last_batch_sent():
     while s.has_room():
         pos, k = s.take_next()
         s.completed(pos, _batch(k))
-    assert [b.batch_index for b in s.pop_sendable()] == [8, 9]
+    assert [b.batch_index for b in s.pop_sendable(ANY)] == [8, 9]
     assert s.done and not s.has_room()
 
 
@@ -106,6 +121,6 @@ def test_scheduler_round_robin_skips_full_streams():
     sched.remove(b"b")
     pos_a = streams[b"a"]
     pos_a.completed(0, _batch(0))
-    list(pos_a.pop_sendable())
+    list(pos_a.pop_sendable(ANY))
     assert sched.next(streams) is pos_a  # only a has room again
     assert sched.next(streams) is pos_a
