@@ -245,8 +245,9 @@ def _rrc_arrays(
     fh = hh.copy()
     narrow = in_ratio < ratio[0]
     wide = in_ratio > ratio[1]
-    fh[narrow] = np.rint(ww[narrow] / ratio[0])
-    fw[wide] = np.rint(hh[wide] * ratio[1])
+    # At least one pixel: a 1-pixel-thin image with an extreme ratio would round to nothing.
+    fh[narrow] = np.clip(np.rint(ww[narrow] / ratio[0]), 1, hh[narrow])
+    fw[wide] = np.clip(np.rint(hh[wide] * ratio[1]), 1, ww[wide])
     ftop = np.floor((hh - fh) / 2)
     fleft = np.floor((ww - fw) / 2)
 

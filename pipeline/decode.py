@@ -526,11 +526,12 @@ class BatchDecoder(Protocol):
 def _decode_request(req: DecodeRequest) -> DecodeResult:
     try:
         decoded = decode_for_crop(req.data, req.header, req.box, req.out_hw)
+        image = torch.from_numpy(decoded.pixels)  # inside: whatever it refuses is this image's
     except DecodeError as e:
         return DecodeResult(image=None, box=req.box, error=str(e))
     except (ValueError, OSError, MemoryError, cv2.error) as e:
         return DecodeResult(image=None, box=req.box, error=f"{type(e).__name__}: {e}")
-    return DecodeResult(image=torch.from_numpy(decoded.pixels), box=decoded.box)
+    return DecodeResult(image=image, box=decoded.box)
 
 
 _CHUNKS_PER_THREAD = 4

@@ -108,13 +108,35 @@ def _png_exif(data: bytes) -> memoryview | None:
     return None
 
 
+def _webp_exif(data: bytes) -> memoryview | None:
+    """The payload of a WebP (RIFF) EXIF chunk, a TIFF structure, or None."""
+    if len(data) < 12 or data[:4] != b"RIFF" or data[8:12] != b"WEBP":
+        return None
+    view = memoryview(data)
+    pos, n = 12, len(data)
+    while pos + 8 <= n:
+        kind = data[pos : pos + 4]
+        (length,) = struct.unpack_from("<I", data, pos + 4)
+        start, end = pos + 8, pos + 8 + length
+        if end > n:
+            return None
+        if kind == b"EXIF":
+            payload = view[start:end]
+            # Some writers keep the JPEG-style prefix inside the chunk.
+            return payload[6:] if bytes(payload[:6]) == _EXIF_MAGIC else payload
+        pos = end + (length & 1)  # chunks are padded to an even size
+    return None
+
+
 def read_orientation(data: bytes) -> int:
-    """EXIF orientation (1-8) of a JPEG (APP1) or PNG (eXIf) file; 1 when absent or malformed."""
+    """EXIF orientation (1-8) of a JPEG (APP1), PNG (eXIf) or WebP (EXIF chunk) file; 1 when
+    absent or malformed."""
     try:
-        tiff = _jpeg_exif(data)
-        if tiff is None:
-            tiff = _png_exif(data)
-        return 1 if tiff is None else orientation_from_tiff(tiff)
+        for find in (_jpeg_exif, _png_exif, _webp_exif):
+            tiff = find(data)
+            if tiff is not None:
+                return orientation_from_tiff(tiff)
+        return 1
     except (IndexError, ValueError, struct.error):
         return 1
 
@@ -123,6 +145,8 @@ def apply_orientation(pixels: np.ndarray, orientation: int) -> np.ndarray:
     """Turn an HxWxC image the way `PIL.ImageOps.exif_transpose` does for `orientation`.
 
     1 (or anything outside 2-8) returns the input unchanged; otherwise a C-contiguous copy.
+    Always a copy: for a one-pixel-thin image the flipped view already counts as contiguous
+    to numpy, yet has a negative stride that torch refuses.
     """
     if orientation == 2:
         out = pixels[:, ::-1]
@@ -140,4 +164,4 @@ def apply_orientation(pixels: np.ndarray, orientation: int) -> np.ndarray:
         out = pixels.swapaxes(0, 1)[::-1]
     else:
         return pixels
-    return np.ascontiguousarray(out)
+    return out.copy(order="C")

@@ -61,6 +61,18 @@ def test_draws_are_uniform_and_keyed_per_sample() -> None:
         assert not np.any(other == u[:50])
 
 
+@pytest.mark.parametrize(
+    ("ratio", "height", "width"), [((0.25, 0.4), 1, 300), ((2.5, 3.0), 300, 1), (RATIO, 1, 1)]
+)
+def test_fallback_crop_of_a_thin_image_keeps_at_least_one_pixel(ratio, height, width) -> None:
+    """torchvision's fallback rounds an extreme ratio on a 1-pixel-thin image to a crop of
+    zero pixels (which no resize can take); ours keeps one."""
+    cfg = AugmentConfig(image_size=32, train=True, ratio=ratio)
+    for index in range(20):
+        y0, x0, y1, x1 = plan_sample(cfg, 0, 0, index, height, width).box
+        assert 0 <= y0 < y1 <= height and 0 <= x0 < x1 <= width, (y0, x0, y1, x1)
+
+
 def test_draw_edge_cases() -> None:
     assert draw_uniforms(0, 0, [], 4).shape == (0, 4)
     assert draw_uniforms(0, 0, [1, 2], 0).shape == (2, 0)

@@ -24,6 +24,7 @@ from oddfiles import (
     BAD_KINDS,
     GOOD_KINDS,
     exif_jpeg,
+    exif_orientation_block,
     huge_header_jpeg,
     jpeg_bytes,
     odd_file_bytes,
@@ -295,3 +296,19 @@ def test_other_formats_decode_through_opencv(fmt: str) -> None:
     header = read_header(data)
     assert (header.height, header.width, header.kind) == (30, 44, "other")
     assert_close(decode_full(data), pil_rgb(data))
+
+
+@pytest.mark.parametrize("orientation", range(1, 9))
+@pytest.mark.parametrize("shape", [(1, 50), (50, 1)])
+def test_thin_exif_images_decode_in_a_batch(orientation: int, shape) -> None:
+    """1-pixel-thin JPEGs in every EXIF orientation decode (as PIL shows them), not raise."""
+    pixels = smooth_image(*shape, seed=orientation)
+    data = jpeg_bytes(pixels, exif=exif_orientation_block(orientation))
+    header = read_header(data)
+    expected = np.asarray(ImageOps.exif_transpose(Image.open(io.BytesIO(data))).convert("RGB"))
+    assert (header.height, header.width) == expected.shape[:2]
+    box = (0.0, 0.0, float(header.height), float(header.width))
+    with CpuBatchDecoder(1) as decoder:
+        (result,) = decoder.decode_batch([DecodeRequest(0, data, header, box, (8, 8))])
+    assert result.error is None, result.error
+    assert tuple(result.image.shape[:2]) == expected.shape[:2]

@@ -57,6 +57,37 @@ def test_png_exif_chunk() -> None:
     assert read_orientation(out.getvalue()) == 6
 
 
+@pytest.mark.parametrize("orientation", [3, 6, 8])
+def test_webp_exif_chunk_is_applied_as_pil_does(orientation: int) -> None:
+    from batchwire.pipeline.decode import decode_full, read_header
+
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    out = io.BytesIO()
+    Image.fromarray(smooth_image(40, 70, seed=2)).save(
+        out, "WEBP", lossless=True, exif=exif.tobytes()
+    )
+    data = out.getvalue()
+    expected = np.asarray(ImageOps.exif_transpose(Image.open(io.BytesIO(data))).convert("RGB"))
+    header = read_header(data)
+    assert header.orientation == orientation
+    assert (header.height, header.width) == expected.shape[:2]
+    np.testing.assert_array_equal(decode_full(data), expected)
+
+
+@pytest.mark.parametrize("shape", [(1, 50), (50, 1), (1, 1)])
+def test_one_pixel_thin_images_turn_into_torch_friendly_arrays(shape) -> None:
+    """A flip of a size-1 axis is a view numpy calls contiguous but with a negative stride,
+    which torch refuses: every orientation must come back as a plain array."""
+    import torch
+
+    pixels = smooth_image(*shape, seed=5)
+    for orientation in range(2, 9):
+        out = apply_orientation(pixels, orientation)
+        assert all(st >= 0 for st in out.strides), (orientation, out.strides)
+        torch.from_numpy(out)
+
+
 def test_garbage_exif_never_raises() -> None:
     """Mutated EXIF segments, truncated files and absurd IFD counts all read as 1..8, no error."""
     base = exif_jpeg(smooth_image(24, 32), 6, big_endian=True)
