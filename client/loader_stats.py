@@ -25,6 +25,8 @@ class LoaderStats:
     """
 
     def __init__(self, window_s: float = WINDOW_S, clock: Callable[[], float] = time.monotonic):
+        if not window_s > 0:
+            raise ValueError(f"window_s must be > 0, got {window_s}")
         self.window_s = float(window_s)
         self._clock = clock
         self._lock = threading.Lock()

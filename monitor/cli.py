@@ -33,6 +33,7 @@ CLEAR_BELOW = "\x1b[J"
 # The live view infers the bottleneck from the queues averaged over this long: one snapshot
 # catches each worker in one stage, a few seconds show where batches really pile up.
 SMOOTH_S = 3.0
+MAX_SECONDS = 86400.0  # --interval and --timeout: a day is plenty; inf would overflow zmq_poll
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -205,10 +206,9 @@ def _run_live(client: StatsClient, args: argparse.Namespace, out: TextIO) -> int
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if not args.interval > 0:
-        build_parser().error("--interval must be > 0")
-    if not args.timeout > 0:
-        build_parser().error("--timeout must be > 0")
+    for name in ("interval", "timeout"):  # NaN and inf fail these too
+        if not 0 < getattr(args, name) <= MAX_SECONDS:
+            build_parser().error(f"--{name} must be > 0 and at most {MAX_SECONDS:g} seconds")
     out = sys.stdout
     # SIGTERM takes the same clean way out as Ctrl-C: the terminal must be restored.
     signal.signal(signal.SIGTERM, _raise_exit)

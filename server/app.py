@@ -56,6 +56,8 @@ _IDLE_POLL_MS = 250
 _SHUTDOWN_LINGER_MS = 1000
 _LOADER_STATS_KEYS = 32
 _MALFORMED_LOGGED = 20
+_ERRORS_LOGGED = 100
+_MESSAGE_MAX = 1000  # characters of an error reply or log line about a peer's message
 
 
 class ServerApp:
@@ -114,6 +116,7 @@ class ServerApp:
         self._tracker_wait_ms = 1
         self._stopping = False
         self._malformed_seen = 0
+        self._errors_seen = 0
         self._metrics: Any = None
 
     # ----------------------------------------------------------------------------- lifecycle
@@ -233,7 +236,7 @@ class ServerApp:
             except VersionMismatch as exc:
                 self._malformed(
                     identity,
-                    f"protocol version mismatch: client speaks v{exc.peer_version}, "
+                    f"protocol version mismatch: client speaks v{protocol.show(exc.peer_version)}, "
                     f"server speaks v{protocol.PROTOCOL_VERSION}",
                 )
                 continue
@@ -266,7 +269,9 @@ class ServerApp:
         split = self.splits.get(hello.split)
         if split is None:
             self._error(
-                identity, f"unknown split {hello.split!r}: this server serves {sorted(self.splits)}"
+                identity,
+                f"unknown split {protocol.show(hello.split)}: this server serves "
+                f"{sorted(self.splits)}",
             )
             return
         for other in self.streams.values():
@@ -349,11 +354,16 @@ class ServerApp:
             log.debug("reply to %s dropped: %s", identity.hex(), exc)
 
     def _error(self, identity: bytes, message: str) -> None:
-        log.warning("client %s: %s", identity.hex(), message)
+        message = _clip(message)
+        self._errors_seen += 1
+        # Refused hellos are rare from real trainers; a peer repeating one must not fill the log.
+        level = logging.WARNING if self._errors_seen <= _ERRORS_LOGGED else logging.DEBUG
+        log.log(level, "client %s: %s", identity.hex(), message)
         self.telemetry.add_error()
         self._reply(identity, ErrorReply(message))
 
     def _malformed(self, identity: bytes, message: str) -> None:
+        message = _clip(message)
         self._malformed_seen += 1
         # A flood of garbage must not flood the log too: the counter in stats tells the rest.
         if self._malformed_seen <= _MALFORMED_LOGGED:
@@ -532,3 +542,10 @@ def gpu_memory_statement(
         f"GPU memory bound: {producers} producers x (decode output {decode_mib:.0f} MiB + "
         f"batch {batch_mib:.0f} MiB) = {total:.0f} MiB; --producers and --batch-size scale it"
     )
+
+
+def _clip(message: str) -> str:
+    """An error text short enough for any client to read and for the log."""
+    if len(message) <= _MESSAGE_MAX:
+        return message
+    return f"{message[: _MESSAGE_MAX - 20]}... ({len(message)} characters)"

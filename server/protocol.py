@@ -22,6 +22,7 @@ Public API (stable; the client imports it):
 
 from __future__ import annotations
 
+import reprlib
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
@@ -66,9 +67,22 @@ class VersionMismatch(ProtocolError):
         self.peer_version = peer_version
         self.own_version = own_version
         super().__init__(
-            f"protocol version mismatch: peer speaks v{peer_version}, "
+            f"protocol version mismatch: peer speaks v{show(peer_version)}, "
             f"this side speaks v{own_version}"
         )
+
+
+_SHOWN = reprlib.Repr()  # attributes, not keywords: Python 3.11 has no Repr(**limits)
+_SHOWN.maxstring = _SHOWN.maxother = 60
+_SHOWN.maxlist = _SHOWN.maxdict = 8
+_SHOWN.maxlevel = 3
+_SHOWN.maxlong = 40
+
+
+def show(value: object) -> str:
+    """A peer's value as an error message may quote it: short whatever the peer sent (a frame
+    of 64 KiB must not come back as a reply several times larger)."""
+    return _SHOWN.repr(value)
 
 
 # --------------------------------------------------------------------------- packing
@@ -119,7 +133,7 @@ def unpack_frame(frame: bytes | memoryview, max_bytes: int) -> dict[str, Any]:
 def _int(d: Mapping[str, Any], key: str, lo: int | None = None, hi: int | None = None) -> int:
     value = d.get(key)
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ProtocolError(f"field {key!r} must be an integer, got {value!r}")
+        raise ProtocolError(f"field {key!r} must be an integer, got {show(value)}")
     if lo is not None and value < lo:
         raise ProtocolError(f"field {key!r} must be >= {lo}, got {value}")
     if hi is not None and value > hi:
@@ -130,9 +144,9 @@ def _int(d: Mapping[str, Any], key: str, lo: int | None = None, hi: int | None =
 def _str(d: Mapping[str, Any], key: str, choices: tuple[str, ...] | None = None) -> str:
     value = d.get(key)
     if not isinstance(value, str) or not value:
-        raise ProtocolError(f"field {key!r} must be a non-empty string, got {value!r}")
+        raise ProtocolError(f"field {key!r} must be a non-empty string, got {show(value)}")
     if choices is not None and value not in choices:
-        raise ProtocolError(f"field {key!r} must be one of {list(choices)}, got {value!r}")
+        raise ProtocolError(f"field {key!r} must be one of {list(choices)}, got {show(value)}")
     return value
 
 
@@ -154,7 +168,7 @@ def _float_list(d: Mapping[str, Any], key: str, length: int) -> list[float]:
         or len(value) != length
         or any(isinstance(x, bool) or not isinstance(x, (int, float)) for x in value)
     ):
-        raise ProtocolError(f"field {key!r} must be a list of {length} numbers, got {value!r}")
+        raise ProtocolError(f"field {key!r} must be a list of {length} numbers, got {show(value)}")
     return [float(x) for x in value]
 
 

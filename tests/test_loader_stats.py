@@ -89,3 +89,9 @@ def test_concurrent_recording_and_reading() -> None:
     d = stats.as_dict()
     assert d["images_per_s"] == 2 * n_threads * per_thread  # no record lost
     assert d["wait_s_per_batch"] == pytest.approx(0.001)  # waits and batches both complete
+
+
+def test_window_must_be_positive() -> None:
+    for window in (0, -1.0, float("nan")):
+        with pytest.raises(ValueError, match="window_s"):
+            LoaderStats(window_s=window)

@@ -200,6 +200,13 @@ def test_no_server_is_a_clear_error_naming_the_endpoint() -> None:
     assert time.monotonic() - started < 20
 
 
+@pytest.mark.parametrize("option", ["--timeout", "--interval"])
+@pytest.mark.parametrize("value", ["0", "inf", "nan", "1e300"])
+def test_unusable_durations_are_a_usage_error(option: str, value: str) -> None:
+    done = run_monitor("tcp://127.0.0.1:1", "--once", option, value)
+    assert done.returncode == 2 and f"{option} must be > 0" in done.stderr, done.stderr
+
+
 @pytest.mark.timeout(30)
 def test_malformed_endpoint_fails_at_once() -> None:
     done = run_monitor("localhost:5555")  # live mode: would otherwise retry forever

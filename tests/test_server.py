@@ -393,6 +393,33 @@ def test_malformed_frames_are_counted_and_the_server_keeps_serving(server):
         good.close()
 
 
+def test_error_replies_stay_short_whatever_the_peer_sent(server):
+    """A 64 KiB frame quoting a huge value gets a short reply any client can read (the value
+    is shown abridged), not one several times the frame."""
+    raw = server.dealer()
+    huge_version = msgpack.packb({"v": [-32] * 60_000, "type": "stats"})
+    huge_split = p.Hello(
+        split="\x00" * 60_000,
+        rank=0,
+        world_size=1,
+        epoch=0,
+        start_batch=0,
+        prefetch=1,
+        shard=(0, 1),
+        session=1,
+    ).pack()
+    try:
+        for frame in (huge_version, huge_split):
+            raw.send(frame)
+            assert raw.poll(20000), "no reply"
+            reply = raw.recv_multipart()[0]
+            assert len(reply) <= 1100, len(reply)
+            msg = p.decode_server_message(reply)
+            assert isinstance(msg, p.ErrorReply) and "..." in msg.message, msg
+    finally:
+        raw.close(0)
+
+
 def test_stopped_client_holds_bounded_memory_while_another_is_served(server):
     stalled = Client(server, rank=0, world_size=2, epoch=11, prefetch=2, session=1)
     healthy = Client(server, rank=1, world_size=2, epoch=11, prefetch=2, session=2)
