@@ -75,6 +75,12 @@ def test_single_process_trains_checkpoints_and_resumes(tmp_path: Path) -> None:
         _, state = load_latest(ckpt)
         assert (state["epoch"], state["batch"], state["step"]) == (0, 5, 5)
 
+        # The same command again (a supervisor's restart): nothing left to train.
+        third = _run([str(TRAIN_BIN), *_train_args(srv.endpoint, *common, "--max-steps", "5")], 60)
+        assert third.returncode == 0, third.stdout
+        assert "nothing to do" in third.stdout and "step 6 (" not in third.stdout, third.stdout
+        assert load_latest(ckpt)[1]["step"] == 5
+
 
 @pytest.mark.timeout(200)
 def test_killed_rank_resumes_from_checkpoint_and_trains_the_epoch_exactly_once(

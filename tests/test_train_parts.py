@@ -12,6 +12,7 @@ import os
 import pytest
 import torch
 from batchwire.train.checkpoint import (
+    NoUsableCheckpoint,
     checkpoint_path,
     list_checkpoints,
     load_latest,
@@ -20,7 +21,7 @@ from batchwire.train.checkpoint import (
 from batchwire.train.evaluate import count_correct
 from batchwire.train.models import build_model
 from batchwire.train.record import IndexRecorder, read_record, record_path
-from batchwire.train.schedule import build_scheduler
+from batchwire.train.schedule import build_scheduler, resume_schedule
 
 
 @pytest.mark.parametrize(
@@ -89,6 +90,57 @@ def test_scheduler_state_resumes_on_the_same_curve(tmp_path) -> None:
     sched2 = build_scheduler(opt2, "cosine", total_steps=50, warmup_steps=5)
     sched2.load_state_dict(torch.load(tmp_path / "s.pt", weights_only=True))
     assert sched2.get_last_lr() == sched.get_last_lr()
+
+
+def test_a_changed_curve_is_followed_from_the_same_place(tmp_path) -> None:
+    """Resumed with twice the optimizer steps per epoch (half the ranks), the run follows its
+    own curve from the equivalent step instead of the checkpoint's, which would end the decay
+    halfway; with the same curve it restores the saved state exactly."""
+
+    def scheduler(steps_per_epoch: int):
+        opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.5)
+        return build_scheduler(
+            opt, "cosine", total_steps=4 * steps_per_epoch, warmup_steps=steps_per_epoch // 2
+        )
+
+    old = scheduler(8)
+    for _ in range(16):  # two epochs of 8 steps
+        old.optimizer.step()
+        old.step()
+    saved = old.state_dict()
+
+    same = scheduler(8)
+    assert resume_schedule(same, saved, position=16)
+    assert same.get_last_lr() == old.get_last_lr() and same.last_epoch == 16
+
+    changed = scheduler(16)
+    assert not resume_schedule(changed, saved, position=2 * 16)
+    fresh = scheduler(16)
+    for _ in range(32):
+        fresh.optimizer.step()
+        fresh.step()
+    assert changed.get_last_lr() == pytest.approx(fresh.get_last_lr())
+    assert changed.optimizer.param_groups[0]["lr"] == pytest.approx(fresh.get_last_lr()[0])
+    assert changed.lr_lambdas[0].total_steps == 64
+
+
+def test_an_unreadable_newer_file_never_costs_the_new_checkpoints(tmp_path) -> None:
+    """A higher-numbered file that does not load is skipped, and the checkpoints written after
+    resuming from an older one are kept even though their step numbers are lower."""
+    save_checkpoint(tmp_path, 10, {"step": 10}, keep=1)
+    checkpoint_path(tmp_path, 50).write_bytes(b"torn")
+    assert load_latest(tmp_path)[1]["step"] == 10
+    for step in (12, 14):
+        save_checkpoint(tmp_path, step, {"step": step}, keep=1)
+    assert [s for s, _ in list_checkpoints(tmp_path)] == [14, 50]
+    assert load_latest(tmp_path)[1]["step"] == 14
+
+
+def test_a_folder_of_only_unreadable_checkpoints_is_an_error(tmp_path) -> None:
+    """Starting over from step 0 without a word would throw the run's progress away."""
+    checkpoint_path(tmp_path, 7).write_bytes(b"torn")
+    with pytest.raises(NoUsableCheckpoint, match="move them aside"):
+        load_latest(tmp_path)
 
 
 def test_checkpoints_are_found_by_step_and_old_ones_pruned(tmp_path) -> None:

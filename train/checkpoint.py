@@ -47,7 +47,11 @@ def list_checkpoints(directory: str | os.PathLike) -> list[tuple[int, Path]]:
 def save_checkpoint(
     directory: str | os.PathLike, step: int, state: dict[str, Any], *, keep: int = 2
 ) -> Path:
-    """Write `state` atomically as the checkpoint of `step`; keep only the newest `keep` files."""
+    """Write `state` atomically as the checkpoint of `step`; keep only the newest `keep` files.
+
+    "Newest" is among the steps up to this one: a higher-numbered file can only be one that
+    `load_latest` skipped as unreadable, and counting it would delete what this run writes.
+    """
     root = Path(directory)
     root.mkdir(parents=True, exist_ok=True)
     final = checkpoint_path(root, step)
@@ -63,7 +67,8 @@ def save_checkpoint(
         raise
     _fsync_dir(root)
     if keep > 0:
-        for _, old in list_checkpoints(root)[:-keep]:
+        ours = [path for s, path in list_checkpoints(root) if s <= step]
+        for old in ours[:-keep]:
             old.unlink(missing_ok=True)
     # Only rank 0 writes, one file at a time: any other temporary file is a killed writer's.
     for stale in root.glob(".ckpt-*.tmp"):
@@ -85,14 +90,20 @@ def _fsync_dir(root: Path) -> None:
         os.close(fd)
 
 
+class NoUsableCheckpoint(RuntimeError):
+    """Checkpoint files exist, but none of them loads."""
+
+
 def load_latest(directory: str | os.PathLike) -> tuple[Path, dict[str, Any]] | None:
-    """The newest checkpoint that loads, as (path, state); None when there is none.
+    """The newest checkpoint that loads, as (path, state); None when the folder has none.
 
     A file that fails to load (truncated by a full disk, written by an incompatible version) is
     logged and skipped for the previous one rather than ending the run: every rank sees the same
-    files, so every rank makes the same choice.
+    files, so every rank makes the same choice. When every file fails, `NoUsableCheckpoint`:
+    silently training from step 0 would throw away the run's progress without a word.
     """
-    for step, path in reversed(list_checkpoints(directory)):
+    found = list_checkpoints(directory)
+    for step, path in reversed(found):
         try:
             state = torch.load(path, map_location="cpu", weights_only=True)
         except Exception as exc:  # any unreadable file is skipped the same way
@@ -102,4 +113,9 @@ def load_latest(directory: str | os.PathLike) -> tuple[Path, dict[str, Any]] | N
             log.warning("skipping %s: not a pipeline-train checkpoint of step %d", path, step)
             continue
         return path, state
+    if found:
+        raise NoUsableCheckpoint(
+            f"none of the {len(found)} checkpoint file(s) in {directory} loads (see the warnings "
+            "above); move them aside to start this run from scratch"
+        )
     return None

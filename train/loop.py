@@ -26,7 +26,7 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from .checkpoint import load_latest, save_checkpoint
+from .checkpoint import NoUsableCheckpoint, load_latest, save_checkpoint
 from .config import ConfigError, TrainConfig
 from .distributed import (
     DistContext,
@@ -39,7 +39,7 @@ from .evaluate import Accuracy, evaluate
 from .models import build_model
 from .progress import LossAverage, ProgressLine, WindowMeter
 from .record import IndexRecorder
-from .schedule import build_scheduler
+from .schedule import build_scheduler, resume_schedule
 
 log = logging.getLogger(__name__)
 CHECKPOINT_FORMAT = 1
@@ -144,7 +144,10 @@ class Trainer:
     def resume(self) -> None:
         """Load the latest checkpoint of --checkpoint-dir, if any (every rank reads it)."""
         cfg = self.cfg
-        found = load_latest(cfg.checkpoint_dir) if cfg.checkpoint_dir else None
+        try:
+            found = load_latest(cfg.checkpoint_dir) if cfg.checkpoint_dir else None
+        except NoUsableCheckpoint as exc:
+            raise ConfigError(str(exc)) from None
         if found is None:
             if self.recorder:
                 self.recorder.truncate_to(0, 0)
@@ -158,7 +161,14 @@ class Trainer:
             )
         self.raw_model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
+        position = state["epoch"] * self.steps_per_epoch + math.ceil(
+            state["batch"] / cfg.accum_steps
+        )
+        if not resume_schedule(self.scheduler, state["scheduler"], position):
+            self.say(
+                f"the learning-rate curve differs from the checkpoint's ({self.steps_per_epoch} "
+                f"optimizer steps per epoch now): following this run's curve from step {position}"
+            )
         if self.scaler is not None and state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
         self.epoch, self.batch, self.step = state["epoch"], state["batch"], state["step"]
@@ -322,8 +332,12 @@ class Trainer:
     def fit(self) -> list[EpochResult]:
         self.resume()
         results = []
+        max_steps = self.cfg.max_steps
         if self.epoch >= self.cfg.epochs:
             self.say(f"nothing to do: the checkpoint has finished {self.epoch} epochs")
+        elif max_steps is not None and self.step >= max_steps:
+            self.say(f"nothing to do: the checkpoint is at --max-steps ({self.step})")
+            return results
         while self.epoch < self.cfg.epochs:
             epoch, t0 = self.epoch, time.perf_counter()
             stopped, meter, train_loss = self.train_epoch(epoch, self.batch)

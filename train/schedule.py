@@ -13,6 +13,7 @@ same arguments continues on exactly the same curve.
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -56,3 +57,24 @@ def build_scheduler(
         peak = warmup_steps or max(1, round(0.3 * total_steps))
         fn = WarmupCosine(peak, total_steps, start=1.0 / 25.0, final=1e-4)
     return torch.optim.lr_scheduler.LambdaLR(optimizer, fn)
+
+
+def resume_schedule(
+    scheduler: torch.optim.lr_scheduler.LambdaLR, saved: dict, position: int
+) -> bool:
+    """Continue `scheduler` from a checkpoint's scheduler state; True if it was restored as is.
+
+    A checkpoint stores its curve (steps per epoch, epochs, warm-up) with its position. When
+    the resumed run's curve differs (another world size or --accum-steps changes the steps per
+    epoch; another --epochs or --warmup-epochs), loading the saved state would put the old
+    curve back, ending the decay too early or never. Then the run keeps its own curve and
+    starts it at `position`, the optimizer steps already taken in this run's units.
+    """
+    if saved.get("lr_lambdas") == scheduler.state_dict().get("lr_lambdas"):
+        scheduler.load_state_dict(saved)
+        return True
+    scheduler.last_epoch = position - 1
+    with warnings.catch_warnings():  # "step() before optimizer.step()": on purpose, to seek
+        warnings.simplefilter("ignore", UserWarning)
+        scheduler.step()
+    return False
