@@ -200,6 +200,7 @@ class RemoteLoader(IterableDataset):
         self._iteration = 0  # bumps with every __iter__, so a stale iterator stops
         self._stats = LoaderStats() if LoaderStats is not None else None
         self._finalizer: weakref.finalize | None = None
+        self._resume_stream: dict[str, int] | None = None  # checked against the next welcome
 
     # ------------------------------------------------------------------ public API
 
@@ -250,14 +251,25 @@ class RemoteLoader(IterableDataset):
         return None if self._stats is None else self._stats.as_dict()
 
     def state_dict(self) -> dict[str, Any]:
-        """Where the loader stands: resume with `load_state_dict` to get exactly the rest."""
-        return {
+        """Where the loader stands: resume with `load_state_dict` to get exactly the rest.
+
+        Once connected it also records the stream's shape (batches per epoch, batch size,
+        samples): a position means nothing against a server restarted with other data or
+        another batch size, and resuming there would repeat or skip samples.
+        """
+        state: dict[str, Any] = {
             "epoch": self.epoch,
             "next_batch": self.next_batch,
             "split": self.split,
             "rank": self.rank,
             "world_size": self.world_size,
         }
+        welcome = None if self._receiver is None else self._receiver.welcome
+        if welcome is not None:
+            state["stream"] = _stream_shape(welcome)
+        elif self._resume_stream is not None:
+            state["stream"] = dict(self._resume_stream)
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume at ``state``'s position; split and world_size must match this loader."""
@@ -275,6 +287,8 @@ class RemoteLoader(IterableDataset):
         if epoch < 0 or nxt < 0:
             raise ValueError(f"invalid RemoteLoader state position: epoch {epoch}, batch {nxt}")
         self.epoch, self.next_batch = epoch, nxt
+        stream = state.get("stream")
+        self._resume_stream = dict(stream) if isinstance(stream, dict) else None
 
     def close(self) -> None:
         """Leave the servers (bye) and free sockets and buffers; the loader reconnects if used."""
@@ -334,6 +348,21 @@ class RemoteLoader(IterableDataset):
             self._finalizer = weakref.finalize(self, self._receiver.close)
         return self._receiver
 
+    def _check_resumed_stream(self, welcome: protocol.Welcome | None) -> None:
+        """A mid-epoch position restored by `load_state_dict` must meet the same stream."""
+        expected, self._resume_stream = self._resume_stream, None
+        if expected is None or welcome is None or self.next_batch == 0:
+            return
+        now = _stream_shape(welcome)
+        if any(expected.get(key) != value for key, value in now.items()):
+            self._resume_stream = expected  # asked again, it says the same
+            raise ValueError(
+                f"cannot resume epoch {self.epoch} at batch {self.next_batch}: the state was saved "
+                f"against a stream of {expected}, the server now serves {now}; a mid-epoch "
+                "position only holds for the same data, batch size and world size (restart the "
+                "server with the old settings, or resume from an epoch boundary)"
+            )
+
     def _start_position(self, receiver: BatchReceiver) -> int:
         total = receiver.num_batches
         if total is not None and self.next_batch >= total:
@@ -352,6 +381,7 @@ class RemoteLoader(IterableDataset):
         self._release_handed()
         receiver.start(self.epoch, self._start_position(receiver))
         total = len(self)
+        self._check_resumed_stream(receiver.welcome)
         if self.next_batch >= total:  # learnt the epoch length just now
             receiver.start(self.epoch, self._start_position(receiver))
         try:
@@ -385,3 +415,11 @@ class RemoteLoader(IterableDataset):
             # the host wait for all the GPU work queued before it.
             indices = indices.pin_memory().to(self.device, non_blocking=True)
         return staged.images, staged.labels, indices
+
+
+def _stream_shape(welcome: protocol.Welcome) -> dict[str, int]:
+    return {
+        "num_batches": welcome.num_batches,
+        "batch_size": welcome.batch_size,
+        "num_samples": welcome.num_samples,
+    }

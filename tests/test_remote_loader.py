@@ -152,6 +152,29 @@ def test_resume_mid_epoch_yields_exactly_the_rest(server, reference):
 
 
 @pytest.mark.timeout(60)
+def test_resume_against_a_server_with_another_batch_size_is_refused(server, data_root):
+    """A mid-epoch position means nothing for another batch size: a clear error, asked twice,
+    rather than an epoch that silently repeats some samples and skips others."""
+    with RemoteLoader(server.endpoint, "train", rank=0, world_size=1, device="cpu") as first:
+        collect(first, limit=3)
+        state = first.state_dict()
+    assert state["stream"]["batch_size"] == B
+    args = ("--train", data_root, "--batch-size", str(B // 2), "--image-size", str(PX))
+    with (
+        running_server(*args, "--workers", "1", "--seed", str(SEED)) as other,
+        RemoteLoader(other.endpoint, "train", rank=0, world_size=1, device="cpu") as resumed,
+    ):
+        resumed.load_state_dict(state)
+        for _ in range(2):
+            with pytest.raises(ValueError, match="cannot resume epoch 0 at batch 3"):
+                next(iter(resumed))
+        # From an epoch boundary any stream will do.
+        resumed.set_epoch(1)
+        images, _ = next(iter(resumed))
+        assert images.shape[0] == B // 2
+
+
+@pytest.mark.timeout(60)
 def test_break_then_iterate_again_continues(server, reference):
     with RemoteLoader(
         server.endpoint, "train", rank=0, world_size=1, device="cpu", with_indices=True
