@@ -50,9 +50,15 @@ class BufferRing:
         self.memory_format = memory_format
         self.buffers: list[torch.Tensor] = []
         for _ in range(count):
-            t = torch.empty(self.shape, dtype=dtype, device=self.device, pin_memory=self.pinned)
-            if memory_format is not torch.contiguous_format:
-                t = t.contiguous(memory_format=memory_format)
+            # One allocation in the final layout: `.contiguous(channels_last)` of a pinned
+            # tensor would be a copy in ordinary, unpinned memory.
+            t = torch.empty(
+                self.shape,
+                dtype=dtype,
+                device=self.device,
+                pin_memory=self.pinned,
+                memory_format=memory_format,
+            )
             self.buffers.append(t)
         self._slot = {t.data_ptr(): i for i, t in enumerate(self.buffers)}
         self._free = list(range(count))

@@ -176,7 +176,12 @@ class DaliBatchDecoder(GpuDecoderBase):
             self._pipe.feed_input("start", [np.array(r[:2], np.int32) for r in regions])
             sizes = [np.array((r[2] - r[0], r[3] - r[1]), np.int32) for r in regions]
             self._pipe.feed_input("shape", sizes)
-        (out,) = self._pipe.run()
+        if self.device.type == "cuda":
+            # Outputs ordered on the caller's stream: DALI then also returns their memory to its
+            # pool in that order, not while the caller's kernels may still read it.
+            (out,) = self._pipe.run(torch.cuda.current_stream(self.device).cuda_stream)
+        else:
+            (out,) = self._pipe.run()
         # DLPack: a zero-copy view that keeps DALI's buffer alive; on CUDA torch makes its
         # current stream wait for DALI's before anything reads the pixels.
         return [torch.from_dlpack(out[i]) for i in range(len(datas))]

@@ -81,6 +81,7 @@ class NvjpegBatchDecoder(GpuDecoderBase):
             raise ValueError("max_batch and max_image_pixels must be >= 1")
         self.max_batch = int(max_batch)
         self.max_image_pixels = int(max_image_pixels)
+        self._stream = torch.cuda.Stream(self.device)
         self._start_fallback(threads)
         self._log_output_bound()
 
@@ -94,11 +95,33 @@ class NvjpegBatchDecoder(GpuDecoderBase):
     def _decode(self, datas: list[bytes]) -> list[torch.Tensor]:
         from torchvision.io import ImageReadMode, decode_jpeg
 
+        # torchvision allocates the outputs on the current stream (ours) but nvJPEG writes them
+        # on a stream of its own that does not wait for ours: a block freed while our earlier
+        # work still reads it must not come back here. Our stream carries only this decoder's
+        # own short work, so waiting for it costs little.
+        self._stream.synchronize()
         # bytearray: torch.frombuffer warns on read-only buffers; the copy is of encoded bytes.
         encoded = [torch.frombuffer(bytearray(d), dtype=torch.uint8) for d in datas]
         return decode_jpeg(encoded, mode=ImageReadMode.RGB, device=self.device)
 
     def _decode_group(
+        self,
+        items: list[int],
+        requests: Sequence[DecodeRequest],
+        results: list[DecodeResult | None],
+        rejected: dict[int, str],
+    ) -> None:
+        """Decode on the decoder's own stream; the caller's stream waits for the results."""
+        consumer = torch.cuda.current_stream(self.device)
+        with torch.cuda.stream(self._stream):
+            self._decode_items(items, requests, results, rejected)
+        consumer.wait_stream(self._stream)
+        for i in items:
+            result = results[i]
+            if result is not None and result.image is not None:
+                result.image.record_stream(consumer)  # freed only once the caller is done
+
+    def _decode_items(
         self,
         items: list[int],
         requests: Sequence[DecodeRequest],
@@ -112,7 +135,7 @@ class NvjpegBatchDecoder(GpuDecoderBase):
                 rejected[items[0]] = f"nvjpeg: {batch_error}"[:200]
                 return
             for i in items:  # retry alone, so only the bad images leave the GPU path
-                self._decode_group([i], requests, results, rejected)
+                self._decode_items([i], requests, results, rejected)
             return
         for i, chw in zip(items, images, strict=True):
             header = requests[i].header

@@ -97,7 +97,8 @@ class BatchProducer:
             self.augment_name, self._augment = augment_impl()
         else:
             self.augment_name, self._augment = getattr(augment, "__name__", "custom"), augment
-        self._consts: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._mean = torch.tensor(config.mean, dtype=torch.float32)
+        self._std = torch.tensor(config.std, dtype=torch.float32)
 
     def counts(self) -> dict[str, int]:
         """Bad-input counters (`bad_total`, `replaced_total`) of the sample loader."""
@@ -106,13 +107,6 @@ class BatchProducer:
     def output_shape(self, batch_size: int) -> tuple[int, int, int, int]:
         h, w = self.config.image_size
         return (batch_size, 3, h, w)
-
-    def _mean_std(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        if device not in self._consts:
-            mean = torch.tensor(self.config.mean, dtype=torch.float32, device=device)
-            std = torch.tensor(self.config.std, dtype=torch.float32, device=device)
-            self._consts[device] = (mean, std)
-        return self._consts[device]
 
     def produce(self, plan: BatchPlan, out: torch.Tensor) -> BatchMeta:
         """Fill `out` ([B, 3, H, W], config dtype, any memory format) with batch `plan`."""
@@ -130,13 +124,12 @@ class BatchProducer:
             s.image if s.image.device == device else s.image.to(device, non_blocking=non_blocking)
             for s in samples
         ]
+        # The parameters stay on the host whatever the device: the op reads them there, and
+        # device copies would cost a host synchronisation each.
         boxes = torch.tensor([s.box for s in samples], dtype=torch.float32)
         flips = torch.tensor([s.plan.flip for s in samples], dtype=torch.bool)
         jitter = torch.tensor([s.plan.jitter for s in samples], dtype=torch.float32)
-        if device.type != "cpu":
-            boxes, flips, jitter = (t.to(device, non_blocking=True) for t in (boxes, flips, jitter))
-        mean, std = self._mean_std(device)
-        self._augment(images, boxes, flips, jitter, mean, std, out)
+        self._augment(images, boxes, flips, jitter, self._mean, self._std, out)
 
         valid = np.asarray(plan.valid, dtype=bool)
         replaced = np.fromiter((s.replaced for s in samples), dtype=bool, count=n)

@@ -23,6 +23,21 @@ def test_without_cuda_is_a_clear_error():
         DeviceToHostStager("cuda", ring)
 
 
+def test_ring_buffers_have_the_requested_layout():
+    ring = BufferRing(2, (2, 3, 4, 5), torch.uint8, torch.channels_last, pin=False)
+    assert all(t.is_contiguous(memory_format=torch.channels_last) for t in ring.buffers)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+def test_channels_last_ring_buffers_are_really_pinned():
+    """A pinned tensor made channels_last by `.contiguous()` is an unpinned copy, and the
+    device-to-host copies into it would silently stop being asynchronous."""
+    ring = BufferRing(2, (2, 3, 4, 5), torch.uint8, torch.channels_last, pin=True)
+    assert all(t.is_pinned() for t in ring.buffers)
+    assert all(t.is_contiguous(memory_format=torch.channels_last) for t in ring.buffers)
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
 def test_staged_batches_arrive_intact_and_overlap():
