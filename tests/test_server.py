@@ -71,8 +71,8 @@ def train_set():
 class Client:
     """A raw DEALER speaking protocol v1 by hand."""
 
-    def __init__(self, srv, endpoint=None, **hello):
-        self.sock = srv.dealer(endpoint)
+    def __init__(self, srv, endpoint=None, sock=None, **hello):
+        self.sock = sock if sock is not None else srv.dealer(endpoint)
         fields = dict(
             split="train",
             rank=0,
@@ -331,20 +331,11 @@ def test_credits_without_reading_pin_no_more_than_prefetch_buffers():
         sock.rcvhwm = 1
         sock.setsockopt(zmq.RCVBUF, 4096)
         sock.connect(srv.endpoint)
+        flood = Client(srv, sock=sock, prefetch=2)
         try:
-            hello = p.Hello(
-                split="train",
-                rank=0,
-                world_size=1,
-                epoch=0,
-                start_batch=0,
-                prefetch=2,
-                shard=(0, 1),
-                session=1,
-            )
-            sock.send(hello.pack())
+            flood.send(flood.hello)
             for _ in range(30):
-                sock.send(p.Credit(n=2).pack())
+                flood.send(p.Credit(n=2))
                 time.sleep(0.05)
             deadline = time.monotonic() + 20
             while time.monotonic() < deadline:  # until the server has worked ahead in full
