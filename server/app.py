@@ -466,7 +466,6 @@ class ServerApp:
         )
         self._in_flight.append((tracker, batch.slot, stream))
         self._held[stream.identity] += 1
-        stream.in_flight += 1
         self._tracker_wait_ms = 1
         self.telemetry.observe_stage("ready", now - batch.done_at)
         stream.meter.add(b, now)
@@ -479,7 +478,6 @@ class ServerApp:
             item = self._in_flight.popleft()
             if item[0].done:
                 self.buffers.release(item[1])
-                item[2].in_flight -= 1
                 self._held[item[2].identity] -= 1
                 if self._held[item[2].identity] <= 0:
                     del self._held[item[2].identity]
@@ -510,7 +508,9 @@ class ServerApp:
                 "capacity": max(1, len(streams)) * self.config.prefetch_depth,
             },
         ]
-        return self.telemetry.snapshot(stages, [s.row(now) for s in streams])
+        held = dict(self._held)  # this may run on the Prometheus thread
+        rows = [s.row(now, held.get(s.identity, 0)) for s in streams]
+        return self.telemetry.snapshot(stages, rows)
 
 
 def _clean_loader_stats(stats: dict[str, Any] | None) -> dict[str, Any] | None:

@@ -5,7 +5,9 @@ queue and the loop calls `Stream.completed`. The invariants that bound memory li
 
 - work-ahead: ``in_production + ready <= prefetch_depth`` (`has_room`), so a client that stops
   sending credits stops costing production after ``prefetch_depth`` batches;
-- in flight: at most the credits the client granted (`pop_sendable` consumes one per batch);
+- in flight: at most the credits the client granted (`pop_sendable` consumes one per batch),
+  and never more than the limit the loop passes (prefetch minus what ZeroMQ still holds for
+  that peer), so credits without reading pin no more buffers;
 - order: batches go out in batch-index order even when workers finish them out of order.
 """
 
@@ -74,7 +76,6 @@ class Stream:
         self.send_pos = 0  # position of the next batch to send
         self.credits = 0
         self.in_production = 0
-        self.in_flight = 0  # sent batches whose buffer ZeroMQ still holds
         self.sent = 0
         self._finished: dict[int, Produced] = {}  # position -> batch, out of order
         self.closed = False
@@ -137,8 +138,9 @@ class Stream:
         self._finished.clear()
         return out
 
-    def row(self, now: float) -> dict[str, Any]:
-        """This client's entry in the stats ``clients`` list."""
+    def row(self, now: float, in_flight: int) -> dict[str, Any]:
+        """This client's entry in the stats ``clients`` list; ``in_flight``: the sent batches
+        ZeroMQ still holds for this peer (the server counts them per peer, across streams)."""
         h = self.hello
         return {
             "id": self.id,
@@ -149,7 +151,7 @@ class Stream:
             "credits": self.credits,
             "ready": self.ready,
             "ready_capacity": self.prefetch_depth,
-            "in_flight": self.in_flight,
+            "in_flight": in_flight,
             "sent": self.sent,
             "images_per_s": self.meter.rate(now),
             "last_seen_s": now - self.last_seen,

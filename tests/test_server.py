@@ -389,16 +389,7 @@ def test_error_replies_stay_short_whatever_the_peer_sent(server):
     is shown abridged), not one several times the frame."""
     raw = server.dealer()
     huge_version = msgpack.packb({"v": [-32] * 60_000, "type": "stats"})
-    huge_split = p.Hello(
-        split="\x00" * 60_000,
-        rank=0,
-        world_size=1,
-        epoch=0,
-        start_batch=0,
-        prefetch=1,
-        shard=(0, 1),
-        session=1,
-    ).pack()
+    huge_split = Client(server, sock=raw, split="\x00" * 60_000).hello.pack()
     try:
         for frame in (huge_version, huge_split):
             raw.send(frame)
