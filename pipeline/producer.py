@@ -23,6 +23,9 @@ from batchwire.pipeline.samples import SampleLoader
 log = logging.getLogger("batchwire.pipeline")
 
 AugmentFn = Callable[..., torch.Tensor]
+#: The label of a padded (validation) slot: `torch.nn.functional.cross_entropy`'s default
+#: ``ignore_index``, so the loss skips padding without being told; its index is -1.
+PADDING_LABEL = -100
 _augment_lock = threading.Lock()
 _augment_choice: list[tuple[str, AugmentFn]] = []
 
@@ -62,8 +65,10 @@ class BatchMeta:
     """What goes with a produced batch.
 
     `indices`: the sampler's dataset indices (-1 for padding slots). `sources`: the indices
-    whose pixels and labels are actually in the batch (they differ from `indices` where a bad
-    file was replaced). `labels` belong to `sources`. `replaced`: replaced valid slots.
+    whose pixels are actually in the batch (they differ from `indices` where a bad file was
+    replaced). `labels` belong to `sources`, except that a padding slot's label is
+    `PADDING_LABEL` (-100, cross-entropy's default ``ignore_index``), so a loss or an accuracy
+    that honours it never counts padding. `replaced`: replaced valid slots.
     """
 
     epoch: int
@@ -133,10 +138,12 @@ class BatchProducer:
 
         valid = np.asarray(plan.valid, dtype=bool)
         replaced = np.fromiter((s.replaced for s in samples), dtype=bool, count=n)
+        labels = np.fromiter((s.label for s in samples), dtype=np.int64, count=n)
+        labels[~valid] = PADDING_LABEL
         return BatchMeta(
             epoch=int(plan.epoch),
             batch_index=int(plan.batch_index),
-            labels=np.fromiter((s.label for s in samples), dtype=np.int64, count=n),
+            labels=labels,
             indices=np.where(valid, np.asarray(plan.indices, dtype=np.int64), np.int64(-1)),
             valid=valid,
             sources=np.fromiter((s.index for s in samples), dtype=np.int64, count=n),

@@ -107,7 +107,8 @@ def test_meta_and_bad_input(mixed: ImageDataset) -> None:
         assert torch.isfinite(out).all()
         assert np.array_equal(meta.valid, plan.valid)
         assert np.array_equal(meta.indices, plan.public_indices())
-        assert np.array_equal(meta.labels, mixed.labels[meta.sources])
+        # padding slots carry label -100 (cross-entropy's ignore_index), real slots their source's
+        assert np.array_equal(meta.labels, np.where(meta.valid, mixed.labels[meta.sources], -100))
         assert not (set(meta.sources.tolist()) & bad)
         replaced += meta.replaced
         seen += [i for i in meta.indices.tolist() if i >= 0]

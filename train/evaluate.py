@@ -1,10 +1,12 @@
-"""Validation accuracy over the server's val split, exact across ranks.
+"""Validation loss and accuracy over the server's val split, exact across ranks.
 
 The val split is padded so every rank gets the same number of batches; padded slots carry index
--1 and repeat a real image, so counting them would bias the accuracy. Each rank counts correct
-predictions among its valid slots on the device, and one all_reduce of
-[top1 correct, top5 correct, valid total] at the end gives the global figures: no per-batch host
-sync, and exactly the whole val set counted once.
+-1 and label -100 (cross-entropy's default ``ignore_index``) and repeat a real image, so counting
+them would bias the figures. Each rank sums the loss and counts correct predictions among its
+valid slots on the device, and one all_reduce of [loss sum, top1 correct, top5 correct, valid
+total] at the end gives the global figures: no per-batch host sync, exactly the whole val set
+counted once, and a batch that is all padding (a rank's last one) adds zeros, never a NaN (a
+masked *mean* of an empty batch would be 0/0).
 """
 
 from __future__ import annotations
@@ -15,8 +17,12 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from .distributed import DistContext, all_reduce_sum
+
+#: The label of a padding slot (as `batchwire.pipeline.producer.PADDING_LABEL`).
+IGNORE_INDEX = -100
 
 
 @dataclass(frozen=True)
@@ -24,19 +30,40 @@ class Accuracy:
     top1: float  # percent
     top5: float  # percent
     total: int  # valid samples counted, all ranks together
+    loss: float = 0.0  # mean cross-entropy over the valid samples (0.0 when there are none)
+
+
+def valid_mask(labels: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+    """True for real samples: index not -1 and label not the ignore index."""
+    return (indices.to(labels.device) != -1) & (labels != IGNORE_INDEX)
 
 
 def count_correct(
     logits: torch.Tensor, labels: torch.Tensor, indices: torch.Tensor, k: int = 5
 ) -> torch.Tensor:
-    """[top1 correct, top-k correct, valid count] of one batch, padding (index -1) excluded."""
-    valid = indices.to(labels.device) != -1
+    """[top1 correct, top-k correct, valid count] of one batch, padding (index -1 or label
+    -100) excluded."""
+    valid = valid_mask(labels, indices)
     k = min(k, logits.shape[1])
     topk = logits.topk(k, dim=1).indices
     hits = topk == labels[:, None]
     top1 = (hits[:, 0] & valid).sum()
     topk_hits = (hits.any(dim=1) & valid).sum()
     return torch.stack([top1, topk_hits, valid.sum()]).to(torch.float64)
+
+
+def batch_sums(
+    logits: torch.Tensor, labels: torch.Tensor, indices: torch.Tensor, k: int = 5
+) -> torch.Tensor:
+    """[loss sum, top1 correct, top-k correct, valid count] of one batch over its valid slots.
+
+    The loss is a sum (never a mean), so an all-padding batch contributes 0, not NaN.
+    """
+    valid = valid_mask(labels, indices)
+    targets = labels.masked_fill(~valid, IGNORE_INDEX)
+    loss = F.cross_entropy(logits.float(), targets, ignore_index=IGNORE_INDEX, reduction="sum")
+    counts = count_correct(logits, labels, indices, k)
+    return torch.cat([loss.detach().to(torch.float64).reshape(1), counts])
 
 
 @torch.no_grad()
@@ -48,19 +75,24 @@ def evaluate(
     autocast: Callable[[], AbstractContextManager[None]],
     prepare: Callable[[torch.Tensor], torch.Tensor] = lambda x: x,
 ) -> Accuracy:
-    """Top-1/top-5 of `model` over `(images, labels, indices)` batches, summed over ranks."""
+    """Loss, top-1 and top-5 of `model` over `(images, labels, indices)` batches, all ranks."""
     was_training = model.training
     model.eval()
-    counts = torch.zeros(3, dtype=torch.float64, device=ctx.device)
+    sums = torch.zeros(4, dtype=torch.float64, device=ctx.device)
     try:
         for images, labels, indices in batches:
             with autocast():
                 logits = model(prepare(images))
-            counts += count_correct(logits.float(), labels, torch.as_tensor(indices))
+            sums += batch_sums(logits.float(), labels, torch.as_tensor(indices))
     finally:
         model.train(was_training)
-    all_reduce_sum(counts, ctx)
-    top1, top5, total = counts.tolist()
+    all_reduce_sum(sums, ctx)
+    return accuracy_from_sums(sums)
+
+
+def accuracy_from_sums(sums: torch.Tensor) -> Accuracy:
+    """The figures from summed [loss, top1, top5, total]; all zeros when nothing was valid."""
+    loss, top1, top5, total = sums.tolist()
     if total == 0:
-        return Accuracy(0.0, 0.0, 0)
-    return Accuracy(100.0 * top1 / total, 100.0 * top5 / total, int(total))
+        return Accuracy(0.0, 0.0, 0, 0.0)
+    return Accuracy(100.0 * top1 / total, 100.0 * top5 / total, int(total), loss / total)

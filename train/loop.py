@@ -370,15 +370,16 @@ class Trainer:
 
 
 def _acc_dict(acc: Accuracy) -> dict[str, float]:
-    return {"top1": acc.top1, "top5": acc.top5, "total": acc.total}
+    return {"top1": acc.top1, "top5": acc.top5, "total": acc.total, "loss": acc.loss}
 
 
 def format_epoch(r: EpochResult, partial: bool = False) -> str:
     note = " (stopped at --max-steps)" if partial else ""
     acc = r.accuracy
     val = f"val top1={acc.top1:.2f}% top5={acc.top5:.2f}%" if acc else "val skipped"
+    val_loss = f", val loss {acc.loss:.4f}" if acc else ""
     return (
         f"epoch {r.epoch}: {val} "
         f"data-wait={100 * r.data_wait:.1f}% images/s={r.images_per_s:.0f} "
-        f"(train loss {r.train_loss:.4f}, {r.seconds:.1f} s){note}"
+        f"(train loss {r.train_loss:.4f}{val_loss}, {r.seconds:.1f} s){note}"
     )
