@@ -104,6 +104,49 @@ def make_decoder(config: ServerConfig) -> Any:
         ) from None
 
 
+_NAMES_SHOWN = 10
+
+
+def _names(names: list[str]) -> str:
+    shown = ", ".join(repr(n) for n in names[:_NAMES_SHOWN])
+    more = len(names) - _NAMES_SHOWN
+    return f"[{shown}{f', ... {more} more' if more > 0 else ''}]"
+
+
+def class_mismatch(train: ImageDataset, val: ImageDataset) -> str | None:
+    """Why ``val``'s labels would not mean ``train``'s classes, or None when they do.
+
+    Label ids index the class list, so two ImageFolders must have the same class names in the
+    same order. A list file's classes are its label ids: there every val label must be a class
+    of train's (a val list may lack images of some classes).
+    """
+    if train.kind == "list" or val.kind == "list":
+        if val.num_classes > train.num_classes:
+            return (
+                f"val has label ids up to {val.num_classes - 1}, train has "
+                f"{train.num_classes} classes (ids 0 to {train.num_classes - 1})"
+            )
+        return None
+    if train.classes == val.classes:
+        return None
+    val_set, train_set = set(val.classes), set(train.classes)
+    missing = [c for c in train.classes if c not in val_set]
+    extra = [c for c in val.classes if c not in train_set]
+    parts = []
+    if missing:
+        parts.append(f"missing in val: {_names(missing)}")
+    if extra:
+        parts.append(f"extra in val: {_names(extra)}")
+    if not parts:
+        pairs = zip(train.classes, val.classes, strict=True)
+        i = next(i for i, (a, b) in enumerate(pairs) if a != b)
+        parts.append(
+            f"same names in another order: class {i} is {train.classes[i]!r} in train, "
+            f"{val.classes[i]!r} in val"
+        )
+    return f"{'; '.join(parts)}; train has {train.num_classes} classes, val {val.num_classes}"
+
+
 def open_splits(config: ServerConfig, decoder: Any) -> dict[str, Split]:
     """Open every split's dataset and build its producer; StartupError on unusable data."""
     splits: dict[str, Split] = {}
@@ -112,6 +155,14 @@ def open_splits(config: ServerConfig, decoder: Any) -> dict[str, Split]:
             dataset = open_dataset(root)
         except (OSError, ValueError) as exc:
             raise StartupError(f"--{name} {root}: {exc}") from None
+        if name != "train" and "train" in splits:
+            problem = class_mismatch(splits["train"].dataset, dataset)
+            if problem is not None:
+                raise StartupError(
+                    f"--{name} {root}: its classes are not --train's ({problem}); the label ids "
+                    f"would name other classes than the model learnt. Give --{name} the same "
+                    "class folders as --train"
+                )
         split = Split(name, dataset, augment_config(config, train=(name == "train")))
         try:
             split.producer = BatchProducer(

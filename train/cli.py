@@ -159,19 +159,61 @@ def make_loader(cfg: TrainConfig, ctx: DistContext, split: str, normalize: bool)
     )
 
 
+def _refused_split(exc: Exception) -> bool:
+    """Is `exc` a server's refusal of a hello for a split it does not serve?"""
+    return "unknown split" in str(getattr(exc, "server_message", ""))
+
+
 def open_loaders(cfg: TrainConfig, ctx: DistContext) -> tuple[Any, Any | None, Any]:
-    """(train loader, val loader or None, the server's welcome).
+    """(train loader, val loader or None, the server's welcome), checked before any step.
 
     The wire dtype decides whether the loader normalises on the device, and the loader must
     know that before it connects, so the train loader's first connection is the probe: with a
-    float wire it is kept, with a uint8 wire it is replaced by a normalising one.
+    float wire it is kept, with a uint8 wire it is replaced by a normalising one. A server
+    without a train split is an error here; one without a val split is said once (rank 0) and
+    validation is skipped, instead of an epoch trained and then an error. The val loader asks
+    for its welcome and leaves again (it reconnects when the first validation starts), so it
+    holds no batches while the epoch trains.
     """
+    from batchwire.client import ServerError
+
     train = make_loader(cfg, ctx, "train", normalize=False)
-    welcome = train.server_info()
-    if welcome.dtype == "uint8":
+    try:
+        welcome = train.server_info()
+    except ServerError as exc:
         train.close()
-        train = make_loader(cfg, ctx, "train", normalize=True)
-    val = None if cfg.no_val else make_loader(cfg, ctx, "val", normalize=welcome.dtype == "uint8")
+        if _refused_split(exc):
+            raise ConfigError(
+                f"pipeline-server at {exc.endpoint} serves no train split ({exc.server_message}); "
+                "start it with --train"
+            ) from None
+        raise
+    try:
+        if welcome.dtype == "uint8":
+            train.close()
+            train = make_loader(cfg, ctx, "train", normalize=True)
+        val = None
+        if not cfg.no_val:
+            val = make_loader(cfg, ctx, "val", normalize=welcome.dtype == "uint8")
+            try:
+                val.server_info()
+            except ServerError as exc:
+                val.close()
+                if not _refused_split(exc):
+                    raise
+                val = None
+                if ctx.is_main:
+                    log.warning(
+                        "pipeline-server at %s serves no val split (%s): training without "
+                        "validation (pass --no-val to skip this check)",
+                        exc.endpoint,
+                        exc.server_message,
+                    )
+            else:
+                val.close()
+    except BaseException:
+        train.close()
+        raise
     return train, val, welcome
 
 
@@ -212,6 +254,8 @@ def run(cfg: TrainConfig) -> list[EpochResult]:
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     cfg = parse_config(argv)
+    from batchwire.client import ServerError
+
     try:
         run(cfg)
     except KeyboardInterrupt:
@@ -220,6 +264,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, ConnectionError) as exc:  # ConnectionError: no server (ServerUnavailable)
         print(f"pipeline-train: error: {exc}", file=sys.stderr)
         return 2 if isinstance(exc, ConfigError) else 1
+    except ServerError as exc:  # a refused hello, e.g. another world size streaming the split
+        print(f"pipeline-train: error: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 
