@@ -39,6 +39,7 @@ from batchwire.server.splits import Split, StartupError, make_decoder, open_spli
 from batchwire.server.streams import Produced, Scheduler, Stream
 from batchwire.server.telemetry import Telemetry
 from batchwire.server.workers import Job, JobResult, ProducerPool, StageTimingDecoder, _Phases
+from zmq.utils.monitor import parse_monitor_message
 
 __all__ = ["ServerApp", "StartupError"]
 
@@ -58,6 +59,15 @@ _LOADER_STATS_KEYS = 32
 _MALFORMED_LOGGED = 20
 _ERRORS_LOGGED = 100
 _MESSAGE_MAX = 1000  # characters of an error reply or log line about a peer's message
+# ZMTP heartbeats: the server pings every peer each second and closes a connection that answers
+# nothing for 3 s (a trainer host that vanished without closing its sockets). A client's libzmq
+# answers pings in its I/O thread, whatever its Python code is doing, and credits keep its
+# receive queue short, so a live client always answers. No HEARTBEAT_TTL: it would make a client
+# drop a connection on which one large batch takes longer than the TTL to arrive (a peer counts
+# only whole messages as traffic). A closed connection is a DISCONNECTED monitor event.
+_HEARTBEAT_IVL_MS = 1000
+_HEARTBEAT_TIMEOUT_MS = 3000
+_PEER_EVENTS = zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED
 
 
 class ServerApp:
@@ -89,11 +99,21 @@ class ServerApp:
         self.router.sndhwm = _SNDHWM
         self.router.maxmsgsize = _MAXMSGSIZE
         self.router.linger = 0
+        self.router.heartbeat_ivl = _HEARTBEAT_IVL_MS
+        self.router.heartbeat_timeout = _HEARTBEAT_TIMEOUT_MS
+        # Which peers left: ROUTER_NOTIFY would say it in-band, but it is a draft option that
+        # pyzmq's bundled libzmq lacks; the socket monitor reports every connection accepted and
+        # closed by its file descriptor, and each received frame says which descriptor it came
+        # in on (SRCFD), so a stream is tied to its connection (see `_track_peer`).
+        self.monitor = self.router.get_monitor_socket(_PEER_EVENTS)
+        self._peer_fd: dict[bytes, int] = {}  # identity with a stream -> its connection's fd
+        self._fd_open: dict[int, bool] = {}  # fd -> last event was ACCEPTED (not DISCONNECTED)
         self.endpoints: list[str] = []
         for endpoint in config.bind:
             try:
                 self.router.bind(endpoint)
             except zmq.ZMQError as exc:
+                self._close_monitor()
                 self.router.close(0)
                 self.ctx.term()
                 self._close_decoder()
@@ -178,11 +198,17 @@ class ServerApp:
         self.pool.stop(timeout=3.0)
         if self._metrics is not None:
             self._metrics()
+        self._close_monitor()
         self.router.close(linger=_SHUTDOWN_LINGER_MS)
         self.ctx.term()
         for fd in (self._wake_r, self._wake_w):
             os.close(fd)
         self._close_decoder()
+
+    def _close_monitor(self) -> None:
+        with contextlib.suppress(zmq.ZMQError):
+            self.router.disable_monitor()
+        self.monitor.close(0)
 
     def _close_decoder(self) -> None:
         close = getattr(self.decoder, "close", None)
@@ -195,6 +221,7 @@ class ServerApp:
         poller = zmq.Poller()
         poller.register(self.router, zmq.POLLIN)
         poller.register(self._wake_r, zmq.POLLIN)
+        poller.register(self.monitor, zmq.POLLIN)
         next_reap = time.monotonic() + 1.0
         while not self._stopping:
             # Trackers have no file descriptor: poll them with a timeout that backs off while
@@ -203,6 +230,8 @@ class ServerApp:
             events = dict(poller.poll(timeout))
             if self._wake_r in events:
                 self._drain_wakeups()
+            if self.monitor in events:
+                self._peer_events()
             if self.router in events:
                 self._receive()
             self._collect_results()
@@ -244,6 +273,62 @@ class ServerApp:
                 self._malformed(identity, str(exc))
                 continue
             self._dispatch(identity, msg)
+            if identity in self.streams:
+                self._track_peer(identity, frames[1])
+
+    # ----------------------------------------------------------------------------- peers
+
+    def _track_peer(self, identity: bytes, frame: zmq.Frame) -> None:
+        """Tie a client's stream to the connection its message came in on.
+
+        Events are handled before a new tie is made: a connection's ACCEPTED event precedes
+        its first message, and the DISCONNECTED event of an earlier connection on the same
+        descriptor number precedes that ACCEPTED, so neither can be mistaken for this one's.
+        """
+        try:
+            fd = int(frame.get(zmq.SRCFD))
+        except (zmq.ZMQError, TypeError, ValueError):  # a libzmq without SRCFD: timeouts only
+            return
+        if self._peer_fd.get(identity) == fd:
+            return
+        self._peer_events()
+        if not self._fd_open.get(fd, True):  # the connection closed since it sent this
+            self._peer_gone(identity, "disconnected")
+            return
+        self._peer_fd[identity] = fd
+
+    def _peer_events(self) -> None:
+        """Handle the monitor's connection events; a closed connection drops its streams."""
+        while True:
+            try:
+                frames = self.monitor.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            try:
+                event = parse_monitor_message(frames)
+            except Exception:  # not ours to fail on: the monitor format is libzmq's
+                continue
+            fd = int(event["value"])
+            if event["event"] == zmq.EVENT_ACCEPTED:
+                self._fd_open[fd] = True
+            elif event["event"] == zmq.EVENT_DISCONNECTED:
+                self._fd_open[fd] = False
+                for identity in [i for i, f in self._peer_fd.items() if f == fd]:
+                    self._peer_gone(identity, "disconnected (closed, or no heartbeat answer)")
+
+    def _peer_gone(self, identity: bytes, why: str) -> None:
+        stream = self.streams.get(identity)
+        if stream is not None:
+            h = stream.hello
+            log.info(
+                "client %s (%s rank %d/%d) %s: its stream and queued batches dropped",
+                identity.hex(),
+                h.split,
+                h.rank,
+                h.world_size,
+                why,
+            )
+        self._drop(identity)
 
     def _dispatch(self, identity: bytes, msg: protocol.ClientMessage) -> None:
         stream = self.streams.get(identity)
@@ -281,12 +366,7 @@ class ServerApp:
                 and other.hello.world_size != hello.world_size
                 and not other.done
             ):
-                self._error(
-                    identity,
-                    f"world_size mismatch on split {hello.split!r}: this client says "
-                    f"world_size={hello.world_size}, connected client(s) use "
-                    f"world_size={other.hello.world_size}",
-                )
+                self._error(identity, self._world_size_conflict(hello, other))
                 return
         if identity in self.streams:  # next epoch, resume or reconnect: replace the stream
             self._drop(identity)
@@ -330,8 +410,24 @@ class ServerApp:
             len(stream.batches),
         )
 
+    def _world_size_conflict(self, hello: Hello, other: Stream) -> str:
+        """The refusal of a hello whose world size differs from a live stream's: who holds the
+        split, when it was last heard from and when it stops counting."""
+        silent = time.monotonic() - other.last_seen
+        timeout = self.config.client_timeout
+        o = other.hello
+        return (
+            f"world_size mismatch on split {hello.split!r}: this client says "
+            f"world_size={hello.world_size}, but client {other.id} (rank {o.rank} of "
+            f"world_size={o.world_size}, epoch {o.epoch}) is streaming it, last heard from "
+            f"{silent:.1f} s ago; it is dropped when it disconnects or says bye, else after "
+            f"--client-timeout {timeout:g} s of silence, in {max(0.0, timeout - silent):.1f} s "
+            "if it stays silent"
+        )
+
     def _drop(self, identity: bytes) -> None:
         """Forget a client's stream and release its queued batches (in-flight ones: later)."""
+        self._peer_fd.pop(identity, None)
         stream = self.streams.pop(identity, None)
         self.scheduler.remove(identity)
         if stream is not None:

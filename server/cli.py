@@ -89,8 +89,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--client-timeout",
         type=float,
         metavar="SECONDS",
-        help="drop a client that sent nothing (no credit, no hello) for this long "
-        f"(default: {_D.client_timeout:g})",
+        help="drop a client that sent nothing (no credit, no hello) for this long; a client "
+        "whose connection closes (process killed) or that answers no heartbeat for 3 s "
+        f"(host gone) is dropped at once (default: {_D.client_timeout:g})",
     )
     net.add_argument(
         "--metrics-port",

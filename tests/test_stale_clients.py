@@ -1,0 +1,121 @@
+"""A client that dies does not hold the server for --client-timeout.
+
+The server hears of a closed connection at once (socket monitor) and of a silent one through
+ZMTP heartbeats (3 s), and drops that client's stream; a world-size refusal caused by a live
+client names it, says when it was last heard from and when it would expire.
+
+Real pipeline-server and real client processes (a "notebook" holding a world_size=1 stream on
+the raw wire, see rawclient.py), SIGKILLed or SIGSTOPped; each test takes seconds.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+import zmq
+from batchwire.server import protocol
+from rawclient import SERVER_ARGS, RawTrainer, wait_for
+from serverproc import running_server
+
+TESTS = Path(__file__).parent
+# --client-timeout far above what the tests wait: only disconnect detection can free the split.
+TIMEOUT_ARGS = (*SERVER_ARGS, "--client-timeout", "120")
+
+_NOTEBOOK = """
+import sys, time, zmq
+sys.path.insert(0, sys.argv[2])
+from rawclient import RawTrainer
+trainer = RawTrainer(sys.argv[1], b"notebook", zmq.Context())
+trainer.hello()
+print("welcomed", flush=True)
+time.sleep(600)  # a notebook kernel idling with its loader open
+"""
+
+
+@contextmanager
+def notebook(endpoint: str) -> Iterator[subprocess.Popen]:
+    """A separate process holding a world_size=1 train stream (welcomed when this yields)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _NOTEBOOK, endpoint, str(TESTS)],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "welcomed"
+        yield proc
+    finally:
+        proc.kill()  # also ends a stopped process
+        proc.wait()
+
+
+def hello(sock: zmq.Socket, world_size: int, rank: int = 0, timeout: float = 10.0):
+    sock.send(
+        protocol.Hello(
+            split="train", rank=rank, world_size=world_size, epoch=0, start_batch=0,
+            prefetch=1, shard=(0, 1), session=7,
+        ).pack()
+    )  # fmt: skip
+    assert sock.poll(int(timeout * 1000)), "no reply to the hello"
+    return protocol.decode_server_message(sock.recv_multipart()[0])
+
+
+def _clients(srv) -> list[str]:
+    return [c["id"] for c in srv.stats()["clients"]]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("how", ["sigkill", "sigstop"])
+def test_dead_world_size_1_client_frees_the_split_within_seconds(how: str, ctx) -> None:
+    """SIGKILL closes the notebook's connection (the server hears it at once); SIGSTOP leaves
+    it open but unanswering (as a vanished host would), which the heartbeats catch in ~3 s.
+    Then a world_size=2 job is served, long before --client-timeout."""
+    with running_server(*TIMEOUT_ARGS) as srv:
+        with notebook(srv.endpoint) as proc:
+            assert _clients(srv) == [b"notebook".hex()]
+            job = ctx.socket(zmq.DEALER)
+            job.linger = 0
+            job.connect(srv.endpoint)
+            refused = hello(job, world_size=2)
+            assert isinstance(refused, protocol.ErrorReply), refused
+            t0 = time.monotonic()
+            os.kill(proc.pid, signal.SIGKILL if how == "sigkill" else signal.SIGSTOP)
+            wait_for(lambda: not _clients(srv), "the dead client's stream to be dropped", 10)
+            noticed = time.monotonic() - t0
+            assert noticed < (2.0 if how == "sigkill" else 8.0), noticed
+            welcome = hello(job, world_size=2)
+            assert isinstance(welcome, protocol.Welcome), welcome
+            job.close()
+        log = srv.log()
+    assert "client 6e6f7465626f6f6b (train rank 0/1) disconnected" in log, log
+
+
+@pytest.mark.timeout(60)
+def test_world_size_refusal_names_the_live_client_and_its_expiry(ctx) -> None:
+    with running_server(*TIMEOUT_ARGS) as srv:
+        live = RawTrainer(srv.endpoint, b"live-nb", ctx)
+        live.hello()
+        job = ctx.socket(zmq.DEALER)
+        job.linger = 0
+        job.connect(srv.endpoint)
+        reply = hello(job, world_size=2, rank=1)
+        assert isinstance(reply, protocol.ErrorReply), reply
+        text = reply.message
+        assert text.startswith("world_size mismatch on split 'train': this client says "), text
+        assert f"world_size=2, but client {b'live-nb'.hex()} (rank 0 of world_size=1" in text
+        m = re.search(r"last heard from ([\d.]+) s ago", text)
+        assert m and 0 <= float(m.group(1)) < 30, text
+        m = re.search(r"--client-timeout 120 s of silence, in ([\d.]+) s", text)
+        assert m and 90 < float(m.group(1)) <= 120, text
+        # It leaves: the split is free at once.
+        live.leave()
+        wait_for(lambda: not _clients(srv), "the client that said bye to be dropped", 10)
+        assert isinstance(hello(job, world_size=2, rank=1), protocol.Welcome)
+        job.close()
