@@ -6,18 +6,21 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import shutil
 import sys
 
 import torch
 from batchwire.native.build import (
+    FAILED_MARKER,
+    LOCK_NAME,
     BuildResult,
     NativeBuildError,
     build,
     build_jpeg_roi,
+    compiler_identity,
     make_plan,
     missing_tools,
+    read_lock,
 )
 
 
@@ -27,13 +30,28 @@ def _info() -> int:
     except NativeBuildError as exc:
         print(f"error: {exc}")
         return 1
-    print(f"torch:      {torch.__version__} (CUDA {torch.version.cuda})")
+    tools = plan.toolchain
+    print(f"torch:      {torch.__version__} (CUDA {torch.version.cuda}, {tools.torch_build})")
     print(f"CUDA build: {'yes' if plan.with_cuda else 'no'} ({plan.cuda_reason})")
-    print(f"compiler:   {shutil.which(os.environ.get('CXX', 'c++')) or 'missing'}")
+    if plan.with_cuda:
+        print(f"nvcc:       {tools.nvcc}")
+        print(f"CUDA archs: {plan.arch_list or 'detected from the visible GPUs'}")
+    print(f"python ABI: {tools.python_abi}")
+    print(f"compiler:   {compiler_identity()}")
     problems = missing_tools(plan)
     print(f"ninja:      {shutil.which('ninja') or 'missing'}")
     print(f"build dir:  {plan.build_dir}")
-    print(f"built:      {'yes' if plan.library.exists() else 'no'} ({plan.library})")
+    print(f"built:      {'yes' if plan.built else 'no'} ({plan.library})")
+    try:
+        holder, _ = read_lock(plan.build_dir / LOCK_NAME)
+    except FileNotFoundError:
+        pass
+    else:
+        print(f"build lock: held by {holder.describe() if holder else 'an unreadable lock'}")
+    if plan.with_cuda and (plan.build_dir / FAILED_MARKER).exists():
+        problems.append(
+            f"this CUDA build failed before; delete {plan.build_dir / FAILED_MARKER} to retry it"
+        )
     for problem in problems:
         print(f"problem:    {problem}")
     return 1 if problems else 0

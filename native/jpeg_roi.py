@@ -8,6 +8,7 @@ is logged once and remembered, never retried per image.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from typing import Any
@@ -19,25 +20,27 @@ log = logging.getLogger("batchwire.native")
 
 Region = tuple[int, int, int, int]
 
-_lock = threading.Lock()
-_state: dict[str, Any] = {}
-
 
 class JpegRoiError(ValueError):
     """The JPEG could not be decoded (corrupt, truncated, unsupported): the message says why."""
 
 
+_first_use = threading.Lock()  # functools.cache alone may run a first call twice at once
+
+
 def _module() -> Any | None:
     """The loaded extension, or None when it cannot be built here (logged once)."""
-    if "module" not in _state:
-        with _lock:
-            if "module" not in _state:
-                try:
-                    _state["module"] = build_jpeg_roi().module
-                except NativeBuildError as exc:
-                    log.warning("batchwire.native: ROI JPEG decoding unavailable: %s", exc)
-                    _state["module"] = None
-    return _state["module"]
+    with _first_use:
+        return _load_module()
+
+
+@functools.cache
+def _load_module() -> Any | None:
+    try:
+        return build_jpeg_roi().module
+    except NativeBuildError as exc:
+        log.warning("batchwire.native: ROI JPEG decoding unavailable: %s", exc)
+        return None
 
 
 def jpeg_roi_available() -> bool:

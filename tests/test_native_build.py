@@ -5,6 +5,7 @@ cause, and the `python -m batchwire.native` commands report truthfully.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import subprocess
@@ -87,7 +88,7 @@ def test_cuda_switch_decides_the_build(monkeypatch):
         with pytest.raises(build.NativeBuildError, match=r"CPU-only build.*BATCHWIRE_CUDA=0"):
             build.cuda_decision()
     else:
-        assert with_cuda == (build._cuda_home() is not None), reason
+        assert not with_cuda or build._nvcc_path() is not None, reason
 
 
 def test_plan_is_keyed_by_sources_and_flags(monkeypatch, tmp_path):
@@ -157,3 +158,237 @@ def test_unbuildable_extension_falls_back_to_the_reference_with_a_warning(tmp_pa
     assert "fallback ok" in run.stdout
     assert run.stderr.count("using the slow reference op") == 1, run.stderr
     assert "no C++ compiler" in run.stderr
+
+
+def test_native_imports_nothing_from_pipeline():
+    code = (
+        "import sys, batchwire.native, batchwire.native.build, batchwire.native.__main__\n"
+        "bad = [m for m in sys.modules if m.startswith('batchwire.') and "
+        "not m.startswith('batchwire.native')]\n"
+        "assert not bad, bad\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+
+
+def test_cache_root_follows_the_cache_variables(monkeypatch, tmp_path):
+    for var in ("BATCHWIRE_NATIVE_CACHE", "BATCHWIRE_CACHE", "XDG_CACHE_HOME"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert build.cache_root() == (tmp_path / "home/.cache/batchwire/native").resolve()
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert build.cache_root() == (tmp_path / "xdg/batchwire/native").resolve()
+    monkeypatch.setenv("BATCHWIRE_CACHE", str(tmp_path / "bw"))
+    assert build.cache_root() == (tmp_path / "bw/native").resolve()
+    monkeypatch.setenv("BATCHWIRE_NATIVE_CACHE", str(tmp_path / "only-builds"))
+    assert build.cache_root() == tmp_path / "only-builds"
+
+
+TOOLCHAIN = build.Toolchain(
+    torch_version="2.13.0+cu130",
+    torch_build="abc:cxx11abi=True",
+    torch_cuda="13.0",
+    python_abi="cpython-311:cpython-311-x86_64-linux-gnu",
+    compiler="/usr/bin/c++ (c++ (Debian 12.2.0-14) 12.2.0)",
+    nvcc="/usr/local/cuda/bin/nvcc (Cuda compilation tools, release 13.0, V13.0.88)",
+    flags=("-O3", "|", "cuda=True", "archs=8.0;9.0"),
+)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"torch_version": "2.13.0+cu128"},
+        {"torch_version": "2.12.1+cu130"},
+        {"torch_build": "def:cxx11abi=True"},
+        {"torch_cuda": "12.8"},
+        {"python_abi": "cpython-312:cpython-312-x86_64-linux-gnu"},
+        {"compiler": "/usr/bin/c++ (c++ (Debian 13.1.0-1) 13.1.0)"},
+        {"compiler": "/opt/gcc/bin/c++ (c++ (Debian 12.2.0-14) 12.2.0)"},
+        {"nvcc": "/usr/local/cuda/bin/nvcc (Cuda compilation tools, release 13.1, V13.1.2)"},
+        {"flags": ("-O2", "|", "cuda=True", "archs=8.0;9.0")},
+        {"flags": ("-O3", "|", "cuda=True", "archs=9.0")},
+    ],
+)
+def test_the_key_covers_the_toolchain(change):
+    from dataclasses import replace
+
+    key = build.cache_key(TOOLCHAIN, "sources")
+    assert build.cache_key(replace(TOOLCHAIN), "sources") == key
+    assert build.cache_key(replace(TOOLCHAIN, **change), "sources") != key
+    assert build.cache_key(TOOLCHAIN, "other sources") != key
+
+
+def test_the_key_follows_the_compiler_and_its_version(monkeypatch, tmp_path):
+    """A compiler is named by its path and the version it reports; a compiler upgraded in
+    place (same path) gives a new key too, although its version is remembered on disk."""
+    monkeypatch.setenv("BATCHWIRE_NATIVE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("BATCHWIRE_CUDA", "0")
+    fake = tmp_path / "bin" / "fake-c++"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\necho 'fake-c++ (Batchwire) 1.0'\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("CXX", str(fake))
+    first = build.make_plan()
+    assert "1.0" in first.toolchain.compiler and str(fake) in first.toolchain.compiler
+    assert build.make_plan() == first
+    fake.write_text("#!/bin/sh\necho 'fake-c++ (Batchwire) 2.0'\n")
+    second = build.make_plan()
+    assert "2.0" in second.toolchain.compiler and second.build_dir != first.build_dir
+    monkeypatch.setenv("CXX", "c++")
+    assert build.make_plan().build_dir not in (first.build_dir, second.build_dir)
+
+
+def test_a_changed_source_changes_the_digest(monkeypatch, tmp_path):
+    monkeypatch.setenv("BATCHWIRE_NATIVE_CACHE", str(tmp_path / "cache"))
+    a, b = tmp_path / "a.cpp", tmp_path / "b.h"
+    a.write_text("int a = 1;\n")
+    b.write_text("#pragma once\n")
+    digest = build.sources_digest([a, b])
+    assert len(list((tmp_path / "cache" / "stamps").iterdir())) == 1  # remembered by stamp
+    assert build.sources_digest([a, b]) == digest
+    a.write_text("int a = 2;\n")  # same size
+    assert build.sources_digest([a, b]) != digest
+
+
+def test_cuda_decisions():
+    decide = build.decide_cuda
+    home = "/usr/local/cuda"
+    assert decide("0", "2.13.0+cu130", "13.0", home, "13.0").with_cuda is False
+    ok = decide("", "2.13.0+cu130", "13.0", home, "13.0")
+    assert ok.with_cuda and ok.warning is None and "13.0" in ok.reason
+    assert decide("", "2.13.0+cu128", "12.8", home, "12.4").with_cuda  # minors may differ
+    assert decide("1", "2.13.0+cu130", "13.0", home, "13.0").with_cuda
+    cpu_torch = decide("", "2.13.0+cpu", None, home, "13.0")
+    assert not cpu_torch.with_cuda and "CPU-only build" in cpu_torch.reason
+    no_toolkit = decide("", "2.13.0+cu130", "13.0", None, None)
+    assert not no_toolkit.with_cuda and no_toolkit.warning is None
+    with pytest.raises(build.NativeBuildError, match=r"install the CUDA toolkit 13\.0"):
+        decide("1", "2.13.0+cu130", "13.0", None, None)
+    with pytest.raises(build.NativeBuildError, match="must be 0 or 1"):
+        decide("on", "2.13.0+cu130", "13.0", home, "13.0")
+
+
+def test_mismatched_cuda_majors_build_cpu_only_or_fail_when_forced():
+    mismatch = build.decide_cuda("", "2.13.0+cu130", "13.0", "/usr/local/cuda", "12.8")
+    assert not mismatch.with_cuda
+    assert mismatch.warning and "CUDA 12.8" in mismatch.warning and "CUDA 13.0" in mismatch.warning
+    assert "BATCHWIRE_CUDA=0" in mismatch.warning
+    with pytest.raises(build.NativeBuildError, match=r"major versions must match.*CUDA 13\.x"):
+        build.decide_cuda("1", "2.13.0+cu130", "13.0", "/usr/local/cuda", "12.8")
+
+
+def test_nvcc_version_is_parsed():
+    text = "nvcc: NVIDIA (R) Cuda compiler driver\nCuda compilation tools, release 13.0, V13.0.88"
+    assert build.parse_nvcc_version(text) == "13.0"
+    assert build.parse_nvcc_version("release 12.8, V12.8.93") == "12.8"
+    assert build.parse_nvcc_version("garbage") is None
+    nvcc = _nvcc()
+    if nvcc:  # the real one, where a toolkit is installed
+        version = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout
+        assert build.parse_nvcc_version(version)
+
+
+def test_cuda_architectures_without_a_gpu():
+    arch = build.cuda_arch_list
+    assert arch("8.6", 0, ["sm_80"]) == "8.6"  # the variable wins
+    assert arch(" 8.6;9.0 ", 2, []) == "8.6;9.0"
+    assert arch(None, 1, ["sm_80", "sm_90"]) is None  # torch detects the visible GPUs
+    assert arch(None, 0, ["sm_75", "sm_80", "sm_90", "sm_100a", "compute_90"]) == (
+        "7.5;8.0;9.0;10.0a+PTX"
+    )
+    assert arch("", 0, []) == build.DEFAULT_CUDA_ARCHS == "8.0;9.0"
+
+
+def test_cuda_plan_without_a_gpu_has_explicit_architectures(monkeypatch, tmp_path):
+    """Planned on this GPU-less machine: the arch list is explicit and part of the key."""
+    monkeypatch.setenv("BATCHWIRE_NATIVE_CACHE", str(tmp_path))
+    monkeypatch.delenv("TORCH_CUDA_ARCH_LIST", raising=False)
+    forced = build.CudaDecision(True, "forced by the test")
+    plan = build.make_plan(cuda=forced)
+    if torch.cuda.device_count() == 0:
+        assert plan.arch_list  # from torch's list, or the default
+        monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "7.5")
+        other = build.make_plan(cuda=forced)
+        assert other.arch_list == "7.5" and other.build_dir != plan.build_dir
+    assert [s.name for s in plan.sources] == [*build.CPU_SOURCES, *build.CUDA_SOURCES]
+
+
+def test_build_errors_name_the_fix(monkeypatch, tmp_path):
+    forced = build.make_plan(cuda=build.CudaDecision(True, "forced by the test"))
+    assert "TORCH_CUDA_ARCH_LIST" in build._fix_for(IndexError("list index out of range"), forced)
+    cpu = build.make_plan(cuda=build.CudaDecision(False, "test"))
+    assert "batchwire.native info" in build._fix_for(RuntimeError("Error building"), cpu)
+
+
+@pytest.mark.timeout(120)
+def test_a_compile_error_is_a_native_build_error(monkeypatch, tmp_path):
+    monkeypatch.setenv("BATCHWIRE_NATIVE_CACHE", str(tmp_path))
+    source = build.CSRC / "jpeg_roi.cpp"
+    spec = build.ExtensionSpec(
+        "batchwire_bad_flags", (source.name,), (), ("--no-such-flag-batchwire",), (),
+        python_module=True,
+    )  # fmt: skip
+    with pytest.raises(build.NativeBuildError, match=r"batchwire\.native info") as err:
+        build.build_extension(spec)
+    assert "no-such-flag" in str(err.value)
+    with pytest.raises(build.NativeBuildError):  # remembered, not rebuilt
+        build.build_extension(spec)
+
+
+CUDA_FALLBACK_SCRIPT = """
+import logging, sys
+logging.basicConfig(level=logging.WARNING)
+from batchwire.native import build
+plan = build.make_plan(cuda=build.CudaDecision(True, "forced by the test"))
+try:
+    build.build_with_fallback(plan, switch="1")
+except build.NativeBuildError as exc:
+    print("forced: NativeBuildError:", str(exc).splitlines()[0])
+result = build.build_with_fallback(plan, switch="")
+print("fallback:", result.plan.kind, "|", result.plan.cuda_reason)
+"""
+
+
+@pytest.mark.timeout(300)
+def test_a_failed_cuda_build_falls_back_to_cpu(tmp_path):
+    """The CUDA attempt fails (here: no nvcc where CUDA_HOME points) and the CPU op is built
+    and loaded instead, with one warning; with BATCHWIRE_CUDA=1 the failure is an error."""
+    env = {**os.environ, "CUDA_HOME": str(tmp_path)}
+    env.pop("BATCHWIRE_CUDA", None)
+    run = subprocess.run(
+        [sys.executable, "-c", CUDA_FALLBACK_SCRIPT], capture_output=True, text=True, env=env,
+        timeout=280,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    assert "forced: NativeBuildError:" in run.stdout and "nvcc is missing" in run.stdout
+    assert "fallback: CPU | CPU-only: the CUDA build failed" in run.stdout, run.stdout
+    assert run.stderr.count("the CUDA build failed, building the op CPU-only") == 1, run.stderr
+
+
+def test_augment_impl_is_decided_once_per_device_type(caplog):
+    from batchwire import native
+
+    cpu = native.augment_impl("cpu")
+    assert cpu is native.augment_impl(torch.device("cpu"))
+    assert cpu is not native.augment_batch_reference or not native.is_available()
+    with caplog.at_level(logging.WARNING, logger="batchwire.native"):
+        meta = native.augment_impl("meta")
+        assert native.augment_impl(torch.device("meta")) is meta
+    assert meta is native.augment_batch_reference
+    assert [r.getMessage() for r in caplog.records].count(
+        "batchwire.native: using the slow reference op on meta: the extension has no kernel "
+        "for meta devices"
+    ) == 1
+
+
+def test_a_failed_cuda_build_is_not_retried_by_every_process(monkeypatch, tmp_path):
+    """Its error is kept in the build folder: later loads go CPU-only at once (or fail, with
+    BATCHWIRE_CUDA=1) and say how to retry."""
+    monkeypatch.setenv("BATCHWIRE_NATIVE_CACHE", str(tmp_path))
+    plan = build.make_plan(cuda=build.CudaDecision(True, "forced by the test"))
+    plan.build_dir.mkdir(parents=True)
+    (plan.build_dir / build.FAILED_MARKER).write_text("nvcc: error: something broke")
+    with pytest.raises(build.NativeBuildError, match="failed to build earlier") as err:
+        build.build_with_fallback(plan, switch="1")
+    assert "something broke" in str(err.value) and f"delete {plan.build_dir}" in str(err.value)
