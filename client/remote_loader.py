@@ -6,12 +6,19 @@
         for images, labels in loader:  # images [B, 3, H, W] on the device, labels int64 [B]
             ...
 
-Position semantics (what `state_dict` saves): the loader remembers ``(epoch, next_batch)``.
-Iterating continues from ``next_batch`` (so a loop that breaks early and iterates again goes on
-where it stopped); iterating an epoch that is already complete replays it from batch 0, as a
-sampler without ``set_epoch`` would; `set_epoch` with a new epoch starts that epoch at batch 0,
-and with the current epoch keeps the position (so "load state, then the usual
-``set_epoch(epoch)`` loop" resumes mid-epoch).
+Position semantics (those of torch's DataLoader and torchdata's StatefulDataLoader): every
+``iter(loader)`` starts a fresh pass over the current epoch from batch 0, unless
+`load_state_dict` positioned the loader, in which case that one pass starts at the saved batch
+(a saved position at the epoch's end gives an empty pass). `set_epoch` selects the epoch; with
+the current epoch it keeps a restored position (so "load state, then the usual
+``set_epoch(epoch)`` loop" resumes mid-epoch). A state saved on any rank restores on every rank
+of the same stream: ranks move in lockstep, so the position is the same for all.
+
+Frameworks: Lightning finds `set_epoch` through ``loader.sampler`` and Accelerate through the
+dataset of a DataLoader it prepared; `batchwire.client.lightning.RemoteLoaderCallback` covers
+``DataLoader(loader, batch_size=None)`` under Lightning and makes mid-epoch checkpoints exact.
+Accelerate's ``prepare`` re-shards iterable datasets and would lose data: the loader refuses to
+run under it (see `frameworks`).
 
 Next epoch early: once the servers have sent the last batch of an epoch, the loader asks them
 for the next epoch (``epoch + 1`` from batch 0), so the usual ``set_epoch(epoch + 1)`` finds
@@ -35,7 +42,7 @@ One loader serves one consumer thread (it is not thread-safe); use one loader pe
 from __future__ import annotations
 
 import functools
-import os
+import logging
 import time
 import weakref
 from collections.abc import Iterator, Sequence
@@ -43,7 +50,9 @@ from typing import Any
 
 import torch
 from batchwire.client.errors import LoaderError
+from batchwire.client.frameworks import refuse_resharding_wrappers
 from batchwire.client.normalize import IMAGENET_MEAN, IMAGENET_STD, check_dtype
+from batchwire.client.placement import check_rank, resolve_device, resolve_rank
 from batchwire.client.prefetch import BatchFormat, CpuStager, CudaStager, Staged
 from batchwire.client.receiver import BatchReceiver
 from batchwire.server import protocol
@@ -54,38 +63,10 @@ try:  # written by the monitoring work; the loader runs without it
 except ImportError:  # pragma: no cover - depends on the checkout
     LoaderStats = None  # type: ignore[assignment,misc]
 
+log = logging.getLogger(__name__)
+
 _STATE_KEYS = ("epoch", "next_batch", "split", "rank", "world_size")
 _CPU_OUTPUT_BUFFERS = 4
-
-
-def _resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
-    """Explicit values, else torch.distributed when initialised, else RANK/WORLD_SIZE, else 0/1."""
-    if rank is None or world_size is None:
-        dist = torch.distributed
-        if dist.is_available() and dist.is_initialized():
-            env_rank, env_world = dist.get_rank(), dist.get_world_size()
-        else:
-            env_rank = int(os.environ.get("RANK", "0"))
-            env_world = int(os.environ.get("WORLD_SIZE", "1"))
-        rank = env_rank if rank is None else rank
-        world_size = env_world if world_size is None else world_size
-    if world_size < 1 or not 0 <= rank < world_size:
-        raise ValueError(f"need 0 <= rank < world_size, got rank={rank}, world_size={world_size}")
-    return rank, world_size
-
-
-def _resolve_device(device: str | torch.device | None) -> torch.device:
-    if device is None:
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(device)
-    if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ValueError(f"device {device!r} asked for, but CUDA is not available")
-        if dev.index is None:
-            dev = torch.device("cuda", torch.cuda.current_device())
-    elif dev.type != "cpu":
-        raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {device!r}")
-    return dev
 
 
 def _make_stager(
@@ -129,11 +110,13 @@ class RemoteLoader(IterableDataset):
         endpoints: one endpoint or a list; with ``n`` servers, server ``i`` produces the rank's
             batches ``k`` with ``k % n == i`` and the loader merges them back into order.
         split: ``"train"`` or ``"val"`` (whatever the servers serve).
-        rank, world_size: default from torch.distributed, else ``RANK``/``WORLD_SIZE``, else 0/1.
+        rank, world_size: default from torch.distributed, else ``RANK``/``WORLD_SIZE``, else 0/1,
+            resolved when the loader first connects (not here: see `placement`).
         prefetch: batches in flight (credits), split between the servers (at least one each).
         timeout: seconds to wait for any one batch (reconnects included) before raising
             `ServerUnavailable`.
-        device: ``"cpu"``, ``"cuda"``, ``"cuda:N"``; None picks CUDA when available.
+        device: ``"cpu"``, ``"cuda"``, ``"cuda:N"``; None picks CUDA when available; ``"cuda"``
+            is this process's GPU (``LOCAL_RANK``'s unless `torch.cuda.set_device` chose one).
         with_indices: yield ``(images, labels, indices)``; padding slots have index -1.
         normalize_on_device: convert a uint8 wire to ``dtype`` with ``(x/255 - mean)/std`` on
             the device. With a float wire (already normalised by the server) this is an error,
@@ -180,7 +163,9 @@ class RemoteLoader(IterableDataset):
             raise ValueError("timeout and heartbeat must be > 0 seconds")
         self.endpoints = eps
         self.split = split
-        self.rank, self.world_size = _resolve_rank(rank, world_size)
+        check_rank(rank, world_size)
+        self._rank_arg, self._world_size_arg = rank, world_size
+        self._placement: tuple[int, int] | None = None  # (rank, world_size) once connected
         self.prefetch = int(prefetch)
         self.timeout = float(timeout)
         self.heartbeat = float(heartbeat)
@@ -195,6 +180,9 @@ class RemoteLoader(IterableDataset):
         self.device: torch.device | None = None  # resolved on first connection
         self.epoch = 0
         self.next_batch = 0
+        self._positioned = False  # load_state_dict chose where the next pass starts
+        self._repeat_warned = False
+        self._epoch_passed = False  # a full pass of `epoch` ended and set_epoch was not called
         self._receiver: BatchReceiver | None = None
         self._handed: Staged | None = None  # the batch the consumer holds now
         self._iteration = 0  # bumps with every __iter__, so a stale iterator stops
@@ -204,12 +192,31 @@ class RemoteLoader(IterableDataset):
 
     # ------------------------------------------------------------------ public API
 
+    @property
+    def rank(self) -> int:
+        """This loader's rank: fixed once connected, else what the process says now."""
+        return (self._placement or resolve_rank(self._rank_arg, self._world_size_arg))[0]
+
+    @property
+    def world_size(self) -> int:
+        return (self._placement or resolve_rank(self._rank_arg, self._world_size_arg))[1]
+
+    #: Lightning, having found ``sampler``, reads this too (as it would on a DataLoader).
+    batch_sampler = None
+
+    @property
+    def sampler(self) -> _EpochSetter:
+        """What Lightning calls ``set_epoch`` on (it looks for ``loader.sampler.set_epoch``)."""
+        return _EpochSetter(self)
+
     def set_epoch(self, epoch: int) -> None:
-        """Select the epoch to iterate next (keeps the position if it is the current epoch)."""
+        """Select the epoch to iterate next (keeps a restored position if it is the current one)."""
         if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
             raise ValueError(f"epoch must be an integer >= 0, got {epoch!r}")
+        refuse_resharding_wrappers()  # Accelerate's shard calls this before iterating
+        self._epoch_passed = False
         if epoch != self.epoch:
-            self.epoch, self.next_batch = epoch, 0
+            self.epoch, self.next_batch, self._positioned = epoch, 0, False
 
     def __len__(self) -> int:
         """This rank's number of batches per epoch (asks the server on first use)."""
@@ -222,7 +229,7 @@ class RemoteLoader(IterableDataset):
         """
         receiver = self._connect()
         if receiver.welcome is None:
-            receiver.start(self.epoch, self._start_position(receiver))
+            receiver.start(self.epoch, self._pass_start())
             receiver.wait_welcome()
         assert receiver.welcome is not None
         return receiver.welcome
@@ -243,6 +250,9 @@ class RemoteLoader(IterableDataset):
                 "stream the same batches. It already receives and prefetches in the background; "
                 "use DataLoader(loader, batch_size=None, num_workers=0) or iterate it directly"
             )
+        refuse_resharding_wrappers()
+        self._warn_if_epoch_repeats()
+        self.next_batch, self._positioned = self._pass_start(), False
         self._iteration += 1
         return self._iterate(self._iteration)
 
@@ -257,12 +267,13 @@ class RemoteLoader(IterableDataset):
         samples): a position means nothing against a server restarted with other data or
         another batch size, and resuming there would repeat or skip samples.
         """
+        rank, world_size = self._placement or resolve_rank(self._rank_arg, self._world_size_arg)
         state: dict[str, Any] = {
             "epoch": self.epoch,
             "next_batch": self.next_batch,
             "split": self.split,
-            "rank": self.rank,
-            "world_size": self.world_size,
+            "rank": rank,  # informative: any rank's state restores on every rank
+            "world_size": world_size,
         }
         welcome = None if self._receiver is None else self._receiver.welcome
         if welcome is not None:
@@ -272,23 +283,28 @@ class RemoteLoader(IterableDataset):
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume at ``state``'s position; split and world_size must match this loader."""
+        """Start the next pass at ``state``'s position.
+
+        The state may come from any rank (a framework's checkpoint often holds rank 0's only):
+        all ranks of a stream stand at the same batch. Split and world size must match; the
+        stream (batches per epoch, batch size, samples) is checked against the next welcome.
+        """
         missing = [k for k in _STATE_KEYS if k not in state]
         if missing:
             raise ValueError(f"RemoteLoader state is missing {missing}")
-        if state["split"] != self.split or state["world_size"] != self.world_size:
+        if state["split"] != self.split:
             raise ValueError(
-                f"state is for split {state['split']!r} with world_size {state['world_size']}, "
-                f"this loader serves {self.split!r} with world_size {self.world_size}"
+                f"state is for split {state['split']!r}, this loader serves {self.split!r}"
             )
-        if state["rank"] != self.rank:
-            raise ValueError(f"state is for rank {state['rank']}, this loader is rank {self.rank}")
+        self._check_world_size(int(state["world_size"]))
         epoch, nxt = int(state["epoch"]), int(state["next_batch"])
         if epoch < 0 or nxt < 0:
             raise ValueError(f"invalid RemoteLoader state position: epoch {epoch}, batch {nxt}")
-        self.epoch, self.next_batch = epoch, nxt
+        self.epoch, self.next_batch, self._positioned = epoch, nxt, True
+        self._epoch_passed = False
         stream = state.get("stream")
-        self._resume_stream = dict(stream) if isinstance(stream, dict) else None
+        self._resume_stream = dict(stream) if isinstance(stream, dict) else {}
+        self._resume_stream["world_size"] = int(state["world_size"])
 
     def close(self) -> None:
         """Leave the servers (bye) and free sockets and buffers; the loader reconnects if used."""
@@ -296,6 +312,7 @@ class RemoteLoader(IterableDataset):
         if self._receiver is not None:
             self._receiver.close()
             self._receiver = None
+        self._placement = None  # a later use resolves (and connects) again
         if self._finalizer is not None:
             self._finalizer.detach()
             self._finalizer = None
@@ -313,21 +330,28 @@ class RemoteLoader(IterableDataset):
         return state
 
     def __repr__(self) -> str:
+        where = (
+            "unresolved"
+            if self._placement is None
+            else "rank={}, world_size={}".format(*self._placement)
+        )
         return (
-            f"RemoteLoader({self.endpoints}, split={self.split!r}, rank={self.rank}, "
-            f"world_size={self.world_size}, epoch={self.epoch}, next_batch={self.next_batch})"
+            f"RemoteLoader({self.endpoints}, split={self.split!r}, {where}, "
+            f"epoch={self.epoch}, next_batch={self.next_batch})"
         )
 
     # ------------------------------------------------------------------ internals
 
     def _connect(self) -> BatchReceiver:
         if self._receiver is None:
-            self.device = _resolve_device(self._device_arg)
+            rank, world_size = resolve_rank(self._rank_arg, self._world_size_arg)
+            self.device = resolve_device(self._device_arg)
+            self._placement = (rank, world_size)
             self._receiver = BatchReceiver(
                 self.endpoints,
                 split=self.split,
-                rank=self.rank,
-                world_size=self.world_size,
+                rank=rank,
+                world_size=world_size,
                 prefetch=self.prefetch,
                 timeout=self.timeout,
                 heartbeat=self.heartbeat,
@@ -348,14 +372,33 @@ class RemoteLoader(IterableDataset):
             self._finalizer = weakref.finalize(self, self._receiver.close)
         return self._receiver
 
+    def _check_world_size(self, saved: int) -> None:
+        known = self._placement[1] if self._placement else self._world_size_arg
+        if known is None:
+            dist = torch.distributed
+            if dist.is_available() and dist.is_initialized():
+                known = dist.get_world_size()
+        if known is not None and saved != known:
+            raise ValueError(
+                f"state is for world_size {saved}, this loader runs with world_size {known}: "
+                "each rank's shard depends on it (resume from an epoch boundary instead)"
+            )
+
     def _check_resumed_stream(self, welcome: protocol.Welcome | None) -> None:
         """A mid-epoch position restored by `load_state_dict` must meet the same stream."""
         expected, self._resume_stream = self._resume_stream, None
         if expected is None or welcome is None or self.next_batch == 0:
             return
+        saved_world = expected.pop("world_size", None)
+        if saved_world is not None:
+            try:
+                self._check_world_size(saved_world)
+            except ValueError:
+                self._resume_stream = {**expected, "world_size": saved_world}
+                raise
         now = _stream_shape(welcome)
-        if any(expected.get(key) != value for key, value in now.items()):
-            self._resume_stream = expected  # asked again, it says the same
+        if any(key in expected and expected[key] != value for key, value in now.items()):
+            self._resume_stream = {**expected, "world_size": saved_world}  # asked again: same
             raise ValueError(
                 f"cannot resume epoch {self.epoch} at batch {self.next_batch}: the state was saved "
                 f"against a stream of {expected}, the server now serves {now}; a mid-epoch "
@@ -363,11 +406,25 @@ class RemoteLoader(IterableDataset):
                 "server with the old settings, or resume from an epoch boundary)"
             )
 
-    def _start_position(self, receiver: BatchReceiver) -> int:
-        total = receiver.num_batches
-        if total is not None and self.next_batch >= total:
-            self.next_batch = 0  # a complete epoch iterated again replays it
-        return self.next_batch
+    def _pass_start(self) -> int:
+        """Where the next pass starts: the restored position, else the epoch's first batch."""
+        return self.next_batch if self._positioned else 0
+
+    def _warn_if_epoch_repeats(self) -> None:
+        """A train epoch iterated twice without `set_epoch` repeats its order: say so, once."""
+        if not self._epoch_passed or self._positioned or self._repeat_warned:
+            return
+        if self.split == "val":
+            return  # evaluating the same epoch again is the usual thing
+        self._repeat_warned = True
+        log.warning(
+            "RemoteLoader: epoch %d of split %r iterated again without set_epoch(): same order "
+            "and augmentations as the pass before. Call loader.set_epoch(epoch) every epoch "
+            "(under Lightning with DataLoader(loader, batch_size=None), add "
+            "batchwire.client.lightning.RemoteLoaderCallback())",
+            self.epoch,
+            self.split,
+        )
 
     def _release_handed(self) -> None:
         if self._handed is not None and self._receiver is not None:
@@ -379,11 +436,20 @@ class RemoteLoader(IterableDataset):
     def _iterate(self, iteration: int) -> Iterator[tuple[torch.Tensor, ...]]:
         receiver = self._connect()
         self._release_handed()
-        receiver.start(self.epoch, self._start_position(receiver))
+        total = receiver.num_batches
+        if total is None or self.next_batch < total:
+            receiver.start(self.epoch, self.next_batch)
+        if receiver.welcome is None:
+            receiver.wait_welcome()
         total = len(self)
-        self._check_resumed_stream(receiver.welcome)
-        if self.next_batch >= total:  # learnt the epoch length just now
-            receiver.start(self.epoch, self._start_position(receiver))
+        try:
+            self._check_resumed_stream(receiver.welcome)
+        except ValueError:
+            self._positioned = True  # nothing was served: the next pass meets the same check
+            raise
+        if self.next_batch >= total:  # a restored position at the epoch's end: an empty pass
+            self._epoch_passed = True
+            return
         try:
             while self.next_batch < total:
                 if iteration != self._iteration:
@@ -400,6 +466,8 @@ class RemoteLoader(IterableDataset):
                     self._stats.record_wait(time.perf_counter() - t0)
                     self._stats.record_batch(arrived.header.batch_size)
                     self._stats.set_prefetch_depth(receiver.depth)
+                if self.next_batch == total:
+                    self._epoch_passed = True
                 yield self._output(arrived)
         finally:
             if iteration == self._iteration:
@@ -415,6 +483,18 @@ class RemoteLoader(IterableDataset):
             # the host wait for all the GPU work queued before it.
             indices = indices.pin_memory().to(self.device, non_blocking=True)
         return staged.images, staged.labels, indices
+
+
+class _EpochSetter:
+    """``loader.sampler``: the handle frameworks call ``set_epoch`` on."""
+
+    def __init__(self, loader: RemoteLoader) -> None:
+        self._loader = weakref.ref(loader)
+
+    def set_epoch(self, epoch: int) -> None:
+        loader = self._loader()
+        if loader is not None:
+            loader.set_epoch(epoch)
 
 
 def _stream_shape(welcome: protocol.Welcome) -> dict[str, int]:

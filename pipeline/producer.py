@@ -8,12 +8,12 @@ production allocates no batch-sized memory.
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 import torch
+from batchwire import native
 from batchwire.pipeline.augment_plan import AugmentConfig
 from batchwire.pipeline.dataset import ImageDataset
 from batchwire.pipeline.decode import DEFAULT_MAX_PIXELS, BatchDecoder
@@ -26,38 +26,6 @@ AugmentFn = Callable[..., torch.Tensor]
 #: The label of a padded (validation) slot: `torch.nn.functional.cross_entropy`'s default
 #: ``ignore_index``, so the loss skips padding without being told; its index is -1.
 PADDING_LABEL = -100
-_augment_lock = threading.Lock()
-_augment_choice: list[tuple[str, AugmentFn]] = []
-
-
-def augment_impl() -> tuple[str, AugmentFn]:
-    """("native" | "reference", fn): the fused op when it is built and loadable, else the pure
-    torch oracle. Chosen once per process and logged, so a slow fallback is never silent."""
-    if not _augment_choice:
-        with _augment_lock:
-            if not _augment_choice:
-                _augment_choice.append(_pick_augment())
-    return _augment_choice[0]
-
-
-def _pick_augment() -> tuple[str, AugmentFn]:
-    reason = "not available"
-    try:
-        from batchwire import native
-
-        if native.is_available():
-            log.info("augmenting with the native fused op (batchwire.native.augment_batch)")
-            return "native", native.augment_batch
-    except Exception as e:
-        reason = f"{type(e).__name__}: {e}"
-    from batchwire.native.reference import augment_batch_reference
-
-    log.warning(
-        "native augment op %s: augmenting with the pure torch reference (slow); build it with "
-        "`python -m batchwire.native build`",
-        reason,
-    )
-    return "reference", augment_batch_reference
 
 
 @dataclass(frozen=True)
@@ -99,7 +67,10 @@ class BatchProducer:
         self.decoder = decoder
         self.samples = SampleLoader(dataset, config, seed, decoder, max_pixels=max_pixels)
         if augment is None:
-            self.augment_name, self._augment = augment_impl()
+            # batchwire.native owns the choice (fused op or reference, per device, logged once).
+            self._augment = native.augment_batch
+            fallback = native.augment_impl("cpu") is native.augment_batch_reference
+            self.augment_name = "reference" if fallback else "native"
         else:
             self.augment_name, self._augment = getattr(augment, "__name__", "custom"), augment
         self._mean = torch.tensor(config.mean, dtype=torch.float32)

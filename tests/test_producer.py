@@ -13,7 +13,7 @@ from batchwire.pipeline.augment_plan import AugmentConfig
 from batchwire.pipeline.buffers import BufferRing, BufferTimeout
 from batchwire.pipeline.dataset import ImageDataset, open_dataset
 from batchwire.pipeline.decode import CpuBatchDecoder
-from batchwire.pipeline.producer import BatchProducer, augment_impl
+from batchwire.pipeline.producer import BatchProducer
 from batchwire.pipeline.sampler import ShardSampler
 from oddfiles import write_image_folder
 from PIL import Image, ImageOps
@@ -149,11 +149,6 @@ def test_full_colour_jitter_matches_the_reference_op(photos: ImageDataset) -> No
     native_out, reference_out = outs
     assert producer.augment_name == "augment_batch_reference"
     assert (native_out.int() - reference_out.int()).abs().max() <= 1
-
-
-def test_augment_impl_is_native_or_reference() -> None:
-    name, fn = augment_impl()
-    assert name in ("native", "reference") and callable(fn)
 
 
 def test_wrong_output_tensor_is_rejected(mixed: ImageDataset) -> None:

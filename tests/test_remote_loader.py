@@ -175,15 +175,23 @@ def test_resume_against_a_server_with_another_batch_size_is_refused(server, data
 
 
 @pytest.mark.timeout(60)
-def test_break_then_iterate_again_continues(server, reference):
+def test_every_iter_is_a_fresh_pass_unless_a_state_positioned_it(server, reference):
+    """DataLoader semantics: a loop that breaks early and iterates again starts over (Lightning's
+    sanity check takes two val batches, then validation must still see every image)."""
     with RemoteLoader(
         server.endpoint, "train", rank=0, world_size=1, device="cpu", with_indices=True
     ) as loader:
         head = collect(loader, limit=5)
-        rest = collect(loader)
-        replay = collect(loader, limit=2)  # a complete epoch iterated again starts over
-    assert_same(head + rest, reference)
+        again = collect(loader)
+        replay = collect(loader, limit=2)
+        loader.load_state_dict({**loader.state_dict(), "next_batch": 5})
+        positioned = collect(loader)
+        after = collect(loader, limit=1)  # the restored position served one pass only
+    assert_same(head, reference[:5])
+    assert_same(again, reference)
     assert_same(replay, reference[:2])
+    assert_same(positioned, reference[5:])
+    assert_same(after, reference[:1])
     it = iter(loader)  # a closed loader reconnects when iterated again ...
     next(it)
     loader.close()
@@ -341,7 +349,7 @@ def test_no_server_raises_naming_the_endpoint_within_the_timeout():
     loader.close()
 
 
-def test_state_dict_of_another_split_or_world_is_refused():
+def test_state_dict_of_another_split_or_world_is_refused_but_any_rank_restores():
     loader = RemoteLoader("tcp://127.0.0.1:9", "train", rank=1, world_size=2, device="cpu")
     state = loader.state_dict()
     assert state == {"epoch": 0, "next_batch": 0, "split": "train", "rank": 1, "world_size": 2}
@@ -351,6 +359,9 @@ def test_state_dict_of_another_split_or_world_is_refused():
         loader.load_state_dict({**state, "split": "val"})
     with pytest.raises(ValueError, match="missing"):
         loader.load_state_dict({"epoch": 1})
+    # A framework's checkpoint holds rank 0's state only: it restores on rank 1 too.
+    loader.load_state_dict({**state, "rank": 0, "epoch": 3, "next_batch": 5})
+    assert (loader.epoch, loader.next_batch) == (3, 5)
     loader.close()
 
 

@@ -1,0 +1,70 @@
+"""Lightning support for ``DataLoader(loader, batch_size=None)`` (needs ``lightning``).
+
+Returned directly from ``train_dataloader()``, a `RemoteLoader` needs nothing from here:
+Lightning calls ``loader.sampler.set_epoch`` every epoch and saves ``loader.state_dict()`` in
+its checkpoints. Wrapped in a torch ``DataLoader``, it is out of Lightning's sight: the sampler
+Lightning finds is torch's, and a plain DataLoader has no state, so every epoch would repeat
+epoch 0 and a mid-epoch resume would start the epoch over. This callback closes that gap:
+
+    trainer = L.Trainer(..., callbacks=[RemoteLoaderCallback()])
+
+It sets the epoch of every training RemoteLoader it finds (directly or as a DataLoader's
+dataset), keeps their positions in the checkpoint and restores them before the resumed epoch's
+first batch. It is harmless with the direct form too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import lightning.pytorch as pl
+from batchwire.client.remote_loader import RemoteLoader
+
+
+def remote_loaders(obj: object) -> Iterator[RemoteLoader]:
+    """Every RemoteLoader in what a Trainer holds as its dataloaders (nested or wrapped)."""
+    if isinstance(obj, RemoteLoader):
+        yield obj
+    elif isinstance(getattr(obj, "dataset", None), RemoteLoader):
+        yield obj.dataset  # type: ignore[union-attr]
+    elif isinstance(obj, dict):
+        for value in obj.values():
+            yield from remote_loaders(value)
+    elif isinstance(obj, list | tuple):
+        for value in obj:
+            yield from remote_loaders(value)
+
+
+class RemoteLoaderCallback(pl.Callback):
+    """Epochs and exact mid-epoch resume for RemoteLoaders in any form (see the module)."""
+
+    def __init__(self) -> None:
+        self._to_restore: list[dict[str, Any]] = []
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # After the checkpoint is restored, before the first batch of the (resumed) epoch.
+        states, self._to_restore = self._to_restore, []
+        loaders = list(remote_loaders(trainer.train_dataloader))
+        if states and len(states) != len(loaders):
+            raise RuntimeError(
+                f"the checkpoint holds the positions of {len(states)} RemoteLoader(s), this "
+                f"trainer has {len(loaders)}: define the same train dataloaders as the saved run"
+            )
+        for loader, state in zip(loaders, states, strict=False):
+            loader.load_state_dict(state)
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        for loader in remote_loaders(trainer.train_dataloader):
+            loader.set_epoch(trainer.current_epoch)
+
+    def state_dict(self) -> dict[str, Any]:
+        trainer = getattr(self, "_trainer", None)
+        loaders = [] if trainer is None else list(remote_loaders(trainer.train_dataloader))
+        return {"loaders": [loader.state_dict() for loader in loaders]}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._to_restore = list(state_dict.get("loaders", []))
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._trainer = trainer  # state_dict() is called without the trainer

@@ -1,0 +1,197 @@
+"""The README's recipes, run as written under real frameworks with 2 CPU DDP ranks (gloo).
+
+Lightning ``Trainer(strategy="ddp", devices=2)`` and HF Accelerate and plain DDP under
+torchrun, each with the loader itself and with ``DataLoader(loader, batch_size=None)``:
+every epoch's order differs, each validation pass sees every image exactly once (Lightning's
+sanity check on), and a run resumed from a mid-epoch checkpoint yields exactly the
+uninterrupted run's batches from that step on, on every rank. `recipe_harness` records what
+each rank's loaders hand out; nothing of ours is replaced.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from batchwire.pipeline.synthetic import default_dataset
+from serverproc import running_server
+
+pytest.importorskip("lightning")
+pytest.importorskip("accelerate")
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+ROOT = Path(__file__).resolve().parents[1]
+HARNESS = Path(__file__).with_name("recipe_harness.py")
+BIN = Path(sys.executable).parent
+B = 16
+RANKS = 2
+CKPT_STEP = 17  # epoch 1, batch 5: 12 batches per rank and epoch (400 images, 2 x 16)
+
+
+@pytest.fixture(scope="module")
+def num_images() -> int:
+    return sum(1 for p in default_dataset().val_root.rglob("*") if p.is_file())
+
+
+@pytest.fixture(scope="module")
+def server():
+    root = str(default_dataset().val_root)  # 400 real JPEGs, both splits: short epochs
+    args = ("--train", root, "--val", root, "--batch-size", str(B), "--image-size", "32")
+    with running_server(*args, "--output-dtype", "uint8", "--workers", "1") as srv:
+        yield srv
+
+
+def run(recipe: str, record: Path, *args: str, torchrun: bool) -> subprocess.CompletedProcess:
+    record.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "BATCHWIRE_RECIPE": str(ROOT / "examples" / recipe)}
+    env.update(RECORD_DIR=str(record), OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    env["ACCELERATE_USE_CPU"] = "true"  # Accelerate runs DDP over gloo on CPU only when told
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(var, None)
+    launcher = [str(BIN / "torchrun"), "--standalone", f"--nproc_per_node={RANKS}"]
+    cmd = [*(launcher if torchrun else [sys.executable]), str(HARNESS), *args]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+
+
+def ok(proc: subprocess.CompletedProcess) -> None:
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+
+
+def rows(record: Path, split: str, rank: int) -> list[tuple[int, int, list[int]]]:
+    files = sorted(record.glob(f"{split}-rank{rank}-*.jsonl"))
+    assert len(files) == 1, f"expected one recording of rank {rank}'s {split}, got {files}"
+    lines = files[0].read_text().splitlines()
+    return [(r["epoch"], r["batch"], r["idx"]) for r in map(json.loads, lines)]
+
+
+def check_train_epochs(record: Path, epochs: int) -> dict[int, list]:
+    """Each rank: every epoch complete and in order, a new order each epoch; ranks disjoint."""
+    per_rank = {rank: rows(record, "train", rank) for rank in range(RANKS)}
+    for rank, got in per_rank.items():
+        by_epoch: dict[int, list] = {}
+        for epoch, batch, idx in got:
+            by_epoch.setdefault(epoch, []).append((batch, idx))
+        assert sorted(by_epoch) == list(range(epochs)), rank
+        orders = [[i for _, idx in by_epoch[e] for i in idx] for e in range(epochs)]
+        for e in range(epochs):
+            assert [b for b, _ in by_epoch[e]] == list(range(12)), (rank, e)
+        assert len({tuple(o) for o in orders}) == epochs, f"rank {rank} repeats an epoch's order"
+    for e in range(epochs):
+        seen = [{i for ep, _, idx in per_rank[r] if ep == e for i in idx} for r in range(RANKS)]
+        assert not seen[0] & seen[1], f"ranks overlap in epoch {e}"
+    return per_rank
+
+
+def val_passes(record: Path) -> list[list[int]]:
+    """Each validation pass (a pass starts at batch 0): the images all ranks saw, padding out."""
+    per_rank = []
+    for rank in range(RANKS):
+        passes: list[list[list[int]]] = []
+        for _, batch, idx in rows(record, "val", rank):
+            if batch == 0:
+                passes.append([])
+            passes[-1].append(idx)
+        per_rank.append(passes)
+    assert len({len(p) for p in per_rank}) == 1, "ranks ran different numbers of val passes"
+    merged = []
+    for passes in zip(*per_rank, strict=True):
+        merged.append([i for batches in passes for idx in batches for i in idx if i >= 0])
+    return merged
+
+
+def assert_resumed_exactly(full: Path, resumed: Path, step: int) -> None:
+    for rank in range(RANKS):
+        want = rows(full, "train", rank)[step:]
+        assert rows(resumed, "train", rank) == want, f"rank {rank} resumed differently"
+
+
+@pytest.mark.parametrize("form", ["loader", "dataloader"])
+def test_lightning_ddp_recipe(server, tmp_path, num_images, form):
+    wrap = ["--wrap"] if form == "dataloader" else []
+    common = ["--server", server.endpoint, "--devices", str(RANKS), "--epochs", "2", *wrap]
+    ckpt = tmp_path / "ckpt"
+    args = [*common, "--ckpt-dir", str(ckpt), "--every-n-steps", str(CKPT_STEP)]
+    ok(run("lightning_ddp.py", tmp_path / "full", *args, torchrun=False))
+    check_train_epochs(tmp_path / "full", epochs=2)
+    passes = val_passes(tmp_path / "full")
+    assert [len(p) for p in passes[:1]] == [2 * B * RANKS], "sanity check: 2 batches per rank"
+    assert len(passes) == 3  # sanity check, then one full pass per epoch
+    for images in passes[1:]:
+        assert sorted(images) == list(range(num_images)), "a val pass missed or repeated images"
+
+    (saved,) = ckpt.glob(f"*step={CKPT_STEP}.ckpt")
+    args = [*common, "--ckpt-dir", str(tmp_path / "ckpt2"), "--resume", str(saved)]
+    ok(run("lightning_ddp.py", tmp_path / "resumed", *args, torchrun=False))
+    assert_resumed_exactly(tmp_path / "full", tmp_path / "resumed", CKPT_STEP)
+    resumed_passes = val_passes(tmp_path / "resumed")
+    assert sorted(resumed_passes[-1]) == list(range(num_images))
+
+
+@pytest.mark.parametrize("form", ["loader", "dataloader"])
+def test_accelerate_recipe(server, tmp_path, form):
+    wrap = ["--wrap"] if form == "dataloader" else []
+    common = ["--server", server.endpoint, "--epochs", "2", *wrap]
+    ckpt = tmp_path / "ckpt"
+    args = [*common, "--ckpt-dir", str(ckpt), "--every-n-steps", str(CKPT_STEP)]
+    ok(run("accelerate_ddp.py", tmp_path / "full", *args, torchrun=True))
+    check_train_epochs(tmp_path / "full", epochs=2)
+    resume = ["--resume", str(ckpt / f"step_{CKPT_STEP}"), "--ckpt-dir", str(tmp_path / "c2")]
+    ok(run("accelerate_ddp.py", tmp_path / "resumed", *common, *resume, torchrun=True))
+    assert_resumed_exactly(tmp_path / "full", tmp_path / "resumed", CKPT_STEP)
+
+
+def test_torchrun_recipe_resumes_after_a_crash(server, tmp_path):
+    common = ["--server", server.endpoint, "--epochs", "2", "--every-n-steps", str(CKPT_STEP)]
+    ok(
+        run(
+            "torchrun_ddp.py",
+            tmp_path / "full",
+            *common,
+            "--ckpt",
+            str(tmp_path / "a.pt"),
+            torchrun=True,
+        )
+    )
+    check_train_epochs(tmp_path / "full", epochs=2)
+    crash = [*common, "--ckpt", str(tmp_path / "b.pt")]
+    ok(
+        run(
+            "torchrun_ddp.py",
+            tmp_path / "first",
+            *crash,
+            "--stop-after",
+            str(CKPT_STEP),
+            torchrun=True,
+        )
+    )
+    ok(run("torchrun_ddp.py", tmp_path / "resumed", *crash, torchrun=True))
+    assert_resumed_exactly(tmp_path / "full", tmp_path / "resumed", CKPT_STEP)
+
+
+@pytest.mark.parametrize("dispatch", ["default", "no-dispatch"])
+def test_accelerate_prepare_of_the_loader_stops_with_the_fix(server, tmp_path, dispatch):
+    """Accelerate's prepare() re-shards iterable datasets (rank 0's loader only, or every n-th
+    sample of each shard): the loader refuses, naming the fix, instead of losing data."""
+    script = tmp_path / "prepared.py"
+    config = "None" if dispatch == "default" else "False"
+    script.write_text(
+        "import os\n"
+        "from accelerate import Accelerator\n"
+        "from accelerate.utils import DataLoaderConfiguration\n"
+        "from batchwire.client import RemoteLoader\n"
+        "from torch.utils.data import DataLoader\n"
+        f"acc = Accelerator(dataloader_config=DataLoaderConfiguration(dispatch_batches={config}))\n"
+        f"loader = RemoteLoader({server.endpoint!r}, 'train', device=acc.device)\n"
+        "for batch in acc.prepare(DataLoader(loader, batch_size=None)):\n"
+        "    pass\n"
+    )
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "ACCELERATE_USE_CPU": "true"}
+    cmd = [str(BIN / "torchrun"), "--standalone", f"--nproc_per_node={RANKS}", str(script)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0
+    assert "do not pass it (or a DataLoader around it) to accelerator.prepare()" in proc.stderr
