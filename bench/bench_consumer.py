@@ -22,8 +22,8 @@ import time
 from pathlib import Path
 
 import zmq
+from batchwire import wire
 from batchwire.client.remote_loader import RemoteLoader
-from batchwire.server import protocol
 
 CONFIGS = {
     "float32": ("float32", False),
@@ -39,7 +39,7 @@ def _wait_ready(endpoint: str, proc: subprocess.Popen, timeout: float) -> None:
     sock.connect(endpoint)
     deadline = time.monotonic() + timeout
     try:
-        sock.send(protocol.StatsRequest().pack())
+        sock.send(wire.StatsRequest().pack())
         while not sock.poll(100):
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"pipeline-server did not start on {endpoint}")

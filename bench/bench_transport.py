@@ -33,7 +33,7 @@ from multiprocessing.connection import Connection
 import numpy as np
 import torch
 import zmq
-from batchwire.server import protocol as p
+from batchwire import wire as p
 from batchwire.server.sender import send_batch, tensor_bytes
 
 

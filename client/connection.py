@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass
 
 import zmq
-from batchwire.server import protocol
+from batchwire import wire
 from zmq.utils.monitor import recv_monitor_message
 
 log = logging.getLogger(__name__)
@@ -57,7 +57,7 @@ class ServerConnection:
         self.stream = StreamState()
         #: Batches of a session for the *next* epoch, received ahead as raw frames:
         #: ``(header, images frame, labels frame)``; see `receiver` ("next epoch").
-        self.ahead: list[tuple[protocol.BatchHeader, zmq.Frame, zmq.Frame]] = []
+        self.ahead: list[tuple[wire.BatchHeader, zmq.Frame, zmq.Frame]] = []
         #: False after a disconnect or `shutdown` until the hello of a new session is sent.
         self.hello_sent = False
         #: After `shutdown`: hold the next hello until the old process has disconnected.
@@ -97,7 +97,7 @@ class ServerConnection:
             return
         # The bye frees the server's buffers for us at once (instead of after its client
         # timeout): give it a moment to leave, never more (a dead peer fails the send anyway).
-        said_bye = self.hello_sent and self.connected and self._send(protocol.Bye().pack())
+        said_bye = self.hello_sent and self.connected and self._send(wire.Bye().pack())
         with contextlib.suppress(zmq.ZMQError):
             self._sock.disable_monitor()
         self._monitor.close(linger=0)
@@ -149,7 +149,7 @@ class ServerConnection:
         self.last_sent = time.monotonic()
         return True
 
-    def send_hello(self, hello: protocol.Hello) -> bool:
+    def send_hello(self, hello: wire.Hello) -> bool:
         """Start session ``hello.session``; False if no server is connected yet (retry later)."""
         if not self._send(hello.pack()):
             return False
@@ -168,25 +168,25 @@ class ServerConnection:
         """Grant ``n`` more batches in the current session (dropped while no session is up)."""
         if n <= 0 or not self.hello_sent:
             return False
-        if not self._send(protocol.Credit(n=n, stats=stats).pack()):
+        if not self._send(wire.Credit(n=n, stats=stats).pack()):
             return False
         self.stream.granted += n
         return True
 
     # ------------------------------------------------------------------ receiving
 
-    def recv_control(self) -> tuple[protocol.ServerMessage, bool]:
+    def recv_control(self) -> tuple[wire.ServerMessage, bool]:
         """Receive the first frame of the next message, decoded, and whether frames follow.
 
-        Raises `protocol.ProtocolError` for a frame that is not a valid v1 message; the rest of
+        Raises `wire.ProtocolError` for a frame that is not a valid v1 message; the rest of
         that message is discarded first so the socket stays aligned on message boundaries.
         """
         frame = self._sock.recv(copy=True)
         more = bool(self._sock.rcvmore)
         self.prev_heard, self.last_heard = self.last_heard, time.monotonic()
         try:
-            msg = protocol.decode_server_message(frame)
-        except protocol.ProtocolError:
+            msg = wire.decode_server_message(frame)
+        except wire.ProtocolError:
             if more:
                 self.discard_rest()
             raise

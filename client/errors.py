@@ -1,12 +1,12 @@
 """Exceptions a RemoteLoader user can catch, each naming what went wrong and where.
 
-`ProtocolError` (and its `VersionMismatch`) come from `batchwire.server.protocol`, so a bad frame
+`ProtocolError` (and its `VersionMismatch`) come from `batchwire.wire`, so a bad frame
 raises the same type on either side of the wire.
 """
 
 from __future__ import annotations
 
-from batchwire.server.protocol import ProtocolError, VersionMismatch
+from batchwire.wire import ProtocolError, VersionMismatch
 
 __all__ = ["LoaderError", "ProtocolError", "ServerError", "ServerUnavailable", "VersionMismatch"]
 

@@ -25,9 +25,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 import zmq
+from batchwire import wire
 from batchwire.client.normalize import Affine, normalize_uint8
 from batchwire.client.ring import HostSlot, RecyclingPool, SlotRing, images_view, labels_fixup
-from batchwire.server import protocol
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,7 @@ class BatchFormat:
 
     @property
     def nbytes(self) -> int:
-        return protocol.images_nbytes(self.shape, self.dtype)
+        return wire.images_nbytes(self.shape, self.dtype)
 
 
 @dataclass(eq=False)
@@ -96,9 +96,9 @@ class CpuStager:
                 self._scratch = torch.empty((b, c, h, w), memory_format=memory_format)
 
     def stage_frames(
-        self, header: protocol.BatchHeader, images: zmq.Frame, labels: zmq.Frame
+        self, header: wire.BatchHeader, images: zmq.Frame, labels: zmq.Frame
     ) -> Staged:
-        dtype = protocol.torch_dtype(header.dtype)
+        dtype = wire.torch_dtype(header.dtype)
         raw = images_view(frame_tensor(images, dtype), header.shape, header.dtype, header.layout)
         return Staged(None, raw, frame_labels(labels), normalize_pending=self.fmt.normalize)
 
@@ -170,7 +170,7 @@ class CudaStager:
                 freed=torch.cuda.Event(),
             )
 
-    def acquire(self, header: protocol.BatchHeader) -> HostSlot:
+    def acquire(self, header: wire.BatchHeader) -> HostSlot:
         slot = self.ring.acquire()
         dev: _DeviceHalf = slot.device
         if dev.copy_pending:  # the host memory is about to be overwritten by recv_into
@@ -178,7 +178,7 @@ class CudaStager:
             dev.copy_pending = False
         return slot
 
-    def stage(self, slot: HostSlot, header: protocol.BatchHeader) -> Staged:
+    def stage(self, slot: HostSlot, header: wire.BatchHeader) -> Staged:
         dev: _DeviceHalf = slot.device
         b = header.batch_size
         nbytes = header.nbytes
@@ -198,7 +198,7 @@ class CudaStager:
         return Staged(slot, images, dev.labels[:b])
 
     def stage_frames(
-        self, header: protocol.BatchHeader, images: zmq.Frame, labels: zmq.Frame
+        self, header: wire.BatchHeader, images: zmq.Frame, labels: zmq.Frame
     ) -> Staged:
         """A batch that arrived as frames (ahead of its epoch): copied into a pinned slot."""
         slot = self.acquire(header)

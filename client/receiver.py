@@ -44,10 +44,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import zmq
+from batchwire import wire
 from batchwire.client.connection import ServerConnection
 from batchwire.client.errors import ProtocolError, ServerError, ServerUnavailable
 from batchwire.client.prefetch import Staged
-from batchwire.server import protocol
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +62,7 @@ AHEAD_MAX_AGE_S = 30.0
 class Arrived:
     """A batch in the reorder buffer."""
 
-    header: protocol.BatchHeader
+    header: wire.BatchHeader
     staged: Staged
     source: int  # index of the connection it came from
 
@@ -84,7 +84,7 @@ class BatchReceiver:
         prefetch: int,
         timeout: float,
         heartbeat: float,
-        make_stager: Callable[[protocol.Welcome, int], object],
+        make_stager: Callable[[wire.Welcome, int], object],
         stats: Callable[[], dict | None],
         speculate: bool = True,
     ) -> None:
@@ -116,7 +116,7 @@ class BatchReceiver:
         for c in self.conns:
             self._poller.register(c.socket, zmq.POLLIN)
             self._poller.register(c.monitor, zmq.POLLIN)
-        self.welcome: protocol.Welcome | None = None
+        self.welcome: wire.Welcome | None = None
         self.stager = None
         self.epoch = -1
         self.cursor = 0  # next batch index to hand out
@@ -149,7 +149,7 @@ class BatchReceiver:
         self._heartbeats = [self.heartbeat] * len(self.conns)
         self._service()
 
-    def wait_welcome(self) -> protocol.Welcome:
+    def wait_welcome(self) -> wire.Welcome:
         """Block until every server has welcomed the current session (a server that already
         moved on to the next epoch's session welcomed this one before it did)."""
         self._wait(lambda: all(c.stream.welcomed or self._is_ahead(c) for c in self.conns), None)
@@ -263,7 +263,7 @@ class BatchReceiver:
         self._hello(c, max(self.epoch, 0), self._first(c, self.cursor))
 
     def _hello(self, c: ServerConnection, epoch: int, start_batch: int) -> None:
-        hello = protocol.Hello(
+        hello = wire.Hello(
             split=self.split,
             rank=self.rank,
             world_size=self.world_size,
@@ -368,7 +368,7 @@ class BatchReceiver:
             msg = (
                 f"pipeline-server at {c.endpoint} is connected but did not answer the hello "
                 f"within {t} s (is it a pipeline-server speaking protocol "
-                f"v{protocol.PROTOCOL_VERSION}?)"
+                f"v{wire.PROTOCOL_VERSION}?)"
             )
         else:
             msg = (
@@ -392,17 +392,17 @@ class BatchReceiver:
         except ProtocolError as exc:
             exc.args = (f"pipeline-server at {c.endpoint}: {exc.args[0]}",)
             raise
-        if isinstance(msg, protocol.BatchHeader):
+        if isinstance(msg, wire.BatchHeader):
             self._receive_batch(c, msg, more)
             return
         if more:
             c.discard_rest()
-        if isinstance(msg, protocol.Welcome):
+        if isinstance(msg, wire.Welcome):
             if msg.session == c.stream.session and c.hello_sent:
                 self._accept_welcome(c, msg)
-        elif isinstance(msg, protocol.ErrorReply):
+        elif isinstance(msg, wire.ErrorReply):
             self._on_error(c, msg.message)
-        elif isinstance(msg, protocol.Shutdown):
+        elif isinstance(msg, wire.Shutdown):
             log.warning("pipeline-server at %s is shutting down; waiting for it", c.endpoint)
             c.mark_lost(wait_reconnect=True)
 
@@ -423,7 +423,7 @@ class BatchReceiver:
         c.last_error = message
         c.mark_lost()
 
-    def _accept_welcome(self, c: ServerConnection, w: protocol.Welcome) -> None:
+    def _accept_welcome(self, c: ServerConnection, w: wire.Welcome) -> None:
         if self.welcome is None:
             # The stager first: if it refuses this server's batches (e.g. normalize_on_device on
             # a float wire), the loader stays unwelcomed and says so again, not something else.
@@ -440,7 +440,7 @@ class BatchReceiver:
         c.stream.welcomed = True
         self._top_up(c)
 
-    def _receive_batch(self, c: ServerConnection, h: protocol.BatchHeader, more: bool) -> None:
+    def _receive_batch(self, c: ServerConnection, h: wire.BatchHeader, more: bool) -> None:
         s = c.stream
         if h.session != s.session or not c.hello_sent or not s.welcomed:
             c.discard_rest()  # a stale session's frames
@@ -482,7 +482,7 @@ class BatchReceiver:
         self._heartbeats[i] = max(self.heartbeat, min(self._heartbeats[i], 4 * gap))
         self._speculate(c)
 
-    def _recv_into_slot(self, c: ServerConnection, h: protocol.BatchHeader) -> Staged:
+    def _recv_into_slot(self, c: ServerConnection, h: wire.BatchHeader) -> Staged:
         """Receive the data frames straight into a (pinned) slot of the stager's ring."""
         slot = self.stager.acquire(h)
         size, more = c.recv_into(slot.images_buffer(h.nbytes))
@@ -502,7 +502,7 @@ class BatchReceiver:
             )
         return self.stager.stage(slot, h)
 
-    def _receive_ahead(self, c: ServerConnection, h: protocol.BatchHeader, more: bool) -> None:
+    def _receive_ahead(self, c: ServerConnection, h: wire.BatchHeader, more: bool) -> None:
         """Keep a next-epoch batch as frames; it takes a slot only if its epoch is adopted."""
         s = c.stream
         expected = s.start_batch + c.shard[1] * len(c.ahead)  # a stream is sent in order
@@ -515,9 +515,7 @@ class BatchReceiver:
         self._check_shape(c, h, more)
         c.ahead.append((h, *self._recv_frames(c, h)))
 
-    def _recv_frames(
-        self, c: ServerConnection, h: protocol.BatchHeader
-    ) -> tuple[zmq.Frame, zmq.Frame]:
+    def _recv_frames(self, c: ServerConnection, h: wire.BatchHeader) -> tuple[zmq.Frame, zmq.Frame]:
         """Receive the images and labels frames as they are (no copy), checking their sizes."""
         images, more = c.recv_frame()
         if len(images) != h.nbytes or not more:
@@ -537,7 +535,7 @@ class BatchReceiver:
             )
         return images, labels
 
-    def _check_shape(self, c: ServerConnection, h: protocol.BatchHeader, more: bool) -> None:
+    def _check_shape(self, c: ServerConnection, h: wire.BatchHeader, more: bool) -> None:
         w = self.welcome
         assert w is not None
         ok = (
@@ -556,5 +554,5 @@ class BatchReceiver:
             )
 
 
-def _welcome_key(w: protocol.Welcome) -> tuple:
+def _welcome_key(w: wire.Welcome) -> tuple:
     return (w.num_batches, w.num_samples, tuple(w.shape), w.dtype, w.layout, w.num_classes)

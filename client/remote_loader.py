@@ -49,13 +49,13 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
+from batchwire import wire
 from batchwire.client.errors import LoaderError
 from batchwire.client.frameworks import refuse_resharding_wrappers
 from batchwire.client.normalize import IMAGENET_MEAN, IMAGENET_STD, check_dtype
 from batchwire.client.placement import check_rank, resolve_device, resolve_rank
 from batchwire.client.prefetch import BatchFormat, CpuStager, CudaStager, Staged
 from batchwire.client.receiver import BatchReceiver
-from batchwire.server import protocol
 from torch.utils.data import IterableDataset, get_worker_info
 
 try:  # written by the monitoring work; the loader runs without it
@@ -70,7 +70,7 @@ _CPU_OUTPUT_BUFFERS = 4
 
 
 def _make_stager(
-    welcome: protocol.Welcome,
+    welcome: wire.Welcome,
     slots: int,
     *,
     device: torch.device,
@@ -157,8 +157,8 @@ class RemoteLoader(IterableDataset):
             raise ValueError(f"endpoints must be 'tcp://host:port' style strings, got {endpoints}")
         if len(set(eps)) != len(eps):
             raise ValueError(f"endpoints must be distinct, got {eps}")
-        if not 1 <= prefetch <= protocol.MAX_PREFETCH:
-            raise ValueError(f"prefetch must be in [1, {protocol.MAX_PREFETCH}], got {prefetch}")
+        if not 1 <= prefetch <= wire.MAX_PREFETCH:
+            raise ValueError(f"prefetch must be in [1, {wire.MAX_PREFETCH}], got {prefetch}")
         if timeout <= 0 or heartbeat <= 0:
             raise ValueError("timeout and heartbeat must be > 0 seconds")
         self.endpoints = eps
@@ -222,7 +222,7 @@ class RemoteLoader(IterableDataset):
         """This rank's number of batches per epoch (asks the server on first use)."""
         return self.server_info().num_batches
 
-    def server_info(self) -> protocol.Welcome:
+    def server_info(self) -> wire.Welcome:
         """The server's welcome: batches per epoch, samples, batch shape, dtype, classes, ...
 
         Connects (and starts streaming the current epoch) on first use.
@@ -384,7 +384,7 @@ class RemoteLoader(IterableDataset):
                 "each rank's shard depends on it (resume from an epoch boundary instead)"
             )
 
-    def _check_resumed_stream(self, welcome: protocol.Welcome | None) -> None:
+    def _check_resumed_stream(self, welcome: wire.Welcome | None) -> None:
         """A mid-epoch position restored by `load_state_dict` must meet the same stream."""
         expected, self._resume_stream = self._resume_stream, None
         if expected is None or welcome is None or self.next_batch == 0:
@@ -497,7 +497,7 @@ class _EpochSetter:
             loader.set_epoch(epoch)
 
 
-def _stream_shape(welcome: protocol.Welcome) -> dict[str, int]:
+def _stream_shape(welcome: wire.Welcome) -> dict[str, int]:
     return {
         "num_batches": welcome.num_batches,
         "batch_size": welcome.batch_size,

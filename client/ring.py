@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
-from batchwire.server import protocol
+from batchwire import wire
 
 log = logging.getLogger(__name__)
 
@@ -33,8 +33,8 @@ def images_view(flat: torch.Tensor, shape: list[int], dtype: str, layout: str) -
     ``layout="nhwc"`` bytes become a channels_last tensor (same logical shape, NHWC strides).
     """
     b, c, h, w = shape
-    nbytes = protocol.images_nbytes(shape, dtype)
-    typed = flat[:nbytes].view(protocol.torch_dtype(dtype))
+    nbytes = wire.images_nbytes(shape, dtype)
+    typed = flat[:nbytes].view(wire.torch_dtype(dtype))
     if layout == "nhwc":
         return typed.view(b, h, w, c).permute(0, 3, 1, 2)
     return typed.view(b, c, h, w)
@@ -64,7 +64,7 @@ class HostSlot:
 
     def images_buffer(self, nbytes: int) -> memoryview:
         if nbytes > self.images.numel():
-            raise protocol.ProtocolError(
+            raise wire.ProtocolError(
                 f"batch of {nbytes} bytes does not fit the {self.images.numel()}-byte receive "
                 "buffer sized from the server's welcome"
             )
@@ -72,7 +72,7 @@ class HostSlot:
 
     def labels_buffer(self, batch_size: int) -> memoryview:
         if batch_size > self.labels.numel():
-            raise protocol.ProtocolError(
+            raise wire.ProtocolError(
                 f"batch of {batch_size} labels exceeds the welcome's batch size "
                 f"{self.labels.numel()}"
             )
@@ -110,7 +110,7 @@ class SlotRing:
 
     def acquire(self) -> HostSlot:
         if not self._free:
-            raise protocol.ProtocolError(
+            raise wire.ProtocolError(
                 "no free receive slot: the server sent more batches than it was credited"
             )
         return self.slots[self._free.popleft()]

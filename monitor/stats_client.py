@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 import zmq
-from batchwire.server import protocol
+from batchwire import wire
 
 
 class StatsUnavailable(RuntimeError):
@@ -50,7 +50,7 @@ class StatsClient:
     def fetch(self) -> dict:
         """Send one ``stats`` request and return the Stats-schema dict from the reply."""
         sock = self._socket()
-        sock.send(protocol.StatsRequest().pack())
+        sock.send(wire.StatsRequest().pack())
         deadline = time.monotonic() + self.timeout
         while True:
             remaining = deadline - time.monotonic()
@@ -62,13 +62,13 @@ class StatsClient:
                 )
             frames = sock.recv_multipart()
             try:
-                reply = protocol.decode_server_message(frames[0])
-            except protocol.ProtocolError as exc:
+                reply = wire.decode_server_message(frames[0])
+            except wire.ProtocolError as exc:
                 self._reset()
                 raise StatsUnavailable(f"bad reply from {self.endpoint}: {exc}") from None
-            if isinstance(reply, protocol.StatsReply):
+            if isinstance(reply, wire.StatsReply):
                 return reply.stats
-            if isinstance(reply, protocol.ErrorReply):
+            if isinstance(reply, wire.ErrorReply):
                 self._reset()
                 raise StatsUnavailable(
                     f"{self.endpoint} refused the stats request: {reply.message}"

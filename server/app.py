@@ -19,10 +19,15 @@ from collections import Counter, deque
 from typing import Any
 
 import zmq
-from batchwire.server import protocol
+from batchwire import wire
 from batchwire.server.bufpool import BufferPool, Slot
 from batchwire.server.config import ServerConfig
-from batchwire.server.protocol import (
+from batchwire.server.sender import send_batch, tensor_bytes
+from batchwire.server.splits import Split, StartupError, make_decoder, open_splits
+from batchwire.server.streams import ClientStream, Produced, Scheduler
+from batchwire.server.telemetry import Telemetry
+from batchwire.server.workers import Job, JobResult, ProducerPool, StageTimingDecoder, _Phases
+from batchwire.wire import (
     BatchHeader,
     Bye,
     Credit,
@@ -34,11 +39,6 @@ from batchwire.server.protocol import (
     VersionMismatch,
     Welcome,
 )
-from batchwire.server.sender import send_batch, tensor_bytes
-from batchwire.server.splits import Split, StartupError, make_decoder, open_splits
-from batchwire.server.streams import Produced, Scheduler, Stream
-from batchwire.server.telemetry import Telemetry
-from batchwire.server.workers import Job, JobResult, ProducerPool, StageTimingDecoder, _Phases
 from zmq.utils.monitor import parse_monitor_message
 
 __all__ = ["ServerApp", "StartupError"]
@@ -47,7 +47,7 @@ log = logging.getLogger("batchwire.server")
 
 # A peer that never reads cannot make us queue replies without bound (batches are bounded by
 # credits, which are capped at MAX_PREFETCH per client).
-_SNDHWM = 4 * protocol.MAX_PREFETCH + 64
+_SNDHWM = 4 * wire.MAX_PREFETCH + 64
 # Frames above this are refused by ZeroMQ itself (the peer is disconnected); smaller oversized
 # frames reach us and are counted as malformed.
 _MAXMSGSIZE = 16 * 1024 * 1024
@@ -90,7 +90,7 @@ class ServerApp:
             raise
         first = next(iter(self.splits.values())).augment
         self.shape = (config.batch_size, 3, config.image_size, config.image_size)
-        self.nbytes = protocol.images_nbytes(self.shape, config.output_dtype)
+        self.nbytes = wire.images_nbytes(self.shape, config.output_dtype)
         self.buffers = BufferPool(self.shape, first.torch_dtype, first.memory_format)
         self._bad_seen = dict.fromkeys(self.splits, 0)
 
@@ -127,9 +127,9 @@ class ServerApp:
         self.pool = ProducerPool(
             producers, config.producers, self._phases, self._wake_w, device=config.device
         )
-        self.streams: dict[bytes, Stream] = {}
+        self.streams: dict[bytes, ClientStream] = {}
         self.scheduler = Scheduler()
-        self._in_flight: deque[tuple[zmq.MessageTracker, Slot, Stream]] = deque()
+        self._in_flight: deque[tuple[zmq.MessageTracker, Slot, ClientStream]] = deque()
         # Sent batches ZeroMQ still holds, per peer and across its streams: a peer that sends
         # credits (or new hellos) but never reads would otherwise pin a buffer per credit.
         self._held: Counter[bytes] = Counter()
@@ -193,7 +193,7 @@ class ServerApp:
     def _shutdown(self) -> None:
         log.info("shutting down: telling %d client(s)", len(self.streams))
         for identity in list(self.streams):
-            self._reply(identity, protocol.Shutdown())
+            self._reply(identity, wire.Shutdown())
             self._drop(identity)
         self.pool.stop(timeout=3.0)
         if self._metrics is not None:
@@ -261,12 +261,12 @@ class ServerApp:
                 self._malformed(identity, f"expected 1 control frame, got {len(frames) - 1}")
                 continue
             try:
-                msg = protocol.decode_client_message(frames[1].buffer)
+                msg = wire.decode_client_message(frames[1].buffer)
             except VersionMismatch as exc:
                 self._malformed(
                     identity,
-                    f"protocol version mismatch: client speaks v{protocol.show(exc.peer_version)}, "
-                    f"server speaks v{protocol.PROTOCOL_VERSION}",
+                    f"protocol version mismatch: client speaks v{wire.show(exc.peer_version)}, "
+                    f"server speaks v{wire.PROTOCOL_VERSION}",
                 )
                 continue
             except ProtocolError as exc:
@@ -330,7 +330,7 @@ class ServerApp:
             )
         self._drop(identity)
 
-    def _dispatch(self, identity: bytes, msg: protocol.ClientMessage) -> None:
+    def _dispatch(self, identity: bytes, msg: wire.ClientMessage) -> None:
         stream = self.streams.get(identity)
         if stream is not None:
             stream.last_seen = time.monotonic()
@@ -355,8 +355,7 @@ class ServerApp:
         if split is None:
             self._error(
                 identity,
-                f"unknown split {protocol.show(hello.split)}: this server serves "
-                f"{sorted(self.splits)}",
+                f"unknown split {wire.show(hello.split)}: this server serves {sorted(self.splits)}",
             )
             return
         for other in self.streams.values():
@@ -377,7 +376,9 @@ class ServerApp:
         except ValueError as exc:
             self._error(identity, f"cannot serve this hello: {exc}")
             return
-        stream = Stream(identity, hello, sampler.num_batches, self.config.prefetch_depth, sampler)
+        stream = ClientStream(
+            identity, hello, sampler.num_batches, self.config.prefetch_depth, sampler
+        )
         stream.credits = hello.prefetch  # a hello grants `prefetch` credits
         self.streams[identity] = stream
         self.scheduler.add(identity)
@@ -410,7 +411,7 @@ class ServerApp:
             len(stream.batches),
         )
 
-    def _world_size_conflict(self, hello: Hello, other: Stream) -> str:
+    def _world_size_conflict(self, hello: Hello, other: ClientStream) -> str:
         """The refusal of a hello whose world size differs from a live stream's: who holds the
         split, when it was last heard from and when it stops counting."""
         silent = time.monotonic() - other.last_seen
@@ -443,7 +444,7 @@ class ServerApp:
 
     # ----------------------------------------------------------------------------- replies
 
-    def _reply(self, identity: bytes, msg: protocol._Message) -> None:
+    def _reply(self, identity: bytes, msg: wire._Message) -> None:
         try:
             self.router.send_multipart([identity, msg.pack()], zmq.NOBLOCK)
         except zmq.ZMQError as exc:
@@ -535,7 +536,7 @@ class ServerApp:
             for batch in stream.pop_sendable(room):
                 self._send(stream, batch, now)
 
-    def _send(self, stream: Stream, batch: Produced, now: float) -> None:
+    def _send(self, stream: ClientStream, batch: Produced, now: float) -> None:
         h = stream.hello
         header = BatchHeader(
             session=h.session,
@@ -569,7 +570,7 @@ class ServerApp:
     def _release_sent(self) -> None:
         """Return buffers whose frames ZeroMQ no longer holds (never blocks)."""
         released = False
-        pending: deque[tuple[zmq.MessageTracker, Slot, Stream]] = deque()
+        pending: deque[tuple[zmq.MessageTracker, Slot, ClientStream]] = deque()
         while self._in_flight:
             item = self._in_flight.popleft()
             if item[0].done:

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from batchwire.server.config import DECODERS, DEFAULT_BIND, ServerConfig, config_from_toml
-from batchwire.server.protocol import DTYPES, LAYOUTS, PROTOCOL_VERSION
+from batchwire.wire import DTYPES, LAYOUTS, PROTOCOL_VERSION
 
 log = logging.getLogger("batchwire.server")
 

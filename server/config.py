@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from batchwire.pipeline.augment_plan import AugmentConfig
-from batchwire.server.protocol import DTYPES, LAYOUTS, MAX_PREFETCH
+from batchwire.wire import DTYPES, LAYOUTS, MAX_PREFETCH
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 import zmq
-from batchwire.server.protocol import BatchHeader, labels_to_frame
+from batchwire.wire import BatchHeader, labels_to_frame
 
 
 def tensor_bytes(t: torch.Tensor) -> np.ndarray:

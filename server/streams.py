@@ -1,7 +1,7 @@
 """Per-client stream state: which batches a client gets, what is produced, queued and sent.
 
 Owned by the ROUTER loop thread only (no locks): workers hand finished batches back through a
-queue and the loop calls `Stream.completed`. The invariants that bound memory live here:
+queue and the loop calls `ClientStream.completed`. The invariants that bound memory live here:
 
 - work-ahead: ``in_production + ready <= prefetch_depth`` (`has_room`), so a client that stops
   sending credits stops costing production after ``prefetch_depth`` batches;
@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from batchwire.server.protocol import Hello
+from batchwire.wire import Hello
 
 
 @dataclass
@@ -59,7 +59,7 @@ class RateMeter:
             self._events.popleft()
 
 
-class Stream:
+class ClientStream:
     """One client's current stream: (split, epoch, rank, world_size, shard) from a hello."""
 
     def __init__(
@@ -173,7 +173,7 @@ class Scheduler:
         if identity in self._order:
             self._order.remove(identity)
 
-    def next(self, streams: dict[bytes, Stream]) -> Stream | None:
+    def next(self, streams: dict[bytes, ClientStream]) -> ClientStream | None:
         """The next stream (after the last one served) that may start a batch, or None."""
         for _ in range(len(self._order)):
             identity = self._order[0]

@@ -33,7 +33,7 @@ STAGES = ("read", "decode", "augment")
 class Job:
     """Produce ``batch_index`` of ``stream`` into ``slot``; ``pos`` is its place in the stream."""
 
-    stream: Any  # streams.Stream
+    stream: Any  # streams.ClientStream
     pos: int
     batch_index: int
     slot: Any  # bufpool.Slot

@@ -16,8 +16,8 @@ from collections.abc import Callable
 from typing import TypeVar
 
 import zmq
+from batchwire import wire
 from batchwire.client.loader_stats import LoaderStats
-from batchwire.server import protocol
 
 PREFETCH_DEPTH = 3  # the server's work-ahead per client = each ready queue's capacity
 SERVER_ARGS = (
@@ -75,9 +75,9 @@ class RawTrainer:
             raise AssertionError(f"trainer {self.id}: nothing from the server in {timeout}s")
         return self.sock.recv_multipart()
 
-    def hello(self, timeout: float = 60.0) -> protocol.Welcome:
+    def hello(self, timeout: float = 60.0) -> wire.Welcome:
         self.sock.send(
-            protocol.Hello(
+            wire.Hello(
                 split=self.split,
                 rank=0,
                 world_size=1,
@@ -89,20 +89,20 @@ class RawTrainer:
             ).pack()
         )
         while True:
-            msg = protocol.decode_server_message(self._recv(timeout)[0])
-            assert not isinstance(msg, protocol.ErrorReply), msg.message
-            if isinstance(msg, protocol.Welcome):
+            msg = wire.decode_server_message(self._recv(timeout)[0])
+            assert not isinstance(msg, wire.ErrorReply), msg.message
+            if isinstance(msg, wire.Welcome):
                 return msg
 
     def credit(self, n: int) -> None:
-        self.sock.send(protocol.Credit(n=n, stats=self.loader_stats.as_dict()).pack())
+        self.sock.send(wire.Credit(n=n, stats=self.loader_stats.as_dict()).pack())
 
-    def next_batch(self, timeout: float = 60.0) -> protocol.BatchHeader:
+    def next_batch(self, timeout: float = 60.0) -> wire.BatchHeader:
         started = time.monotonic()
         while True:
             frames = self._recv(timeout)
-            msg = protocol.decode_server_message(frames[0])
-            if isinstance(msg, protocol.BatchHeader):
+            msg = wire.decode_server_message(frames[0])
+            if isinstance(msg, wire.BatchHeader):
                 self.loader_stats.record_wait(time.monotonic() - started)
                 self.loader_stats.record_batch(msg.batch_size)
                 return msg
@@ -114,5 +114,5 @@ class RawTrainer:
             self.credit(1)
 
     def leave(self) -> None:
-        self.sock.send(protocol.Bye().pack())
+        self.sock.send(wire.Bye().pack())
         self.sock.close()

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import zmq
-from batchwire.server import protocol
+from batchwire import wire
 
 _BIN = Path(sys.executable).parent / "pipeline-server"
 
@@ -53,12 +53,12 @@ def request_stats(endpoint: str, timeout: float = 5.0, ctx: zmq.Context | None =
     sock.linger = 0
     try:
         sock.connect(endpoint)
-        sock.send(protocol.StatsRequest().pack())
+        sock.send(wire.StatsRequest().pack())
         if not sock.poll(int(timeout * 1000)):
             raise TimeoutError(f"no stats reply from {endpoint} within {timeout}s")
         frames = sock.recv_multipart()
-        reply = protocol.decode_server_message(frames[0])
-        if not isinstance(reply, protocol.StatsReply):
+        reply = wire.decode_server_message(frames[0])
+        if not isinstance(reply, wire.StatsReply):
             raise AssertionError(f"expected a stats reply, got {reply!r}")
         return reply.stats
     finally:
@@ -120,7 +120,7 @@ class ServerProcess:
         sock.linger = 0
         try:
             sock.connect(self.endpoint)
-            sock.send(protocol.StatsRequest().pack())
+            sock.send(wire.StatsRequest().pack())
             while True:
                 if self._proc.poll() is not None:
                     raise AssertionError(
@@ -134,8 +134,8 @@ class ServerProcess:
                         f"{self.start_timeout}s:\n{self.log()}"
                     )
                 if sock.poll(100):
-                    reply = protocol.decode_server_message(sock.recv_multipart()[0])
-                    assert isinstance(reply, protocol.StatsReply), reply
+                    reply = wire.decode_server_message(sock.recv_multipart()[0])
+                    assert isinstance(reply, wire.StatsReply), reply
                     return self
         finally:
             sock.close()

@@ -13,15 +13,15 @@ from collections.abc import Callable
 import msgpack
 import pytest
 import zmq
+from batchwire import wire
 from batchwire.client import ProtocolError, RemoteLoader, ServerUnavailable, VersionMismatch
-from batchwire.server import protocol
 
 SHAPE = [2, 3, 4, 4]
 NBYTES = 2 * 3 * 4 * 4
 
 
 def welcome(session: int) -> bytes:
-    return protocol.Welcome(
+    return wire.Welcome(
         session=session,
         num_batches=2,
         num_samples=4,
@@ -36,7 +36,7 @@ def welcome(session: int) -> bytes:
 
 
 def header(session: int, k: int) -> bytes:
-    return protocol.BatchHeader(
+    return wire.BatchHeader(
         session=session,
         split="train",
         epoch=0,
@@ -51,7 +51,7 @@ def header(session: int, k: int) -> bytes:
 
 
 def labels(k: int) -> bytes:
-    return protocol.labels_to_frame([k, k + 1]).tobytes()
+    return wire.labels_to_frame([k, k + 1]).tobytes()
 
 
 class RawServer:
@@ -60,7 +60,7 @@ class RawServer:
     It serves one epoch only: the loader's early hello for epoch 1 (sent once epoch 0 is
     delivered) stays unanswered, as a real server would never answer it with epoch-0 batches."""
 
-    def __init__(self, reply: Callable[[zmq.Socket, bytes, protocol.Hello], None]) -> None:
+    def __init__(self, reply: Callable[[zmq.Socket, bytes, wire.Hello], None]) -> None:
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.ROUTER)
         self.sock.linger = 0
@@ -76,8 +76,8 @@ class RawServer:
             if not self.sock.poll(50):
                 continue
             identity, frame = self.sock.recv_multipart()
-            msg = protocol.decode_client_message(frame)
-            if isinstance(msg, protocol.Hello) and msg.epoch == 0:
+            msg = wire.decode_client_message(frame)
+            if isinstance(msg, wire.Hello) and msg.epoch == 0:
                 self._reply(self.sock, identity, msg)
 
     def close(self) -> None:
@@ -149,7 +149,7 @@ def test_stale_session_and_unwanted_batches_are_dropped():
 def test_batch_unlike_the_welcome_is_a_protocol_error():
     def reply(sock, identity, hello):
         sock.send_multipart([identity, welcome(hello.session)])
-        bad = protocol.BatchHeader(
+        bad = wire.BatchHeader(
             session=hello.session,
             split="train",
             epoch=0,

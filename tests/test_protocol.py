@@ -6,7 +6,7 @@ import msgpack
 import numpy as np
 import pytest
 import torch
-from batchwire.server import protocol as p
+from batchwire import wire as p
 from batchwire.server.sender import tensor_bytes
 
 HELLO = p.Hello(

@@ -19,13 +19,13 @@ import numpy as np
 import pytest
 import torch
 import zmq
+from batchwire import wire as p
 from batchwire.pipeline.augment_plan import AugmentConfig
 from batchwire.pipeline.dataset import open_dataset
 from batchwire.pipeline.decode import CpuBatchDecoder
 from batchwire.pipeline.producer import BatchProducer
 from batchwire.pipeline.sampler import ShardSampler
 from batchwire.pipeline.synthetic import default_dataset
-from batchwire.server import protocol as p
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from serverproc import running_server

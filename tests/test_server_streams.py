@@ -1,11 +1,11 @@
-"""Stream bookkeeping: shard selection, credit-limited in-order sending, bounded work-ahead,
+"""ClientStream bookkeeping: shard selection, credit-limited in-order sending, bounded work-ahead,
 and round-robin scheduling (the invariants that bound server memory and keep clients fair)."""
 
 from __future__ import annotations
 
 import pytest
-from batchwire.server.protocol import Hello
-from batchwire.server.streams import Produced, Scheduler, Stream
+from batchwire.server.streams import ClientStream, Produced, Scheduler
+from batchwire.wire import Hello
 
 ANY = 1 << 30  # no limit from unread batches
 
@@ -21,7 +21,7 @@ def _stream(identity=b"a", *, start=0, shard=(0, 1), prefetch=2, depth=3, num_ba
         shard=shard,
         session=1,
     )
-    s = Stream(identity, hello, num_batches, depth, sampler=None)
+    s = ClientStream(identity, hello, num_batches, depth, sampler=None)
     s.credits = prefetch
     return s
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 import zmq
-from batchwire.server import protocol
+from batchwire import wire
 from rawclient import SERVER_ARGS, RawTrainer, wait_for
 from serverproc import running_server
 
@@ -58,13 +58,13 @@ def notebook(endpoint: str) -> Iterator[subprocess.Popen]:
 
 def hello(sock: zmq.Socket, world_size: int, rank: int = 0, timeout: float = 10.0):
     sock.send(
-        protocol.Hello(
+        wire.Hello(
             split="train", rank=rank, world_size=world_size, epoch=0, start_batch=0,
             prefetch=1, shard=(0, 1), session=7,
         ).pack()
     )  # fmt: skip
     assert sock.poll(int(timeout * 1000)), "no reply to the hello"
-    return protocol.decode_server_message(sock.recv_multipart()[0])
+    return wire.decode_server_message(sock.recv_multipart()[0])
 
 
 def _clients(srv) -> list[str]:
@@ -84,14 +84,14 @@ def test_dead_world_size_1_client_frees_the_split_within_seconds(how: str, ctx) 
             job.linger = 0
             job.connect(srv.endpoint)
             refused = hello(job, world_size=2)
-            assert isinstance(refused, protocol.ErrorReply), refused
+            assert isinstance(refused, wire.ErrorReply), refused
             t0 = time.monotonic()
             os.kill(proc.pid, signal.SIGKILL if how == "sigkill" else signal.SIGSTOP)
             wait_for(lambda: not _clients(srv), "the dead client's stream to be dropped", 10)
             noticed = time.monotonic() - t0
             assert noticed < (2.0 if how == "sigkill" else 8.0), noticed
             welcome = hello(job, world_size=2)
-            assert isinstance(welcome, protocol.Welcome), welcome
+            assert isinstance(welcome, wire.Welcome), welcome
             job.close()
         log = srv.log()
     assert "client 6e6f7465626f6f6b (train rank 0/1) disconnected" in log, log
@@ -106,7 +106,7 @@ def test_world_size_refusal_names_the_live_client_and_its_expiry(ctx) -> None:
         job.linger = 0
         job.connect(srv.endpoint)
         reply = hello(job, world_size=2, rank=1)
-        assert isinstance(reply, protocol.ErrorReply), reply
+        assert isinstance(reply, wire.ErrorReply), reply
         text = reply.message
         assert text.startswith("world_size mismatch on split 'train': this client says "), text
         assert f"world_size=2, but client {b'live-nb'.hex()} (rank 0 of world_size=1" in text
@@ -117,5 +117,5 @@ def test_world_size_refusal_names_the_live_client_and_its_expiry(ctx) -> None:
         # It leaves: the split is free at once.
         live.leave()
         wait_for(lambda: not _clients(srv), "the client that said bye to be dropped", 10)
-        assert isinstance(hello(job, world_size=2, rank=1), protocol.Welcome)
+        assert isinstance(hello(job, world_size=2, rank=1), wire.Welcome)
         job.close()

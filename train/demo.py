@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import zmq
-from batchwire.server import protocol
+from batchwire import wire
 
 _EPOCH_LINE = re.compile(r"^epoch (\d+): val top1=([\d.]+)% top5=([\d.]+)% data-wait=([\d.]+)%")
 # Enough for the embedded dataset's shapes and textures; one third of the area still shows them.
@@ -81,7 +81,7 @@ def wait_until_serving(proc: subprocess.Popen, endpoint: str, timeout: float) ->
     sock.linger = 0
     try:
         sock.connect(endpoint)
-        sock.send(protocol.StatsRequest().pack())
+        sock.send(wire.StatsRequest().pack())
         deadline = time.monotonic() + timeout
         while not sock.poll(200):
             if proc.poll() is not None:

@@ -1,130 +1,34 @@
-"""Wire protocol v1 between `pipeline-server` (ROUTER) and its clients (DEALER).
+"""The messages between `pipeline-server` (ROUTER) and its clients (DEALER), protocol v1.
 
-Shared by the server and `batchwire.client`, so both sides agree on one definition of every
-message. Control frames are msgpack maps carrying ``"v"`` (the protocol version) and
-``"type"``; batch payloads travel as raw frames after a header. Everything that arrives from the
-network goes through `unpack_frame` (hard size limits, no extension types, string map keys only)
-and a schema check that raises `ProtocolError` naming the offending field: a peer can never make
-us allocate without bound, execute anything (nothing is ever unpickled), or see a half-valid
-message.
+Control frames are msgpack maps carrying ``"v"`` (the protocol version) and ``"type"``; batch
+payloads travel as raw frames after a `BatchHeader`. Each message is a frozen dataclass with
+``pack() -> bytes``; ``from_map`` validates every field of an unpacked map and raises
+`ProtocolError` naming the offending one, so neither side ever sees a half-valid message.
 
-Public API (stable; the client imports it):
-
-- `PROTOCOL_VERSION`, size limits, `DTYPES`, `LAYOUTS`.
-- Message dataclasses: `Hello`, `Credit`, `Bye`, `StatsRequest` (client -> server); `Welcome`,
-  `ErrorReply`, `Shutdown`, `BatchHeader`, `StatsReply` (server -> client).
-  Each has ``pack() -> bytes``.
-- `decode_client_message(frame)` / `decode_server_message(frame)`: bytes -> dataclass, or
-  `ProtocolError` (`VersionMismatch` for a version mismatch, with both versions in the message).
-- `torch_dtype(name)`, `numpy_dtype(name)`, `dtype_name(torch_dtype)`, `itemsize(name)`,
-  `images_nbytes(shape, dtype)`, `labels_to_frame(labels)`, `labels_from_frame(buf, batch_size)`.
+Client -> server: `Hello`, `Credit`, `Bye`, `StatsRequest`.
+Server -> client: `Welcome`, `ErrorReply`, `Shutdown`, `BatchHeader`, `StatsReply`.
+To add a message: a dataclass here with its ``TYPE`` and ``from_map``, an entry in
+``_CLIENT_TYPES`` or ``_SERVER_TYPES``, and a handler on the receiving side.
 """
 
 from __future__ import annotations
 
-import reprlib
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
-import msgpack
-import numpy as np
+from batchwire.wire.batch_spec import DTYPES, LAYOUTS, MAX_BATCH_SIZE, BatchSpec, images_nbytes
+from batchwire.wire.errors import PROTOCOL_VERSION, ProtocolError, show
+from batchwire.wire.frames import (
+    LABELS_DTYPE,
+    MAX_CLIENT_FRAME_BYTES,
+    MAX_SERVER_FRAME_BYTES,
+    pack,
+    unpack_frame,
+)
 
-PROTOCOL_VERSION = 1
-
-#: Largest control frame accepted from a client (hello, credit with loader stats, bye, stats).
-MAX_CLIENT_FRAME_BYTES = 64 * 1024
-#: Largest msgpack frame accepted from a server (batch header with indices, stats with clients).
-MAX_SERVER_FRAME_BYTES = 8 * 1024 * 1024
-#: Largest array (indices of one batch, clients in a stats reply) inside a control frame.
-MAX_ARRAY_LEN = 1 << 20
-MAX_MAP_LEN = 256
-MAX_STR_LEN = 64 * 1024
-#: Largest batch size and per-client prefetch the protocol allows; keeps memory per client bounded.
-MAX_BATCH_SIZE = 65536
+#: Largest per-client credit window the protocol allows; keeps memory per client bounded.
 MAX_PREFETCH = 256
-
-LAYOUTS = ("nchw", "nhwc")
-#: Wire dtype names -> (numpy dtype name or None when numpy has none, bytes per element).
-DTYPES: dict[str, tuple[str | None, int]] = {
-    "uint8": ("uint8", 1),
-    "float16": ("float16", 2),
-    "bfloat16": (None, 2),
-    "float32": ("float32", 4),
-}
-#: Labels travel as raw little-endian int64, whatever the host order.
-LABELS_DTYPE = np.dtype("<i8")
-
-
-class ProtocolError(ValueError):
-    """A frame that is not a valid v1 message; the text says what is wrong and where."""
-
-
-class VersionMismatch(ProtocolError):
-    """The peer speaks another protocol version."""
-
-    def __init__(self, peer_version: object, own_version: int = PROTOCOL_VERSION) -> None:
-        self.peer_version = peer_version
-        self.own_version = own_version
-        super().__init__(
-            f"protocol version mismatch: peer speaks v{show(peer_version)}, "
-            f"this side speaks v{own_version}"
-        )
-
-
-_SHOWN = reprlib.Repr()  # attributes, not keywords: Python 3.11 has no Repr(**limits)
-_SHOWN.maxstring = _SHOWN.maxother = 60
-_SHOWN.maxlist = _SHOWN.maxdict = 8
-_SHOWN.maxlevel = 3
-_SHOWN.maxlong = 40
-
-
-def show(value: object) -> str:
-    """A peer's value as an error message may quote it: short whatever the peer sent (a frame
-    of 64 KiB must not come back as a reply several times larger)."""
-    return _SHOWN.repr(value)
-
-
-# --------------------------------------------------------------------------- packing
-
-
-def pack(msg: Mapping[str, Any]) -> bytes:
-    """msgpack a control map (the caller includes ``v`` and ``type``)."""
-    return msgpack.packb(msg, use_bin_type=True)
-
-
-def unpack_frame(frame: bytes | memoryview, max_bytes: int) -> dict[str, Any]:
-    """Unpack one control frame with strict limits and return the map.
-
-    Checks size first (a huge frame is rejected before msgpack looks at it), then that it is a map
-    with a string ``type`` and the version we speak.
-    """
-    size = len(frame)
-    if size > max_bytes:
-        raise ProtocolError(f"control frame of {size} bytes exceeds the limit of {max_bytes}")
-    try:
-        obj = msgpack.unpackb(
-            frame,
-            raw=False,
-            max_str_len=MAX_STR_LEN,
-            max_bin_len=MAX_STR_LEN,
-            max_array_len=MAX_ARRAY_LEN,
-            max_map_len=MAX_MAP_LEN,
-            max_ext_len=0,
-            strict_map_key=True,
-        )
-    except Exception as exc:  # hostile input raises ValueError, TypeError, StackError, ...
-        raise ProtocolError(f"not a valid msgpack frame: {type(exc).__name__}: {exc}") from None
-    if not isinstance(obj, dict):
-        raise ProtocolError(f"control frame must be a map, got {type(obj).__name__}")
-    version = obj.get("v")
-    if version != PROTOCOL_VERSION:
-        if version is None:
-            raise ProtocolError("control frame has no protocol version field 'v'")
-        raise VersionMismatch(version)
-    if not isinstance(obj.get("type"), str):
-        raise ProtocolError("control frame has no string field 'type'")
-    return obj
 
 
 # --------------------------------------------------------------------------- field checks
@@ -299,6 +203,11 @@ class Welcome(_Message):
     std: list[float]
     num_classes: int
 
+    @property
+    def spec(self) -> BatchSpec:
+        """What a full batch of this stream is."""
+        return BatchSpec.from_shape(self.shape, self.dtype, self.layout)
+
     @classmethod
     def from_map(cls, d: Mapping[str, Any]) -> Welcome:
         return cls(
@@ -357,6 +266,11 @@ class BatchHeader(_Message):
     @property
     def labels_nbytes(self) -> int:
         return self.shape[0] * LABELS_DTYPE.itemsize
+
+    @property
+    def spec(self) -> BatchSpec:
+        """This batch's format (its batch size may be below the stream's)."""
+        return BatchSpec.from_shape(self.shape, self.dtype, self.layout)
 
     @classmethod
     def from_map(cls, d: Mapping[str, Any]) -> BatchHeader:
@@ -423,62 +337,3 @@ def decode_client_message(frame: bytes | memoryview) -> ClientMessage:
 def decode_server_message(frame: bytes | memoryview) -> ServerMessage:
     """Parse a server -> client control frame; `ProtocolError` if it is anything else."""
     return _decode(frame, MAX_SERVER_FRAME_BYTES, _SERVER_TYPES)
-
-
-# --------------------------------------------------------------------------- dtypes and frames
-
-
-def _dtype_entry(name: str) -> tuple[str | None, int]:
-    if name not in DTYPES:
-        raise ProtocolError(f"unknown dtype {name!r}; expected one of {list(DTYPES)}")
-    return DTYPES[name]
-
-
-def torch_dtype(name: str):  # -> torch.dtype; torch imported lazily to keep this module light
-    """The torch dtype for a wire dtype name."""
-    import torch
-
-    _dtype_entry(name)
-    return getattr(torch, name)
-
-
-def dtype_name(dtype: Any) -> str:
-    """The wire name of a torch (or numpy) dtype."""
-    name = str(dtype).removeprefix("torch.")
-    if name not in DTYPES:
-        raise ProtocolError(f"dtype {dtype} cannot travel on the wire; use one of {list(DTYPES)}")
-    return name
-
-
-def numpy_dtype(name: str) -> np.dtype:
-    """The numpy dtype for a wire dtype name (bfloat16 has none: use `torch_dtype`)."""
-    np_name = _dtype_entry(name)[0]
-    if np_name is None:
-        raise ProtocolError(f"numpy has no {name}; view the bytes with torch_dtype({name!r})")
-    return np.dtype(np_name)
-
-
-def itemsize(name: str) -> int:
-    """Bytes per element of a wire dtype."""
-    return _dtype_entry(name)[1]
-
-
-def images_nbytes(shape: list[int] | tuple[int, ...], dtype: str) -> int:
-    """Size of the images frame for a batch of ``shape`` in ``dtype``."""
-    n = 1
-    for s in shape:
-        n *= int(s)
-    return n * itemsize(dtype)
-
-
-def labels_to_frame(labels: np.ndarray) -> np.ndarray:
-    """Labels as the little-endian int64 array whose buffer is the labels frame."""
-    return np.ascontiguousarray(labels, dtype=LABELS_DTYPE)
-
-
-def labels_from_frame(buf: bytes | memoryview, batch_size: int) -> np.ndarray:
-    """Read a labels frame of ``batch_size`` int64 values (native-order copy not needed on LE)."""
-    expected = batch_size * LABELS_DTYPE.itemsize
-    if len(buf) != expected:
-        raise ProtocolError(f"labels frame has {len(buf)} bytes, expected {expected}")
-    return np.frombuffer(buf, dtype=LABELS_DTYPE).astype(np.int64, copy=False)

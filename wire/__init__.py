@@ -1,0 +1,99 @@
+"""batchwire.wire: the protocol every side speaks, and nothing else of batchwire.
+
+Server, client, monitor, trainer, benchmarks and tests all speak through this package:
+
+- `messages`: the message dataclasses (`Hello`, `Credit`, `Bye`, `StatsRequest`; `Welcome`,
+  `ErrorReply`, `Shutdown`, `BatchHeader`, `StatsReply`) and `decode_client_message` /
+  `decode_server_message`;
+- `frames`: msgpack control frames with hard limits, and the labels frame;
+- `batch_spec`: `BatchSpec`, the one table of output formats (shape, dtype, layout, bytes,
+  torch dtype, memory format);
+- `errors`: `ProtocolError` (and `VersionMismatch`), raised by either side for a bad frame;
+- `raw_client`: a client reduced to the wire, for tests, benchmarks and debugging.
+
+It imports nothing else of batchwire, so a change to the wire is a change here and in the two
+endpoints that handle the message, never a hunt through the server.
+"""
+
+from batchwire.wire.batch_spec import (
+    DTYPES,
+    LAYOUTS,
+    MAX_BATCH_SIZE,
+    BatchSpec,
+    dtype_name,
+    images_nbytes,
+    itemsize,
+    numpy_dtype,
+    tensor_bytes,
+    torch_dtype,
+)
+from batchwire.wire.errors import PROTOCOL_VERSION, ProtocolError, VersionMismatch, show
+from batchwire.wire.frames import (
+    LABELS_DTYPE,
+    MAX_ARRAY_LEN,
+    MAX_CLIENT_FRAME_BYTES,
+    MAX_MAP_LEN,
+    MAX_SERVER_FRAME_BYTES,
+    MAX_STR_LEN,
+    labels_from_frame,
+    labels_to_frame,
+    pack,
+    unpack_frame,
+)
+from batchwire.wire.messages import (
+    MAX_PREFETCH,
+    BatchHeader,
+    Bye,
+    ClientMessage,
+    Credit,
+    ErrorReply,
+    Hello,
+    ServerMessage,
+    Shutdown,
+    StatsReply,
+    StatsRequest,
+    Welcome,
+    decode_client_message,
+    decode_server_message,
+)
+
+__all__ = [
+    "DTYPES",
+    "LABELS_DTYPE",
+    "LAYOUTS",
+    "MAX_ARRAY_LEN",
+    "MAX_BATCH_SIZE",
+    "MAX_CLIENT_FRAME_BYTES",
+    "MAX_MAP_LEN",
+    "MAX_PREFETCH",
+    "MAX_SERVER_FRAME_BYTES",
+    "MAX_STR_LEN",
+    "PROTOCOL_VERSION",
+    "BatchHeader",
+    "BatchSpec",
+    "Bye",
+    "ClientMessage",
+    "Credit",
+    "ErrorReply",
+    "Hello",
+    "ProtocolError",
+    "ServerMessage",
+    "Shutdown",
+    "StatsReply",
+    "StatsRequest",
+    "VersionMismatch",
+    "Welcome",
+    "decode_client_message",
+    "decode_server_message",
+    "dtype_name",
+    "images_nbytes",
+    "itemsize",
+    "labels_from_frame",
+    "labels_to_frame",
+    "numpy_dtype",
+    "pack",
+    "show",
+    "tensor_bytes",
+    "torch_dtype",
+    "unpack_frame",
+]

@@ -1,0 +1,78 @@
+"""Control frames in and out: msgpack with hard limits, and the raw labels frame.
+
+Everything that arrives from the network goes through `unpack_frame` (size checked before
+msgpack looks at it, no extension types, string map keys only), so a peer can never make us
+allocate without bound or execute anything: nothing is ever unpickled.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import msgpack
+import numpy as np
+from batchwire.wire.errors import PROTOCOL_VERSION, ProtocolError, VersionMismatch
+
+#: Largest control frame accepted from a client (hello, credit with loader stats, bye, stats).
+MAX_CLIENT_FRAME_BYTES = 64 * 1024
+#: Largest msgpack frame accepted from a server (batch header with indices, stats with clients).
+MAX_SERVER_FRAME_BYTES = 8 * 1024 * 1024
+#: Largest array (indices of one batch, clients in a stats reply) inside a control frame.
+MAX_ARRAY_LEN = 1 << 20
+MAX_MAP_LEN = 256
+MAX_STR_LEN = 64 * 1024
+#: Labels travel as raw little-endian int64, whatever the host order.
+LABELS_DTYPE = np.dtype("<i8")
+
+
+def pack(msg: Mapping[str, Any]) -> bytes:
+    """msgpack a control map (the caller includes ``v`` and ``type``)."""
+    return msgpack.packb(msg, use_bin_type=True)
+
+
+def unpack_frame(frame: bytes | memoryview, max_bytes: int) -> dict[str, Any]:
+    """Unpack one control frame with strict limits and return the map.
+
+    Checks size first (a huge frame is rejected before msgpack looks at it), then that it is a map
+    with a string ``type`` and the version we speak.
+    """
+    size = len(frame)
+    if size > max_bytes:
+        raise ProtocolError(f"control frame of {size} bytes exceeds the limit of {max_bytes}")
+    try:
+        obj = msgpack.unpackb(
+            frame,
+            raw=False,
+            max_str_len=MAX_STR_LEN,
+            max_bin_len=MAX_STR_LEN,
+            max_array_len=MAX_ARRAY_LEN,
+            max_map_len=MAX_MAP_LEN,
+            max_ext_len=0,
+            strict_map_key=True,
+        )
+    except Exception as exc:  # hostile input raises ValueError, TypeError, StackError, ...
+        raise ProtocolError(f"not a valid msgpack frame: {type(exc).__name__}: {exc}") from None
+    if not isinstance(obj, dict):
+        raise ProtocolError(f"control frame must be a map, got {type(obj).__name__}")
+    version = obj.get("v")
+    if version != PROTOCOL_VERSION:
+        if version is None:
+            raise ProtocolError("control frame has no protocol version field 'v'")
+        raise VersionMismatch(version)
+    if not isinstance(obj.get("type"), str):
+        raise ProtocolError("control frame has no string field 'type'")
+    return obj
+
+
+def labels_to_frame(labels: np.ndarray) -> np.ndarray:
+    """Labels as the little-endian int64 array whose buffer is the labels frame."""
+    return np.ascontiguousarray(labels, dtype=LABELS_DTYPE)
+
+
+def labels_from_frame(buf: bytes | memoryview, batch_size: int) -> np.ndarray:
+    """Read a labels frame of ``batch_size`` int64 values (native-order copy not needed on LE)."""
+    expected = batch_size * LABELS_DTYPE.itemsize
+    if len(buf) != expected:
+        raise ProtocolError(f"labels frame has {len(buf)} bytes, expected {expected}")
+    return np.frombuffer(buf, dtype=LABELS_DTYPE).astype(np.int64, copy=False)
