@@ -18,7 +18,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from batchwire.pipeline import decode
 from batchwire.pipeline.augment_plan import AugmentConfig, plan_sample
 from batchwire.pipeline.decode import (
     choose_dct_scale,
@@ -26,6 +25,7 @@ from batchwire.pipeline.decode import (
     decode_full,
     read_header,
 )
+from batchwire.pipeline.decode import roi as decode
 
 DEFAULT_DIR = Path(__file__).resolve().parents[2] / "shared" / "imagenet-sample"
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")

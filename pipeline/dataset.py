@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 from batchwire.pipeline import paths as _paths
+from batchwire.pipeline.decode.files import read_file
 from batchwire.pipeline.index_cache import IMAGE_EXTENSIONS, cached_folder_index
 
 __all__ = ["IMAGE_EXTENSIONS", "ImageDataset", "open_dataset", "read_list_file"]
@@ -65,8 +66,7 @@ class ImageDataset:
         n = len(self.paths)
         if isinstance(i, bool) or not (-n <= int(i) < n):
             raise IndexError(f"sample index {i} out of range for {n} images")
-        with open(self.paths[int(i)], "rb") as f:
-            return f.read()
+        return read_file(self.paths[int(i)])
 
 
 def read_list_file(list_path: str | os.PathLike[str]) -> tuple[list[str], np.ndarray]:

@@ -53,7 +53,7 @@ def _make_decoder(
         return decoder, False
     if decoder == "cpu":
         return CpuBatchDecoder(threads), True
-    from batchwire.pipeline.decoder_select import make_decoder
+    from batchwire.pipeline.decode.select import make_decoder
 
     where = device or ("cuda" if torch.cuda.is_available() else "cpu")
     return make_decoder(decoder, where, threads or 0, max_batch=batch_size), True

@@ -86,7 +86,7 @@ def data_roots(config: ServerConfig) -> dict[str, str]:
 def make_decoder(config: ServerConfig) -> Any:
     """The `--decoder` on `--device` (issue 7's selector when present, else the CPU decoder)."""
     try:
-        from batchwire.pipeline.decoder_select import make_decoder as select
+        from batchwire.pipeline.decode.select import make_decoder as select
     except ImportError:
         select = None
     if select is None:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from batchwire.bench.cli import main, resolve_data
 from batchwire.bench.report import Report, Row, format_table, write_plot
-from batchwire.pipeline.decode_dali import dali_available
+from batchwire.pipeline.decode.dali import dali_available
 from oddfiles import jpeg_bytes, smooth_image
 
 BENCH = Path(sys.executable).with_name("pipeline-bench")

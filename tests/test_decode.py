@@ -261,7 +261,7 @@ def test_cpu_batch_decoder_map_keeps_order_across_chunks() -> None:
 
 def test_without_libturbojpeg_opencv_decodes_jpegs(monkeypatch: pytest.MonkeyPatch) -> None:
     """Where libturbojpeg is missing, JPEGs still decode (OpenCV, header parsed by hand)."""
-    import batchwire.pipeline.decode as decode_module
+    import batchwire.pipeline.decode.backends as decode_module
 
     monkeypatch.setattr(decode_module, "_turbo_state", [None])
     for kind in ("rgb", "progressive", "grey"):

@@ -17,7 +17,7 @@ pytest.importorskip("nvidia.dali", reason="NVIDIA DALI is not installed (extra b
 from batchwire.native.reference import augment_batch_reference
 from batchwire.pipeline.augment_plan import AugmentConfig, plan_sample
 from batchwire.pipeline.decode import CpuBatchDecoder, DecodeRequest, decode_full, read_header
-from batchwire.pipeline.decode_dali import DaliBatchDecoder, decode_region
+from batchwire.pipeline.decode.dali import DaliBatchDecoder, decode_region
 from batchwire.pipeline.synthetic import default_dataset
 from oddfiles import exif_jpeg, jpeg_bytes, odd_file_bytes, smooth_image
 

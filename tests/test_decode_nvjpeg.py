@@ -8,11 +8,8 @@ import numpy as np
 import pytest
 import torch
 from batchwire.pipeline.decode import CpuBatchDecoder, DecodeRequest, read_header
-from batchwire.pipeline.decode_nvjpeg import (
-    NvjpegBatchDecoder,
-    orient,
-    torchvision_gpu_decode_missing,
-)
+from batchwire.pipeline.decode.nvjpeg import NvjpegBatchDecoder, torchvision_gpu_decode_missing
+from batchwire.pipeline.decode.orientation import apply_orientation_tensor as orient
 from oddfiles import exif_jpeg, odd_file_bytes, smooth_image
 from PIL import Image, ImageOps
 

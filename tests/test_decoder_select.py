@@ -7,8 +7,8 @@ import logging
 import pytest
 import torch
 from batchwire.pipeline.decode import BatchDecoder, CpuBatchDecoder, DecodeRequest, read_header
-from batchwire.pipeline.decode_dali import dali_available
-from batchwire.pipeline.decoder_select import make_decoder
+from batchwire.pipeline.decode.dali import dali_available
+from batchwire.pipeline.decode.select import make_decoder
 from oddfiles import odd_file_bytes
 
 CUDA = torch.cuda.is_available()
@@ -46,7 +46,7 @@ def test_cpu_and_auto_on_cpu_pick_the_cpu_decoder(name, caplog):
 
 @pytest.mark.skipif(not dali_available(), reason="NVIDIA DALI is not installed")
 def test_dali_on_cpu_is_the_dali_cpu_backend(caplog):
-    from batchwire.pipeline.decode_dali import DaliBatchDecoder
+    from batchwire.pipeline.decode.dali import DaliBatchDecoder
 
     with caplog.at_level(logging.INFO, logger="batchwire.pipeline"):
         dec = make_decoder("dali", "cpu", 1)
@@ -79,7 +79,7 @@ def test_unknown_names_are_value_errors(name, device):
 @pytest.mark.cuda
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
 def test_auto_on_cuda_prefers_dali_then_nvjpeg(caplog):
-    from batchwire.pipeline.decode_nvjpeg import torchvision_gpu_decode_missing
+    from batchwire.pipeline.decode.nvjpeg import torchvision_gpu_decode_missing
 
     with caplog.at_level(logging.INFO, logger="batchwire.pipeline"):
         dec = make_decoder("auto", "cuda", 2)

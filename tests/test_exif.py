@@ -6,7 +6,8 @@ import io
 
 import numpy as np
 import pytest
-from batchwire.pipeline.exif import apply_orientation, orientation_from_tiff, read_orientation
+from batchwire.pipeline.decode.exif import orientation_from_tiff, read_orientation
+from batchwire.pipeline.decode.orientation import apply_orientation
 from oddfiles import exif_jpeg, exif_orientation_block, jpeg_bytes, smooth_image
 from PIL import Image, ImageOps
 

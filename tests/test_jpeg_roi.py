@@ -25,13 +25,13 @@ from batchwire.pipeline.augment_plan import AugmentConfig, plan_sample
 from batchwire.pipeline.dataset import open_dataset
 from batchwire.pipeline.decode import (
     DecodeError,
-    _turbo_decode,
     decode_for_crop,
     displayed_region,
     read_header,
     stored_region,
 )
-from batchwire.pipeline.exif import apply_orientation
+from batchwire.pipeline.decode.backends import turbo_decode as _turbo_decode
+from batchwire.pipeline.decode.orientation import apply_orientation
 from batchwire.pipeline.local import LocalLoader
 from oddfiles import exif_orientation_block, odd_file_bytes, smooth_image
 from PIL import Image

@@ -16,14 +16,11 @@ import logging
 import os
 
 import torch
-from batchwire.pipeline.decode import BatchDecoder, CpuBatchDecoder
-from batchwire.pipeline.decode_dali import (
-    DEFAULT_MAX_GPU_IMAGE_PIXELS,
-    DaliBatchDecoder,
-    dali_available,
-    parse_device,
-)
-from batchwire.pipeline.decode_nvjpeg import NvjpegBatchDecoder, torchvision_gpu_decode_missing
+from batchwire.pipeline.decode.contract import BatchDecoder
+from batchwire.pipeline.decode.cpu import CpuBatchDecoder
+from batchwire.pipeline.decode.dali import DaliBatchDecoder, dali_available
+from batchwire.pipeline.decode.fallback import DEFAULT_MAX_GPU_IMAGE_PIXELS, parse_device
+from batchwire.pipeline.decode.nvjpeg import NvjpegBatchDecoder, torchvision_gpu_decode_missing
 
 log = logging.getLogger("batchwire.pipeline")
 

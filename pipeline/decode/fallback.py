@@ -19,7 +19,8 @@ import threading
 from collections.abc import Sequence
 
 import torch
-from batchwire.pipeline.decode import CpuBatchDecoder, DecodeRequest, DecodeResult
+from batchwire.pipeline.decode.contract import DecodeRequest, DecodeResult
+from batchwire.pipeline.decode.cpu import CpuBatchDecoder
 
 log = logging.getLogger("batchwire.pipeline")
 

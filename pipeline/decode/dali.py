@@ -23,18 +23,18 @@ Why it looks like this:
 from __future__ import annotations
 
 import logging
-import math
 import re
 from collections.abc import Sequence
 
 import numpy as np
 import torch
-from batchwire.pipeline.decode import DecodeRequest, DecodeResult
-from batchwire.pipeline.decode_fallback import (
+from batchwire.pipeline.decode.contract import DecodeRequest, DecodeResult
+from batchwire.pipeline.decode.fallback import (
     DEFAULT_MAX_GPU_IMAGE_PIXELS,
     GpuDecoderBase,
     parse_device,
 )
+from batchwire.pipeline.decode.region import Region, reach_region
 
 log = logging.getLogger("batchwire.pipeline")
 
@@ -50,23 +50,19 @@ def dali_available() -> bool:
     return True
 
 
-def decode_region(req: DecodeRequest) -> tuple[int, int, int, int]:
+def decode_region(req: DecodeRequest) -> Region:
     """(y0, x0, y1, x1) integer region of the oriented image to decode for `req`'s crop.
 
-    The crop box grows by the antialiasing filter's reach (max(1, box/out) source pixels per
-    side, as `batchwire.native` resamples) plus one, so pixels just outside the box that the
-    filter reads are decoded too.
+    The crop box grows by the resize filter's reach (`region.reach_region`, the same margin the
+    CPU region decoder uses), so pixels just outside the box that the filter reads are decoded
+    too. The region is never empty: DALI refuses a zero-sized slice.
     """
     h, w = req.header.height, req.header.width
-    y0, x0, y1, x1 = (float(v) for v in req.box)
-    out_h, out_w = (max(1, int(v)) for v in req.out_hw)
-    my = math.ceil(max(1.0, (y1 - y0) / out_h)) + 1
-    mx = math.ceil(max(1.0, (x1 - x0) / out_w)) + 1
-    ry0 = min(max(0, math.floor(y0) - my), h - 1)
-    rx0 = min(max(0, math.floor(x0) - mx), w - 1)
-    ry1 = max(min(h, math.ceil(y1) + my), ry0 + 1)
-    rx1 = max(min(w, math.ceil(x1) + mx), rx0 + 1)
-    return ry0, rx0, ry1, rx1
+    box = tuple(float(v) for v in req.box)
+    out_hw = (max(1, int(req.out_hw[0])), max(1, int(req.out_hw[1])))
+    ry0, rx0, ry1, rx1 = reach_region(box, out_hw, (h, w))
+    ry0, rx0 = min(ry0, h - 1), min(rx0, w - 1)
+    return ry0, rx0, max(ry1, ry0 + 1), max(rx1, rx0 + 1)
 
 
 def _short(error: BaseException) -> str:
@@ -167,9 +163,7 @@ class DaliBatchDecoder(GpuDecoderBase):
         pipe.build()
         return pipe
 
-    def _run(
-        self, datas: list[np.ndarray], regions: list[tuple[int, int, int, int]]
-    ) -> list[torch.Tensor]:
+    def _run(self, datas: list[np.ndarray], regions: list[Region]) -> list[torch.Tensor]:
         """One DALI run over `datas` (<= max_batch); raises whatever DALI raises."""
         self._pipe.feed_input("encoded", datas)
         if self.roi:
@@ -186,7 +180,7 @@ class DaliBatchDecoder(GpuDecoderBase):
         # current stream wait for DALI's before anything reads the pixels.
         return [torch.from_dlpack(out[i]) for i in range(len(datas))]
 
-    def _region(self, req: DecodeRequest) -> tuple[int, int, int, int]:
+    def _region(self, req: DecodeRequest) -> Region:
         if self.roi:
             return decode_region(req)
         return 0, 0, req.header.height, req.header.width

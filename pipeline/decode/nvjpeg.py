@@ -8,8 +8,8 @@ decodes every eligible JPEG of the batch on the device. Why the rest:
   one bad file costs only itself.
 - GPU memory is bounded: images over `max_image_pixels` never reach the GPU, so the decode
   output of one batch is at most `max_batch x max_image_pixels x 3` bytes, logged at start.
-- torchvision does not apply EXIF orientation on CUDA, so `orient` does it here on the device,
-  exactly as PIL's `ImageOps.exif_transpose` (the CPU decoder's convention).
+- torchvision does not apply EXIF orientation on CUDA, so `apply_orientation_tensor` does it here
+  on the device, from the same table as the CPU decoder (PIL's `ImageOps.exif_transpose`).
 - torchvision is imported lazily: it is optional, and absent on CPU-only installs.
 """
 
@@ -18,34 +18,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-from batchwire.pipeline.decode import DecodeRequest, DecodeResult
-from batchwire.pipeline.decode_fallback import (
+from batchwire.pipeline.decode.contract import DecodeRequest, DecodeResult
+from batchwire.pipeline.decode.fallback import (
     DEFAULT_MAX_GPU_IMAGE_PIXELS,
     GpuDecoderBase,
     parse_device,
 )
-
-
-def orient(image: torch.Tensor, orientation: int) -> torch.Tensor:
-    """Turn an HWC image as PIL's `exif_transpose` does for EXIF `orientation` (views only).
-
-    1 or anything outside 2..8 returns `image` itself.
-    """
-    if orientation == 2:
-        return image.flip(1)
-    if orientation == 3:
-        return image.flip(0, 1)
-    if orientation == 4:
-        return image.flip(0)
-    if orientation == 5:  # transpose: mirror over the main diagonal
-        return image.transpose(0, 1)
-    if orientation == 6:  # a quarter turn clockwise
-        return image.transpose(0, 1).flip(1)
-    if orientation == 7:  # transverse: mirror over the anti-diagonal
-        return image.transpose(0, 1).flip(0, 1)
-    if orientation == 8:  # a quarter turn counter-clockwise
-        return image.transpose(0, 1).flip(0)
-    return image
+from batchwire.pipeline.decode.orientation import apply_orientation_tensor
 
 
 def torchvision_gpu_decode_missing() -> str | None:
@@ -139,7 +118,7 @@ class NvjpegBatchDecoder(GpuDecoderBase):
             return
         for i, chw in zip(items, images, strict=True):
             header = requests[i].header
-            hwc = orient(chw.permute(1, 2, 0), header.orientation).contiguous()
+            hwc = apply_orientation_tensor(chw.permute(1, 2, 0), header.orientation).contiguous()
             if tuple(hwc.shape) != (header.height, header.width, 3):
                 rejected[i] = f"nvjpeg decoded {tuple(hwc.shape)}, header says {header}"
             else:

@@ -1,26 +1,20 @@
-"""EXIF orientation: read the Orientation tag (0x0112) and apply it as PIL's `exif_transpose`.
+"""EXIF orientation from the bytes: the Orientation tag (0x0112) of a JPEG, PNG or WebP file.
 
 Cameras store pixels in sensor order and record how to turn them in the EXIF Orientation tag;
 every viewer (and PIL's `ImageOps.exif_transpose`, which most training code uses) honours it.
 We read only that one tag, straight from the bytes, so the header pass stays cheap, and we never
-trust the bytes: any malformed EXIF means "orientation 1", never an exception.
+trust the bytes: any malformed EXIF means "orientation 1", never an exception. What each value
+does to the pixels is `orientation.py`'s business.
 """
 
 from __future__ import annotations
 
 import struct
 
-import numpy as np
-
 ORIENTATION_TAG = 0x0112
 _EXIF_MAGIC = b"Exif\x00\x00"
 _PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 _MAX_IFD_ENTRIES = 1024  # a sane IFD0 has a few dozen; more means garbage
-
-
-def swaps_axes(orientation: int) -> bool:
-    """True when the orientation transposes the image (5-8), so displayed h/w are swapped."""
-    return orientation in (5, 6, 7, 8)
 
 
 def orientation_from_tiff(tiff: bytes | memoryview) -> int:
@@ -139,29 +133,3 @@ def read_orientation(data: bytes) -> int:
         return 1
     except (IndexError, ValueError, struct.error):
         return 1
-
-
-def apply_orientation(pixels: np.ndarray, orientation: int) -> np.ndarray:
-    """Turn an HxWxC image the way `PIL.ImageOps.exif_transpose` does for `orientation`.
-
-    1 (or anything outside 2-8) returns the input unchanged; otherwise a C-contiguous copy.
-    Always a copy: for a one-pixel-thin image the flipped view already counts as contiguous
-    to numpy, yet has a negative stride that torch refuses.
-    """
-    if orientation == 2:
-        out = pixels[:, ::-1]
-    elif orientation == 3:
-        out = pixels[::-1, ::-1]
-    elif orientation == 4:
-        out = pixels[::-1]
-    elif orientation == 5:  # PIL TRANSPOSE: mirror over the main diagonal
-        out = pixels.swapaxes(0, 1)
-    elif orientation == 6:  # PIL ROTATE_270: a quarter turn clockwise
-        out = pixels.swapaxes(0, 1)[:, ::-1]
-    elif orientation == 7:  # PIL TRANSVERSE: mirror over the anti-diagonal
-        out = pixels.swapaxes(0, 1)[::-1, ::-1]
-    elif orientation == 8:  # PIL ROTATE_90: a quarter turn counter-clockwise
-        out = pixels.swapaxes(0, 1)[::-1]
-    else:
-        return pixels
-    return out.copy(order="C")

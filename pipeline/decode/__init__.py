@@ -1,0 +1,60 @@
+"""Decoding: from an encoded file's bytes to oriented HWC uint8 pixels, on the CPU or a GPU.
+
+Where to look (each module has one job):
+- `contract`: the decoder interface every decoder keeps (`DecodeRequest`, `DecodeResult`,
+  `BatchDecoder`, `DecodeError`, `DecodedImage`): one bad image never fails a batch.
+- `files`: `read_file`, the one place a path becomes bytes.
+- `headers`: `read_header` (size, EXIF orientation, decoder route) without decoding pixels, and
+  the pixel cap (`DEFAULT_MAX_PIXELS`, `ImageTooLarge`).
+- `exif`: the Orientation tag read from JPEG/PNG/WebP bytes.
+- `orientation`: the one table of what each EXIF orientation does, with its numpy and torch
+  appliers.
+- `region`: crop geometry: how far the resize filter reaches (`filter_reach`, shared by every
+  region-of-interest decoder) and region mapping between stored and displayed images.
+- `backends`: TurboJPEG and OpenCV access, their failures turned into errors.
+- `whole`: whole-image decode at a DCT scale (`choose_dct_scale`, `decode_full`).
+- `roi`: region-of-interest decode through the native libjpeg-turbo extension.
+- `cpu`: `decode_for_crop` and `CpuBatchDecoder`, the thread-pool decoder.
+- GPU decoders: `fallback` (what they share: the CPU safety net), `nvjpeg`, `dali`, and
+  `select.make_decoder`, which picks one for `--decoder`/`--device`. They are not imported here:
+  import them from their modules.
+"""
+
+from batchwire.pipeline.decode.contract import (
+    BatchDecoder,
+    DecodedImage,
+    DecodeError,
+    DecodeRequest,
+    DecodeResult,
+)
+from batchwire.pipeline.decode.cpu import CpuBatchDecoder, decode_for_crop
+from batchwire.pipeline.decode.files import read_file
+from batchwire.pipeline.decode.headers import (
+    DEFAULT_MAX_PIXELS,
+    ImageHeader,
+    ImageTooLarge,
+    read_header,
+)
+from batchwire.pipeline.decode.region import Box, Region, displayed_region, stored_region
+from batchwire.pipeline.decode.whole import choose_dct_scale, decode_full
+
+__all__ = [
+    "DEFAULT_MAX_PIXELS",
+    "BatchDecoder",
+    "Box",
+    "CpuBatchDecoder",
+    "DecodeError",
+    "DecodeRequest",
+    "DecodeResult",
+    "DecodedImage",
+    "ImageHeader",
+    "ImageTooLarge",
+    "Region",
+    "choose_dct_scale",
+    "decode_for_crop",
+    "decode_full",
+    "displayed_region",
+    "read_file",
+    "read_header",
+    "stored_region",
+]

@@ -1,0 +1,125 @@
+"""The CPU decoder: `decode_for_crop` for one image, `CpuBatchDecoder` for a batch on threads.
+
+`decode_for_crop` decodes just enough of an image to cut a crop from it: the native
+region-of-interest decoder where it is built (`roi.py`), else the whole image (`whole.py`) at the
+smallest DCT scale that still covers the output. `CpuBatchDecoder` runs it on a thread pool
+(TurboJPEG, libjpeg and OpenCV release the GIL) and keeps the decoder contract: one bad image
+comes back as an error result, never as an exception that fails the batch.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+import cv2
+import torch
+from batchwire.pipeline.decode.contract import (
+    DecodedImage,
+    DecodeError,
+    DecodeRequest,
+    DecodeResult,
+)
+from batchwire.pipeline.decode.headers import ImageHeader
+from batchwire.pipeline.decode.region import Box
+from batchwire.pipeline.decode.roi import decode_roi
+from batchwire.pipeline.decode.whole import choose_dct_scale, decode_pixels
+
+
+def decode_for_crop(
+    data: bytes, header: ImageHeader, box: Box, out_hw: tuple[int, int], *, roi: bool = True
+) -> DecodedImage:
+    """Decode just enough of the image to cut `box` (full-size oriented coords) at `out_hw`.
+
+    Returns the decoded, oriented image (possibly DCT-reduced, possibly only the region around
+    the box that the resize reads) and the box re-expressed in it. `roi=False` decodes the
+    whole image (benchmarks and tests compare the two).
+    """
+    y0, x0, y1, x1 = (float(v) for v in box)
+    scale = (1, 1)
+    if header.kind == "jpeg":
+        scale = choose_dct_scale(y1 - y0, x1 - x0, int(out_hw[0]), int(out_hw[1]))
+        if roi:
+            out = (int(out_hw[0]), int(out_hw[1]))
+            decoded = decode_roi(data, header, (y0, x0, y1, x1), scale, out)
+            if decoded is not None:
+                return decoded
+    pixels = decode_pixels(data, header, scale)
+    # Ratio of actual to header size (not num/denom): TurboJPEG rounds scaled sizes up, and
+    # this maps the full image extent onto the full decoded extent either way.
+    sy = pixels.shape[0] / header.height
+    sx = pixels.shape[1] / header.width
+    return DecodedImage(pixels=pixels, box=(y0 * sy, x0 * sx, y1 * sy, x1 * sx))
+
+
+def _decode_request(req: DecodeRequest) -> DecodeResult:
+    try:
+        decoded = decode_for_crop(req.data, req.header, req.box, req.out_hw)
+        image = torch.from_numpy(decoded.pixels)  # inside: whatever it refuses is this image's
+    except DecodeError as e:
+        return DecodeResult(image=None, box=req.box, error=str(e))
+    except (ValueError, OSError, MemoryError, cv2.error) as e:
+        return DecodeResult(image=None, box=req.box, error=f"{type(e).__name__}: {e}")
+    return DecodeResult(image=image, box=decoded.box)
+
+
+_CHUNKS_PER_THREAD = 4
+
+
+def _map_chunk(fn: Callable, chunk: Sequence) -> list:
+    return [fn(item) for item in chunk]
+
+
+class CpuBatchDecoder:
+    """TurboJPEG/OpenCV decoding on a thread pool (both release the GIL while decoding).
+
+    Results come back in request order whatever the thread count, and decoding is a pure
+    function of the bytes, so 1 and N threads give bit-identical images.
+    """
+
+    name = "cpu"
+
+    def __init__(self, threads: int | None = None) -> None:
+        self.threads = max(1, int(threads if threads is not None else (os.cpu_count() or 1)))
+        self.device = torch.device("cpu")
+        self._pool: ThreadPoolExecutor | None = None
+        if self.threads > 1:
+            self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="bw-decode")
+
+    def map(self, fn: Callable, items: Sequence) -> list:
+        """Run `fn` over `items` on the decode threads, results in order (also used for reads).
+
+        Items go to the threads in chunks of a few (about 4 chunks per thread), not one future
+        each: a future's handoff costs tens of microseconds of GIL-holding Python, a
+        noticeable share of the per-image overhead, while a few chunks per thread still
+        balance images of uneven decode cost.
+        """
+        n = len(items)
+        if self._pool is None or n <= 1:
+            return [fn(item) for item in items]
+        size = max(1, -(-n // (self.threads * _CHUNKS_PER_THREAD)))
+        if size == 1:
+            return list(self._pool.map(fn, items))
+        chunks = [items[i : i + size] for i in range(0, n, size)]
+        out: list = []
+        for part in self._pool.map(_map_chunk, [fn] * len(chunks), chunks):
+            out.extend(part)
+        return out
+
+    def decode_batch(self, requests: Sequence[DecodeRequest]) -> list[DecodeResult]:
+        return self.map(_decode_request, requests)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+
+    def __enter__(self) -> CpuBatchDecoder:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"CpuBatchDecoder(threads={self.threads})"

@@ -1,0 +1,149 @@
+"""Header sniffing: an encoded image's size, orientation and decoder route, without its pixels.
+
+The header pass is separate and cheap so that the augmentation plan (which needs the displayed
+size) and the pixel-limit check happen before a single pixel is decoded: a file claiming
+60000x60000 is rejected without allocating 10 GB (`ImageTooLarge`, Pillow's default limit).
+JPEG sizes come from TurboJPEG (or the SOF marker without it), PNG and BMP sizes from their
+fixed headers; any other format is decoded once by OpenCV, which applies its own pixel limit.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+from batchwire.pipeline.decode.backends import TJCS_CMYK, TJCS_YCCK, cv2_decode, turbo
+from batchwire.pipeline.decode.contract import DecodeError
+from batchwire.pipeline.decode.exif import read_orientation
+from batchwire.pipeline.decode.orientation import swaps_axes
+
+DEFAULT_MAX_PIXELS = 89_478_485  # Pillow's Image.MAX_IMAGE_PIXELS
+_PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+class ImageTooLarge(DecodeError):
+    """The header claims more pixels than the configured limit (decompression-bomb guard)."""
+
+
+@dataclass(frozen=True)
+class ImageHeader:
+    """What a file's header says. `height`/`width` are as displayed (after EXIF orientation).
+
+    `kind` is "jpeg" for JPEGs TurboJPEG decodes to RGB (the fast, DCT-scalable path) and
+    "other" for everything that goes through OpenCV (PNG, CMYK/YCCK JPEG, ...).
+    """
+
+    height: int
+    width: int
+    orientation: int
+    kind: str
+
+    @property
+    def pixels(self) -> int:
+        return self.height * self.width
+
+
+def read_header(data: bytes, max_pixels: int | None = DEFAULT_MAX_PIXELS) -> ImageHeader:
+    """Size, orientation and decoder route of an encoded image, without decoding pixels.
+
+    Raises `DecodeError` for empty, non-image or corrupt headers and `ImageTooLarge` (a
+    `DecodeError`) when width * height exceeds `max_pixels` (None disables the check).
+    """
+    if not data:
+        raise DecodeError("empty file")
+    data = bytes(data)
+    if data[:2] == b"\xff\xd8":
+        h, w, kind = _jpeg_header(data)
+    elif data.startswith(_PNG_MAGIC):
+        h, w = _png_size(data)
+        kind = "other"
+    elif data[:2] == b"BM" and (size := _bmp_size(data)) is not None:
+        h, w = size
+        kind = "other"
+    else:
+        # No cheap header parser for this format: decode it (OpenCV applies its own pixel
+        # limit, CV_IO_MAX_IMAGE_PIXELS) and take the size from the pixels.
+        h, w = cv2_decode(data).shape[:2]
+        kind = "other"
+    _check_pixels(h, w, max_pixels)
+    orientation = read_orientation(data)
+    if swaps_axes(orientation):
+        h, w = w, h
+    return ImageHeader(height=int(h), width=int(w), orientation=orientation, kind=kind)
+
+
+def _check_pixels(h: int, w: int, max_pixels: int | None) -> None:
+    if h < 1 or w < 1:
+        raise DecodeError(f"invalid image size {w}x{h} in header")
+    if max_pixels is not None and h * w > max_pixels:
+        raise ImageTooLarge(
+            f"image of {w}x{h} = {h * w} pixels exceeds the limit of {max_pixels} pixels"
+        )
+
+
+def _jpeg_header(data: bytes) -> tuple[int, int, str]:
+    tj = turbo()
+    if tj is None:
+        sof = _jpeg_sof_size(data)
+        if sof is None:
+            raise DecodeError("corrupt JPEG: no frame header")
+        return sof[0], sof[1], "other"
+    tj.take_warnings()  # drop anything a failed call left behind on this thread
+    try:
+        w, h, _subsample, colorspace = tj.decode_header(data)
+    except OSError as e:
+        # TurboJPEG refuses some valid JPEGs (e.g. CMYK with unusual sampling factors); if
+        # the frame header parses, let OpenCV try the pixels, else the file is bad.
+        tj.take_warnings()
+        sof = _jpeg_sof_size(data)
+        if sof is None:
+            raise DecodeError(f"corrupt JPEG header: {e}") from None
+        return sof[0], sof[1], "other"
+    warnings = tj.take_warnings()
+    if w < 1 or h < 1:
+        raise DecodeError(f"corrupt JPEG header: {'; '.join(warnings) or 'no image size'}")
+    kind = "other" if colorspace in (TJCS_CMYK, TJCS_YCCK) else "jpeg"
+    return h, w, kind
+
+
+def _jpeg_sof_size(data: bytes) -> tuple[int, int, int] | None:
+    """(height, width, components) from the first SOFn marker, or None; used without TurboJPEG."""
+    pos, n = 2, len(data)
+    while pos + 4 <= n:
+        if data[pos] != 0xFF:
+            return None
+        marker = data[pos + 1]
+        if marker == 0xFF:
+            pos += 1
+            continue
+        if marker in (0xD9, 0xDA):
+            return None
+        if marker == 0x01 or 0xD0 <= marker <= 0xD7:
+            pos += 2
+            continue
+        (length,) = struct.unpack_from(">H", data, pos + 2)
+        if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
+            if pos + 10 > n:
+                return None
+            h, w = struct.unpack_from(">HH", data, pos + 5)
+            return h, w, data[pos + 9]
+        pos += 2 + length
+    return None
+
+
+def _png_size(data: bytes) -> tuple[int, int]:
+    if len(data) < 24 or data[12:16] != b"IHDR":
+        raise DecodeError("corrupt PNG: no IHDR chunk")
+    w, h = struct.unpack_from(">II", data, 16)
+    return h, w
+
+
+def _bmp_size(data: bytes) -> tuple[int, int] | None:
+    if len(data) < 26:
+        return None
+    (dib,) = struct.unpack_from("<I", data, 14)
+    if dib == 12:
+        w, h = struct.unpack_from("<HH", data, 18)
+    else:
+        w, h = struct.unpack_from("<ii", data, 18)
+    return abs(h), abs(w)
