@@ -9,7 +9,7 @@ transport differs:
 - ``pushpull``: a PUSH socket sends the images frame zero-copy, a PULL socket `recv_into`s a
   preallocated buffer. No header, no labels, no flow control: the ceiling.
 - ``protocol``: a minimal ROUTER server that runs the server's own send path
-  (`server.sender.send_batch`: msgpack header + zero-copy images + labels, buffers reused only
+  (`wire.send_batch`: msgpack header + zero-copy images + labels, buffers reused only
   when their MessageTracker is done) under credit flow control; a DEALER does hello/welcome and
   `recv_into` (pinned buffers when CUDA is available), returning one credit per batch.
 - ``loader`` (with ``--loader``): the same server, received by `client.RemoteLoader` on CPU.
@@ -34,7 +34,8 @@ import numpy as np
 import torch
 import zmq
 from batchwire import wire as p
-from batchwire.server.sender import send_batch, tensor_bytes
+from batchwire.wire import send_batch, tensor_bytes
+from batchwire.wire.raw_client import RawClient
 
 
 @dataclass
@@ -173,36 +174,20 @@ def recv_pushpull(pull: zmq.Socket, orders: Connection, nbytes: int, n: int) -> 
 
 
 class ProtocolReceiver:
-    """A hand-written v1 client: hello, then recv_into pinned buffers, one credit per batch."""
+    """The bare protocol: the wire's `RawClient` says hello, then this receives with recv_into
+    into pinned buffers and gives one credit per batch (no reorder buffer, no staging)."""
 
     def __init__(self, sock: zmq.Socket, shape: tuple[int, ...], prefetch: int) -> None:
-        self.sock = sock
-        self.prefetch = prefetch
+        self.client = RawClient(sock, prefetch=prefetch, session=0)
         pin = torch.cuda.is_available()
         self.images = torch.empty(
             p.images_nbytes(shape, "uint8"), dtype=torch.uint8, pin_memory=pin
         )
         self.labels = torch.empty(shape[0], dtype=torch.int64, pin_memory=pin)
-        self.session = 0
 
     def run(self, n: int) -> float:
-        self.session += 1
-        self.sock.send(
-            p.Hello(
-                split="train",
-                rank=0,
-                world_size=1,
-                epoch=0,
-                start_batch=0,
-                prefetch=self.prefetch,
-                shard=(0, 1),
-                session=self.session,
-            ).pack()
-        )
-        while True:  # skip anything of an earlier round
-            msg = p.decode_server_message(self.sock.recv_multipart()[0])
-            if isinstance(msg, p.Welcome) and msg.session == self.session:
-                break
+        self.client.start(session=self.client.hello.session + 1)  # skips an earlier round's
+        sock = self.client.sock
         img = memoryview(self.images.numpy())
         lab = memoryview(self.labels.numpy()).cast("B")
         credit = p.Credit(n=1).pack()
@@ -210,14 +195,14 @@ class ProtocolReceiver:
         for i in range(n + WARM):
             if i == WARM:
                 t0 = time.perf_counter()
-            header = p.decode_server_message(self.sock.recv())
+            header = p.decode_server_message(sock.recv())
             if not isinstance(header, p.BatchHeader) or header.batch_index != i:
                 raise RuntimeError(f"unexpected {header}")
-            if self.sock.recv_into(img) != header.nbytes:
+            if sock.recv_into(img) != header.nbytes:
                 raise RuntimeError("short images frame")
-            if self.sock.recv_into(lab) != header.labels_nbytes:
+            if sock.recv_into(lab) != header.labels_nbytes:
                 raise RuntimeError("short labels frame")
-            self.sock.send(credit)
+            sock.send(credit)
         return time.perf_counter() - t0
 
 

@@ -67,6 +67,10 @@ class ServerConnection:
         self.last_heard = self.prev_heard = time.monotonic()
         self.last_sent = 0.0
         self.last_error: str | None = None
+        #: The same error in a row (reset by a batch): after a few the loader raises it.
+        self.error_streak = 0
+        #: No hello before this time (backing off after an error reply).
+        self.retry_at = 0.0
         self._sock = ctx.socket(zmq.DEALER)
         self._sock.linger = 0
         self._sock.immediate = True
@@ -137,7 +141,7 @@ class ServerConnection:
 
     @property
     def may_send_hello(self) -> bool:
-        return not self.hello_sent and not self.wait_reconnect
+        return not self.hello_sent and not self.wait_reconnect and time.monotonic() >= self.retry_at
 
     # ------------------------------------------------------------------ sending
 

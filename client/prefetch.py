@@ -27,24 +27,26 @@ import torch
 import zmq
 from batchwire import wire
 from batchwire.client.normalize import Affine, normalize_uint8
-from batchwire.client.ring import HostSlot, RecyclingPool, SlotRing, images_view, labels_fixup
+from batchwire.client.ring import HostSlot, RecyclingPool, SlotRing, labels_fixup
 
 
 @dataclass(frozen=True)
 class BatchFormat:
     """What the server's welcome promised, and what the loader should make of it."""
 
-    shape: list[int]  # [B, 3, H, W] of a full batch
-    dtype: str  # wire dtype
-    layout: str
+    spec: wire.BatchSpec  # a full batch as the welcome described it
     normalize: bool  # uint8 wire -> float on the target device
     out_dtype: torch.dtype
     mean: tuple[float, float, float]
     std: tuple[float, float, float]
 
-    @property
-    def nbytes(self) -> int:
-        return wire.images_nbytes(self.shape, self.dtype)
+    def output(self, device: torch.device | str = "cpu") -> torch.Tensor:
+        """A full normalised batch in the wire's layout, on ``device``."""
+        return self.spec.empty(dtype=self.out_dtype, device=device)
+
+    def scratch(self, device: torch.device | str = "cpu") -> torch.Tensor:
+        """float32 working memory for a normalisation into another float dtype."""
+        return self.spec.empty(dtype=torch.float32, device=device)
 
 
 @dataclass(eq=False)
@@ -86,20 +88,15 @@ class CpuStager:
         self._pool: RecyclingPool | None = None
         self._scratch: torch.Tensor | None = None
         if fmt.normalize:
-            b, c, h, w = fmt.shape
-            memory_format = torch.channels_last if fmt.layout == "nhwc" else torch.contiguous_format
-            self._pool = RecyclingPool(
-                lambda: torch.empty((b, c, h, w), dtype=fmt.out_dtype, memory_format=memory_format),
-                pool_size,
-            )
+            self._pool = RecyclingPool(fmt.output, pool_size)
             if fmt.out_dtype != torch.float32:  # never handed out: reused every batch
-                self._scratch = torch.empty((b, c, h, w), memory_format=memory_format)
+                self._scratch = fmt.scratch()
 
     def stage_frames(
         self, header: wire.BatchHeader, images: zmq.Frame, labels: zmq.Frame
     ) -> Staged:
-        dtype = wire.torch_dtype(header.dtype)
-        raw = images_view(frame_tensor(images, dtype), header.shape, header.dtype, header.layout)
+        spec = header.spec
+        raw = spec.view_bytes(frame_tensor(images, spec.torch_dtype))
         return Staged(None, raw, frame_labels(labels), normalize_pending=self.fmt.normalize)
 
     def hand_out(self, staged: Staged) -> None:
@@ -145,25 +142,20 @@ class CudaStager:
     def __init__(self, fmt: BatchFormat, device: torch.device, slots: int) -> None:
         self.fmt = fmt
         self.device = device
-        b, c, h, w = fmt.shape
-        self.ring = SlotRing(slots, fmt.nbytes, b, pin=True)
+        b = fmt.spec.batch_size
+        self.ring = SlotRing(slots, fmt.spec.nbytes, b, pin=True)
         self.stream = torch.cuda.Stream(device)
         self._affine = Affine.from_stats(fmt.mean, fmt.std, device)
         self._scratch: torch.Tensor | None = None
-        memory_format = torch.channels_last if fmt.layout == "nhwc" else torch.contiguous_format
         for slot in self.ring.slots:
             out = None
             if fmt.normalize:
-                out = torch.empty(
-                    (b, c, h, w), dtype=fmt.out_dtype, device=device, memory_format=memory_format
-                )
+                out = fmt.output(device)
                 if fmt.out_dtype != torch.float32 and self._scratch is None:
                     # Used by the side stream only, one batch at a time.
-                    self._scratch = torch.empty(
-                        (b, c, h, w), device=device, memory_format=memory_format
-                    )
+                    self._scratch = fmt.scratch(device)
             slot.device = _DeviceHalf(
-                images=torch.empty(fmt.nbytes, dtype=torch.uint8, device=device),
+                images=torch.empty(fmt.spec.nbytes, dtype=torch.uint8, device=device),
                 labels=torch.empty(b, dtype=torch.int64, device=device),
                 out=out,
                 copied=torch.cuda.Event(),
@@ -188,7 +180,7 @@ class CudaStager:
                 self.stream.wait_event(dev.freed)
             dev.images[:nbytes].copy_(slot.images[:nbytes], non_blocking=True)
             dev.labels[:b].copy_(slot.labels[:b], non_blocking=True)
-            images = images_view(dev.images, header.shape, header.dtype, header.layout)
+            images = header.spec.view_bytes(dev.images)
             if self.fmt.normalize:
                 assert dev.out is not None
                 scratch = None if self._scratch is None else self._scratch[:b]

@@ -52,6 +52,10 @@ from batchwire.client.prefetch import Staged
 log = logging.getLogger(__name__)
 
 _POLL_MS = 100  # longest single poll; bounds how late a reconnect or timeout is noticed
+# The same error reply this many times in a row (with no batch between) is the server's answer,
+# not a hiccup: it is raised as ServerError. Before that, each retry waits twice as long.
+ERRORS_BEFORE_RAISING = 3
+_ERROR_BACKOFF_S = 0.25
 # A next-epoch session we have not spoken to for this long may have been dropped by the server
 # (its --client-timeout, 60 s by default, counts our silence): it is replaced, not adopted,
 # so a long validation between epochs costs a plain restart, never a heartbeat's stall.
@@ -417,10 +421,17 @@ class BatchReceiver:
             return
         if not c.stream.welcomed:  # the answer to our hello: the server will not serve us
             raise ServerError(c.endpoint, message)
-        # After a welcome, an error can only concern a later message; start a clean session:
-        # if the server really cannot serve us, it refuses that hello and we raise then.
-        log.warning("pipeline-server at %s: %s; re-sending hello", c.endpoint, message)
+        # After a welcome, an error can only concern a later message; start a clean session,
+        # backing off, and give up with the server's own words if it keeps saying the same.
+        c.error_streak = c.error_streak + 1 if message == c.last_error else 1
         c.last_error = message
+        if c.error_streak >= ERRORS_BEFORE_RAISING:
+            raise ServerError(c.endpoint, f"{message} (said {c.error_streak} times in a row)")
+        delay = _ERROR_BACKOFF_S * 2 ** (c.error_streak - 1)
+        log.warning(
+            "pipeline-server at %s: %s; re-sending hello in %.2f s", c.endpoint, message, delay
+        )
+        c.retry_at = time.monotonic() + delay
         c.mark_lost()
 
     def _accept_welcome(self, c: ServerConnection, w: wire.Welcome) -> None:
@@ -476,6 +487,7 @@ class BatchReceiver:
         else:
             staged = self._recv_into_slot(c, h)
         self.held[h.batch_index] = Arrived(h, staged, i)
+        c.error_streak = 0  # progress: an error after this is a new one
         # How long this batch took to come (since we last heard or asked): the silence check
         # waits a few times that, so a server that is merely slow is not restarted in a loop.
         gap = c.last_heard - max(c.last_sent, c.prev_heard)

@@ -88,9 +88,7 @@ def _make_stager(
             "--output-dtype uint8"
         )
     fmt = BatchFormat(
-        shape=list(welcome.shape),
-        dtype=welcome.dtype,
-        layout=welcome.layout,
+        spec=welcome.spec,
         normalize=normalize,
         out_dtype=dtype,
         mean=mean or tuple(welcome.mean) or IMAGENET_MEAN,

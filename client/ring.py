@@ -27,19 +27,6 @@ from batchwire import wire
 log = logging.getLogger(__name__)
 
 
-def images_view(flat: torch.Tensor, shape: list[int], dtype: str, layout: str) -> torch.Tensor:
-    """View the first bytes of ``flat`` (uint8) as the logical ``[B, 3, H, W]`` batch.
-
-    ``layout="nhwc"`` bytes become a channels_last tensor (same logical shape, NHWC strides).
-    """
-    b, c, h, w = shape
-    nbytes = wire.images_nbytes(shape, dtype)
-    typed = flat[:nbytes].view(wire.torch_dtype(dtype))
-    if layout == "nhwc":
-        return typed.view(b, h, w, c).permute(0, 3, 1, 2)
-    return typed.view(b, c, h, w)
-
-
 def labels_fixup(labels: torch.Tensor) -> torch.Tensor:
     """Labels travel little-endian; swap them in place on the rare big-endian host."""
     if sys.byteorder != "little":

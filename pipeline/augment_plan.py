@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from batchwire.wire.batch_spec import DTYPES, LAYOUTS, BatchSpec
 
 if TYPE_CHECKING:
     import torch
@@ -34,9 +35,6 @@ RRC_ATTEMPTS = 10
 FLIP_DRAW = 4 * RRC_ATTEMPTS
 JITTER_DRAW = FLIP_DRAW + 1
 NUM_DRAWS = JITTER_DRAW + 4
-
-OUTPUT_DTYPES = ("uint8", "float16", "bfloat16", "float32")
-LAYOUTS = ("nchw", "nhwc")
 
 Box = tuple[float, float, float, float]
 Jitter = tuple[float, float, float, float]
@@ -171,9 +169,9 @@ class AugmentConfig:
             object.__setattr__(self, name, v)
         if min(self.std) <= 0.0:
             raise ValueError(f"std must be > 0, got {self.std}")
-        if self.output_dtype not in OUTPUT_DTYPES:
+        if self.output_dtype not in DTYPES:
             raise ValueError(
-                f"output_dtype must be one of {', '.join(OUTPUT_DTYPES)}, got {self.output_dtype!r}"
+                f"output_dtype must be one of {', '.join(DTYPES)}, got {self.output_dtype!r}"
             )
         if self.layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}, got {self.layout!r}")
@@ -182,17 +180,18 @@ class AugmentConfig:
     def has_jitter(self) -> bool:
         return bool(self.brightness or self.contrast or self.saturation or self.hue)
 
+    def batch_spec(self, batch_size: int) -> BatchSpec:
+        """The batches this augmentation writes: the wire's one description of a batch."""
+        h, w = self.image_size
+        return BatchSpec(batch_size, h, w, self.output_dtype, self.layout)
+
     @property
     def torch_dtype(self) -> torch.dtype:
-        import torch
-
-        return getattr(torch, self.output_dtype)
+        return self.batch_spec(1).torch_dtype
 
     @property
     def memory_format(self) -> torch.memory_format:
-        import torch
-
-        return torch.channels_last if self.layout == "nhwc" else torch.contiguous_format
+        return self.batch_spec(1).memory_format
 
 
 # ---------------------------------------------------------------------------------------------

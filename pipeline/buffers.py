@@ -13,6 +13,7 @@ import threading
 from collections.abc import Sequence
 
 import torch
+from batchwire.wire import BatchSpec
 
 
 class BufferTimeout(TimeoutError):
@@ -63,6 +64,18 @@ class BufferRing:
         self._slot = {t.data_ptr(): i for i, t in enumerate(self.buffers)}
         self._free = list(range(count))
         self._cond = threading.Condition()
+
+    @classmethod
+    def for_spec(
+        cls,
+        count: int,
+        spec: BatchSpec,
+        pin: bool | None = None,
+        *,
+        device: str | torch.device = "cpu",
+    ) -> BufferRing:
+        """A ring of full batches as ``spec`` describes them (shape, dtype and layout)."""
+        return cls(count, spec.shape, spec.torch_dtype, spec.memory_format, pin, device=device)
 
     def __len__(self) -> int:
         return len(self.buffers)

@@ -19,7 +19,6 @@ from pathlib import Path
 
 import numpy as np
 from batchwire.pipeline import paths as _paths
-from batchwire.pipeline.decode.files import read_file
 from batchwire.pipeline.index_cache import IMAGE_EXTENSIONS, cached_folder_index
 
 __all__ = ["IMAGE_EXTENSIONS", "ImageDataset", "open_dataset", "read_list_file"]
@@ -66,6 +65,8 @@ class ImageDataset:
         n = len(self.paths)
         if isinstance(i, bool) or not (-n <= int(i) < n):
             raise IndexError(f"sample index {i} out of range for {n} images")
+        from batchwire.pipeline.decode.files import read_file  # keeps `dataset` import-light
+
         return read_file(self.paths[int(i)])
 
 

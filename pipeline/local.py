@@ -25,8 +25,8 @@ from batchwire.pipeline.augment_plan import AugmentConfig
 from batchwire.pipeline.buffers import BufferRing, BufferTimeout
 from batchwire.pipeline.dataset import ImageDataset, open_dataset
 from batchwire.pipeline.decode import DEFAULT_MAX_PIXELS, BatchDecoder, CpuBatchDecoder
-from batchwire.pipeline.producer import BatchMeta, BatchProducer
-from batchwire.pipeline.sampler import ShardSampler
+from batchwire.pipeline.producer import BatchMeta
+from batchwire.pipeline.split import build_split
 
 log = logging.getLogger("batchwire.pipeline")
 
@@ -65,7 +65,7 @@ class LocalLoader:
 
     `data`: ImageFolder root, list file, an `ImageDataset`, or None for the embedded dataset.
     Train: shuffled, drop_last; val: in order, the last batches padded. `decoder`: "cpu", a
-    name `decoder_select.make_decoder` knows ("auto", "nvjpeg", "dali"), or a `BatchDecoder`.
+    name `decode.select.make_decoder` knows ("auto", "nvjpeg", "dali"), or a `BatchDecoder`.
     `device`: where batches are produced (default: the decoder's device). Extra keyword
     arguments are `AugmentConfig` fields (scale, ratio, flip_prob, brightness, ...,
     output_dtype, layout).
@@ -97,29 +97,20 @@ class LocalLoader:
         self.split = split
         self.dataset = _open(data, split)
         self.config = AugmentConfig(image_size=image_size, train=split == "train", **augment)
-        self.sampler = ShardSampler(
-            len(self.dataset),
-            batch_size,
-            seed=seed,
-            shuffle=split == "train",
-            drop_last=split == "train",
-            rank=rank,
-            world_size=world_size,
-        )
         self.copy = bool(copy)
         self.with_indices = bool(with_indices)
         self.batch_size = int(batch_size)
         self.epoch = 0
         self.decoder, self._owns_decoder = _make_decoder(decoder, threads, device, batch_size)
-        try:  # the probe in BatchProducer fails on a dataset without a readable image
-            self.producer = BatchProducer(
-                self.dataset, self.config, seed, self.decoder, max_pixels=max_pixels
+        try:  # the producer's probe fails on a dataset without a readable image
+            self._split = build_split(
+                split, self.dataset, self.config, seed, self.decoder, max_pixels=max_pixels
             )
-            self.ring = BufferRing(
+            self.producer = self._split.producer
+            self.sampler = self._split.sampler(batch_size, seed, rank, world_size)
+            self.ring = BufferRing.for_spec(
                 ring,
-                self.producer.output_shape(self.batch_size),
-                self.config.torch_dtype,
-                self.config.memory_format,
+                self.producer.output_spec(self.batch_size),
                 device=torch.device(device) if device else self.decoder.device,
             )
         except BaseException:

@@ -19,6 +19,7 @@ from batchwire.pipeline.dataset import ImageDataset
 from batchwire.pipeline.decode import DEFAULT_MAX_PIXELS, BatchDecoder
 from batchwire.pipeline.sampler import BatchPlan
 from batchwire.pipeline.samples import SampleLoader
+from batchwire.wire import BatchSpec
 
 log = logging.getLogger("batchwire.pipeline")
 
@@ -80,17 +81,17 @@ class BatchProducer:
         """Bad-input counters (`bad_total`, `replaced_total`) of the sample loader."""
         return self.samples.counts()
 
-    def output_shape(self, batch_size: int) -> tuple[int, int, int, int]:
-        h, w = self.config.image_size
-        return (batch_size, 3, h, w)
+    def output_spec(self, batch_size: int) -> BatchSpec:
+        """What `produce` writes for a batch of ``batch_size`` (the wire's description)."""
+        return self.config.batch_spec(batch_size)
 
     def produce(self, plan: BatchPlan, out: torch.Tensor) -> BatchMeta:
         """Fill `out` ([B, 3, H, W], config dtype, any memory format) with batch `plan`."""
         n = len(plan.indices)
-        expected = self.output_shape(n)
-        if tuple(out.shape) != expected or out.dtype != self.config.torch_dtype:
+        expected = self.output_spec(n)
+        if list(out.shape) != expected.shape or out.dtype != expected.torch_dtype:
             raise ValueError(
-                f"out must be {list(expected)} {self.config.torch_dtype}, got "
+                f"out must be {expected.shape} {expected.torch_dtype}, got "
                 f"{list(out.shape)} {out.dtype}"
             )
         samples = self.samples.load(plan.epoch, plan.indices)

@@ -20,10 +20,10 @@ from typing import Any
 
 import zmq
 from batchwire import wire
+from batchwire.pipeline.split import Split
 from batchwire.server.bufpool import BufferPool, Slot
 from batchwire.server.config import ServerConfig
-from batchwire.server.sender import send_batch, tensor_bytes
-from batchwire.server.splits import Split, StartupError, make_decoder, open_splits
+from batchwire.server.splits import StartupError, make_decoder, open_splits
 from batchwire.server.streams import ClientStream, Produced, Scheduler
 from batchwire.server.telemetry import Telemetry
 from batchwire.server.workers import Job, JobResult, ProducerPool, StageTimingDecoder, _Phases
@@ -38,6 +38,8 @@ from batchwire.wire import (
     StatsRequest,
     VersionMismatch,
     Welcome,
+    send_batch,
+    tensor_bytes,
 )
 from zmq.utils.monitor import parse_monitor_message
 
@@ -88,10 +90,9 @@ class ServerApp:
         except BaseException:
             self._close_decoder()
             raise
-        first = next(iter(self.splits.values())).augment
-        self.shape = (config.batch_size, 3, config.image_size, config.image_size)
-        self.nbytes = wire.images_nbytes(self.shape, config.output_dtype)
-        self.buffers = BufferPool(self.shape, first.torch_dtype, first.memory_format)
+        # Every split writes the same batches (one image size, dtype and layout): one spec.
+        self.spec = config.batch_spec()
+        self.buffers = BufferPool(self.spec)
         self._bad_seen = dict.fromkeys(self.splits, 0)
 
         self.ctx = zmq.Context()
@@ -125,7 +126,7 @@ class ServerApp:
         os.set_blocking(self._wake_w, False)
         producers = {name: s.producer for name, s in self.splits.items()}
         self.pool = ProducerPool(
-            producers, config.producers, self._phases, self._wake_w, device=config.device
+            producers, config.producers, self._phases, self._wake_w, self.spec, config.device
         )
         self.streams: dict[bytes, ClientStream] = {}
         self.scheduler = Scheduler()
@@ -164,8 +165,8 @@ class ServerApp:
                 ", ".join(self.endpoints),
                 self.config.batch_size,
                 self.config.image_size,
-                self.config.output_dtype,
-                self.config.layout,
+                self.spec.dtype,
+                self.spec.layout,
                 self.config.producers,
                 self.config.workers,
                 self.config.prefetch_depth,
@@ -175,7 +176,7 @@ class ServerApp:
                     self.config.producers,
                     getattr(self.decoder, "max_batch", self.config.batch_size),
                     getattr(self.decoder, "max_image_pixels", None),
-                    self.nbytes,
+                    self.spec.nbytes,
                 )
                 log.info("%s", bound)
             self._loop()
@@ -389,10 +390,10 @@ class ServerApp:
                 session=hello.session,
                 num_batches=sampler.num_batches,
                 num_samples=len(split.dataset),
-                batch_size=self.config.batch_size,
-                shape=list(self.shape),
-                dtype=self.config.output_dtype,
-                layout=self.config.layout,
+                batch_size=self.spec.batch_size,
+                shape=self.spec.shape,
+                dtype=self.spec.dtype,
+                layout=self.spec.layout,
                 mean=list(aug.mean),
                 std=list(aug.std),
                 num_classes=split.dataset.num_classes,
@@ -543,17 +544,16 @@ class ServerApp:
             split=h.split,
             epoch=h.epoch,
             batch_index=batch.batch_index,
-            shape=list(self.shape),
-            dtype=self.config.output_dtype,
-            layout=self.config.layout,
+            shape=self.spec.shape,
+            dtype=self.spec.dtype,
+            layout=self.spec.layout,
             indices=batch.indices,
             replaced=batch.replaced,
-            nbytes=self.nbytes,
+            nbytes=self.spec.nbytes,
         )
         # Counted before the hand-off: ZeroMQ's I/O thread can deliver the batch before this
         # thread runs again, and a scrape must never show fewer batches than a client received.
-        b = self.shape[0]
-        self.telemetry.add_batch(b, self.nbytes + 8 * b)
+        self.telemetry.add_batch(self.spec.batch_size, self.spec.nbytes + self.spec.labels_nbytes)
         tracker = send_batch(
             self.router,
             header,
@@ -565,7 +565,7 @@ class ServerApp:
         self._held[stream.identity] += 1
         self._tracker_wait_ms = 1
         self.telemetry.observe_stage("ready", now - batch.done_at)
-        stream.meter.add(b, now)
+        stream.meter.add(self.spec.batch_size, now)
 
     def _release_sent(self) -> None:
         """Return buffers whose frames ZeroMQ no longer holds (never blocks)."""

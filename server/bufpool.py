@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 from batchwire.pipeline.buffers import BufferRing
+from batchwire.wire import BatchSpec
 
 log = logging.getLogger("batchwire.server")
 
@@ -27,19 +28,10 @@ class Slot:
 
 
 class BufferPool:
-    """Hands out batch tensors of one shape/dtype/memory format, growing by ``chunk`` buffers."""
+    """Hands out batch tensors of one `BatchSpec`, growing by ``chunk`` buffers."""
 
-    def __init__(
-        self,
-        shape: tuple[int, ...],
-        dtype: torch.dtype,
-        memory_format: torch.memory_format,
-        chunk: int = 8,
-        pin: bool | None = None,
-    ) -> None:
-        self.shape = shape
-        self.dtype = dtype
-        self.memory_format = memory_format
+    def __init__(self, spec: BatchSpec, chunk: int = 8, pin: bool | None = None) -> None:
+        self.spec = spec
         self.chunk = chunk
         self.pin = pin
         self._rings: list[BufferRing] = []
@@ -59,7 +51,7 @@ class BufferPool:
             if ring.free:
                 self.held += 1
                 return Slot(ring.acquire(timeout=0), ring)
-        ring = BufferRing(self.chunk, self.shape, self.dtype, self.memory_format, self.pin)
+        ring = BufferRing.for_spec(self.chunk, self.spec, self.pin)
         self._rings.append(ring)
         log.debug(
             "batch buffers: %d (%.1f MB%s)",

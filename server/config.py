@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from batchwire.pipeline.augment_plan import AugmentConfig
-from batchwire.wire import DTYPES, LAYOUTS, MAX_PREFETCH
+from batchwire.wire import MAX_PREFETCH, BatchSpec
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -22,9 +22,11 @@ else:  # Python 3.10
 
 DEFAULT_BIND = "tcp://127.0.0.1:5555"
 DECODERS = ("auto", "cpu", "nvjpeg", "dali")
-# The augmentation settings' defaults are AugmentConfig's, so the two cannot drift apart; it
-# also checks them when the server builds its splits (one validation, one message).
+# The augmentation settings are AugmentConfig's fields under the same names, with its defaults,
+# so the two cannot drift apart; `ServerConfig.augment` hands them over by name and
+# AugmentConfig validates them (one validation, one message).
 _AUGMENT = AugmentConfig(image_size=224, train=True)
+_PER_SPLIT = ("image_size", "train")  # set by the server per split, not copied by name
 
 
 def _default_workers() -> int:
@@ -69,6 +71,20 @@ class ServerConfig:
     def __post_init__(self) -> None:
         self.validate()
 
+    def augment(self, train: bool) -> AugmentConfig:
+        """A split's augmentation: every AugmentConfig field this config has, by name."""
+        shared = {
+            f.name: getattr(self, f.name)
+            for f in fields(AugmentConfig)
+            if f.name in _FIELDS and f.name not in _PER_SPLIT
+        }
+        size = (self.image_size, self.image_size)
+        return AugmentConfig(image_size=size, train=train, **shared)
+
+    def batch_spec(self) -> BatchSpec:
+        """What every batch the server sends is (the same for all splits)."""
+        return self.augment(train=True).batch_spec(self.batch_size)
+
     def validate(self) -> None:
         """Reject impossible settings with a message naming the option."""
         problems = []
@@ -87,12 +103,6 @@ class ServerConfig:
                 problems.append(f"{flag} must be >= 1, got {getattr(self, name)}")
         if self.prefetch_depth > MAX_PREFETCH:
             problems.append(f"--prefetch-depth must be <= {MAX_PREFETCH}")
-        if self.output_dtype not in DTYPES:
-            problems.append(
-                f"--output-dtype must be one of {list(DTYPES)}, got {self.output_dtype!r}"
-            )
-        if self.layout not in LAYOUTS:
-            problems.append(f"--layout must be one of {list(LAYOUTS)}, got {self.layout!r}")
         if self.decoder not in DECODERS:
             problems.append(f"--decoder must be one of {list(DECODERS)}, got {self.decoder!r}")
         if not (self.device == "cpu" or self.device == "cuda" or self.device.startswith("cuda:")):
@@ -101,6 +111,11 @@ class ServerConfig:
             problems.append("--client-timeout must be > 0")
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
             problems.append(f"--metrics-port must be a TCP port, got {self.metrics_port}")
+        if not problems:
+            try:  # the augmentation and output settings, checked where they are defined
+                self.batch_spec()
+            except ValueError as exc:
+                problems.append(str(exc))
         if problems:
             raise ValueError("; ".join(problems))
 

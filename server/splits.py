@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from typing import Any
 
-from batchwire.pipeline.augment_plan import AugmentConfig
 from batchwire.pipeline.dataset import ImageDataset, open_dataset
 from batchwire.pipeline.decode import CpuBatchDecoder
-from batchwire.pipeline.producer import BatchProducer
-from batchwire.pipeline.sampler import ShardSampler
+from batchwire.pipeline.split import Split, build_split
 from batchwire.server.config import ServerConfig
 
 log = logging.getLogger("batchwire.server")
@@ -18,51 +15,6 @@ log = logging.getLogger("batchwire.server")
 
 class StartupError(RuntimeError):
     """The server cannot start as configured; the message says why and what to change."""
-
-
-@dataclass
-class Split:
-    """One servable split: its files, how its samples are augmented, and who produces them."""
-
-    name: str
-    dataset: ImageDataset
-    augment: AugmentConfig
-    producer: BatchProducer | None = None
-
-    @property
-    def train(self) -> bool:
-        return self.augment.train
-
-    def sampler(self, batch_size: int, seed: int, rank: int, world_size: int) -> ShardSampler:
-        """Train: shuffled, incomplete last round dropped; val: in order, padded."""
-        return ShardSampler(
-            len(self.dataset),
-            batch_size,
-            seed=seed,
-            shuffle=self.train,
-            drop_last=self.train,
-            rank=rank,
-            world_size=world_size,
-        )
-
-
-def augment_config(config: ServerConfig, train: bool) -> AugmentConfig:
-    return AugmentConfig(
-        image_size=(config.image_size, config.image_size),
-        train=train,
-        scale=tuple(config.scale),
-        ratio=tuple(config.ratio),
-        flip_prob=config.flip_prob,
-        brightness=config.brightness,
-        contrast=config.contrast,
-        saturation=config.saturation,
-        hue=config.hue,
-        val_crop_fraction=config.val_crop_fraction,
-        mean=tuple(config.mean),
-        std=tuple(config.std),
-        output_dtype=config.output_dtype,
-        layout=config.layout,
-    )
 
 
 def data_roots(config: ServerConfig) -> dict[str, str]:
@@ -163,10 +115,10 @@ def open_splits(config: ServerConfig, decoder: Any) -> dict[str, Split]:
                     f"would name other classes than the model learnt. Give --{name} the same "
                     "class folders as --train"
                 )
-        split = Split(name, dataset, augment_config(config, train=(name == "train")))
+        augment = config.augment(train=(name == "train"))
         try:
-            split.producer = BatchProducer(
-                dataset, split.augment, config.seed, decoder, max_pixels=config.max_pixels
+            split = build_split(
+                name, dataset, augment, config.seed, decoder, max_pixels=config.max_pixels
             )
         except ValueError as exc:  # e.g. UnreadableDatasetError from the probe
             raise StartupError(f"--{name} {root}: {exc}") from None

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from batchwire.wire import BatchSpec
 
 log = logging.getLogger("batchwire.server")
 
@@ -47,14 +48,6 @@ class JobResult:
     indices: np.ndarray | None  # public indices, -1 = padding
     seconds: float
     error: str | None = None
-
-
-def _memory_format(t: Any) -> Any:
-    import torch
-
-    if not t.is_contiguous() and t.is_contiguous(memory_format=torch.channels_last):
-        return torch.channels_last
-    return torch.contiguous_format
 
 
 class _Phases:
@@ -125,9 +118,11 @@ class ProducerPool:
         n: int,
         phases: _Phases,
         wake_fd: int,
+        spec: BatchSpec,
         device: str = "cpu",
     ) -> None:
         self.producers = producers  # split -> BatchProducer
+        self.spec = spec  # what every batch is: the device buffer is allocated from it
         self.device = device
         self.n = n
         self.phases = phases
@@ -202,9 +197,7 @@ class ProducerPool:
 
         local = self._local
         if getattr(local, "device_out", None) is None:
-            local.device_out = torch.empty(
-                host_out.shape, dtype=host_out.dtype, device=self.device
-            ).contiguous(memory_format=_memory_format(host_out))
+            local.device_out = self.spec.empty(device=self.device)
             local.stream = torch.cuda.Stream(device=self.device)
         with torch.cuda.stream(local.stream):
             meta = self.producers[split].produce(plan, local.device_out)

@@ -7,14 +7,23 @@ that works is tested against real servers in test_remote_loader*.py.
 
 from __future__ import annotations
 
+import itertools
 import threading
+import time
 from collections.abc import Callable
 
 import msgpack
 import pytest
 import zmq
 from batchwire import wire
-from batchwire.client import ProtocolError, RemoteLoader, ServerUnavailable, VersionMismatch
+from batchwire.client import (
+    ProtocolError,
+    RemoteLoader,
+    ServerError,
+    ServerUnavailable,
+    VersionMismatch,
+)
+from batchwire.client.receiver import ERRORS_BEFORE_RAISING
 
 SHAPE = [2, 3, 4, 4]
 NBYTES = 2 * 3 * 4 * 4
@@ -179,3 +188,31 @@ def test_peer_that_never_answers_the_hello_times_out_naming_it():
         loader.close()
     finally:
         srv.close()
+
+
+def test_a_repeated_error_reply_is_raised_as_the_servers_error_after_a_few_backed_off_tries():
+    """A server that welcomes every hello and then answers with the same error: the loader
+    backs off and raises ServerError with the server's words, instead of re-sending its hello
+    hundreds of times a second until its timeout and raising ServerUnavailable."""
+    hellos = []
+
+    def reply(sock, identity, hello):
+        hellos.append(time.monotonic())
+        sock.send_multipart([identity, welcome(hello.session)])
+        sock.send_multipart([identity, wire.ErrorReply(message="disk on fire").pack()])
+
+    srv = RawServer(reply)
+    try:
+        with RemoteLoader(
+            srv.endpoint, "train", rank=0, world_size=1, device="cpu", timeout=30
+        ) as loader:
+            started = time.monotonic()
+            with pytest.raises(ServerError, match="disk on fire"):
+                next(iter(loader))
+            took = time.monotonic() - started
+    finally:
+        srv.close()
+    assert len(hellos) == ERRORS_BEFORE_RAISING
+    gaps = [b - a for a, b in itertools.pairwise(hellos)]
+    assert all(gap >= 0.2 for gap in gaps), f"no back-off between hellos: {gaps}"
+    assert took < 10, "raised long before the loader's timeout"

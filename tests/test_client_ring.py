@@ -9,7 +9,8 @@ import pytest
 import torch
 from batchwire.client import ProtocolError
 from batchwire.client.normalize import Affine, normalize_uint8
-from batchwire.client.ring import RecyclingPool, SlotRing, images_view, writable
+from batchwire.client.ring import RecyclingPool, SlotRing, writable
+from batchwire.wire import BatchSpec, tensor_bytes
 
 
 def test_ring_reuses_returned_slots_last_and_refuses_overdraw():
@@ -36,7 +37,7 @@ def test_buffers_refuse_frames_larger_than_the_welcome():
 
 @pytest.mark.parametrize("dtype", [torch.uint8, torch.float16, torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("layout", ["nchw", "nhwc"])
-def test_images_view_reads_the_bytes_a_server_sends(dtype, layout):
+def test_spec_views_the_bytes_a_server_sends(dtype, layout):
     batch = (torch.arange(2 * 3 * 4 * 5) % 251).to(dtype).view(2, 3, 4, 5)
     if layout == "nhwc":
         batch = batch.contiguous(memory_format=torch.channels_last)
@@ -46,7 +47,10 @@ def test_images_view_reads_the_bytes_a_server_sends(dtype, layout):
     flat = torch.empty(1000, dtype=torch.uint8)  # larger than the batch, like a ring slot
     raw = wire.reshape(-1).view(torch.uint8)
     writable(flat, raw.numel())[:] = raw.numpy().tobytes()
-    view = images_view(flat, [2, 3, 4, 5], str(dtype).removeprefix("torch."), layout)
+    spec = BatchSpec(2, 4, 5, str(dtype).removeprefix("torch."), layout)
+    assert spec.nbytes == raw.numel()
+    assert torch.equal(torch.from_numpy(tensor_bytes(batch).copy()), raw)  # the server's bytes
+    view = spec.view_bytes(flat)
     assert view.shape == (2, 3, 4, 5) and view.dtype == dtype
     assert torch.equal(view, batch)
     assert view.is_contiguous(memory_format=torch.channels_last) == (layout == "nhwc")

@@ -31,7 +31,7 @@ def test_metrics_move_while_a_trainer_consumes(ctx: zmq.Context) -> None:
     port = free_port()
     with running_server(*SERVER_ARGS, "--metrics-port", str(port)) as srv:
         trainer = RawTrainer(srv.endpoint, b"bw-m0", ctx)
-        trainer.hello()
+        trainer.start()
         trainer.credit(trainer.prefetch)
         trainer.consume(2)
         first = scrape(port)

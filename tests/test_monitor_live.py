@@ -103,7 +103,7 @@ def run_monitor(*args: str, timeout: float = 30) -> subprocess.CompletedProcess:
 def test_once_json_against_a_live_server(server: ServerProcess, ctx: zmq.Context) -> None:
     trainer = RawTrainer(server.endpoint, b"bw-j0", ctx)
     try:
-        trainer.hello()
+        trainer.start()
         trainer.credit(trainer.prefetch)
         trainer.consume(3)
 
@@ -265,7 +265,7 @@ def frames(data: bytes) -> list[list[str]]:
 @pytest.mark.timeout(120)
 def test_live_view_in_a_pseudo_terminal(server: ServerProcess, ctx: zmq.Context) -> None:
     trainer = RawTrainer(server.endpoint, b"bw-p0", ctx)
-    trainer.hello()
+    trainer.start()
     trainer.credit(trainer.prefetch)
     trainer.consume(2)
     master, slave = pty.openpty()
@@ -329,7 +329,7 @@ def test_a_trainer_that_stops_reading_is_named_the_bottleneck(
     wait_for(lambda: not server.stats()["clients"], "earlier clients to leave")
     trainer = RawTrainer(server.endpoint, b"bw-s0", ctx)
     try:
-        trainer.hello()
+        trainer.start()
         trainer.credit(trainer.prefetch)
         trainer.consume(1)
 

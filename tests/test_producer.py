@@ -53,7 +53,7 @@ def produce(ds: ImageDataset, config: AugmentConfig, threads: int, batch: int, s
         producer = BatchProducer(ds, config, seed, dec)
         outs = []
         for plan in sampler.plans(0):
-            out = torch.empty(producer.output_shape(batch), dtype=config.torch_dtype)
+            out = torch.empty(producer.output_spec(batch).shape, dtype=config.torch_dtype)
             out = out.contiguous(memory_format=config.memory_format)
             outs.append((out, producer.produce(plan, out), plan))
     return producer, outs
@@ -143,7 +143,7 @@ def test_full_colour_jitter_matches_the_reference_op(photos: ImageDataset) -> No
         outs = []
         for augment in (None, augment_batch_reference):
             producer = BatchProducer(photos, config, 3, dec, augment=augment)
-            out = torch.empty(producer.output_shape(8), dtype=torch.uint8)
+            out = torch.empty(producer.output_spec(8).shape, dtype=torch.uint8)
             producer.produce(plan, out)
             outs.append(out)
     native_out, reference_out = outs
@@ -168,8 +168,8 @@ def test_cuda_output_matches_cpu(mixed: ImageDataset) -> None:
     plan = sampler.plan(0, 0)
     with CpuBatchDecoder(2) as dec:
         producer = BatchProducer(mixed, config, 0, dec)
-        cpu = torch.empty(producer.output_shape(6), dtype=torch.uint8)
-        gpu = torch.empty(producer.output_shape(6), dtype=torch.uint8, device="cuda")
+        cpu = torch.empty(producer.output_spec(6).shape, dtype=torch.uint8)
+        gpu = torch.empty(producer.output_spec(6).shape, dtype=torch.uint8, device="cuda")
         producer.produce(plan, cpu)
         producer.produce(plan, gpu)
     assert (gpu.cpu().int() - cpu.int()).abs().max() <= 1

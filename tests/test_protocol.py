@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 from batchwire import wire as p
-from batchwire.server.sender import tensor_bytes
+from batchwire.wire import tensor_bytes
 
 HELLO = p.Hello(
     split="train",

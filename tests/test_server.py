@@ -26,6 +26,7 @@ from batchwire.pipeline.decode import CpuBatchDecoder
 from batchwire.pipeline.producer import BatchProducer
 from batchwire.pipeline.sampler import ShardSampler
 from batchwire.pipeline.synthetic import default_dataset
+from batchwire.wire.raw_client import RawClient
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from serverproc import running_server
@@ -68,48 +69,9 @@ def train_set():
     return open_dataset(default_dataset().train_root)
 
 
-class Client:
-    """A raw DEALER speaking protocol v1 by hand."""
-
-    def __init__(self, srv, endpoint=None, sock=None, **hello):
-        self.sock = sock if sock is not None else srv.dealer(endpoint)
-        fields = dict(
-            split="train",
-            rank=0,
-            world_size=1,
-            epoch=0,
-            start_batch=0,
-            prefetch=2,
-            shard=(0, 1),
-            session=1,
-        )
-        fields.update(hello)
-        self.hello = p.Hello(**fields)
-
-    def send(self, msg) -> None:
-        self.sock.send(msg.pack())
-
-    def recv(self, timeout=20.0):
-        assert self.sock.poll(int(timeout * 1000)), f"nothing from the server in {timeout}s"
-        frames = self.sock.recv_multipart()
-        msg = p.decode_server_message(frames[0])
-        return msg, frames[1:]
-
-    def start(self) -> p.Welcome:
-        self.send(self.hello)
-        msg, _ = self.recv()
-        assert isinstance(msg, p.Welcome), msg
-        return msg
-
-    def batch(self):
-        msg, rest = self.recv()
-        assert isinstance(msg, p.BatchHeader), msg
-        images, labels = rest
-        assert len(images) == msg.nbytes
-        return msg, images, p.labels_from_frame(labels, msg.batch_size)
-
-    def close(self):
-        self.sock.close(0)
+def raw_client(srv, endpoint=None, sock=None, **hello) -> RawClient:
+    """A raw DEALER speaking the protocol by hand (``hello``: fields of its Hello)."""
+    return RawClient(sock if sock is not None else srv.dealer(endpoint), **hello)
 
 
 def _client_row(srv, split, rank, epoch, world_size=None):
@@ -226,7 +188,7 @@ def test_startup_errors_are_clear(args, needles):
 
 
 def test_hello_welcome_batches_match_the_files(server, train_set):
-    c = Client(server, epoch=2, prefetch=2, session=77)
+    c = raw_client(server, epoch=2, prefetch=2, session=77)
     try:
         w = c.start()
         sampler = ShardSampler(len(train_set), BATCH, seed=SEED, shuffle=True, drop_last=True)
@@ -262,7 +224,7 @@ def test_hello_welcome_batches_match_the_files(server, train_set):
 
 
 def test_shard_and_start_batch_and_replaced_hello(server):
-    c = Client(server, start_batch=3, shard=(1, 2), prefetch=3, epoch=5, session=1)
+    c = raw_client(server, start_batch=3, shard=(1, 2), prefetch=3, epoch=5, session=1)
     try:
         c.start()
         assert [c.batch()[0].batch_index for _ in range(3)] == [3, 5, 7]
@@ -282,8 +244,8 @@ def test_shard_and_start_batch_and_replaced_hello(server):
 
 
 def test_world_size_mismatch_is_an_error_not_a_crash(server):
-    a = Client(server, world_size=2, rank=0, epoch=7, session=1)
-    b = Client(server, world_size=4, rank=1, epoch=7, session=2)
+    a = raw_client(server, world_size=2, rank=0, epoch=7, session=1)
+    b = raw_client(server, world_size=4, rank=1, epoch=7, session=2)
     try:
         a.start()
         errors_before = server.stats()["counters"]["errors_total"]
@@ -302,8 +264,8 @@ def test_world_size_mismatch_is_an_error_not_a_crash(server):
 def test_unservable_hello_is_an_error_for_that_client_only(server):
     """More ranks x batch than the split has samples leaves no batch to serve: that client
     gets an error naming the cause, and the server serves the next client as usual."""
-    greedy = Client(server, world_size=10_000, rank=0, epoch=13, session=4)
-    good = Client(server, epoch=13, session=3)
+    greedy = raw_client(server, world_size=10_000, rank=0, epoch=13, session=4)
+    good = raw_client(server, epoch=13, session=3)
     try:
         greedy.send(greedy.hello)
         msg, _ = greedy.recv()
@@ -331,7 +293,7 @@ def test_credits_without_reading_pin_no_more_than_prefetch_buffers():
         sock.rcvhwm = 1
         sock.setsockopt(zmq.RCVBUF, 4096)
         sock.connect(srv.endpoint)
-        flood = Client(srv, sock=sock, prefetch=2)
+        flood = raw_client(srv, sock=sock, prefetch=2)
         try:
             flood.send(flood.hello)
             for _ in range(30):
@@ -353,7 +315,7 @@ def test_credits_without_reading_pin_no_more_than_prefetch_buffers():
 
 def test_malformed_frames_are_counted_and_the_server_keeps_serving(server):
     raw = server.dealer()
-    good = Client(server, epoch=9, session=5)
+    good = raw_client(server, epoch=9, session=5)
     try:
         before = server.stats()["counters"]["malformed_total"]
         bad_frames = [
@@ -389,7 +351,7 @@ def test_error_replies_stay_short_whatever_the_peer_sent(server):
     is shown abridged), not one several times the frame."""
     raw = server.dealer()
     huge_version = msgpack.packb({"v": [-32] * 60_000, "type": "stats"})
-    huge_split = Client(server, sock=raw, split="\x00" * 60_000).hello.pack()
+    huge_split = raw_client(server, sock=raw, split="\x00" * 60_000).hello.pack()
     try:
         for frame in (huge_version, huge_split):
             raw.send(frame)
@@ -403,8 +365,8 @@ def test_error_replies_stay_short_whatever_the_peer_sent(server):
 
 
 def test_stopped_client_holds_bounded_memory_while_another_is_served(server):
-    stalled = Client(server, rank=0, world_size=2, epoch=11, prefetch=2, session=1)
-    healthy = Client(server, rank=1, world_size=2, epoch=11, prefetch=2, session=2)
+    stalled = raw_client(server, rank=0, world_size=2, epoch=11, prefetch=2, session=1)
+    healthy = raw_client(server, rank=1, world_size=2, epoch=11, prefetch=2, session=2)
     try:
         stalled.start()
         healthy.start()
@@ -453,8 +415,8 @@ def test_nhwc_float16_over_ipc_and_sigterm_tells_every_client(tmp_path):
     args = (*map(str, ARGS), "--output-dtype", "float16", "--layout", "nhwc", "--bind", ipc)
     with running_server(*args) as srv:
         clients = [
-            Client(srv, prefetch=2, session=1),
-            Client(srv, ipc, split="val", prefetch=2, session=2),
+            raw_client(srv, prefetch=2, session=1),
+            raw_client(srv, ipc, split="val", prefetch=2, session=2),
         ]
         try:
             for c in clients:
@@ -487,7 +449,7 @@ def test_nhwc_float16_over_ipc_and_sigterm_tells_every_client(tmp_path):
 
 def test_silent_client_is_dropped_and_can_come_back():
     with running_server(*map(str, ARGS), "--client-timeout", "1") as srv:
-        c = Client(srv, prefetch=1, session=1)
+        c = raw_client(srv, prefetch=1, session=1)
         try:
             c.start()
             c.batch()

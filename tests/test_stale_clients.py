@@ -35,7 +35,7 @@ import sys, time, zmq
 sys.path.insert(0, sys.argv[2])
 from rawclient import RawTrainer
 trainer = RawTrainer(sys.argv[1], b"notebook", zmq.Context())
-trainer.hello()
+trainer.start()
 print("welcomed", flush=True)
 time.sleep(600)  # a notebook kernel idling with its loader open
 """
@@ -101,7 +101,7 @@ def test_dead_world_size_1_client_frees_the_split_within_seconds(how: str, ctx) 
 def test_world_size_refusal_names_the_live_client_and_its_expiry(ctx) -> None:
     with running_server(*TIMEOUT_ARGS) as srv:
         live = RawTrainer(srv.endpoint, b"live-nb", ctx)
-        live.hello()
+        live.start()
         job = ctx.socket(zmq.DEALER)
         job.linger = 0
         job.connect(srv.endpoint)

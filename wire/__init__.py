@@ -5,7 +5,8 @@ Server, client, monitor, trainer, benchmarks and tests all speak through this pa
 - `messages`: the message dataclasses (`Hello`, `Credit`, `Bye`, `StatsRequest`; `Welcome`,
   `ErrorReply`, `Shutdown`, `BatchHeader`, `StatsReply`) and `decode_client_message` /
   `decode_server_message`;
-- `frames`: msgpack control frames with hard limits, and the labels frame;
+- `frames`: msgpack control frames with hard limits, and the labels frame; `send`: a batch's
+  frames out of a socket without copying the images;
 - `batch_spec`: `BatchSpec`, the one table of output formats (shape, dtype, layout, bytes,
   torch dtype, memory format);
 - `errors`: `ProtocolError` (and `VersionMismatch`), raised by either side for a bad frame;
@@ -56,6 +57,7 @@ from batchwire.wire.messages import (
     decode_client_message,
     decode_server_message,
 )
+from batchwire.wire.send import send_batch
 
 __all__ = [
     "DTYPES",
@@ -92,6 +94,7 @@ __all__ = [
     "labels_to_frame",
     "numpy_dtype",
     "pack",
+    "send_batch",
     "show",
     "tensor_bytes",
     "torch_dtype",

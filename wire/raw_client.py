@@ -72,7 +72,7 @@ class RawClient:
         frames = self.sock.recv_multipart()
         return decode_server_message(frames[0]), frames[1:]
 
-    def start(self, timeout: float = 20.0, **changes: Any) -> Welcome:
+    def start(self, timeout: float = 60.0, **changes: Any) -> Welcome:
         """Send the hello (with ``changes``) and return the welcome; an error reply raises."""
         if changes:
             self.hello = Hello(**{**self.hello.__dict__, **changes})

@@ -10,26 +10,9 @@ frame, so the frames are sent one by one here.
 from __future__ import annotations
 
 import numpy as np
-import torch
 import zmq
-from batchwire.wire import BatchHeader, labels_to_frame
-
-
-def tensor_bytes(t: torch.Tensor) -> np.ndarray:
-    """The tensor's memory as a flat uint8 array, in its layout (no copy).
-
-    NCHW-contiguous tensors are their own bytes; channels_last tensors are NHWC in memory, which
-    is what the wire carries for ``layout="nhwc"``. Anything else is a bug upstream.
-    """
-    if t.is_contiguous():
-        dense = t
-    elif t.dim() == 4 and t.is_contiguous(memory_format=torch.channels_last):
-        dense = t.permute(0, 2, 3, 1)
-    else:
-        raise ValueError(f"batch tensor with strides {t.stride()} is neither NCHW nor NHWC dense")
-    if dense.device.type != "cpu":
-        raise ValueError(f"batch tensor must be in host memory to send, got {dense.device}")
-    return dense.reshape(-1).view(torch.uint8).numpy()
+from batchwire.wire.frames import labels_to_frame
+from batchwire.wire.messages import BatchHeader
 
 
 def send_batch(

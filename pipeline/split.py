@@ -1,0 +1,55 @@
+"""A split: its files, its sampler policy, how its samples are augmented, and its producer.
+
+Built in one place for the server and for `LocalLoader`, so "LocalLoader yields RemoteLoader's
+batches" holds by construction rather than by keeping two assemblies in step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from batchwire.pipeline.augment_plan import AugmentConfig
+from batchwire.pipeline.dataset import ImageDataset
+from batchwire.pipeline.decode import DEFAULT_MAX_PIXELS, BatchDecoder
+from batchwire.pipeline.producer import BatchProducer
+from batchwire.pipeline.sampler import ShardSampler
+
+
+@dataclass
+class Split:
+    """One servable split; ``augment.train`` decides the sampler policy and the augmentation."""
+
+    name: str
+    dataset: ImageDataset
+    augment: AugmentConfig
+    producer: BatchProducer
+
+    @property
+    def train(self) -> bool:
+        return self.augment.train
+
+    def sampler(self, batch_size: int, seed: int, rank: int, world_size: int) -> ShardSampler:
+        """Train: shuffled, the incomplete last round dropped; val: in order, padded."""
+        return ShardSampler(
+            len(self.dataset),
+            batch_size,
+            seed=seed,
+            shuffle=self.train,
+            drop_last=self.train,
+            rank=rank,
+            world_size=world_size,
+        )
+
+
+def build_split(
+    name: str,
+    dataset: ImageDataset,
+    augment: AugmentConfig,
+    seed: int,
+    decoder: BatchDecoder,
+    max_pixels: int | None = DEFAULT_MAX_PIXELS,
+) -> Split:
+    """The split's producer over ``dataset``; ValueError (e.g. `UnreadableDatasetError` from
+    the producer's probe) when it cannot produce a single batch."""
+    producer = BatchProducer(dataset, augment, seed, decoder, max_pixels=max_pixels)
+    return Split(name, dataset, augment, producer)
