@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 
 import torch
+from batchwire.common.devices import env_int, parse_device
 
 
 def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
@@ -23,14 +24,14 @@ def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
         if dist.is_available() and dist.is_initialized():
             env_rank, env_world = dist.get_rank(), dist.get_world_size()
         else:
-            env_world = _env_int("WORLD_SIZE", 1)
+            env_world = env_int("WORLD_SIZE", 1)
             if env_world > 1 and "RANK" not in os.environ and rank is None:
                 raise ValueError(
                     f"WORLD_SIZE={env_world} is set but RANK is not: this process cannot tell "
                     "which shard is its own. Launch with torchrun (it sets both), initialise "
                     "torch.distributed before the loader connects, or pass rank= explicitly"
                 )
-            env_rank = _env_int("RANK", 0)
+            env_rank = env_int("RANK", 0)
         rank = env_rank if rank is None else rank
         world_size = env_world if world_size is None else world_size
     check_rank(rank, world_size)
@@ -56,14 +57,12 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
     """
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    dev = torch.device(device)
+    dev = parse_device(device)
     if dev.type == "cuda":
         if not torch.cuda.is_available():
             raise ValueError(f"device {device!r} asked for, but CUDA is not available")
         if dev.index is None:
             dev = torch.device("cuda", local_cuda_index(torch.cuda.device_count()))
-    elif dev.type != "cpu":
-        raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {device!r}")
     return dev
 
 
@@ -72,17 +71,7 @@ def local_cuda_index(device_count: int) -> int:
     current = torch.cuda.current_device() if device_count else 0
     if current != 0:  # chosen explicitly with torch.cuda.set_device
         return current
-    local_rank = _env_int("LOCAL_RANK", -1)
+    local_rank = env_int("LOCAL_RANK", -1)
     if 0 <= local_rank < device_count:
         return local_rank
     return current
-
-
-def _env_int(name: str, default: int) -> int:
-    raw = os.environ.get(name)
-    if raw is None or raw.strip() == "":
-        return default
-    try:
-        return int(raw)
-    except ValueError:
-        raise ValueError(f"environment variable {name}={raw!r} is not an integer") from None

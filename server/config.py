@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from batchwire.common.devices import parse_device
 from batchwire.pipeline.augment_plan import AugmentConfig
 from batchwire.wire import MAX_PREFETCH, BatchSpec
 
@@ -105,7 +106,9 @@ class ServerConfig:
             problems.append(f"--prefetch-depth must be <= {MAX_PREFETCH}")
         if self.decoder not in DECODERS:
             problems.append(f"--decoder must be one of {list(DECODERS)}, got {self.decoder!r}")
-        if not (self.device == "cpu" or self.device == "cuda" or self.device.startswith("cuda:")):
+        try:
+            parse_device(self.device)
+        except ValueError:
             problems.append(f"--device must be cpu, cuda or cuda:N, got {self.device!r}")
         if self.client_timeout <= 0:
             problems.append("--client-timeout must be > 0")

@@ -19,6 +19,7 @@ import threading
 from collections.abc import Sequence
 
 import torch
+from batchwire.common import devices
 from batchwire.pipeline.decode.contract import DecodeRequest, DecodeResult
 from batchwire.pipeline.decode.cpu import CpuBatchDecoder
 
@@ -28,16 +29,8 @@ DEFAULT_MAX_GPU_IMAGE_PIXELS = 16 * 1024 * 1024
 
 
 def parse_device(device: str | torch.device) -> torch.device:
-    """'cpu', 'cuda' or 'cuda:N' as a torch.device with an explicit index for CUDA."""
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError):
-        raise ValueError(f"device must be cpu, cuda or cuda:N, got {device!r}") from None
-    if dev.type == "cuda" and dev.index is None:
-        dev = torch.device("cuda", 0)
-    if dev.type not in ("cpu", "cuda"):
-        raise ValueError(f"device must be cpu, cuda or cuda:N, got {device!r}")
-    return dev
+    """'cpu', 'cuda' or 'cuda:N'; a decoder's index-less 'cuda' is GPU 0."""
+    return devices.parse_device(device, default_index=0)
 
 
 class CpuFallback:
