@@ -4,7 +4,7 @@ Everything runs on the consumer's thread. ZeroMQ's own I/O thread already receiv
 credited number of batches in the background; what is left for us is, for CUDA, one
 ``recv_into`` per frame (straight into the pinned slot the batch will be staged from) and
 queueing the asynchronous device copy; for the CPU, taking the frames as they are (no copy, see
-`prefetch.CpuStager`). Before blocking on the batch it needs next, `get` takes in every batch
+`staging.CpuStager`). Before blocking on the batch it needs next, `get` takes in every batch
 that has already arrived, so copies are queued a step or more ahead of their use. A single
 thread also means no socket is ever shared between threads and no error has to be ferried
 across one.
@@ -47,7 +47,7 @@ import zmq
 from batchwire import wire
 from batchwire.client.connection import ServerConnection
 from batchwire.client.errors import ProtocolError, ServerError, ServerUnavailable
-from batchwire.client.prefetch import Staged
+from batchwire.client.staging import Staged
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +75,7 @@ class BatchReceiver:
     """Receives one rank's batches of one split from one or more servers, in epoch order.
 
     ``make_stager(welcome)`` is called once, with the first welcome, to build the object that
-    turns received bytes into tensors (see `prefetch`); it must offer ``slots_needed`` slots.
+    turns received bytes into tensors (see `staging`); it must offer ``slots_needed`` slots.
     """
 
     def __init__(

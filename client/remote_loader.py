@@ -54,8 +54,8 @@ from batchwire.client.errors import LoaderError
 from batchwire.client.frameworks import refuse_resharding_wrappers
 from batchwire.client.normalize import IMAGENET_MEAN, IMAGENET_STD, check_dtype
 from batchwire.client.placement import check_rank, resolve_device, resolve_rank
-from batchwire.client.prefetch import BatchFormat, CpuStager, CudaStager, Staged
 from batchwire.client.receiver import BatchReceiver
+from batchwire.client.staging import BatchFormat, CpuStager, CudaStager, Staged
 from torch.utils.data import IterableDataset, get_worker_info
 
 try:  # written by the monitoring work; the loader runs without it

@@ -3,13 +3,13 @@
 Two policies, chosen by the target device:
 
 - CPU: nothing is recycled behind the user's back. Received bytes are used where ZeroMQ put
-  them (`prefetch.CpuStager`), and a normalised batch is written into a `RecyclingPool` buffer
+  them (`staging.CpuStager`), and a normalised batch is written into a `RecyclingPool` buffer
   that is reused only once no tensor, view or array refers to it any more: a yielded tensor is
   the user's for as long as they keep it. Why a pool at all: a fresh 38 MB tensor per batch
   costs ~9,000 page faults (glibc maps allocations that large afresh every time), more CPU
   than the arithmetic that fills it.
 - CUDA: a fixed ring of pinned slots (`SlotRing`), so ``recv_into`` writes straight into
-  page-locked memory that the copy engine can read asynchronously; `prefetch.CudaStager` owns
+  page-locked memory that the copy engine can read asynchronously; `staging.CudaStager` owns
   the device half of each slot and the events that say when a slot may be reused.
 """
 
@@ -46,7 +46,7 @@ class HostSlot:
     images: torch.Tensor  # uint8 [capacity]
     labels: torch.Tensor  # int64 [max batch size]
     index: int = -1  # position in its ring; -1 for a one-off CPU slot
-    #: Device half and events, owned by `prefetch.CudaStager` (None on the CPU path).
+    #: Device half and events, owned by `staging.CudaStager` (None on the CPU path).
     device: object | None = field(default=None, repr=False)
 
     def images_buffer(self, nbytes: int) -> memoryview:
