@@ -5,7 +5,8 @@ By default the server decodes and augments into uint8 batches (4x fewer wire byt
 float32) and the loader normalises them to float32 on its device; with `wire="float32"` the
 server's fused op normalises and the loader takes the batches as they come. Either way a
 training loop receives normalised float32 images, like the DataLoader's and DALI's rows.
-The server's start-up and the first batches fall into the warm-up.
+The loader connects once the server answers (its start-up is never timed); the first batches
+fall into the warm-up.
 
 `pipeline_server` and `time_remote_loader` are the two halves, for benchmarks that time several
 loaders against one server; `batchwire_row` is both in one call.
@@ -14,10 +15,6 @@ loaders against one server; `batchwire_row` is both in one call.
 from __future__ import annotations
 
 import itertools
-import signal
-import socket
-import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -26,27 +23,10 @@ from typing import Any
 
 import torch
 from batchwire.bench.baselines import Measured, time_batches
+from batchwire.common.launcher import PipelineServer, free_tcp_endpoint
 
 #: How the benchmark's RemoteLoader reaches its server.
 TRANSPORTS = ("ipc", "tcp")
-
-
-def free_tcp_endpoint() -> str:
-    """A loopback endpoint whose port was free a moment ago (the server binds it right away)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return f"tcp://127.0.0.1:{s.getsockname()[1]}"
-
-
-def _stop(proc: subprocess.Popen, timeout: float = 15.0) -> None:
-    if proc.poll() is not None:
-        return
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(timeout)
 
 
 @contextmanager
@@ -61,55 +41,42 @@ def pipeline_server(
     device: str = "cpu",
     producers: int | None = None,
     transport: str = "ipc",
+    start_timeout: float = 120,
 ) -> Iterator[str]:
-    """Run `pipeline-server --train train` as a subprocess; yields its endpoint, stops it after.
+    """Run `pipeline-server --train train` as a subprocess; yields its endpoint once it serves,
+    stops it after (SIGTERM, SIGKILL after 15 s).
 
     ``transport`` "ipc" (a Unix socket, what a trainer on the server's host uses: measured 4-6 %
     faster end to end here than loopback TCP, whose stack costs CPU that decode needs) or
     "tcp" (loopback, as a trainer on another host would connect). An exception raised inside
     the block comes out as a RuntimeError carrying the tail of the server's log, since the
-    cause of a failed row is usually written there.
+    cause of a failed row is usually written there (a failed start says it the same way).
     """
     if transport not in TRANSPORTS:
         raise ValueError(f"transport must be one of {TRANSPORTS}, got {transport!r}")
-    tmp = tempfile.TemporaryDirectory(prefix="bw-bench-")
-    endpoint = free_tcp_endpoint() if transport == "tcp" else f"ipc://{tmp.name}/server.sock"
-    command = [
-        sys.executable,
-        "-m",
-        "batchwire.server",
-        "--bind",
-        endpoint,
-        "--train",
-        train,
-        "--batch-size",
-        str(batch_size),
-        "--image-size",
-        str(image_size),
-        "--output-dtype",
-        wire,
-        "--workers",
-        str(threads),
-        "--decoder",
-        decoder,
-        "--device",
-        device,
-        "--log-level",
-        "WARNING",
-    ]
+    args = [
+        "--train", train,
+        "--batch-size", str(batch_size),
+        "--image-size", str(image_size),
+        "--output-dtype", wire,
+        "--workers", str(threads),
+        "--decoder", decoder,
+        "--device", device,
+        "--log-level", "WARNING",
+    ]  # fmt: skip
     if producers is not None:
-        command += ["--producers", str(producers)]
-    with tmp:
-        log_path = Path(tmp.name) / "server.log"
-        with open(log_path, "w") as log:
-            proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+        args += ["--producers", str(producers)]
+    with tempfile.TemporaryDirectory(prefix="bw-bench-") as tmp:
+        endpoint = free_tcp_endpoint() if transport == "tcp" else f"ipc://{tmp}/server.sock"
+        server = PipelineServer(args, endpoint, log_path=Path(tmp) / "server.log")
+        server.start(start_timeout)
         try:
             yield endpoint
         except Exception as e:
-            tail = log_path.read_text(errors="replace")[-2000:]
+            tail = server.log(tail_chars=2000)
             raise RuntimeError(f"{e}\n--- pipeline-server log (tail) ---\n{tail}") from e
         finally:
-            _stop(proc)
+            server.stop(grace=15.0)
 
 
 def time_remote_loader(
@@ -177,6 +144,7 @@ def batchwire_row(
         decoder=decoder,
         device=device,
         transport=transport,
+        start_timeout=start_timeout,
     ) as endpoint:
         measured, _stats = time_remote_loader(
             endpoint,

@@ -2,4 +2,13 @@
 
 They import nothing of batchwire but `batchwire.wire`, so every side can use them without
 pulling in the server.
+
+- `rates`: `RateWindow`, the one sliding-window sum and rate behind every "per second" and
+  "data-wait" figure (server throughput and per-client rate, the loader's stats, the trainer's
+  log lines);
+- `launcher`: `PipelineServer`, a `pipeline-server` child process started, waited for until it
+  answers a `stats` request, and stopped with SIGTERM (SIGKILL after a grace period), for
+  tests, benchmarks and the demo;
+- `devices`: the one parser of device strings (``cpu``, ``cuda``, ``cuda:N``) and of the
+  launcher's environment integers.
 """

@@ -19,7 +19,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from batchwire.common.rates import RateWindow
 from batchwire.wire import Hello
+
+# The per-client figure of the stats row: as the server's own throughput, over a few seconds.
+CLIENT_RATE_WINDOW_S = 5.0
 
 
 @dataclass
@@ -33,30 +37,6 @@ class Produced:
     replaced: int
     produce_s: float
     done_at: float = field(default_factory=time.monotonic)
-
-
-class RateMeter:
-    """Images per second over the last few seconds (for the per-client stats row)."""
-
-    def __init__(self, window_s: float = 5.0) -> None:
-        self.window_s = window_s
-        self._events: deque[tuple[float, int]] = deque()
-
-    def add(self, images: int, now: float) -> None:
-        self._events.append((now, images))
-        self._trim(now)
-
-    def rate(self, now: float) -> float:
-        """Read-only (a stats request may come from another thread, e.g. a Prometheus scrape)."""
-        recent = [(t, n) for t, n in list(self._events) if now - t <= self.window_s]
-        if not recent:
-            return 0.0
-        span = max(now - recent[0][0], 1.0)
-        return sum(n for _, n in recent) / span
-
-    def _trim(self, now: float) -> None:
-        while self._events and now - self._events[0][0] > self.window_s:
-            self._events.popleft()
 
 
 class ClientStream:
@@ -81,7 +61,9 @@ class ClientStream:
         self.closed = False
         self.loader_stats: dict[str, Any] | None = None
         self.last_seen = time.monotonic()
-        self.meter = RateMeter()
+        # Images sent to this client; the loop thread adds (``meter.add(images, now)``), a stats
+        # request or a Prometheus scrape reads, and the window's lock keeps the two apart.
+        self.meter = RateWindow(CLIENT_RATE_WINDOW_S)
 
     @property
     def id(self) -> str:

@@ -16,6 +16,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from batchwire.common.rates import RateWindow
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import generate_latest, start_http_server
@@ -92,52 +93,6 @@ _CLIENT_GAUGES = {
         "Fraction of wall time the client's trainer waited for data (as it reports).",
     ),
 }
-
-
-class RateWindow:
-    """Sums of event amounts over the last ``window_s`` seconds, for "per second" figures.
-
-    Not locked: the owner (``Telemetry`` or a per-client record in the server) serialises access.
-    Old events are dropped as new ones arrive, so memory is bounded by the event rate x window.
-    """
-
-    def __init__(
-        self,
-        window_s: float = THROUGHPUT_WINDOW_S,
-        clock: Callable[[], float] = time.monotonic,
-    ):
-        self.window_s = float(window_s)
-        self._clock = clock
-        self._start = clock()
-        self._events: deque[tuple[float, tuple[float, ...]]] = deque()
-
-    def add(self, *amounts: float) -> None:
-        now = self._clock()
-        self._events.append((now, amounts))
-        self._prune(now)
-
-    def rates(self, width: int = 1) -> tuple[float, ...]:
-        """Per-second rate of each amount column over the window (shorter while just started)."""
-        now = self._clock()
-        self._prune(now)
-        totals = [0.0] * width
-        for _, amounts in self._events:
-            for i in range(min(width, len(amounts))):
-                totals[i] += amounts[i]
-        # Right after start the window is not full yet: dividing by the full window would
-        # under-report the first seconds, and dividing by a few microseconds would report
-        # absurd rates for the very first batch, hence the 1 s floor.
-        span = max(min(self.window_s, now - self._start), min(1.0, self.window_s))
-        return tuple(t / span for t in totals)
-
-    def rate(self) -> float:
-        return self.rates(1)[0]
-
-    def _prune(self, now: float) -> None:
-        horizon = now - self.window_s
-        events = self._events
-        while events and events[0][0] < horizon:
-            events.popleft()
 
 
 class MetricsServer:
@@ -252,7 +207,9 @@ class Telemetry:
         self._lock = threading.Lock()
         self._started = clock()
         self._counters = dict.fromkeys(COUNTER_NAMES, 0)
-        self._sent = RateWindow(THROUGHPUT_WINDOW_S, clock)
+        # Columns: batches, images, bytes sent. Its age counts from the server's start, so a
+        # server that has sent nothing yet reports a true 0.
+        self._sent = RateWindow(THROUGHPUT_WINDOW_S, columns=3, clock=clock)
         self._latency: dict[str, deque[tuple[float, float]]] = {}
         # Private registry: several servers (or tests) in one process must not collide in
         # prometheus_client's global one. No auto_describe: it would call snapshot_fn at
@@ -288,7 +245,7 @@ class Telemetry:
             self._counters["batches_total"] += 1
             self._counters["images_total"] += int(images)
             self._counters["bytes_total"] += int(nbytes)
-            self._sent.add(1, int(images), int(nbytes))
+            self._sent.add((1, int(images), int(nbytes)))
 
     def add_replaced(self, n: int) -> None:
         self._add("replaced_total", n)
@@ -338,7 +295,7 @@ class Telemetry:
         now = self._clock()
         with self._lock:
             counters = dict(self._counters)
-            batches_s, images_s, bytes_s = self._sent.rates(3)
+            batches_s, images_s, bytes_s = self._sent.rates()
         out_stages = []
         for stage in stages:
             name = str(stage["name"])

@@ -15,17 +15,15 @@ in assertion messages), `srv.dealer()` (a raw zmq DEALER connected to it, linger
 `start()` returns once the server answers a `stats` request (no sleeps); a server that exits
 or stays silent meanwhile fails the test with its log. Extra args are the CLI's.
 `endpoint="ipc"` picks a fresh ipc:// path in a temporary folder.
+
+Starting, waiting and stopping are `batchwire.common.launcher.PipelineServer`'s (the benchmarks
+and the demo use it too); this wrapper adds what only tests want: a failed test instead of a
+quiet kill, a zmq context for raw sockets, and the handy argument sets below.
 """
 
 from __future__ import annotations
 
-import os
-import signal
-import socket
-import subprocess
-import sys
 import tempfile
-import time
 from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -33,40 +31,20 @@ from pathlib import Path
 from typing import Any
 
 import zmq
-from batchwire import wire
+from batchwire.common.launcher import PipelineServer, free_tcp_endpoint, request_stats
 
-_BIN = Path(sys.executable).parent / "pipeline-server"
-
-
-def free_tcp_endpoint() -> str:
-    """A tcp:// endpoint on 127.0.0.1 whose port was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    return f"tcp://127.0.0.1:{port}"
-
-
-def request_stats(endpoint: str, timeout: float = 5.0, ctx: zmq.Context | None = None) -> dict:
-    """Ask the server at ``endpoint`` for its stats; raises TimeoutError if it does not answer."""
-    ctx = ctx or zmq.Context.instance()
-    sock = ctx.socket(zmq.DEALER)
-    sock.linger = 0
-    try:
-        sock.connect(endpoint)
-        sock.send(wire.StatsRequest().pack())
-        if not sock.poll(int(timeout * 1000)):
-            raise TimeoutError(f"no stats reply from {endpoint} within {timeout}s")
-        frames = sock.recv_multipart()
-        reply = wire.decode_server_message(frames[0])
-        if not isinstance(reply, wire.StatsReply):
-            raise AssertionError(f"expected a stats reply, got {reply!r}")
-        return reply.stats
-    finally:
-        sock.close()
+__all__ = [
+    "ServerProcess",
+    "free_tcp_endpoint",
+    "request_stats",
+    "running_server",
+    "running_servers",
+    "small_server_args",
+]
 
 
-class ServerProcess:
-    """One `pipeline-server` subprocess bound to a fixed endpoint (kept across restarts)."""
+class ServerProcess(PipelineServer):
+    """A `PipelineServer` whose stop fails the test unless the server exits 0 on SIGTERM."""
 
     def __init__(
         self,
@@ -77,68 +55,15 @@ class ServerProcess:
         stop_timeout: float,
         log_dir: Path,
     ) -> None:
-        self.args = tuple(str(a) for a in args)
-        self.endpoint = endpoint
-        self.env = {**os.environ, **(env or {})}
+        super().__init__(args, endpoint, env=env, log_path=log_dir / "server.log")
         self.start_timeout = start_timeout
         self.stop_timeout = stop_timeout
-        self._log_path = log_dir / "server.log"
-        self._proc: subprocess.Popen | None = None
         self._ctx = zmq.Context()
 
-    @property
-    def command(self) -> list[str]:
-        exe = [str(_BIN)] if _BIN.exists() else [sys.executable, "-m", "batchwire.server"]
-        return [*exe, "--bind", self.endpoint, *self.args]
-
-    @property
-    def pid(self) -> int:
-        assert self._proc is not None, "server not started"
-        return self._proc.pid
-
-    @property
-    def running(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
-
-    def log(self) -> str:
-        try:
-            return self._log_path.read_text(errors="replace")
-        except FileNotFoundError:
-            return ""
-
-    def start(self) -> ServerProcess:
+    def start(self, timeout: float | None = None) -> ServerProcess:
         """Start the process and return once it answers a stats request."""
-        assert not self.running, "server already running"
-        with open(self._log_path, "a") as log:
-            log.write(f"$ {' '.join(self.command)}\n")
-            log.flush()
-            self._proc = subprocess.Popen(
-                self.command, stdout=log, stderr=subprocess.STDOUT, env=self.env
-            )
-        deadline = time.monotonic() + self.start_timeout
-        sock = self._ctx.socket(zmq.DEALER)
-        sock.linger = 0
-        try:
-            sock.connect(self.endpoint)
-            sock.send(wire.StatsRequest().pack())
-            while True:
-                if self._proc.poll() is not None:
-                    raise AssertionError(
-                        f"pipeline-server exited with {self._proc.returncode} before it "
-                        f"answered on {self.endpoint}:\n{self.log()}"
-                    )
-                if time.monotonic() > deadline:
-                    self.kill()
-                    raise AssertionError(
-                        f"pipeline-server did not answer on {self.endpoint} within "
-                        f"{self.start_timeout}s:\n{self.log()}"
-                    )
-                if sock.poll(100):
-                    reply = wire.decode_server_message(sock.recv_multipart()[0])
-                    assert isinstance(reply, wire.StatsReply), reply
-                    return self
-        finally:
-            sock.close()
+        super().start(self.start_timeout if timeout is None else timeout)
+        return self
 
     def stats(self, timeout: float = 5.0) -> dict[str, Any]:
         return request_stats(self.endpoint, timeout, self._ctx)
@@ -153,29 +78,15 @@ class ServerProcess:
         sock.connect(endpoint or self.endpoint)
         return sock
 
-    def stop(self, timeout: float | None = None) -> int:
+    def stop(self, timeout: float | None = None) -> int:  # type: ignore[override]
         """SIGTERM and wait; fails the test unless it exits 0 in time. Returns the exit code."""
         assert self._proc is not None, "server not started"
         timeout = self.stop_timeout if timeout is None else timeout
-        if self._proc.poll() is None:
-            self._proc.send_signal(signal.SIGTERM)
-            try:
-                self._proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait()
-                raise AssertionError(
-                    f"pipeline-server ignored SIGTERM for {timeout}s:\n{self.log()}"
-                ) from None
-        code = self._proc.returncode
+        stopped = super().stop(timeout)
+        assert not stopped.killed, f"pipeline-server ignored SIGTERM for {timeout}s:\n{self.log()}"
+        code = stopped.returncode
         assert code == 0, f"pipeline-server exited with {code}:\n{self.log()}"
         return code
-
-    def kill(self) -> None:
-        """SIGKILL (a crash, for restart tests); no exit code check."""
-        if self._proc is not None and self._proc.poll() is None:
-            self._proc.kill()
-            self._proc.wait()
 
     def close(self) -> None:
         self._ctx.destroy(linger=0)

@@ -9,12 +9,8 @@ import urllib.request
 
 import msgpack
 import pytest
-from batchwire.server.telemetry import (
-    LATENCY_WINDOW_S,
-    THROUGHPUT_WINDOW_S,
-    RateWindow,
-    Telemetry,
-)
+from batchwire.common.rates import RateWindow
+from batchwire.server.telemetry import LATENCY_WINDOW_S, THROUGHPUT_WINDOW_S, Telemetry
 from fakeclock import FakeClock
 from promtext import parse_metrics
 
@@ -91,7 +87,7 @@ def test_throughput_is_a_sliding_window() -> None:
 
 def test_rate_right_after_start_uses_elapsed_time_with_a_floor() -> None:
     clock = FakeClock()
-    window = RateWindow(5.0, clock)
+    window = RateWindow(5.0, clock=clock)
     window.add(100)
     assert window.rate() == pytest.approx(100.0)  # 1 s floor, not 100 / 1e-6
     clock.t += 2.0

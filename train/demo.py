@@ -16,7 +16,6 @@ import argparse
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -24,12 +23,13 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-import zmq
-from batchwire import wire
+from batchwire.common.launcher import PipelineServer, terminate
 
 _EPOCH_LINE = re.compile(r"^epoch (\d+): val top1=([\d.]+)% top5=([\d.]+)% data-wait=([\d.]+)%")
 # Enough for the embedded dataset's shapes and textures; one third of the area still shows them.
 _TRAIN_ARGS = ("--lr", "0.2", "--label-smoothing", "0.1", "--warmup-epochs", "0.5")
+# How long the server and the trainer get to exit on SIGTERM before they are killed.
+GRACE_S = 10.0
 
 
 def _bin(name: str) -> str | None:
@@ -38,12 +38,9 @@ def _bin(name: str) -> str | None:
     return str(local) if local.exists() else shutil.which(name)
 
 
-def server_command(endpoint: str, args: argparse.Namespace) -> list[str]:
-    exe = _bin("pipeline-server")
-    cmd = [exe] if exe else [sys.executable, "-m", "batchwire.server"]
+def server_args(args: argparse.Namespace) -> list[str]:
+    """`pipeline-server` options for the demo (the launcher adds the executable and --bind)."""
     return [
-        *cmd,
-        "--bind", endpoint,
         "--image-size", str(args.image_size),
         "--batch-size", str(args.batch_size),
         "--output-dtype", "uint8",
@@ -74,37 +71,14 @@ def trainer_command(endpoint: str, args: argparse.Namespace) -> list[str]:
     return [*launcher, "-m", "batchwire.train.cli", *train_args]
 
 
-def wait_until_serving(proc: subprocess.Popen, endpoint: str, timeout: float) -> None:
-    """Return once the server answers a stats request; raise if it exits or stays silent."""
-    ctx = zmq.Context()
-    sock = ctx.socket(zmq.DEALER)
-    sock.linger = 0
-    try:
-        sock.connect(endpoint)
-        sock.send(wire.StatsRequest().pack())
-        deadline = time.monotonic() + timeout
-        while not sock.poll(200):
-            if proc.poll() is not None:
-                raise RuntimeError(f"pipeline-server exited with code {proc.returncode}")
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"pipeline-server did not answer on {endpoint} in {timeout}s")
-        sock.recv_multipart()
-    finally:
-        sock.close()
-        ctx.term()
+def _stop(proc: subprocess.Popen, name: str) -> None:
+    """SIGTERM, then SIGKILL after `GRACE_S`: a child never outlives the demo."""
+    if terminate(proc, GRACE_S):
+        _say_killed(name)
 
 
-def stop(proc: subprocess.Popen | None, name: str, grace: float = 10.0) -> None:
-    """SIGTERM, wait `grace` seconds, then SIGKILL: a child never outlives the demo."""
-    if proc is None or proc.poll() is not None:
-        return
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(grace)
-    except subprocess.TimeoutExpired:
-        print(f"demo: {name} ignored SIGTERM for {grace:g}s; killing it", file=sys.stderr)
-        proc.kill()
-        proc.wait()
+def _say_killed(name: str) -> None:
+    print(f"demo: {name} ignored SIGTERM for {GRACE_S:g}s; killed it", file=sys.stderr)
 
 
 def run_trainer(cmd: list[str]) -> tuple[int, list[tuple[int, float, float, float]]]:
@@ -125,7 +99,7 @@ def run_trainer(cmd: list[str]) -> tuple[int, list[tuple[int, float, float, floa
                 epochs.append((int(m[1]), float(m[2]), float(m[3]), float(m[4])))
         return proc.wait(), epochs
     finally:
-        stop(proc, "the trainer")
+        _stop(proc, "the trainer")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -153,14 +127,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     data = default_dataset()
     print(f"demo: embedded dataset in {data.train_root.parent}", flush=True)
-    server = None
     with tempfile.TemporaryDirectory(prefix="batchwire-demo-") as tmp:
-        endpoint = args.endpoint or f"ipc://{tmp}/server.sock"
+        # No log file: the server's own warnings go to the demo's output, as they happen.
+        server = PipelineServer(server_args(args), args.endpoint or f"ipc://{tmp}/server.sock")
+        endpoint = server.endpoint
         try:
-            cmd = server_command(endpoint, args)
-            print(f"demo: $ {' '.join(cmd)}", flush=True)
-            server = subprocess.Popen(cmd)
-            wait_until_serving(server, endpoint, timeout=120.0)
+            print(f"demo: $ {' '.join(server.command)}", flush=True)
+            server.start(timeout=120.0)
             cmd = trainer_command(endpoint, args)
             print(f"demo: $ {' '.join(cmd)}", flush=True)
             t0 = time.perf_counter()
@@ -173,7 +146,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"demo: {exc}", file=sys.stderr)
             return 1
         finally:
-            stop(server, "pipeline-server")
+            if server.stop(GRACE_S).killed:
+                _say_killed("pipeline-server")
     if code != 0:
         print(f"demo: training failed (exit code {code})", file=sys.stderr)
         return code if code > 0 else 1

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from batchwire.common.rates import RateWindow
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -37,7 +38,7 @@ from .distributed import (
 )
 from .evaluate import Accuracy, evaluate
 from .models import build_model
-from .progress import LossAverage, ProgressLine, WindowMeter
+from .progress import LossAverage, ProgressLine, throughput_window
 from .record import IndexRecorder
 from .schedule import build_scheduler, resume_schedule
 
@@ -254,11 +255,14 @@ class Trainer:
         self.scheduler.step()
         self.step += 1
 
-    def train_epoch(self, epoch: int, start: int) -> tuple[bool, WindowMeter, float]:
-        """Train from batch `start`; returns (stopped by --max-steps, epoch meter, mean loss)."""
+    def train_epoch(self, epoch: int, start: int) -> tuple[bool, RateWindow, float]:
+        """Train from batch `start`; returns (stopped by --max-steps, epoch meter, mean loss).
+
+        The meters count images (column 0) and the time blocked on each batch (intervals).
+        """
         cfg, accum, n = self.cfg, self.cfg.accum_steps, self.num_batches
         self.model.train()
-        epoch_meter, window = WindowMeter(), WindowMeter()
+        epoch_meter, window = throughput_window(), throughput_window()
         epoch_loss, window_loss = LossAverage(self.ctx.device), LossAverage(self.ctx.device)
         bar = ProgressLine(self.ctx.is_main)
         k = start
@@ -278,7 +282,8 @@ class Trainer:
                 (self.scaler.scale(scaled) if self.scaler else scaled).backward()
             k += 1
             for meter in (epoch_meter, window):
-                meter.add(images.shape[0], wait_s)
+                meter.add(images.shape[0])
+                meter.add_interval(wait_s)
             epoch_loss.add(loss)
             window_loss.add(loss)
             if not last_micro:
@@ -306,13 +311,14 @@ class Trainer:
             log.warning("--fail-at-step %d: rank %d kills itself", self.step, self.ctx.rank)
             os.kill(os.getpid(), signal.SIGKILL)
 
-    def _log_window(self, epoch: int, k: int, window: WindowMeter, loss: LossAverage) -> None:
+    def _log_window(self, epoch: int, k: int, window: RateWindow, loss: LossAverage) -> None:
         lr = self.optimizer.param_groups[0]["lr"]
+        figures = window.read()
         self.say(
             f"step {self.step} (epoch {epoch} batch {k}/{self.num_batches}): "
             f"loss {loss.mean_and_reset():.4f} lr {lr:.4g} "
-            f"images/s {window.images_per_s() * self.ctx.world_size:.0f} "
-            f"data-wait {100 * window.wait_fraction():.1f}%"
+            f"images/s {figures.rate() * self.ctx.world_size:.0f} "
+            f"data-wait {100 * figures.interval_fraction():.1f}%"
         )
         window.reset()
 
@@ -341,8 +347,9 @@ class Trainer:
         while self.epoch < self.cfg.epochs:
             epoch, t0 = self.epoch, time.perf_counter()
             stopped, meter, train_loss = self.train_epoch(epoch, self.batch)
+            figures = meter.read()
             totals = torch.tensor(
-                [meter.images, meter.wait_s, meter.elapsed()],
+                [figures.totals[0], figures.interval_s, max(figures.span_s, 1e-9)],
                 dtype=torch.float64,
                 device=self.ctx.device,
             )

@@ -9,37 +9,24 @@ and read (one host sync) only when a log line is printed.
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from typing import TextIO
 
 import torch
+from batchwire.common.rates import RateWindow
 
 
-class WindowMeter:
-    """Images, blocked time and wall time since the last `reset`."""
+def throughput_window() -> RateWindow:
+    """Images trained (column 0) and data-wait intervals since the start or the last `reset`.
 
-    def __init__(self) -> None:
-        self.reset()
-
-    def reset(self) -> None:
-        self.start = time.perf_counter()
-        self.images = 0
-        self.wait_s = 0.0
-        self.steps = 0
-
-    def add(self, images: int, wait_s: float) -> None:
-        self.images += images
-        self.wait_s += wait_s
-
-    def elapsed(self) -> float:
-        return max(time.perf_counter() - self.start, 1e-9)
-
-    def images_per_s(self) -> float:
-        return self.images / self.elapsed()
-
-    def wait_fraction(self) -> float:
-        return min(1.0, self.wait_s / self.elapsed())
+    The trainer reports per log line and per epoch, so its window is not sliding but tumbling:
+    an infinite one, reset after each log line (the epoch's is a fresh one per epoch). Wall time
+    runs on ``perf_counter`` (the step timings use it too); the rate's floor is only there to
+    never divide by zero, since a log interval shorter than a second is a real interval.
+    """
+    return RateWindow(math.inf, clock=time.perf_counter, min_span_s=1e-9)
 
 
 class LossAverage:

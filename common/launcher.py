@@ -1,0 +1,251 @@
+"""Run a `pipeline-server` as a child process: start it, wait until it serves, stop it.
+
+Tests, `pipeline-bench` and the demo all need the same three steps, and each step has a trap:
+
+- "serving" means the server answered a `stats` request, not that a port is open: the reply
+  comes from the same loop that serves batches, so once it arrives a client is served too.
+  Waiting for it polls a socket, never sleeps a fixed time, and gives up as soon as the process
+  exits (its log then says why) or stays silent for the timeout;
+- the stats request is sent once: ZeroMQ queues it and delivers it when the server binds, so
+  a server that is still generating its dataset is simply waited for;
+- stopping is SIGTERM (the server tells its clients and exits 0), then SIGKILL after a grace
+  period, so a child never outlives its parent's run, whatever went wrong.
+
+Only `batchwire.wire` is used to talk to the server, so this module loads no server code.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import zmq
+from batchwire import wire
+
+__all__ = [
+    "PipelineServer",
+    "ServerStartError",
+    "Stopped",
+    "free_tcp_endpoint",
+    "request_stats",
+    "server_executable",
+    "terminate",
+]
+
+#: How often the start-up wait looks at the process while no reply has come (seconds).
+POLL_S = 0.1
+
+
+class ServerStartError(RuntimeError):
+    """The server exited or stayed silent before it answered; the message carries its log."""
+
+
+class Stopped(NamedTuple):
+    """How a stop went: the exit code, and whether SIGTERM was ignored so SIGKILL was needed."""
+
+    returncode: int | None
+    killed: bool
+
+
+def free_tcp_endpoint() -> str:
+    """A tcp:// endpoint on 127.0.0.1 whose port was free a moment ago (bind it right away)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return f"tcp://127.0.0.1:{s.getsockname()[1]}"
+
+
+def server_executable() -> list[str]:
+    """The `pipeline-server` console script next to this interpreter, else ``python -m``.
+
+    Never a `pipeline-server` found on PATH: it may belong to another installation, while this
+    interpreter surely runs the same batchwire as its caller.
+    """
+    script = Path(sys.executable).parent / "pipeline-server"
+    return [str(script)] if script.exists() else [sys.executable, "-m", "batchwire.server"]
+
+
+def request_stats(endpoint: str, timeout: float = 5.0, ctx: zmq.Context | None = None) -> dict:
+    """Ask the server at ``endpoint`` for its stats; TimeoutError if it does not answer."""
+    own_ctx = ctx is None
+    ctx = zmq.Context() if ctx is None else ctx
+    sock = ctx.socket(zmq.DEALER)
+    sock.linger = 0
+    try:
+        sock.connect(endpoint)
+        sock.send(wire.StatsRequest().pack())
+        if not sock.poll(int(timeout * 1000)):
+            raise TimeoutError(f"no stats reply from {endpoint} within {timeout}s")
+        return _stats_of(sock.recv_multipart(), endpoint)
+    finally:
+        sock.close()
+        if own_ctx:
+            ctx.term()
+
+
+def _stats_of(frames: list[bytes], endpoint: str) -> dict[str, Any]:
+    reply = wire.decode_server_message(frames[0])
+    if not isinstance(reply, wire.StatsReply):
+        raise wire.ProtocolError(f"expected a stats reply from {endpoint}, got {reply!r}")
+    return reply.stats
+
+
+def terminate(proc: subprocess.Popen, grace: float) -> bool:
+    """SIGTERM, wait up to ``grace`` seconds, then SIGKILL. True if it had to kill.
+
+    For any child that must not outlive its parent's run (the server, the demo's trainer).
+    """
+    if proc.poll() is not None:
+        return False
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(grace)
+        return False
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        return True
+
+
+class PipelineServer:
+    """One `pipeline-server` child bound to ``endpoint``; the endpoint is kept across restarts.
+
+    ``args`` are the CLI's (``--bind endpoint`` is added). ``env`` adds variables to this
+    process's environment. ``log_path``: the child's stdout and stderr are appended there (and
+    quoted in errors); None lets it write to this process's own stdout and stderr.
+    As a context manager it starts (unless started) and stops the server.
+    """
+
+    def __init__(
+        self,
+        args: Sequence[str] = (),
+        endpoint: str | None = None,
+        *,
+        env: Mapping[str, str] | None = None,
+        log_path: str | os.PathLike[str] | None = None,
+    ) -> None:
+        self.args = tuple(str(a) for a in args)
+        self.endpoint = endpoint or free_tcp_endpoint()
+        self.env = None if env is None else {**os.environ, **env}
+        self.log_path = None if log_path is None else Path(log_path)
+        self._proc: subprocess.Popen | None = None
+
+    @property
+    def command(self) -> list[str]:
+        return [*server_executable(), "--bind", self.endpoint, *self.args]
+
+    @property
+    def pid(self) -> int:
+        if self._proc is None:
+            raise RuntimeError("pipeline-server not started")
+        return self._proc.pid
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    @property
+    def returncode(self) -> int | None:
+        return None if self._proc is None else self._proc.poll()
+
+    def log(self, tail_chars: int | None = None) -> str:
+        """What the server wrote (all of it, or its last ``tail_chars``); "" without a log file."""
+        if self.log_path is None:
+            return ""
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+        return text if tail_chars is None else text[-tail_chars:]
+
+    def start(self, timeout: float = 120.0) -> PipelineServer:
+        """Start the process; return once it answers a stats request (see `wait_until_serving`).
+
+        The default timeout is generous: a first start may generate the embedded dataset.
+        """
+        if self.running:
+            raise RuntimeError(f"pipeline-server already running (pid {self.pid})")
+        command = self.command
+        if self.log_path is None:
+            self._proc = subprocess.Popen(command, env=self.env)
+        else:
+            with open(self.log_path, "a") as log:
+                log.write(f"$ {' '.join(command)}\n")
+                log.flush()
+                self._proc = subprocess.Popen(
+                    command, stdout=log, stderr=subprocess.STDOUT, env=self.env
+                )
+        try:
+            self.wait_until_serving(timeout)
+        except BaseException:  # Ctrl-C or a bad reply included: no half-started child is left
+            self.kill()
+            raise
+        return self
+
+    def wait_until_serving(self, timeout: float) -> dict[str, Any]:
+        """Return the server's first stats once it answers; ServerStartError if the process
+        exits first, or stays silent for ``timeout`` seconds (it is then killed)."""
+        proc = self._proc
+        if proc is None:
+            raise RuntimeError("pipeline-server not started")
+        deadline = time.monotonic() + timeout
+        ctx = zmq.Context()
+        sock = ctx.socket(zmq.DEALER)
+        sock.linger = 0
+        try:
+            sock.connect(self.endpoint)
+            sock.send(wire.StatsRequest().pack())
+            while True:
+                # Checked before trusting a reply: if our server failed (say, its port was
+                # taken), an answer can only have come from some other process.
+                if proc.poll() is not None:
+                    raise ServerStartError(
+                        self._with_log(
+                            f"pipeline-server exited with code {proc.returncode} before it "
+                            f"answered on {self.endpoint}"
+                        )
+                    )
+                if sock.poll(int(POLL_S * 1000)):
+                    return _stats_of(sock.recv_multipart(), self.endpoint)
+                if time.monotonic() > deadline:
+                    self.kill()
+                    raise ServerStartError(
+                        self._with_log(
+                            f"pipeline-server did not answer on {self.endpoint} within "
+                            f"{timeout:g}s (killed)"
+                        )
+                    )
+        finally:
+            sock.close()
+            ctx.term()
+
+    def stop(self, grace: float = 10.0) -> Stopped:
+        """SIGTERM and wait up to ``grace`` seconds, then SIGKILL; a no-op once it has exited."""
+        if self._proc is None:
+            return Stopped(None, False)
+        killed = terminate(self._proc, grace)
+        return Stopped(self._proc.returncode, killed)
+
+    def kill(self) -> None:
+        """SIGKILL (a crash, for restart tests, or a server past saving); no questions asked."""
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.kill()
+            self._proc.wait()
+
+    def __enter__(self) -> PipelineServer:
+        if self._proc is None:
+            self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _with_log(self, message: str) -> str:
+        log = self.log()
+        return f"{message}:\n{log}" if log else message

@@ -1,0 +1,107 @@
+"""The launcher shared by tests, benchmarks and the demo, against a real `pipeline-server`.
+
+A server of 4-image batches of 32 px from the embedded dataset's val split, one worker: each
+start takes a few seconds on 2 cores, so the file starts three.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import zmq
+from batchwire.common.launcher import (
+    PipelineServer,
+    ServerStartError,
+    Stopped,
+    free_tcp_endpoint,
+    request_stats,
+    terminate,
+)
+from batchwire.pipeline.synthetic import default_dataset
+from batchwire.wire.raw_client import RawClient
+
+
+def _args() -> list[str]:
+    root = str(default_dataset().val_root)
+    return ["--train", root, "--batch-size", "4", "--image-size", "32", "--workers", "1"]
+
+
+def _refuses(endpoint: str) -> bool:
+    try:
+        request_stats(endpoint, timeout=0.3)
+    except TimeoutError:
+        return True
+    return False
+
+
+@pytest.mark.timeout(120)
+def test_start_waits_until_it_serves_and_stop_is_a_clean_sigterm(tmp_path: Path) -> None:
+    log_path = tmp_path / "server.log"
+    server = PipelineServer([*_args(), "--log-level", "INFO"], log_path=log_path)
+    assert server.endpoint.startswith("tcp://127.0.0.1:")
+    with server as srv:  # the context manager starts it...
+        assert srv.running
+        # ...and returns only once a stats request is answered: no retry needed here.
+        stats = request_stats(srv.endpoint, timeout=2.0)
+        assert stats["v"] == 1 and [s["name"] for s in stats["stages"]]
+        # A raw wire client sees the same server.
+        ctx = zmq.Context()
+        try:
+            client = RawClient.connect(ctx, srv.endpoint, prefetch=1)
+            welcome = client.start()
+            assert welcome.batch_size == 4 and welcome.shape[2:] == [32, 32]
+            client.close()
+        finally:
+            ctx.term()
+    assert not server.running  # ...and stops it
+    assert server.stop() == Stopped(0, False)  # stopping again is a no-op with the same answer
+    assert server.log().startswith(f"$ {' '.join(server.command)}\n")
+    assert _refuses(server.endpoint)
+
+
+@pytest.mark.timeout(60)
+def test_a_server_that_exits_fails_the_start_with_its_log(tmp_path: Path) -> None:
+    server = PipelineServer(
+        ["--train", str(tmp_path / "no-such-folder"), "--workers", "1"],
+        f"ipc://{tmp_path}/s.sock",
+        log_path=tmp_path / "server.log",
+    )
+    t0 = time.monotonic()
+    with pytest.raises(ServerStartError, match="exited with code") as info:
+        server.start(timeout=50)
+    assert time.monotonic() - t0 < 40  # it noticed the exit, not the timeout
+    assert "no-such-folder" in str(info.value)  # the server's own words are in the error
+    assert not server.running and server.returncode not in (None, 0)
+
+
+@pytest.mark.timeout(60)
+def test_a_silent_server_is_killed_at_the_timeout_and_can_start_again(tmp_path: Path) -> None:
+    server = PipelineServer(_args(), f"ipc://{tmp_path}/s.sock", log_path=tmp_path / "server.log")
+    with pytest.raises(ServerStartError, match=r"did not answer .* within 0\.05s"):
+        server.start(timeout=0.05)  # far less than an interpreter needs to start
+    assert not server.running
+    server.start()  # same endpoint, a fresh process
+    try:
+        assert server.running and request_stats(server.endpoint)["clients"] == []
+    finally:
+        assert server.stop(grace=20) == Stopped(0, False)
+
+
+def test_terminate_kills_a_child_that_ignores_sigterm() -> None:
+    ignore = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print(1); time.sleep(60)"  # noqa: E501
+    proc = subprocess.Popen([sys.executable, "-c", ignore], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline() == "1\n"  # handler installed
+    t0 = time.monotonic()
+    assert terminate(proc, grace=0.5) is True
+    assert proc.returncode == -9 and time.monotonic() - t0 < 10
+    assert terminate(proc, grace=0.5) is False  # already gone: nothing to do
+    proc.stdout.close()
+
+
+def test_request_stats_times_out_without_a_server() -> None:
+    with pytest.raises(TimeoutError, match="no stats reply"):
+        request_stats(free_tcp_endpoint(), timeout=0.2)
