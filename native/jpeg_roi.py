@@ -65,7 +65,10 @@ def decode_jpeg_roi(
     decoded, (height, width) of the whole scaled image): the columns are widened to iMCU
     boundaries, so callers re-express their crop in region coordinates. `verify` entropy-decodes
     the rest of the file too, so that corrupt data outside the region fails as a full decode
-    fails. Raises JpegRoiError for bad data, RuntimeError when the extension is unavailable.
+    fails; without it rows below the region are never read and only a missing EOI marker is
+    checked there. Strict: any libjpeg warning in what is read fails, except stray bytes
+    between header segments. Raises JpegRoiError for bad data, RuntimeError when the
+    extension is unavailable.
     The GIL is released while decoding.
     """
     module = _module()
@@ -78,3 +81,17 @@ def decode_jpeg_roi(
     except module.JpegRoiError as exc:
         raise JpegRoiError(str(exc)) from None
     return pixels, tuple(region), tuple(full)
+
+
+def check_jpeg(data: bytes | memoryview) -> None:
+    """Entropy decode a whole JPEG (CMYK/YCCK included) with the strict error handling of
+    `decode_jpeg_roi`, producing no pixels: JpegRoiError for corrupt or truncated data, None for
+    a sound file. For the JPEGs OpenCV decodes (its libjpeg ignores every warning). The GIL is
+    released; RuntimeError when the extension is unavailable."""
+    module = _module()
+    if module is None:
+        raise RuntimeError("the ROI JPEG decoder is unavailable (see the logged build error)")
+    try:
+        module.check_jpeg(data)
+    except module.JpegRoiError as exc:
+        raise JpegRoiError(str(exc)) from None

@@ -8,7 +8,8 @@ Two sources, picked by what the path is:
   field, so paths may contain spaces.
 
 File contents are not checked here: a 1.3 M-file dataset must open in seconds, and unreadable
-files are the sample loader's business (logged, counted, replaced).
+files (FIFOs and devices named in a list file included) are the sample loader's business
+(logged, counted, replaced).
 """
 
 from __future__ import annotations
@@ -61,7 +62,11 @@ class ImageDataset:
         return self._counts
 
     def read_bytes(self, i: int) -> bytes:
-        """The raw file contents of sample `i` (OSError propagates: the caller counts it)."""
+        """The raw file contents of sample `i` (regular files only: `decode.read_file`).
+
+        OSError propagates: the sample loader retries a transient one (`decode.is_transient`)
+        and counts any other, `NotARegularFile` (a FIFO, device, directory) included, as a bad
+        file."""
         n = len(self.paths)
         if isinstance(i, bool) or not (-n <= int(i) < n):
             raise IndexError(f"sample index {i} out of range for {n} images")

@@ -6,6 +6,15 @@ would make ranks' batch sizes differ. So a bad sample is logged once per path, c
 replaced by a substitute drawn from a sequence that depends only on (seed, index): every
 server, thread count and resume point picks the same substitute, keeping runs reproducible.
 
+Only content is judged: a file is bad when its bytes are (corrupt, truncated, not an image, a
+header claiming more pixels than the file holds) or when the file itself is (missing, no
+permission, a FIFO/device/directory). A *transient* failure (out of descriptors or memory, EIO,
+EAGAIN, EINTR; `decode.is_transient`) says nothing about the file: it is retried with backoff
+(`DEFAULT_RETRY_DELAYS`, about 1 s in all), and if it persists the batch fails with
+`TransientReadError`, the file not remembered as bad, so the next attempt (the client's retry, a
+later epoch) reads it again. Remembering it would turn a burst of EMFILE into "most of the
+dataset is bad" until a restart.
+
 The work is split in two steps so a server can run them as separate pipeline stages:
 `prepare` (read bytes, parse header, plan augmentation) and `decode` (pixels via the pluggable
 `BatchDecoder`); `load` does both.
@@ -15,7 +24,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -29,6 +39,7 @@ from batchwire.pipeline.decode import (
     DecodeRequest,
     ImageHeader,
     decode_full,
+    is_transient,
     read_header,
 )
 
@@ -39,10 +50,46 @@ Box = tuple[float, float, float, float]
 # Separates the substitute sequence from the augmentation draws of the same (seed, index).
 _SUBSTITUTE_STREAM = 0x53554253  # "SUBS"
 DEFAULT_MAX_ATTEMPTS = 64
+# Sleeps between the tries of a transiently failing read (or decode): 5 tries over ~0.94 s.
+DEFAULT_RETRY_DELAYS = (0.0625, 0.125, 0.25, 0.5)
 
 
 class UnreadableDatasetError(ValueError):
     """The dataset (or a long run of substitutes) has no readable image: a setup problem."""
+
+
+class TransientReadError(OSError):
+    """A file kept failing for a reason that says nothing about it (EMFILE, ENFILE, EIO,
+    EAGAIN, EINTR, ENOMEM) through every retry. The batch fails; the file is not remembered as
+    bad, so a later attempt reads it again. `errno` is the last error's."""
+
+
+def _retrying(
+    fn: Callable[[], object],
+    what: str,
+    delays: Sequence[float],
+    sleep: Callable[[float], None],
+    on_transient: Callable[[], None],
+) -> object:
+    """`fn()`, retried after each transient error (OSError/MemoryError, `is_transient`) with
+    the given sleeps in between; TransientReadError once they are used up. Other errors pass."""
+    for attempt in range(len(delays) + 1):
+        try:
+            return fn()
+        except (OSError, MemoryError) as e:
+            if isinstance(e, TransientReadError) or not is_transient(e):
+                raise
+            on_transient()
+            reason = getattr(e, "strerror", None) or str(e) or type(e).__name__
+            if attempt == len(delays):
+                raise TransientReadError(
+                    getattr(e, "errno", None),
+                    f"{what}: {reason} (transient; {attempt + 1} tries over "
+                    f"{sum(delays):.2f} s): the batch fails, the file is not marked bad",
+                ) from e
+            log.debug("%s: %s (transient), retrying in %.3f s", what, reason, delays[attempt])
+            sleep(delays[attempt])
+    raise AssertionError("unreachable")
 
 
 @dataclass(frozen=True)
@@ -94,9 +141,15 @@ def substitute_candidates(seed: int, index: int, count: int, num_samples: int) -
 class SampleLoader:
     """bytes -> header -> plan -> decode for lists of dataset indices, bad input replaced.
 
-    Counters (`counts()`): `bad_total` distinct bad files found, `replaced_total` samples
-    replaced in what was loaded (each occurrence, every epoch). Known-bad indices are
-    remembered so they are not read again. Thread-safe: several batches may load at once.
+    Counters (`counts()`): `bad_total` distinct bad files found (by path: a file listed twice
+    counts once), `replaced_total` samples replaced in what was loaded (each occurrence, every
+    epoch), `transient_total` transient errors met (each failed try, retried or not; never a
+    bad file). Known-bad indices are remembered so they are not read again; `bad_files` lists
+    the bad paths (`BadFileTally` counts them over several loaders, e.g. a server's splits).
+    Thread-safe: several batches may load at once.
+
+    `retry_delays` are the sleeps between tries of a transiently failing read or decode
+    (`sleep` does them; tests pass their own).
     """
 
     def __init__(
@@ -109,6 +162,8 @@ class SampleLoader:
         *,
         max_attempts: int = DEFAULT_MAX_ATTEMPTS,
         check_start: bool = True,
+        retry_delays: Sequence[float] = DEFAULT_RETRY_DELAYS,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         if len(dataset) < 1:
             raise UnreadableDatasetError(f"no images in {dataset.root}")
@@ -118,18 +173,42 @@ class SampleLoader:
         self.decoder = decoder
         self.max_pixels = max_pixels
         self.max_attempts = int(max_attempts)
-        self.bad_total = 0
+        self.retry_delays = tuple(float(d) for d in retry_delays)
+        self._sleep = sleep
         self.replaced_total = 0
+        self.transient_total = 0
         self._bad: dict[int, str] = {}
+        self._bad_paths: set[str] = set()
+        self._bad_order: list[str] = []  # the same paths, in the order found
         self._lock = threading.Lock()
         if check_start:
-            probe(dataset, max_pixels=max_pixels)
+            probe(
+                dataset,
+                max_pixels=max_pixels,
+                retry_delays=self.retry_delays,
+                sleep=sleep,
+                on_transient=self._count_transient,
+            )
 
     # -- bookkeeping ---------------------------------------------------------------------------
 
+    @property
+    def bad_total(self) -> int:
+        with self._lock:
+            return len(self._bad_paths)
+
     def counts(self) -> dict[str, int]:
         with self._lock:
-            return {"bad_total": self.bad_total, "replaced_total": self.replaced_total}
+            return {
+                "bad_total": len(self._bad_paths),
+                "replaced_total": self.replaced_total,
+                "transient_total": self.transient_total,
+            }
+
+    def bad_files(self, start: int = 0) -> list[str]:
+        """The distinct bad files' paths in the order found, from the `start`-th on."""
+        with self._lock:
+            return self._bad_order[start:]
 
     @property
     def known_bad(self) -> dict[int, str]:
@@ -137,12 +216,20 @@ class SampleLoader:
         with self._lock:
             return dict(self._bad)
 
+    def _count_transient(self) -> None:
+        with self._lock:
+            self.transient_total += 1
+
     def _mark_bad(self, index: int, reason: str) -> None:
+        path = self.dataset.paths[index]
         with self._lock:
             if index in self._bad:
                 return
             self._bad[index] = reason
-            self.bad_total += 1
+            if path in self._bad_paths:  # listed under another index too: counted, logged
+                return
+            self._bad_paths.add(path)
+            self._bad_order.append(path)
         log.warning(
             "unreadable image %s (%s): replacing it with another sample",
             self.dataset.paths[index],
@@ -156,12 +243,22 @@ class SampleLoader:
     # -- steps -------------------------------------------------------------------------------
 
     def _read(self, index: int) -> tuple[bytes, ImageHeader] | str:
-        """Bytes and header of one file, or the reason it is unusable."""
+        """Bytes and header of one file, or the reason it is unusable; TransientReadError when
+        reading kept failing transiently."""
         try:
-            data = self.dataset.read_bytes(index)
+            data = _retrying(
+                lambda: self.dataset.read_bytes(index),
+                f"reading {self.dataset.paths[index]}",
+                self.retry_delays,
+                self._sleep,
+                self._count_transient,
+            )
+            assert isinstance(data, bytes)
             return data, read_header(data, max_pixels=self.max_pixels)
         except DecodeError as e:
             return str(e)
+        except TransientReadError:
+            raise
         except OSError as e:
             return f"cannot read: {e.strerror or e}"
 
@@ -239,17 +336,29 @@ class SampleLoader:
         ]
 
     def decode(self, epoch: int, prepared: Sequence[PreparedSample]) -> list[LoadedSample]:
-        """Decode prepared samples; files that fail to decode are replaced (and re-decoded)."""
+        """Decode prepared samples; files that fail to decode are replaced (and re-decoded).
+
+        A transient failure (`DecodeResult.transient`, out of memory) is decoded again after
+        `retry_delays`; TransientReadError when it persists (the file is not marked bad).
+        """
         out: list[LoadedSample | None] = [None] * len(prepared)
         todo = list(enumerate(prepared))
         out_hw = self.config.image_size
+        tries = 0
         while todo:
             requests = [
                 DecodeRequest(p.index, p.data, p.header, p.plan.box, out_hw) for _, p in todo
             ]
             results = self.decoder.decode_batch(requests)
             retry: list[tuple[int, PreparedSample]] = []
+            again_as_is: list[tuple[int, PreparedSample]] = []
+            transient_error = ""
             for (slot, p), r in zip(todo, results, strict=True):
+                if r.image is None and r.transient:
+                    self._count_transient()
+                    again_as_is.append((slot, p))
+                    transient_error = f"decoding {self.dataset.paths[p.index]}: {r.error}"
+                    continue
                 if r.image is None:
                     self._mark_bad(p.index, r.error or "decode failed")
                     retry.append((slot, p))
@@ -263,14 +372,23 @@ class SampleLoader:
                     label=p.label,
                     replaced=p.replaced,
                 )
-            if not retry:
+            if again_as_is:
+                if tries == len(self.retry_delays):
+                    raise TransientReadError(
+                        None,
+                        f"{transient_error} (transient; {tries + 1} tries): the batch fails, "
+                        "the file is not marked bad",
+                    )
+                self._sleep(self.retry_delays[tries])
+                tries += 1
+            if not retry and not again_as_is:
                 break
             again = self.prepare(
                 epoch,
                 [p.requested for _, p in retry],
                 start_attempts=[p.attempt + 1 for _, p in retry],
             )
-            todo = [(slot, p) for (slot, _), p in zip(retry, again, strict=True)]
+            todo = again_as_is + [(slot, p) for (slot, _), p in zip(retry, again, strict=True)]
         loaded = [s for s in out if s is not None]
         replaced = sum(s.replaced for s in loaded)
         if replaced:
@@ -284,12 +402,20 @@ class SampleLoader:
 
 
 def probe(
-    dataset: ImageDataset, n: int = 8, limit: int = 256, max_pixels: int | None = DEFAULT_MAX_PIXELS
+    dataset: ImageDataset,
+    n: int = 8,
+    limit: int = 256,
+    max_pixels: int | None = DEFAULT_MAX_PIXELS,
+    *,
+    retry_delays: Sequence[float] = DEFAULT_RETRY_DELAYS,
+    sleep: Callable[[float], None] = time.sleep,
+    on_transient: Callable[[], None] = lambda: None,
 ) -> int:
     """Index of a readable image, checked at start so an all-bad dataset fails fast and clearly.
 
     Tries `n` files spread over the dataset, then up to `limit` more in order; raises
-    UnreadableDatasetError naming the root (and a sample reason) if none decodes.
+    UnreadableDatasetError naming the root (and a sample reason) if none decodes, and
+    TransientReadError when a read keeps failing transiently (not the dataset's fault).
     """
     total = len(dataset)
     spread = np.unique(np.linspace(0, total - 1, num=min(n, total)).astype(np.int64)).tolist()
@@ -298,13 +424,49 @@ def probe(
     reasons: list[str] = []
     for i in (spread + rest)[: len(spread) + limit]:
         try:
-            decode_full(dataset.read_bytes(i), max_pixels=max_pixels)
+            data = _retrying(
+                lambda i=i: dataset.read_bytes(i),
+                f"reading {dataset.paths[i]}",
+                retry_delays,
+                sleep,
+                on_transient,
+            )
+            assert isinstance(data, bytes)
+            decode_full(data, max_pixels=max_pixels)
             return i
         except DecodeError as e:
             reasons.append(f"{dataset.paths[i]}: {e}")
+        except TransientReadError:
+            raise
         except OSError as e:
             reasons.append(f"{dataset.paths[i]}: cannot read: {e.strerror or e}")
     raise UnreadableDatasetError(
         f"no readable image in {dataset.root} (checked {len(reasons)} of {total} files; "
         f"e.g. {reasons[0]})"
     )
+
+
+class BadFileTally:
+    """Distinct bad files over several SampleLoaders: a file that two splits (or two list
+    entries) hold counts once. `update(loaders)` returns how many new ones were found since
+    the last call; `total` is the count so far. For one thread (the server's loop)."""
+
+    def __init__(self) -> None:
+        self._seen: set[str] = set()
+        self._offsets: dict[SampleLoader, int] = {}
+
+    @property
+    def total(self) -> int:
+        return len(self._seen)
+
+    def update(self, loaders: Iterable[SampleLoader]) -> int:
+        new = 0
+        for loader in loaders:
+            start = self._offsets.get(loader, 0)
+            paths = loader.bad_files(start)
+            self._offsets[loader] = start + len(paths)
+            for path in paths:
+                if path not in self._seen:
+                    self._seen.add(path)
+                    new += 1
+        return new

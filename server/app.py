@@ -20,6 +20,7 @@ from typing import Any
 
 import zmq
 from batchwire import wire
+from batchwire.pipeline.samples import BadFileTally
 from batchwire.pipeline.split import Split
 from batchwire.server.bufpool import BufferPool, Slot
 from batchwire.server.config import ServerConfig
@@ -93,7 +94,7 @@ class ServerApp:
         # Every split writes the same batches (one image size, dtype and layout): one spec.
         self.spec = config.batch_spec()
         self.buffers = BufferPool(self.spec)
-        self._bad_seen = dict.fromkeys(self.splits, 0)
+        self._bad_files = BadFileTally()  # bad_total: distinct files over all splits
 
         self.ctx = zmq.Context()
         self.router = self.ctx.socket(zmq.ROUTER)
@@ -497,6 +498,10 @@ class ServerApp:
 
     def _on_result(self, result: JobResult) -> None:
         job, stream = result.job, result.job.stream
+        # Before the failure branch: bad files found by a batch that then failed count too.
+        new_bad = self._bad_files.update(s.producer.samples for s in self.splits.values())
+        if new_bad:
+            self.telemetry.add_bad(new_bad)
         if result.meta is None or stream.closed:
             self.buffers.release(job.slot)
             if not stream.closed:
@@ -510,11 +515,6 @@ class ServerApp:
                     self._drop(stream.identity)
             return
         meta = result.meta
-        split = self.splits[stream.hello.split]
-        bad = split.producer.counts().get("bad_total", 0)
-        if bad > self._bad_seen[split.name]:
-            self.telemetry.add_bad(bad - self._bad_seen[split.name])
-            self._bad_seen[split.name] = bad
         if meta.replaced:
             self.telemetry.add_replaced(meta.replaced)
         stream.completed(

@@ -2,7 +2,9 @@
 
 Every file is produced with PIL (or by patching bytes PIL wrote), so the tests exercise the
 decoders on genuine encoder output: CMYK, progressive, greyscale, EXIF-rotated, truncated,
-empty, text, PNG-named-.jpg and a JPEG whose header claims 60000x60000.
+empty, text, PNG-named-.jpg, a JPEG whose header claims 60000x60000, and corrupt JPEGs whose
+end marker is intact (cut in half then FF D9, middle zeroed or randomised, 2 kB claiming
+9000x9000).
 """
 
 from __future__ import annotations
@@ -16,6 +18,9 @@ from PIL import Image
 
 GOOD_KINDS = ("rgb", "progressive", "grey", "cmyk", "png_as_jpg", "rgba_png")
 BAD_KINDS = ("truncated", "empty", "text", "huge_header", "garbage_after_soi")
+# Corrupt files whose end marker is intact (PIL opens most of them without a word) and a small
+# file with a plausible-looking but impossible header: bad for the strict decoder only.
+CORRUPT_KINDS = ("half_then_eoi", "middle_zeroed", "middle_random", "claims_9000")
 
 
 def smooth_image(height: int, width: int, seed: int = 0) -> np.ndarray:
@@ -97,8 +102,45 @@ def huge_header_jpeg(pixels: np.ndarray, height: int = 60000, width: int = 60000
     return bytes(data)
 
 
+def scan_data_span(data: bytes) -> tuple[int, int]:
+    """[start, end) of a baseline JPEG's entropy-coded data: after the SOS header, before EOI."""
+    sos = data.find(b"\xff\xda")
+    if sos < 0 or not data.endswith(b"\xff\xd9"):
+        raise AssertionError("not a baseline JPEG ending in EOI")
+    (length,) = struct.unpack_from(">H", data, sos + 2)
+    return sos + 2 + length, len(data) - 2
+
+
+def corrupt_jpeg(kind: str, data: bytes, seed: int = 0) -> bytes:
+    """`data` (a baseline JPEG) damaged as CORRUPT_KINDS says, its EOI marker intact:
+    - half_then_eoi: cut in half, FF D9 appended (libjpeg greys the missing half);
+    - middle_zeroed / middle_random: the middle third of the entropy-coded data overwritten."""
+    start, end = scan_data_span(data)
+    a, b = start + (end - start) // 3, start + 2 * (end - start) // 3
+    if kind == "half_then_eoi":
+        return data[: len(data) // 2] + b"\xff\xd9"
+    if kind == "middle_zeroed":
+        return data[:a] + bytes(b - a) + data[b:]
+    if kind == "middle_random":
+        noise = np.random.default_rng(seed).integers(0, 256, b - a, dtype=np.uint8)
+        return data[:a] + noise.tobytes() + data[b:]
+    raise ValueError(f"unknown corruption {kind!r}")
+
+
+def small_claiming_huge(height: int = 9000, width: int = 9000) -> bytes:
+    """A ~2 kB JPEG whose frame header claims height x width (81 Mpx: under the pixel limit,
+    so only the plausibility bound can refuse it before a 243 MB decode)."""
+    data = huge_header_jpeg(smooth_image(64, 64, seed=5), height, width)
+    assert 1000 < len(data) < 3000, len(data)
+    return data
+
+
 def odd_file_bytes(kind: str, height: int = 96, width: int = 128, seed: int = 0) -> bytes:
-    """The bytes of one odd file (see GOOD_KINDS and BAD_KINDS)."""
+    """The bytes of one odd file (see GOOD_KINDS, BAD_KINDS and CORRUPT_KINDS)."""
+    if kind in ("half_then_eoi", "middle_zeroed", "middle_random"):
+        return corrupt_jpeg(kind, jpeg_bytes(smooth_image(height, width, seed)), seed)
+    if kind == "claims_9000":
+        return small_claiming_huge()
     pixels = smooth_image(height, width, seed)
     if kind == "rgb":
         return jpeg_bytes(pixels)

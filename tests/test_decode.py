@@ -15,6 +15,7 @@ from batchwire.pipeline.decode import (
     DecodeError,
     DecodeRequest,
     ImageTooLarge,
+    ImplausibleHeader,
     choose_dct_scale,
     decode_for_crop,
     decode_full,
@@ -160,9 +161,13 @@ def test_huge_header_rejected_before_decoding() -> None:
         decode_full(data)
     grown_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_before) / 1024
     assert grown_mb < 100  # 60000 x 60000 x 3 would be 10 GB
-    # The size comes from the header alone: with the limit off, the header still parses.
-    header = read_header(data, max_pixels=None)
-    assert (header.height, header.width) == (60000, 60000)
+    # The size comes from the header alone: with the limit off, a claim the file's size
+    # could hold parses, and one it could not is still refused (ImplausibleHeader).
+    with pytest.raises(ImplausibleHeader, match="60000x60000"):
+        read_header(data, max_pixels=None)
+    plausible = huge_header_jpeg(smooth_image(32, 32), height=900, width=1000)
+    header = read_header(plausible, max_pixels=None)
+    assert (header.height, header.width) == (900, 1000)
 
 
 def test_max_pixels_is_configurable() -> None:

@@ -61,7 +61,7 @@ def test_bad_files_replaced_counted_and_logged_once(
                 assert s.image.ndim == 3 and s.image.shape[2] == 3
                 header = read_header(mixed.read_bytes(s.index))
                 assert s.plan == plan_sample(CONFIG, 3, epoch, s.index, header.height, header.width)
-        assert loader.counts() == {"bad_total": 5, "replaced_total": 10}
+        assert loader.counts() == {"bad_total": 5, "replaced_total": 10, "transient_total": 0}
         assert set(loader.known_bad) == bad
     for i in bad:
         path = mixed.paths[i]
@@ -172,4 +172,4 @@ def test_known_bad_files_are_not_read_again(tmp_path: Path) -> None:
         # Repairing the file does not matter any more: the index is remembered as bad.
         Path(ds.paths[bad]).write_bytes(odd_file_bytes("rgb"))
         assert loader.load(1, [bad])[0].replaced
-        assert loader.counts() == {"bad_total": 1, "replaced_total": 2}
+        assert loader.counts() == {"bad_total": 1, "replaced_total": 2, "transient_total": 0}

@@ -8,11 +8,21 @@
 // for them to be entropy decoded (so that corrupt data anywhere in the file still fails, as a
 // full decode does).
 //
-// Errors: libjpeg reports fatal errors through error_exit and recoverable ones (corrupt data,
-// premature end of file) as warnings after which it carries on with made-up pixels. Both jump
-// back here and become a JpegRoiError; only "extraneous bytes before marker" is let through,
-// as pipeline/decode.py does. The setjmp function holds no C++ objects with destructors, so
-// the longjmp skips nothing that needs unwinding.
+// Errors (strict): libjpeg reports fatal errors through error_exit and recoverable ones
+// (corrupt data, premature end of file) as warnings (emit_message with msg_level -1) after which
+// it carries on with made-up pixels. Both jump back here and become a JpegRoiError, so no
+// warning ever leaves a decoded region. One warning is let through, as the TurboJPEG path in
+// pipeline/decode/backends.py does: "extraneous bytes before marker" for a marker that is not
+// EOI or a restart marker, i.e. stray bytes between header segments (the pixels are whole; PIL
+// and djpeg accept them). Extraneous bytes before EOI or RSTn mean the entropy-coded data did
+// not end where the image did (a corrupt, desynchronised scan) and fail like any warning.
+// The setjmp function holds no C++ objects with destructors, so the longjmp skips nothing that
+// needs unwinding.
+//
+// What strict covers: the bytes libjpeg reads. Without `verify` the rows below the region are
+// never read, so damage there goes unseen (the region's pixels are then the intact file's,
+// since a sequential scan decodes top-down); a truncated file is still refused, by its missing
+// EOI marker (`has_eoi_after`). A progressive file is read whole at jpeg_start_decompress.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
@@ -44,9 +54,16 @@ struct ErrorManager {
   std::longjmp(err->jump, 1);
 }
 
+// Stray bytes between header segments: the only warning after which the pixels are whole.
+bool benign_warning(const jpeg_error_mgr* err) {
+  if (err->msg_code != JWRN_EXTRANEOUS_DATA) return false;
+  const int marker = err->msg_parm.i[1];  // "%u extraneous bytes before marker 0x%02x"
+  return marker != 0xD9 && !(marker >= 0xD0 && marker <= 0xD7);
+}
+
 void jump_on_warning(j_common_ptr cinfo, int msg_level) {
   if (msg_level >= 0) return;  // trace messages
-  if (cinfo->err->msg_code == JWRN_EXTRANEOUS_DATA) {
+  if (benign_warning(cinfo->err)) {
     cinfo->err->num_warnings++;
     return;
   }
@@ -179,6 +196,52 @@ bool decode_region(const Request& req, Region* out, char* message, std::size_t m
   return true;
 }
 
+// Entropy decodes a whole JPEG (any colour space, CMYK/YCCK included) with the strict error
+// handling above, producing no pixels but the last row's: the check OpenCV-decoded JPEGs get,
+// since OpenCV's own libjpeg ignores every warning. Returns true when the file is sound.
+bool check_stream(const unsigned char* data, std::size_t size, char* message,
+                  std::size_t message_size) {
+  jpeg_decompress_struct cinfo;
+  ErrorManager jerr;
+  unsigned char* volatile scratch = nullptr;
+  std::memset(&cinfo, 0, sizeof cinfo);
+  cinfo.err = jpeg_std_error(&jerr.pub);
+  jerr.pub.error_exit = jump_on_error;
+  jerr.pub.emit_message = jump_on_warning;
+  jerr.message[0] = '\0';
+  if (setjmp(jerr.jump)) {
+    jpeg_destroy_decompress(&cinfo);
+    std::free(scratch);
+    std::snprintf(message, message_size, "%s", jerr.message);
+    return false;
+  }
+  jpeg_create_decompress(&cinfo);
+  jpeg_mem_src(&cinfo, data, static_cast<unsigned long>(size));
+  jpeg_read_header(&cinfo, TRUE);
+  if (cinfo.jpeg_color_space == JCS_CMYK || cinfo.jpeg_color_space == JCS_YCCK) {
+    cinfo.out_color_space = JCS_CMYK;
+  }
+  cinfo.scale_num = 1;
+  cinfo.scale_denom = 8;  // the one row decoded at the end is cheap
+  jpeg_start_decompress(&cinfo);
+  const JDIMENSION last = cinfo.output_height - 1;
+  if (last > 0) jpeg_skip_scanlines(&cinfo, last);
+  if (cinfo.output_scanline == last) {
+    scratch = static_cast<unsigned char*>(
+        std::malloc(static_cast<std::size_t>(cinfo.output_width) * cinfo.output_components));
+    if (scratch == nullptr) {
+      std::snprintf(jerr.message, sizeof jerr.message, "out of memory for a row");
+      std::longjmp(jerr.jump, 1);
+    }
+    JSAMPROW row = scratch;
+    jpeg_read_scanlines(&cinfo, &row, 1);
+  }
+  jpeg_finish_decompress(&cinfo);
+  jpeg_destroy_decompress(&cinfo);
+  std::free(scratch);
+  return true;
+}
+
 class JpegRoiError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
@@ -216,6 +279,22 @@ py::tuple decode_jpeg_roi(const py::buffer& data, long long y0, long long x0, lo
       py::make_tuple(region.full_height, region.full_width));
 }
 
+void check_jpeg(const py::buffer& data) {
+  const py::buffer_info info = data.request();
+  if (info.itemsize != 1 || info.ndim != 1 || info.strides[0] != 1) {
+    throw py::value_error("data must be a contiguous bytes-like object");
+  }
+  char message[JMSG_LENGTH_MAX + 64];
+  bool ok;
+  const auto* bytes = static_cast<const unsigned char*>(info.ptr);
+  const auto size = static_cast<std::size_t>(info.size);
+  {
+    py::gil_scoped_release release;
+    ok = size >= 2 && check_stream(bytes, size, message, sizeof message);
+  }
+  if (!ok) throw JpegRoiError(size < 2 ? "not a JPEG (fewer than 2 bytes)" : message);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -230,5 +309,10 @@ Returns (pixels HxWx3 uint8, (ry0, rx0, ry1, rx1) the region decoded, (height, w
 whole scaled image): libjpeg widens the columns to iMCU boundaries. With verify, the rest of
 the file is entropy decoded too, so corrupt or truncated data anywhere raises JpegRoiError
 (a ValueError), as a full decode would; without it only a missing EOI marker is checked.)");
+  m.def("check_jpeg", &check_jpeg, py::arg("data"),
+        R"(Entropy decodes a whole JPEG (CMYK/YCCK too) strictly, producing no pixels.
+
+Raises JpegRoiError (a ValueError) for the corrupt or truncated data a full decode would warn
+about; returns None for a sound file.)");
   m.attr("LIBJPEG_VERSION") = JPEG_LIB_VERSION;
 }

@@ -3,15 +3,18 @@
 Where to look (each module has one job):
 - `contract`: the decoder interface every decoder keeps (`DecodeRequest`, `DecodeResult`,
   `BatchDecoder`, `DecodeError`, `DecodedImage`): one bad image never fails a batch.
-- `files`: `read_file`, the one place a path becomes bytes.
+- `files`: `read_file`, the one place a path becomes bytes (regular files only), and which read
+  errors are transient (`is_transient`).
 - `headers`: `read_header` (size, EXIF orientation, decoder route) without decoding pixels, and
-  the pixel cap (`DEFAULT_MAX_PIXELS`, `ImageTooLarge`).
+  the pixel cap (`DEFAULT_MAX_PIXELS`, `ImageTooLarge`), and the refusal of headers that claim
+  more pixels than their file can hold (`ImplausibleHeader`).
 - `exif`: the Orientation tag read from JPEG/PNG/WebP bytes.
 - `orientation`: the one table of what each EXIF orientation does, with its numpy and torch
   appliers.
 - `region`: crop geometry: how far the resize filter reaches (`filter_reach`, shared by every
   region-of-interest decoder) and region mapping between stored and displayed images.
-- `backends`: TurboJPEG and OpenCV access, their failures turned into errors.
+- `backends`: TurboJPEG and OpenCV access, their failures turned into errors; strict: any
+  libjpeg warning about corrupt data fails the image, and OpenCV never passes a corrupt JPEG.
 - `whole`: whole-image decode at a DCT scale (`choose_dct_scale`, `decode_full`).
 - `roi`: region-of-interest decode through the native libjpeg-turbo extension.
 - `cpu`: `decode_for_crop` and `CpuBatchDecoder`, the thread-pool decoder.
@@ -28,11 +31,12 @@ from batchwire.pipeline.decode.contract import (
     DecodeResult,
 )
 from batchwire.pipeline.decode.cpu import CpuBatchDecoder, decode_for_crop
-from batchwire.pipeline.decode.files import read_file
+from batchwire.pipeline.decode.files import NotARegularFile, is_transient, read_file
 from batchwire.pipeline.decode.headers import (
     DEFAULT_MAX_PIXELS,
     ImageHeader,
     ImageTooLarge,
+    ImplausibleHeader,
     read_header,
 )
 from batchwire.pipeline.decode.region import Box, Region, displayed_region, stored_region
@@ -49,11 +53,14 @@ __all__ = [
     "DecodedImage",
     "ImageHeader",
     "ImageTooLarge",
+    "ImplausibleHeader",
+    "NotARegularFile",
     "Region",
     "choose_dct_scale",
     "decode_for_crop",
     "decode_full",
     "displayed_region",
+    "is_transient",
     "read_file",
     "read_header",
     "stored_region",

@@ -5,7 +5,10 @@ the JPEGs TurboJPEG refuses). Both release the GIL while decoding, which is what
 `CpuBatchDecoder` use threads. What this module hides:
 - PyTurboJPEG reports libjpeg warnings through `warnings.warn` and returns the (possibly partial)
   image; "Premature end of JPEG file" is such a warning, so a truncated file would decode into a
-  half-grey picture. `turbo_decode` treats every warning but the benign ones as an error.
+  half-grey picture. Decoding is strict: `turbo_decode` treats every warning but the benign one
+  (`benign_warning`) as an error. (TJFLAG_STOPONWARNING would stop at the benign one too.)
+- OpenCV's libjpeg ignores those warnings and returns the partial image, so OpenCV never judges
+  a JPEG's data: `check_jpeg_data` does, strictly, for the JPEGs OpenCV decodes.
 - libturbojpeg may be missing: `turbo()` is then None and JPEGs go to OpenCV, without DCT scaling.
 - OpenCV signals failure by returning None or raising `cv2.error`; `cv2_decode` raises
   `DecodeError` either way.
@@ -14,6 +17,7 @@ the JPEGs TurboJPEG refuses). Both release the GIL while decoding, which is what
 from __future__ import annotations
 
 import logging
+import re
 import threading
 
 import cv2
@@ -27,9 +31,13 @@ TJCS_CMYK = 3
 TJCS_YCCK = 4
 _TJPF_RGB = 0
 
-# libjpeg warnings after which the decoded pixels are still the image: stray bytes between
-# segments, common in files from some cameras and editors (PIL and djpeg accept them too).
-_BENIGN_WARNINGS = ("extraneous bytes before marker",)
+_TJPF_CMYK = 11
+
+# The one libjpeg warning after which the decoded pixels are still the image: stray bytes
+# between header segments, common in files from some cameras and editors (PIL and djpeg accept
+# them too). The same warning before EOI (0xd9) or a restart marker (0xd0-0xd7) means the
+# entropy-coded data did not end where the image did: a corrupt scan, refused.
+_EXTRANEOUS = re.compile(r"extraneous bytes before marker 0x([0-9a-fA-F]{2})")
 
 
 def _load_turbojpeg():
@@ -106,21 +114,82 @@ def dct_scales() -> list[tuple[int, int]]:
     return sorted(useful, key=lambda f: f[0] / f[1])
 
 
-def turbo_decode(data: bytes, scale: tuple[int, int]) -> np.ndarray:
-    """RGB pixels at a DCT scale, or OSError.
+def benign_warning(message: str) -> bool:
+    """True for the one libjpeg warning that leaves the pixels whole (see `_EXTRANEOUS`)."""
+    m = _EXTRANEOUS.search(message)
+    if m is None:
+        return False
+    marker = int(m.group(1), 16)
+    return marker != 0xD9 and not 0xD0 <= marker <= 0xD7
+
+
+def turbo_decode(data: bytes, scale: tuple[int, int], *, pixel_format: int = _TJPF_RGB):
+    """Pixels (RGB unless asked otherwise) at a DCT scale, or OSError.
 
     libjpeg reports a truncated or corrupt stream as a *warning* and returns a partly grey (or,
-    when a later error follows, uninitialised) image, so any warning but the benign ones is an
+    when a later error follows, uninitialised) image, so any warning but the benign one is an
     error here.
     """
     tj = turbo()
     factor = None if scale == (1, 1) else scale
     tj.take_warnings()  # drop anything a failed call left behind on this thread
-    pixels = tj.decode(data, pixel_format=_TJPF_RGB, scaling_factor=factor)
-    bad = [w for w in tj.take_warnings() if not any(b in w for b in _BENIGN_WARNINGS)]
+    try:
+        pixels = tj.decode(data, pixel_format=pixel_format, scaling_factor=factor)
+    finally:
+        warnings = tj.take_warnings()
+    bad = [w for w in warnings if not benign_warning(w)]
     if bad:
         raise OSError("; ".join(bad))
     return pixels
+
+
+def has_eoi(data: bytes) -> bool:
+    """Whether an end-of-image marker follows the first scan header (the check the native
+    decoder makes; entropy-coded data never holds FF D9, so one there ends the image)."""
+    sos = data.find(b"\xff\xda")
+    return sos >= 0 and data.rfind(b"\xff\xd9") > sos
+
+
+def check_jpeg_data(data: bytes) -> None:
+    """Refuse (DecodeError) a JPEG whose data is corrupt, before OpenCV decodes it.
+
+    OpenCV returns whatever libjpeg made of a corrupt file (grey or garbage rows) without a
+    word, so a JPEG goes to OpenCV only after a strict entropy decode of the whole file: the
+    native libjpeg check (`batchwire.native.jpeg_roi.check_jpeg`, any colour space and sampling)
+    where it is built, else TurboJPEG (to CMYK for CMYK/YCCK files) where it reads the file.
+    Any warning but the benign one fails. Where neither can read it, nothing here can see
+    corrupt data: only a truncated file (no EOI marker) is refused.
+    """
+    from batchwire.native.jpeg_roi import JpegRoiError, check_jpeg, jpeg_roi_available
+
+    if jpeg_roi_available():
+        try:
+            check_jpeg(data)
+        except JpegRoiError as e:
+            raise DecodeError(f"{jpeg_failure(str(e))} JPEG: {e}") from None
+        return
+    tj = turbo()
+    if tj is not None:
+        tj.take_warnings()
+        try:
+            _w, _h, _subsample, colorspace = tj.decode_header(data)
+        except OSError:
+            colorspace = None
+        tj.take_warnings()
+        if colorspace is not None:
+            fmt = _TJPF_CMYK if colorspace in (TJCS_CMYK, TJCS_YCCK) else _TJPF_RGB
+            try:
+                turbo_decode(data, (1, 1), pixel_format=fmt)
+            except OSError as e:
+                raise DecodeError(f"{jpeg_failure(str(e))} JPEG: {e}") from None
+            return
+    if not has_eoi(data):
+        raise DecodeError("truncated JPEG: no end-of-image marker")
+
+
+def jpeg_failure(message: str) -> str:
+    """ "truncated" or "corrupt", from a libjpeg message."""
+    return "truncated" if "Premature end of JPEG file" in message else "corrupt"
 
 
 def cv2_decode(data: bytes) -> np.ndarray:

@@ -49,11 +49,13 @@ class DecodeRequest:
 @dataclass(frozen=True)
 class DecodeResult:
     """A decoded HWC uint8 image on the decoder's device and the box in its coords, or
-    `image=None` and the reason in `error`."""
+    `image=None` and the reason in `error`. `transient` marks a failure that says nothing
+    about the file (out of memory): the caller retries it rather than calling the file bad."""
 
     image: torch.Tensor | None
     box: Box
     error: str | None = None
+    transient: bool = False
 
 
 @runtime_checkable

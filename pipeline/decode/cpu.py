@@ -59,7 +59,9 @@ def _decode_request(req: DecodeRequest) -> DecodeResult:
         image = torch.from_numpy(decoded.pixels)  # inside: whatever it refuses is this image's
     except DecodeError as e:
         return DecodeResult(image=None, box=req.box, error=str(e))
-    except (ValueError, OSError, MemoryError, cv2.error) as e:
+    except MemoryError as e:  # the machine's state, not the file's (headers bound the size)
+        return DecodeResult(image=None, box=req.box, error=f"MemoryError: {e}", transient=True)
+    except (ValueError, OSError, cv2.error) as e:
         return DecodeResult(image=None, box=req.box, error=f"{type(e).__name__}: {e}")
     return DecodeResult(image=image, box=decoded.box)
 

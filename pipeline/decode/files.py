@@ -1,16 +1,71 @@
 """Reading an encoded image file: the one place the pipeline turns a path into bytes.
 
 Kept apart so that how files are read (buffered today; direct I/O or a cache later) is changed in
-one function, not at every caller. Errors are not translated: an OSError reaches the sample
-loader, which counts the file as unreadable and replaces it.
+one function, not at every caller. Errors are not translated into decode errors: an OSError
+reaches the sample loader, which tells two kinds apart (`is_transient`):
+- transient ones (out of descriptors or memory, EIO, EAGAIN, EINTR) say nothing about the file:
+  the loader retries them and never remembers the file as bad;
+- every other one (missing, no permission, not a regular file) is the file's: it is counted as
+  unreadable and replaced.
+
+Only regular files are read. A FIFO named in a list file would block `open` (and a read) until
+a writer comes, stalling a decode thread for good; a device may block or have side effects on
+open; a directory has no image. So the path is `stat`ed first (following symlinks, which keep
+working) and refused unless it is a regular file, and the open itself is non-blocking with the
+type checked again on the descriptor, so a file swapped for a FIFO in between cannot block
+either. Neither costs measurably next to the read.
 """
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
+
+# errno values that describe the machine's state at the time, not the file.
+TRANSIENT_ERRNOS = frozenset(
+    {errno.EMFILE, errno.ENFILE, errno.EIO, errno.EAGAIN, errno.EINTR, errno.ENOMEM}
+)
+
+_FILE_TYPES = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+class NotARegularFile(OSError):
+    """The path names a FIFO, device, socket or directory: never opened for reading (a
+    property of the file, so a bad file like an unreadable one)."""
+
+
+def is_transient(exc: BaseException) -> bool:
+    """True for an error that says nothing about the file (see `TRANSIENT_ERRNOS`)."""
+    if isinstance(exc, MemoryError):
+        return True
+    return isinstance(exc, OSError) and exc.errno in TRANSIENT_ERRNOS
+
+
+def _check_regular(mode: int, path: str | os.PathLike[str]) -> None:
+    if stat.S_ISREG(mode):
+        return
+    what = next((name for test, name in _FILE_TYPES if test(mode)), "not a regular file")
+    raise NotARegularFile(f"not a regular file ({what}): {os.fspath(path)}")
 
 
 def read_file(path: str | os.PathLike[str]) -> bytes:
-    """The whole contents of `path` (OSError propagates)."""
-    with open(path, "rb") as f:
-        return f.read()
+    """The whole contents of the regular file `path` (OSError propagates; `NotARegularFile`
+    for anything else, without opening it)."""
+    _check_regular(os.stat(path).st_mode, path)
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        _check_regular(os.fstat(fd).st_mode, path)
+        os.set_blocking(fd, True)
+        with os.fdopen(fd, "rb", closefd=True) as f:
+            fd = -1
+            return f.read()
+    finally:
+        if fd >= 0:
+            os.close(fd)

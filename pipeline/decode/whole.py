@@ -9,7 +9,14 @@ on any failure, so a corrupt file ends with the same `DecodeError` whichever pat
 from __future__ import annotations
 
 import numpy as np
-from batchwire.pipeline.decode.backends import cv2_decode, dct_scales, turbo, turbo_decode
+from batchwire.pipeline.decode.backends import (
+    check_jpeg_data,
+    cv2_decode,
+    dct_scales,
+    jpeg_failure,
+    turbo,
+    turbo_decode,
+)
 from batchwire.pipeline.decode.contract import DecodeError
 from batchwire.pipeline.decode.headers import DEFAULT_MAX_PIXELS, ImageHeader, read_header
 from batchwire.pipeline.decode.orientation import apply_orientation
@@ -27,19 +34,22 @@ def choose_dct_scale(box_h: float, box_w: float, out_h: int, out_w: int) -> tupl
 
 
 def decode_pixels(data: bytes, header: ImageHeader, scale: tuple[int, int]) -> np.ndarray:
-    """Oriented RGB pixels, at `scale` when the file takes the TurboJPEG route."""
+    """Oriented RGB pixels, at `scale` when the file takes the TurboJPEG route.
+
+    Strict for JPEGs: TurboJPEG's verdict on a JPEG it reads is final. OpenCV is not asked
+    after it failed: OpenCV's libjpeg ignores the warnings about corrupt data and returns the
+    partial image (grey or garbage rows) as if it were whole. JPEGs that take the OpenCV route
+    (CMYK/YCCK, or no libturbojpeg) are checked by `check_jpeg_data` first; PNG and the other
+    formats are OpenCV's alone.
+    """
     if header.kind == "jpeg" and turbo() is not None:
         try:
             raw = turbo_decode(data, scale)
         except OSError as e:
-            # Odd JPEGs TurboJPEG refuses may still be readable by OpenCV's libjpeg (which, in
-            # OpenCV 5, fails rather than returning a partial image).
-            try:
-                raw = cv2_decode(data)
-            except DecodeError:
-                what = "truncated" if "Premature end" in str(e) else "corrupt"
-                raise DecodeError(f"{what} JPEG: {e}") from None
+            raise DecodeError(f"{jpeg_failure(str(e))} JPEG: {e}") from None
     else:
+        if data[:2] == b"\xff\xd8":
+            check_jpeg_data(data)
         raw = cv2_decode(data)
     return apply_orientation(raw, header.orientation)
 
