@@ -26,6 +26,7 @@ import socket
 import statistics
 import tempfile
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -97,24 +98,25 @@ class TransportServer:
     def serve_forever(self) -> None:
         free = list(range(len(self.ring)))
         held: list[tuple[zmq.MessageTracker, int]] = []
-        identity, hello, credits, k = None, None, 0, self.n
+        identity, hello, asked = None, None, deque()
         while True:
-            want = credits > 0 and k < self.n
+            want = bool(asked)
             # ready to send: don't wait; waiting on trackers (no fd): short; idle: long
             if self.sock.poll(0 if want and free else 1 if want else 50):
                 frames = self.sock.recv_multipart()
                 msg = p.decode_client_message(frames[1])
                 if isinstance(msg, p.Hello):
-                    identity, hello, credits, k = frames[0], msg, msg.prefetch, msg.start_batch
+                    identity, hello, asked = frames[0], msg, deque(msg.batches)
                     self.sock.send_multipart([identity, self._welcome(msg.session).pack()])
                 elif isinstance(msg, p.Credit) and frames[0] == identity:
-                    credits += msg.n
+                    asked.extend(msg.batches)
                 continue
             still = []
             for tracker, slot in held:
                 (free.append(slot) if tracker.done else still.append((tracker, slot)))
             held = still
-            while credits and free and k < self.n:
+            while asked and free:
+                k = asked.popleft()
                 slot = free.pop()
                 header = p.BatchHeader(
                     session=hello.session,
@@ -132,8 +134,6 @@ class TransportServer:
                     self.sock, header, tensor_bytes(self.ring[slot]), self.labels, identity=identity
                 )
                 held.append((tracker, slot))
-                credits -= 1
-                k += 1
 
     def _welcome(self, session: int) -> p.Welcome:
         b = self.shape[0]
@@ -178,7 +178,8 @@ class ProtocolReceiver:
     into pinned buffers and gives one credit per batch (no reorder buffer, no staging)."""
 
     def __init__(self, sock: zmq.Socket, shape: tuple[int, ...], prefetch: int) -> None:
-        self.client = RawClient(sock, prefetch=prefetch, session=0)
+        self.client = RawClient(sock, batches=tuple(range(prefetch)), session=0)
+        self.prefetch = prefetch
         pin = torch.cuda.is_available()
         self.images = torch.empty(
             p.images_nbytes(shape, "uint8"), dtype=torch.uint8, pin_memory=pin
@@ -190,7 +191,6 @@ class ProtocolReceiver:
         sock = self.client.sock
         img = memoryview(self.images.numpy())
         lab = memoryview(self.labels.numpy()).cast("B")
-        credit = p.Credit(n=1).pack()
         t0 = 0.0
         for i in range(n + WARM):
             if i == WARM:
@@ -202,7 +202,8 @@ class ProtocolReceiver:
                 raise RuntimeError("short images frame")
             if sock.recv_into(lab) != header.labels_nbytes:
                 raise RuntimeError("short labels frame")
-            sock.send(credit)
+            if i + self.prefetch < n + WARM:
+                sock.send(p.Credit(batches=(i + self.prefetch,)).pack())
         return time.perf_counter() - t0
 
 

@@ -17,7 +17,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, field
 
 import zmq
 from batchwire import wire
@@ -35,25 +36,23 @@ class StreamState:
 
     session: int = -1
     epoch: int = -1
-    start_batch: int = 0
     welcomed: bool = False
-    granted: int = 0  # credits given in this session (hello's prefetch + credit messages)
-    received: int = 0  # batch messages received in this session
+    #: Batches asked for in this session and not received yet, in the order the server sends.
+    pending: deque[int] = field(default_factory=deque)
 
     @property
     def outstanding(self) -> int:
-        return self.granted - self.received
+        return len(self.pending)
 
 
 class ServerConnection:
-    """The DEALER socket to one endpoint, its monitor, and its stream bookkeeping.
+    """The DEALER socket to one endpoint (the loader's ``index``-th), its monitor, and its
+    stream bookkeeping. A lost session's ``stream.pending`` and ``ahead`` are left for the
+    receiver to take back (`BatchReceiver` gives them to the other servers)."""
 
-    ``shard = (i, n)``: this server produces the rank's batches ``k`` with ``k % n == i``.
-    """
-
-    def __init__(self, ctx: zmq.Context, endpoint: str, shard: tuple[int, int]) -> None:
+    def __init__(self, ctx: zmq.Context, endpoint: str, index: int) -> None:
         self.endpoint = endpoint
-        self.shard = shard
+        self.index = index
         self.stream = StreamState()
         #: Batches of a session for the *next* epoch, received ahead as raw frames:
         #: ``(header, images frame, labels frame)``; see `receiver` ("next epoch").
@@ -127,7 +126,6 @@ class ServerConnection:
                 self.connected = False
                 self.hello_sent = False
                 self.wait_reconnect = False
-                self.ahead.clear()
 
     def mark_lost(self, wait_reconnect: bool = False) -> None:
         """The server said `shutdown` or went silent: the next hello starts a new session.
@@ -137,7 +135,6 @@ class ServerConnection:
         """
         self.hello_sent = False
         self.wait_reconnect = wait_reconnect
-        self.ahead.clear()
 
     @property
     def may_send_hello(self) -> bool:
@@ -158,23 +155,21 @@ class ServerConnection:
         if not self._send(hello.pack()):
             return False
         self.stream = StreamState(
-            session=hello.session,
-            epoch=hello.epoch,
-            start_batch=hello.start_batch,
-            granted=hello.prefetch,
+            session=hello.session, epoch=hello.epoch, pending=deque(hello.batches)
         )
         self.ahead.clear()
         self.hello_sent = True
         self.wait_reconnect = False
         return True
 
-    def send_credit(self, n: int, stats: dict | None) -> bool:
-        """Grant ``n`` more batches in the current session (dropped while no session is up)."""
-        if n <= 0 or not self.hello_sent:
+    def send_credit(self, batches: list[int], stats: dict | None) -> bool:
+        """Ask for ``batches`` too in the current session; False (nothing asked) when no session
+        is up or the send would block."""
+        if not self.hello_sent:
             return False
-        if not self._send(wire.Credit(n=n, stats=stats).pack()):
+        if not self._send(wire.Credit(batches=tuple(batches), stats=stats).pack()):
             return False
-        self.stream.granted += n
+        self.stream.pending.extend(batches)
         return True
 
     # ------------------------------------------------------------------ receiving

@@ -75,3 +75,12 @@ def local_cuda_index(device_count: int) -> int:
     if 0 <= local_rank < device_count:
         return local_rank
     return current
+
+
+def default_job() -> str:
+    """The job a loader belongs to: ``BATCHWIRE_JOB``, else torchrun's ``TORCHELASTIC_RUN_ID``.
+
+    A server agrees world sizes per job, so two jobs (or a notebook beside a job) sharing one
+    server never refuse each other; without either variable every loader is in job "".
+    """
+    return os.environ.get("BATCHWIRE_JOB") or os.environ.get("TORCHELASTIC_RUN_ID") or ""

@@ -1,37 +1,37 @@
-"""The client's engine: sessions with every server, credits, and the in-order reorder buffer.
+"""The client's engine: sessions with every server, who produces which batch, and the in-order
+reorder buffer.
 
-Everything runs on the consumer's thread. ZeroMQ's own I/O thread already receives up to the
-credited number of batches in the background; what is left for us is, for CUDA, one
-``recv_into`` per frame (straight into the pinned slot the batch will be staged from) and
-queueing the asynchronous device copy; for the CPU, taking the frames as they are (no copy, see
-`staging.CpuStager`). Before blocking on the batch it needs next, `get` takes in every batch
-that has already arrived, so copies are queued a step or more ahead of their use. A single
-thread also means no socket is ever shared between threads and no error has to be ferried
-across one.
+Everything runs on the consumer's thread. ZeroMQ's own I/O thread already receives the batches
+asked for in the background; what is left for us is, for CUDA, one ``recv_into`` per frame
+(straight into the pinned slot the batch will be staged from) and queueing the asynchronous
+device copy; for the CPU, taking the frames as they are (no copy, see `staging.CpuStager`).
+Before blocking on the batch it needs next, `get` takes in every batch that has already
+arrived, so copies are queued a step or more ahead of their use. A single thread also means no
+socket is ever shared between threads and no error has to be ferried across one.
 
-Several servers: server ``i`` of ``n`` produces the rank's batches ``k`` with ``k % n == i``;
-arrivals wait in a reorder buffer until their turn, so the loader yields the epoch in order,
-each batch exactly once. Each server gets its own credit window (the rank's prefetch split
-between them). A credit goes back as soon as a batch is handed to the consumer, so the server
-can send the next while the step runs; the slot ring is sized for that: the windows, one batch
-held by the consumer and one whose release event is still pending.
+Who produces what: any server can produce any batch, so nothing is split up front. The loader
+keeps at most ``budget`` batches asked for or waiting in the reorder buffer, and whenever one
+is free it asks the server with the fewest batches outstanding for the lowest batch nobody has
+been asked for (`BatchPool`): a fast server comes back for more sooner and so produces more, a
+slow one gets fewer, and a server that is lost (its connection closed, it said ``shutdown``,
+or it stayed silent for a heartbeat while owing batches) has its outstanding batches taken
+back and handed to the others. It gets a new session when it is reachable again, and
+batches again once it has answered that session's welcome. Arrivals wait in the reorder buffer
+until their turn, so the loader yields the epoch in order, each batch exactly once. Frames of
+an old session are dropped (each hello has a new session id).
 
-Next epoch: as soon as a server has delivered its last batch of the epoch (everything it owes
-is received), it is sent the hello of the next epoch from batch 0 (``speculate``), so it
-produces that epoch's first batches while the consumer finishes this one. The usual loop asks
-for that epoch next; then `start` adopts the session and its first batches are already here. The
-batches of such a session are kept as ZeroMQ frames (`ServerConnection.ahead`), outside the
-reorder buffer, the slot ring and the credit windows of the current epoch, and take their slots
-only when the epoch is adopted (at most one window per server, into an empty reorder buffer).
-Any other `start` (another epoch, a resume mid-epoch, a replay) drops them and sends a new hello
-whose session id makes the server's stale frames droppable. The loader's position (its
-``state_dict``) never counts them: it only moves when a batch is handed to the consumer.
+Next epoch: once every batch of the epoch has been asked for, a server with nothing left to do
+is sent the next epoch's hello with a few of its batches (``speculate``), so it produces them
+while the consumer finishes this epoch. The usual loop asks for that epoch next; then `start`
+adopts those sessions and their batches are already here. Such batches are kept as ZeroMQ
+frames (`ServerConnection.ahead`), outside the reorder buffer, the slot ring and the budget, and
+take their slots only when the epoch is adopted (at most ``share`` per server). Any other
+`start` (another epoch, a resume mid-epoch, a replay) drops them and starts afresh. The
+loader's position (its ``state_dict``) never counts them: it only moves when a batch is handed
+to the consumer.
 
-Reconnects: a server that drops the TCP connection (killed, restarted) or says ``shutdown`` gets
-a new hello, with a new session id, from the next batch still needed from it, as soon as it is
-reachable again; a server that stays silent for a heartbeat while it owes us a batch is sent one
-too (the interval adapts to how long batches take, so a slow server is not restarted in a loop).
-Frames of an old session are dropped. A wait longer than ``timeout`` raises.
+A wait longer than ``timeout`` for the batch the consumer needs raises `ServerUnavailable`; the
+same error reply a few times in a row raises `ServerError`.
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ from dataclasses import dataclass
 
 import zmq
 from batchwire import wire
+from batchwire.client.batch_pool import BatchPool
 from batchwire.client.connection import ServerConnection
 from batchwire.client.errors import ProtocolError, ServerError, ServerUnavailable
 from batchwire.client.staging import Staged
@@ -52,14 +53,14 @@ from batchwire.client.staging import Staged
 log = logging.getLogger(__name__)
 
 _POLL_MS = 100  # longest single poll; bounds how late a reconnect or timeout is noticed
+# A next-epoch session we have not spoken to for this long may have been dropped by the server
+# (its --client-timeout, 60 s by default, counts our silence): its batches already here are
+# used, but it is replaced rather than trusted to send the rest.
+AHEAD_MAX_AGE_S = 30.0
 # The same error reply this many times in a row (with no batch between) is the server's answer,
 # not a hiccup: it is raised as ServerError. Before that, each retry waits twice as long.
 ERRORS_BEFORE_RAISING = 3
 _ERROR_BACKOFF_S = 0.25
-# A next-epoch session we have not spoken to for this long may have been dropped by the server
-# (its --client-timeout, 60 s by default, counts our silence): it is replaced, not adopted,
-# so a long validation between epochs costs a plain restart, never a heartbeat's stall.
-AHEAD_MAX_AGE_S = 30.0
 
 
 @dataclass(eq=False)
@@ -91,24 +92,29 @@ class BatchReceiver:
         make_stager: Callable[[wire.Welcome, int], object],
         stats: Callable[[], dict | None],
         speculate: bool = True,
+        job: str = "",
     ) -> None:
         self.split = split
         self.rank = rank
         self.world_size = world_size
+        self.job = job
         self.timeout = float(timeout)
         self.heartbeat = float(heartbeat)
         self.speculate = bool(speculate)
         n = len(endpoints)
-        #: Credits per server: the rank's prefetch split between its servers.
-        self.window = max(1, -(-prefetch // n))
-        self.slots_needed = self.window * n + 2
+        #: Batches asked for and not yet handed out (in flight or in the reorder buffer).
+        self.budget = max(prefetch, n)
+        #: Next-epoch batches one server may be asked for ahead of time.
+        self.share = max(1, self.budget // n)
+        # The budget, the batch the consumer holds and one whose release event is pending.
+        self.slots_needed = self.budget + 2
         self._make_stager = make_stager
         self._stats = stats
         self._ctx = zmq.Context()
         self.conns: list[ServerConnection] = []
         try:
             for i, ep in enumerate(endpoints):
-                self.conns.append(ServerConnection(self._ctx, ep, (i, n)))
+                self.conns.append(ServerConnection(self._ctx, ep, i))
         except BaseException:
             for c in self.conns:
                 c.close()
@@ -124,11 +130,15 @@ class BatchReceiver:
         self.stager = None
         self.epoch = -1
         self.cursor = 0  # next batch index to hand out
+        self.pool = BatchPool()  # this epoch's batches nobody was asked for
+        self.next_pool = BatchPool()  # the next epoch's, for early sessions
         self.held: dict[int, Arrived] = {}
         self.dropped = 0  # batches received but not needed (stale, duplicate)
         self.adopted = 0  # batches of a next-epoch session that the epoch then used
         self.ahead_max_age = AHEAD_MAX_AGE_S
         self._no_speculation_in = -1  # an epoch in which a next-epoch hello was refused
+        self._started = False
+        self._turn = 0  # the server first in line when several have as few outstanding
         self._closed = False
 
     # ------------------------------------------------------------------ public
@@ -138,38 +148,46 @@ class BatchReceiver:
         return None if self.welcome is None else self.welcome.num_batches
 
     def start(self, epoch: int, cursor: int) -> None:
-        """(Re)start every server's stream at ``(epoch, cursor)``; a no-op if already there."""
-        if epoch == self.epoch and cursor == self.cursor and self.conns[0].stream.session >= 0:
+        """(Re)start the stream at ``(epoch, cursor)``; a no-op if already there."""
+        if self._started and epoch == self.epoch and cursor == self.cursor:
             return
-        self.epoch, self.cursor = epoch, cursor
+        adopt = cursor == 0 and epoch == self.epoch + 1 and self.welcome is not None
         for arrived in self.held.values():
             self.stager.discard(arrived.staged)
         self.held.clear()
+        if adopt:
+            self.pool, self.next_pool = self.next_pool, BatchPool()
+        else:
+            for c in self.conns:  # their sessions serve another epoch or position
+                self._end_session(c)
+            self.pool.reset(cursor, self.num_batches)
+        self.next_pool.reset(0, self.num_batches)
+        self.epoch, self.cursor, self._started = epoch, cursor, True
         for c in self.conns:
-            if self._matches(c, epoch, cursor):
+            if not adopt:
+                continue
+            if c.hello_sent and c.stream.epoch == epoch:  # the early session of this epoch
                 self._adopt(c)
             else:
-                c.mark_lost()
+                self._end_session(c)
         self._heartbeats = [self.heartbeat] * len(self.conns)
         self._service()
 
     def wait_welcome(self) -> wire.Welcome:
-        """Block until every server has welcomed the current session (a server that already
-        moved on to the next epoch's session welcomed this one before it did)."""
-        self._wait(lambda: all(c.stream.welcomed or self._is_ahead(c) for c in self.conns), None)
+        """Block until a server has welcomed this loader (the epoch's length is known then)."""
+        self._wait(lambda: self.welcome is not None)
         assert self.welcome is not None
         return self.welcome
 
     def get(self, k: int) -> Arrived:
-        """Block until batch ``k`` (the cursor) arrives; hand it over and re-credit its server."""
+        """Block until batch ``k`` (the cursor) arrives; hand it over and ask for another."""
         if k != self.cursor:
             raise RuntimeError(f"batches are handed out in order: asked {k}, next is {self.cursor}")
-        src = k % len(self.conns)
         self._service()
-        self._wait(lambda: k in self.held, src)
+        self._wait(lambda: k in self.held)
         arrived = self.held.pop(k)
         self.cursor = k + 1
-        self._top_up(self.conns[src])
+        self._refill()
         return arrived
 
     @property
@@ -192,135 +210,158 @@ class BatchReceiver:
                 c.close()
             self._ctx.term()
 
-    # ------------------------------------------------------------------ credits and hellos
-
-    def _share(self, c: ServerConnection) -> tuple[int, int]:
-        """(batches this server still owes us in the epoch, batches of it we hold)."""
-        i, n = c.shard
-        held = sum(1 for a in self.held.values() if a.source == i)
-        total = self.num_batches
-        if total is None:
-            return self.window, held
-        first = self.cursor + ((i - self.cursor) % n)
-        remaining = len(range(first, total, n)) - held
-        return remaining, held
-
-    def _first(self, c: ServerConnection, cursor: int) -> int:
-        """The first batch at or after ``cursor`` that ``c`` produces."""
-        i, n = c.shard
-        return cursor + ((i - cursor) % n)
+    # ------------------------------------------------------------------ who produces what
 
     def _is_ahead(self, c: ServerConnection) -> bool:
         """Does ``c``'s session serve a later epoch than the one being iterated?"""
         return c.hello_sent and c.stream.epoch != self.epoch
 
-    def _matches(self, c: ServerConnection, epoch: int, cursor: int) -> bool:
-        """Is ``c``'s live session exactly the stream ``(epoch, cursor)`` needs from it?
+    def _in_use(self) -> int:
+        """Batches of this epoch asked for or held: what the budget bounds."""
+        pending = sum(c.stream.outstanding for c in self.conns if not self._is_ahead(c))
+        return len(self.held) + pending
 
-        Only a session none of whose batches were used or dropped qualifies (every batch it
-        sent is still in ``c.ahead``), and only if we spoke to the server recently enough for
-        it to still know the session: anything else is restarted with a new hello.
+    def _takers(self) -> list[ServerConnection]:
+        """Servers that may be asked for this epoch's batches now."""
+        return [
+            c
+            for c in self.conns
+            if c.hello_sent and c.connected and c.stream.welcomed and not self._is_ahead(c)
+        ]
+
+    def _refill(self) -> None:
+        """Ask for the lowest unasked batches while the budget allows, fewest-outstanding first.
+
+        Every asked-for batch is one credit, so the stats of the loader ride on these credits.
         """
+        free = self.budget - self._in_use()
+        takers = self._takers()
+        if self.pool and not takers:
+            # Lost batches came back, but every live server is busy with the next epoch.
+            for c in self.conns:
+                if self._is_ahead(c) and c.connected:
+                    self._end_session(c)
+            return
+        asks: dict[int, list[int]] = {}
+        n = len(self.conns)
+        while free > 0 and self.pool and takers:
+            # Fewest outstanding first; ties go round the servers, so a consumer slower than
+            # its servers still spreads the epoch over all of them.
+            c = min(
+                takers,
+                key=lambda c: (
+                    c.stream.outstanding + len(asks.get(c.index, ())),
+                    (c.index - self._turn) % n,
+                ),
+            )
+            self._turn = c.index + 1
+            asks.setdefault(c.index, []).append(self.pool.take())
+            free -= 1
+        for i, batches in asks.items():
+            c = self.conns[i]
+            if not c.send_credit(batches, self._stats()):
+                self.pool.give_back(batches)
+        if not self.pool:
+            for c in self.conns:
+                self._speculate(c)
+
+    def _end_session(self, c: ServerConnection) -> None:
+        """Forget ``c``'s session; the batches it owes go back to the pool they came from."""
+        if c.hello_sent:
+            c.mark_lost()
+        self._reclaim(c)
+
+    def _reclaim(self, c: ServerConnection) -> None:
+        """Take back what a lost session was asked for (and next-epoch frames never adopted)."""
         s = c.stream
-        return (
-            c.hello_sent
-            and s.epoch == epoch
-            and s.start_batch == self._first(c, cursor)
-            and s.received == len(c.ahead)
-            and time.monotonic() - c.last_sent <= self.ahead_max_age
-        )
+        owed = list(s.pending) + [h.batch_index for h, _, _ in c.ahead]
+        s.pending.clear()
+        c.ahead.clear()
+        if not owed:
+            return
+        if s.epoch == self.epoch:
+            self.pool.give_back(owed)
+        elif s.epoch == self.epoch + 1:
+            self.next_pool.give_back(owed)
+        log.debug("%s: %d batch(es) of epoch %d taken back", c.endpoint, len(owed), s.epoch)
 
     def _adopt(self, c: ServerConnection) -> None:
-        """Make ``c``'s next-epoch session the current one: its frames join the reorder buffer."""
+        """Make ``c``'s next-epoch session the current one: its frames join the reorder buffer.
+
+        A session we have not spoken to for long may have been dropped by the server: its
+        frames are used, the rest of what it owes is taken back.
+        """
         ahead, c.ahead = c.ahead, []
-        if not ahead:
-            return
         assert self.stager is not None
         for h, images, labels in ahead:
             staged = self.stager.stage_frames(h, images, labels)
-            self.held[h.batch_index] = Arrived(h, staged, c.shard[0])
+            self.held[h.batch_index] = Arrived(h, staged, c.index)
         self.adopted += len(ahead)
-        log.debug("%s: %d batch(es) of epoch %d here already", c.endpoint, len(ahead), self.epoch)
+        if ahead:
+            log.debug(
+                "%s: %d batch(es) of epoch %d here already", c.endpoint, len(ahead), self.epoch
+            )
+        if time.monotonic() - c.last_sent > self.ahead_max_age:
+            self._end_session(c)
 
-    def _target(self, c: ServerConnection) -> int:
-        """How many batches this server should have in flight right now."""
-        remaining, held = self._share(c)
-        return max(0, min(self.window - held, remaining))
-
-    def _send_hello(self, c: ServerConnection) -> None:
-        """Start a new session with ``c`` from the next batch it owes, with a full window.
-
-        Batches of ``c`` already held are dropped and asked for again: the server grants a
-        session exactly its hello's ``prefetch`` in flight, so this keeps our credit count and
-        the slot ring exact; reconnects are rare enough for the re-send not to matter.
-        """
-        need_welcome = self.welcome is None or not c.stream.welcomed
-        remaining, _ = self._share(c)
-        if remaining == 0 and not need_welcome:
-            # Everything it owes this epoch is here: no session needed for it, but maybe one
-            # for the next epoch.
-            self._speculate(c)
-            return
-        i = c.shard[0]
-        for k in [k for k, a in self.held.items() if a.source == i]:
-            self.stager.discard(self.held.pop(k).staged)
-        self._hello(c, max(self.epoch, 0), self._first(c, self.cursor))
-
-    def _hello(self, c: ServerConnection, epoch: int, start_batch: int) -> None:
+    def _hello(self, c: ServerConnection, epoch: int, batches: list[int]) -> bool:
         hello = wire.Hello(
             split=self.split,
             rank=self.rank,
             world_size=self.world_size,
             epoch=epoch,
-            start_batch=start_batch,
-            prefetch=self.window,
-            shard=c.shard,
+            batches=tuple(batches),
             session=next(self._sessions),
+            job=self.job,
         )
-        if c.send_hello(hello):
-            log.debug("hello to %s: %s", c.endpoint, hello)
+        if not c.send_hello(hello):
+            return False
+        log.debug("hello to %s: %s", c.endpoint, hello)
+        return True
 
     def _speculate(self, c: ServerConnection) -> None:
-        """Start ``c`` on the next epoch once it owes nothing more in this one.
+        """Start ``c`` on the next epoch once nothing of this one is left to ask for.
 
-        The server's stream of this epoch is complete, so replacing it loses nothing; the
-        hello's ``prefetch`` credits let it send that many batches, which wait in ``c.ahead``.
+        Its session of this epoch owes nothing, so replacing it loses nothing; the next
+        epoch's batches it is asked for wait in ``c.ahead``.
         """
         if (
             not self.speculate
             or self.welcome is None
             or self.epoch < 0
             or self._no_speculation_in == self.epoch
+            or self.pool
+            or not self.next_pool
             or self._is_ahead(c)
-            or (c.hello_sent and not c.stream.welcomed)
+            or not c.connected
+            or (c.hello_sent and (not c.stream.welcomed or c.stream.outstanding))
             or c.wait_reconnect
-            or self._share(c)[0] != 0
+            or time.monotonic() < c.retry_at
         ):
             return
-        if self._first(c, 0) >= self.welcome.num_batches:
-            return  # it owes nothing in the next epoch either
-        self._hello(c, self.epoch + 1, self._first(c, 0))
-
-    def _top_up(self, c: ServerConnection) -> None:
-        if not c.hello_sent or self._is_ahead(c):
-            return  # a next-epoch session has its hello's window and needs no more yet
-        grant = self._target(c) - c.stream.outstanding
-        if grant > 0:
-            c.send_credit(grant, self._stats())
+        batches = [self.next_pool.take() for _ in range(self.share) if self.next_pool]
+        if not self._hello(c, self.epoch + 1, batches):
+            self.next_pool.give_back(batches)
 
     def _service(self) -> None:
-        """Apply connection events and (re)send hellos where a session is missing."""
+        """Apply connection events, take back what lost sessions owed, (re)send hellos."""
         for c in self.conns:
             c.drain_events()
-            if c.may_send_hello:
-                self._send_hello(c)
-            else:  # e.g. a next-epoch hello that found no connection when first tried
-                self._speculate(c)
+            if not c.hello_sent and (c.stream.pending or c.ahead):
+                self._reclaim(c)
+            if c.may_send_hello and self._started:
+                if not self.pool and self.welcome is not None:
+                    self._speculate(c)  # nothing of this epoch left to ask for
+                if not c.hello_sent:
+                    # An empty hello: batches follow its welcome, so a server that is not
+                    # really there (stopped, hung) never sits on any.
+                    self._hello(c, max(self.epoch, 0), [])
+        self._refill()
 
     # ------------------------------------------------------------------ waiting
 
-    def _wait(self, done: Callable[[], bool], src: int | None) -> None:
-        """Receive until ``done()``; ``src`` is the connection the wait depends on (None: all)."""
+    def _wait(self, done: Callable[[], bool]) -> None:
+        """Receive until ``done()``; `ServerUnavailable` after ``timeout`` seconds."""
         start = time.monotonic()
         deadline = start + self.timeout
         while True:
@@ -329,34 +370,31 @@ class BatchReceiver:
                 return
             now = time.monotonic()
             if now > deadline:
-                raise self._unavailable(src, now)
+                raise self._unavailable(now)
             self._service()
-            self._check_silence(src, start, now)
+            self._check_silence(start, now)
             self._poller.poll(min(_POLL_MS, max(1, int((deadline - now) * 1000))))
 
-    def _check_silence(self, src: int | None, start: float, now: float) -> None:
-        for i in range(len(self.conns)) if src is None else (src,):
-            c = self.conns[i]
-            if (
-                not c.hello_sent
-                or not c.connected
-                or c.stream.outstanding <= 0
-                or self._is_ahead(c)  # owes nothing to this epoch; checked once adopted
-            ):
+    def _check_silence(self, start: float, now: float) -> None:
+        for i, c in enumerate(self.conns):
+            if not c.hello_sent or not c.connected or self._is_ahead(c):
+                continue
+            if c.stream.welcomed and c.stream.outstanding <= 0:
                 continue
             quiet = now - max(c.last_heard, c.last_sent, start)
             if quiet > self._heartbeats[i]:
                 log.info(
-                    "no message from %s for %.1f s while it owes batches; re-sending hello",
+                    "no message from %s for %.1f s while it owes %s; its batches go to the "
+                    "other servers and it gets a new hello",
                     c.endpoint,
                     quiet,
+                    "batches" if c.stream.welcomed else "a welcome",
                 )
                 self._heartbeats[i] = min(2 * self._heartbeats[i], max(self.timeout / 2, 1.0))
-                c.mark_lost()
+                self._end_session(c)
 
-    def _unavailable(self, src: int | None, now: float) -> ServerUnavailable:
-        conns = self.conns if src is None else [self.conns[src]]
-        c = next((c for c in conns if not c.stream.welcomed), conns[0])
+    def _unavailable(self, now: float) -> ServerUnavailable:
+        c = next((c for c in self.conns if not c.stream.welcomed), self.conns[0])
         t = f"{self.timeout:g}"
         if not c.ever_connected:
             msg = (
@@ -379,6 +417,9 @@ class BatchReceiver:
                 f"pipeline-server at {c.endpoint} is connected but sent no batch for {t} s "
                 f"(waiting for batch {self.cursor} of epoch {self.epoch}, split {self.split!r})"
             )
+        others = [o.endpoint for o in self.conns if o is not c]
+        if others:
+            msg += f"; nor did {', '.join(others)} deliver it"
         if c.last_error:
             msg += f"; its last error: {c.last_error}"
         return ServerUnavailable(c.endpoint, msg)
@@ -409,6 +450,7 @@ class BatchReceiver:
         elif isinstance(msg, wire.Shutdown):
             log.warning("pipeline-server at %s is shutting down; waiting for it", c.endpoint)
             c.mark_lost(wait_reconnect=True)
+            self._reclaim(c)
 
     def _on_error(self, c: ServerConnection, message: str) -> None:
         if self._is_ahead(c):
@@ -417,7 +459,7 @@ class BatchReceiver:
             # starts raises then.
             log.info("pipeline-server at %s refused the next epoch early: %s", c.endpoint, message)
             self._no_speculation_in = self.epoch
-            c.mark_lost()
+            self._end_session(c)
             return
         if not c.stream.welcomed:  # the answer to our hello: the server will not serve us
             raise ServerError(c.endpoint, message)
@@ -432,7 +474,7 @@ class BatchReceiver:
             "pipeline-server at %s: %s; re-sending hello in %.2f s", c.endpoint, message, delay
         )
         c.retry_at = time.monotonic() + delay
-        c.mark_lost()
+        self._end_session(c)
 
     def _accept_welcome(self, c: ServerConnection, w: wire.Welcome) -> None:
         if self.welcome is None:
@@ -440,6 +482,8 @@ class BatchReceiver:
             # a float wire), the loader stays unwelcomed and says so again, not something else.
             self.stager = self._make_stager(w, self.slots_needed)
             self.welcome = w
+            self.pool.set_total(w.num_batches)
+            self.next_pool.set_total(w.num_batches)
         else:
             mine, theirs = _welcome_key(self.welcome), _welcome_key(w)
             if mine != theirs:
@@ -449,50 +493,54 @@ class BatchReceiver:
                     "started with the same data and options"
                 )
         c.stream.welcomed = True
-        self._top_up(c)
+        if self._is_ahead(c):
+            return
+        self._refill()
 
     def _receive_batch(self, c: ServerConnection, h: wire.BatchHeader, more: bool) -> None:
         s = c.stream
         if h.session != s.session or not c.hello_sent or not s.welcomed:
             c.discard_rest()  # a stale session's frames
             return
-        s.received += 1
-        if s.received > s.granted:
+        if not s.pending or h.batch_index != s.pending[0]:
+            c.discard_rest()
+            expected = s.pending[0] if s.pending else "nothing"
+            raise ProtocolError(
+                f"pipeline-server at {c.endpoint} sent batch {h.batch_index} where its session "
+                f"was to send {expected}"
+            )
+        s.pending.popleft()
+        if h.epoch != s.epoch or h.split != self.split:
             c.discard_rest()
             raise ProtocolError(
-                f"pipeline-server at {c.endpoint} sent more batches than credited "
-                f"({s.received} > {s.granted})"
+                f"pipeline-server at {c.endpoint} sent {h.split!r} batch {h.batch_index} of "
+                f"epoch {h.epoch} in a session of {self.split!r} epoch {s.epoch}"
             )
-        if self._is_ahead(c):
-            self._receive_ahead(c, h, more)
-            return
-        i, n = c.shard
-        assert self.welcome is not None
-        total = self.welcome.num_batches
-        wanted = (
-            h.epoch == self.epoch
-            and h.split == self.split
-            and h.batch_index % n == i
-            and self.cursor <= h.batch_index < total
-            and h.batch_index not in self.held
-        )
-        if not wanted:  # e.g. resent after a reconnect; costs a credit, so grant it back
-            c.discard_rest()
-            self.dropped += 1
-            self._top_up(c)
-            return
         self._check_shape(c, h, more)
+        if self._is_ahead(c):
+            c.ahead.append((h, *self._recv_frames(c, h)))
+            return
+        assert self.welcome is not None
+        if (
+            not self.cursor <= h.batch_index < self.welcome.num_batches
+            or h.batch_index in self.held
+        ):
+            c.discard_rest()  # e.g. asked again after a reconnect and delivered twice
+            self.dropped += 1
+            self._refill()
+            return
         if self.stager.wants_frames:
             staged = self.stager.stage_frames(h, *self._recv_frames(c, h))
         else:
             staged = self._recv_into_slot(c, h)
-        self.held[h.batch_index] = Arrived(h, staged, i)
+        self.held[h.batch_index] = Arrived(h, staged, c.index)
         c.error_streak = 0  # progress: an error after this is a new one
         # How long this batch took to come (since we last heard or asked): the silence check
         # waits a few times that, so a server that is merely slow is not restarted in a loop.
         gap = c.last_heard - max(c.last_sent, c.prev_heard)
-        self._heartbeats[i] = max(self.heartbeat, min(self._heartbeats[i], 4 * gap))
-        self._speculate(c)
+        self._heartbeats[c.index] = max(self.heartbeat, min(self._heartbeats[c.index], 4 * gap))
+        if not self.pool:
+            self._speculate(c)
 
     def _recv_into_slot(self, c: ServerConnection, h: wire.BatchHeader) -> Staged:
         """Receive the data frames straight into a (pinned) slot of the stager's ring."""
@@ -513,19 +561,6 @@ class BatchReceiver:
                 f"{size} bytes, expected {h.labels_nbytes}{' and then more frames' if more else ''}"
             )
         return self.stager.stage(slot, h)
-
-    def _receive_ahead(self, c: ServerConnection, h: wire.BatchHeader, more: bool) -> None:
-        """Keep a next-epoch batch as frames; it takes a slot only if its epoch is adopted."""
-        s = c.stream
-        expected = s.start_batch + c.shard[1] * len(c.ahead)  # a stream is sent in order
-        if h.epoch != s.epoch or h.split != self.split or h.batch_index != expected:
-            c.discard_rest()
-            raise ProtocolError(
-                f"pipeline-server at {c.endpoint} sent {h.split!r} batch {h.batch_index} of "
-                f"epoch {h.epoch} where its session promised batch {expected} of epoch {s.epoch}"
-            )
-        self._check_shape(c, h, more)
-        c.ahead.append((h, *self._recv_frames(c, h)))
 
     def _recv_frames(self, c: ServerConnection, h: wire.BatchHeader) -> tuple[zmq.Frame, zmq.Frame]:
         """Receive the images and labels frames as they are (no copy), checking their sizes."""

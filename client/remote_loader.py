@@ -53,7 +53,7 @@ from batchwire import wire
 from batchwire.client.errors import LoaderError
 from batchwire.client.frameworks import refuse_resharding_wrappers
 from batchwire.client.normalize import IMAGENET_MEAN, IMAGENET_STD, check_dtype
-from batchwire.client.placement import check_rank, resolve_device, resolve_rank
+from batchwire.client.placement import check_rank, default_job, resolve_device, resolve_rank
 from batchwire.client.receiver import BatchReceiver
 from batchwire.client.staging import BatchFormat, CpuStager, CudaStager, Staged
 from torch.utils.data import IterableDataset, get_worker_info
@@ -105,12 +105,14 @@ class RemoteLoader(IterableDataset):
     """Batches of one split for one rank, streamed from pipeline-server(s).
 
     Args:
-        endpoints: one endpoint or a list; with ``n`` servers, server ``i`` produces the rank's
-            batches ``k`` with ``k % n == i`` and the loader merges them back into order.
+        endpoints: one endpoint or a list; each batch is asked of whichever server has room
+            (a faster server produces more, a lost server's batches go to the others) and the
+            loader yields them in epoch order.
         split: ``"train"`` or ``"val"`` (whatever the servers serve).
         rank, world_size: default from torch.distributed, else ``RANK``/``WORLD_SIZE``, else 0/1,
             resolved when the loader first connects (not here: see `placement`).
-        prefetch: batches in flight (credits), split between the servers (at least one each).
+        prefetch: batches asked for and not yet consumed, across all servers (at least one
+            per server); each is one credit of the server it was asked of.
         timeout: seconds to wait for any one batch (reconnects included) before raising
             `ServerUnavailable`.
         device: ``"cpu"``, ``"cuda"``, ``"cuda:N"``; None picks CUDA when available; ``"cuda"``
@@ -125,6 +127,9 @@ class RemoteLoader(IterableDataset):
             re-sent (the fallback for restarts the connection events do not reveal).
         prefetch_next_epoch: at the end of an epoch, have the servers start the next one (see
             the module's docstring); the batches yielded are the same either way.
+        job: names the training job; a server refuses ranks of other world sizes only within
+            one job. Default: ``BATCHWIRE_JOB``, else torchrun's ``TORCHELASTIC_RUN_ID``, else
+            "" (one job per server).
         reuse_buffers: CPU only: recycle the output buffers of normalised batches once no
             tensor refers to them any more (saves allocating, and page-faulting, a fresh batch
             each step); False allocates every batch afresh.
@@ -148,6 +153,7 @@ class RemoteLoader(IterableDataset):
         heartbeat: float = 1.0,
         prefetch_next_epoch: bool = True,
         reuse_buffers: bool = True,
+        job: str | None = None,
     ) -> None:
         super().__init__()
         eps = [endpoints] if isinstance(endpoints, str) else list(endpoints)
@@ -173,6 +179,7 @@ class RemoteLoader(IterableDataset):
         self.std = None if std is None else tuple(float(v) for v in std)
         self.dtype = check_dtype(dtype)
         self.prefetch_next_epoch = bool(prefetch_next_epoch)
+        self.job = default_job() if job is None else str(job)
         self.reuse_buffers = bool(reuse_buffers)
         self._device_arg = device
         self.device: torch.device | None = None  # resolved on first connection
@@ -354,6 +361,7 @@ class RemoteLoader(IterableDataset):
                 timeout=self.timeout,
                 heartbeat=self.heartbeat,
                 speculate=self.prefetch_next_epoch,
+                job=self.job,
                 make_stager=functools.partial(
                     _make_stager,
                     device=self.device,

@@ -11,7 +11,9 @@ after it runs empty (everything downstream starves):
 So the bottleneck is the stage whose full queue has an empty one right behind it. When several
 such pairs show (a snapshot taken mid-flight), the one closest to the trainers wins: it is the
 last link the batches could not get past. When every client's ready queue is full, the server
-is ahead of everyone and the trainers are the limit. When some trainer is starving (its
+is ahead of everyone and the trainers are the limit; so it is when every batch the clients
+asked for has been sent and none is asked for (each asked batch is a credit: a trainer that
+does not ask is busy, or gone). When some trainer is starving (its
 loader reports waiting for data, or it holds credits and nothing is ready for it) but the queues
 show no clear edge (a few workers each moving a whole batch through the stages), the stage that
 takes the longest per batch is named.
@@ -94,6 +96,14 @@ def infer_bottleneck(snapshot: Mapping[str, Any]) -> Bottleneck:
     if not clients:
         return Bottleneck(IDLE, None, "no clients connected")
 
+    if all(int(c.get("credits", 0)) == 0 and float(c.get("ready", 0)) == 0 for c in clients):
+        n = len(clients)
+        return Bottleneck(
+            TRAINERS,
+            None,
+            f"every batch the {'trainers' if n != 1 else 'trainer'} asked for has been sent "
+            "and none is asked for: the server waits for the trainers",
+        )
     bounded = [c for c in clients if float(c.get("ready_capacity", 0)) > 0]
     if bounded and all(
         is_full(float(c.get("ready", 0)), float(c["ready_capacity"])) for c in bounded

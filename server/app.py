@@ -68,6 +68,9 @@ _MESSAGE_MAX = 1000  # characters of an error reply or log line about a peer's m
 # receive queue short, so a live client always answers. No HEARTBEAT_TTL: it would make a client
 # drop a connection on which one large batch takes longer than the TTL to arrive (a peer counts
 # only whole messages as traffic). A closed connection is a DISCONNECTED monitor event.
+# A stream that owes nothing and has been quiet this long (a notebook done iterating) no longer
+# holds its split's world size: a training loader asks for batches every step.
+_AGREEMENT_IDLE_S = 5.0
 _HEARTBEAT_IVL_MS = 1000
 _HEARTBEAT_TIMEOUT_MS = 3000
 _PEER_EVENTS = zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED
@@ -340,9 +343,10 @@ class ServerApp:
             if stream is None:  # e.g. after a restart or a drop: the client will re-send hello
                 log.debug("credit from unknown client %s ignored", identity.hex())
                 return
-            # A correct client never exceeds its prefetch; clamping keeps a buggy one bounded.
-            stream.credits = min(stream.credits + msg.n, stream.hello.prefetch)
             stream.loader_stats = _clean_loader_stats(msg.stats)
+            refused = stream.ask(msg.batches)
+            if refused is not None:
+                self._error(identity, f"credit refused: {refused}")
         elif isinstance(msg, Hello):
             self._on_hello(identity, msg)
         elif isinstance(msg, Bye):
@@ -360,12 +364,14 @@ class ServerApp:
                 f"unknown split {wire.show(hello.split)}: this server serves {sorted(self.splits)}",
             )
             return
+        now = time.monotonic()
         for other in self.streams.values():
             if (
                 other.identity != identity
                 and other.hello.split == hello.split
+                and other.hello.job == hello.job
                 and other.hello.world_size != hello.world_size
-                and not other.done
+                and (not other.done or now - other.last_seen < _AGREEMENT_IDLE_S)
             ):
                 self._error(identity, self._world_size_conflict(hello, other))
                 return
@@ -381,7 +387,10 @@ class ServerApp:
         stream = ClientStream(
             identity, hello, sampler.num_batches, self.config.prefetch_depth, sampler
         )
-        stream.credits = hello.prefetch  # a hello grants `prefetch` credits
+        refused = stream.ask(hello.batches)
+        if refused is not None:
+            self._error(identity, f"cannot serve this hello: {refused}")
+            return
         self.streams[identity] = stream
         self.scheduler.add(identity)
         aug = split.augment
@@ -400,17 +409,18 @@ class ServerApp:
                 num_classes=split.dataset.num_classes,
             ),
         )
+        asks = f"batch {hello.batches[0]}" if hello.batches else "nothing yet"
         log.info(
-            "client %s: %s epoch %d rank %d/%d from batch %d, shard %d/%d (%d batches)",
+            "client %s%s: %s epoch %d rank %d/%d, asks for %s (%d asked, %d in the epoch)",
             identity.hex(),
+            f" (job {wire.show(hello.job)})" if hello.job else "",
             hello.split,
             hello.epoch,
             hello.rank,
             hello.world_size,
-            hello.start_batch,
-            hello.shard[0],
-            hello.shard[1],
-            len(stream.batches),
+            asks,
+            len(hello.batches),
+            sampler.num_batches,
         )
 
     def _world_size_conflict(self, hello: Hello, other: ClientStream) -> str:
@@ -419,13 +429,15 @@ class ServerApp:
         silent = time.monotonic() - other.last_seen
         timeout = self.config.client_timeout
         o = other.hello
+        job = f" of job {wire.show(hello.job)}" if hello.job else ""
         return (
-            f"world_size mismatch on split {hello.split!r}: this client says "
+            f"world_size mismatch on split {hello.split!r}{job}: this client says "
             f"world_size={hello.world_size}, but client {other.id} (rank {o.rank} of "
             f"world_size={o.world_size}, epoch {o.epoch}) is streaming it, last heard from "
             f"{silent:.1f} s ago; it is dropped when it disconnects or says bye, else after "
             f"--client-timeout {timeout:g} s of silence, in {max(0.0, timeout - silent):.1f} s "
-            "if it stays silent"
+            "if it stays silent (a loader of another job, BATCHWIRE_JOB or torchrun's run id, "
+            "is not refused)"
         )
 
     def _drop(self, identity: bytes) -> None:
@@ -532,8 +544,9 @@ class ServerApp:
     def _send_ready(self) -> None:
         now = time.monotonic()
         for stream in self.streams.values():
-            # A client that reads what it asked for never has more than `prefetch` unread.
-            room = stream.hello.prefetch - self._held[stream.identity]
+            # At most --prefetch-depth batches of a peer in ZeroMQ's hands: a peer that asks
+            # for many and reads none pins no more (memory is bounded by the server's setting).
+            room = self.config.prefetch_depth - self._held[stream.identity]
             for batch in stream.pop_sendable(room):
                 self._send(stream, batch, now)
 

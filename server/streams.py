@@ -3,12 +3,12 @@
 Owned by the ROUTER loop thread only (no locks): workers hand finished batches back through a
 queue and the loop calls `ClientStream.completed`. The invariants that bound memory live here:
 
-- work-ahead: ``in_production + ready <= prefetch_depth`` (`has_room`), so a client that stops
-  sending credits stops costing production after ``prefetch_depth`` batches;
-- in flight: at most the credits the client granted (`pop_sendable` consumes one per batch),
-  and never more than the limit the loop passes (prefetch minus what ZeroMQ still holds for
-  that peer), so credits without reading pin no more buffers;
-- order: batches go out in batch-index order even when workers finish them out of order.
+- work-ahead: ``in_production + ready <= prefetch_depth`` (`has_room`): the server's
+  --prefetch-depth, whatever the client asks for, so a client that asks for much and reads
+  nothing costs at most that many buffers here;
+- in flight: only batches the client asked for (each is one credit), and never more than the
+  limit the loop passes (--prefetch-depth minus what ZeroMQ still holds for that peer);
+- order: batches go out in the order asked even when workers finish them out of order.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from batchwire.common.rates import RateWindow
-from batchwire.wire import Hello
+from batchwire.wire import MAX_PREFETCH, Hello, show
 
 # The per-client figure of the stats row: as the server's own throughput, over a few seconds.
 CLIENT_RATE_WINDOW_S = 5.0
@@ -40,7 +40,8 @@ class Produced:
 
 
 class ClientStream:
-    """One client's current stream: (split, epoch, rank, world_size, shard) from a hello."""
+    """One client's current stream: the batches of (split, epoch, rank, world_size) it asked
+    for, in the order asked (its hello's list, then each credit's)."""
 
     def __init__(
         self, identity: bytes, hello: Hello, num_batches: int, prefetch_depth: int, sampler: Any
@@ -48,13 +49,12 @@ class ClientStream:
         self.identity = identity
         self.hello = hello
         self.sampler = sampler
+        self.num_batches = num_batches
         self.prefetch_depth = prefetch_depth
-        i, n = hello.shard
-        first = hello.start_batch + ((i - hello.start_batch) % n)
-        self.batches = range(first, num_batches, n)  # batch indices this stream owes, in order
+        self.batches: list[int] = []  # batch indices asked for, in order
+        self._asked: set[int] = set()
         self.next_pos = 0  # position in `batches` of the next batch to produce
         self.send_pos = 0  # position of the next batch to send
-        self.credits = 0
         self.in_production = 0
         self.sent = 0
         self._finished: dict[int, Produced] = {}  # position -> batch, out of order
@@ -76,8 +76,33 @@ class ClientStream:
 
     @property
     def done(self) -> bool:
-        """Every batch of the stream has been sent."""
+        """Every batch asked for has been sent (the client may still ask for more)."""
         return self.send_pos >= len(self.batches)
+
+    @property
+    def owed(self) -> int:
+        """Batches asked for and not sent yet: each asked-for batch is one credit."""
+        return len(self.batches) - self.send_pos
+
+    credits = owed
+
+    def ask(self, batches: tuple[int, ...] | list[int]) -> str | None:
+        """Add asked-for batches (one credit each); why not, or None when they were added.
+
+        Out-of-range or repeated indices, or more owed than the client may ask at once
+        (`wire.MAX_PREFETCH`), are refused whole: a correct client never sends them.
+        """
+        bad = [k for k in batches if not 0 <= k < self.num_batches or k in self._asked]
+        if bad:
+            return (
+                f"batches {show(bad)} are out of range (this stream has {self.num_batches}) or "
+                "were asked for already in this session"
+            )
+        if self.owed + len(batches) > MAX_PREFETCH:
+            return f"more than {MAX_PREFETCH} batches asked for and not yet sent"
+        self.batches.extend(batches)
+        self._asked.update(batches)
+        return None
 
     def has_room(self) -> bool:
         """May the scheduler start another batch for this stream?"""
@@ -104,12 +129,11 @@ class ClientStream:
         self.in_production -= 1
 
     def pop_sendable(self, limit: int) -> Iterator[Produced]:
-        """Yield the in-order batches that credits allow, at most ``limit``, one credit each."""
-        while limit > 0 and self.credits > 0 and self.send_pos in self._finished:
+        """Yield the batches finished in the order asked, at most ``limit``."""
+        while limit > 0 and self.send_pos in self._finished:
             limit -= 1
             batch = self._finished.pop(self.send_pos)
             self.send_pos += 1
-            self.credits -= 1
             self.sent += 1
             yield batch
 

@@ -62,16 +62,21 @@ class RawTrainer(RawClient):
         sock.linger = 0
         sock.identity = identity
         sock.connect(endpoint)
-        super().__init__(sock, split=split, prefetch=prefetch)
+        super().__init__(sock, split=split, batches=tuple(range(prefetch)))
         self.identity = identity
+        self.prefetch = prefetch
         self.loader_stats = LoaderStats()
+        self._next = prefetch  # the next batch index to ask for
 
     @property
     def id(self) -> str:
         return self.identity.hex()
 
     def credit(self, n: int) -> None:  # type: ignore[override]
-        super().credit(n, stats=self.loader_stats.as_dict())
+        """Ask for the next ``n`` batches of the epoch, with the loader's stats."""
+        batches = range(self._next, self._next + n)
+        self._next += n
+        super().credit(batches, stats=self.loader_stats.as_dict())
 
     def next_batch(self, timeout: float = 60.0) -> wire.BatchHeader:
         started = time.monotonic()

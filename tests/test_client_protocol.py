@@ -111,11 +111,11 @@ def run_loader(reply) -> list:
 @pytest.mark.timeout(30)
 def test_version_mismatch_names_both_versions():
     def reply(sock, identity, hello):
-        sock.send_multipart([identity, msgpack.packb({"v": 2, "type": "welcome"})])
+        sock.send_multipart([identity, msgpack.packb({"v": 1, "type": "welcome"})])
 
-    with pytest.raises(VersionMismatch, match="v2") as info:
+    with pytest.raises(VersionMismatch, match="v1") as info:
         run_loader(reply)
-    assert "v1" in str(info.value) and "tcp://127.0.0.1" in str(info.value)
+    assert f"v{wire.PROTOCOL_VERSION}" in str(info.value) and "tcp://127.0.0.1" in str(info.value)
 
 
 @pytest.mark.timeout(30)
@@ -139,19 +139,33 @@ def test_missing_labels_frame_is_a_protocol_error():
 
 
 @pytest.mark.timeout(30)
-def test_stale_session_and_unwanted_batches_are_dropped():
+def test_a_stale_sessions_batches_are_dropped():
     def reply(sock, identity, hello):
         s = hello.session
         sock.send_multipart([identity, welcome(s)])
         sock.send_multipart([identity, header(s - 1, 0), b"\1" * NBYTES, labels(7)])  # stale
         sock.send_multipart([identity, header(s, 0), b"\2" * NBYTES, labels(0)])
-        sock.send_multipart([identity, header(s, 0), b"\3" * NBYTES, labels(0)])  # duplicate
         sock.send_multipart([identity, header(s, 1), b"\4" * NBYTES, labels(1)])
 
     got = run_loader(reply)
     assert [int(images.flatten()[0]) for images, _, _ in got] == [2, 4]
     assert [labels.tolist() for _, labels, _ in got] == [[0, 1], [1, 2]]
     assert [indices.tolist() for _, _, indices in got] == [[0, 1], [2, 3]]
+
+
+@pytest.mark.timeout(30)
+def test_a_batch_not_asked_for_is_a_protocol_error():
+    """The server sends exactly the batches asked for, in order: a repeat (or any other batch)
+    means the two sides no longer agree on what was asked, which is not something to guess."""
+
+    def reply(sock, identity, hello):
+        s = hello.session
+        sock.send_multipart([identity, welcome(s)])
+        sock.send_multipart([identity, header(s, 0), b"\2" * NBYTES, labels(0)])
+        sock.send_multipart([identity, header(s, 0), b"\3" * NBYTES, labels(0)])  # again
+
+    with pytest.raises(ProtocolError, match="sent batch 0 where its session was to send 1"):
+        run_loader(reply)
 
 
 @pytest.mark.timeout(30)

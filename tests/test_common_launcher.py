@@ -51,7 +51,7 @@ def test_start_waits_until_it_serves_and_stop_is_a_clean_sigterm(tmp_path: Path)
         # A raw wire client sees the same server.
         ctx = zmq.Context()
         try:
-            client = RawClient.connect(ctx, srv.endpoint, prefetch=1)
+            client = RawClient.connect(ctx, srv.endpoint, batches=(0,))
             welcome = client.start()
             assert welcome.batch_size == 4 and welcome.shape[2:] == [32, 32]
             client.close()

@@ -36,8 +36,15 @@ def test_metrics_move_while_a_trainer_consumes(ctx: zmq.Context) -> None:
         trainer.consume(2)
         first = scrape(port)
         trainer.consume(4)
-        # The server counts a batch before handing it to ZeroMQ: after 6 received, all 6 count.
-        second = scrape(port)
+        # The server counts a batch before handing it to ZeroMQ: after 6 received, all 6 count;
+        # the batches asked for since the first scrape make the counters move past it.
+        second = wait_for(
+            lambda: (
+                (m := scrape(port))["batchwire_batches_total"] > first["batchwire_batches_total"]
+                and m
+            ),
+            "the counters to move",
+        )
         trainer.leave()
 
         stage_names = [s["name"] for s in srv.stats()["stages"]]

@@ -117,9 +117,9 @@ def test_starving_trainers_without_a_clear_edge_blame_the_slowest_stage() -> Non
     b = infer_bottleneck(snapshot(stages, [(0, 4)], latency=latency))
     assert (b.kind, b.stage) == ("stage", "decode")
     assert "40.0 of 50.0 ms" in b.reason
-    # Without credits the trainers are not asking for anything: not starving, so balanced.
+    # Without credits the trainers are not asking for anything: the server waits for them.
     b = infer_bottleneck(snapshot(stages, [(0, 4)], credits=0, latency=latency))
-    assert b.kind == "balanced"
+    assert b.kind == "trainers" and "none is asked for" in b.reason
 
 
 def test_the_loaders_own_wait_report_decides_who_starves() -> None:

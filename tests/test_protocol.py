@@ -1,4 +1,4 @@
-"""Wire protocol v1: every message round-trips, and hostile frames fail with a clear error."""
+"""Wire protocol v2: every message round-trips, and hostile frames fail with a clear error."""
 
 from __future__ import annotations
 
@@ -14,10 +14,9 @@ HELLO = p.Hello(
     rank=1,
     world_size=4,
     epoch=3,
-    start_batch=5,
-    prefetch=4,
-    shard=(1, 2),
+    batches=(5, 7, 9, 11),
     session=2**62 + 7,
+    job="run-42",
 )
 WELCOME = p.Welcome(
     session=9,
@@ -47,7 +46,13 @@ HEADER = p.BatchHeader(
 
 @pytest.mark.parametrize(
     "msg",
-    [HELLO, p.Credit(n=2, stats={"images_per_s": 1.5}), p.Credit(n=1), p.Bye(), p.StatsRequest()],
+    [
+        HELLO,
+        p.Credit(batches=(3, 1), stats={"images_per_s": 1.5}),
+        p.Credit(),
+        p.Bye(),
+        p.StatsRequest(),
+    ],
 )
 def test_client_messages_round_trip(msg):
     assert p.decode_client_message(msg.pack()) == msg
@@ -64,7 +69,7 @@ def test_server_messages_round_trip(msg):
 def test_every_frame_carries_version_and_type():
     for msg in (HELLO, WELCOME, HEADER, p.Bye()):
         raw = msgpack.unpackb(msg.pack())
-        assert raw["v"] == p.PROTOCOL_VERSION == 1
+        assert raw["v"] == p.PROTOCOL_VERSION == 2
         assert raw["type"] == msg.TYPE
 
 
@@ -81,19 +86,21 @@ def _hello_map(**changes):
         (b"", "not a valid msgpack"),
         (msgpack.packb([1, 2, 3]), "must be a map"),
         (msgpack.packb({"type": "hello"}), "no protocol version"),
-        (msgpack.packb({"v": 1}), "'type'"),
-        (msgpack.packb({"v": 1, "type": "launch"}), "unknown message type 'launch'"),
+        (msgpack.packb({"v": 2}), "'type'"),
+        (msgpack.packb({"v": 2, "type": "launch"}), "unknown message type 'launch'"),
         (msgpack.packb({1: 2, "v": 1, "type": "bye"}), "not a valid msgpack"),
         (_hello_map(rank=True), "'rank' must be an integer"),
         (_hello_map(rank=4), "must be < world_size"),
         (_hello_map(world_size=0), "'world_size' must be >= 1"),
-        (_hello_map(shard=[2, 2]), "'shard'"),
-        (_hello_map(shard=[0]), "'shard' must have 2 items"),
+        (_hello_map(batches=[-1]), "'batches'"),
+        (_hello_map(batches=[3, 3]), "lists a batch twice"),
+        (_hello_map(batches=list(range(p.MAX_PREFETCH + 1))), "at most"),
+        (_hello_map(batches="0"), "'batches'"),
         (_hello_map(split=""), "'split'"),
-        (_hello_map(prefetch=p.MAX_PREFETCH + 1), "'prefetch'"),
+        (_hello_map(job="j" * (p.MAX_JOB_LEN + 1)), "'job'"),
         (_hello_map(session="x"), "'session'"),
-        (msgpack.packb({"v": 1, "type": "credit", "n": -1}), "'n' must be >= 0"),
-        (msgpack.packb({"v": 1, "type": "credit", "n": 1, "stats": [1]}), "'stats'"),
+        (msgpack.packb({"v": 2, "type": "credit", "batches": [True]}), "'batches'"),
+        (msgpack.packb({"v": 2, "type": "credit", "batches": [], "stats": [1]}), "'stats'"),
         (b"\x91" * 5000, "not a valid msgpack"),  # deeply nested arrays
         (b"\xdd\xff\xff\xff\xff", "not a valid msgpack"),  # array claiming 4G items
         (b"\x81\xa1v" + b"\xc6\x7f\xff\xff\xff", "not a valid msgpack"),  # 2 GB bin claim
@@ -109,8 +116,8 @@ def test_client_frame_rejected(frame, needle):
 
 def test_version_mismatch_names_both_versions():
     with pytest.raises(p.VersionMismatch) as info:
-        p.decode_client_message(msgpack.packb({"v": 2, "type": "hello"}))
-    assert info.value.peer_version == 2
+        p.decode_client_message(msgpack.packb({"v": 1, "type": "hello"}))
+    assert info.value.peer_version == 1
     assert "v2" in str(info.value) and "v1" in str(info.value)
 
 

@@ -127,7 +127,7 @@ def test_stalled_server_gets_a_new_hello_and_the_stale_session_is_dropped(
         finally:
             resume.cancel()
             os.kill(a.pid, signal.SIGCONT)
-    assert "re-sending hello" in caplog.text
+    assert "it gets a new hello" in caplog.text
     assert_same(got, reference)
 
 

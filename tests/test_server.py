@@ -74,8 +74,8 @@ def raw_client(srv, endpoint=None, sock=None, **hello) -> RawClient:
     return RawClient(sock if sock is not None else srv.dealer(endpoint), **hello)
 
 
-def _client_row(srv, split, rank, epoch, world_size=None):
-    rows = [
+def _client_rows(srv, split, rank, epoch, world_size=None):
+    return [
         c
         for c in srv.stats()["clients"]
         if c["split"] == split
@@ -83,6 +83,10 @@ def _client_row(srv, split, rank, epoch, world_size=None):
         and c["epoch"] == epoch
         and (world_size is None or c["world_size"] == world_size)
     ]
+
+
+def _client_row(srv, split, rank, epoch, world_size=None):
+    rows = _client_rows(srv, split, rank, epoch, world_size)
     assert len(rows) == 1, rows
     return rows[0]
 
@@ -188,7 +192,7 @@ def test_startup_errors_are_clear(args, needles):
 
 
 def test_hello_welcome_batches_match_the_files(server, train_set):
-    c = raw_client(server, epoch=2, prefetch=2, session=77)
+    c = raw_client(server, epoch=2, batches=(0, 1), session=77)
     try:
         w = c.start()
         sampler = ShardSampler(len(train_set), BATCH, seed=SEED, shuffle=True, drop_last=True)
@@ -200,7 +204,7 @@ def test_hello_welcome_batches_match_the_files(server, train_set):
         )
         assert w.shape == [BATCH, 3, SIZE, SIZE] and w.dtype == "uint8" and w.layout == "nchw"
         assert w.num_classes == train_set.num_classes
-        got = [c.batch() for _ in range(2)]  # the hello's two credits
+        got = [c.batch() for _ in range(2)]  # the two batches the hello asked for
         for k, (head, images, labels) in enumerate(got):
             assert (head.session, head.split, head.epoch, head.batch_index) == (77, "train", 2, k)
             plan = sampler.plan(2, k)
@@ -209,10 +213,10 @@ def test_hello_welcome_batches_match_the_files(server, train_set):
             for i, label in zip(head.indices, labels, strict=True):
                 assert Path(train_set.paths[i]).parent.name == train_set.classes[label]
             assert bytes(images) == _expected(train_set, plan, "uint8", "nchw")
-        # no credit left: the server works ahead but sends nothing more
+        # nothing more asked for: nothing more sent
         row = _client_row(server, "train", 0, 2)
         assert row["sent"] == 2 and row["credits"] == 0
-        c.send(p.Credit(n=1, stats={"prefetch_depth": 2, "data_wait_fraction": 0.25}))
+        c.credit([2], stats={"prefetch_depth": 2, "data_wait_fraction": 0.25})
         head, _, _ = c.batch()
         assert head.batch_index == 2
         row = _client_row(server, "train", 0, 2)
@@ -223,21 +227,25 @@ def test_hello_welcome_batches_match_the_files(server, train_set):
         c.close()
 
 
-def test_shard_and_start_batch_and_replaced_hello(server):
-    c = raw_client(server, start_batch=3, shard=(1, 2), prefetch=3, epoch=5, session=1)
+def test_any_batches_in_the_order_asked_and_a_replaced_hello(server):
+    """Any server produces any batch: a client asks for batches by index, in any order, and
+    the server sends exactly those, in that order; a new hello replaces the stream."""
+    c = raw_client(server, batches=(7, 3), epoch=5, session=1)
     try:
         c.start()
-        assert [c.batch()[0].batch_index for _ in range(3)] == [3, 5, 7]
-        # a new hello replaces the stream: new session, new start, nothing stale arrives
-        c.hello = dataclasses.replace(
-            c.hello, split="val", epoch=0, start_batch=1, prefetch=2, shard=(0, 1), session=2
-        )
+        c.credit([5])
+        assert [c.batch()[0].batch_index for _ in range(3)] == [7, 3, 5]
+        # a new hello replaces the stream: new session, new batches, nothing stale arrives
+        c.hello = dataclasses.replace(c.hello, split="val", epoch=0, batches=(1, 2), session=2)
         c.start()
         heads = [c.batch()[0] for _ in range(2)]
         assert [(h.session, h.split, h.batch_index) for h in heads] == [
             (2, "val", 1),
             (2, "val", 2),
         ]
+        c.credit([10_000])  # beyond the epoch: refused, nothing sent
+        msg, _ = c.recv()
+        assert isinstance(msg, p.ErrorReply) and "out of range" in msg.message
         c.send(p.Bye())
     finally:
         c.close()
@@ -279,11 +287,11 @@ def test_unservable_hello_is_an_error_for_that_client_only(server):
             c.close()
 
 
-def test_credits_without_reading_pin_no_more_than_prefetch_buffers():
-    """A peer that keeps granting credits but never reads holds at most `prefetch` batches in
-    flight (each pins a buffer until ZeroMQ is done with it); the rest wait as work-ahead,
-    bounded by --prefetch-depth. Batches of 768 KiB overflow the socket buffers, so unread
-    batches really stay with the server."""
+def test_asking_for_everything_without_reading_pins_no_more_than_the_servers_depth():
+    """A peer that asks for a whole epoch but never reads holds at most --prefetch-depth
+    batches in flight (each pins a buffer until ZeroMQ is done with it) and as many produced:
+    what it asks for does not decide the server's memory, the server's setting does. Batches
+    of 768 KiB overflow the socket buffers, so unread batches really stay with the server."""
     root = str(default_dataset().val_root)
     args = ("--train", root, "--batch-size", "4", "--image-size", "256", "--workers", "1")
     with running_server(*args, "--output-dtype", "uint8", "--prefetch-depth", "4") as srv:
@@ -293,22 +301,24 @@ def test_credits_without_reading_pin_no_more_than_prefetch_buffers():
         sock.rcvhwm = 1
         sock.setsockopt(zmq.RCVBUF, 4096)
         sock.connect(srv.endpoint)
-        flood = raw_client(srv, sock=sock, prefetch=2)
+        flood = raw_client(srv, sock=sock, batches=range(64))
         try:
             flood.send(flood.hello)
-            for _ in range(30):
-                flood.send(p.Credit(n=2))
-                time.sleep(0.05)
-            deadline = time.monotonic() + 20
-            while time.monotonic() < deadline:  # until the server has worked ahead in full
-                row = _client_row(srv, "train", 0, 0)
-                if row["ready"] >= 4:
+            # A peer whose socket is full answers no heartbeat either: after a few seconds the
+            # server may drop it (freeing everything). Until then its row shows the bounds.
+            deadline, full, dropped = time.monotonic() + 20, None, False
+            while time.monotonic() < deadline and full is None:
+                rows = _client_rows(srv, "train", 0, 0)
+                if not rows:
+                    dropped = True
                     break
+                row = rows[0]
+                assert row["ready"] <= 4 and row["in_flight"] <= 4, row  # asked for far more
+                assert row["credits"] == 64 - row["sent"], row
+                if row["ready"] == 4:
+                    full = row
                 time.sleep(0.05)
-            row = _client_row(srv, "train", 0, 0)
-            # Its credits are still there (it asked for far more), yet no more goes out.
-            assert row["ready"] == 4 and row["credits"] == 2, row
-            assert row["in_flight"] <= 2, row
+            assert full is not None or dropped
         finally:
             sock.close(0)
 
@@ -321,9 +331,9 @@ def test_malformed_frames_are_counted_and_the_server_keeps_serving(server):
         bad_frames = [
             [b"\x00garbage\xff"],
             [msgpack.packb([1, 2, 3])],
-            [msgpack.packb({"v": 2, "type": "hello"})],
-            [msgpack.packb({"v": 1, "type": "launch_missiles"})],
-            [msgpack.packb({"v": 1, "type": "hello", "rank": "zero"})],
+            [msgpack.packb({"v": 1, "type": "hello"})],
+            [msgpack.packb({"v": 2, "type": "launch_missiles"})],
+            [msgpack.packb({"v": 2, "type": "hello", "rank": "zero"})],
             [p.Bye().pack(), b"extra frame"],
             [os.urandom(10 * 1024 * 1024)],
         ]
@@ -334,7 +344,7 @@ def test_malformed_frames_are_counted_and_the_server_keeps_serving(server):
             assert raw.poll(20000), "no error reply"
             replies.append(p.decode_server_message(raw.recv_multipart()[0]))
         assert all(isinstance(r, p.ErrorReply) for r in replies), replies
-        assert "client speaks v2, server speaks v1" in replies[2].message
+        assert "client speaks v1, server speaks v2" in replies[2].message
         assert "exceeds the limit" in replies[6].message
         # a healthy client is served as usual
         good.start()
@@ -365,30 +375,38 @@ def test_error_replies_stay_short_whatever_the_peer_sent(server):
 
 
 def test_stopped_client_holds_bounded_memory_while_another_is_served(server):
-    stalled = raw_client(server, rank=0, world_size=2, epoch=11, prefetch=2, session=1)
-    healthy = raw_client(server, rank=1, world_size=2, epoch=11, prefetch=2, session=2)
+    """A client that asked for many batches and stopped reading (its socket full: it takes
+    nothing more) pins at most --prefetch-depth buffers produced and as many in flight, and
+    the other client is served as usual."""
+    sock = server.dealer()
+    sock.rcvhwm = 1
+    sock.setsockopt(zmq.RCVBUF, 4096)
+    stalled = raw_client(
+        server, sock=sock, rank=0, world_size=2, epoch=11, batches=range(20), session=1
+    )
+    healthy = raw_client(server, rank=1, world_size=2, epoch=11, session=2)
     try:
         stalled.start()
-        healthy.start()
+        total = healthy.start().num_batches
         for _ in range(2):
-            stalled.batch()  # then it never sends another credit
+            stalled.batch()  # then it reads nothing more
         got = 0
-        filled = False
+        want = min(20, total)
         deadline = time.monotonic() + 60
-        while (got < 20 or not filled) and time.monotonic() < deadline:
+        while got < want and time.monotonic() < deadline:
             head, _, _ = healthy.batch()
             assert head.batch_index == got
             got += 1
-            healthy.send(p.Credit(n=1))
-            row = _client_row(server, "train", 0, 11, world_size=2)
-            assert row["ready"] <= DEPTH and row["in_flight"] <= 2 and row["sent"] == 2
-            filled = filled or row["ready"] == DEPTH
-        assert got >= 20 and filled, (got, filled)
+            if got + 1 < total:
+                healthy.credit([got + 1])  # one more, as a training loop would
+            for row in _client_rows(server, "train", 0, 11, world_size=2):  # until dropped
+                assert row["ready"] <= DEPTH and row["in_flight"] <= DEPTH, row
+        assert got == want
         stats = server.stats()
         ready = next(s for s in stats["stages"] if s["name"] == "ready")
         assert ready["depth"] <= ready["capacity"]
         healthy_row = _client_row(server, "train", 1, 11)
-        assert got <= healthy_row["sent"] <= got + 2  # plus what its credits allow ahead
+        assert got <= healthy_row["sent"] <= got + 2  # plus the ones it asked for ahead
         assert healthy_row["images_per_s"] > 0
     finally:
         for c in (stalled, healthy):
@@ -415,8 +433,8 @@ def test_nhwc_float16_over_ipc_and_sigterm_tells_every_client(tmp_path):
     args = (*map(str, ARGS), "--output-dtype", "float16", "--layout", "nhwc", "--bind", ipc)
     with running_server(*args) as srv:
         clients = [
-            raw_client(srv, prefetch=2, session=1),
-            raw_client(srv, ipc, split="val", prefetch=2, session=2),
+            raw_client(srv, session=1),
+            raw_client(srv, ipc, split="val", session=2),
         ]
         try:
             for c in clients:
@@ -449,7 +467,7 @@ def test_nhwc_float16_over_ipc_and_sigterm_tells_every_client(tmp_path):
 
 def test_silent_client_is_dropped_and_can_come_back():
     with running_server(*map(str, ARGS), "--client-timeout", "1") as srv:
-        c = raw_client(srv, prefetch=1, session=1)
+        c = raw_client(srv, batches=(0,), session=1)
         try:
             c.start()
             c.batch()
@@ -458,9 +476,9 @@ def test_silent_client_is_dropped_and_can_come_back():
                 assert time.monotonic() - t0 < 10, "silent client never dropped"
                 assert not c.sock.poll(100), "no credit was given, yet something arrived"
             assert time.monotonic() - t0 >= 0.9
-            c.send(p.Credit(n=1))  # unknown now: ignored, the client must say hello again
+            c.credit([1])  # unknown now: ignored, the client must say hello again
             assert srv.stats()["clients"] == []
-            c.hello = p.Hello(**{**c.hello.__dict__, "start_batch": 1, "session": 2})
+            c.hello = p.Hello(**{**c.hello.__dict__, "batches": (1,), "session": 2})
             c.start()
             head, _, _ = c.batch()
             assert (head.session, head.batch_index) == (2, 1)

@@ -59,8 +59,8 @@ def notebook(endpoint: str) -> Iterator[subprocess.Popen]:
 def hello(sock: zmq.Socket, world_size: int, rank: int = 0, timeout: float = 10.0):
     sock.send(
         wire.Hello(
-            split="train", rank=rank, world_size=world_size, epoch=0, start_batch=0,
-            prefetch=1, shard=(0, 1), session=7,
+            split="train", rank=rank, world_size=world_size, epoch=0, batches=(0,),
+            session=7,
         ).pack()
     )  # fmt: skip
     assert sock.poll(int(timeout * 1000)), "no reply to the hello"

@@ -42,6 +42,7 @@ from batchwire.wire.frames import (
     unpack_frame,
 )
 from batchwire.wire.messages import (
+    MAX_JOB_LEN,
     MAX_PREFETCH,
     BatchHeader,
     Bye,
@@ -66,6 +67,7 @@ __all__ = [
     "MAX_ARRAY_LEN",
     "MAX_BATCH_SIZE",
     "MAX_CLIENT_FRAME_BYTES",
+    "MAX_JOB_LEN",
     "MAX_MAP_LEN",
     "MAX_PREFETCH",
     "MAX_SERVER_FRAME_BYTES",

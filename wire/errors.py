@@ -5,7 +5,7 @@ from __future__ import annotations
 import reprlib
 
 #: The protocol version both sides speak; a frame with another is refused, naming both.
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 
 
 class ProtocolError(ValueError):

@@ -27,8 +27,11 @@ from batchwire.wire.frames import (
     unpack_frame,
 )
 
-#: Largest per-client credit window the protocol allows; keeps memory per client bounded.
+#: Largest credit window (batches listed and not yet received) a client may ask of a server;
+#: the server's own --prefetch-depth bounds what it produces and holds for a client.
 MAX_PREFETCH = 256
+#: Longest job name in a hello.
+MAX_JOB_LEN = 256
 
 
 # --------------------------------------------------------------------------- field checks
@@ -83,6 +86,23 @@ def _map_or_none(d: Mapping[str, Any], key: str) -> dict[str, Any] | None:
     return value
 
 
+def _batch_list(d: Mapping[str, Any]) -> tuple[int, ...]:
+    """A hello's or credit's ``batches``: at most MAX_PREFETCH distinct indices >= 0."""
+    value = d.get("batches")
+    if (
+        not isinstance(value, list)
+        or len(value) > MAX_PREFETCH
+        or any(isinstance(x, bool) or not isinstance(x, int) or x < 0 for x in value)
+    ):
+        raise ProtocolError(
+            f"field 'batches' must be a list of at most {MAX_PREFETCH} batch indices >= 0, "
+            f"got {show(value)}"
+        )
+    if len(set(value)) != len(value):
+        raise ProtocolError(f"field 'batches' lists a batch twice: {show(value)}")
+    return tuple(value)
+
+
 def _shape(d: Mapping[str, Any]) -> list[int]:
     shape = _int_list(d, "shape", 4)
     b, c, h, w = shape
@@ -114,10 +134,12 @@ class _Message:
 class Hello(_Message):
     """Start or restart this client's stream of (split, epoch, rank, world_size) batches.
 
-    The server produces batch k iff ``k % shard[1] == shard[0]`` and ``k >= start_batch``.
+    ``batches`` lists the batch indices the server should produce and send, in that order (it
+    may be empty: the welcome alone tells the client the epoch's length); each `Credit` appends
+    more. Each listed batch is one credit: the client lists only what it has room for, so it
+    can hand any batch to any of its servers and take back a lost server's batches. ``job``
+    names the training job (torchrun's run id): world sizes must agree within a job only.
     ``session`` is chosen by the client and echoed on every batch so stale frames can be dropped.
-    The hello itself grants ``prefetch`` credits; each `Credit` adds ``n`` more. The server never
-    holds more than ``prefetch`` unused credits for a client (extra ones are ignored).
     """
 
     TYPE: ClassVar[str] = "hello"
@@ -125,14 +147,13 @@ class Hello(_Message):
     rank: int
     world_size: int
     epoch: int
-    start_batch: int
-    prefetch: int
-    shard: tuple[int, int]
+    batches: tuple[int, ...]
     session: int
+    job: str = ""
 
     def to_map(self) -> dict[str, Any]:
         m = super().to_map()
-        m["shard"] = list(self.shard)
+        m["batches"] = list(self.batches)
         return m
 
     @classmethod
@@ -141,36 +162,41 @@ class Hello(_Message):
         rank = _int(d, "rank", 0)
         if rank >= world_size:
             raise ProtocolError(f"field 'rank' ({rank}) must be < world_size ({world_size})")
-        shard = _int_list(d, "shard", 2)
-        if not (shard[1] >= 1 and 0 <= shard[0] < shard[1]):
-            raise ProtocolError(f"field 'shard' must be [i, n] with 0 <= i < n, got {shard}")
+        job = d.get("job", "")
+        if not isinstance(job, str) or len(job) > MAX_JOB_LEN:
+            raise ProtocolError(f"field 'job' must be a string of <= {MAX_JOB_LEN} characters")
         return cls(
             split=_str(d, "split"),
             rank=rank,
             world_size=world_size,
             epoch=_int(d, "epoch", 0),
-            start_batch=_int(d, "start_batch", 0),
-            prefetch=_int(d, "prefetch", 1, MAX_PREFETCH),
-            shard=(shard[0], shard[1]),
+            batches=_batch_list(d),
             session=_int(d, "session"),
+            job=job,
         )
 
 
 @dataclass(frozen=True)
 class Credit(_Message):
-    """``n`` more batches may be sent; ``stats`` is the loader's `LoaderStats.as_dict()` or None.
+    """Append ``batches`` to the stream (one credit each); ``stats`` is the loader's
+    `LoaderStats.as_dict()` or None (it may travel alone, with no batches).
 
     A credit from a client the server does not know (after a server restart, or once it dropped
     a silent client) is ignored: the client's re-sent hello starts a new stream.
     """
 
     TYPE: ClassVar[str] = "credit"
-    n: int
+    batches: tuple[int, ...] = ()
     stats: dict[str, Any] | None = None
+
+    def to_map(self) -> dict[str, Any]:
+        m = super().to_map()
+        m["batches"] = list(self.batches)
+        return m
 
     @classmethod
     def from_map(cls, d: Mapping[str, Any]) -> Credit:
-        return cls(n=_int(d, "n", 0, MAX_PREFETCH), stats=_map_or_none(d, "stats"))
+        return cls(batches=_batch_list(d), stats=_map_or_none(d, "stats"))
 
 
 @dataclass(frozen=True)

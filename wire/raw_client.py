@@ -5,14 +5,15 @@ of another world size), for the transport benchmark's bare receiver, and for pok
 server from a shell. `batchwire.client.RemoteLoader` is the real client; this one has no
 reconnects, reorder buffer or staging, on purpose.
 
-    client = RawClient.connect(ctx, "tcp://127.0.0.1:5555", prefetch=2)
+    client = RawClient.connect(ctx, "tcp://127.0.0.1:5555", batches=(0, 1))
     welcome = client.start()
     header, images, labels = client.batch()
-    client.credit(1)
+    client.credit([2])
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -37,9 +38,7 @@ HELLO_DEFAULTS: dict[str, Any] = dict(
     rank=0,
     world_size=1,
     epoch=0,
-    start_batch=0,
-    prefetch=2,
-    shard=(0, 1),
+    batches=(0, 1),
     session=1,
 )
 
@@ -84,8 +83,9 @@ class RawClient:
             if isinstance(msg, Welcome) and msg.session == self.hello.session:
                 return msg
 
-    def credit(self, n: int = 1, stats: dict[str, Any] | None = None) -> None:
-        self.send(Credit(n=n, stats=stats))
+    def credit(self, batches: Sequence[int] = (), stats: dict[str, Any] | None = None) -> None:
+        """Ask for ``batches`` too (one credit each); ``stats`` may travel alone."""
+        self.send(Credit(batches=tuple(batches), stats=stats))
 
     def batch(self, timeout: float = 20.0) -> tuple[BatchHeader, bytes, np.ndarray]:
         """The next batch (other messages are skipped): header, image bytes, labels."""
