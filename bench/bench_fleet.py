@@ -112,7 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     data = resolve_data(args.data)
     batches = max(4, args.images // args.batch_size)
     server_args = [
-        *("--train", data.server_train, "--batch-size", str(args.batch_size)),
+        *("--train", data.server_train, "--allow-outside-root"),
+        *("--batch-size", str(args.batch_size)),
         *("--image-size", str(args.image_size), "--output-dtype", "uint8"),
         *("--workers", "1", "--producers", "2"),
     ]

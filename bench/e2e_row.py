@@ -56,6 +56,7 @@ def pipeline_server(
         raise ValueError(f"transport must be one of {TRANSPORTS}, got {transport!r}")
     args = [
         "--train", train,
+        "--allow-outside-root",  # the bench's list files name the images where they are
         "--batch-size", str(batch_size),
         "--image-size", str(image_size),
         "--output-dtype", wire,

@@ -22,11 +22,34 @@ from dataclasses import dataclass, field
 
 import zmq
 from batchwire import wire
+from batchwire.wire import keys as wire_keys
 from zmq.utils.monitor import recv_monitor_message
 
 log = logging.getLogger(__name__)
 
-_MONITOR_EVENTS = zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
+_MONITOR_EVENTS = (
+    zmq.EVENT_HANDSHAKE_SUCCEEDED
+    | zmq.EVENT_DISCONNECTED
+    | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+    | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+)
+# What a failed handshake means for us (CURVE keys: `wire.keys`); each is a configuration
+# error that waiting will not fix, so the loader raises it instead of timing out.
+_HANDSHAKE_FAILURES = {
+    zmq.EVENT_HANDSHAKE_FAILED_AUTH: (
+        "the server rejected our key: this loader's keys folder is not the server's (copy the "
+        "server's keys folder here, or add our client.key to its authorized/ folder)"
+    ),
+    zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: (
+        "the security handshake failed: one side uses keys and the other does not (give the "
+        "loader the server's keys folder: keys=DIR or BATCHWIRE_KEYS=DIR)"
+    ),
+    zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL: (
+        "the security handshake failed: the server's key is not the one in our keys folder's "
+        "server.key (or the server does not use keys)"
+    ),
+}
 _BYE_LINGER_MS = 200
 
 
@@ -50,9 +73,17 @@ class ServerConnection:
     stream bookkeeping. A lost session's ``stream.pending`` and ``ahead`` are left for the
     receiver to take back (`BatchReceiver` gives them to the other servers)."""
 
-    def __init__(self, ctx: zmq.Context, endpoint: str, index: int) -> None:
+    def __init__(
+        self,
+        ctx: zmq.Context,
+        endpoint: str,
+        index: int,
+        keys: wire_keys.ClientKeys | None = None,
+    ) -> None:
         self.endpoint = endpoint
         self.index = index
+        #: Why the last handshake failed (a key problem), or None.
+        self.handshake_error: str | None = None
         self.stream = StreamState()
         #: Batches of a session for the *next* epoch, received ahead as raw frames:
         #: ``(header, images frame, labels frame)``; see `receiver` ("next epoch").
@@ -77,6 +108,8 @@ class ServerConnection:
         # Reconnect quickly after a restart; back off to at most 1 s while the server is gone.
         self._sock.reconnect_ivl = 100
         self._sock.reconnect_ivl_max = 1000
+        if keys is not None:
+            keys.apply(self._sock)
         self._monitor = self._sock.get_monitor_socket(_MONITOR_EVENTS)
         try:
             self._sock.connect(endpoint)
@@ -120,6 +153,8 @@ class ServerConnection:
                 self.connected = True
                 self.ever_connected = True
                 log.debug("connected to %s", self.endpoint)
+            elif kind in _HANDSHAKE_FAILURES:
+                self.handshake_error = _HANDSHAKE_FAILURES[kind]
             elif kind == zmq.EVENT_DISCONNECTED:
                 if self.connected:
                     log.warning("lost pipeline-server at %s; will re-send hello", self.endpoint)

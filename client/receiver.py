@@ -49,6 +49,7 @@ from batchwire.client.batch_pool import BatchPool
 from batchwire.client.connection import ServerConnection
 from batchwire.client.errors import ProtocolError, ServerError, ServerUnavailable
 from batchwire.client.staging import Staged
+from batchwire.wire.keys import ClientKeys
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +94,7 @@ class BatchReceiver:
         stats: Callable[[], dict | None],
         speculate: bool = True,
         job: str = "",
+        keys: ClientKeys | None = None,
     ) -> None:
         self.split = split
         self.rank = rank
@@ -114,7 +116,7 @@ class BatchReceiver:
         self.conns: list[ServerConnection] = []
         try:
             for i, ep in enumerate(endpoints):
-                self.conns.append(ServerConnection(self._ctx, ep, i))
+                self.conns.append(ServerConnection(self._ctx, ep, i, keys))
         except BaseException:
             for c in self.conns:
                 c.close()
@@ -347,6 +349,8 @@ class BatchReceiver:
         """Apply connection events, take back what lost sessions owed, (re)send hellos."""
         for c in self.conns:
             c.drain_events()
+            if c.handshake_error is not None:
+                raise ServerError(c.endpoint, c.handshake_error)
             if not c.hello_sent and (c.stream.pending or c.ahead):
                 self._reclaim(c)
             if c.may_send_hello and self._started:

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import time
 import weakref
 from collections.abc import Iterator, Sequence
@@ -56,6 +57,7 @@ from batchwire.client.normalize import IMAGENET_MEAN, IMAGENET_STD, check_dtype
 from batchwire.client.placement import check_rank, default_job, resolve_device, resolve_rank
 from batchwire.client.receiver import BatchReceiver
 from batchwire.client.staging import BatchFormat, CpuStager, CudaStager, Staged
+from batchwire.wire.keys import client_keys
 from torch.utils.data import IterableDataset, get_worker_info
 
 try:  # written by the monitoring work; the loader runs without it
@@ -127,6 +129,10 @@ class RemoteLoader(IterableDataset):
             re-sent (the fallback for restarts the connection events do not reveal).
         prefetch_next_epoch: at the end of an epoch, have the servers start the next one (see
             the module's docstring); the batches yielded are the same either way.
+        keys: a keys folder made by `pipeline-keys` (the server's, copied here): the loader
+            authenticates with its client key and encrypts everything; default:
+            ``$BATCHWIRE_KEYS``, else plain sockets. A key the server rejects raises
+            `ServerError` at once.
         job: names the training job; a server refuses ranks of other world sizes only within
             one job. Default: ``BATCHWIRE_JOB``, else torchrun's ``TORCHELASTIC_RUN_ID``, else
             "" (one job per server).
@@ -154,6 +160,7 @@ class RemoteLoader(IterableDataset):
         prefetch_next_epoch: bool = True,
         reuse_buffers: bool = True,
         job: str | None = None,
+        keys: str | os.PathLike[str] | None = None,
     ) -> None:
         super().__init__()
         eps = [endpoints] if isinstance(endpoints, str) else list(endpoints)
@@ -180,6 +187,7 @@ class RemoteLoader(IterableDataset):
         self.dtype = check_dtype(dtype)
         self.prefetch_next_epoch = bool(prefetch_next_epoch)
         self.job = default_job() if job is None else str(job)
+        self.keys = client_keys(keys)  # loaded now: a bad keys folder fails at construction
         self.reuse_buffers = bool(reuse_buffers)
         self._device_arg = device
         self.device: torch.device | None = None  # resolved on first connection
@@ -362,6 +370,7 @@ class RemoteLoader(IterableDataset):
                 heartbeat=self.heartbeat,
                 speculate=self.prefetch_next_epoch,
                 job=self.job,
+                keys=self.keys,
                 make_stager=functools.partial(
                     _make_stager,
                     device=self.device,

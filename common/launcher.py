@@ -28,6 +28,7 @@ from typing import Any, NamedTuple
 
 import zmq
 from batchwire import wire
+from batchwire.wire.keys import ClientKeys
 
 __all__ = [
     "PipelineServer",
@@ -71,12 +72,21 @@ def server_executable() -> list[str]:
     return [str(script)] if script.exists() else [sys.executable, "-m", "batchwire.server"]
 
 
-def request_stats(endpoint: str, timeout: float = 5.0, ctx: zmq.Context | None = None) -> dict:
-    """Ask the server at ``endpoint`` for its stats; TimeoutError if it does not answer."""
+def request_stats(
+    endpoint: str,
+    timeout: float = 5.0,
+    ctx: zmq.Context | None = None,
+    keys: ClientKeys | None = None,
+) -> dict:
+    """Ask the server at ``endpoint`` for its stats; TimeoutError if it does not answer.
+
+    A server started with ``--keys`` answers only a holder of them (``keys``)."""
     own_ctx = ctx is None
     ctx = zmq.Context() if ctx is None else ctx
     sock = ctx.socket(zmq.DEALER)
     sock.linger = 0
+    if keys is not None:
+        keys.apply(sock)
     try:
         sock.connect(endpoint)
         sock.send(wire.StatsRequest().pack())
@@ -87,6 +97,16 @@ def request_stats(endpoint: str, timeout: float = 5.0, ctx: zmq.Context | None =
         sock.close()
         if own_ctx:
             ctx.term()
+
+
+def _keys_in(args: Sequence[str]) -> ClientKeys | None:
+    """The client side of a ``--keys DIR`` (or ``--keys=DIR``) among a server's arguments."""
+    for i, arg in enumerate(args):
+        if arg == "--keys" and i + 1 < len(args):
+            return ClientKeys.load(args[i + 1])
+        if arg.startswith("--keys="):
+            return ClientKeys.load(arg.split("=", 1)[1])
+    return None
 
 
 def _stats_of(frames: list[bytes], endpoint: str) -> dict[str, Any]:
@@ -132,6 +152,8 @@ class PipelineServer:
     ) -> None:
         self.args = tuple(str(a) for a in args)
         self.endpoint = endpoint or free_tcp_endpoint()
+        #: The server's own ``--keys`` folder, if any: our requests to it hold its client key.
+        self.keys = _keys_in(self.args)
         self.env = None if env is None else {**os.environ, **env}
         self.log_path = None if log_path is None else Path(log_path)
         self._proc: subprocess.Popen | None = None
@@ -198,6 +220,8 @@ class PipelineServer:
         ctx = zmq.Context()
         sock = ctx.socket(zmq.DEALER)
         sock.linger = 0
+        if self.keys is not None:
+            self.keys.apply(sock)
         try:
             sock.connect(self.endpoint)
             sock.send(wire.StatsRequest().pack())

@@ -24,6 +24,7 @@ from typing import TextIO
 from batchwire.monitor.bottleneck import infer_bottleneck, smooth
 from batchwire.monitor.render import render
 from batchwire.monitor.stats_client import StatsClient, StatsUnavailable
+from batchwire.wire.keys import KeysError, client_keys
 
 ENTER_SCREEN = "\x1b[?1049h\x1b[?25l"  # alternate screen, hide cursor
 LEAVE_SCREEN = "\x1b[?25h\x1b[?1049l"
@@ -48,6 +49,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="the server's ZeroMQ endpoint, e.g. tcp://127.0.0.1:5555",
     )
     parser.add_argument("--once", action="store_true", help="print one snapshot and exit")
+    parser.add_argument(
+        "--keys",
+        default=None,
+        help="keys folder of a server started with --keys (default: $BATCHWIRE_KEYS)",
+    )
     parser.add_argument(
         "--json",
         action="store_true",
@@ -212,7 +218,12 @@ def main(argv: list[str] | None = None) -> int:
     out = sys.stdout
     # SIGTERM takes the same clean way out as Ctrl-C: the terminal must be restored.
     signal.signal(signal.SIGTERM, _raise_exit)
-    client = StatsClient(args.endpoint, args.timeout)
+    try:
+        keys = client_keys(args.keys)
+    except KeysError as exc:
+        print(f"pipeline-monitor: {exc}", file=sys.stderr)
+        return 2
+    client = StatsClient(args.endpoint, args.timeout, keys=keys)
     try:
         client.connect()
     except StatsUnavailable as exc:  # a malformed endpoint will not get better by retrying

@@ -6,6 +6,7 @@ import time
 
 import zmq
 from batchwire import wire
+from batchwire.wire.keys import ClientKeys
 
 
 class StatsUnavailable(RuntimeError):
@@ -19,9 +20,16 @@ class StatsClient:
     read as the answer to the next one, and a DEALER's queue to a dead peer is dropped with it.
     """
 
-    def __init__(self, endpoint: str, timeout: float = 5.0, ctx: zmq.Context | None = None):
+    def __init__(
+        self,
+        endpoint: str,
+        timeout: float = 5.0,
+        ctx: zmq.Context | None = None,
+        keys: ClientKeys | None = None,
+    ):
         self.endpoint = endpoint
         self.timeout = float(timeout)
+        self.keys = keys  # a server started with --keys answers only a key holder
         self._own_ctx = ctx is None
         self._ctx = ctx or zmq.Context()
         self._sock: zmq.Socket | None = None
@@ -34,6 +42,8 @@ class StatsClient:
         if self._sock is None:
             sock = self._ctx.socket(zmq.DEALER)
             sock.linger = 0
+            if self.keys is not None:
+                self.keys.apply(sock)
             try:
                 sock.connect(self.endpoint)
             except zmq.ZMQError as exc:

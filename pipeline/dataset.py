@@ -75,8 +75,17 @@ class ImageDataset:
         return read_file(self.paths[int(i)])
 
 
-def read_list_file(list_path: str | os.PathLike[str]) -> tuple[list[str], np.ndarray]:
-    """Parse a list file into absolute paths and labels; a bad line is an error naming it."""
+def read_list_file(
+    list_path: str | os.PathLike[str], *, allow_outside_root: bool = False
+) -> tuple[list[str], np.ndarray]:
+    """Parse a list file into absolute paths and labels; a bad line is an error naming it.
+
+    Entries are confined to the list file's folder: an absolute path, or one that climbs out
+    with ``..``, is an error unless ``allow_outside_root`` (a list file may come from
+    elsewhere, and a server often runs as root: it must not read /etc/shadow because a line
+    says so). Symlinks inside the folder are followed wherever they point: whoever placed them
+    owns the dataset (symlink farms are a common way to build subsets).
+    """
     list_path = Path(list_path).resolve()
     base = list_path.parent
     out_paths: list[str] = []
@@ -104,17 +113,31 @@ def read_list_file(list_path: str | os.PathLike[str]) -> tuple[list[str], np.nda
         if label < 0:
             raise ValueError(f"{list_path}:{lineno}: label must be >= 0, got {label}")
         p = rel.strip()
-        out_paths.append(os.path.normpath(p if os.path.isabs(p) else os.path.join(base, p)))
+        path = os.path.normpath(p if os.path.isabs(p) else os.path.join(base, p))
+        if not allow_outside_root and (
+            os.path.isabs(p) or os.path.commonpath([path, str(base)]) != str(base)
+        ):
+            raise ValueError(
+                f"{list_path}:{lineno}: {p!r} is outside the list file's folder {base} "
+                "(absolute, or climbing out with '..'); move the list file next to the "
+                "images, or allow it explicitly (pipeline-server --allow-outside-root, "
+                "open_dataset(..., allow_outside_root=True))"
+            )
+        out_paths.append(path)
         out_labels.append(label)
     return out_paths, np.asarray(out_labels, dtype=np.int64)
 
 
 def open_dataset(
-    path: str | os.PathLike[str], cache_dir: str | os.PathLike[str] | None = None
+    path: str | os.PathLike[str],
+    cache_dir: str | os.PathLike[str] | None = None,
+    *,
+    allow_outside_root: bool = False,
 ) -> ImageDataset:
     """Open an ImageFolder directory or a list file (see the module doc).
 
     `cache_dir` is where ImageFolder listings are cached (default `paths.cache_dir()`).
+    `allow_outside_root`: a list file may name files outside its folder (see `read_list_file`).
     Raises FileNotFoundError for a missing path and ValueError for an empty or malformed one.
     """
     p = Path(path).expanduser()
@@ -148,7 +171,7 @@ def open_dataset(
             from_cache=from_cache,
         )
 
-    file_paths, labels = read_list_file(p)
+    file_paths, labels = read_list_file(p, allow_outside_root=allow_outside_root)
     if not file_paths:
         raise ValueError(f"list file {p} names no images")
     num_classes = int(labels.max()) + 1

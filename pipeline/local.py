@@ -34,7 +34,9 @@ _SPLITS = ("train", "val")
 _POLL_S = 0.2  # how often a blocked background thread checks whether to stop
 
 
-def _open(data: str | Path | ImageDataset | None, split: str) -> ImageDataset:
+def _open(
+    data: str | Path | ImageDataset | None, split: str, allow_outside_root: bool
+) -> ImageDataset:
     if isinstance(data, ImageDataset):
         return data
     if data is None:
@@ -42,7 +44,7 @@ def _open(data: str | Path | ImageDataset | None, split: str) -> ImageDataset:
 
         roots = default_dataset()
         return open_dataset(roots.train_root if split == "train" else roots.val_root)
-    return open_dataset(data)
+    return open_dataset(data, allow_outside_root=allow_outside_root)
 
 
 def _make_decoder(
@@ -66,7 +68,9 @@ class LocalLoader:
     `data`: ImageFolder root, list file, an `ImageDataset`, or None for the embedded dataset.
     Train: shuffled, drop_last; val: in order, the last batches padded. `decoder`: "cpu", a
     name `decode.select.make_decoder` knows ("auto", "nvjpeg", "dali"), or a `BatchDecoder`.
-    `device`: where batches are produced (default: the decoder's device). Extra keyword
+    `allow_outside_root`: a list file may name files outside its folder (see
+    `dataset.read_list_file`). `device`: where batches are produced (default: the decoder's
+    device). Extra keyword
     arguments are `AugmentConfig` fields (scale, ratio, flip_prob, brightness, ...,
     output_dtype, layout).
     """
@@ -88,6 +92,7 @@ class LocalLoader:
         copy: bool = True,
         with_indices: bool = False,
         max_pixels: int | None = DEFAULT_MAX_PIXELS,
+        allow_outside_root: bool = False,
         **augment: Any,
     ) -> None:
         if split not in _SPLITS:
@@ -95,7 +100,7 @@ class LocalLoader:
         if ring < 1:
             raise ValueError(f"ring must be >= 1, got {ring}")
         self.split = split
-        self.dataset = _open(data, split)
+        self.dataset = _open(data, split, allow_outside_root)
         self.config = AugmentConfig(image_size=image_size, train=split == "train", **augment)
         self.copy = bool(copy)
         self.with_indices = bool(with_indices)

@@ -66,7 +66,7 @@ class ServerProcess(PipelineServer):
         return self
 
     def stats(self, timeout: float = 5.0) -> dict[str, Any]:
-        return request_stats(self.endpoint, timeout, self._ctx)
+        return request_stats(self.endpoint, timeout, self._ctx, self.keys)
 
     def dealer(self, endpoint: str | None = None) -> zmq.Socket:
         """A raw DEALER connected to the server (linger 0); the caller closes it.
@@ -75,6 +75,8 @@ class ServerProcess(PipelineServer):
         """
         sock = self._ctx.socket(zmq.DEALER)
         sock.linger = 0
+        if self.keys is not None:
+            self.keys.apply(sock)
         sock.connect(endpoint or self.endpoint)
         return sock
 

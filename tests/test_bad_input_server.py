@@ -16,7 +16,7 @@ from test_bad_input_samples import write_corpus
 def test_server_replaces_bad_files_and_counts_them_once_over_splits(tmp_path: Path) -> None:
     listing, bad_paths = write_corpus(tmp_path / "corpus")
     args = (
-        *("--train", str(listing), "--val", str(listing)),
+        *("--train", str(listing), "--val", str(listing), "--allow-outside-root"),
         *("--batch-size", "4", "--image-size", "24", "--output-dtype", "uint8"),
         *("--workers", "1", "--seed", "3"),
     )

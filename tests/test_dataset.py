@@ -137,7 +137,13 @@ def test_list_file(tmp_path: Path) -> None:
         f"{elsewhere} 1\n"
         "../elsewhere/abs.png 1\n"
     )
-    ds = open_dataset(lst)
+    with pytest.raises(ValueError, match=r"train.txt:5: .* is outside the list file's folder"):
+        open_dataset(lst)  # an absolute entry: refused unless allowed
+    lst.write_text(lst.read_text().replace(f"{elsewhere} 1\n", ""))
+    with pytest.raises(ValueError, match=r"train.txt:5: '../elsewhere/abs.png' is outside"):
+        open_dataset(lst)  # climbing out with '..': the same
+    lst.write_text(lst.read_text() + f"{elsewhere} 1\n")
+    ds = open_dataset(lst, allow_outside_root=True)
     assert ds.kind == "list"
     assert ds.paths == [str(a), str(b), str(elsewhere), str(elsewhere)]
     assert ds.labels.tolist() == [3, 0, 1, 1]

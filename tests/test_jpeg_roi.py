@@ -216,7 +216,7 @@ def test_local_loader_batches_with_roi_match_whole_decode(
     files = sample_files(48)
     listing = tmp_path / "list.txt"
     listing.write_text("".join(f"{f} {i}\n" for i, f in enumerate(files)))
-    dataset = open_dataset(listing)
+    dataset = open_dataset(listing, allow_outside_root=True)
 
     def batches(threads: int) -> list[torch.Tensor]:
         with LocalLoader(

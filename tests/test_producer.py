@@ -29,7 +29,7 @@ def photos(tmp_path_factory: pytest.TempPathFactory) -> ImageDataset:
     files = sorted(SAMPLE_DIR.iterdir())[:8]
     listing = tmp_path_factory.mktemp("photos") / "list.txt"
     listing.write_text("".join(f"{f} {i}\n" for i, f in enumerate(files)))
-    return open_dataset(listing)
+    return open_dataset(listing, allow_outside_root=True)  # the shared photos
 
 
 @pytest.fixture(scope="module")

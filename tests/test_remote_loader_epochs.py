@@ -221,7 +221,8 @@ def test_first_batch_of_the_next_epoch_needs_no_round_trip(tmp_path):
     files = sorted(IMAGENET.glob("*.JPEG"))[: 6 * B]
     listing = tmp_path / "list.txt"
     listing.write_text("".join(f"{p} {i}\n" for i, p in enumerate(files)))
-    args = ("--train", str(listing), "--batch-size", str(B), "--image-size", "224")
+    args = ("--train", str(listing), "--allow-outside-root", "--batch-size", str(B))
+    args += ("--image-size", "224")
     args += ("--output-dtype", "uint8", "--workers", "1", "--producers", "1")
     with running_server(*args) as srv:
         waits = {}

@@ -115,6 +115,11 @@ def build_parser() -> argparse.ArgumentParser:
     a("--device", default=d.device, help="auto, cpu, cuda or cuda:N (auto: cuda:LOCAL_RANK)")
     a("--prefetch", type=int, default=d.prefetch, help="batches in flight per rank")
     a("--timeout", type=float, default=d.timeout, help="seconds to wait for a server")
+    a(
+        "--keys",
+        default=d.keys,
+        help="keys folder of a server started with --keys [default: $BATCHWIRE_KEYS]",
+    )
     a("--mean", type=_triple, help="normalisation of a uint8 wire, R,G,B [default: the server's]")
     a("--std", type=_triple, help="normalisation of a uint8 wire, R,G,B [default: the server's]")
     a("--no-val", action="store_true", help="skip validation (a server without a val split)")
@@ -152,6 +157,7 @@ def make_loader(cfg: TrainConfig, ctx: DistContext, split: str, normalize: bool)
         world_size=ctx.world_size,
         prefetch=cfg.prefetch,
         timeout=cfg.timeout,
+        keys=cfg.keys,
         with_indices=True,
         normalize_on_device=normalize,
         mean=cfg.mean,

@@ -41,6 +41,7 @@ class TrainConfig:
     max_steps: int | None = None
     device: str = "auto"
     prefetch: int = 4
+    keys: str | None = None  # a `pipeline-keys` folder; None: $BATCHWIRE_KEYS, else plain
     timeout: float = 60.0
     mean: tuple[float, float, float] | None = None  # None: the server's
     std: tuple[float, float, float] | None = None

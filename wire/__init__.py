@@ -10,6 +10,7 @@ Server, client, monitor, trainer, benchmarks and tests all speak through this pa
 - `batch_spec`: `BatchSpec`, the one table of output formats (shape, dtype, layout, bytes,
   torch dtype, memory format);
 - `errors`: `ProtocolError` (and `VersionMismatch`), raised by either side for a bad frame;
+- `keys`: CURVE keys (`pipeline-keys`), the client's and the server's side of them;
 - `raw_client`: a client reduced to the wire, for tests, benchmarks and debugging.
 
 It imports nothing else of batchwire, so a change to the wire is a change here and in the two
