@@ -99,6 +99,8 @@ class ServerConnection:
         self.last_error: str | None = None
         #: The same error in a row (reset by a batch): after a few the loader raises it.
         self.error_streak = 0
+        #: Transient errors in a row (reset by a batch): they set the back-off, not a limit.
+        self.transient_streak = 0
         #: No hello before this time (backing off after an error reply).
         self.retry_at = 0.0
         self._sock = ctx.socket(zmq.DEALER)

@@ -62,6 +62,7 @@ AHEAD_MAX_AGE_S = 30.0
 # not a hiccup: it is raised as ServerError. Before that, each retry waits twice as long.
 ERRORS_BEFORE_RAISING = 3
 _ERROR_BACKOFF_S = 0.25
+_TRANSIENT_BACKOFF_MAX_S = 4.0
 
 
 @dataclass(eq=False)
@@ -450,13 +451,13 @@ class BatchReceiver:
             if msg.session == c.stream.session and c.hello_sent:
                 self._accept_welcome(c, msg)
         elif isinstance(msg, wire.ErrorReply):
-            self._on_error(c, msg.message)
+            self._on_error(c, msg.message, msg.reason)
         elif isinstance(msg, wire.Shutdown):
             log.warning("pipeline-server at %s is shutting down; waiting for it", c.endpoint)
             c.mark_lost(wait_reconnect=True)
             self._reclaim(c)
 
-    def _on_error(self, c: ServerConnection, message: str) -> None:
+    def _on_error(self, c: ServerConnection, message: str, reason: str = "refused") -> None:
         if self._is_ahead(c):
             # A next-epoch hello refused: nothing of this epoch is at stake. Stop guessing for
             # the rest of it; if the server really refuses that epoch, the hello sent when it
@@ -467,6 +468,18 @@ class BatchReceiver:
             return
         if not c.stream.welcomed:  # the answer to our hello: the server will not serve us
             raise ServerError(c.endpoint, message)
+        if reason == "transient":
+            # It may pass (say, the server ran out of file descriptors): ask again, backing
+            # off, for as long as the loader's timeout allows; ServerUnavailable quotes it.
+            c.transient_streak += 1
+            c.last_error = message
+            delay = min(_TRANSIENT_BACKOFF_MAX_S, _ERROR_BACKOFF_S * 2 ** (c.transient_streak - 1))
+            log.warning(
+                "pipeline-server at %s: %s; asking again in %.2f s", c.endpoint, message, delay
+            )
+            c.retry_at = time.monotonic() + delay
+            self._end_session(c)
+            return
         # After a welcome, an error can only concern a later message; start a clean session,
         # backing off, and give up with the server's own words if it keeps saying the same.
         c.error_streak = c.error_streak + 1 if message == c.last_error else 1
@@ -538,7 +551,7 @@ class BatchReceiver:
         else:
             staged = self._recv_into_slot(c, h)
         self.held[h.batch_index] = Arrived(h, staged, c.index)
-        c.error_streak = 0  # progress: an error after this is a new one
+        c.error_streak = c.transient_streak = 0  # progress: an error after this is a new one
         # How long this batch took to come (since we last heard or asked): the silence check
         # waits a few times that, so a server that is merely slow is not restarted in a loop.
         gap = c.last_heard - max(c.last_sent, c.prev_heard)

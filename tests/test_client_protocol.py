@@ -230,3 +230,28 @@ def test_a_repeated_error_reply_is_raised_as_the_servers_error_after_a_few_backe
     gaps = [b - a for a, b in itertools.pairwise(hellos)]
     assert all(gap >= 0.2 for gap in gaps), f"no back-off between hellos: {gaps}"
     assert took < 10, "raised long before the loader's timeout"
+
+
+@pytest.mark.timeout(60)
+def test_transient_errors_are_asked_again_past_the_repeat_limit():
+    """A batch that failed for a reason that may pass (reason "transient") is asked for again
+    with back-off, however often, within the loader's timeout: a few seconds of too many open
+    files on the server must not end a training run."""
+    hellos = []
+
+    def reply(sock, identity, hello):
+        hellos.append(hello.session)
+        sock.send_multipart([identity, welcome(hello.session)])
+        if len(hellos) <= ERRORS_BEFORE_RAISING + 1:
+            error = wire.ErrorReply(
+                message="batch 0 failed: too many open files", reason="transient"
+            )
+            sock.send_multipart([identity, error.pack()])
+            return
+        s = hello.session
+        sock.send_multipart([identity, header(s, 0), b"\2" * NBYTES, labels(0)])
+        sock.send_multipart([identity, header(s, 1), b"\4" * NBYTES, labels(1)])
+
+    got = run_loader(reply)
+    assert [int(images.flatten()[0]) for images, _, _ in got] == [2, 4]
+    assert len(hellos) == ERRORS_BEFORE_RAISING + 2

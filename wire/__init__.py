@@ -43,6 +43,7 @@ from batchwire.wire.frames import (
     unpack_frame,
 )
 from batchwire.wire.messages import (
+    ERROR_REASONS,
     MAX_JOB_LEN,
     MAX_PREFETCH,
     BatchHeader,
@@ -63,6 +64,7 @@ from batchwire.wire.send import send_batch
 
 __all__ = [
     "DTYPES",
+    "ERROR_REASONS",
     "LABELS_DTYPE",
     "LAYOUTS",
     "MAX_ARRAY_LEN",

@@ -32,6 +32,8 @@ from batchwire.wire.frames import (
 MAX_PREFETCH = 256
 #: Longest job name in a hello.
 MAX_JOB_LEN = 256
+#: The classes of `ErrorReply.reason` (an unknown one from a newer peer reads as "refused").
+ERROR_REASONS = ("refused", "bad-request", "transient", "failed")
 
 
 # --------------------------------------------------------------------------- field checks
@@ -252,14 +254,27 @@ class Welcome(_Message):
 
 @dataclass(frozen=True)
 class ErrorReply(_Message):
-    """The server refused a request; ``message`` says why in words a user can act on."""
+    """The server refused a request; ``message`` says why in words a user can act on.
+
+    ``reason`` is the class of the refusal, which decides what a client does next:
+    ``refused`` (this hello cannot be served: unknown split, another world size, too many
+    clients), ``bad-request`` (a malformed or impossible message), ``transient`` (producing a
+    batch failed for a reason that may pass, e.g. too many open files: ask again later),
+    ``failed`` (producing a batch failed otherwise). Messages name batch and sample indices,
+    never a server path or file content: those stay in the server's log.
+    """
 
     TYPE: ClassVar[str] = "error"
     message: str
+    reason: str = "refused"
 
     @classmethod
     def from_map(cls, d: Mapping[str, Any]) -> ErrorReply:
-        return cls(message=_str(d, "message"))
+        reason = d.get("reason", "refused")
+        return cls(
+            message=_str(d, "message"),
+            reason=reason if reason in ERROR_REASONS else "refused",
+        )
 
 
 @dataclass(frozen=True)
