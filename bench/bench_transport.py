@@ -1,4 +1,4 @@
-"""Transport alone: batches/s and GB/s through protocol v1 against a bare PUSH/PULL.
+"""Transport alone: batches/s and GB/s through the protocol against a bare PUSH/PULL.
 
     python -m batchwire.bench.bench_transport [--batches 200] [--endpoint tcp|ipc]
 
@@ -13,6 +13,8 @@ transport differs:
   when their MessageTracker is done) under credit flow control; a DEALER does hello/welcome and
   `recv_into` (pinned buffers when CUDA is available), returning one credit per batch.
 - ``loader`` (with ``--loader``): the same server, received by `client.RemoteLoader` on CPU.
+- ``+curve`` rows (with ``--keys``): the same, over a second server started with CURVE keys
+  (`wire.keys`): every byte encrypted and authenticated, which is what it costs.
 
 Nothing is decoded or augmented: the producer is not what this measures.
 """
@@ -36,6 +38,7 @@ import torch
 import zmq
 from batchwire import wire as p
 from batchwire.wire import send_batch, tensor_bytes
+from batchwire.wire.keys import ClientKeys, ServerKeys, create_keys
 from batchwire.wire.raw_client import RawClient
 
 
@@ -83,12 +86,16 @@ class TransportServer:
     A new hello (any identity) restarts the stream, so one process serves every round.
     """
 
-    def __init__(self, endpoint: str, shape: tuple[int, ...], n: int) -> None:
+    def __init__(
+        self, endpoint: str, shape: tuple[int, ...], n: int, keys: str | None = None
+    ) -> None:
         self.shape = list(shape)
         self.n = n
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.ROUTER)
         self.sock.linger = 0
+        if keys is not None:
+            ServerKeys(keys).guard(self.ctx, self.sock)
         self.sock.bind(endpoint)
         self.labels = np.arange(shape[0], dtype=np.int64)
         self.indices = list(range(shape[0]))
@@ -151,8 +158,8 @@ class TransportServer:
         )
 
 
-def protocol_server(endpoint: str, shape: tuple[int, ...], n: int) -> None:
-    TransportServer(endpoint, shape, n).serve_forever()
+def protocol_server(endpoint: str, shape: tuple[int, ...], n: int, keys: str | None = None) -> None:
+    TransportServer(endpoint, shape, n, keys).serve_forever()
 
 
 # ------------------------------------------------------------------------------ receivers
@@ -207,12 +214,21 @@ class ProtocolReceiver:
         return time.perf_counter() - t0
 
 
-def recv_loader(endpoint: str, shape: tuple[int, ...], n: int, prefetch: int) -> float:
+def recv_loader(
+    endpoint: str, shape: tuple[int, ...], n: int, prefetch: int, keys: str | None = None
+) -> float:
     """Seconds for `RemoteLoader` (CPU) to yield ``n`` batches from the transport server."""
     from batchwire.client import RemoteLoader
 
     loader = RemoteLoader(
-        endpoint, "train", rank=0, world_size=1, prefetch=prefetch, device="cpu", timeout=60
+        endpoint,
+        "train",
+        rank=0,
+        world_size=1,
+        prefetch=prefetch,
+        device="cpu",
+        timeout=60,
+        keys=keys,
     )
     t0 = 0.0
     try:
@@ -255,6 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prefetch", type=int, default=4, help="credits in flight (protocol)")
     ap.add_argument("--endpoint", choices=["tcp", "ipc"], default="tcp")
     ap.add_argument("--loader", action="store_true", help="also measure RemoteLoader (CPU)")
+    ap.add_argument("--keys", action="store_true", help="also measure with CURVE encryption")
     args = ap.parse_args(argv)
     shape = (args.batch_size, 3, args.image_size, args.image_size)
     nbytes = p.images_nbytes(shape, "uint8")
@@ -268,10 +285,16 @@ def main(argv: list[str] | None = None) -> int:
             spawn.Process(target=pushpull_sender, args=(pp_ep, nbytes, sender_orders), daemon=True),
             spawn.Process(target=protocol_server, args=(pr_ep, shape, n + WARM), daemon=True),
         ]
+        keys = str(create_keys(os.path.join(tmp, "keys"))) if args.keys else None
+        curve_ep = _endpoint(args.endpoint, tmp, "curve")
+        if keys is not None:
+            curve_args = (curve_ep, shape, n + WARM, keys)
+            senders.append(spawn.Process(target=protocol_server, args=curve_args, daemon=True))
         for proc in senders:
             proc.start()
         pull = ctx.socket(zmq.PULL)
         dealer = ctx.socket(zmq.DEALER)
+        curve_dealer = ctx.socket(zmq.DEALER)
         try:
             pull.connect(pp_ep)
             dealer.connect(pr_ep)
@@ -282,6 +305,15 @@ def main(argv: list[str] | None = None) -> int:
             }
             if args.loader:
                 paths["loader"] = lambda: recv_loader(pr_ep, shape, n, args.prefetch)
+            if keys is not None:
+                ClientKeys.load(keys).apply(curve_dealer)
+                curve_dealer.connect(curve_ep)
+                curve_receiver = ProtocolReceiver(curve_dealer, shape, args.prefetch)
+                paths["protocol+curve"] = lambda: curve_receiver.run(n)
+                if args.loader:
+                    paths["loader+curve"] = lambda: recv_loader(
+                        curve_ep, shape, n, args.prefetch, keys
+                    )
             rows = _measure(paths, n, nbytes, args.rounds)
         finally:
             orders.send(None)
@@ -290,6 +322,7 @@ def main(argv: list[str] | None = None) -> int:
                 proc.join(10)
             pull.close(0)
             dealer.close(0)
+            curve_dealer.close(0)
     ctx.term()
     base = rows[0]
     print(
@@ -297,10 +330,10 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.batches} batches x {args.rounds} rounds (median), prefetch {args.prefetch}, "
         f"{os.cpu_count()} CPUs"
     )
-    print(f"{'path':<10} {'batches/s':>10} {'GB/s':>8} {'vs pushpull':>12}")
+    print(f"{'path':<15} {'batches/s':>10} {'GB/s':>8} {'vs pushpull':>12}")
     for r in rows:
         print(
-            f"{r.name:<10} {r.batches_per_s:>10.1f} {r.gbytes_per_s:>8.2f} "
+            f"{r.name:<15} {r.batches_per_s:>10.1f} {r.gbytes_per_s:>8.2f} "
             f"{r.batches_per_s / base.batches_per_s:>11.1%}"
         )
     return 0
