@@ -29,12 +29,34 @@ epochs (over `receiver.AHEAD_MAX_AGE_S`, e.g. a long validation) the early strea
 rather than trusted, since the server may have dropped it meanwhile. ``prefetch_next_epoch=False``
 turns this off (e.g. a loader whose epochs are not consecutive).
 
-Tensor lifetime: on CPU every batch is yours to keep: it is never overwritten while any tensor,
+Tensor lifetime. On CPU every batch is yours to keep: it is never overwritten while any tensor,
 view or numpy array of it exists (a normalised batch's buffer is recycled only after that,
-``reuse_buffers``). On CUDA the batch lives in
-one of ``prefetch + 2`` rotating device slots, recycled once you request the next batch: all the
-GPU work you queued on it before that request is safe (an event on your stream guards the slot),
-anything later is not; `clone()` what you keep longer.
+``reuse_buffers``). On CUDA a batch lives in one of a fixed ring of device slots
+(``max(prefetch, #servers) + hold + 1`` of them), and the contract is:
+
+- **Which stream.** A batch is handed to the *consumer stream*: ``stream=`` if given, else the
+  current CUDA stream when the batch is handed out (when ``next()`` returns it). That stream
+  waits for the batch's copy; other streams do not. To use a batch on another stream, pass that
+  stream as ``stream=``, or make it wait for the consumer stream (``other.wait_stream(s)``) and
+  make the consumer stream wait for it (``s.wait_stream(other)``) before the batch is recycled.
+- **How long.** The last ``hold`` batches handed out (default 2) stay valid: requesting one more
+  recycles the oldest. Everything queued on the consumer stream before that request is safe (an
+  event recorded on it then guards the slot); anything queued later may read the next batch's
+  bytes. At the end of a pass the last batches stay valid until the next ``iter(loader)`` or
+  `close`. `clone()` (on the consumer stream) what you keep longer.
+- **Prefetch pattern.** "Fetch the next batch, then run this step" holds two batches at once,
+  which the default ``hold=2`` allows::
+
+      it = iter(loader)
+      nxt = next(it, None)
+      while nxt is not None:
+          images, labels = nxt
+          nxt = next(it, None)  # the batch before `images` is recycled now, not `images`
+          step(images, labels)
+
+  Holding more (e.g. ``k`` batches fetched ahead) needs ``hold=k + 1``.
+- **Closing.** `close` (or leaving the ``with`` block) waits until every slot is idle on every
+  stream a batch was handed to, then frees the slots: batches handed out are invalid afterwards.
 
 One loader serves one consumer thread (it is not thread-safe); use one loader per rank.
 """
@@ -46,6 +68,7 @@ import logging
 import os
 import time
 import weakref
+from collections import deque
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -81,6 +104,7 @@ def _make_stager(
     std: tuple[float, ...] | None,
     dtype: torch.dtype,
     reuse_buffers: bool,
+    hold: int = 1,
 ) -> CpuStager | CudaStager:
     """Build the stager for what the first server's welcome announced."""
     if normalize and welcome.dtype != "uint8":
@@ -97,7 +121,8 @@ def _make_stager(
         std=std or tuple(welcome.std) or IMAGENET_STD,
     )
     if device.type == "cuda":
-        return CudaStager(fmt, device, slots)
+        # The receiver's ``slots`` count one batch handed out; the others of `hold` come on top.
+        return CudaStager(fmt, device, slots + hold - 1)
     # Output buffers are taken at hand-out: the batch the consumer holds, the one it may still
     # hold while asking for the next, and slack; beyond that a buffer is allocated afresh.
     return CpuStager(fmt, _CPU_OUTPUT_BUFFERS if reuse_buffers else 0)
@@ -139,6 +164,11 @@ class RemoteLoader(IterableDataset):
         reuse_buffers: CPU only: recycle the output buffers of normalised batches once no
             tensor refers to them any more (saves allocating, and page-faulting, a fresh batch
             each step); False allocates every batch afresh.
+        stream: CUDA only: the consumer stream batches are handed to (it waits for each
+            batch's copy, and the batch's slot is recycled only after the work queued on it);
+            default: the current stream at each hand-out. Must be on the loader's device.
+        hold: CUDA only: how many of the latest batches handed out stay valid (see the
+            module's docstring); each costs one device slot (and one pinned host slot).
     """
 
     def __init__(
@@ -161,6 +191,8 @@ class RemoteLoader(IterableDataset):
         reuse_buffers: bool = True,
         job: str | None = None,
         keys: str | os.PathLike[str] | None = None,
+        stream: torch.cuda.Stream | None = None,
+        hold: int = 2,
     ) -> None:
         super().__init__()
         eps = [endpoints] if isinstance(endpoints, str) else list(endpoints)
@@ -172,6 +204,10 @@ class RemoteLoader(IterableDataset):
             raise ValueError(f"prefetch must be in [1, {wire.MAX_PREFETCH}], got {prefetch}")
         if timeout <= 0 or heartbeat <= 0:
             raise ValueError("timeout and heartbeat must be > 0 seconds")
+        if stream is not None and not isinstance(stream, torch.cuda.Stream):
+            raise ValueError(f"stream must be a torch.cuda.Stream, got {type(stream).__name__}")
+        if isinstance(hold, bool) or not isinstance(hold, int) or not 1 <= hold <= 64:
+            raise ValueError(f"hold must be an integer in [1, 64], got {hold!r}")
         self.endpoints = eps
         self.split = split
         check_rank(rank, world_size)
@@ -189,6 +225,8 @@ class RemoteLoader(IterableDataset):
         self.job = default_job() if job is None else str(job)
         self.keys = client_keys(keys)  # loaded now: a bad keys folder fails at construction
         self.reuse_buffers = bool(reuse_buffers)
+        self.stream = stream
+        self.hold = hold
         self._device_arg = device
         self.device: torch.device | None = None  # resolved on first connection
         self.epoch = 0
@@ -197,7 +235,8 @@ class RemoteLoader(IterableDataset):
         self._repeat_warned = False
         self._epoch_passed = False  # a full pass of `epoch` ended and set_epoch was not called
         self._receiver: BatchReceiver | None = None
-        self._handed: Staged | None = None  # the batch the consumer holds now
+        # Batches handed out and not yet recycled, oldest first (at most `hold`).
+        self._handed: deque[Staged] = deque()
         self._iteration = 0  # bumps with every __iter__, so a stale iterator stops
         self._stats = LoaderStats() if LoaderStats is not None else None
         self._finalizer: weakref.finalize | None = None
@@ -339,7 +378,7 @@ class RemoteLoader(IterableDataset):
     def __getstate__(self) -> dict[str, Any]:
         """Picklable (for DataLoader workers, which then refuse to run): no live sockets."""
         state = self.__dict__.copy()
-        state.update(_receiver=None, _handed=None, _finalizer=None, _stats=None)
+        state.update(_receiver=None, _handed=deque(), _finalizer=None, _stats=None, stream=None)
         return state
 
     def __repr__(self) -> str:
@@ -359,6 +398,7 @@ class RemoteLoader(IterableDataset):
         if self._receiver is None:
             rank, world_size = resolve_rank(self._rank_arg, self._world_size_arg)
             self.device = resolve_device(self._device_arg)
+            self._check_stream(self.device)
             self._placement = (rank, world_size)
             self._receiver = BatchReceiver(
                 self.endpoints,
@@ -379,6 +419,7 @@ class RemoteLoader(IterableDataset):
                     std=self.std,
                     dtype=self.dtype,
                     reuse_buffers=self.reuse_buffers,
+                    hold=self.hold,
                 ),
                 stats=self._stats.as_dict if self._stats is not None else lambda: None,
             )
@@ -386,6 +427,14 @@ class RemoteLoader(IterableDataset):
             # receiver holds no reference back to the loader, so the loader can be collected.
             self._finalizer = weakref.finalize(self, self._receiver.close)
         return self._receiver
+
+    def _check_stream(self, device: torch.device) -> None:
+        if self.stream is None:
+            return
+        if device.type != "cuda":
+            raise ValueError(f"stream= is for a CUDA loader; this one delivers to {device}")
+        if self.stream.device != device:
+            raise ValueError(f"stream= is on {self.stream.device}, the loader delivers to {device}")
 
     def _check_world_size(self, saved: int) -> None:
         known = self._placement[1] if self._placement else self._world_size_arg
@@ -441,15 +490,17 @@ class RemoteLoader(IterableDataset):
             self.split,
         )
 
-    def _release_handed(self) -> None:
-        if self._handed is not None and self._receiver is not None:
-            stager = self._receiver.stager
+    def _release_handed(self, keep: int = 0) -> None:
+        """Recycle the batches handed out, oldest first, until ``keep`` are left."""
+        stager = None if self._receiver is None else self._receiver.stager
+        while len(self._handed) > keep:
+            staged = self._handed.popleft()
             if stager is not None:
-                stager.release(self._handed)
-        self._handed = None
+                stager.release(staged)
 
     def _iterate(self, iteration: int) -> Iterator[tuple[torch.Tensor, ...]]:
         receiver = self._connect()
+        # The last batches of an earlier pass were valid until now (see the module's docstring).
         self._release_handed()
         total = receiver.num_batches
         if total is None or self.next_batch < total:
@@ -465,28 +516,26 @@ class RemoteLoader(IterableDataset):
         if self.next_batch >= total:  # a restored position at the epoch's end: an empty pass
             self._epoch_passed = True
             return
-        try:
-            while self.next_batch < total:
-                if iteration != self._iteration:
-                    raise LoaderError("this iterator was superseded by a newer iter(loader)")
-                if self._receiver is not receiver:
-                    raise LoaderError("the loader was closed while this iterator was in use")
-                t0 = time.perf_counter()
-                self._release_handed()
-                arrived = receiver.get(self.next_batch)
-                receiver.stager.hand_out(arrived.staged)
-                self._handed = arrived.staged
-                self.next_batch += 1
-                if self._stats is not None:
-                    self._stats.record_wait(time.perf_counter() - t0)
-                    self._stats.record_batch(arrived.header.batch_size)
-                    self._stats.set_prefetch_depth(receiver.depth)
-                if self.next_batch == total:
-                    self._epoch_passed = True
-                yield self._output(arrived)
-        finally:
-            if iteration == self._iteration:
-                self._release_handed()
+        # Nothing is recycled when a pass ends (or is left): its last `hold` batches stay valid,
+        # e.g. for the prefetch pattern's last step; the next pass or `close` recycles them.
+        while self.next_batch < total:
+            if iteration != self._iteration:
+                raise LoaderError("this iterator was superseded by a newer iter(loader)")
+            if self._receiver is not receiver:
+                raise LoaderError("the loader was closed while this iterator was in use")
+            t0 = time.perf_counter()
+            self._release_handed(keep=self.hold - 1)  # the oldest of `hold` is recycled
+            arrived = receiver.get(self.next_batch)
+            receiver.stager.hand_out(arrived.staged, self.stream)
+            self._handed.append(arrived.staged)
+            self.next_batch += 1
+            if self._stats is not None:
+                self._stats.record_wait(time.perf_counter() - t0)
+                self._stats.record_batch(arrived.header.batch_size)
+                self._stats.set_prefetch_depth(receiver.depth)
+            if self.next_batch == total:
+                self._epoch_passed = True
+            yield self._output(arrived)
 
     def _output(self, arrived: Any) -> tuple[torch.Tensor, ...]:
         staged: Staged = arrived.staged
@@ -495,8 +544,10 @@ class RemoteLoader(IterableDataset):
         indices = torch.tensor(arrived.header.indices, dtype=torch.int64)
         if self.device is not None and self.device.type == "cuda":
             # From pinned memory the copy is queued, not waited for: a pageable copy would make
-            # the host wait for all the GPU work queued before it.
-            indices = indices.pin_memory().to(self.device, non_blocking=True)
+            # the host wait for all the GPU work queued before it. Queued on the consumer
+            # stream, like the batch it comes with.
+            with torch.cuda.stream(self._receiver.stager.consumer_stream(self.stream)):
+                indices = indices.pin_memory().to(self.device, non_blocking=True)
         return staged.images, staged.labels, indices
 
 

@@ -8,9 +8,10 @@ Two policies, chosen by the target device:
   the user's for as long as they keep it. Why a pool at all: a fresh 38 MB tensor per batch
   costs ~9,000 page faults (glibc maps allocations that large afresh every time), more CPU
   than the arithmetic that fills it.
-- CUDA: a fixed ring of pinned slots (`SlotRing`), so ``recv_into`` writes straight into
-  page-locked memory that the copy engine can read asynchronously; `staging.CudaStager` owns
-  the device half of each slot and the events that say when a slot may be reused.
+- CUDA: a fixed ring of pinned slots (`SlotRing`, one pinned block sliced into slots), so
+  ``recv_into`` writes straight into page-locked memory that the copy engine can read
+  asynchronously; `staging.CudaStager` owns the device half of each slot and the events that
+  say when a slot may be reused. Only a CUDA target pins anything.
 """
 
 from __future__ import annotations
@@ -66,20 +67,44 @@ class HostSlot:
         return writable(self.labels, batch_size * 8)
 
 
+#: Each slot's images and labels start on a page boundary of the ring's one block: aligned for
+#: any dtype view and for the copy engine.
+SLOT_ALIGN = 4096
+
+
+def _round_up(n: int, to: int) -> int:
+    return -(-max(n, 1) // to) * to
+
+
 class SlotRing:
-    """A fixed set of pinned host slots handed out and returned by index.
+    """A fixed set of host slots handed out and returned by index.
+
+    All slots are views of **one** block, allocated once: pinned (``pin=True``) only when a
+    GPU copy reads the slots, i.e. for a CUDA target (`staging.CudaStager`); nothing else needs
+    page-locked memory. One block rather than one per slot because torch's pinned allocator
+    rounds every block up to a power of two (a 9.6 MB batch would take 16 MiB per slot); only
+    the whole block is rounded now. Whoever pins must make the target device current first
+    (``torch.cuda.device``): the first pinned allocation of a process opens a CUDA context
+    on the current device, GPU 0 unless told otherwise.
 
     The ring only tracks which slots are free; *when* a returned slot's memory is really free
     (its copy finished, the consumer stream is done) is the stager's business.
     """
 
-    def __init__(self, count: int, nbytes: int, batch_size: int, pin: bool) -> None:
+    def __init__(self, count: int, nbytes: int, batch_size: int, pin: bool = False) -> None:
         if count < 1:
             raise ValueError(f"a slot ring needs at least one slot, got {count}")
+        images_span = _round_up(nbytes, SLOT_ALIGN)
+        labels_span = _round_up(batch_size * 8, SLOT_ALIGN)
+        span = images_span + labels_span
+        self.pinned = bool(pin)
+        self.block = torch.empty(count * span, dtype=torch.uint8, pin_memory=self.pinned)
         self.slots = [
             HostSlot(
-                images=torch.empty(nbytes, dtype=torch.uint8, pin_memory=pin),
-                labels=torch.empty(batch_size, dtype=torch.int64, pin_memory=pin),
+                images=self.block[i * span : i * span + nbytes],
+                labels=self.block[
+                    i * span + images_span : i * span + images_span + 8 * batch_size
+                ].view(torch.int64),
                 index=i,
             )
             for i in range(count)
@@ -87,6 +112,11 @@ class SlotRing:
         # First in, first out: a returned slot is reused last, which gives the events guarding
         # it the most time to complete before anyone has to wait on them.
         self._free = deque(range(count))
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the ring's block (before any rounding by the pinned allocator)."""
+        return self.block.numel()
 
     def __len__(self) -> int:
         return len(self.slots)

@@ -99,7 +99,7 @@ class CpuStager:
         raw = spec.view_bytes(frame_tensor(images, spec.torch_dtype))
         return Staged(None, raw, frame_labels(labels), normalize_pending=self.fmt.normalize)
 
-    def hand_out(self, staged: Staged) -> None:
+    def hand_out(self, staged: Staged, stream: object = None) -> None:
         """Normalise now, not on arrival: a batch waiting in the reorder buffer (or several,
         arriving at once when an early epoch is adopted) costs no work before its turn, and
         only the batches handed out hold output buffers."""
@@ -131,11 +131,18 @@ class _DeviceHalf:
     freed: torch.cuda.Event  # recorded on the consumer stream when the batch is released
     copy_pending: bool = False
     freed_recorded: bool = False
+    #: The stream the batch was handed out to, until it is released.
     consumer: torch.cuda.Stream | None = None
 
 
 class CudaStager:
-    """CUDA target: a ring of pinned slots, a side stream for copies, events for reuse."""
+    """CUDA target: a ring of pinned slots, a side stream for copies, events for reuse.
+
+    Everything is created with the target device current (``torch.cuda.device``), the side
+    stream first: creating it opens the device's context, so the pinned block (whose allocator
+    uses any existing context, else the current device's) never opens one on GPU 0 of a rank
+    that trains on another GPU.
+    """
 
     wants_frames = False
 
@@ -143,24 +150,26 @@ class CudaStager:
         self.fmt = fmt
         self.device = device
         b = fmt.spec.batch_size
-        self.ring = SlotRing(slots, fmt.spec.nbytes, b, pin=True)
-        self.stream = torch.cuda.Stream(device)
-        self._affine = Affine.from_stats(fmt.mean, fmt.std, device)
-        self._scratch: torch.Tensor | None = None
-        for slot in self.ring.slots:
-            out = None
-            if fmt.normalize:
-                out = fmt.output(device)
-                if fmt.out_dtype != torch.float32 and self._scratch is None:
-                    # Used by the side stream only, one batch at a time.
-                    self._scratch = fmt.scratch(device)
-            slot.device = _DeviceHalf(
-                images=torch.empty(fmt.spec.nbytes, dtype=torch.uint8, device=device),
-                labels=torch.empty(b, dtype=torch.int64, device=device),
-                out=out,
-                copied=torch.cuda.Event(),
-                freed=torch.cuda.Event(),
-            )
+        with torch.cuda.device(device):
+            self.stream = torch.cuda.Stream(device)
+            # Pinned only for a real GPU copy (the CPU-side tests drive this class on "cpu").
+            self.ring = SlotRing(slots, fmt.spec.nbytes, b, pin=device.type == "cuda")
+            self._affine = Affine.from_stats(fmt.mean, fmt.std, device)
+            self._scratch: torch.Tensor | None = None
+            for slot in self.ring.slots:
+                out = None
+                if fmt.normalize:
+                    out = fmt.output(device)
+                    if fmt.out_dtype != torch.float32 and self._scratch is None:
+                        # Used by the side stream only, one batch at a time.
+                        self._scratch = fmt.scratch(device)
+                slot.device = _DeviceHalf(
+                    images=torch.empty(fmt.spec.nbytes, dtype=torch.uint8, device=device),
+                    labels=torch.empty(b, dtype=torch.int64, device=device),
+                    out=out,
+                    copied=torch.cuda.Event(),
+                    freed=torch.cuda.Event(),
+                )
 
     def acquire(self, header: wire.BatchHeader) -> HostSlot:
         slot = self.ring.acquire()
@@ -175,7 +184,7 @@ class CudaStager:
         b = header.batch_size
         nbytes = header.nbytes
         labels_fixup(slot.labels[:b])
-        with torch.cuda.stream(self.stream):
+        with torch.cuda.device(self.device), torch.cuda.stream(self.stream):
             if dev.freed_recorded:  # the consumer's last kernels on this slot come first
                 self.stream.wait_event(dev.freed)
             dev.images[:nbytes].copy_(slot.images[:nbytes], non_blocking=True)
@@ -198,25 +207,48 @@ class CudaStager:
         slot.labels_buffer(header.batch_size)[:] = labels.buffer
         return self.stage(slot, header)
 
-    def hand_out(self, staged: Staged) -> None:
+    def consumer_stream(self, stream: torch.cuda.Stream | None = None) -> torch.cuda.Stream:
+        """The stream a batch is handed to: ``stream``, else the device's current stream."""
+        return stream if stream is not None else torch.cuda.current_stream(self.device)
+
+    def hand_out(self, staged: Staged, stream: torch.cuda.Stream | None = None) -> None:
+        """Make the consumer stream (``stream``, else the current one) wait for the copy; the
+        slot is then guarded by that stream until `release`."""
         dev: _DeviceHalf = staged.slot.device
-        consumer = torch.cuda.current_stream(self.device)
+        consumer = self.consumer_stream(stream)
         consumer.wait_event(dev.copied)
         dev.consumer = consumer
 
     def release(self, staged: Staged) -> None:
-        dev: _DeviceHalf = staged.slot.device
+        """The consumer is done with the batch: everything it queued on its stream so far must
+        finish before the slot's device memory is written again."""
+        self._record_freed(staged.slot.device)
+        self.ring.give_back(staged.slot)
+
+    def _record_freed(self, dev: _DeviceHalf) -> None:
         if dev.consumer is not None:
             dev.freed.record(dev.consumer)
             dev.freed_recorded = True
             dev.consumer = None
-        self.ring.give_back(staged.slot)
 
     def discard(self, staged: Staged) -> None:
         """A batch that was received but never handed out (epoch restart, reconnect)."""
         self.ring.give_back(staged.slot)
 
     def close(self) -> None:
-        """Wait for queued copies so no buffer is freed while the GPU still uses it."""
-        self.stream.synchronize()
-        torch.cuda.current_stream(self.device).synchronize()
+        """Wait until no stream still reads or writes any slot, so freeing them is safe.
+
+        Every slot: a batch still handed out is released on its consumer stream now, and each
+        slot's last release event (on whatever stream the batch was handed to, not only the
+        current one) and the side stream's queued copies are waited for.
+        """
+        with torch.cuda.device(self.device):
+            for slot in self.ring.slots:
+                dev: _DeviceHalf = slot.device
+                self._record_freed(dev)
+                if dev.freed_recorded:
+                    dev.freed.synchronize()
+                if dev.copy_pending:
+                    dev.copied.synchronize()
+                    dev.copy_pending = False
+            self.stream.synchronize()

@@ -9,6 +9,14 @@ Buffer ownership: by default (`copy=True`) every yielded batch is a tensor of it
 keep. With `copy=False` the yielded tensor *is* a ring buffer: it stays valid until the next
 batch is drawn from the iterator, then it is refilled. That saves one copy per batch for
 callers who consume a batch before asking for the next (the usual training loop).
+
+On CUDA the background thread produces on a stream of its own, and events order each ring
+buffer between it and the consumer (`_CudaOrder`): the stream that is current when a batch is
+handed out waits for that batch's production, and the producer writes a buffer again only after
+an event recorded on that consumer stream when the buffer came back (after the clone with
+``copy=True``; when the next batch is drawn with ``copy=False``). So a consumer on a side stream
+is as safe as one on the default stream. Host buffers are never pinned here: nothing in the
+loader copies them to a GPU (pinning would also open a CUDA context on a CPU-only run).
 """
 
 from __future__ import annotations
@@ -45,6 +53,56 @@ def _open(
         roots = default_dataset()
         return open_dataset(roots.train_root if split == "train" else roots.val_root)
     return open_dataset(data, allow_outside_root=allow_outside_root)
+
+
+class _CudaOrder:
+    """The producer stream and the per-buffer events of a CUDA `LocalLoader`.
+
+    ``ready[i]``: recorded on the producer stream after buffer ``i`` was produced; the consumer
+    stream waits on it at hand-out. ``freed[i]``: recorded on the stream the buffer was handed
+    to, when it comes back; the producer stream waits on it before writing buffer ``i`` again.
+    An event is recorded before the buffer changes hands through the ring (whose lock orders
+    the two threads), so the other side always sees the latest record.
+    """
+
+    def __init__(self, device: torch.device, count: int) -> None:
+        self.device = device
+        with torch.cuda.device(device):
+            self.stream = torch.cuda.Stream(device)
+            self.ready = [torch.cuda.Event() for _ in range(count)]
+            self.freed = [torch.cuda.Event() for _ in range(count)]
+        self._freed_recorded = [False] * count
+        self._consumer: list[torch.cuda.Stream | None] = [None] * count
+
+    def before_produce(self, i: int) -> None:
+        """Producer thread, on `stream`: the last consumer of buffer ``i`` comes first."""
+        if self._freed_recorded[i]:
+            self.stream.wait_event(self.freed[i])
+
+    def produced(self, i: int) -> None:
+        self.ready[i].record(self.stream)
+
+    def hand_out(self, i: int) -> None:
+        """Consumer thread: its current stream waits for buffer ``i``'s production."""
+        consumer = torch.cuda.current_stream(self.device)
+        consumer.wait_event(self.ready[i])
+        self._consumer[i] = consumer
+
+    def give_back(self, i: int) -> None:
+        """Consumer thread, before the ring gets buffer ``i`` back."""
+        consumer = self._consumer[i]
+        if consumer is not None:
+            self.freed[i].record(consumer)
+            self._freed_recorded[i] = True
+            self._consumer[i] = None
+
+    def synchronize(self) -> None:
+        """Wait until neither side uses any buffer (before the buffers may be freed)."""
+        with torch.cuda.device(self.device):
+            for i, recorded in enumerate(self._freed_recorded):
+                if recorded:
+                    self.freed[i].synchronize()
+            self.stream.synchronize()
 
 
 def _make_decoder(
@@ -113,11 +171,21 @@ class LocalLoader:
             )
             self.producer = self._split.producer
             self.sampler = self._split.sampler(batch_size, seed, rank, world_size)
-            self.ring = BufferRing.for_spec(
-                ring,
-                self.producer.output_spec(self.batch_size),
-                device=torch.device(device) if device else self.decoder.device,
-            )
+            where = torch.device(device) if device else self.decoder.device
+            if where.type == "cuda" and where.index is None:
+                where = torch.device("cuda", torch.cuda.current_device())
+            self.device = where
+            self._order: _CudaOrder | None = None
+            spec = self.producer.output_spec(self.batch_size)
+            if where.type == "cuda":
+                # Stream first (it opens this device's context), then the buffers, all with
+                # the device current: nothing lands on GPU 0 of a run on another GPU.
+                self._order = _CudaOrder(where, ring)
+                with torch.cuda.device(where):
+                    self.ring = BufferRing.for_spec(ring, spec, pin=False, device=where)
+            else:
+                self.ring = BufferRing.for_spec(ring, spec, pin=False, device=where)
+            self._index = {t.data_ptr(): i for i, t in enumerate(self.ring.buffers)}
         except BaseException:
             self.close()
             raise
@@ -133,6 +201,9 @@ class LocalLoader:
         return self.producer.counts()
 
     def close(self) -> None:
+        order = getattr(self, "_order", None)
+        if order is not None:
+            order.synchronize()
         if self._owns_decoder and hasattr(self.decoder, "close"):
             self.decoder.close()
 
@@ -156,27 +227,35 @@ class LocalLoader:
         try:
             for _ in range(len(self)):
                 if held is not None:
-                    self.ring.release(held)
+                    self._give_back(held)
                     held = None
                 item = ready.get()
                 if isinstance(item, BaseException):
                     raise item
                 buf, meta = item
+                if self._order is not None:
+                    self._order.hand_out(self._index[buf.data_ptr()])
                 if self.copy:
                     images = buf.clone(memory_format=self.config.memory_format)
-                    self.ring.release(buf)
+                    self._give_back(buf)
                 else:
                     images = held = buf
                 yield self._output(images, meta)
         finally:
             stop.set()
             if held is not None:
-                self.ring.release(held)
+                self._give_back(held)
             worker.join()
             while not ready.empty():  # batches produced ahead of a caller who stopped early
                 item = ready.get_nowait()
                 if not isinstance(item, BaseException):
                     self.ring.release(item[0])
+
+    def _give_back(self, buf: torch.Tensor) -> None:
+        """A buffer the consumer had: guarded by its stream's event, then back to the ring."""
+        if self._order is not None:
+            self._order.give_back(self._index[buf.data_ptr()])
+        self.ring.release(buf)
 
     def _output(self, images: torch.Tensor, meta: BatchMeta) -> tuple[torch.Tensor, ...]:
         labels = torch.from_numpy(meta.labels)
@@ -197,10 +276,21 @@ class LocalLoader:
                     except BufferTimeout:
                         continue
                 try:
-                    meta = self.producer.produce(plan, buf)
+                    meta = self._produce(plan, buf)
                 except BaseException:
                     self.ring.release(buf)
                     raise
                 ready.put((buf, meta))
         except BaseException as e:
             ready.put(e)
+
+    def _produce(self, plan: Any, buf: torch.Tensor) -> BatchMeta:
+        order = self._order
+        if order is None:
+            return self.producer.produce(plan, buf)
+        i = self._index[buf.data_ptr()]
+        with torch.cuda.device(order.device), torch.cuda.stream(order.stream):
+            order.before_produce(i)
+            meta = self.producer.produce(plan, buf)
+            order.produced(i)
+        return meta

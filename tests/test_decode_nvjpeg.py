@@ -8,7 +8,15 @@ import numpy as np
 import pytest
 import torch
 from batchwire.pipeline.decode import CpuBatchDecoder, DecodeRequest, read_header
-from batchwire.pipeline.decode.nvjpeg import NvjpegBatchDecoder, torchvision_gpu_decode_missing
+from batchwire.pipeline.decode.nvjpeg import (
+    PROBE_JPEG,
+    PROBE_RGB,
+    PROBE_SHAPE,
+    NvjpegBatchDecoder,
+    nvjpeg_decode_missing,
+    probe_decode,
+    torchvision_gpu_decode_missing,
+)
 from batchwire.pipeline.decode.orientation import apply_orientation_tensor as orient
 from oddfiles import exif_jpeg, odd_file_bytes, smooth_image
 from PIL import Image, ImageOps
@@ -48,9 +56,69 @@ def test_says_what_is_missing():
     assert MISSING in str(info.value)
 
 
+def test_probe_image_is_a_tiny_baseline_jpeg_of_its_colour():
+    header = read_header(PROBE_JPEG)
+    assert header.kind == "jpeg" and (header.height, header.width) == PROBE_SHAPE[1:]
+    assert b"\xff\xc0" in PROBE_JPEG and b"\xff\xc2" not in PROBE_JPEG  # baseline, not progressive
+    (res,) = CpuBatchDecoder(1).decode_batch([full_request(0, PROBE_JPEG)])
+    assert res.image is not None and tuple(res.image.shape) == (*PROBE_SHAPE[1:], 3)
+    mean = res.image.float().mean(dim=(0, 1))
+    assert (mean - torch.tensor(PROBE_RGB, dtype=torch.float32)).abs().max() < 3
+
+
+@pytest.mark.skipif(MISSING is None, reason="CUDA and torchvision are both present")
+def test_probe_says_why_gpu_decode_is_unusable():
+    """Without CUDA (or torchvision) the probe reports a reason rather than raising."""
+    assert nvjpeg_decode_missing("cuda:0") == MISSING
+    reason = probe_decode("cuda:0")
+    assert isinstance(reason, str) and reason
+
+
+def gpu_decode_missing() -> str | None:
+    return MISSING if MISSING is not None else nvjpeg_decode_missing("cuda:0")
+
+
 @pytest.mark.cuda
-@pytest.mark.skipif(MISSING is not None, reason=f"nvJPEG decode unavailable: {MISSING}")
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_probe_decides_whether_the_decoder_can_be_built():
+    """A torchvision that imports but cannot decode on the GPU (built without nvJPEG) is
+    refused at construction with the probe's reason, not discovered image by image."""
+    missing = gpu_decode_missing()
+    if missing is None:
+        assert probe_decode("cuda:0") is None
+        NvjpegBatchDecoder("cuda:0", threads=1).close()
+    else:
+        with pytest.raises(RuntimeError, match="needs CUDA and torchvision") as info:
+            NvjpegBatchDecoder("cuda:0", threads=1)
+        assert missing in str(info.value)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_gpu_decode_frees_each_chw_output_once_copied():
+    """The peak GPU memory of a batch's decode is its HWC outputs plus about one image, not
+    the CHW outputs and the HWC copies together (twice the bound the start-up log states)."""
+    if (missing := gpu_decode_missing()) is not None:
+        pytest.skip(f"nvJPEG decode unavailable: {missing}")
+    dec = NvjpegBatchDecoder("cuda:0", threads=1, max_batch=8)
+    batch = [full_request(i, odd_file_bytes("rgb", height=600, width=800)) for i in range(8)]
+    dec.decode_batch(batch[:1])  # warm up nvJPEG and the stream
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    results = dec.decode_batch(batch)
+    torch.cuda.synchronize()
+    outputs = sum(r.image.numel() for r in results)
+    peak = torch.cuda.max_memory_allocated() - base
+    assert peak < 1.5 * outputs, (peak, outputs)
+    dec.close()
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_gpu_decode_matches_cpu_with_fallbacks():
+    if (missing := gpu_decode_missing()) is not None:
+        pytest.skip(f"nvJPEG decode unavailable: {missing}")
     dec = NvjpegBatchDecoder("cuda:0", threads=2, max_batch=4, max_image_pixels=200_000)
     pixels = smooth_image(64, 96, seed=5)
     batch = [full_request(o, exif_jpeg(pixels, o)) for o in (1, 2, 3, 5, 6, 7, 8)]

@@ -79,13 +79,13 @@ def test_unknown_names_are_value_errors(name, device):
 @pytest.mark.cuda
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
 def test_auto_on_cuda_prefers_dali_then_nvjpeg(caplog):
-    from batchwire.pipeline.decode.nvjpeg import torchvision_gpu_decode_missing
+    from batchwire.pipeline.decode.nvjpeg import nvjpeg_decode_missing
 
     with caplog.at_level(logging.INFO, logger="batchwire.pipeline"):
         dec = make_decoder("auto", "cuda", 2)
     if dali_available():
         expected = "dali"
-    elif torchvision_gpu_decode_missing() is None:
+    elif nvjpeg_decode_missing("cuda:0") is None:  # imports *and* decoded the probe image
         expected = "nvjpeg"
     else:
         expected = "cpu"
@@ -93,3 +93,16 @@ def test_auto_on_cuda_prefers_dali_then_nvjpeg(caplog):
     assert chosen(caplog).startswith(f"decoder: {expected} on cuda")
     image = decode_one(dec)
     assert image.shape == (96, 128, 3)
+    assert getattr(dec, "fallbacks", 0) == 0  # the chosen GPU decoder really decodes here
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+def test_nvjpeg_by_name_is_refused_when_the_probe_fails():
+    from batchwire.pipeline.decode.nvjpeg import nvjpeg_decode_missing
+
+    missing = nvjpeg_decode_missing("cuda:0")
+    if missing is None:
+        pytest.skip("nvJPEG decodes here: nothing to refuse")
+    with pytest.raises(RuntimeError, match="--decoder nvjpeg needs CUDA and torchvision"):
+        make_decoder("nvjpeg", "cuda", 1)

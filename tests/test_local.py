@@ -185,3 +185,35 @@ def test_embedded_dataset_bit_identical_with_1_and_4_threads() -> None:
     assert len(one) == 4
     for (a, la), (b, lb) in zip(one, four, strict=True):
         assert torch.equal(a, b) and torch.equal(la, lb)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("copy", [True, False])
+def test_cuda_consumer_on_a_busy_side_stream(mixed: ImageDataset, copy: bool) -> None:
+    """Production on the loader's stream, consumption on the caller's side stream, kept busy so
+    the host runs ahead: each buffer must be produced before it is read and not rewritten before
+    the side stream is done with it (the same batches as a synchronous consumer)."""
+
+    def run(side: bool) -> list[torch.Tensor]:
+        out = []
+        with LocalLoader(
+            mixed, batch_size=4, image_size=20, seed=1, threads=2, device="cuda", copy=copy, ring=2
+        ) as loader:
+            stream = torch.cuda.Stream() if side else torch.cuda.current_stream()
+            with torch.cuda.stream(stream):
+                for images, _ in loader:
+                    assert images.is_cuda
+                    if side:
+                        torch.cuda._sleep(20_000_000)
+                        out.append(images.clone())
+                    else:
+                        out.append(images.cpu())
+            stream.synchronize()
+        return [t.cpu() for t in out]
+
+    want, got = run(side=False), run(side=True)
+    assert len(got) == len(want) == 6
+    for k, (a, b) in enumerate(zip(got, want, strict=True)):
+        assert torch.equal(a, b), f"batch {k} differs"

@@ -114,3 +114,85 @@ def test_cuda_next_epoch_started_early_equals_a_fresh_cpu_run(server, cpu_run):
         for k, (g, w) in enumerate(zip(got, want, strict=True)):
             for a, b in zip(g, w, strict=True):
                 assert torch.equal(a, b), f"batch {k} differs from the CPU run"
+
+
+def assert_same(got, want) -> None:
+    assert len(got) == len(want)
+    for k, (g, w) in enumerate(zip(got, want, strict=True)):
+        for a, b in zip(g, w, strict=True):
+            assert torch.equal(a, b), f"batch {k} differs from the CPU run"
+
+
+@pytest.mark.timeout(120)
+def test_cuda_prefetch_pattern_fetches_the_next_batch_before_the_step(server, cpu_run):
+    """The next batch is requested before the step queues its work on the current one: with
+    the default hold=2 the current batch must not be recycled by that request."""
+    got = []
+    with RemoteLoader(
+        server.endpoint, "train", rank=0, world_size=1, device="cuda", with_indices=True, prefetch=2
+    ) as loader:
+        it = iter(loader)
+        nxt = next(it, None)
+        while nxt is not None:
+            cur = nxt
+            nxt = next(it, None)
+            torch.cuda._sleep(SLEEP_CYCLES)  # the step, queued after the next request
+            got.append(tuple(t.clone() for t in cur))
+        torch.cuda.synchronize()
+    assert_same([tuple(t.cpu() for t in b) for b in got], cpu_run)
+
+
+@pytest.mark.timeout(120)
+def test_cuda_stream_argument_hands_batches_to_that_stream(server, cpu_run):
+    """stream=side: the loop runs on the default stream, the batches are used on `side` only;
+    `side` (not the current stream) waits for each copy and guards each slot."""
+    side = torch.cuda.Stream()
+    got = []
+    with RemoteLoader(
+        server.endpoint,
+        "train",
+        rank=0,
+        world_size=1,
+        device="cuda",
+        with_indices=True,
+        prefetch=2,
+        stream=side,
+    ) as loader:
+        for batch in loader:
+            with torch.cuda.stream(side):
+                torch.cuda._sleep(SLEEP_CYCLES)
+                got.append(tuple(t.clone() for t in batch))
+        side.synchronize()
+    assert_same([tuple(t.cpu() for t in b) for b in got], cpu_run)
+
+
+@pytest.mark.timeout(120)
+def test_cuda_close_waits_for_work_on_another_consumer_stream(server, cpu_run):
+    side = torch.cuda.Stream()
+    loader = RemoteLoader(
+        server.endpoint,
+        "train",
+        rank=0,
+        world_size=1,
+        device="cuda",
+        with_indices=True,
+        stream=side,
+    )
+    batch = next(iter(loader))
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(5 * SLEEP_CYCLES)
+        kept = tuple(t.clone() for t in batch)
+    loader.close()
+    assert side.query(), "close() returned while a consumer stream still used a slot"
+    assert_same([tuple(t.cpu() for t in kept)], cpu_run[:1])
+
+
+def test_cuda_stream_on_another_device_is_refused(server):
+    loader = RemoteLoader(server.endpoint, device="cuda:0", stream=torch.cuda.Stream("cuda:0"))
+    loader.close()
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two GPUs")
+    loader = RemoteLoader(server.endpoint, device="cuda:0", stream=torch.cuda.Stream("cuda:1"))
+    with pytest.raises(ValueError, match="stream= is on cuda:1"):
+        loader.server_info()
+    loader.close()

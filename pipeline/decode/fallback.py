@@ -70,7 +70,7 @@ class CpuFallback:
         """
         if not requests:
             return []
-        results = self._decoder().decode_batch(requests)
+        results: list[DecodeResult | None] = list(self._decoder().decode_batch(requests))
         out: list[DecodeResult] = []
         with self._lock:
             self.fallbacks += len(requests)
@@ -90,7 +90,9 @@ class CpuFallback:
                         reason,
                         outcome,
                     )
-        for res in results:
+        for j, res in enumerate(results):
+            results[j] = None  # each CPU image is freed once moved to the device
+            assert res is not None
             if res.image is not None and res.image.device != self.device:
                 res = DecodeResult(image=res.image.to(self.device), box=res.box, error=None)
             out.append(res)

@@ -1,13 +1,14 @@
 """Choosing a `BatchDecoder` for `--decoder {auto,cpu,nvjpeg,dali}` and `--device`.
 
 `auto` on CUDA prefers DALI (hardware JPEG decoder plus nvJPEG, mature batching), then
-torchvision's nvJPEG, then the CPU. On a CPU-only server `auto` is the CPU decoder (TurboJPEG
-with DCT scaling, OpenCV for the rest): no optional package, one path for every format. DALI's
-CPU backend is an explicit choice (`--decoder dali`); with region-of-interest decoding it spent
-about a quarter less CPU per image than the CPU decoder on ImageNet-sized JPEGs at 224 px
-(measured with `pipeline-bench --decoder dali|cpu`), so try it where DALI is installed. The
-choice and its reason are logged on "batchwire.pipeline", and a decoder asked for by name that
-cannot run here is a clear error naming what is missing, never a silent substitute.
+torchvision's nvJPEG (only once a tiny embedded JPEG decoded right on that device:
+`nvjpeg.nvjpeg_decode_missing`), then the CPU. On a CPU-only server `auto` is the CPU decoder
+(TurboJPEG with DCT scaling, OpenCV for the rest): no optional package, one path for every
+format. DALI's CPU backend is an explicit choice (`--decoder dali`); with region-of-interest
+decoding it spent about a quarter less CPU per image than the CPU decoder on ImageNet-sized
+JPEGs at 224 px (measured with `pipeline-bench --decoder dali|cpu`), so try it where DALI is
+installed. The choice and its reason are logged on "batchwire.pipeline", and a decoder asked for
+by name that cannot run here is a clear error naming what is missing, never a silent substitute.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from batchwire.pipeline.decode.contract import BatchDecoder
 from batchwire.pipeline.decode.cpu import CpuBatchDecoder
 from batchwire.pipeline.decode.dali import DaliBatchDecoder, dali_available
 from batchwire.pipeline.decode.fallback import DEFAULT_MAX_GPU_IMAGE_PIXELS, parse_device
-from batchwire.pipeline.decode.nvjpeg import NvjpegBatchDecoder, torchvision_gpu_decode_missing
+from batchwire.pipeline.decode.nvjpeg import NvjpegBatchDecoder, nvjpeg_decode_missing
 
 log = logging.getLogger("batchwire.pipeline")
 
@@ -81,7 +82,7 @@ def make_decoder(
     else:
         if dev.type != "cuda":
             raise RuntimeError("--decoder nvjpeg decodes on a GPU: use it with --device cuda[:N]")
-        missing = torchvision_gpu_decode_missing()
+        missing = nvjpeg_decode_missing(dev)
         if missing is not None:
             raise RuntimeError(f"--decoder nvjpeg needs CUDA and torchvision: {missing}")
         decoder = NvjpegBatchDecoder(
@@ -97,7 +98,12 @@ def _auto_choice(dev: torch.device) -> tuple[str, str]:
         return "cpu", "auto on CPU: TurboJPEG with DCT scaling, no optional package needed"
     if dali_available():
         return "dali", "auto on CUDA: DALI is installed (hardware JPEG decoder + nvJPEG)"
-    missing = torchvision_gpu_decode_missing()
+    # Not merely importable: a torchvision built without nvJPEG imports fine, then fails every
+    # image (each retried on the CPU with a warning). A test image must decode right on `dev`.
+    missing = nvjpeg_decode_missing(dev)
     if missing is None:
-        return "nvjpeg", "auto on CUDA: DALI not installed, torchvision's nvJPEG decode present"
+        return (
+            "nvjpeg",
+            "auto on CUDA: DALI not installed, torchvision's nvJPEG decoded a test image",
+        )
     return "cpu", f"auto on CUDA: no DALI and no GPU decode ({missing}); decoding on the CPU"
