@@ -256,6 +256,43 @@ def test_float_output_is_normalised_uint8_output(ops, device):
     assert (pixels - as_uint8.cpu().float()).abs().max() <= 0.5 + 1e-3
 
 
+@pytest.mark.parametrize("device", _devices())
+def test_contrast_output_is_bit_identical_between_runs(ops, device):
+    """The per-image grey means that contrast needs are summed in a fixed order (on the GPU: no
+    float atomics), so repeated runs give the same bits, uint8 and float alike. Large outputs:
+    many thread blocks per image on the GPU, several threads on the CPU."""
+    _require_cuda_build(ops, device)
+    gen = torch.Generator().manual_seed(12)
+    n = 6
+    images = [
+        torch.randint(0, 256, (300, 280, 3), dtype=torch.uint8, generator=gen).to(device)
+        for _ in range(n)
+    ]
+    boxes = torch.tensor([[0.0, 0.0, 300.0, 280.0]] * n)
+    flips = torch.arange(n) % 2 == 0
+    jitter = torch.tensor([[1.1, 1.4, 0.9, 0.1], [0.8, 0.6, 1.0, 0.0]] * (n // 2))
+    for dtype in (torch.uint8, torch.float32):
+        first = torch.empty(n, 3, 224, 224, dtype=dtype, device=device)
+        ops.augment_batch(images, boxes, flips, jitter, MEAN, STD, first)
+        for _ in range(5):
+            again = torch.full_like(first, 7)
+            ops.augment_batch(images, boxes, flips, jitter, MEAN, STD, again)
+            assert torch.equal(again, first)
+        if dtype == torch.uint8:  # and still the reference's result, to one level
+            want = torch.empty_like(first)
+            augment_batch_reference(images, boxes, flips, jitter, MEAN, STD, want)
+            _assert_matches(first, want)
+
+
+@pytest.mark.skipif(
+    not hasattr(torch.Tag, "cudagraph_unsafe"), reason="this torch has no cudagraph_unsafe tag"
+)
+def test_op_is_tagged_cudagraph_unsafe(ops):
+    """Each call copies a fresh host table of boxes and jitter to the device: a CUDA graph replay
+    would reuse the captured one, so torch.compile must keep the op out of CUDA graphs."""
+    assert torch.Tag.cudagraph_unsafe in torch.ops.batchwire.augment_batch.default.tags
+
+
 def test_empty_batch_is_a_no_op(ops):
     out = torch.empty(0, 3, 8, 8)
     ops.augment_batch(

@@ -1,6 +1,8 @@
 // Torch binding of the CUDA kernel: checks, packs the per-image table into pinned memory, copies
 // it to the device asynchronously and launches on the current stream (no host synchronisation
-// when the parameter tensors are on the CPU, as the pipeline passes them).
+// when the parameter tensors are on the CPU, as the pipeline passes them). That fresh host table
+// per call is why the op is tagged cudagraph_unsafe (augment_op.cpp): a CUDA graph replay would
+// reuse the captured copy, i.e. the boxes and jitter of the call it captured.
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -69,11 +71,13 @@ void augment_batch_cuda(at::TensorList images, const at::Tensor& boxes, const at
     od.scale[c] = nz.scale[c];
     od.bias[c] = nz.bias[c];
   }
-  at::Tensor grey_sums;
-  if (any_contrast) grey_sums = at::empty({n}, out.options().dtype(at::kFloat));
+  at::Tensor grey_scratch;
+  if (any_contrast) {
+    grey_scratch = at::empty({cuda::grey_scratch_floats(od)}, out.options().dtype(at::kFloat));
+  }
   const cudaError_t err = cuda::launch_augment(
       reinterpret_cast<const cuda::ImageDesc*>(device_table.data_ptr<uint8_t>()), od,
-      any_contrast, any_contrast ? grey_sums.data_ptr<float>() : nullptr,
+      any_contrast, any_contrast ? grey_scratch.data_ptr<float>() : nullptr,
       c10::cuda::getCurrentCUDAStream());  // = at::cuda::getCurrentCUDAStream()
   TORCH_CHECK(err == cudaSuccess, "augment_batch: CUDA launch failed: ", cudaGetErrorString(err));
 }

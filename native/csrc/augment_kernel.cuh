@@ -10,11 +10,16 @@
 namespace batchwire {
 namespace cuda {
 
+// Device scratch (in floats) that `launch_augment` needs for a batch with contrast jitter: one
+// partial grey sum per image and thread block, and one grey mean per image.
+int64_t grey_scratch_floats(const OutDesc& out);
+
 // Enqueues the whole batch on `stream`, no host synchronisation. `images` is a device table of
-// out.n entries. When `any_contrast`, `grey_sums` (out.n floats of device scratch) receives each
-// image's grey sum in a first, write-free pass; it may be null otherwise.
+// out.n entries. When `any_contrast`, `grey_scratch` (grey_scratch_floats(out) floats of device
+// memory, no initialisation needed) receives the images' grey means, summed in a fixed order so
+// that a run's output is bit-identical to the last; it may be null otherwise.
 cudaError_t launch_augment(const ImageDesc* images, const OutDesc& out, bool any_contrast,
-                           float* grey_sums, cudaStream_t stream);
+                           float* grey_scratch, cudaStream_t stream);
 
 }  // namespace cuda
 }  // namespace batchwire

@@ -3,6 +3,7 @@
 #include "augment_op.h"
 
 #include <torch/library.h>
+#include <torch/version.h>
 
 #include <cmath>
 
@@ -150,10 +151,21 @@ void augment_batch_meta(at::TensorList images, const at::Tensor& boxes, const at
 }  // namespace
 }  // namespace batchwire
 
+// cudagraph_unsafe: the CUDA kernel reads its per-image parameters (boxes, flips, jitter) from
+// a host table that each call packs and copies anew, so a captured CUDA graph would replay the
+// parameters of the captured call. The tag makes torch.compile(mode="reduce-overhead") keep the
+// op out of its CUDA graphs (torch 2.8 and later know the tag).
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 8)
+#define BATCHWIRE_OP_TAGS {at::Tag::cudagraph_unsafe}
+#else
+#define BATCHWIRE_OP_TAGS {}
+#endif
+
 TORCH_LIBRARY(batchwire, m) {
   m.def(
       "augment_batch(Tensor[] images, Tensor boxes, Tensor flips, Tensor jitter, Tensor mean, "
-      "Tensor std, Tensor(a!) out) -> ()");
+      "Tensor std, Tensor(a!) out) -> ()",
+      BATCHWIRE_OP_TAGS);
 }
 
 TORCH_LIBRARY_IMPL(batchwire, Meta, m) {

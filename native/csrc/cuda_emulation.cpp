@@ -12,7 +12,9 @@ extern "C" void batchwire_emulate_cuda(const batchwire::cuda::ImageDesc* images,
     const ImageDesc& im = images[i];
     float mean = 0.f;
     if (im.contrast != 1.f) {
-      double sum = 0.0;  // the kernel's float atomics differ only in summation order
+      // The kernel sums in float in a fixed order (per warp, per block, then the blocks):
+      // deterministic, and different from this double sum only by rounding.
+      double sum = 0.0;
       for (int y = 0; y < out_h; ++y) {
         for (int x = 0; x < out_w; ++x) {
           float rgb[3];
