@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 export PYTHONUNBUFFERED := 1
 
-.PHONY: setup native demo test lint bench clean
+.PHONY: setup native demo test test-cuda-build lint bench clean
 
 setup:
 	@scripts/setup.sh
@@ -17,6 +17,11 @@ demo: native
 test: native
 	@$(PY) -m ruff check .
 	@$(PY) -m pytest -q
+
+# The CUDA build of the native op in .venv-cuda (CUDA torch, nvcc), no GPU needed: compiles,
+# links and loads it and runs the native CPU tests through it. Not part of `make test`.
+test-cuda-build:
+	@scripts/test_cuda_build.sh
 
 lint: setup
 	@$(PY) -m ruff check .

@@ -328,19 +328,45 @@ def decide_cuda(
     return CudaDecision(True, f"{why} (torch CUDA {torch_cuda}, toolkit {nvcc} at {cuda_home})")
 
 
+def toolkit_headers_problem(cuda_home: str | None) -> str | None:
+    """Why `cuda_home` is no toolkit to build against (it lacks include/cuda_runtime.h), or None.
+    Unless CUDA_HOME is set, torch takes the folder above the `nvcc` on PATH, which is wrong when
+    that nvcc is a wrapper script (e.g. /usr/local/bin/nvcc running /usr/local/cuda-13.0/bin/nvcc):
+    nvcc then runs, but the host compiler finds no CUDA headers and the link no libcudart."""
+    if cuda_home is None or (Path(cuda_home) / "include" / "cuda_runtime.h").exists():
+        return None
+    return (
+        f"CUDA_HOME={cuda_home} holds no include/cuda_runtime.h (without CUDA_HOME, torch takes "
+        "the folder above the nvcc on PATH, which may be a wrapper script): set CUDA_HOME to the "
+        "CUDA toolkit's folder, e.g. /usr/local/cuda"
+    )
+
+
 def current_cuda_decision() -> CudaDecision:
     """`decide_cuda` for this process: the switch, this torch and the toolkit found (nvcc runs
-    only for a CUDA torch). Logs the decision's warning once."""
+    only for a CUDA torch), then whether that toolkit has its headers. Logs the decision's
+    warning once."""
     switch = os.environ.get(CUDA_ENV, "")
     torch_cuda = torch.version.cuda
     wants_toolkit = torch_cuda is not None and switch.strip() in ("", "1")
+    home = _cuda_home() if wants_toolkit else None
     decision = decide_cuda(
         switch,
         torch.__version__,
         torch_cuda,
-        _cuda_home() if wants_toolkit else None,
+        home,
         nvcc_version() if wants_toolkit else None,
     )
+    problem = toolkit_headers_problem(home) if decision.with_cuda else None
+    if problem and switch.strip() == "1":
+        raise NativeBuildError(f"BATCHWIRE_CUDA=1 but {problem}, or set BATCHWIRE_CUDA=0")
+    if problem:
+        decision = CudaDecision(
+            False,
+            f"CPU-only: {problem}",
+            f"batchwire.native: building the op without CUDA: {problem}. BATCHWIRE_CUDA=0 "
+            "silences this.",
+        )
     if decision.warning:
         _warn_once(decision.warning)
     return decision

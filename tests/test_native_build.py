@@ -278,6 +278,34 @@ def test_mismatched_cuda_majors_build_cpu_only_or_fail_when_forced():
         build.decide_cuda("1", "2.13.0+cu130", "13.0", "/usr/local/cuda", "12.8")
 
 
+def test_a_toolkit_folder_without_headers_is_named_with_its_fix(monkeypatch, tmp_path, caplog):
+    """nvcc on PATH as a wrapper script (/usr/local/bin/nvcc) makes torch guess CUDA_HOME as
+    /usr/local: nvcc runs there, but no CUDA header or libcudart is. The gate says so instead of
+    a compile error (and builds CPU-only unless BATCHWIRE_CUDA=1)."""
+    (tmp_path / "bin").mkdir()
+    monkeypatch.setattr(build.torch.version, "cuda", "13.0")
+    monkeypatch.setattr(build, "_cuda_home", lambda: str(tmp_path))
+    monkeypatch.setattr(build, "nvcc_version", lambda: "13.0")
+    monkeypatch.setattr(
+        build, "_warn_once", lambda message: logging.getLogger("t").warning(message)
+    )
+    assert "include/cuda_runtime.h" in build.toolkit_headers_problem(str(tmp_path))
+    monkeypatch.setenv("BATCHWIRE_CUDA", "1")
+    with pytest.raises(
+        build.NativeBuildError, match=r"BATCHWIRE_CUDA=1 but CUDA_HOME=.*set CUDA_HOME"
+    ):
+        build.current_cuda_decision()
+    monkeypatch.delenv("BATCHWIRE_CUDA")
+    with caplog.at_level(logging.WARNING):
+        decision = build.current_cuda_decision()
+    assert not decision.with_cuda and "cuda_runtime.h" in decision.reason
+    assert "building the op without CUDA" in caplog.text
+    (tmp_path / "include").mkdir()
+    (tmp_path / "include" / "cuda_runtime.h").write_text("")
+    assert build.toolkit_headers_problem(str(tmp_path)) is None
+    assert build.current_cuda_decision().with_cuda
+
+
 def test_nvcc_version_is_parsed():
     text = "nvcc: NVIDIA (R) Cuda compiler driver\nCuda compilation tools, release 13.0, V13.0.88"
     assert build.parse_nvcc_version(text) == "13.0"
