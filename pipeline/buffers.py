@@ -5,15 +5,39 @@ costs milliseconds) and fragments memory; a fixed set of buffers also bounds how
 the pipeline can hold, which is what gives back-pressure its teeth. `acquire` blocks until a
 buffer is free and fails loudly after a timeout instead of hanging when a consumer forgot to
 release one.
+
+Unpinned CPU buffers are anonymous memory maps of their own (`host_buffer`), not malloc'd
+blocks: when a ring is dropped its pages go back to the operating system at once, whereas
+glibc keeps freed blocks of this size in its heap (its mmap threshold rises to 32 MB after the
+first free), so a server whose clients left would keep its peak resident size for good.
 """
 
 from __future__ import annotations
 
+import mmap
 import threading
 from collections.abc import Sequence
 
 import torch
 from batchwire.wire import BatchSpec
+
+
+def host_buffer(
+    shape: Sequence[int],
+    dtype: torch.dtype,
+    memory_format: torch.memory_format = torch.contiguous_format,
+) -> torch.Tensor:
+    """An unpinned CPU tensor on its own anonymous memory map, unmapped when it is freed.
+
+    Its pages are only resident once written, and return to the system when the tensor (and
+    every view of it) is gone. Strides are those ``torch.empty`` gives ``memory_format``.
+    """
+    stride = torch.empty(tuple(shape), dtype=dtype, device="meta", memory_format=memory_format)
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    numel = stride.numel()
+    mem = mmap.mmap(-1, max(1, numel * itemsize))
+    flat = torch.frombuffer(mem, dtype=torch.uint8).view(dtype)  # the tensor keeps `mem` alive
+    return flat.as_strided(tuple(shape), stride.stride())
 
 
 class BufferTimeout(TimeoutError):
@@ -53,6 +77,9 @@ class BufferRing:
         for _ in range(count):
             # One allocation in the final layout: `.contiguous(channels_last)` of a pinned
             # tensor would be a copy in ordinary, unpinned memory.
+            if self.device.type == "cpu" and not self.pinned:
+                self.buffers.append(host_buffer(self.shape, dtype, memory_format))
+                continue
             t = torch.empty(
                 self.shape,
                 dtype=dtype,
@@ -84,6 +111,12 @@ class BufferRing:
     def free(self) -> int:
         with self._cond:
             return len(self._free)
+
+    @property
+    def idle(self) -> bool:
+        """Every buffer is free: the ring may be dropped without pulling one from under anyone."""
+        with self._cond:
+            return len(self._free) == len(self.buffers)
 
     @property
     def nbytes(self) -> int:

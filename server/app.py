@@ -14,6 +14,9 @@ import logging
 import math
 import os
 import signal
+import socket
+import stat
+import threading
 import time
 from collections import Counter, deque
 from typing import Any
@@ -22,7 +25,7 @@ import zmq
 from batchwire import wire
 from batchwire.pipeline.samples import BadFileTally
 from batchwire.pipeline.split import Split
-from batchwire.server.bufpool import BufferPool, Slot
+from batchwire.server.bufpool import BufferPool, Slot, default_reserve
 from batchwire.server.config import ServerConfig
 from batchwire.server.splits import StartupError, make_decoder, open_splits
 from batchwire.server.streams import ClientStream, Produced, Scheduler
@@ -57,7 +60,6 @@ _MAXMSGSIZE = 16 * 1024 * 1024
 _MAX_RECV_PER_TURN = 256  # then do other work: a flood cannot starve sending
 _TRACKER_POLL_MAX_MS = 100
 _IDLE_POLL_MS = 250
-_SHUTDOWN_LINGER_MS = 1000
 _LOADER_STATS_KEYS = 32
 _MALFORMED_LOGGED = 20
 _ERRORS_LOGGED = 100
@@ -73,7 +75,20 @@ _MESSAGE_MAX = 1000  # characters of an error reply or log line about a peer's m
 _AGREEMENT_IDLE_S = 5.0
 _HEARTBEAT_IVL_MS = 1000
 _HEARTBEAT_TIMEOUT_MS = 3000
-_PEER_EVENTS = zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED
+_PEER_EVENTS = zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_ACCEPT_FAILED
+_LISTEN_BACKLOG = 1024  # the kernel caps it at net.core.somaxconn
+_ACCEPT_FAILED_LOG_S = 10.0  # one warning per this long while accepts fail (e.g. EMFILE)
+# Stats list this many clients in full, the most recently heard from first; the others are
+# summed in "clients_unlisted", so a stats reply stays far below wire.MAX_SERVER_FRAME_BYTES
+# (a row is at most ~4 KB: a 255-byte identity, a 32-key loader map) whatever the client count.
+STATS_CLIENTS_LISTED = 256
+# SIGTERM/SIGINT: the process exits this long after the signal at the latest, whatever a
+# thread is doing (producer threads are daemons; a stuck read is not waited for).
+STOP_DEADLINE_S = 1.5
+_STOP_LINGER_MS = 300  # of the deadline, for shutdown replies still queued
+_STOP_JOIN_S = 0.3  # of the deadline, for producers to finish the batch they are on
+# A chunk of batch buffers nobody has needed for this long is freed even if clients remain.
+_BUFFERS_IDLE_S = 30.0
 
 
 class ServerApp:
@@ -81,6 +96,8 @@ class ServerApp:
 
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
+        for endpoint in config.bind:  # before the expensive part: a clash fails at once
+            check_ipc_endpoint(endpoint)
         self.telemetry = Telemetry()
         self.decoder = make_decoder(config)
         self._phases = _Phases(self.telemetry.observe_stage)
@@ -96,7 +113,9 @@ class ServerApp:
             raise
         # Every split writes the same batches (one image size, dtype and layout): one spec.
         self.spec = config.batch_spec()
-        self.buffers = BufferPool(self.spec)
+        cap = config.buffer_cap
+        self.buffers = BufferPool(self.spec, cap, default_reserve(cap, config.producers))
+        self._buffers_used_at = time.monotonic()  # last time a buffer was lent
         self._bad_files = BadFileTally()  # bad_total: distinct files over all splits
 
         self.ctx = zmq.Context()
@@ -106,6 +125,23 @@ class ServerApp:
         self.router.linger = 0
         self.router.heartbeat_ivl = _HEARTBEAT_IVL_MS
         self.router.heartbeat_timeout = _HEARTBEAT_TIMEOUT_MS
+        # A connection that does not complete the ZMTP greeting and handshake in time is closed
+        # by libzmq (a bare TCP connection that sends nothing never does): silent connections
+        # cannot pile up and use up file descriptors. (A peer that did complete it is a ZeroMQ
+        # socket, kept alive by its own libzmq's heartbeat answers; ROUTER has no call to close
+        # one peer, see the report in issue 12; it holds no stream and no buffer.)
+        self.router.handshake_ivl = max(1, int(config.handshake_timeout * 1000))
+        # Connections the kernel queues while none can be accepted (a burst of trainers, or
+        # descriptors used up for a moment): queued, they are accepted as soon as descriptors
+        # free up, instead of waiting out SYN retransmission back-off (1, 3, 7, 15 s...).
+        self.router.backlog = _LISTEN_BACKLOG
+        # A peer that takes nothing of what was sent (its socket full: a stopped process, a
+        # peer that never reads, a host gone while data was in flight) answers no heartbeat,
+        # but libzmq only pings between messages, so the heartbeat never fires while a batch
+        # is stuck half-written. TCP_USER_TIMEOUT (ZMQ_TCP_MAXRT) makes the kernel close such
+        # a connection, which frees the buffers ZeroMQ holds for it. A RemoteLoader's socket
+        # always takes what it asked for, so a live trainer is never cut. tcp:// only.
+        self.router.tcp_maxrt = max(1, int(config.stall_timeout * 1000))
         # Which peers left: ROUTER_NOTIFY would say it in-band, but it is a draft option that
         # pyzmq's bundled libzmq lacks; the socket monitor reports every connection accepted and
         # closed by its file descriptor, and each received frame says which descriptor it came
@@ -113,6 +149,8 @@ class ServerApp:
         self.monitor = self.router.get_monitor_socket(_PEER_EVENTS)
         self._peer_fd: dict[bytes, int] = {}  # identity with a stream -> its connection's fd
         self._fd_open: dict[int, bool] = {}  # fd -> last event was ACCEPTED (not DISCONNECTED)
+        self._accept_failed_at = -math.inf  # last warning about failing accepts
+        self._accept_failures = 0
         self.endpoints: list[str] = []
         for endpoint in config.bind:
             try:
@@ -140,6 +178,9 @@ class ServerApp:
         self._held: Counter[bytes] = Counter()
         self._tracker_wait_ms = 1
         self._stopping = False
+        self._stop_requested = threading.Event()  # set by the signal handler
+        self._stopped = threading.Event()  # set once shut down
+        self._stop_deadline = math.inf
         self._malformed_seen = 0
         self._errors_seen = 0
         self._metrics: Any = None
@@ -148,17 +189,30 @@ class ServerApp:
 
     def request_stop(self, *_: object) -> None:
         """Ask the loop to shut down (signal handler; safe to call from any thread)."""
+        if not self._stopping:
+            self._stop_deadline = time.monotonic() + STOP_DEADLINE_S
         self._stopping = True
+        self._stop_requested.set()
         with contextlib.suppress(OSError):  # pipe full (a wake-up is pending anyway) or closed
             os.write(self._wake_w, b"s")
 
-    def run(self) -> int:
-        """Serve until SIGINT/SIGTERM or `request_stop()`; returns the exit code (0)."""
+    def run(self, exit_by_deadline: bool = False) -> int:
+        """Serve until SIGINT/SIGTERM or `request_stop()`; returns the exit code (0).
+
+        ``exit_by_deadline`` (the console script): should the orderly shutdown not be over
+        `STOP_DEADLINE_S` after the stop request (a thread stuck in a read, a decoder that does
+        not let go), the process exits with code 0 then anyway (``os._exit``). Embedded use
+        leaves it off: the host process is not ours to end.
+        """
         try:
             signal.signal(signal.SIGTERM, self.request_stop)
             signal.signal(signal.SIGINT, self.request_stop)
         except ValueError:  # not the main thread (embedded use): the caller stops us
             pass
+        if exit_by_deadline:
+            watchdog = threading.Thread(target=self._stop_watchdog, name="bw-stop-watchdog")
+            watchdog.daemon = True
+            watchdog.start()
         try:
             if self.config.metrics_port is not None:
                 self._serve_metrics(self.config.metrics_port)
@@ -175,6 +229,7 @@ class ServerApp:
                 self.config.workers,
                 self.config.prefetch_depth,
             )
+            log.info("%s", self.memory_statement())
             if self.config.device != "cpu":
                 bound = gpu_memory_statement(
                     self.config.producers,
@@ -189,6 +244,32 @@ class ServerApp:
         log.info("stopped")
         return 0
 
+    def memory_statement(self) -> str:
+        """The host memory the batch buffers can ever hold, said at start (README's formula)."""
+        return host_memory_statement(
+            self.buffers.max_buffers,
+            self.spec.nbytes + self.spec.labels_nbytes,
+            self.buffers.reserve,
+            self.config.max_clients,
+        )
+
+    def _stop_watchdog(self) -> None:
+        self._stop_requested.wait()
+        if self._stopped.wait(max(0.0, self._stop_deadline - time.monotonic())):
+            return
+        busy = [
+            t.name
+            for t in threading.enumerate()
+            if t.name.startswith("bw-") and t is not threading.current_thread()
+        ]
+        log.warning(
+            "shutdown not done %.1f s after the stop request (busy threads: %s): exiting now",
+            STOP_DEADLINE_S,
+            ", ".join(busy) or "none",
+        )
+        logging.shutdown()
+        os._exit(0)
+
     def _serve_metrics(self, port: int) -> None:
         try:
             self._metrics = self.telemetry.serve_prometheus(port, self.stats_snapshot)
@@ -196,19 +277,32 @@ class ServerApp:
             raise StartupError(f"cannot serve metrics on --metrics-port {port}: {exc}") from None
 
     def _shutdown(self) -> None:
+        """Tell the clients, stop the workers and close everything, within the stop deadline.
+
+        Producer threads get `_STOP_JOIN_S` to finish their batch; one still busy (a read that
+        blocks, a huge image) is a daemon and is not waited for, nor is the decoder it may be
+        using closed (closing joins its threads).
+        """
+        if self._stop_deadline == math.inf:  # the loop ended without a stop request
+            self._stop_deadline = time.monotonic() + STOP_DEADLINE_S
         log.info("shutting down: telling %d client(s)", len(self.streams))
         for identity in list(self.streams):
             self._reply(identity, wire.Shutdown())
             self._drop(identity)
-        self.pool.stop(timeout=3.0)
+        idle = self.pool.stop(timeout=_STOP_JOIN_S)
         if self._metrics is not None:
             self._metrics()
         self._close_monitor()
-        self.router.close(linger=_SHUTDOWN_LINGER_MS)
+        left_ms = int(1000 * (self._stop_deadline - time.monotonic())) - 200
+        self.router.close(linger=max(0, min(_STOP_LINGER_MS, left_ms)))
         self.ctx.term()
         for fd in (self._wake_r, self._wake_w):
             os.close(fd)
-        self._close_decoder()
+        if idle:
+            self._close_decoder()
+        else:
+            log.warning("producers still busy at shutdown: not waiting for them")
+        self._stopped.set()
 
     def _close_monitor(self) -> None:
         with contextlib.suppress(zmq.ZMQError):
@@ -314,12 +408,37 @@ class ServerApp:
             except Exception:  # not ours to fail on: the monitor format is libzmq's
                 continue
             fd = int(event["value"])
-            if event["event"] == zmq.EVENT_ACCEPTED:
+            if event["event"] == zmq.EVENT_ACCEPT_FAILED:
+                self._accept_failed(fd)  # the value is errno here
+            elif event["event"] == zmq.EVENT_ACCEPTED:
                 self._fd_open[fd] = True
             elif event["event"] == zmq.EVENT_DISCONNECTED:
                 self._fd_open[fd] = False
                 for identity in [i for i, f in self._peer_fd.items() if f == fd]:
                     self._peer_gone(identity, "disconnected (closed, or no heartbeat answer)")
+
+    def _accept_failed(self, errno_value: int) -> None:
+        """libzmq could not accept a connection (out of descriptors?): warn now and then."""
+        self._accept_failures += 1
+        now = time.monotonic()
+        if now - self._accept_failed_at < _ACCEPT_FAILED_LOG_S:
+            return
+        self._accept_failed_at = now
+        log.warning(
+            "cannot accept connections: %s (%d failed accepts; %d connections open, "
+            "descriptor limit %s); silent ones are closed after --handshake-timeout %g s",
+            os.strerror(errno_value),
+            self._accept_failures,
+            self.connections,
+            _nofile_limit(),
+            self.config.handshake_timeout,
+        )
+        self._accept_failures = 0
+
+    @property
+    def connections(self) -> int:
+        """Connections open now (accepted and not yet closed), by the monitor's events."""
+        return sum(self._fd_open.values())
 
     def _peer_gone(self, identity: bytes, why: str) -> None:
         stream = self.streams.get(identity)
@@ -375,6 +494,14 @@ class ServerApp:
             ):
                 self._error(identity, self._world_size_conflict(hello, other))
                 return
+        limit = self.config.max_clients
+        if identity not in self.streams and len(self.streams) >= limit:
+            self._error(
+                identity,
+                f"this server serves at most {limit} clients (--max-clients) and has "
+                f"{len(self.streams)}; try again when one leaves, or use another server",
+            )
+            return
         if identity in self.streams:  # next epoch, resume or reconnect: replace the stream
             self._drop(identity)
         try:  # e.g. more ranks x batch than the split has samples: this client's problem alone
@@ -455,6 +582,25 @@ class ServerApp:
             if now - stream.last_seen > limit:
                 log.warning("client %s silent for %.0f s: dropped", identity.hex(), limit)
                 self._drop(identity)
+        self._trim_buffers(now)
+
+    def _trim_buffers(self, now: float) -> None:
+        """Give back chunks of free buffers the current clients cannot need.
+
+        The clients present may need at most their full share each (2 x prefetch-depth) and
+        the producers' jobs (2 x producers); once nobody has taken a buffer for
+        `_BUFFERS_IDLE_S`, or no client is left, none is kept. Only chunks whose buffers are
+        all free go, so this never waits for anything.
+        """
+        if self.buffers.capacity == 0:
+            return
+        n = len(self.streams)
+        if n == 0 or now - self._buffers_used_at > _BUFFERS_IDLE_S:
+            keep = 0
+        else:
+            need = 2 * self.config.producers + 2 * self.config.prefetch_depth * n
+            keep = min(self.buffers.max_buffers, need)
+        self.buffers.trim(keep)
 
     # ----------------------------------------------------------------------------- replies
 
@@ -493,14 +639,30 @@ class ServerApp:
 
     # ----------------------------------------------------------------------------- batches
 
+    def _holding(self, stream: ClientStream) -> int:
+        """Buffers a client holds: in production, ready, and sent but still with ZeroMQ."""
+        return stream.in_production + stream.ready + self._held.get(stream.identity, 0)
+
     def _schedule(self) -> None:
+        if not self.pool.has_room() or self.buffers.held >= self.buffers.max_buffers:
+            return
+        if len(self.streams) * 2 * self.config.prefetch_depth <= self.buffers.shared:
+            share = self.buffers.shared  # every client can have its full work-ahead
+        else:  # shared by the clients holding some or wanting one
+            sharing = sum(1 for s in self.streams.values() if s.has_room() or self._holding(s))
+            share = self.buffers.share(sharing)
+
+        def may_lend(stream: ClientStream) -> bool:
+            return self.buffers.may_lend(self._holding(stream), share)
+
         while self.pool.has_room():
-            stream = self.scheduler.next(self.streams)
+            stream = self.scheduler.next(self.streams, may_lend)
             if stream is None:
                 return
             pos, batch_index = stream.take_next()
+            self._buffers_used_at = time.monotonic()
             self.pool.submit(
-                Job(stream, pos, batch_index, self.buffers.acquire(), time.monotonic())
+                Job(stream, pos, batch_index, self.buffers.acquire(), self._buffers_used_at)
             )
 
     def _collect_results(self) -> None:
@@ -619,8 +781,31 @@ class ServerApp:
             },
         ]
         held = dict(self._held)  # this may run on the Prometheus thread
-        rows = [s.row(now, held.get(s.identity, 0)) for s in streams]
-        return self.telemetry.snapshot(stages, rows)
+        # The most recently heard from in full, the rest summed: the reply stays small.
+        streams.sort(key=lambda s: s.last_seen, reverse=True)
+        rows = [s.row(now, held.get(s.identity, 0)) for s in streams[:STATS_CLIENTS_LISTED]]
+        rest = streams[STATS_CLIENTS_LISTED:]
+        unlisted = {
+            "count": len(rest),
+            "credits": sum(s.credits for s in rest),
+            "ready": sum(s.ready for s in rest),
+            "in_flight": sum(held.get(s.identity, 0) for s in rest),
+            "sent": sum(s.sent for s in rest),
+            "images_per_s": sum(s.meter.rate(now) for s in rest),
+        }
+        buffers = {
+            "held": self.buffers.held,
+            "allocated": self.buffers.capacity,
+            "max": self.buffers.max_buffers,
+            "batch_bytes": self.spec.nbytes + self.spec.labels_nbytes,
+        }
+        return self.telemetry.snapshot(
+            stages,
+            rows,
+            clients_unlisted=unlisted,
+            buffers=buffers,
+            connections=self.connections,
+        )
 
 
 def _clean_loader_stats(stats: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -652,6 +837,63 @@ def gpu_memory_statement(
         f"GPU memory bound: {producers} producers x (decode output {decode_mib:.0f} MiB + "
         f"batch {batch_mib:.0f} MiB) = {total:.0f} MiB; --producers and --batch-size scale it"
     )
+
+
+def host_memory_statement(
+    max_buffers: int, batch_bytes: int, reserve: int, max_clients: int
+) -> str:
+    """What the batch buffers can hold at most, in host memory, said at start."""
+    total = max_buffers * batch_bytes
+    return (
+        f"host memory bound for batches: {max_buffers} buffers (--max-buffers) x "
+        f"{batch_bytes / 2**20:.1f} MiB a batch = {total / 2**20:.0f} MiB, shared by up to "
+        f"{max_clients} clients (--max-clients; {reserve} kept for clients holding none); "
+        "plus the process itself and the producers' decoded images"
+    )
+
+
+def check_ipc_endpoint(endpoint: str) -> None:
+    """Refuse to bind an ipc:// path another process listens on, or that is not a socket.
+
+    libzmq unlinks whatever is at the path before binding: another server's socket (that server
+    keeps running, unreachable) or any file. A socket file nobody listens on (a server that
+    was killed) is stale and is replaced.
+    """
+    if not endpoint.startswith("ipc://"):
+        return
+    path = endpoint[len("ipc://") :]
+    if path.startswith("@"):  # Linux abstract namespace: no file; bind fails if taken
+        return
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise StartupError(f"cannot bind {endpoint}: {exc}") from None
+    if not stat.S_ISSOCK(mode):
+        raise StartupError(
+            f"cannot bind {endpoint}: {path} exists and is not a socket (binding would delete it)"
+        )
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.settimeout(1.0)
+        probe.connect(path)
+    except (ConnectionRefusedError, FileNotFoundError):
+        return  # stale: nobody listens; libzmq replaces it
+    except OSError as exc:
+        raise StartupError(f"cannot bind {endpoint}: {path}: {exc}") from None
+    finally:
+        probe.close()
+    raise StartupError(f"another server is listening on {endpoint}; stop it or bind another path")
+
+
+def _nofile_limit() -> str:
+    try:
+        import resource
+
+        return str(resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+    except (ImportError, OSError, ValueError):
+        return "unknown"
 
 
 def _clip(message: str) -> str:

@@ -52,7 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=(
             "Every option can also be set in a TOML file (--config) under the same name, with "
             'dashes or underscores (batch-size = 64, bind = ["tcp://*:5555"]); command-line '
-            "options win. Stop with SIGINT or SIGTERM: connected clients are told, exit code 0."
+            "options win. Stop with SIGINT or SIGTERM: connected clients are told, exit code 0 "
+            "within 2 s, even with producers stuck in a slow read."
         ),
     )
     data = p.add_argument_group("data")
@@ -84,6 +85,39 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="batches the server produces ahead for each client, at most; bounds "
         f"memory per client (default: {_D.prefetch_depth})",
+    )
+    net.add_argument(
+        "--max-clients",
+        type=int,
+        metavar="N",
+        help="streams served at once; a hello from one more client is refused with an error "
+        f"naming this limit (default: {_D.max_clients})",
+    )
+    net.add_argument(
+        "--max-buffers",
+        type=int,
+        metavar="N",
+        help="batch buffers in all, shared by every client: a hard bound of the batches' "
+        "memory (N x batch bytes, said at start); when all are held producers wait, each "
+        "client keeps its share and a client holding none still gets one (default: "
+        "2 x producers + 16 x prefetch-depth, 8 clients at full work-ahead)",
+    )
+    net.add_argument(
+        "--handshake-timeout",
+        type=float,
+        metavar="SECONDS",
+        help="close a connection that has not completed the ZeroMQ handshake after this "
+        "long (a TCP connection that sends nothing), so idle connections cannot use up file "
+        f"descriptors (default: {_D.handshake_timeout:g})",
+    )
+    net.add_argument(
+        "--stall-timeout",
+        type=float,
+        metavar="SECONDS",
+        help="close a tcp:// client's connection when data sent to it stays untaken this long "
+        "(a stopped process, a peer that never reads, a host gone mid-batch), freeing the "
+        "buffers ZeroMQ holds for it; a RemoteLoader always takes what it asked for "
+        f"(default: {_D.stall_timeout:g})",
     )
     net.add_argument(
         "--client-timeout",
@@ -256,6 +290,23 @@ def _limit_intra_op_threads(config: ServerConfig) -> None:
             )
 
 
+def _raise_descriptor_limit() -> None:
+    """Lift the soft RLIMIT_NOFILE to the hard one (as Go and many servers do): every client
+    connection and every image read takes a descriptor, and the common soft default (1024)
+    is soon reached by a few hundred trainers. A hard limit is left as it is."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if hard == resource.RLIM_INFINITY:
+            hard = 1 << 20
+        if soft != resource.RLIM_INFINITY and soft < hard:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            log.debug("descriptor limit raised from %d to %d", soft, hard)
+    except (ImportError, OSError, ValueError):  # not POSIX, or not allowed: keep what we have
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
     """Console script `pipeline-server`: run until SIGINT/SIGTERM, exit 0 on a clean stop."""
     config = parse_config(argv)
@@ -267,9 +318,10 @@ def main(argv: list[str] | None = None) -> int:
     from batchwire.server.app import ServerApp, StartupError  # heavy imports after --help
 
     _limit_intra_op_threads(config)
+    _raise_descriptor_limit()
     try:
         app = ServerApp(config)
-        code = app.run()
+        code = app.run(exit_by_deadline=True)
     except StartupError as exc:
         log.error("%s", exc)
         return 2

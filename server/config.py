@@ -65,7 +65,15 @@ class ServerConfig:
     device: str = "cpu"
     max_pixels: int = 89_478_485
     prefetch_depth: int = 4
+    # None: bufpool.default_max_buffers(producers, prefetch_depth) (8 clients at full depth).
+    max_buffers: int | None = None
+    max_clients: int = 256
     client_timeout: float = 60.0
+    # A connection that has not completed the ZeroMQ handshake after this long is closed (a
+    # bare TCP connection that sends nothing never does): ZMQ_HANDSHAKE_IVL.
+    handshake_timeout: float = 10.0
+    # A tcp:// connection whose sent data stays untaken this long is closed (TCP_USER_TIMEOUT).
+    stall_timeout: float = 30.0
     metrics_port: int | None = None
     log_level: str = "INFO"
 
@@ -81,6 +89,15 @@ class ServerConfig:
         }
         size = (self.image_size, self.image_size)
         return AugmentConfig(image_size=size, train=train, **shared)
+
+    @property
+    def buffer_cap(self) -> int:
+        """--max-buffers, or its default for these producers and this depth."""
+        if self.max_buffers is not None:
+            return int(self.max_buffers)
+        from batchwire.server.bufpool import default_max_buffers
+
+        return default_max_buffers(self.producers, self.prefetch_depth)
 
     def batch_spec(self) -> BatchSpec:
         """What every batch the server sends is (the same for all splits)."""
@@ -112,6 +129,14 @@ class ServerConfig:
             problems.append(f"--device must be cpu, cuda or cuda:N, got {self.device!r}")
         if self.client_timeout <= 0:
             problems.append("--client-timeout must be > 0")
+        if not self.handshake_timeout > 0:
+            problems.append("--handshake-timeout must be > 0")
+        if not self.stall_timeout > 0:
+            problems.append("--stall-timeout must be > 0")
+        if self.max_buffers is not None and int(self.max_buffers) < 1:
+            problems.append(f"--max-buffers must be >= 1, got {self.max_buffers}")
+        if int(self.max_clients) < 1:
+            problems.append(f"--max-clients must be >= 1, got {self.max_clients}")
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
             problems.append(f"--metrics-port must be a TCP port, got {self.metrics_port}")
         if not problems:

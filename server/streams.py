@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -179,12 +179,20 @@ class Scheduler:
         if identity in self._order:
             self._order.remove(identity)
 
-    def next(self, streams: dict[bytes, ClientStream]) -> ClientStream | None:
-        """The next stream (after the last one served) that may start a batch, or None."""
+    def next(
+        self,
+        streams: dict[bytes, ClientStream],
+        may: Callable[[ClientStream], bool] | None = None,
+    ) -> ClientStream | None:
+        """The next stream (after the last one served) that may start a batch, or None.
+
+        ``may``: a further condition (the buffer pool's: may this client take a buffer?); a
+        stream it refuses keeps its place and is asked again next round.
+        """
         for _ in range(len(self._order)):
             identity = self._order[0]
             self._order.rotate(-1)
             stream = streams.get(identity)
-            if stream is not None and stream.has_room():
+            if stream is not None and stream.has_room() and (may is None or may(stream)):
                 return stream
         return None

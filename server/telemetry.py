@@ -193,6 +193,35 @@ def _families(snap: Mapping[str, Any]) -> Iterable[Metric]:
             per_client["data_wait_fraction"].add_metric(labels, float(loader["data_wait_fraction"]))
     yield from per_client.values()
 
+    clients = snap.get("clients", [])
+    unlisted = snap.get("clients_unlisted") or {}
+    yield GaugeMetricFamily(
+        "batchwire_clients",
+        "Clients with a stream (those beyond the per-client gauges' limit included).",
+        value=float(len(clients) + int(unlisted.get("count", 0))),
+    )
+    if "clients_unlisted" in snap:
+        yield GaugeMetricFamily(
+            "batchwire_clients_unlisted",
+            "Clients left out of the per-client gauges (the least recently active).",
+            value=float(unlisted.get("count", 0)),
+        )
+    buffers = snap.get("buffers")
+    if buffers:
+        for key, name, doc in (
+            ("held", "batchwire_buffers_held", "Batch buffers in use (producing, ready, sent)."),
+            ("allocated", "batchwire_buffers_allocated", "Batch buffers allocated now."),
+            ("max", "batchwire_buffers_max", "Batch buffers at most (--max-buffers)."),
+            ("batch_bytes", "batchwire_buffer_bytes", "Bytes of one batch buffer."),
+        ):
+            yield GaugeMetricFamily(name, doc, value=float(buffers.get(key, 0)))
+    if "connections" in snap:
+        yield GaugeMetricFamily(
+            "batchwire_connections",
+            "Connections open to the server's socket.",
+            value=float(snap["connections"]),
+        )
+
 
 class Telemetry:
     """Thread-safe accumulator of everything the server measures about itself.
@@ -285,12 +314,22 @@ class Telemetry:
         recent = [s for t, s in samples if t >= horizon]
         return 1000.0 * sum(recent) / len(recent)
 
-    def snapshot(self, stages: list[dict], clients: list[dict]) -> dict:
+    def snapshot(
+        self,
+        stages: list[dict],
+        clients: list[dict],
+        *,
+        clients_unlisted: dict | None = None,
+        buffers: dict | None = None,
+        connections: int | None = None,
+    ) -> dict:
         """Build the Stats-schema dict from the server's stage and client state.
 
         ``stages`` entries need ``name``, ``depth`` and ``capacity``; ``latency_ms`` is filled
         from this object's observations of the stage of that name (a value the server put there
-        is kept when nothing was observed). ``clients`` entries are passed through.
+        is kept when nothing was observed). ``clients`` entries are passed through, as are
+        ``clients_unlisted`` (the clients summed rather than listed), ``buffers`` (the batch
+        buffer pool) and ``connections`` (open connections) when given.
         """
         now = self._clock()
         with self._lock:
@@ -311,7 +350,7 @@ class Telemetry:
                     else latency,
                 }
             )
-        return {
+        out = {
             "v": STATS_VERSION,
             "uptime_s": now - self._started,
             "time": time.time(),
@@ -324,6 +363,13 @@ class Telemetry:
             "counters": counters,
             "clients": list(clients),
         }
+        if clients_unlisted is not None:
+            out["clients_unlisted"] = dict(clients_unlisted)
+        if buffers is not None:
+            out["buffers"] = dict(buffers)
+        if connections is not None:
+            out["connections"] = int(connections)
+        return out
 
     # -- Prometheus -----------------------------------------------------------------------------
 

@@ -158,6 +158,9 @@ class ProducerPool:
             if job is None:
                 return
             self.results.put(self._produce(job))
+            # Not kept while idle: the job's slot would keep its buffer ring alive after the
+            # pool freed it (the memory would not return to the system).
+            del job
             try:
                 os.write(self._wake_fd, b"w")
             except BlockingIOError:  # the pipe is full: the loop has plenty of wake-ups queued
@@ -207,8 +210,9 @@ class ProducerPool:
         done.synchronize()
         return meta
 
-    def stop(self, timeout: float = 5.0) -> None:
-        """Ask workers to stop after their current batch and wait up to ``timeout`` in total."""
+    def stop(self, timeout: float = 5.0) -> bool:
+        """Ask workers to stop after their current batch and wait up to ``timeout`` in total;
+        True if every worker has stopped (the others are daemon threads, left to the exit)."""
         self._stop.set()
         while True:  # drop queued jobs so workers see the sentinels at once
             try:
@@ -223,5 +227,7 @@ class ProducerPool:
         deadline = time.monotonic() + timeout
         for t in self._threads:
             t.join(max(0.0, deadline - time.monotonic()))
-            if t.is_alive():
-                log.warning("producer thread %s still busy at shutdown", t.name)
+        busy = [t.name for t in self._threads if t.is_alive()]
+        if busy:
+            log.warning("producer threads still busy at shutdown: %s", ", ".join(busy))
+        return not busy

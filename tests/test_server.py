@@ -135,6 +135,10 @@ def test_help_documents_every_option():
         "--max-pixels",
         "--prefetch-depth",
         "--metrics-port",
+        "--max-buffers",
+        "--max-clients",
+        "--handshake-timeout",
+        "--stall-timeout",
         "--config",
         "--log-level",
     ):
