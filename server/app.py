@@ -27,6 +27,7 @@ from batchwire.pipeline.samples import BadFileTally
 from batchwire.pipeline.split import Split
 from batchwire.server.bufpool import BufferPool, Slot, default_reserve
 from batchwire.server.config import ServerConfig
+from batchwire.server.security import bind_policy, owner_only
 from batchwire.server.splits import StartupError, make_decoder, open_splits
 from batchwire.server.streams import ClientStream, Produced, Scheduler
 from batchwire.server.telemetry import Telemetry
@@ -45,6 +46,7 @@ from batchwire.wire import (
     send_batch,
     tensor_bytes,
 )
+from batchwire.wire.keys import KeysError, ServerKeys
 from zmq.utils.monitor import parse_monitor_message
 
 __all__ = ["ServerApp", "StartupError"]
@@ -96,8 +98,15 @@ class ServerApp:
 
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
+        refused = bind_policy(config.bind, config.keys, config.insecure)
+        if refused is not None:
+            raise StartupError(refused)
         for endpoint in config.bind:  # before the expensive part: a clash fails at once
             check_ipc_endpoint(endpoint)
+        try:
+            self.keys = None if config.keys is None else ServerKeys(config.keys)
+        except (KeysError, OSError) as exc:
+            raise StartupError(f"--keys {config.keys}: {exc}") from None
         self.telemetry = Telemetry()
         self.decoder = make_decoder(config)
         self._phases = _Phases(self.telemetry.observe_stage)
@@ -114,7 +123,11 @@ class ServerApp:
         # Every split writes the same batches (one image size, dtype and layout): one spec.
         self.spec = config.batch_spec()
         cap = config.buffer_cap
-        self.buffers = BufferPool(self.spec, cap, default_reserve(cap, config.producers))
+        # Pinned only where a GPU copy reads them (a --device cuda server's device-to-host
+        # copies): a CPU server on a training node must not open a CUDA context on GPU 0.
+        self.buffers = BufferPool(
+            self.spec, cap, default_reserve(cap, config.producers), pin=config.device != "cpu"
+        )
         self._buffers_used_at = time.monotonic()  # last time a buffer was lent
         self._bad_files = BadFileTally()  # bad_total: distinct files over all splits
 
@@ -142,6 +155,8 @@ class ServerApp:
         # a connection, which frees the buffers ZeroMQ holds for it. A RemoteLoader's socket
         # always takes what it asked for, so a live trainer is never cut. tcp:// only.
         self.router.tcp_maxrt = max(1, int(config.stall_timeout * 1000))
+        if self.keys is not None:  # before any bind: no peer ever talks to a plain socket
+            self.keys.guard(self.ctx, self.router)
         # Which peers left: ROUTER_NOTIFY would say it in-band, but it is a draft option that
         # pyzmq's bundled libzmq lacks; the socket monitor reports every connection accepted and
         # closed by its file descriptor, and each received frame says which descriptor it came
@@ -154,12 +169,15 @@ class ServerApp:
         self.endpoints: list[str] = []
         for endpoint in config.bind:
             try:
-                self.router.bind(endpoint)
+                with owner_only(endpoint):
+                    self.router.bind(endpoint)
             except zmq.ZMQError as exc:
                 self._close_monitor()
                 self.router.close(0)
                 self.ctx.term()
                 self._close_decoder()
+                if self.keys is not None:
+                    self.keys.stop()
                 raise StartupError(f"cannot bind {endpoint}: {exc}") from None
             self.endpoints.append(self.router.last_endpoint.decode())
 
@@ -272,7 +290,9 @@ class ServerApp:
 
     def _serve_metrics(self, port: int) -> None:
         try:
-            self._metrics = self.telemetry.serve_prometheus(port, self.stats_snapshot)
+            self._metrics = self.telemetry.serve_prometheus(
+                port, self.stats_snapshot, host=self.config.metrics_host
+            )
         except OSError as exc:  # port taken, no permission: a start-up error like a bad --bind
             raise StartupError(f"cannot serve metrics on --metrics-port {port}: {exc}") from None
 
@@ -295,6 +315,8 @@ class ServerApp:
         self._close_monitor()
         left_ms = int(1000 * (self._stop_deadline - time.monotonic())) - 200
         self.router.close(linger=max(0, min(_STOP_LINGER_MS, left_ms)))
+        if self.keys is not None:
+            self.keys.stop()  # the ZAP authenticator's socket, before the context ends
         self.ctx.term()
         for fd in (self._wake_r, self._wake_w):
             os.close(fd)
@@ -610,14 +632,18 @@ class ServerApp:
         except zmq.ZMQError as exc:
             log.debug("reply to %s dropped: %s", identity.hex(), exc)
 
-    def _error(self, identity: bytes, message: str) -> None:
+    def _error(
+        self, identity: bytes, message: str, reason: str = "refused", detail: str = ""
+    ) -> None:
+        """Refuse with ``message`` (what the client sees: never a path or file content) and
+        log ``detail`` beside it (paths, the exception: for the operator only)."""
         message = _clip(message)
         self._errors_seen += 1
         # Refused hellos are rare from real trainers; a peer repeating one must not fill the log.
         level = logging.WARNING if self._errors_seen <= _ERRORS_LOGGED else logging.DEBUG
-        log.log(level, "client %s: %s", identity.hex(), message)
+        log.log(level, "client %s: %s%s", identity.hex(), message, _clip(detail))
         self.telemetry.add_error()
-        self._reply(identity, ErrorReply(message))
+        self._reply(identity, ErrorReply(message, reason))
 
     def _malformed(self, identity: bytes, message: str) -> None:
         message = _clip(message)
@@ -635,7 +661,7 @@ class ServerApp:
         else:
             log.debug("malformed message from %s: %s", identity.hex(), message)
         self.telemetry.add_malformed()
-        self._reply(identity, ErrorReply(f"malformed message: {message}"))
+        self._reply(identity, ErrorReply(f"malformed message: {message}", "bad-request"))
 
     # ----------------------------------------------------------------------------- batches
 
@@ -681,10 +707,13 @@ class ServerApp:
             if not stream.closed:
                 stream.abandoned()
                 if result.error != "cancelled":
+                    kind = (result.error or "").split(":", 1)[0]
                     self._error(
                         stream.identity,
-                        f"producing {stream.hello.split} batch "
-                        f"{job.batch_index} failed: {result.error}",
+                        f"producing {stream.hello.split} batch {job.batch_index} failed "
+                        f"({kind}, {result.reason}); the server's log has the details",
+                        result.reason,
+                        detail=f": {result.error}",
                     )
                     self._drop(stream.identity)
             return

@@ -148,7 +148,7 @@ class BufferPool:
                 capacity -= len(ring)
                 freed += len(ring)
         if freed:
-            if self.pin is not False and torch.cuda.is_available():
+            if self.pin:
                 # Pinned blocks go back to torch's caching host allocator, not the system.
                 empty = getattr(torch._C, "_host_emptyCache", None)
                 if empty is not None:

@@ -69,7 +69,33 @@ def build_parser() -> argparse.ArgumentParser:
         help="validation split (default: the embedded dataset's val split when "
         "--train is not given, else none)",
     )
+    data.add_argument(
+        "--allow-outside-root",
+        action="store_true",
+        default=argparse.SUPPRESS,  # absent: the TOML file's setting, else the default
+        help="let a list file name files outside its own folder (absolute paths, '..'); "
+        "refused by default: a list file may come from elsewhere",
+    )
     data.add_argument("--config", metavar="FILE.toml", help="read settings from a TOML file")
+    sec = p.add_argument_group("security")
+    sec.add_argument(
+        "--keys",
+        metavar="DIR",
+        help="a keys folder made by `pipeline-keys`: only holders of its client key are "
+        "served, everything is encrypted (CURVE)",
+    )
+    sec.add_argument(
+        "--insecure",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="allow a tcp bind beyond loopback without --keys (anyone who reaches the port "
+        "can read the dataset); logged at every start",
+    )
+    sec.add_argument(
+        "--metrics-host",
+        metavar="HOST",
+        help="address the Prometheus port listens on (default: 127.0.0.1)",
+    )
 
     net = p.add_argument_group("network")
     net.add_argument(

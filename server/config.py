@@ -75,6 +75,10 @@ class ServerConfig:
     # A tcp:// connection whose sent data stays untaken this long is closed (TCP_USER_TIMEOUT).
     stall_timeout: float = 30.0
     metrics_port: int | None = None
+    allow_outside_root: bool = False
+    keys: str | None = None  # a `pipeline-keys` folder: CURVE on every endpoint
+    insecure: bool = False  # accept a tcp bind beyond loopback without keys (logged)
+    metrics_host: str = "127.0.0.1"
     log_level: str = "INFO"
 
     def __post_init__(self) -> None:

@@ -104,7 +104,7 @@ def open_splits(config: ServerConfig, decoder: Any) -> dict[str, Split]:
     splits: dict[str, Split] = {}
     for name, root in data_roots(config).items():
         try:
-            dataset = open_dataset(root)
+            dataset = open_dataset(root, allow_outside_root=config.allow_outside_root)
         except (OSError, ValueError) as exc:
             raise StartupError(f"--{name} {root}: {exc}") from None
         if name != "train" and "train" in splits:

@@ -17,9 +17,10 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from batchwire.common.rates import RateWindow
+from batchwire.server.metrics_http import start_metrics_server
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.exposition import generate_latest, start_http_server
+from prometheus_client.exposition import generate_latest
 
 log = logging.getLogger(__name__)
 
@@ -384,7 +385,7 @@ class Telemetry:
         self,
         port: int,
         snapshot_fn: Callable[[], Mapping[str, Any]],
-        host: str = "0.0.0.0",
+        host: str = "127.0.0.1",
     ) -> MetricsServer:
         """Serve ``/metrics`` on ``host:port`` from a daemon thread; returns the stop callable.
 
@@ -398,7 +399,7 @@ class Telemetry:
             self._collector = collector
         self.registry.register(collector)
         try:
-            httpd, thread = start_http_server(int(port), addr=host, registry=self.registry)
+            httpd, thread = start_metrics_server(int(port), host, self.registry)
         except Exception:
             self._unregister(collector)
             raise

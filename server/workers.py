@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from batchwire.pipeline.samples import TransientReadError
 from batchwire.wire import BatchSpec
 
 log = logging.getLogger("batchwire.server")
@@ -47,7 +48,9 @@ class JobResult:
     meta: Any | None  # BatchMeta from BatchProducer.produce
     indices: np.ndarray | None  # public indices, -1 = padding
     seconds: float
-    error: str | None = None
+    error: str | None = None  # the full text, paths included: for the server's log only
+    #: The failure's class as a client may see it: "transient" (may pass: ask again) or "failed".
+    reason: str = "failed"
 
 
 class _Phases:
@@ -185,7 +188,9 @@ class ProducerPool:
             indices = plan.public_indices()
         except Exception as exc:  # travels to the loop as data; it tells the client
             log.exception("producing %s batch %d failed", stream.hello.split, job.batch_index)
-            return JobResult(job, None, None, 0.0, error=f"{type(exc).__name__}: {exc}")
+            reason = "transient" if isinstance(exc, TransientReadError) else "failed"
+            error = f"{type(exc).__name__}: {exc}"
+            return JobResult(job, None, None, 0.0, error=error, reason=reason)
         finally:
             self.phases.end()
         return JobResult(job, meta, indices, time.perf_counter() - t0)

@@ -15,15 +15,20 @@ import time
 
 import pytest
 from batchwire.client import RemoteLoader
+from batchwire.wire.keys import create_keys
 from serverproc import running_servers, small_server_args
 from test_remote_loader_recovery import assert_same, rest, take
 
 pytestmark = pytest.mark.timeout(180)
 
 
-@pytest.fixture(scope="module")
-def servers():
-    with running_servers(3, *small_server_args(seed=5)) as three:
+@pytest.fixture(scope="module", params=["plain", "keys"])
+def servers(request, tmp_path_factory):
+    """Three servers, plain or with CURVE keys (the whole fleet suite runs both ways)."""
+    extra: tuple[str, ...] = ()
+    if request.param == "keys":
+        extra = ("--keys", str(create_keys(tmp_path_factory.mktemp("keys") / "keys")))
+    with running_servers(3, *small_server_args(seed=5), *extra) as three:
         yield three
 
 
@@ -38,6 +43,8 @@ def all_running(servers):
 
 def loader_for(servers, **kw) -> RemoteLoader:
     kw.setdefault("timeout", 30.0)
+    keys = servers[0].args[servers[0].args.index("--keys") + 1] if servers[0].keys else None
+    kw.setdefault("keys", keys)
     endpoints = [s.endpoint for s in servers]
     return RemoteLoader(
         endpoints, "train", rank=0, world_size=1, device="cpu", with_indices=True, **kw
