@@ -46,8 +46,9 @@ _HANDSHAKE_FAILURES = {
         "loader the server's keys folder: keys=DIR or BATCHWIRE_KEYS=DIR)"
     ),
     zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL: (
-        "the security handshake failed: the server's key is not the one in our keys folder's "
-        "server.key (or the server does not use keys)"
+        "the security handshake failed: the server rejected our key, or its key is not our "
+        "keys folder's server.key, or one side uses keys and the other does not (give the "
+        "loader the server's keys folder: keys=DIR or BATCHWIRE_KEYS=DIR)"
     ),
 }
 _BYE_LINGER_MS = 200
@@ -156,7 +157,9 @@ class ServerConnection:
                 self.ever_connected = True
                 log.debug("connected to %s", self.endpoint)
             elif kind in _HANDSHAKE_FAILURES:
-                self.handshake_error = _HANDSHAKE_FAILURES[kind]
+                # The most specific one wins: a rejected key may also show as "no detail".
+                if self.handshake_error is None or kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+                    self.handshake_error = _HANDSHAKE_FAILURES[kind]
             elif kind == zmq.EVENT_DISCONNECTED:
                 if self.connected:
                     log.warning("lost pipeline-server at %s; will re-send hello", self.endpoint)

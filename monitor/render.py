@@ -278,7 +278,9 @@ def render_lines(
     lines.append([])
 
     clients = list(snapshot.get("clients", []))
-    lines.append([(f"clients ({len(clients)})", BOLD)])
+    unlisted = int((snapshot.get("clients_unlisted") or {}).get("count", 0))
+    more = f", {unlisted} more not listed" if unlisted else ""
+    lines.append([(f"clients ({len(clients) + unlisted}{more})", BOLD)])
     if clients:
         client_lines = _client_lines(clients, width)
         if height is not None and len(lines) + len(client_lines) > height:

@@ -141,3 +141,9 @@ def test_human_formats() -> None:
     assert human_duration(3.25) == "3.2s"
     assert human_duration(59) == "59s"
     assert human_duration(3600 * 25) == "1d01h"
+
+
+def test_clients_beyond_the_listed_ones_are_counted() -> None:
+    """A server with thousands of clients lists the most active and sums the rest."""
+    snap = {**SNAP, "clients_unlisted": {"count": 3998, "sent": 10}}
+    assert f"clients ({len(SNAP['clients']) + 3998}, 3998 more not listed)" in render(snap, 140)
