@@ -41,6 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--image-size", type=int, default=224)
     p.add_argument("--images", type=int, default=1024, help="images timed per row")
+    p.add_argument("--prefetch", type=int, default=4, help="the loader's prefetch (budget)")
     p.add_argument("--slow-duty", type=float, default=0.5, help="share of time the slow one stops")
     return p
 
@@ -72,9 +73,18 @@ class Throttle:
         os.kill(self.pid, signal.SIGCONT)
 
 
-def images_per_s(endpoints: list[str], batches: int, batch_size: int) -> float:
+def pin(pid: int, core: int) -> None:
+    """Pin every thread of ``pid`` to ``core`` (affinity is per thread; the server's producer
+    and decode threads exist once it serves)."""
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        os.sched_setaffinity(int(tid), {core})
+
+
+def images_per_s(endpoints: list[str], batches: int, batch_size: int, prefetch: int) -> float:
     """Rate of one RemoteLoader over ``batches`` batches after a warm-up of 3 (epoch 0 on)."""
-    with RemoteLoader(endpoints, "train", rank=0, world_size=1, device="cpu") as loader:
+    with RemoteLoader(
+        endpoints, "train", rank=0, world_size=1, device="cpu", prefetch=prefetch
+    ) as loader:
         done, epoch, t0 = 0, 0, 0.0
         while done < batches + 3:
             loader.set_epoch(epoch)
@@ -123,16 +133,21 @@ def main(argv: list[str] | None = None) -> int:
         slow = PipelineServer(server_args, log_path=Path(tmp) / "slow.log")
         with fast, slow:
             for srv, core in ((fast, cores[0]), (slow, cores[-1])):
-                os.sched_setaffinity(srv.pid, {core})
-            rows = {"fast alone": images_per_s([fast.endpoint], batches, args.batch_size)}
+                pin(srv.pid, core)
+            rows = {
+                "fast alone": images_per_s([fast.endpoint], batches, args.batch_size, args.prefetch)
+            }
             with Throttle(slow.pid, args.slow_duty):
-                rows["slow alone"] = images_per_s([slow.endpoint], batches, args.batch_size)
+                rows["slow alone"] = images_per_s(
+                    [slow.endpoint], batches, args.batch_size, args.prefetch
+                )
                 both = [fast.endpoint, slow.endpoint]
-                rows["both"] = images_per_s(both, batches, args.batch_size)
+                rows["both"] = images_per_s(both, batches, args.batch_size, args.prefetch)
             rows["sum of the two alone"] = rows["fast alone"] + rows["slow alone"]
             print(
                 f"{len(data.paths)} images from {data.shown}; batch {args.batch_size}, "
-                f"{args.image_size} px, uint8; slow server stopped {args.slow_duty:.0%} of the time"
+                f"{args.image_size} px, uint8, prefetch {args.prefetch}; the slow server stopped "
+                f"{args.slow_duty:.0%} of the time"
             )
             for name, rate in rows.items():
                 print(f"  {name:<22} {rate:8.0f} img/s")

@@ -15,10 +15,13 @@ class, through a list file written to the cache folder); default: the embedded d
 from __future__ import annotations
 
 import argparse
+import atexit
 import hashlib
 import logging
 import os
+import shutil
 import sys
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +29,7 @@ from pathlib import Path
 import numpy as np
 from batchwire.bench import baselines
 from batchwire.bench.report import Report, Row, format_table, write_json, write_plot
+from batchwire.wire.keys import create_keys
 
 ROWS = ("decode", "dataloader", "dali", "batchwire")
 log = logging.getLogger("batchwire.bench")
@@ -154,6 +158,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="how the batchwire row's loader reaches its server: ipc (a Unix socket, as a "
         "trainer on the same host would) or tcp (loopback, as from another host) "
         "(default: ipc)",
+    )
+    p.add_argument(
+        "--keys",
+        action="store_true",
+        help="add a batchwire row over tcp with CURVE keys (every byte encrypted), beside the "
+        "plain one",
     )
     p.add_argument(
         "--rows",
@@ -287,6 +297,27 @@ def run_bench(args: argparse.Namespace) -> Report:
                 f"{args.transport}",
             )
         )
+        if args.keys:
+            keys_dir = tempfile.mkdtemp(prefix="bw-bench-keys-")
+            atexit.register(shutil.rmtree, keys_dir, True)
+            keys = str(create_keys(Path(keys_dir) / "keys"))
+            plans.append(
+                RowPlan(
+                    "batchwire-keys",
+                    f"batchwire with keys (CURVE over tcp, {dev.type}, {args.wire} wire)",
+                    lambda: batchwire_row(
+                        data.server_train,
+                        device=str(dev),
+                        threads=args.threads,
+                        decoder=args.decoder,
+                        wire=args.wire,
+                        transport="tcp",
+                        keys=keys,
+                        **loop,
+                    ),
+                    note=f"pipeline-server --keys, --workers {args.threads}, tcp",
+                )
+            )
     # Rows take turns, so a burst of someone else's load on a shared machine hits them alike.
     for _ in range(args.repeat):
         for plan in plans:

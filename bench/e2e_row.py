@@ -42,6 +42,7 @@ def pipeline_server(
     producers: int | None = None,
     transport: str = "ipc",
     start_timeout: float = 120,
+    keys: str | None = None,
 ) -> Iterator[str]:
     """Run `pipeline-server --train train` as a subprocess; yields its endpoint once it serves,
     stops it after (SIGTERM, SIGKILL after 15 s).
@@ -67,6 +68,8 @@ def pipeline_server(
     ]  # fmt: skip
     if producers is not None:
         args += ["--producers", str(producers)]
+    if keys is not None:
+        args += ["--keys", keys]
     with tempfile.TemporaryDirectory(prefix="bw-bench-") as tmp:
         endpoint = free_tcp_endpoint() if transport == "tcp" else f"ipc://{tmp}/server.sock"
         server = PipelineServer(args, endpoint, log_path=Path(tmp) / "server.log")
@@ -90,6 +93,7 @@ def time_remote_loader(
     max_seconds: float = 60,
     prefetch: int = 4,
     start_timeout: float = 120,
+    keys: str | None = None,
 ) -> tuple[Measured, dict[str, Any]]:
     """Time the train batches a RemoteLoader receives from `endpoint`, epoch after epoch.
 
@@ -107,6 +111,7 @@ def time_remote_loader(
         normalize_on_device=normalize_on_device,
         timeout=start_timeout,
         prefetch=prefetch,
+        keys=keys,
     ) as loader:
 
         def batches() -> Iterator[int]:
@@ -134,8 +139,10 @@ def batchwire_row(
     warmup: int = 10,
     max_seconds: float = 60,
     start_timeout: float = 120,
+    keys: str | None = None,
 ) -> Measured:
-    """Start the server on `train`, time RemoteLoader batches, stop the server."""
+    """Start the server on `train`, time RemoteLoader batches, stop the server; with ``keys``
+    (a `pipeline-keys` folder) both sides use them: every byte CURVE-encrypted."""
     with pipeline_server(
         train,
         batch_size=batch_size,
@@ -146,6 +153,7 @@ def batchwire_row(
         device=device,
         transport=transport,
         start_timeout=start_timeout,
+        keys=keys,
     ) as endpoint:
         measured, _stats = time_remote_loader(
             endpoint,
@@ -155,5 +163,6 @@ def batchwire_row(
             warmup=warmup,
             max_seconds=max_seconds,
             start_timeout=start_timeout,
+            keys=keys,
         )
     return measured

@@ -138,8 +138,8 @@ class RemoteLoader(IterableDataset):
         split: ``"train"`` or ``"val"`` (whatever the servers serve).
         rank, world_size: default from torch.distributed, else ``RANK``/``WORLD_SIZE``, else 0/1,
             resolved when the loader first connects (not here: see `placement`).
-        prefetch: batches asked for and not yet consumed, across all servers (at least one
-            per server); each is one credit of the server it was asked of.
+        prefetch: batches asked for and not yet consumed, across all servers (with several
+            servers at least 4 per server); each is one credit of the server it was asked of.
         timeout: seconds to wait for any one batch (reconnects included) before raising
             `ServerUnavailable`.
         device: ``"cpu"``, ``"cuda"``, ``"cuda:N"``; None picks CUDA when available; ``"cuda"``

@@ -169,7 +169,7 @@ def test_two_servers_start_the_next_epoch_early_in_order(servers, fresh):
         new = hellos(srv, "train", 1)[len(before[srv.endpoint]) :]
         assert len(new) == 1, f"epoch 1 was asked of {srv.endpoint} {len(new)} times: {new}"
         firsts += new
-    share = 4 // 2  # prefetch over the servers: the batches one early hello asks for
+    share = 8 // 2  # the budget (4 per server) over the servers: what one early hello asks for
     assert sorted(firsts) == [0, share], firsts
 
 

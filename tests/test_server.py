@@ -273,6 +273,25 @@ def test_world_size_mismatch_is_an_error_not_a_crash(server):
         b.close()
 
 
+def test_jobs_agree_on_world_size_each_on_its_own(server):
+    """Two jobs sharing a server (a notebook beside a torchrun job): world sizes must agree
+    within a job only, so neither blocks the other; within one job a mismatch is refused."""
+    a = raw_client(server, world_size=2, rank=0, epoch=21, session=1, job="run-a")
+    b = raw_client(server, world_size=4, rank=3, epoch=21, session=2, job="run-b")
+    c = raw_client(server, world_size=3, rank=0, epoch=21, session=3, job="run-a")
+    try:
+        a.start()
+        b.start()  # another job, another world size: served
+        assert [a.batch()[0].batch_index, b.batch()[0].batch_index] == [0, 0]
+        c.send(c.hello)
+        msg, _ = c.recv()
+        assert isinstance(msg, p.ErrorReply) and "of job 'run-a'" in msg.message, msg
+    finally:
+        for x in (a, b, c):
+            x.send(p.Bye())
+            x.close()
+
+
 def test_unservable_hello_is_an_error_for_that_client_only(server):
     """More ranks x batch than the split has samples leaves no batch to serve: that client
     gets an error naming the cause, and the server serves the next client as usual."""
