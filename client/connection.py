@@ -217,7 +217,7 @@ class ServerConnection:
     def recv_control(self) -> tuple[wire.ServerMessage, bool]:
         """Receive the first frame of the next message, decoded, and whether frames follow.
 
-        Raises `wire.ProtocolError` for a frame that is not a valid v1 message; the rest of
+        Raises `wire.ProtocolError` for a frame that is not a valid message; the rest of
         that message is discarded first so the socket stays aligned on message boundaries.
         """
         frame = self._sock.recv(copy=True)

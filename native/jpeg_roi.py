@@ -1,7 +1,7 @@
 """Region-of-interest JPEG decoding (csrc/jpeg_roi.cpp): only the part of a JPEG a crop reads.
 
 Optional by design: it needs libjpeg-turbo's headers at build time (`libjpeg62-turbo-dev`), so
-it is a separate extension from the augment op, and callers (pipeline/decode.py) keep their
+it is a separate extension from the augment op, and callers (pipeline/decode/roi.py) keep their
 full-image decoder for when it is unavailable. The build is tried once per process; a failure
 is logged once and remembered, never retried per image.
 """

@@ -14,6 +14,7 @@ from typing import Any
 
 from batchwire.common.devices import parse_device
 from batchwire.pipeline.augment_plan import AugmentConfig
+from batchwire.pipeline.decode.select import DECODERS
 from batchwire.wire import MAX_PREFETCH, BatchSpec
 
 if sys.version_info >= (3, 11):
@@ -22,7 +23,6 @@ else:  # Python 3.10
     import tomli as tomllib
 
 DEFAULT_BIND = "tcp://127.0.0.1:5555"
-DECODERS = ("auto", "cpu", "nvjpeg", "dali")
 # The augmentation settings are AugmentConfig's fields under the same names, with its defaults,
 # so the two cannot drift apart; `ServerConfig.augment` hands them over by name and
 # AugmentConfig validates them (one validation, one message).

@@ -6,7 +6,7 @@ import logging
 from typing import Any
 
 from batchwire.pipeline.dataset import ImageDataset, open_dataset
-from batchwire.pipeline.decode import CpuBatchDecoder
+from batchwire.pipeline.decode.select import make_decoder as select_decoder
 from batchwire.pipeline.split import Split, build_split
 from batchwire.server.config import ServerConfig
 
@@ -36,20 +36,11 @@ def data_roots(config: ServerConfig) -> dict[str, str]:
 
 
 def make_decoder(config: ServerConfig) -> Any:
-    """The `--decoder` on `--device` (issue 7's selector when present, else the CPU decoder)."""
+    """The `--decoder` on `--device`, through the decoder selector (it logs why it chose)."""
     try:
-        from batchwire.pipeline.decode.select import make_decoder as select
-    except ImportError:
-        select = None
-    if select is None:
-        if config.decoder not in ("auto", "cpu") or config.device != "cpu":
-            raise StartupError(
-                f"--decoder {config.decoder} --device {config.device} is not available in this "
-                "build (only the CPU decoder is); use --decoder cpu --device cpu"
-            )
-        return CpuBatchDecoder(config.workers)
-    try:
-        return select(config.decoder, config.device, config.workers, max_batch=config.batch_size)
+        return select_decoder(
+            config.decoder, config.device, config.workers, max_batch=config.batch_size
+        )
     except (RuntimeError, ValueError) as exc:
         raise StartupError(
             f"cannot use --decoder {config.decoder} on --device {config.device}: {exc}"

@@ -2,7 +2,7 @@
 
     from rawclient import SERVER_ARGS, RawTrainer, wait_for
 
-`RawTrainer` is the wire's `RawClient` speaking protocol v1 by hand (hello, credits carrying a real
+`RawTrainer` is the wire's `RawClient` speaking the protocol by hand (hello, credits carrying a real
 `LoaderStats`, batches read or not), so a test controls exactly when a trainer reads and when it
 stops. `wait_for` polls a probe with a deadline, never a bare sleep. `SERVER_ARGS` is a small,
 fast server (4 images of 32 px a batch, one decode thread, `PREFETCH_DEPTH` batches of

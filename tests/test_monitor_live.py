@@ -1,7 +1,7 @@
 """pipeline-monitor against a real pipeline-server process: --once --json, the live view in a
 pseudo-terminal, and a trainer that stops reading showing up as "the trainers" bottleneck.
 
-The trainers here are raw DEALER sockets speaking protocol v1 (`rawclient.RawTrainer`, with a
+The trainers here are raw DEALER sockets speaking the protocol (`rawclient.RawTrainer`, with a
 real LoaderStats riding on their credits), so each test controls exactly when a trainer reads and
 when it stops.
 """

@@ -1,4 +1,4 @@
-"""The messages between `pipeline-server` (ROUTER) and its clients (DEALER), protocol v1.
+"""The messages between `pipeline-server` (ROUTER) and its clients (DEALER), protocol v2.
 
 Control frames are msgpack maps carrying ``"v"`` (the protocol version) and ``"type"``; batch
 payloads travel as raw frames after a `BatchHeader`. Each message is a frozen dataclass with
