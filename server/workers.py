@@ -22,7 +22,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 from batchwire.pipeline.samples import TransientReadError
 from batchwire.wire import BatchSpec
 
@@ -46,7 +45,6 @@ class Job:
 class JobResult:
     job: Job
     meta: Any | None  # BatchMeta from BatchProducer.produce
-    indices: np.ndarray | None  # public indices, -1 = padding
     seconds: float
     error: str | None = None  # the full text, paths included: for the server's log only
     #: The failure's class as a client may see it: "transient" (may pass: ask again) or "failed".
@@ -174,7 +172,7 @@ class ProducerPool:
     def _produce(self, job: Job) -> JobResult:
         stream = job.stream
         if stream.closed or self._stop.is_set():
-            return JobResult(job, None, None, 0.0, error="cancelled")
+            return JobResult(job, None, 0.0, error="cancelled")
         t0 = time.perf_counter()
         self.phases.begin()
         try:
@@ -185,15 +183,14 @@ class ProducerPool:
                 meta = self.producers[hello.split].produce(plan, out)
             else:
                 meta = self._produce_on_device(hello.split, plan, out)
-            indices = plan.public_indices()
         except Exception as exc:  # travels to the loop as data; it tells the client
             log.exception("producing %s batch %d failed", stream.hello.split, job.batch_index)
             reason = "transient" if isinstance(exc, TransientReadError) else "failed"
             error = f"{type(exc).__name__}: {exc}"
-            return JobResult(job, None, None, 0.0, error=error, reason=reason)
+            return JobResult(job, None, 0.0, error=error, reason=reason)
         finally:
             self.phases.end()
-        return JobResult(job, meta, indices, time.perf_counter() - t0)
+        return JobResult(job, meta, time.perf_counter() - t0)
 
     def _produce_on_device(self, split: str, plan: Any, host_out: Any) -> Any:
         """Augment into this worker's device buffer, then copy into the pinned host buffer.
