@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import functools
 import hashlib
 import logging
 import os
@@ -280,19 +281,20 @@ def run_bench(args: argparse.Namespace) -> Report:
         except ImportError:
             plans[-1].best = Row("dali", name, skipped="NVIDIA DALI is not installed")
     if "batchwire" in rows:
+        row = functools.partial(
+            batchwire_row,
+            data.server_train,
+            device=str(dev),
+            threads=args.threads,
+            decoder=args.decoder,
+            wire=args.wire,
+            **loop,
+        )
         plans.append(
             RowPlan(
                 "batchwire",
                 f"batchwire (server + RemoteLoader, {dev.type}, {args.wire} wire)",
-                lambda: batchwire_row(
-                    data.server_train,
-                    device=str(dev),
-                    threads=args.threads,
-                    decoder=args.decoder,
-                    wire=args.wire,
-                    transport=args.transport,
-                    **loop,
-                ),
+                functools.partial(row, transport=args.transport),
                 note=f"pipeline-server --decoder {args.decoder} --workers {args.threads}, "
                 f"{args.transport}",
             )
@@ -305,16 +307,7 @@ def run_bench(args: argparse.Namespace) -> Report:
                 RowPlan(
                     "batchwire-keys",
                     f"batchwire with keys (CURVE over tcp, {dev.type}, {args.wire} wire)",
-                    lambda: batchwire_row(
-                        data.server_train,
-                        device=str(dev),
-                        threads=args.threads,
-                        decoder=args.decoder,
-                        wire=args.wire,
-                        transport="tcp",
-                        keys=keys,
-                        **loop,
-                    ),
+                    functools.partial(row, transport="tcp", keys=keys),
                     note=f"pipeline-server --keys, --workers {args.threads}, tcp",
                 )
             )

@@ -170,13 +170,12 @@ class BatchReceiver:
             self.pool.reset(cursor, self.num_batches)
         self.next_pool.reset(0, self.num_batches)
         self.epoch, self.cursor, self._started = epoch, cursor, True
-        for c in self.conns:
-            if not adopt:
-                continue
-            if c.hello_sent and c.stream.epoch == epoch:  # the early session of this epoch
-                self._adopt(c)
-            else:
-                self._end_session(c)
+        if adopt:
+            for c in self.conns:
+                if c.hello_sent and c.stream.epoch == epoch:  # the early session of this epoch
+                    self._adopt(c)
+                else:
+                    self._end_session(c)
         self._heartbeats = [self.heartbeat] * len(self.conns)
         self._service()
 

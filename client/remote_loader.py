@@ -240,7 +240,9 @@ class RemoteLoader(IterableDataset):
         self._iteration = 0  # bumps with every __iter__, so a stale iterator stops
         self._stats = LoaderStats() if LoaderStats is not None else None
         self._finalizer: weakref.finalize | None = None
-        self._resume_stream: dict[str, int] | None = None  # checked against the next welcome
+        # A restored mid-epoch position's stream shape and world size: checked at the next welcome.
+        self._resume_stream: dict[str, int] | None = None
+        self._resume_world: int | None = None
 
     # ------------------------------------------------------------------ public API
 
@@ -330,7 +332,7 @@ class RemoteLoader(IterableDataset):
         welcome = None if self._receiver is None else self._receiver.welcome
         if welcome is not None:
             state["stream"] = _stream_shape(welcome)
-        elif self._resume_stream is not None:
+        elif self._resume_stream:
             state["stream"] = dict(self._resume_stream)
         return state
 
@@ -356,7 +358,7 @@ class RemoteLoader(IterableDataset):
         self._epoch_passed = False
         stream = state.get("stream")
         self._resume_stream = dict(stream) if isinstance(stream, dict) else {}
-        self._resume_stream["world_size"] = int(state["world_size"])
+        self._resume_world = int(state["world_size"])
 
     def close(self) -> None:
         """Leave the servers (bye) and free sockets and buffers; the loader reconnects if used."""
@@ -450,25 +452,22 @@ class RemoteLoader(IterableDataset):
 
     def _check_resumed_stream(self, welcome: wire.Welcome | None) -> None:
         """A mid-epoch position restored by `load_state_dict` must meet the same stream."""
-        expected, self._resume_stream = self._resume_stream, None
+        expected = self._resume_stream
         if expected is None or welcome is None or self.next_batch == 0:
+            self._resume_stream = self._resume_world = None
             return
-        saved_world = expected.pop("world_size", None)
-        if saved_world is not None:
-            try:
-                self._check_world_size(saved_world)
-            except ValueError:
-                self._resume_stream = {**expected, "world_size": saved_world}
-                raise
+        # On a refusal the restored state stays: asked again, the loader says the same.
+        if self._resume_world is not None:
+            self._check_world_size(self._resume_world)
         now = _stream_shape(welcome)
         if any(key in expected and expected[key] != value for key, value in now.items()):
-            self._resume_stream = {**expected, "world_size": saved_world}  # asked again: same
             raise ValueError(
                 f"cannot resume epoch {self.epoch} at batch {self.next_batch}: the state was saved "
                 f"against a stream of {expected}, the server now serves {now}; a mid-epoch "
                 "position only holds for the same data, batch size and world size (restart the "
                 "server with the old settings, or resume from an epoch boundary)"
             )
+        self._resume_stream = self._resume_world = None
 
     def _pass_start(self) -> int:
         """Where the next pass starts: the restored position, else the epoch's first batch."""

@@ -13,6 +13,7 @@ reconnects, reorder buffer or staging, on purpose.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -74,7 +75,7 @@ class RawClient:
     def start(self, timeout: float = 60.0, **changes: Any) -> Welcome:
         """Send the hello (with ``changes``) and return the welcome; an error reply raises."""
         if changes:
-            self.hello = Hello(**{**self.hello.__dict__, **changes})
+            self.hello = dataclasses.replace(self.hello, **changes)
         self.send(self.hello)
         while True:
             msg, _ = self.recv(timeout)
