@@ -75,7 +75,8 @@ CUDA_CFLAGS = ("-O3",)
 DEFAULT_CUDA_ARCHS = "8.0;9.0"
 
 JPEG_ROI_NAME = "batchwire_jpeg_roi"
-JPEG_ROI_SOURCES = ("jpeg_roi.cpp",)
+JPEG_ROI_SOURCES = ("jpeg_roi.cpp", "jpeg_transcode.cpp")
+JPEG_ROI_HEADERS = ("jpeg_strict.h",)
 JPEG_ROI_CFLAGS = ("-O2",)
 JPEG_ROI_LDFLAGS = ("-ljpeg",)
 
@@ -113,11 +114,12 @@ def augment_spec() -> ExtensionSpec:
 
 
 def jpeg_roi_spec() -> ExtensionSpec:
-    """The region-of-interest JPEG decoder: libjpeg-turbo's libjpeg API (jpeglib.h, -ljpeg)."""
+    """The region-of-interest JPEG decoder and the lossless transcoder of `pipeline-prepare`:
+    libjpeg-turbo's libjpeg API (jpeglib.h, -ljpeg), one module."""
     return ExtensionSpec(
         JPEG_ROI_NAME,
         JPEG_ROI_SOURCES,
-        (),
+        JPEG_ROI_HEADERS,
         JPEG_ROI_CFLAGS,
         JPEG_ROI_LDFLAGS,
         python_module=True,

@@ -14,6 +14,8 @@ TORCH_SPEC=${BATCHWIRE_TORCH:-torch==2.13.0}
 # are decoded).
 missing=()
 ldconfig -p 2>/dev/null | grep -q 'libturbojpeg\.so' || missing+=(libturbojpeg0)
+# jpegtran: the tests' independent reference for lossless rewriting (never used by batchwire).
+command -v jpegtran >/dev/null || missing+=(libjpeg-turbo-progs)
 [ -f /usr/include/jpeglib.h ] || [ -f /usr/include/x86_64-linux-gnu/jpeglib.h ] || missing+=(libjpeg62-turbo-dev)
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then

@@ -35,40 +35,15 @@
 #include <stdexcept>
 #include <string>
 
-#include <jpeglib.h>  // after <cstdio>: it uses FILE and size_t without including them
-#include <jerror.h>
+#include "jpeg_strict.h"
 
 namespace py = pybind11;
 
 namespace {
 
-struct ErrorManager {
-  jpeg_error_mgr pub;
-  std::jmp_buf jump;
-  char message[JMSG_LENGTH_MAX];
-};
-
-[[noreturn]] void jump_on_error(j_common_ptr cinfo) {
-  auto* err = reinterpret_cast<ErrorManager*>(cinfo->err);
-  (*cinfo->err->format_message)(cinfo, err->message);
-  std::longjmp(err->jump, 1);
-}
-
-// Stray bytes between header segments: the only warning after which the pixels are whole.
-bool benign_warning(const jpeg_error_mgr* err) {
-  if (err->msg_code != JWRN_EXTRANEOUS_DATA) return false;
-  const int marker = err->msg_parm.i[1];  // "%u extraneous bytes before marker 0x%02x"
-  return marker != 0xD9 && !(marker >= 0xD0 && marker <= 0xD7);
-}
-
-void jump_on_warning(j_common_ptr cinfo, int msg_level) {
-  if (msg_level >= 0) return;  // trace messages
-  if (benign_warning(cinfo->err)) {
-    cinfo->err->num_warnings++;
-    return;
-  }
-  jump_on_error(cinfo);
-}
+using batchwire_jpeg::ErrorManager;
+using batchwire_jpeg::jump_on_error;
+using batchwire_jpeg::jump_on_warning;
 
 struct Request {
   const unsigned char* data;
@@ -297,6 +272,10 @@ void check_jpeg(const py::buffer& data) {
 
 }  // namespace
 
+// jpeg_transcode.cpp: lossless rewriting for pipeline-prepare, in this module so that both
+// share one build and one strict error policy.
+void register_transcode(py::module_& m);
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "Region-of-interest JPEG decoding (libjpeg-turbo) for batchwire's CPU decode path.";
   py::register_exception<JpegRoiError>(m, "JpegRoiError", PyExc_ValueError);
@@ -315,4 +294,5 @@ the file is entropy decoded too, so corrupt or truncated data anywhere raises Jp
 Raises JpegRoiError (a ValueError) for the corrupt or truncated data a full decode would warn
 about; returns None for a sound file.)");
   m.attr("LIBJPEG_VERSION") = JPEG_LIB_VERSION;
+  register_transcode(m);
 }
