@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 from batchwire.bench.baselines import dataloader_baseline
-from batchwire.bench.cli import resolve_data
+from batchwire.bench.data import resolve_data
 from batchwire.bench.e2e_row import pipeline_server, time_remote_loader
 
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "imagenet-sample"

@@ -25,7 +25,7 @@ import threading
 import time
 from pathlib import Path
 
-from batchwire.bench.cli import resolve_data
+from batchwire.bench.data import resolve_data
 from batchwire.client import RemoteLoader
 from batchwire.common.launcher import PipelineServer
 

@@ -10,69 +10,27 @@ Rows, each timed for `--images` images (or `--max-seconds`) after a warm-up:
 
 `--data` takes an ImageFolder tree, a list file, or a flat folder of images (treated as one
 class, through a list file written to the cache folder); default: the embedded dataset.
+`--prepared` takes a copy of it made by `pipeline-prepare` (the same JPEGs with a restart
+marker after every MCU, which the CPU decoder crops without decoding the rest) and adds the
+decode-only limit and batchwire rows on it, each beside its original.
 """
 
 from __future__ import annotations
 
 import argparse
-import atexit
-import functools
-import hashlib
 import logging
 import os
-import shutil
 import sys
-import tempfile
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from pathlib import Path
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING
 
-import numpy as np
-from batchwire.bench import baselines
-from batchwire.bench.report import Report, Row, format_table, write_json, write_plot
-from batchwire.wire.keys import create_keys
+from batchwire.bench.chart import plot_unavailable, write_plot
+from batchwire.bench.data import BenchData, check_prepared, resolve_data
+from batchwire.bench.report import Report, format_table, write_json
+from batchwire.bench.rows import ROWS, best_row, plan_rows, run_row
 
-ROWS = ("decode", "dataloader", "dali", "batchwire")
-log = logging.getLogger("batchwire.bench")
-
-
-@dataclass(frozen=True)
-class BenchData:
-    """The image files, their labels, and what to pass to `pipeline-server --train`."""
-
-    shown: str
-    paths: list[str]
-    labels: np.ndarray
-    server_train: str
-
-
-def resolve_data(path: str | None) -> BenchData:
-    """Open `path` as an ImageFolder or list file; a flat folder of images becomes one class."""
-    from batchwire.pipeline.dataset import IMAGE_EXTENSIONS, open_dataset
-    from batchwire.pipeline.paths import cache_dir
-    from batchwire.pipeline.synthetic import default_dataset
-
-    target = Path(path).expanduser().resolve() if path else default_dataset().train_root
-    if not target.exists():
-        raise SystemExit(f"pipeline-bench: --data {target} does not exist")
-    has_class_dirs = target.is_dir() and any(p.is_dir() for p in target.iterdir())
-    if target.is_file() or has_class_dirs:
-        ds = open_dataset(target)
-        return BenchData(str(target), list(ds.paths), np.asarray(ds.labels), str(target))
-    files = sorted(
-        str(p) for p in target.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS
-    )
-    if not files:
-        raise SystemExit(f"pipeline-bench: no image files in {target}")
-    digest = hashlib.sha256("\n".join(files).encode()).hexdigest()[:16]
-    list_file = cache_dir() / "bench" / f"flat-{digest}.txt"
-    if not list_file.exists():
-        list_file.parent.mkdir(parents=True, exist_ok=True)
-        tmp = list_file.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text("".join(f"{f} 0\n" for f in files))
-        tmp.replace(list_file)
-    ds = open_dataset(list_file, allow_outside_root=True)  # our own list, naming the images
-    return BenchData(str(target), list(ds.paths), np.asarray(ds.labels), str(list_file))
+if TYPE_CHECKING:
+    import torch
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -172,61 +130,78 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="LIST",
         help=f"comma-separated rows to run, from {','.join(ROWS)} (default: all)",
     )
+    p.add_argument(
+        "--prepared",
+        metavar="PATH",
+        help="a copy of --data made by pipeline-prepare, of the same kind (for a list file, "
+        "the copy's list file): adds the decode-only limit and batchwire rows on it",
+    )
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
-    p.add_argument("--plot", metavar="FILE.png", help="also draw a bar chart (needs matplotlib)")
+    p.add_argument(
+        "--plot",
+        metavar="FILE.png",
+        help="also draw images/s and CPU ms/img per row (needs matplotlib: "
+        "pip install 'batchwire[bench]')",
+    )
     return p
 
 
-@dataclass
-class RowPlan:
-    key: str
-    name: str
-    run: Callable[[], baselines.Measured]
-    note: str = ""
-    best: Row | None = None
-    runs: list[float] = field(default_factory=list)
-
-
-def _run_row(plan: RowPlan) -> None:
-    """Run one row once, keeping the fastest run (a failure never loses the other rows)."""
-    print(f"running: {plan.name} ...", file=sys.stderr, flush=True)
-    try:
-        m = plan.run()
-    except Exception as e:
-        log.debug("row %s failed", plan.key, exc_info=True)
-        if plan.best is None:
-            plan.best = Row(plan.key, plan.name, skipped=f"{type(e).__name__}: {e}"[:500])
-        return
-    plan.runs.append(m.images_per_s)
-    row = Row(plan.key, plan.name, m.images, m.seconds, m.cpu_seconds, note=plan.note)
-    if plan.best is None or (plan.best.images_per_s or 0.0) < m.images_per_s:
-        plan.best = row
-
-
 def run_bench(args: argparse.Namespace) -> Report:
+    """Resolve the data and device, run every requested row `--repeat` times in turn, and
+    return the report holding each row's fastest run."""
     import torch
-    from batchwire.bench.e2e_row import batchwire_row
 
     rows = [r.strip() for r in args.rows.split(",") if r.strip()]
     unknown = sorted(set(rows) - set(ROWS))
     if unknown:
         raise SystemExit(f"pipeline-bench: unknown rows {unknown}; choose from {', '.join(ROWS)}")
     data = resolve_data(args.data)
+    prepared = resolve_data(args.prepared, "--prepared") if args.prepared else None
+    if prepared is not None:
+        check_prepared(data, prepared)
+    dev = _device(args.device)
+    report = Report(_config(args, data, prepared, str(dev), torch.__version__))
+    plans = plan_rows(args, rows, str(dev), data, prepared)
+    # Rows take turns, so a burst of someone else's load on a shared machine hits them alike.
+    for _ in range(args.repeat):
+        for plan in plans:
+            if plan.best is None or plan.best.skipped is None:
+                run_row(plan)
+    report.rows += [best_row(plan) for plan in plans]
+    return report
+
+
+def _device(name: str) -> torch.device:
+    """`--device` as a torch.device, refused unless it is the CPU or a CUDA device torch sees."""
+    import torch
+
     try:
-        dev = torch.device(args.device)
+        dev = torch.device(name)
     except RuntimeError:
         dev = torch.device("meta")  # rejected just below
     if dev.type not in ("cpu", "cuda"):
-        raise SystemExit(f"pipeline-bench: --device must be cpu or cuda[:N], got {args.device!r}")
+        raise SystemExit(f"pipeline-bench: --device must be cpu or cuda[:N], got {name!r}")
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("pipeline-bench: --device cuda needs CUDA, and torch sees no CUDA device")
-    config = {
+    return dev
+
+
+def _config(
+    args: argparse.Namespace,
+    data: BenchData,
+    prepared: BenchData | None,
+    device: str,
+    torch_version: str,
+) -> dict:
+    """What the report says it measured: enough to rerun it and to read its figures right."""
+    return {
         "data": data.shown,
+        "prepared": prepared.shown if prepared is not None else None,
         "dataset_images": len(data.paths),
         "batch_size": args.batch_size,
         "image_size": args.image_size,
         "images_per_row": args.images,
-        "device": str(dev),
+        "device": device,
         "workers": args.workers,
         "threads": args.threads,
         "cpu_cores": os.cpu_count(),
@@ -234,96 +209,9 @@ def run_bench(args: argparse.Namespace) -> Report:
         "max_seconds": args.max_seconds,
         "repeat": args.repeat,
         "transport": args.transport,
-        "torch": torch.__version__,
+        "torch": torch_version,
+        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
     }
-    report = Report(config)
-    common = {"measure_images": args.images, "max_seconds": args.max_seconds}
-    loop = {
-        **common,
-        "batch_size": args.batch_size,
-        "image_size": args.image_size,
-        "warmup": args.warmup_batches,
-    }
-    plans: list[RowPlan] = []
-    if "decode" in rows:
-        plans.append(
-            RowPlan(
-                "decode_limit",
-                f"decode-only limit (TurboJPEG, {args.threads} threads)",
-                lambda: baselines.decode_limit(data.paths, threads=args.threads, **common),
-            )
-        )
-    if "dataloader" in rows:
-        _, how = baselines.make_transform(args.image_size)
-        plans.append(
-            RowPlan(
-                "dataloader",
-                f"torch DataLoader ({args.workers} workers, PIL)",
-                lambda: baselines.dataloader_baseline(
-                    data.paths, data.labels, workers=args.workers, **loop
-                )[0],
-                note=how,
-            )
-        )
-    if "dali" in rows:
-        name = f"DALI pipeline ({dev.type}, {args.threads} threads)"
-        plans.append(
-            RowPlan(
-                "dali",
-                name,
-                lambda: baselines.dali_pipeline(
-                    data.paths, data.labels, device=str(dev), threads=args.threads, **loop
-                ),
-            )
-        )
-        try:
-            import nvidia.dali  # noqa: F401
-        except ImportError:
-            plans[-1].best = Row("dali", name, skipped="NVIDIA DALI is not installed")
-    if "batchwire" in rows:
-        row = functools.partial(
-            batchwire_row,
-            data.server_train,
-            device=str(dev),
-            threads=args.threads,
-            decoder=args.decoder,
-            wire=args.wire,
-            **loop,
-        )
-        plans.append(
-            RowPlan(
-                "batchwire",
-                f"batchwire (server + RemoteLoader, {dev.type}, {args.wire} wire)",
-                functools.partial(row, transport=args.transport),
-                note=f"pipeline-server --decoder {args.decoder} --workers {args.threads}, "
-                f"{args.transport}",
-            )
-        )
-        if args.keys:
-            keys_dir = tempfile.mkdtemp(prefix="bw-bench-keys-")
-            atexit.register(shutil.rmtree, keys_dir, True)
-            keys = str(create_keys(Path(keys_dir) / "keys"))
-            plans.append(
-                RowPlan(
-                    "batchwire-keys",
-                    f"batchwire with keys (CURVE over tcp, {dev.type}, {args.wire} wire)",
-                    functools.partial(row, transport="tcp", keys=keys),
-                    note=f"pipeline-server --keys, --workers {args.threads}, tcp",
-                )
-            )
-    # Rows take turns, so a burst of someone else's load on a shared machine hits them alike.
-    for _ in range(args.repeat):
-        for plan in plans:
-            if plan.best is None or plan.best.skipped is None:
-                _run_row(plan)
-    for plan in plans:
-        assert plan.best is not None
-        if len(plan.runs) > 1:
-            runs = ", ".join(f"{r:.0f}" for r in plan.runs)
-            extra = f"best of {len(plan.runs)} runs ({runs} images/s)"
-            plan.best.note = f"{plan.best.note}; {extra}" if plan.best.note else extra
-        report.rows.append(plan.best)
-    return report
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -339,6 +227,9 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(
             "pipeline-bench: --batch-size, --image-size, --images, --repeat must be >= 1"
         )
+    why_no_plot = plot_unavailable() if args.plot else None
+    if why_no_plot is not None:  # said now, not after minutes of measuring
+        raise SystemExit(f"pipeline-bench: {why_no_plot}")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     report = run_bench(args)
     print(format_table(report))

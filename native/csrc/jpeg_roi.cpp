@@ -34,7 +34,9 @@
 #include <cstring>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
+#include "jpeg_restart.h"
 #include "jpeg_strict.h"
 
 namespace py = pybind11;
@@ -217,6 +219,42 @@ bool check_stream(const unsigned char* data, std::size_t size, char* message,
   return true;
 }
 
+// Rows and columns, in output pixels, that the small JPEG of `decode_from_restarts` keeps
+// beyond the wanted region: fancy upsampling of a 2x subsampled chroma plane reads one chroma
+// sample, two output pixels, either side, and the small JPEG's own edges are replicated there.
+constexpr long long kContextMargin = 2;
+
+// For a file with restart markers that tile its MCU rows (what pipeline-prepare writes): copy
+// the intervals under the region plus kContextMargin into a small JPEG and decode that instead,
+// asking it for the same region, so that libjpeg skips and crops exactly as it would in the
+// whole file: the same region comes back, with the same pixels, for a fraction of the entropy
+// decoding. Returns false, with nothing allocated, when the file has no such layout or the small
+// JPEG does not decode; the caller then reads the file itself, which decides what an error is.
+bool decode_from_restarts(const Request& req, Region* out) {
+  batchwire_jpeg::RestartLayout layout;
+  if (!batchwire_jpeg::find_restart_layout(req.data, req.size, &layout).empty()) return false;
+  const long long d = req.scale_denom;
+  const long long full_h = (layout.height + d - 1) / d, full_w = (layout.width + d - 1) / d;
+  const long long y0 = clamp(req.y0, 0, full_h), y1 = clamp(req.y1, 0, full_h);
+  const long long x0 = clamp(req.x0, 0, full_w), x1 = clamp(req.x1, 0, full_w);
+  if (y1 <= y0 || x1 <= x0) return false;
+  const batchwire_jpeg::McuRect rect = batchwire_jpeg::covering_rect(
+      layout, (y0 - kContextMargin) * d, (x0 - kContextMargin) * d, (y1 + kContextMargin) * d,
+      (x1 + kContextMargin) * d);
+  const std::vector<std::uint8_t> small = batchwire_jpeg::assemble_rect(req.data, layout, rect);
+  const long long oy = rect.row0 * layout.mcu_height / d, ox = rect.col0 * layout.mcu_width / d;
+  const Request sub{small.data(), small.size(), y0 - oy, x0 - ox, y1 - oy, x1 - ox,
+                    req.scale_denom, false};
+  char message[JMSG_LENGTH_MAX + 64];
+  if (!decode_region(sub, out, message, sizeof message)) return false;
+  out->y0 += static_cast<int>(oy);
+  out->x0 += static_cast<int>(ox);
+  out->full_height = static_cast<int>(full_h);
+  out->full_width = static_cast<int>(full_w);
+  out->has_eoi = true;  // find_restart_layout found the original's EOI
+  return true;
+}
+
 class JpegRoiError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
@@ -237,7 +275,8 @@ py::tuple decode_jpeg_roi(const py::buffer& data, long long y0, long long x0, lo
   bool ok;
   {
     py::gil_scoped_release release;
-    ok = req.size >= 2 && decode_region(req, &region, message, sizeof message);
+    ok = (!verify && decode_from_restarts(req, &region)) ||
+         (req.size >= 2 && decode_region(req, &region, message, sizeof message));
   }
   if (!ok) {
     throw JpegRoiError(req.size < 2 ? "not a JPEG (fewer than 2 bytes)" : message);
@@ -270,6 +309,56 @@ void check_jpeg(const py::buffer& data) {
   if (!ok) throw JpegRoiError(size < 2 ? "not a JPEG (fewer than 2 bytes)" : message);
 }
 
+const py::buffer_info contiguous_bytes(const py::buffer& data) {
+  py::buffer_info info = data.request();
+  if (info.itemsize != 1 || info.ndim != 1 || info.strides[0] != 1) {
+    throw py::value_error("data must be a contiguous bytes-like object");
+  }
+  return info;
+}
+
+// (layout dict, "") for a file the restart path reads, else (None, why not).
+py::tuple restart_layout(const py::buffer& data) {
+  const py::buffer_info info = contiguous_bytes(data);
+  batchwire_jpeg::RestartLayout layout;
+  std::string why = batchwire_jpeg::find_restart_layout(
+      static_cast<const std::uint8_t*>(info.ptr), static_cast<std::size_t>(info.size), &layout);
+  if (!why.empty()) return py::make_tuple(py::none(), why);
+  py::dict d;
+  d["height"] = layout.height;
+  d["width"] = layout.width;
+  d["mcu_height"] = layout.mcu_height;
+  d["mcu_width"] = layout.mcu_width;
+  d["mcu_rows"] = layout.mcu_rows;
+  d["mcus_per_row"] = layout.mcus_per_row;
+  d["interval"] = layout.interval;
+  d["intervals"] = layout.begin.size();
+  return py::make_tuple(d, "");
+}
+
+// (small JPEG bytes, (row, column) of its top-left pixel in the file) covering full-size rows
+// [y0, y1) and columns [x0, x1), or None when the file has no restart layout.
+py::object crop_bitstream(const py::buffer& data, long long y0, long long x0, long long y1,
+                          long long x1) {
+  const py::buffer_info info = contiguous_bytes(data);
+  const auto* bytes = static_cast<const std::uint8_t*>(info.ptr);
+  batchwire_jpeg::RestartLayout layout;
+  if (!batchwire_jpeg::find_restart_layout(bytes, static_cast<std::size_t>(info.size), &layout)
+           .empty()) {
+    return py::none();
+  }
+  const batchwire_jpeg::McuRect rect = batchwire_jpeg::covering_rect(layout, y0, x0, y1, x1);
+  if (rect.row1 <= rect.row0 || rect.col1 <= rect.col0) return py::none();
+  std::vector<std::uint8_t> small;
+  {
+    py::gil_scoped_release release;
+    small = batchwire_jpeg::assemble_rect(bytes, layout, rect);
+  }
+  return py::make_tuple(
+      py::bytes(reinterpret_cast<const char*>(small.data()), small.size()),
+      py::make_tuple(rect.row0 * layout.mcu_height, rect.col0 * layout.mcu_width));
+}
+
 }  // namespace
 
 // jpeg_transcode.cpp: lossless rewriting for pipeline-prepare, in this module so that both
@@ -293,6 +382,16 @@ the file is entropy decoded too, so corrupt or truncated data anywhere raises Jp
 
 Raises JpegRoiError (a ValueError) for the corrupt or truncated data a full decode would warn
 about; returns None for a sound file.)");
+  m.def("restart_layout", &restart_layout, py::arg("data"),
+        R"(Where a JPEG's restart intervals lie: (dict, "") when decode_jpeg_roi can enter the
+file at its restart markers (sequential Huffman, one scan, intervals tiling the MCU rows),
+else (None, the reason).)");
+  m.def("crop_bitstream", &crop_bitstream, py::arg("data"), py::arg("y0"), py::arg("x0"),
+        py::arg("y1"), py::arg("x1"),
+        R"(A small JPEG of the whole restart intervals covering full-size rows [y0, y1) and
+columns [x0, x1), and the (row, column) of its first pixel in the file; None when the file has
+no restart layout. Its blocks hold the file's coefficients; its edges are its own (upsampling
+replicates there), so ask for a margin beyond what must match the whole file's decode.)");
   m.attr("LIBJPEG_VERSION") = JPEG_LIB_VERSION;
   register_transcode(m);
 }

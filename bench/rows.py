@@ -1,0 +1,209 @@
+"""What each `pipeline-bench` row runs, and how a row keeps its fastest run.
+
+A row is a `RowPlan`: a key, a name and a no-argument callable (a `functools.partial` over a
+baseline or `batchwire_row`) returning a `Measured`. The rows that read image files
+(the decode-only limit and batchwire) are built from one function of the files, so a
+`--prepared` copy gets the very same measurement as its original (`_with_prepared`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import functools
+import logging
+import shutil
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from batchwire.bench import baselines
+from batchwire.bench.data import BenchData
+from batchwire.bench.report import Row, prepared_key
+from batchwire.wire.keys import create_keys
+
+ROWS = ("decode", "dataloader", "dali", "batchwire")
+log = logging.getLogger("batchwire.bench")
+
+
+@dataclass
+class RowPlan:
+    """One row to run: `run` measures it once; `best` is its fastest run so far (or why it
+    could not run), `runs` the rate of every run."""
+
+    key: str
+    name: str
+    run: Callable[[], baselines.Measured]
+    note: str = ""
+    best: Row | None = None
+    runs: list[float] = field(default_factory=list)
+
+
+def run_row(plan: RowPlan) -> None:
+    """Run one row once, keeping the fastest run (a failure never loses the other rows)."""
+    print(f"running: {plan.name} ...", file=sys.stderr, flush=True)
+    try:
+        m = plan.run()
+    except Exception as e:
+        log.debug("row %s failed", plan.key, exc_info=True)
+        if plan.best is None:
+            plan.best = Row(plan.key, plan.name, skipped=f"{type(e).__name__}: {e}"[:500])
+        return
+    plan.runs.append(m.images_per_s)
+    row = Row(plan.key, plan.name, m.images, m.seconds, m.cpu_seconds, note=plan.note)
+    if plan.best is None or (plan.best.images_per_s or 0.0) < m.images_per_s:
+        plan.best = row
+
+
+def best_row(plan: RowPlan) -> Row:
+    """The row's fastest run (or why it never ran), noting every run's rate when it had several."""
+    assert plan.best is not None, "run_row has not run this plan"
+    if len(plan.runs) > 1:
+        runs = ", ".join(f"{r:.0f}" for r in plan.runs)
+        extra = f"best of {len(plan.runs)} runs ({runs} images/s)"
+        plan.best.note = f"{plan.best.note}; {extra}" if plan.best.note else extra
+    return plan.best
+
+
+def _with_prepared(
+    plan: RowPlan,
+    label: str,
+    run_on: Callable[[BenchData], Callable[[], baselines.Measured]],
+    prepared: BenchData | None,
+) -> list[RowPlan]:
+    """`plan`, and with a prepared copy its twin: the same measurement (`run_on`, which also
+    made `plan.run`) on the copy's files, named "`label` (prepared)"."""
+    if prepared is None:
+        return [plan]
+    where = f"on {prepared.shown}"
+    twin = RowPlan(
+        prepared_key(plan.key),
+        f"{label} (prepared)",
+        run_on(prepared),
+        note=f"{plan.note}; {where}" if plan.note else where,
+    )
+    return [plan, twin]
+
+
+def plan_rows(
+    args: argparse.Namespace,
+    rows: list[str],
+    device: str,
+    data: BenchData,
+    prepared: BenchData | None,
+) -> list[RowPlan]:
+    """The rows asked for, in table order, each prepared twin right after its original."""
+    plans: list[RowPlan] = []
+    if "decode" in rows:
+        plans += _decode_plans(args, data, prepared)
+    if "dataloader" in rows:
+        plans.append(_dataloader_plan(args, data))
+    if "dali" in rows:
+        plans.append(_dali_plan(args, device, data))
+    if "batchwire" in rows:
+        plans += _batchwire_plans(args, device, data, prepared)
+    return plans
+
+
+def _decode_plans(
+    args: argparse.Namespace, data: BenchData, prepared: BenchData | None
+) -> list[RowPlan]:
+    def run_on(files: BenchData) -> Callable[[], baselines.Measured]:
+        return functools.partial(
+            baselines.decode_limit,
+            files.paths,
+            threads=args.threads,
+            measure_images=args.images,
+            max_seconds=args.max_seconds,
+        )
+
+    label = "decode-only limit"
+    plan = RowPlan("decode_limit", f"{label} (TurboJPEG, {args.threads} threads)", run_on(data))
+    return _with_prepared(plan, label, run_on, prepared)
+
+
+def _loop(args: argparse.Namespace) -> dict:
+    """The keyword arguments every batch-delivering row takes."""
+    return {
+        "measure_images": args.images,
+        "max_seconds": args.max_seconds,
+        "batch_size": args.batch_size,
+        "image_size": args.image_size,
+        "warmup": args.warmup_batches,
+    }
+
+
+def _dataloader_plan(args: argparse.Namespace, data: BenchData) -> RowPlan:
+    _, how = baselines.make_transform(args.image_size)
+    return RowPlan(
+        "dataloader",
+        f"torch DataLoader ({args.workers} workers, PIL)",
+        lambda: baselines.dataloader_baseline(
+            data.paths, data.labels, workers=args.workers, **_loop(args)
+        )[0],
+        note=how,
+    )
+
+
+def _dali_plan(args: argparse.Namespace, device: str, data: BenchData) -> RowPlan:
+    dev_type = device.split(":", 1)[0]
+    plan = RowPlan(
+        "dali",
+        f"DALI pipeline ({dev_type}, {args.threads} threads)",
+        functools.partial(
+            baselines.dali_pipeline,
+            data.paths,
+            data.labels,
+            device=device,
+            threads=args.threads,
+            **_loop(args),
+        ),
+    )
+    try:
+        import nvidia.dali  # noqa: F401
+    except ImportError:
+        plan.best = Row("dali", plan.name, skipped="NVIDIA DALI is not installed")
+    return plan
+
+
+def _batchwire_plans(
+    args: argparse.Namespace, device: str, data: BenchData, prepared: BenchData | None
+) -> list[RowPlan]:
+    from batchwire.bench.e2e_row import batchwire_row
+
+    dev_type = device.split(":", 1)[0]
+    row = functools.partial(
+        batchwire_row,
+        device=device,
+        threads=args.threads,
+        decoder=args.decoder,
+        wire=args.wire,
+        **_loop(args),
+    )
+
+    def run_on(files: BenchData) -> Callable[[], baselines.Measured]:
+        return functools.partial(row, files.server_train, transport=args.transport)
+
+    label = "batchwire"
+    plan = RowPlan(
+        "batchwire",
+        f"{label} (server + RemoteLoader, {dev_type}, {args.wire} wire)",
+        run_on(data),
+        note=f"pipeline-server --decoder {args.decoder} --workers {args.threads}, {args.transport}",
+    )
+    plans = _with_prepared(plan, label, run_on, prepared)
+    if args.keys:
+        keys_dir = tempfile.mkdtemp(prefix="bw-bench-keys-")
+        atexit.register(shutil.rmtree, keys_dir, True)
+        keys = str(create_keys(Path(keys_dir) / "keys"))
+        plans.append(
+            RowPlan(
+                "batchwire-keys",
+                f"batchwire with keys (CURVE over tcp, {dev_type}, {args.wire} wire)",
+                functools.partial(row, data.server_train, transport="tcp", keys=keys),
+                note=f"pipeline-server --keys, --workers {args.threads}, tcp",
+            )
+        )
+    return plans
