@@ -1,5 +1,9 @@
 """Region-of-interest JPEG decoding (csrc/jpeg_roi.cpp): only the part of a JPEG a crop reads.
 
+For files with restart markers at MCU granularity (`pipeline-prepare`), the decoder copies the
+restart intervals under the crop into a small JPEG and decodes that (csrc/jpeg_restart.cpp):
+the same pixels for about half the work. `crop_bitstream` gives GPU decoders the same bytes.
+
 Optional by design: it needs libjpeg-turbo's headers at build time (`libjpeg62-turbo-dev`), so
 it is a separate extension from the augment op, and callers (pipeline/decode/roi.py) keep their
 full-image decoder for when it is unavailable. The build is tried once per process; a failure
@@ -95,3 +99,37 @@ def check_jpeg(data: bytes | memoryview) -> None:
         module.check_jpeg(data)
     except module.JpegRoiError as exc:
         raise JpegRoiError(str(exc)) from None
+
+
+def restart_layout(data: bytes | memoryview) -> tuple[dict | None, str]:
+    """(layout, "") when `decode_jpeg_roi` can enter this JPEG at its restart markers (what
+    `pipeline-prepare` writes: sequential Huffman, one scan, restart intervals tiling the MCU
+    rows), else (None, why not). The layout dict gives the frame's height and width, the MCU's
+    size in pixels, the MCU grid, the restart interval in MCUs and the number of intervals.
+    Costs one pass over the file looking for 0xFF bytes. RuntimeError when the extension is
+    unavailable."""
+    module = _module()
+    if module is None:
+        raise RuntimeError("the ROI JPEG decoder is unavailable (see the logged build error)")
+    layout, why = module.restart_layout(data)
+    return layout, why
+
+
+def crop_bitstream(
+    data: bytes | memoryview, y0: int, x0: int, y1: int, x1: int
+) -> tuple[bytes, Region] | None:
+    """A small JPEG holding the whole restart intervals that cover rows [y0, y1) and columns
+    [x0, x1) of the stored (EXIF-unoriented) full-size image, and the region (y0, x0, y1, x1)
+    of the file's pixels it holds; None when the file has no restart layout (`restart_layout`).
+
+    Its blocks are the file's, so it decodes to the file's pixels except where upsampling meets
+    its own edges (one or two pixels there, where the file continues): ask for a margin. For
+    decoders that cannot crop cheaply themselves (nvJPEG, DALI): less to entropy decode."""
+    module = _module()
+    if module is None:
+        raise RuntimeError("the ROI JPEG decoder is unavailable (see the logged build error)")
+    found = module.crop_bitstream(data, int(y0), int(x0), int(y1), int(x1))
+    if found is None:
+        return None
+    small, region = found
+    return small, tuple(region)

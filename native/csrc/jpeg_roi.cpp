@@ -26,6 +26,7 @@
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
+#include <algorithm>
 #include <csetjmp>
 #include <cstddef>
 #include <cstdint>
@@ -336,7 +337,7 @@ py::tuple restart_layout(const py::buffer& data) {
   return py::make_tuple(d, "");
 }
 
-// (small JPEG bytes, (row, column) of its top-left pixel in the file) covering full-size rows
+// (small JPEG bytes, (y0, x0, y1, x1) the file's pixels it holds) covering full-size rows
 // [y0, y1) and columns [x0, x1), or None when the file has no restart layout.
 py::object crop_bitstream(const py::buffer& data, long long y0, long long x0, long long y1,
                           long long x1) {
@@ -354,9 +355,11 @@ py::object crop_bitstream(const py::buffer& data, long long y0, long long x0, lo
     py::gil_scoped_release release;
     small = batchwire_jpeg::assemble_rect(bytes, layout, rect);
   }
-  return py::make_tuple(
-      py::bytes(reinterpret_cast<const char*>(small.data()), small.size()),
-      py::make_tuple(rect.row0 * layout.mcu_height, rect.col0 * layout.mcu_width));
+  const int top = rect.row0 * layout.mcu_height, left = rect.col0 * layout.mcu_width;
+  const int bottom = std::min(layout.height, rect.row1 * layout.mcu_height);
+  const int right = std::min(layout.width, rect.col1 * layout.mcu_width);
+  return py::make_tuple(py::bytes(reinterpret_cast<const char*>(small.data()), small.size()),
+                        py::make_tuple(top, left, bottom, right));
 }
 
 }  // namespace
@@ -389,8 +392,8 @@ else (None, the reason).)");
   m.def("crop_bitstream", &crop_bitstream, py::arg("data"), py::arg("y0"), py::arg("x0"),
         py::arg("y1"), py::arg("x1"),
         R"(A small JPEG of the whole restart intervals covering full-size rows [y0, y1) and
-columns [x0, x1), and the (row, column) of its first pixel in the file; None when the file has
-no restart layout. Its blocks hold the file's coefficients; its edges are its own (upsampling
+columns [x0, x1) of the stored image, and (y0, x0, y1, x1) the pixels of the file it holds;
+None when the file has no restart layout. Its blocks hold the file's coefficients; its edges are its own (upsampling
 replicates there), so ask for a margin beyond what must match the whole file's decode.)");
   m.attr("LIBJPEG_VERSION") = JPEG_LIB_VERSION;
   register_transcode(m);

@@ -78,6 +78,8 @@ class DaliBatchDecoder(GpuDecoderBase):
     `roi` (default: on for CPU, off for CUDA) decodes only each crop's region.
     """
 
+    orientation_from_bitstream = True  # adjust_orientation: DALI reads the EXIF itself
+
     name = "dali"
 
     def __init__(

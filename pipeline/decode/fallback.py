@@ -22,6 +22,7 @@ import torch
 from batchwire.common import devices
 from batchwire.pipeline.decode.contract import DecodeRequest, DecodeResult
 from batchwire.pipeline.decode.cpu import CpuBatchDecoder
+from batchwire.pipeline.decode.restart import narrow_request
 
 log = logging.getLogger("batchwire.pipeline")
 
@@ -109,8 +110,14 @@ class GpuDecoderBase:
     """The `BatchDecoder` skeleton of a GPU-side decoder with the CPU decoder as safety net.
 
     A subclass sets `name`, `device`, `max_batch` and `max_image_pixels` (None: no bound), calls
-    `_start_fallback(threads)`, and implements `_decode_group`.
+    `_start_fallback(threads)`, and implements `_decode_group`. Requests for files with restart
+    markers are first cut down to their crop's restart intervals (`restart.narrow_request`):
+    the GPU decoder, and the CPU fallback too, then decode only that much of the bitstream.
+    `orientation_from_bitstream`: the decoder applies EXIF orientation itself (DALI), so
+    oriented images keep their whole file (the small JPEG carries no EXIF).
     """
+
+    orientation_from_bitstream = False
 
     name: str
     device: torch.device
@@ -176,6 +183,8 @@ class GpuDecoderBase:
         results: list[DecodeResult | None] = [None] * len(requests)
         rejected: dict[int, str] = {}
         eligible: list[int] = []
+        upright_only = self.orientation_from_bitstream
+        requests = [narrow_request(r, upright_only=upright_only) for r in requests]
         for i, req in enumerate(requests):
             reason = self._skip_reason(req)
             if reason is None:

@@ -1,0 +1,74 @@
+"""Smaller bitstreams for GPU decoders: a JPEG with restart markers cut down to the crop.
+
+The CPU decoder enters a `pipeline-prepare`d file at its restart markers natively
+(`batchwire.native.jpeg_roi`). nvJPEG and DALI decode whole bitstreams, so for them
+`narrow_request` does the same cut in front of the decoder: the request becomes one for a small
+JPEG of the restart intervals under the crop's reach (`region.reach_region`) plus
+`EDGE_MARGIN`, with the header and box re-expressed in it. Whatever decodes it then reads only
+the crop's share of the entropy-coded data, and produces the same crop pixels as from the
+whole file. A request it cannot narrow (no restart layout, not a JPEG, extension unavailable)
+comes back unchanged.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+from batchwire.pipeline.decode.contract import DecodeRequest
+from batchwire.pipeline.decode.headers import ImageHeader
+from batchwire.pipeline.decode.orientation import swaps_axes
+from batchwire.pipeline.decode.region import displayed_region, reach_region, stored_region
+
+log = logging.getLogger("batchwire.pipeline")
+
+# Pixels kept beyond the crop's reach: fancy upsampling of 2x subsampled chroma reads one chroma
+# sample (two pixels) across, and the small JPEG's own edges are replicated there.
+EDGE_MARGIN = 2
+
+
+def _crop_bitstream():
+    """`batchwire.native.jpeg_roi.crop_bitstream`, or None when the extension is unavailable."""
+    from batchwire.native import jpeg_roi
+
+    return jpeg_roi.crop_bitstream if jpeg_roi.jpeg_roi_available() else None
+
+
+def narrow_request(req: DecodeRequest, *, upright_only: bool = False) -> DecodeRequest:
+    """`req` for the small JPEG of its crop's restart intervals, or `req` itself when its file
+    has none (see the module doc). The result's box is in the small image's coordinates.
+
+    The small JPEG carries no EXIF: the request's header keeps the orientation for decoders
+    that apply it from there. `upright_only` leaves oriented images alone, for decoders that
+    read the orientation from the bitstream (DALI)."""
+    if req.header.kind != "jpeg" or (upright_only and req.header.orientation != 1):
+        return req
+    crop = _crop_bitstream()
+    if crop is None:
+        return req
+    h, w = req.header.height, req.header.width
+    y0, x0, y1, x1 = reach_region(req.box, req.out_hw, (h, w))
+    wanted = (
+        max(0, y0 - EDGE_MARGIN),
+        max(0, x0 - EDGE_MARGIN),
+        min(h, y1 + EDGE_MARGIN),
+        min(w, x1 + EDGE_MARGIN),
+    )
+    if wanted[2] <= wanted[0] or wanted[3] <= wanted[1]:
+        return req
+    transposed = swaps_axes(req.header.orientation)
+    stored_hw = (w, h) if transposed else (h, w)
+    found = crop(req.data, *stored_region(req.header.orientation, stored_hw, wanted))
+    if found is None:
+        return req
+    small, held = found
+    top, left, bottom, right = displayed_region(req.header.orientation, stored_hw, held)
+    header = ImageHeader(
+        height=bottom - top,
+        width=right - left,
+        orientation=req.header.orientation,
+        kind="jpeg",
+    )
+    by0, bx0, by1, bx1 = (float(v) for v in req.box)
+    box = (by0 - top, bx0 - left, by1 - top, bx1 - left)
+    return dataclasses.replace(req, data=small, header=header, box=box)
