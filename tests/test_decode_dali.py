@@ -18,8 +18,9 @@ from batchwire.native.reference import augment_batch_reference
 from batchwire.pipeline.augment_plan import AugmentConfig, plan_sample
 from batchwire.pipeline.decode import CpuBatchDecoder, DecodeRequest, decode_full, read_header
 from batchwire.pipeline.decode.dali import DaliBatchDecoder, decode_region
+from batchwire.pipeline.decode.restart import narrow_request
 from batchwire.pipeline.synthetic import default_dataset
-from oddfiles import exif_jpeg, jpeg_bytes, odd_file_bytes, smooth_image
+from oddfiles import exif_jpeg, exif_orientation_block, jpeg_bytes, odd_file_bytes, smooth_image
 
 SAMPLE = Path(__file__).resolve().parents[2] / "shared" / "imagenet-sample"
 
@@ -160,6 +161,49 @@ def test_crops_decode_a_region_that_augments_like_the_full_image(decoder):
         got = augment([r.image for r in res], [r.box for r in res], size)
         assert (got.int() - expected.int()).abs().max().item() <= 1
     assert smaller >= len(requests) // 2  # it really decoded less than the whole image
+
+
+def test_restart_marker_files_reach_dali_as_the_crops_intervals(decoder):
+    """`pipeline-prepare`d files (a restart marker after every MCU) are cut to the crop's
+    restart intervals before DALI sees them (`restart.narrow_request`), except oriented ones
+    (DALI orients from the EXIF, which the cut leaves out); the augmented crops are the same
+    as from the same coefficients without restart markers."""
+    import io
+
+    from PIL import Image
+
+    def encode(pixels, **options) -> bytes:
+        out = io.BytesIO()
+        Image.fromarray(pixels).save(out, "JPEG", quality=90, **options)
+        return out.getvalue()
+
+    images = [smooth_image(300 + 16 * k, 420 - 24 * k, seed=k) for k in range(6)]
+    plain = [encode(p) for p in images]
+    marked = [encode(p, restart_marker_blocks=1) for p in images]
+    marked.append(encode(images[0], exif=exif_orientation_block(6), restart_marker_blocks=1))
+    plain.append(encode(images[0], exif=exif_orientation_block(6)))
+    size = 64
+    requests_plain, requests_marked = crop_requests(plain, size), crop_requests(marked, size)
+    got_plain = decoder.decode_batch(requests_plain)
+    got_marked = decoder.decode_batch(requests_marked)
+    assert all(r.error is None for r in got_plain + got_marked)
+    cut = [narrow_request(q, upright_only=True) is not q for q in requests_marked]
+    assert cut == [True] * len(images) + [False]  # the oriented one goes whole
+    moved = [r.box != q.box for r, q in zip(got_marked, requests_marked, strict=True)]
+    assert sum(moved) >= 3  # boxes re-expressed in the small JPEGs DALI decoded
+
+    def augment(results):
+        n = len(results)
+        out = torch.empty((n, 3, size, size), dtype=torch.uint8)
+        boxes = torch.tensor([r.box for r in results], dtype=torch.float32)
+        jitter = torch.tensor([[1.0, 1.0, 1.0, 0.0]] * n)
+        flips = torch.zeros(n, dtype=torch.bool)
+        images = [r.image for r in results]
+        return augment_batch_reference(
+            images, boxes, flips, jitter, torch.zeros(3), torch.ones(3), out
+        )
+
+    assert (augment(got_marked).int() - augment(got_plain).int()).abs().max().item() <= 1
 
 
 def test_without_roi_the_whole_image_is_decoded():
