@@ -140,3 +140,43 @@ def test_gpu_decode_matches_cpu_with_fallbacks():
         assert diff.mean().item() < 2.0 and diff.max().item() <= 96, req.index
     assert dec.fallbacks >= 3  # truncated, CMYK, oversize (and anything nvJPEG refused)
     assert dec.failures == 1
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_gpu_decodes_prepared_files_through_the_crops_restart_intervals():
+    """A file with a restart marker after every MCU (what pipeline-prepare writes) reaches
+    nvJPEG as the small JPEG of its crop's intervals, and decodes like the CPU's decode of that
+    small JPEG (equal to the whole file's pixels over the crop's reach: test_jpeg_restart), for
+    every EXIF orientation (nvJPEG does not orient: the decoder does, from the header the cut
+    keeps)."""
+    import io
+
+    from batchwire.pipeline.decode.restart import narrow_request
+    from batchwire.pipeline.decode.whole import decode_pixels
+    from oddfiles import exif_orientation_block
+
+    if (missing := gpu_decode_missing()) is not None:
+        pytest.skip(f"nvJPEG decode unavailable: {missing}")
+    pixels = smooth_image(320, 480, seed=9)
+    batch = []
+    for o in range(1, 9):
+        out = io.BytesIO()
+        exif = exif_orientation_block(o)
+        Image.fromarray(pixels).save(out, "JPEG", quality=90, exif=exif, restart_marker_blocks=1)
+        data = out.getvalue()
+        h = read_header(data)
+        box = (h.height * 0.3, h.width * 0.4, h.height * 0.8, h.width * 0.9)
+        batch.append(DecodeRequest(o, data, h, box, (64, 64)))
+    assert all(narrow_request(r) is not r for r in batch)
+    dec = NvjpegBatchDecoder("cuda:0", threads=1, max_batch=8)
+    results = dec.decode_batch(batch)
+    for res, req in zip(results, batch, strict=True):
+        cut = narrow_request(req)
+        assert res.error is None and res.image is not None and res.image.device.type == "cuda"
+        assert res.box == cut.box, req.index  # in the small JPEG's coordinates
+        expected = torch.from_numpy(decode_pixels(cut.data, cut.header, (1, 1)))  # oriented
+        assert res.image.shape == expected.shape and expected.numel() < 3 * req.header.pixels
+        diff = (res.image.cpu().int() - expected.int()).abs().float()
+        assert diff.mean().item() < 2.0 and diff.max().item() <= 96, req.index
+    dec.close()
