@@ -3,6 +3,11 @@ decoding only the crop's region (ROI, where the native decoder builds), and the 
 LocalLoader rate.
 
     python -m batchwire.bench.bench_decode [--dir ../shared/imagenet-sample] [--size 224]
+        [--prepared .cache/prepared/imagenet-sample]
+
+With `--prepared` (a `pipeline-prepare` copy of `--dir`: the same JPEGs with a restart marker
+after every MCU) the row `roi_prepared` decodes the copy's files for the very same crops, and its
+ratio to `roi` (the originals) is what the prepared layout saves in the decode stage.
 
 All files are read into memory first, so this measures decoding, not the disk. The per-core
 rows run on one thread; they report both wall-clock and CPU-time rates, because on a shared
@@ -15,6 +20,7 @@ import argparse
 import json
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
@@ -26,6 +32,7 @@ from batchwire.pipeline.decode import (
     read_header,
 )
 from batchwire.pipeline.decode import roi as decode
+from batchwire.pipeline.decode.headers import ImageHeader
 
 DEFAULT_DIR = Path(__file__).resolve().parents[2] / "shared" / "imagenet-sample"
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
@@ -45,12 +52,16 @@ def _timed(fns: dict[str, Callable[[], None]], repeats: int) -> dict[str, tuple[
     return best
 
 
-def bench_decode(files: list[Path], size: int, repeats: int) -> dict:
+def bench_decode(
+    files: list[Path], size: int, repeats: int, prepared: list[Path] | None = None
+) -> dict:
     """Per-core decode rates: full-size vs decode_for_crop for the train plan at `size`, whole
-    image (DCT-scaled) and region of interest (ROI), with and without checking the tail."""
+    image (DCT-scaled) and region of interest (ROI), with and without checking the tail; with
+    `prepared` (the same images, rewritten by pipeline-prepare) also ROI on those, same crops."""
     blobs = [f.read_bytes() for f in files]
     config = AugmentConfig(image_size=size, train=True)
     headers = [read_header(b) for b in blobs]
+    prepared_blobs = _prepared_blobs(prepared, headers) if prepared else None
     plans = [plan_sample(config, 0, 0, i, h.height, h.width) for i, h in enumerate(headers)]
     scales: dict[str, int] = {}
     for h, p in zip(headers, plans, strict=True):
@@ -68,12 +79,12 @@ def bench_decode(files: list[Path], size: int, repeats: int) -> dict:
         for b, p in zip(blobs, plans, strict=True):
             decode_for_crop(b, read_header(b), p.box, (size, size), roi=False)
 
-    def roi(verify_tail: bool) -> Callable[[], None]:
+    def roi(verify_tail: bool, files: list[bytes] = blobs) -> Callable[[], None]:
         # The same with only the crop's region decoded (the pipeline's default where built).
         def run() -> None:
             saved, decode.ROI_VERIFY_TAIL = decode.ROI_VERIFY_TAIL, verify_tail
             try:
-                for b, p in zip(blobs, plans, strict=True):
+                for b, p in zip(files, plans, strict=True):
                     decode_for_crop(b, read_header(b), p.box, (size, size), roi=True)
             finally:
                 decode.ROI_VERIFY_TAIL = saved
@@ -95,6 +106,8 @@ def bench_decode(files: list[Path], size: int, repeats: int) -> dict:
     roi_built = decode._roi_decoder() is not None  # builds it (once) before any timing
     if roi_built:
         fns |= {"roi": roi(False), "roi_verify_tail": roi(True)}
+    if roi_built and prepared_blobs is not None:
+        fns["roi_prepared"] = roi(False, prepared_blobs)
     for name, (wall, cpu) in _timed(fns, repeats).items():
         rows[name] = {"images_per_s_wall": n / wall, "images_per_cpu_s": n / cpu}
     full_r, dct_r = rows["full"], rows["dct_scaled"]
@@ -106,10 +119,48 @@ def bench_decode(files: list[Path], size: int, repeats: int) -> dict:
             rows[f"{name}_speedup_cpu_vs_dct_scaled"] = (
                 rows[name]["images_per_cpu_s"] / dct_r["images_per_cpu_s"]
             )
+    if "roi_prepared" in rows:
+        prep_r, roi_r = rows["roi_prepared"], rows["roi"]
+        rows["roi_prepared_speedup_cpu"] = prep_r["images_per_cpu_s"] / roi_r["images_per_cpu_s"]
+        rows["roi_prepared_speedup_wall"] = prep_r["images_per_s_wall"] / roi_r["images_per_s_wall"]
+    if prepared_blobs is not None:
+        rows["restart_layouts"] = _restart_layouts(prepared_blobs)
     rows["dct_scales_chosen"] = dict(sorted(scales.items()))
     rows["images"] = n
     rows["mean_bytes"] = sum(map(len, blobs)) / n
     return rows
+
+
+def _prepared_blobs(prepared: list[Path], headers: list[ImageHeader]) -> list[bytes]:
+    """The prepared files' bytes, refused (SystemExit) where a file's size differs from its
+    original's: the originals' crop plans would not fit it, and the rows would not compare."""
+    blobs = [f.read_bytes() for f in prepared]
+    for f, b, h in zip(prepared, blobs, headers, strict=True):
+        got = read_header(b)
+        if (got.height, got.width) != (h.height, h.width):
+            raise SystemExit(
+                f"bench_decode: {f} is {got.width}x{got.height}, its original "
+                f"{h.width}x{h.height}: --prepared must be a pipeline-prepare copy of --dir"
+            )
+    return blobs
+
+
+def _restart_layouts(blobs: list[bytes]) -> dict | None:
+    """How many of `blobs` the ROI decoder enters at their restart markers (its prepared-file
+    path), and why it does not for the others: the reader sees the fast path is taken. None
+    where the decoder is unavailable."""
+    from batchwire.native.jpeg_roi import restart_layout
+
+    try:
+        found = [restart_layout(b) for b in blobs]
+    except RuntimeError:  # the extension is unavailable here
+        return None
+    others = Counter(why for layout, why in found if layout is None)
+    return {
+        "recognised": len(blobs) - sum(others.values()),
+        "files": len(blobs),
+        "not_recognised": dict(others.most_common(3)),  # reason -> files, the commonest
+    }
 
 
 def bench_local(files: list[Path], size: int, batch: int, threads: int, epochs: int) -> dict:
@@ -163,6 +214,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-loader", action="store_true", help="skip the LocalLoader row")
     ap.add_argument("--json", type=Path, help="also write the figures here")
     ap.add_argument(
+        "--prepared",
+        type=Path,
+        help="a pipeline-prepare copy of --dir (same file names): adds the row roi_prepared, "
+        "ROI decoding of its files for the same crops",
+    )
+    ap.add_argument(
         "--upscale",
         type=int,
         default=1,
@@ -179,11 +236,20 @@ def main(argv: list[str] | None = None) -> int:
         files = files[: args.limit]
     if not files:
         ap.error(f"no images in {args.dir}")
+    if args.prepared is not None and args.upscale > 1:
+        ap.error("--prepared compares files as they are: it does not mix with --upscale")
+    prepared = [args.prepared / f.name for f in files] if args.prepared is not None else None
+    missing = [p.name for p in prepared or () if not p.is_file()]
+    if missing:
+        ap.error(
+            f"--prepared {args.prepared} lacks {len(missing)} of the {len(files)} files "
+            f"(e.g. {missing[0]}): make it with pipeline-prepare {args.dir} {args.prepared}"
+        )
 
     with tempfile.TemporaryDirectory() as tmp:
         if args.upscale > 1:
             files = _upscaled(files, args.upscale, Path(tmp))
-        return _run(args, files)
+        return _run(args, files, prepared)
 
 
 def _upscaled(files: list[Path], factor: int, folder: Path) -> list[Path]:
@@ -200,8 +266,9 @@ def _upscaled(files: list[Path], factor: int, folder: Path) -> list[Path]:
     return out
 
 
-def _run(args: argparse.Namespace, files: list[Path]) -> int:
-    result = {"dir": str(args.dir), "decode": bench_decode(files, args.size, args.repeats)}
+def _run(args: argparse.Namespace, files: list[Path], prepared: list[Path] | None) -> int:
+    decoded = bench_decode(files, args.size, args.repeats, prepared)
+    result = {"dir": str(args.dir), "decode": decoded}
     result["upscale"] = args.upscale
     d = result["decode"]
     print(
@@ -210,6 +277,7 @@ def _run(args: argparse.Namespace, files: list[Path]) -> int:
     )
     names = ["full", "dct_scaled", "all_at_1/2", "all_at_1/4", "all_at_1/8"]
     names += ["roi", "roi_verify_tail"] if d["roi_available"] else []
+    names += ["roi_prepared"] if "roi_prepared" in d else []
     print(f"  {'':<22}{'images/s (wall)':>16}{'images/CPU-s':>14}{'CPU ms/image':>14}")
     for name in names:
         r = d[name]
@@ -229,6 +297,7 @@ def _run(args: argparse.Namespace, files: list[Path]) -> int:
         )
     else:
         print("  ROI decoding unavailable here (see the logged build error)")
+    _print_prepared(d)
     if not args.no_loader:
         result["local_loader"] = bench_local(
             files, args.size, args.batch_size, args.threads, args.epochs
@@ -242,6 +311,24 @@ def _run(args: argparse.Namespace, files: list[Path]) -> int:
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))
     return 0
+
+
+def _print_prepared(d: dict) -> None:
+    """The prepared copy's lines: its ROI speed-up over the originals' and, where the decoder
+    can say, how many of its files take the restart-marker path."""
+    if "roi_prepared" in d:
+        print(
+            f"  ROI on the prepared copy vs on the originals: "
+            f"{d['roi_prepared_speedup_cpu']:.2f}x faster in CPU ms/image, "
+            f"{d['roi_prepared_speedup_wall']:.2f}x in wall time"
+        )
+    layouts = d.get("restart_layouts")
+    if layouts is not None:
+        others = "".join(f"; {n} not: {why}" for why, n in layouts["not_recognised"].items())
+        print(
+            f"  restart-marker layout recognised in {layouts['recognised']} of "
+            f"{layouts['files']} prepared files{others}"
+        )
 
 
 if __name__ == "__main__":

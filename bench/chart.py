@@ -71,13 +71,14 @@ def figure(report: Report) -> Any:
     rate_ax.set_yticks(range(len(groups)), [label for label, _, _ in groups])
     rate_ax.invert_yaxis()  # once: the axis is shared, a second call would undo it
     if any(prepared is not None for _, _, prepared in groups):
-        rate_ax.legend(
+        fig.legend(  # below the panels, where it can hide no bar
             handles=[
                 Patch(color=ORIGINAL_COLOR, label="original files"),
                 Patch(color=PREPARED_COLOR, label="prepared copy (pipeline-prepare)"),
             ],
-            loc="lower right",
-            fontsize=8,
+            loc="outside lower center",
+            ncols=2,
+            fontsize=9,
         )
     fig.suptitle(_title(report.config))
     return fig
