@@ -221,9 +221,11 @@ bool check_stream(const unsigned char* data, std::size_t size, char* message,
 }
 
 // Rows and columns, in output pixels, that the small JPEG of `decode_from_restarts` keeps
-// beyond the wanted region: fancy upsampling of a 2x subsampled chroma plane reads one chroma
-// sample, two output pixels, either side, and the small JPEG's own edges are replicated there.
-constexpr long long kContextMargin = 2;
+// beyond the wanted region. Its cut edges lie on MCU boundaries, where fancy upsampling of 2x
+// subsampled chroma replicates the edge sample: only the outermost output pixel there differs
+// from the whole file's (the next one's neighbours are both inside), so one pixel suffices.
+// (Checked by tests/test_jpeg_restart.py against whole-file reads at every scale.)
+constexpr long long kContextMargin = 1;
 
 // For a file with restart markers that tile its MCU rows (what pipeline-prepare writes): copy
 // the intervals under the region plus kContextMargin into a small JPEG and decode that instead,
