@@ -381,7 +381,11 @@ def test_roi_extension_is_separate_from_the_augment_op(monkeypatch, tmp_path) ->
     monkeypatch.setenv("BATCHWIRE_CUDA", "0")
     roi, op = build.make_plan(build.jpeg_roi_spec()), build.make_plan()
     assert roi.build_dir != op.build_dir and not roi.with_cuda
-    assert [s.name for s in roi.sources] == ["jpeg_roi.cpp", "jpeg_restart.cpp", "jpeg_transcode.cpp"]
+    assert [s.name for s in roi.sources] == [
+        "jpeg_roi.cpp",
+        "jpeg_restart.cpp",
+        "jpeg_transcode.cpp",
+    ]
     assert roi.library.name == "batchwire_jpeg_roi.so" and op.library.name == "batchwire_native.so"
     assert op.spec.system_header is None  # the augment op never needs libjpeg
     assert build.missing_system_header(roi) is None  # this machine has jpeglib.h

@@ -400,7 +400,13 @@ py::bytes transcode_restart(const py::buffer& data, long long restart_interval, 
     if (!ok) {
       failure = w.stage;
       if (failure == Failure::corrupt && unsupported_code(code)) failure = Failure::unsupported;
-      std::snprintf(message, sizeof message, "%s", w.err.message);
+      if (code == JERR_NO_BACKING_STORE || code == JERR_OUT_OF_MEMORY) {
+        std::snprintf(message, sizeof message,
+                      "too large: its coefficients need more than %lld bytes (libjpeg: %s)",
+                      max_memory, w.err.message);
+      } else {
+        std::snprintf(message, sizeof message, "%s", w.err.message);
+      }
     } else if (verify) {
       char why[JMSG_LENGTH_MAX + 64];
       const int same = compare_pixels(in, Bytes{out.get(), out_size}, max_memory, why,

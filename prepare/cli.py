@@ -1,0 +1,81 @@
+"""`pipeline-prepare SRC DST`: the command line of batchwire.prepare (see the package doc).
+
+Exit status: 0 every file prepared; 1 corrupt JPEGs found (reported, copied as they were: DST is
+complete); 2 the command cannot run (SRC missing, DST inside SRC or SRC inside DST, a list
+file path escaping its folder, the transcoder unavailable, another run writing DST): nothing was
+done; 3 some files could not be read or written, or the run was interrupted: DST is incomplete,
+and rerunning the same command finishes it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from batchwire.prepare.run import Options, run
+from batchwire.prepare.source import UsageError
+from batchwire.prepare.summary import EXIT_INCOMPLETE, EXIT_USAGE, available_cores
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="pipeline-prepare",
+        description=(
+            "Copy a dataset to DST with every JPEG rewritten losslessly as a baseline JPEG "
+            "with a restart marker after every MCU (verified pixel for pixel), so that "
+            "pipeline-server decodes random crops faster on CPU. Also a full integrity check: "
+            "corrupt JPEGs are reported (and copied as they were). Rerunning resumes."
+        ),
+    )
+    p.add_argument("src", metavar="SRC", help="an ImageFolder tree (any folder) or a list file")
+    p.add_argument("dst", metavar="DST", help="the output folder (created; outside SRC)")
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=available_cores(),
+        help="files prepared at once (default: every core, %(default)s)",
+    )
+    p.add_argument(
+        "--restart-interval",
+        type=int,
+        default=1,
+        metavar="N",
+        help="MCUs between restart markers (default 1: crops enter at any MCU; ~7%% larger "
+        "files on ImageNet). The decoder enters a file at its markers only where N divides "
+        "the MCUs per row; other files are decoded as before",
+    )
+    p.add_argument("--quiet", action="store_true", help="no progress and no per-file lines")
+    p.add_argument("--report", metavar="FILE.json", help="also write the summary as JSON here")
+    p.add_argument(
+        "--fsync",
+        action="store_true",
+        help="flush every file to disk before renaming it (survives a power cut; slower)",
+    )
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    options = Options(
+        src=args.src,
+        dst=args.dst,
+        jobs=args.jobs,
+        restart_interval=args.restart_interval,
+        quiet=args.quiet,
+        report=args.report,
+        fsync=args.fsync,
+    )
+    try:
+        summary = run(options)
+    except UsageError as exc:
+        print(f"pipeline-prepare: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except OSError as exc:
+        print(f"pipeline-prepare: error: {exc}", file=sys.stderr)
+        return EXIT_INCOMPLETE
+    print(summary.text())
+    return summary.exit_status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,169 @@
+"""What earlier runs finished, so that a rerun skips it: DST/.batchwire-prepare.jsonl.
+
+One JSON line per finished file (its relative path, the source's size and mtime_ns when it was
+read, the outcome, bytes in and out, the restart interval, the error if any), appended and
+flushed as each file finishes, so a run killed at any point loses at most the files in flight.
+A line cut short by the kill is ignored on reading, and a newline is added before appending.
+A completed run rewrites the manifest compactly (one line per file of the current source) and
+ends it with a `finished` line; a manifest that does not end so tells the next run that
+temporaries may be lying in DST, and only then is DST walked to remove them.
+
+Every name starts with a dot: the server's ImageFolder scan skips hidden entries, so neither
+the manifest nor a temporary is ever taken for an image or a class.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import tempfile
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import IO
+
+from batchwire.prepare.source import RESERVED_PREFIX, UsageError
+
+MANIFEST_NAME = f"{RESERVED_PREFIX}.jsonl"
+REPORT_NAME = f"{RESERVED_PREFIX}-report.json"
+LOCK_NAME = f"{RESERVED_PREFIX}.lock"
+TMP_PREFIX = f"{RESERVED_PREFIX}-tmp."
+
+# Outcomes kept in the manifest (the file is in DST); "failed" (read or write error) is not.
+REWRITTEN = "rewritten"  # a JPEG rewritten with restart markers and verified
+COPIED = "copied"  # not a JPEG: copied byte for byte
+UNVERIFIED = "unverified"  # a JPEG that could not be rewritten and verified: copied as it was
+CORRUPT = "corrupt"  # a JPEG that does not decode strictly: copied as it was
+FAILED = "failed"  # could not be read or written: not in DST
+DONE_OUTCOMES = (REWRITTEN, COPIED, UNVERIFIED, CORRUPT)
+
+
+@dataclass(frozen=True)
+class Record:
+    """The outcome for one file; `size` and `mtime_ns` are the source's when it was read."""
+
+    path: str
+    size: int
+    mtime_ns: int
+    outcome: str
+    bytes_in: int
+    bytes_out: int
+    restart_interval: int
+    error: str = ""
+
+    def to_line(self) -> str:
+        data = asdict(self)
+        if not self.error:
+            del data["error"]
+        return json.dumps(data, ensure_ascii=False, separators=(",", ":")) + "\n"
+
+
+def _parse(line: str) -> Record | dict | None:
+    try:
+        data = json.loads(line)
+    except ValueError:
+        return None  # cut short by a kill
+    if not isinstance(data, dict):
+        return None
+    if "finished" in data:
+        return data
+    try:
+        return Record(**data)
+    except TypeError:
+        return None
+
+
+@dataclass
+class Previous:
+    """What the manifest says: the last record per path, and whether the last run finished."""
+
+    records: dict[str, Record]
+    finished: bool
+    exists: bool
+
+
+def load(dst: Path) -> Previous:
+    path = dst / MANIFEST_NAME
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        return Previous({}, finished=False, exists=False)
+    records: dict[str, Record] = {}
+    finished = False
+    for line in text.splitlines():
+        parsed = _parse(line)
+        if parsed is None:
+            continue
+        if isinstance(parsed, Record):
+            records[parsed.path] = parsed
+            finished = False
+        else:
+            finished = True
+    return Previous(records, finished=finished, exists=True)
+
+
+@contextlib.contextmanager
+def locked(dst: Path) -> Iterator[None]:
+    """Holds DST's lock file for a run: two runs into one DST would remove each other's
+    temporaries and interleave their manifests. UsageError when another run holds it."""
+    fd = os.open(dst / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise UsageError(f"another pipeline-prepare is writing to {dst}") from None
+        yield
+    finally:
+        os.close(fd)
+
+
+def remove_temporaries(dst: Path) -> int:
+    """Deletes the temporaries a killed run left anywhere under DST; returns how many."""
+    removed = 0
+    for folder, _dirs, names in os.walk(dst):
+        for name in names:
+            if name.startswith(TMP_PREFIX):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(os.path.join(folder, name))
+                    removed += 1
+    return removed
+
+
+class Writer:
+    """Appends records to the manifest, one flushed line each (main thread only)."""
+
+    def __init__(self, dst: Path) -> None:
+        self.path = dst / MANIFEST_NAME
+        cut_short = False
+        with contextlib.suppress(OSError), open(self.path, "rb") as f:
+            f.seek(-1, os.SEEK_END)  # OSError for an empty file: nothing to mend
+            cut_short = f.read(1) != b"\n"
+        self._file: IO[str] = open(self.path, "a", encoding="utf-8")  # noqa: SIM115
+        if cut_short:  # the last line was cut short by a kill: start a new one
+            self._file.write("\n")
+            self._file.flush()
+
+    def append(self, record: Record) -> None:
+        self._file.write(record.to_line())
+        self._file.flush()
+
+    def close(self) -> None:
+        if not self._file.closed:
+            self._file.close()
+
+    def finish(self, records: Iterable[Record]) -> None:
+        """Replaces the manifest by `records` (one line each) and a `finished` line."""
+        self.close()
+        fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX, dir=self.path.parent)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.writelines(r.to_line() for r in records)
+                f.write(json.dumps({"finished": True}) + "\n")
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, self.path)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise

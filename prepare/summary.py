@@ -1,0 +1,171 @@
+"""pipeline-prepare's summary: counts of what DST now holds, the size change, the speed, and the
+problem files, as text for stdout and as JSON for `--report` (and DST's own report file).
+
+Counts cover every file of SRC, whether this run or an earlier one prepared it (`skipped` says
+how many were earlier ones'), so a rerun after a kill reports the dataset as a whole and exits
+with the same status as a single run would. Speeds cover this run's work only.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from batchwire.prepare.manifest import (
+    COPIED,
+    CORRUPT,
+    FAILED,
+    REWRITTEN,
+    UNVERIFIED,
+    Record,
+)
+
+EXIT_OK = 0
+EXIT_CORRUPT = 1  # corrupt files found; DST is still complete
+EXIT_USAGE = 2  # nothing was done
+EXIT_INCOMPLETE = 3  # some files could not be read or written; rerun once fixed
+TEXT_PROBLEMS = 20  # problem files listed on stdout; the report lists every one
+
+
+@dataclass
+class Summary:
+    src: str
+    dst: str
+    restart_interval: int
+    jobs: int
+    cores: int = 1  # min(jobs, CPU cores): what "per core" divides by
+    records: list[Record] = field(default_factory=list)
+    skipped: int = 0
+    seconds: float = 0.0
+    report_path: str = ""
+    list_file_written: bool | None = None  # None for a folder
+    notes: list[str] = field(default_factory=list)
+    interrupted: bool = False
+
+    def add(self, record: Record, skipped: bool) -> None:
+        self.records.append(record)
+        self.skipped += skipped
+
+    @property
+    def counts(self) -> Counter[str]:
+        return Counter(r.outcome for r in self.records)
+
+    @property
+    def problems(self) -> list[Record]:
+        wanted = (CORRUPT, UNVERIFIED, FAILED)
+        return sorted((r for r in self.records if r.outcome in wanted), key=lambda r: r.path)
+
+    def jpeg_bytes(self) -> tuple[int, int]:
+        rewritten = [r for r in self.records if r.outcome == REWRITTEN]
+        return sum(r.bytes_in for r in rewritten), sum(r.bytes_out for r in rewritten)
+
+    @property
+    def exit_status(self) -> int:
+        counts = self.counts
+        if counts[FAILED] or self.interrupted:
+            return EXIT_INCOMPLETE
+        return EXIT_CORRUPT if counts[CORRUPT] else EXIT_OK
+
+    def speed(self) -> tuple[int, float, float]:
+        """(files this run worked on, files/s, files/s per core)."""
+        worked = len(self.records) - self.skipped
+        rate = worked / self.seconds if self.seconds > 0 else 0.0
+        return worked, rate, rate / max(self.cores, 1)
+
+    def to_json(self) -> dict[str, Any]:
+        counts = self.counts
+        before, after = self.jpeg_bytes()
+        worked, rate, per_core = self.speed()
+        return {
+            "src": self.src,
+            "dst": self.dst,
+            "restart_interval": self.restart_interval,
+            "jobs": self.jobs,
+            "cores": self.cores,
+            "files_seen": len(self.records),
+            "rewritten": counts[REWRITTEN],
+            "copied": counts[COPIED],
+            "unverified": counts[UNVERIFIED],
+            "corrupt": counts[CORRUPT],
+            "failed": counts[FAILED],
+            "skipped": self.skipped,
+            "jpeg_bytes_before": before,
+            "jpeg_bytes_after": after,
+            "jpeg_bytes_change_percent": _percent(before, after),
+            "seconds": round(self.seconds, 3),
+            "files_worked": worked,
+            "files_per_s": round(rate, 2),
+            "files_per_s_per_core": round(per_core, 2),
+            "list_file_written": self.list_file_written,
+            "interrupted": self.interrupted,
+            "exit_status": self.exit_status,
+            "notes": self.notes,
+            "problems": [
+                {"path": r.path, "outcome": r.outcome, "error": r.error} for r in self.problems
+            ],
+        }
+
+    def text(self) -> str:
+        counts = self.counts
+        before, after = self.jpeg_bytes()
+        worked, rate, per_core = self.speed()
+        change = _percent(before, after)
+        change_text = "" if change is None else f" ({change:+.2f} %)"
+        lines = [
+            f"pipeline-prepare: {self.src} -> {self.dst} "
+            f"(a restart marker every {self.restart_interval} MCU)",
+            f"  files seen              {len(self.records):>9}",
+            f"  JPEGs rewritten         {counts[REWRITTEN]:>9}  (verified: same coefficients "
+            "and pixels)",
+            f"  copied (not JPEG)       {counts[COPIED]:>9}",
+            f"  copied unverified       {counts[UNVERIFIED]:>9}  (JPEGs kept as they were)",
+            f"  corrupt                 {counts[CORRUPT]:>9}  (copied as they were)",
+            f"  failed (not in DST)     {counts[FAILED]:>9}",
+            f"  skipped (done before)   {self.skipped:>9}",
+            f"  rewritten JPEG bytes    {_mb(before)} -> {_mb(after)}{change_text}",
+            f"  time {self.seconds:.1f} s for {worked} files: {rate:.1f} files/s, "
+            f"{per_core:.1f} files/s per core ({self.jobs} jobs, {self.cores} cores)",
+        ]
+        if self.list_file_written is False:
+            lines.append("  the list file was NOT written to DST: some of its files are missing")
+        if self.interrupted:
+            lines.append("  interrupted: rerun the same command to finish")
+        lines += [f"  note: {n}" for n in self.notes]
+        problems = self.problems
+        if problems:
+            lines.append(f"problem files ({len(problems)}):")
+            for r in problems[:TEXT_PROBLEMS]:
+                lines.append(f"  {problem_line(r)}")
+            if len(problems) > TEXT_PROBLEMS:
+                lines.append(f"  ... and {len(problems) - TEXT_PROBLEMS} more")
+        if self.report_path:
+            lines.append(f"full report: {self.report_path}")
+        return "\n".join(lines)
+
+
+def problem_line(record: Record) -> str:
+    """'outcome: path: why', saying what DST holds for it."""
+    kept = {
+        CORRUPT: " (copied as it was)",
+        UNVERIFIED: " (not verified: copied as it was)",
+        FAILED: " (not in DST)",
+    }
+    return f"{record.outcome}: {record.path}: {record.error}{kept.get(record.outcome, '')}"
+
+
+def available_cores() -> int:
+    """The cores this process may run on (a container's CPU set, not the host's count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def _percent(before: int, after: int) -> float | None:
+    return round(100.0 * (after - before) / before, 3) if before else None
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:.1f} MB"
