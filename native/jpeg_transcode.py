@@ -45,12 +45,17 @@ def transcode_restart(
     data: bytes | memoryview,
     restart_interval: int = 1,
     *,
+    fit_rows: bool = False,
     optimize: bool = True,
     verify: bool = True,
     max_memory: int | None = None,
 ) -> bytes:
     """`data` rewritten losslessly as a baseline Huffman JPEG with a restart marker every
     `restart_interval` MCUs (0: none), every APPn and COM marker kept.
+
+    `fit_rows` makes `restart_interval` the most MCUs per interval: the interval is the largest
+    that divides the file's MCU rows (1 at worst), so the intervals tile the rows and the
+    decoder can cut any rectangle of them out (`batchwire.native.jpeg_roi.restart_layout`).
 
     `optimize` fits the Huffman tables to the file (they pay for part of the markers' cost);
     `verify` checks the result against the source (coefficients and pixels); `max_memory`
@@ -64,7 +69,7 @@ def transcode_restart(
     limit = module.TRANSCODE_MAX_MEMORY if max_memory is None else int(max_memory)
     try:
         return module.transcode_restart(
-            data, int(restart_interval), bool(optimize), bool(verify), limit
+            data, int(restart_interval), bool(fit_rows), bool(optimize), bool(verify), limit
         )
     except module.JpegCorruptError as exc:
         raise JpegCorruptError(str(exc)) from None

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from batchwire.prepare.job import AUTO, AUTO_MOST
 from batchwire.prepare.run import Options, run
 from batchwire.prepare.source import UsageError
 from batchwire.prepare.summary import EXIT_INCOMPLETE, EXIT_USAGE, available_cores
@@ -37,12 +38,12 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--restart-interval",
-        type=int,
-        default=1,
-        metavar="N",
-        help="MCUs between restart markers (default 1: crops enter at any MCU; ~7%% larger "
-        "files on ImageNet). The decoder enters a file at its markers only where N divides "
-        "the MCUs per row; other files are decoded as before",
+        default="auto",
+        metavar="auto|N",
+        help=f"MCUs between restart markers. auto (default): per file, the largest of 1 to "
+        f"{AUTO_MOST} that divides its MCU rows (on ImageNet: +3.3%% bytes, crops as fast as "
+        "with 1). N: exactly N; the decoder enters a file at its markers only where N divides "
+        "its MCU rows, other files are decoded as before",
     )
     p.add_argument("--quiet", action="store_true", help="no progress and no per-file lines")
     p.add_argument("--report", metavar="FILE.json", help="also write the summary as JSON here")
@@ -54,18 +55,31 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def restart_setting(text: str) -> int:
+    """`--restart-interval`'s value: AUTO for "auto", else a number of MCUs (at least 1)."""
+    if text == "auto":
+        return AUTO
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise UsageError(f"--restart-interval must be auto or at least 1 MCU, not {text!r}")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    options = Options(
-        src=args.src,
-        dst=args.dst,
-        jobs=args.jobs,
-        restart_interval=args.restart_interval,
-        quiet=args.quiet,
-        report=args.report,
-        fsync=args.fsync,
-    )
     try:
+        options = Options(
+            src=args.src,
+            dst=args.dst,
+            jobs=args.jobs,
+            restart_interval=restart_setting(args.restart_interval),
+            quiet=args.quiet,
+            report=args.report,
+            fsync=args.fsync,
+        )
         summary = run(options)
     except UsageError as exc:
         print(f"pipeline-prepare: error: {exc}", file=sys.stderr)

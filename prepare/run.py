@@ -19,7 +19,14 @@ from typing import TextIO
 
 from batchwire.native.jpeg_transcode import transcode_available
 from batchwire.prepare import manifest
-from batchwire.prepare.job import Result, Settings, prepare_file, read_source, write_atomically
+from batchwire.prepare.job import (
+    AUTO,
+    Result,
+    Settings,
+    prepare_file,
+    read_source,
+    write_atomically,
+)
 from batchwire.prepare.manifest import COPIED, DONE_OUTCOMES, FAILED, REWRITTEN, Record
 from batchwire.prepare.progress import Progress
 from batchwire.prepare.source import (
@@ -39,7 +46,7 @@ class Options:
     src: str
     dst: str
     jobs: int
-    restart_interval: int = 1
+    restart_interval: int = AUTO  # MCUs, or AUTO (per file, see job.AUTO_MOST)
     quiet: bool = False
     report: str | None = None
     fsync: bool = False
@@ -88,9 +95,9 @@ def _validated(options: Options) -> tuple[Source, Path]:
     """SRC's files and DST's absolute path, or UsageError for anything that stops the run."""
     if options.jobs < 1:
         raise UsageError(f"--jobs must be at least 1, got {options.jobs}")
-    if not 1 <= options.restart_interval <= 65535:
+    if not (options.restart_interval == AUTO or 1 <= options.restart_interval <= 65535):
         raise UsageError(
-            f"--restart-interval must be 1 to 65535 MCUs, got {options.restart_interval}"
+            f"--restart-interval must be auto or 1 to 65535 MCUs, got {options.restart_interval}"
         )
     source = discover(options.src)
     dst = check_destination(source, options.dst)

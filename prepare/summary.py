@@ -13,6 +13,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from batchwire.prepare.job import AUTO, AUTO_MOST
 from batchwire.prepare.manifest import (
     COPIED,
     CORRUPT,
@@ -114,8 +115,7 @@ class Summary:
         change = _percent(before, after)
         change_text = "" if change is None else f" ({change:+.2f} %)"
         lines = [
-            f"pipeline-prepare: {self.src} -> {self.dst} "
-            f"(a restart marker every {self.restart_interval} MCU)",
+            f"pipeline-prepare: {self.src} -> {self.dst} ({interval_text(self.restart_interval)})",
             f"  files seen              {len(self.records):>9}",
             f"  JPEGs rewritten         {counts[REWRITTEN]:>9}  (verified: same coefficients "
             "and pixels)",
@@ -169,3 +169,10 @@ def _percent(before: int, after: int) -> float | None:
 
 def _mb(n: int) -> str:
     return f"{n / 1e6:.1f} MB"
+
+
+def interval_text(restart_interval: int) -> str:
+    """How a run's restart interval setting reads in its summary."""
+    if restart_interval == AUTO:
+        return f"a restart marker every 1 to {AUTO_MOST} MCUs, dividing each file's rows"
+    return f"a restart marker every {restart_interval} MCU" + ("s" if restart_interval > 1 else "")

@@ -59,14 +59,19 @@ class Layout:
     def app_and_com(self) -> list[tuple[int, bytes]]:
         return [(m, p) for m, p in self.segments if 0xE0 <= m <= 0xEF or m == 0xFE]
 
-    def mcus(self) -> int:
+    def mcu_grid(self) -> tuple[int, int]:
+        """(MCU rows, MCUs per row) of the first scan."""
         hmax = max(h for h, _ in self.sampling)
         vmax = max(v for _, v in self.sampling)
         if self.scan_components == [1]:  # non-interleaved: one block per MCU
             h, v = self.sampling[0]
             cols = math.ceil(math.ceil(self.width * h / hmax) / 8)
-            return cols * math.ceil(math.ceil(self.height * v / vmax) / 8)
-        return math.ceil(self.width / (8 * hmax)) * math.ceil(self.height / (8 * vmax))
+            return math.ceil(math.ceil(self.height * v / vmax) / 8), cols
+        return math.ceil(self.height / (8 * vmax)), math.ceil(self.width / (8 * hmax))
+
+    def mcus(self) -> int:
+        rows, cols = self.mcu_grid()
+        return rows * cols
 
 
 def parse_jpeg(data: bytes) -> Layout:
@@ -115,12 +120,16 @@ def parse_jpeg(data: bytes) -> Layout:
     raise AssertionError("no EOI")
 
 
-def assert_restart_layout(data: bytes, interval: int = 1) -> Layout:
-    """One baseline scan of every component, DRI = interval, an RSTn (cycling 0..7) after
-    every interval of MCUs but the last, EOI at the end."""
+def assert_restart_layout(data: bytes, interval: int | None = 1) -> Layout:
+    """One baseline scan of every component, DRI = interval (None: pipeline-prepare's auto,
+    the largest of 1 to 4 that divides the MCUs per row), an RSTn (cycling 0..7) after every
+    interval of MCUs but the last, EOI at the end."""
     layout = parse_jpeg(data)
     assert layout.sof == 0xC0, hex(layout.sof)
     assert layout.scan_components == [len(layout.sampling)]
+    if interval is None:
+        per_row = layout.mcu_grid()[1]
+        interval = max(d for d in range(1, 5) if per_row % d == 0)
     assert layout.restart_interval == interval
     expected = math.ceil(layout.mcus() / interval) - 1
     assert len(layout.restarts) == expected
@@ -204,6 +213,22 @@ def test_other_restart_intervals(interval: int) -> None:
     source = pil_jpeg(smooth_image(97, 133, seed=3))
     out = jt.transcode_restart(source, interval)
     assert_restart_layout(out, interval)
+    assert_same_pixels(source, out)
+
+
+# (MCUs per row, interval chosen for at most 4): the largest divisor, so intervals tile rows.
+FITTED = [(7, 1), (6, 3), (8, 4), (9, 3), (10, 2), (1, 1), (3, 3)]
+
+
+@pytest.mark.parametrize(("per_row", "expected"), FITTED)
+@pytest.mark.parametrize("mode", ["420", "grey"])
+def test_fit_rows_takes_the_largest_interval_dividing_the_mcu_rows(per_row, expected, mode):
+    mcu = 16 if mode == "420" else 8
+    pixels = smooth_image(40, per_row * mcu - 3, seed=per_row)
+    source = pil_jpeg(pixels, mode="L") if mode == "grey" else pil_jpeg(pixels)
+    out = jt.transcode_restart(source, 4, fit_rows=True)
+    layout = assert_restart_layout(out, expected)
+    assert layout.mcu_grid()[1] == per_row
     assert_same_pixels(source, out)
 
 

@@ -26,6 +26,8 @@
 // local modified after setjmp is read after the jump.
 #include <pybind11/pybind11.h>
 
+#include <algorithm>
+
 #include <csetjmp>
 #include <cstddef>
 #include <cstdio>
@@ -278,6 +280,7 @@ int compare_coefficients(Bytes x, Bytes y, long long max_memory, char* message,
 
 struct Settings {
   unsigned int restart_interval;
+  bool fit_rows;  // restart_interval is the most: use the largest that divides the MCU rows
   bool optimize;
   bool verify;
   long long max_memory;
@@ -304,6 +307,28 @@ void attach_dest(j_compress_ptr cinfo, GrowingDest* dest, std::size_t first_capa
   cinfo->dest = &dest->pub;
 }
 
+// MCUs per row of the one scan the writer emits: an MCU spans max_h_samp_factor blocks of
+// several interleaved components, or one block of a single component.
+unsigned int mcus_per_row(const jpeg_compress_struct& c) {
+  int hmax = 1;
+  for (int i = 0; i < c.num_components; ++i) hmax = std::max(hmax, c.comp_info[i].h_samp_factor);
+  const unsigned long width = c.image_width;
+  if (c.num_components == 1) {
+    const unsigned long h = static_cast<unsigned long>(c.comp_info[0].h_samp_factor);
+    return static_cast<unsigned int>((width * h + hmax * DCTSIZE - 1) / (hmax * DCTSIZE));
+  }
+  return static_cast<unsigned int>((width + hmax * DCTSIZE - 1) / (hmax * DCTSIZE));
+}
+
+// The largest interval up to `most` MCUs that divides a row of `per_row` MCUs: intervals then
+// tile the rows, which the decoder's restart path needs to cut out a rectangle.
+unsigned int fitting_interval(unsigned int most, unsigned int per_row) {
+  for (unsigned int d = std::min(most, per_row); d > 1; --d) {
+    if (per_row % d == 0) return d;
+  }
+  return 1;
+}
+
 // Reads `in`'s coefficients, writes them to w->out as described in the file comment, and with
 // `verify` reads the result back and compares coefficients. Returns false with w->stage saying
 // which step failed and w->err.message why.
@@ -325,6 +350,9 @@ bool rewrite(Rewrite* w, Bytes in, const Settings& s) {
   w->dst.arith_code = FALSE;
   w->dst.optimize_coding = s.optimize ? TRUE : FALSE;
   w->dst.restart_interval = s.restart_interval;
+  if (s.fit_rows && s.restart_interval > 0) {
+    w->dst.restart_interval = fitting_interval(s.restart_interval, mcus_per_row(w->dst));
+  }
   w->dst.restart_in_rows = 0;
   // Room for the data plus a few bytes per restart marker, so most files never regrow.
   attach_dest(&w->dst, &w->out, in.size + in.size / 8 + 1024);
@@ -369,8 +397,8 @@ struct FreeDeleter {
   void operator()(unsigned char* p) const { std::free(p); }
 };
 
-py::bytes transcode_restart(const py::buffer& data, long long restart_interval, bool optimize,
-                            bool verify, long long max_memory) {
+py::bytes transcode_restart(const py::buffer& data, long long restart_interval, bool fit_rows,
+                            bool optimize, bool verify, long long max_memory) {
   if (restart_interval < 0 || restart_interval > 65535) {
     throw py::value_error("restart_interval must be 0 to 65535 MCUs, got " +
                           std::to_string(restart_interval));
@@ -379,8 +407,8 @@ py::bytes transcode_restart(const py::buffer& data, long long restart_interval, 
   const py::buffer_info info = data.request();
   const Bytes in = view_of(info, "data");
   if (in.size < 2) throw CorruptError("not a JPEG (fewer than 2 bytes)");
-  const Settings settings{static_cast<unsigned int>(restart_interval), optimize, verify,
-                          max_memory};
+  const Settings settings{static_cast<unsigned int>(restart_interval), fit_rows, optimize,
+                          verify, max_memory};
   Failure failure = Failure::none;
   char message[JMSG_LENGTH_MAX + 64] = "";
   std::unique_ptr<unsigned char, FreeDeleter> out;
@@ -460,10 +488,11 @@ void register_transcode(py::module_& m) {
   py::register_exception<MismatchError>(m, "JpegMismatchError", base.ptr());
   m.attr("TRANSCODE_MAX_MEMORY") = kDefaultMaxMemory;
   m.def("transcode_restart", &transcode_restart, py::arg("data"), py::arg("restart_interval") = 1,
-        py::arg("optimize") = true, py::arg("verify") = true,
+        py::arg("fit_rows") = false, py::arg("optimize") = true, py::arg("verify") = true,
         py::arg("max_memory") = kDefaultMaxMemory,
         R"(Rewrites a JPEG losslessly as baseline Huffman with a restart marker every
 restart_interval MCUs (0: none), keeping every APPn and COM marker; returns the new bytes.
+fit_rows: restart_interval is the most; the interval is the largest that divides the MCU rows.
 
 optimize: Huffman tables fitted to the file. verify: the result is read back and its
 coefficients, and a full decode's pixels, compared with the source's. max_memory: bytes of
