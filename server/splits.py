@@ -6,6 +6,8 @@ import logging
 from typing import Any
 
 from batchwire.pipeline.dataset import ImageDataset, open_dataset
+from batchwire.pipeline.decode.contract import BatchDecoder
+from batchwire.pipeline.decode.restart import restart_share
 from batchwire.pipeline.decode.select import make_decoder as select_decoder
 from batchwire.pipeline.split import Split, build_split
 from batchwire.server.config import ServerConfig
@@ -114,5 +116,29 @@ def open_splits(config: ServerConfig, decoder: Any) -> dict[str, Split]:
         except ValueError as exc:  # e.g. UnreadableDatasetError from the probe
             raise StartupError(f"--{name} {root}: {exc}") from None
         log.info("%s: %d images, %d classes from %s", name, len(dataset), dataset.num_classes, root)
+        _log_restart_share(name, dataset, decoder)
         splits[name] = split
     return splits
+
+
+def _log_restart_share(name: str, dataset: ImageDataset, decoder: BatchDecoder) -> None:
+    """Say whether the split's JPEGs were `pipeline-prepare`d (crops then decode from their
+    restart intervals), and on the CPU decoder, what preparing would gain where they were not."""
+    entered, looked = restart_share(dataset.paths)
+    if looked == 0:
+        return
+    if entered:
+        log.info(
+            "%s: %d of %d sampled JPEGs have restart markers: their crops decode from the "
+            "restart intervals under them (pipeline-prepare)",
+            name,
+            entered,
+            looked,
+        )
+    elif decoder.name == "cpu":
+        log.info(
+            "%s: no sampled JPEG has restart markers; `pipeline-prepare SRC DST` rewrites a "
+            "dataset losslessly so that random crops of photos decode about 1.4x cheaper on "
+            "the CPU",
+            name,
+        )

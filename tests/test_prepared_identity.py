@@ -109,3 +109,5 @@ def test_prepared_tree_serves_byte_identical_batches(trees, name, dtype):
                         f"{split} epoch {epoch} batch {k} differs"
                     )
         assert a.stats()["counters"]["bad_total"] == b.stats()["counters"]["bad_total"] == 0
+        assert "train: 16 of 16 sampled JPEGs have restart markers" in b.log()
+        assert "train: no sampled JPEG has restart markers; `pipeline-prepare" in a.log()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Sequence
 
 from batchwire.pipeline.decode.contract import DecodeRequest
 from batchwire.pipeline.decode.headers import ImageHeader
@@ -72,3 +73,27 @@ def narrow_request(req: DecodeRequest, *, upright_only: bool = False) -> DecodeR
     by0, bx0, by1, bx1 = (float(v) for v in req.box)
     box = (by0 - top, bx0 - left, by1 - top, bx1 - left)
     return dataclasses.replace(req, data=small, header=header, box=box)
+
+
+def restart_share(paths: Sequence[str], sample: int = 16) -> tuple[int, int]:
+    """(JPEGs that decoders can enter at restart markers, JPEGs looked at) among up to `sample`
+    files spread evenly over `paths`: whether a dataset was `pipeline-prepare`d, for the
+    server's start-up log. Files that cannot be read or are not JPEGs are not counted; (0, 0)
+    when the extension is unavailable."""
+    from batchwire.native import jpeg_roi
+
+    if not paths or not jpeg_roi.jpeg_roi_available():
+        return 0, 0
+    step = max(1, len(paths) // sample)
+    entered = looked = 0
+    for path in paths[::step][:sample]:
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except OSError:
+            continue
+        if not data.startswith(b"\xff\xd8"):
+            continue
+        looked += 1
+        entered += jpeg_roi.restart_layout(data)[0] is not None
+    return entered, looked
