@@ -16,7 +16,8 @@
 #    where compute-sanitizer is missing or cannot run on this GPU (gVisor: "Device not supported");
 # 5. runs the whole suite;
 # 6. measures the fused kernel alone (images/s and its share of a device copy's bandwidth);
-# 7. runs pipeline-bench --device cuda on the kit's images (else the embedded dataset).
+# 7. prepares the kit's images with pipeline-prepare and runs pipeline-bench --device cuda on them
+#    and on the prepared copy (else on the embedded dataset alone).
 # Exits non-zero naming the steps that failed (every step runs regardless).
 #
 # --cpu: for a machine without a GPU (checks the script itself): PYTHON defaults to .venv's; the
@@ -40,8 +41,14 @@ fi
 failed=()
 
 step() { echo; echo "=== $* ($(date -u +%H:%M:%S))"; }
-# Runs a command; a failure is recorded and reported at the end.
-check() { "$@" || { echo "FAILED ($?): $*"; failed+=("$*"); }; }
+# Runs a command; a failure is recorded and reported at the end (and returned).
+check() {
+    "$@" && return 0
+    local rc=$?
+    echo "FAILED ($rc): $*"
+    failed+=("$*")
+    return "$rc"
+}
 
 step "install the kit"
 if [ $cpu = 1 ]; then
@@ -138,14 +145,26 @@ else
     done
 fi
 
+# A pipeline-prepared copy of the kit's photos (restart markers: GPU decoders get only the
+# crop's restart intervals), so that pipeline-bench measures both side by side.
+prepared=()
+if [ ${#data[@]} -gt 0 ]; then
+    step "pipeline-prepare the kit's images"
+    rm -rf "$out/prepared"
+    if check "$python" -m batchwire.prepare.cli "$images" "$out/prepared" --quiet; then
+        prepared=(--prepared "$out/prepared")
+    fi
+fi
+
 step "pipeline-bench --device cuda"
 if [ $cpu = 1 ]; then
     echo "--cpu: skipped (no GPU)"
 else
-    check "$python" -m batchwire.bench.cli "${data[@]}" --device cuda --repeat 3 --images 8192 \
-        --json "$out/bench-cuda.json"
-    check "$python" -m batchwire.bench.cli "${data[@]}" --device cuda --decoder cpu \
-        --rows batchwire --repeat 2 --images 8192 --json "$out/bench-cuda-cpu-decode.json"
+    check "$python" -m batchwire.bench.cli "${data[@]}" "${prepared[@]}" --device cuda --repeat 3 \
+        --images 8192 --json "$out/bench-cuda.json"
+    check "$python" -m batchwire.bench.cli "${data[@]}" "${prepared[@]}" --device cuda \
+        --decoder cpu --rows batchwire --repeat 2 --images 8192 \
+        --json "$out/bench-cuda-cpu-decode.json"
 fi
 
 if [ ${#failed[@]} -gt 0 ]; then

@@ -16,7 +16,10 @@ Where to look (each module has one job):
 - `backends`: TurboJPEG and OpenCV access, their failures turned into errors; strict: any
   libjpeg warning about corrupt data fails the image, and OpenCV never passes a corrupt JPEG.
 - `whole`: whole-image decode at a DCT scale (`choose_dct_scale`, `decode_full`).
-- `roi`: region-of-interest decode through the native libjpeg-turbo extension.
+- `roi`: region-of-interest decode through the native libjpeg-turbo extension (which enters
+  `pipeline-prepare`d files at their restart markers by itself).
+- `restart`: the same cut for GPU decoders (`narrow_request`: a request for the small JPEG of
+  the crop's restart intervals) and `restart_share` (were a split's files prepared?).
 - `cpu`: `decode_for_crop` and `CpuBatchDecoder`, the thread-pool decoder.
 - GPU decoders: `fallback` (what they share: the CPU safety net), `nvjpeg`, `dali`, and
   `select.make_decoder`, which picks one for `--decoder`/`--device`. They are not imported here:

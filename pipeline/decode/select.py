@@ -4,11 +4,12 @@
 torchvision's nvJPEG (only once a tiny embedded JPEG decoded right on that device:
 `nvjpeg.nvjpeg_decode_missing`), then the CPU. On a CPU-only server `auto` is the CPU decoder
 (TurboJPEG with DCT scaling, OpenCV for the rest): no optional package, one path for every
-format. DALI's CPU backend is an explicit choice (`--decoder dali`); with region-of-interest
-decoding it spent about a quarter less CPU per image than the CPU decoder on ImageNet-sized
-JPEGs at 224 px (measured with `pipeline-bench --decoder dali|cpu`), so try it where DALI is
-installed. The choice and its reason are logged on "batchwire.pipeline", and a decoder asked for
-by name that cannot run here is a clear error naming what is missing, never a silent substitute.
+format, and the cheapest: on ImageNet-sized JPEGs at 224 px the whole pipeline cost 1.34 CPU ms
+per image with it against 1.62 with DALI's CPU backend (1.10 against 1.37 on a
+`pipeline-prepare`d copy; `pipeline-bench --decoder dali|cpu --prepared`, 2026-11-23). DALI's
+CPU backend stays an explicit choice (`--decoder dali`). The choice and its reason are logged
+on "batchwire.pipeline", and a decoder asked for by name that cannot run here is a clear error
+naming what is missing, never a silent substitute.
 """
 
 from __future__ import annotations
