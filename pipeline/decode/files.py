@@ -61,11 +61,13 @@ def read_file(path: str | os.PathLike[str]) -> bytes:
     _check_regular(os.stat(path).st_mode, path)
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
-        _check_regular(os.fstat(fd).st_mode, path)
-        os.set_blocking(fd, True)
-        with os.fdopen(fd, "rb", closefd=True) as f:
-            fd = -1
-            return f.read()
+        size = os.fstat(fd)
+        _check_regular(size.st_mode, path)
+        # A regular file ignores O_NONBLOCK. Plain reads (no buffered file object: this runs
+        # for every sample) of the size fstat gave, then until EOF in case the file grew.
+        parts = []
+        while chunk := os.read(fd, max(size.st_size, 65536)):
+            parts.append(chunk)
+        return b"".join(parts)
     finally:
-        if fd >= 0:
-            os.close(fd)
+        os.close(fd)
