@@ -210,3 +210,16 @@ def write_image_folder(
         for kind in kinds:
             (folder / f"bad_{kind}.jpg").write_bytes(odd_file_bytes(kind, seed=seed))
     return root
+
+
+def pil_jpeg(pixels: np.ndarray, **options) -> bytes:
+    """JPEG bytes via PIL at quality 90 with any of PIL's save options (`subsampling`,
+    `progressive`, `restart_marker_blocks`, `restart_marker_rows`, `exif`, ...) and `mode`
+    (e.g. "L") to convert first."""
+    img = Image.fromarray(pixels)
+    mode = options.pop("mode", None)
+    if mode:
+        img = img.convert(mode)
+    out = io.BytesIO()
+    img.save(out, "JPEG", quality=90, **options)
+    return out.getvalue()

@@ -27,24 +27,13 @@ from batchwire.pipeline.decode.region import reach_region
 from batchwire.pipeline.decode.restart import narrow_request
 from batchwire.pipeline.decode.whole import decode_pixels
 from oddfiles import exif_orientation_block, smooth_image
+from oddfiles import pil_jpeg as encode
 from PIL import Image
 
 SAMPLE_DIR = Path(__file__).resolve().parents[2] / "shared" / "imagenet-sample"
 
 if not native.jpeg_roi_available():
     pytest.skip("the ROI JPEG decoder does not build here", allow_module_level=True)
-
-
-def encode(pixels: np.ndarray, **options) -> bytes:
-    """JPEG bytes via PIL (libjpeg): `mode`, `subsampling`, `progressive`,
-    `restart_marker_blocks` / `restart_marker_rows`, `exif`."""
-    img = Image.fromarray(pixels)
-    mode = options.pop("mode", None)
-    if mode:
-        img = img.convert(mode)
-    out = io.BytesIO()
-    img.save(out, "JPEG", quality=90, **options)
-    return out.getvalue()
 
 
 def rst_count(data: bytes) -> int:

@@ -9,7 +9,6 @@ border, 1-pixel boxes); bad bytes end in a clean error, never a crash.
 
 from __future__ import annotations
 
-import io
 import os
 import subprocess
 import sys
@@ -34,7 +33,7 @@ from batchwire.pipeline.decode.backends import turbo_decode as _turbo_decode
 from batchwire.pipeline.decode.orientation import apply_orientation
 from batchwire.pipeline.local import LocalLoader
 from oddfiles import exif_orientation_block, odd_file_bytes, smooth_image
-from PIL import Image
+from oddfiles import pil_jpeg as encode
 
 SAMPLE_DIR = Path(__file__).resolve().parents[2] / "shared" / "imagenet-sample"
 
@@ -44,18 +43,6 @@ if not native.jpeg_roi_available():
         "logged build error",
         allow_module_level=True,
     )
-
-
-def encode(pixels: np.ndarray, **options) -> bytes:
-    """JPEG bytes via PIL: `mode`, `subsampling` (0 4:4:4, 1 4:2:2, 2 4:2:0), `progressive`,
-    `restart_marker_blocks`, `exif`."""
-    img = Image.fromarray(pixels)
-    mode = options.pop("mode", None)
-    if mode:
-        img = img.convert(mode)
-    out = io.BytesIO()
-    img.save(out, "JPEG", quality=90, **options)
-    return out.getvalue()
 
 
 VARIANTS = {

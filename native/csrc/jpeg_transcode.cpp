@@ -188,16 +188,23 @@ void set_output(j_decompress_ptr cinfo) {
   cinfo->do_fancy_upsampling = TRUE;
 }
 
+// Opens `x` and `y` on two decompressors sharing one error manager and reads both headers;
+// errors longjmp to the caller's setjmp (nothing here needs unwinding).
+void open_pair(jpeg_decompress_struct* a, jpeg_decompress_struct* b, ErrorManager* err, Bytes x,
+               Bytes y, long long max_memory) {
+  open_source(a, err, x, max_memory);
+  open_source(b, err, y, max_memory);
+  jpeg_read_header(a, TRUE);
+  jpeg_read_header(b, TRUE);
+}
+
 // Decodes both JPEGs in lockstep, one row at a time, and compares the rows byte for byte.
 // Returns 1 when equal, 0 when they differ (reason in `why`), -1 when either cannot be decoded
 // (message in p->err.message).
 int same_pixels(PixelPair* p, Bytes x, Bytes y, long long max_memory, char* why,
                 std::size_t why_size) {
   if (setjmp(p->err.jump)) return -1;
-  open_source(&p->a, &p->err, x, max_memory);
-  open_source(&p->b, &p->err, y, max_memory);
-  jpeg_read_header(&p->a, TRUE);
-  jpeg_read_header(&p->b, TRUE);
+  open_pair(&p->a, &p->b, &p->err, x, y, max_memory);
   set_output(&p->a);
   set_output(&p->b);
   jpeg_start_decompress(&p->a);
@@ -255,10 +262,7 @@ struct CoefficientPair {  // owned by the caller of same_coefficients_of
 int same_coefficients_of(CoefficientPair* p, Bytes x, Bytes y, long long max_memory, char* why,
                          std::size_t why_size) {
   if (setjmp(p->err.jump)) return -1;
-  open_source(&p->a, &p->err, x, max_memory);
-  open_source(&p->b, &p->err, y, max_memory);
-  jpeg_read_header(&p->a, TRUE);
-  jpeg_read_header(&p->b, TRUE);
+  open_pair(&p->a, &p->b, &p->err, x, y, max_memory);
   jvirt_barray_ptr* ca = jpeg_read_coefficients(&p->a);
   jvirt_barray_ptr* cb = jpeg_read_coefficients(&p->b);
   return same_coefficients(&p->a, ca, &p->b, cb, why, why_size) ? 1 : 0;
