@@ -309,3 +309,20 @@ def test_bench_decode_refuses_a_prepared_copy_missing_files(tmp_path, capsys):
     (prepared / "img2.jpg").write_bytes(jpeg_bytes(smooth_image(30, 30)))
     with pytest.raises(SystemExit, match=r"img2.jpg is 30x30, its original 56x42"):
         bench_decode.main(["--dir", str(data), "--prepared", str(prepared), "--no-loader"])
+
+
+def test_bench_prepare_compares_restart_intervals_with_the_originals(tmp_path):
+    from batchwire.bench import bench_prepare
+
+    for k in range(3):  # 160 px wide at 4:2:0: 10 MCUs a row, so "up to 4" picks 2
+        (tmp_path / f"img{k}.jpg").write_bytes(jpeg_bytes(smooth_image(96, 160, seed=k)))
+    (tmp_path / "notes.txt").write_text("not an image")
+    out = tmp_path / "prepare.json"
+    assert bench_prepare.main(["--dir", str(tmp_path), "--repeats", "1", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["images"] == 3
+    rows = result["rows"]
+    assert list(rows) == ["original", "up to 1", "up to 2", "up to 4 (auto)", "up to 8"]
+    assert rows["up to 2"]["size_ratio"] == rows["up to 4 (auto)"]["size_ratio"]  # both pick 2
+    assert rows["up to 1"]["size_ratio"] > rows["up to 2"]["size_ratio"]  # more markers
+    assert all(r["cpu_ms_per_image"] > 0 for r in rows.values())
