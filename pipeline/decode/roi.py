@@ -34,7 +34,10 @@ _ROI_SWITCH = "BATCHWIRE_JPEG_ROI"  # "0" turns ROI decoding off (benchmarks, de
 # warning fails) covers what is read, so with this off a file whose damage (zeroed or random
 # bytes, a cut with FF D9 appended) lies wholly below a crop is served for that crop, with
 # exactly the intact file's pixels, and found bad (logged, counted, replaced) when a crop
-# reaches the damage. Costs ~0.2 CPU ms per ImageNet file.
+# reaches the damage. Costs ~0.2 CPU ms per ImageNet file. A file with restart markers that tile
+# its MCU rows (pipeline-prepare) is entered at the markers: then the intervals above and beside
+# the crop are not read either (pipeline-prepare checked every one of them, once); with this on,
+# such a file is read as a whole like any other.
 ROI_VERIFY_TAIL = False
 _roi_lock = threading.Lock()
 _roi_state: list = []
