@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 
 VENV=${VENV:-.venv}
 PYTHON=${PYTHON:-python3}
-EXTRAS=${BATCHWIRE_EXTRAS:-dev,dali}
+EXTRAS=${BATCHWIRE_EXTRAS:-dev,dali,bench}  # bench: matplotlib, so the chart test runs too
 TORCH_SPEC=${BATCHWIRE_TORCH:-torch==2.13.0}
 
 # System libraries: libjpeg-turbo's TurboJPEG API (PyTurboJPEG < 2 needs libturbojpeg 2.x), and
