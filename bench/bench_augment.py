@@ -105,7 +105,10 @@ def main(argv: list[str] | None = None) -> None:
     rng = np.random.default_rng(0)
     boxes = [random_resized_crop(rng, im.height, im.width) for im in pil]
     flips = [bool(rng.integers(0, 2)) for _ in pil]
-    n, b, s = len(pil), args.batch, args.size
+    # Fewer images than a batch (a small kit) make one smaller batch rather than no batch.
+    n, b, s = len(pil), min(args.batch, len(pil)), args.size
+    if n == 0:
+        raise SystemExit(f"bench_augment: no images in {args.data}")
     mean = torch.tensor(MEAN).view(3, 1, 1)
     std = torch.tensor(STD).view(3, 1, 1)
     fmt = torch.channels_last if args.layout == "nhwc" else torch.contiguous_format
@@ -207,7 +210,7 @@ def run_cuda(ops, tensors, boxes: torch.Tensor, flips: torch.Tensor, args) -> No
     if not ops.with_cuda:
         print(f"op cuda: the extension has no CUDA ({ops.build.plan.cuda_reason})")
         return
-    n, b, s = len(tensors), args.batch, args.size
+    n, b, s = len(tensors), min(args.batch, len(tensors)), args.size
     images = [t.cuda() for t in tensors]
     jitter = torch.tensor([[1.0, 1.0, 1.0, 0.0]]).repeat(n, 1)
     mean_t, std_t = torch.tensor(MEAN), torch.tensor(STD)
