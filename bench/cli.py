@@ -92,10 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--threads",
         type=int,
-        default=cores,
         metavar="N",
-        help=f"decode threads of the decode-limit, DALI and server rows (default: all "
-        f"{cores} cores)",
+        help=f"decode threads of the decode-limit and DALI rows (default: all {cores} cores) "
+        "and the server rows' --workers (default: the server's own choice)",
     )
     p.add_argument(
         "--decoder",

@@ -35,7 +35,7 @@ def pipeline_server(
     *,
     batch_size: int,
     image_size: int,
-    threads: int,
+    threads: int | None,
     wire: str = "uint8",
     decoder: str = "auto",
     device: str = "cpu",
@@ -61,11 +61,12 @@ def pipeline_server(
         "--batch-size", str(batch_size),
         "--image-size", str(image_size),
         "--output-dtype", wire,
-        "--workers", str(threads),
         "--decoder", decoder,
         "--device", device,
         "--log-level", "WARNING",
     ]  # fmt: skip
+    if threads is not None:  # else the server's default (see ServerConfig.decode_threads)
+        args += ["--workers", str(threads)]
     if producers is not None:
         args += ["--producers", str(producers)]
     if keys is not None:
@@ -129,7 +130,7 @@ def batchwire_row(
     train: str,
     *,
     device: str,
-    threads: int,
+    threads: int | None,
     decoder: str,
     batch_size: int,
     image_size: int,

@@ -12,6 +12,7 @@ import argparse
 import atexit
 import functools
 import logging
+import os
 import shutil
 import sys
 import tempfile
@@ -107,6 +108,16 @@ def plan_rows(
     return plans
 
 
+def row_threads(args: argparse.Namespace) -> int:
+    """Threads of the decode-limit and DALI rows: --threads, else every core."""
+    return args.threads if args.threads is not None else (os.cpu_count() or 1)
+
+
+def _server_flags(args: argparse.Namespace) -> str:
+    """How the server rows' decode threads were set, for their notes."""
+    return f" --workers {args.threads}" if args.threads is not None else ""
+
+
 def _decode_plans(
     args: argparse.Namespace, data: BenchData, prepared: BenchData | None
 ) -> list[RowPlan]:
@@ -114,13 +125,15 @@ def _decode_plans(
         return functools.partial(
             baselines.decode_limit,
             files.paths,
-            threads=args.threads,
+            threads=row_threads(args),
             measure_images=args.images,
             max_seconds=args.max_seconds,
         )
 
     label = "decode-only limit"
-    plan = RowPlan("decode_limit", f"{label} (TurboJPEG, {args.threads} threads)", run_on(data))
+    plan = RowPlan(
+        "decode_limit", f"{label} (TurboJPEG, {row_threads(args)} threads)", run_on(data)
+    )
     return _with_prepared(plan, label, run_on, prepared)
 
 
@@ -151,13 +164,13 @@ def _dali_plan(args: argparse.Namespace, device: str, data: BenchData) -> RowPla
     dev_type = device.split(":", 1)[0]
     plan = RowPlan(
         "dali",
-        f"DALI pipeline ({dev_type}, {args.threads} threads)",
+        f"DALI pipeline ({dev_type}, {row_threads(args)} threads)",
         functools.partial(
             baselines.dali_pipeline,
             data.paths,
             data.labels,
             device=device,
-            threads=args.threads,
+            threads=row_threads(args),
             **_loop(args),
         ),
     )
@@ -191,7 +204,7 @@ def _batchwire_plans(
         "batchwire",
         f"{label} (server + RemoteLoader, {dev_type}, {args.wire} wire)",
         run_on(data),
-        note=f"pipeline-server --decoder {args.decoder} --workers {args.threads}, {args.transport}",
+        note=f"pipeline-server --decoder {args.decoder}{_server_flags(args)}, {args.transport}",
     )
     plans = _with_prepared(plan, label, run_on, prepared)
     if args.keys:
@@ -203,7 +216,7 @@ def _batchwire_plans(
                 "batchwire-keys",
                 f"batchwire with keys (CURVE over tcp, {dev_type}, {args.wire} wire)",
                 functools.partial(row, data.server_train, transport="tcp", keys=keys),
-                note=f"pipeline-server --keys, --workers {args.threads}, tcp",
+                note=f"pipeline-server --keys{_server_flags(args)}, tcp",
             )
         )
     return plans

@@ -234,8 +234,9 @@ class ServerApp:
         try:
             if self.config.metrics_port is not None:
                 self._serve_metrics(self.config.metrics_port)
+            threads = self.config.decode_threads()
             log.info(
-                "serving %s on %s: batch %d, %dpx, %s %s, %d producers, %d decode threads, "
+                "serving %s on %s: batch %d, %dpx, %s %s, %d producers, %s, "
                 "work-ahead %d per client",
                 "/".join(self.splits),
                 ", ".join(self.endpoints),
@@ -244,7 +245,7 @@ class ServerApp:
                 self.spec.dtype,
                 self.spec.layout,
                 self.config.producers,
-                self.config.workers,
+                f"{threads} decode threads" if threads > 1 else "each decoding its own batch",
                 self.config.prefetch_depth,
             )
             log.info("%s", self.memory_statement())

@@ -237,7 +237,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--workers",
         type=int,
         metavar="N",
-        help="decode threads (default: the CPU cores this process may use)",
+        help="decode threads (default: the CPU cores this process may use; when decoding on the "
+        "CPU with at least as many --producers as cores, 1: each producer decodes its own batch)",
     )
     work.add_argument(
         "--producers",

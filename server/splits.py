@@ -41,7 +41,7 @@ def make_decoder(config: ServerConfig) -> Any:
     """The `--decoder` on `--device`, through the decoder selector (it logs why it chose)."""
     try:
         return select_decoder(
-            config.decoder, config.device, config.workers, max_batch=config.batch_size
+            config.decoder, config.device, config.decode_threads(), max_batch=config.batch_size
         )
     except (RuntimeError, ValueError) as exc:
         raise StartupError(

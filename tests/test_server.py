@@ -145,6 +145,25 @@ def test_help_documents_every_option():
         assert opt in out, opt
 
 
+def test_decode_threads_default_to_none_beyond_the_producers_when_they_fill_the_cores(
+    monkeypatch,
+):
+    """CPU decoding with at least as many producers as cores: each producer decodes its own
+    batch (no pool); fewer producers, another decoder or an explicit --workers: as asked."""
+    from batchwire.server import config as server_config
+    from batchwire.server.config import ServerConfig
+
+    monkeypatch.setattr(server_config, "available_cores", lambda: 2)
+    assert ServerConfig(producers=3).decode_threads() == 1
+    assert ServerConfig(producers=2, decoder="cpu").decode_threads() == 1
+    assert ServerConfig(producers=1).decode_threads() == 2
+    assert ServerConfig(producers=3, decoder="dali").decode_threads() == 2
+    assert ServerConfig(producers=3, device="cuda").decode_threads() == 2
+    assert ServerConfig(producers=3, workers=2).decode_threads() == 2
+    monkeypatch.setattr(server_config, "available_cores", lambda: 16)
+    assert ServerConfig(producers=3).decode_threads() == 16
+
+
 def test_bad_option_is_a_clear_error(tmp_path):
     r = subprocess.run(
         [sys.executable, "-m", "batchwire.server", "--batch-size", "0"],
