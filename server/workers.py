@@ -1,9 +1,10 @@
 """Producer threads: each turns a scheduled job into a finished batch in a buffer.
 
 A few workers each produce whole batches (`BatchProducer.produce`: read -> decode -> augment).
-Decoding runs on the decoder's thread pool and the augment op releases the GIL, so two batches
-in production keep the cores busy: one batch is augmented while the next one is read and
-decoded. The pipeline stages are still visible: a thin wrapper around the decoder notes when
+Decoding and the augment op release the GIL, so batches in production keep the cores busy: one
+is augmented while others are read and decoded. Decoding runs in the worker itself when the
+workers fill the cores (CPU decoding's default: `ServerConfig.decode_threads`), else on the
+decoder's thread pool, which spreads one batch over more cores. The pipeline stages are still visible: a thin wrapper around the decoder notes when
 a batch enters and leaves decoding, which splits each batch's time into read (before decoding),
 decode and augment, for both the stage depths (batches in each stage now) and their latencies.
 
