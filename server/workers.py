@@ -4,9 +4,10 @@ A few workers each produce whole batches (`BatchProducer.produce`: read -> decod
 Decoding and the augment op release the GIL, so batches in production keep the cores busy: one
 is augmented while others are read and decoded. Decoding runs in the worker itself when the
 workers fill the cores (CPU decoding's default: `ServerConfig.decode_threads`), else on the
-decoder's thread pool, which spreads one batch over more cores. The pipeline stages are still visible: a thin wrapper around the decoder notes when
-a batch enters and leaves decoding, which splits each batch's time into read (before decoding),
-decode and augment, for both the stage depths (batches in each stage now) and their latencies.
+decoder's thread pool, which spreads one batch over more cores. The pipeline stages are still
+visible: a thin wrapper around the decoder notes when a batch enters and leaves decoding, which
+splits each batch's time into read (before decoding), decode and augment, for both the stage
+depths (batches in each stage now) and their latencies.
 
 Workers never touch the ROUTER socket: results go back through a queue, and a byte on a pipe
 wakes the loop (`os.write` is safe from any thread; zmq sockets are not).
