@@ -14,6 +14,7 @@ from __future__ import annotations
 import io
 import random
 import shutil
+import struct
 import subprocess
 from pathlib import Path
 
@@ -89,6 +90,10 @@ def test_layouts_that_cannot_be_entered_say_why():
 
     good = encode(pixels, restart_marker_blocks=1)
     assert jpeg_roi.restart_layout(good[: len(good) // 2])[0] is None  # truncated: no EOI
+    claims = bytearray(good)  # a frame of 60000 x 60000: intervals the file cannot hold
+    struct.pack_into(">HH", claims, claims.find(b"\xff\xc0") + 5, 60000, 60000)
+    layout, why = jpeg_roi.restart_layout(bytes(claims))
+    assert layout is None and "fewer intervals" in why
     first = good.index(b"\xff\xd0")
     swapped = bytearray(good)
     swapped[first + 1] = 0xD3

@@ -81,8 +81,11 @@ std::string find_intervals(const std::uint8_t* data, std::size_t size, std::size
   const long long mcus = static_cast<long long>(out->mcus_per_row) * out->mcu_rows;
   const long long expected = (mcus + out->interval - 1) / out->interval;
   if (size > UINT32_MAX) return "file over 4 GiB";
-  out->begin.reserve(static_cast<std::size_t>(expected));
-  out->end.reserve(static_cast<std::size_t>(expected));
+  // Every interval but the last ends in a 2-byte marker: a header claiming more intervals than
+  // the file could hold reserves no more than the file could.
+  const long long room = std::min<long long>(expected, static_cast<long long>(size - from) / 2 + 1);
+  out->begin.reserve(static_cast<std::size_t>(room));
+  out->end.reserve(static_cast<std::size_t>(room));
   std::size_t begin = from, i = from;
   while (true) {
     const void* hit = i < size ? std::memchr(data + i, 0xFF, size - i) : nullptr;
