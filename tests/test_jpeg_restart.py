@@ -240,3 +240,25 @@ def test_real_photos_rewritten_by_jpegtran_decode_to_the_originals_regions(tmp_p
                 before = jpeg_roi.decode_jpeg_roi(original, *region, denom, verify=False)
                 assert fast[1:] == before[1:]
                 np.testing.assert_array_equal(fast[0], before[0])
+
+
+def test_restart_share_samples_files_and_never_opens_a_fifo(tmp_path):
+    """The server's start-up probe: counts JPEGs with a restart layout among the sampled files;
+    a FIFO named by a list file is skipped without blocking, non-JPEGs are not counted."""
+    import os
+
+    from batchwire.pipeline.decode.restart import restart_share
+
+    pixels = smooth_image(64, 64)
+    paths = []
+    for name, data in {
+        "marked.jpg": encode(pixels, restart_marker_blocks=1),
+        "plain.jpg": encode(pixels),
+        "text.jpg": b"not an image",
+    }.items():
+        (tmp_path / name).write_bytes(data)
+        paths.append(str(tmp_path / name))
+    os.mkfifo(tmp_path / "fifo.jpg")
+    paths.append(str(tmp_path / "fifo.jpg"))
+    assert restart_share(paths) == (1, 2)
+    assert restart_share([]) == (0, 0)

@@ -45,8 +45,7 @@ namespace py = pybind11;
 namespace {
 
 using batchwire_jpeg::ErrorManager;
-using batchwire_jpeg::jump_on_error;
-using batchwire_jpeg::jump_on_warning;
+using batchwire_jpeg::install_strict;
 
 struct Request {
   const unsigned char* data;
@@ -83,10 +82,7 @@ bool decode_region(const Request& req, Region* out, char* message, std::size_t m
   out->pixels = nullptr;
   unsigned char* volatile scratch = nullptr;
   std::memset(&cinfo, 0, sizeof cinfo);  // destroying it is safe even if creating it failed
-  cinfo.err = jpeg_std_error(&jerr.pub);
-  jerr.pub.error_exit = jump_on_error;
-  jerr.pub.emit_message = jump_on_warning;
-  jerr.message[0] = '\0';
+  install_strict(reinterpret_cast<j_common_ptr>(&cinfo), &jerr);
   if (setjmp(jerr.jump)) {
     jpeg_destroy_decompress(&cinfo);
     std::free(out->pixels);
@@ -183,10 +179,7 @@ bool check_stream(const unsigned char* data, std::size_t size, char* message,
   ErrorManager jerr;
   unsigned char* volatile scratch = nullptr;
   std::memset(&cinfo, 0, sizeof cinfo);
-  cinfo.err = jpeg_std_error(&jerr.pub);
-  jerr.pub.error_exit = jump_on_error;
-  jerr.pub.emit_message = jump_on_warning;
-  jerr.message[0] = '\0';
+  install_strict(reinterpret_cast<j_common_ptr>(&cinfo), &jerr);
   if (setjmp(jerr.jump)) {
     jpeg_destroy_decompress(&cinfo);
     std::free(scratch);
@@ -262,15 +255,21 @@ class JpegRoiError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// The buffer's bytes (held until the info goes), or ValueError for anything but contiguous bytes.
+const py::buffer_info contiguous_bytes(const py::buffer& data) {
+  py::buffer_info info = data.request();
+  if (info.itemsize != 1 || info.ndim != 1 || info.strides[0] != 1) {
+    throw py::value_error("data must be a contiguous bytes-like object");
+  }
+  return info;
+}
+
 py::tuple decode_jpeg_roi(const py::buffer& data, long long y0, long long x0, long long y1,
                           long long x1, int scale_denom, bool verify) {
   if (scale_denom != 1 && scale_denom != 2 && scale_denom != 4 && scale_denom != 8) {
     throw py::value_error("scale_denom must be 1, 2, 4 or 8, got " + std::to_string(scale_denom));
   }
-  const py::buffer_info info = data.request();  // holds the buffer (and its bytes) until return
-  if (info.itemsize != 1 || info.ndim != 1 || info.strides[0] != 1) {
-    throw py::value_error("data must be a contiguous bytes-like object");
-  }
+  const py::buffer_info info = contiguous_bytes(data);  // holds the bytes until return
   Request req{static_cast<const unsigned char*>(info.ptr), static_cast<std::size_t>(info.size),
               y0, x0, y1, x1, scale_denom, verify};
   Region region{};
@@ -297,10 +296,7 @@ py::tuple decode_jpeg_roi(const py::buffer& data, long long y0, long long x0, lo
 }
 
 void check_jpeg(const py::buffer& data) {
-  const py::buffer_info info = data.request();
-  if (info.itemsize != 1 || info.ndim != 1 || info.strides[0] != 1) {
-    throw py::value_error("data must be a contiguous bytes-like object");
-  }
+  const py::buffer_info info = contiguous_bytes(data);
   char message[JMSG_LENGTH_MAX + 64];
   bool ok;
   const auto* bytes = static_cast<const unsigned char*>(info.ptr);
@@ -310,14 +306,6 @@ void check_jpeg(const py::buffer& data) {
     ok = size >= 2 && check_stream(bytes, size, message, sizeof message);
   }
   if (!ok) throw JpegRoiError(size < 2 ? "not a JPEG (fewer than 2 bytes)" : message);
-}
-
-const py::buffer_info contiguous_bytes(const py::buffer& data) {
-  py::buffer_info info = data.request();
-  if (info.itemsize != 1 || info.ndim != 1 || info.strides[0] != 1) {
-    throw py::value_error("data must be a contiguous bytes-like object");
-  }
-  return info;
 }
 
 // (layout dict, "") for a file the restart path reads, else (None, why not).

@@ -17,6 +17,7 @@ import logging
 from collections.abc import Sequence
 
 from batchwire.pipeline.decode.contract import DecodeRequest
+from batchwire.pipeline.decode.files import read_file
 from batchwire.pipeline.decode.headers import ImageHeader
 from batchwire.pipeline.decode.orientation import swaps_axes
 from batchwire.pipeline.decode.region import displayed_region, reach_region, stored_region
@@ -88,8 +89,7 @@ def restart_share(paths: Sequence[str], sample: int = 16) -> tuple[int, int]:
     entered = looked = 0
     for path in paths[::step][:sample]:
         try:
-            with open(path, "rb") as f:
-                data = f.read()
+            data = read_file(path)  # regular files only: a FIFO in a list never blocks start-up
         except OSError:
             continue
         if not data.startswith(b"\xff\xd8"):
