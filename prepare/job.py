@@ -24,7 +24,7 @@ from batchwire.native.jpeg_transcode import (
     JpegTranscodeError,
     transcode_restart,
 )
-from batchwire.pipeline.decode.files import NotARegularFile
+from batchwire.pipeline.decode.files import NotARegularFile, read_file_and_stat
 from batchwire.prepare.manifest import (
     COPIED,
     CORRUPT,
@@ -57,23 +57,6 @@ class Result:
 
     record: Record
     skipped: bool = False
-
-
-def read_source(path: str) -> tuple[bytes, os.stat_result]:
-    """The bytes of a regular file and its stat at the time; never opens a FIFO or device
-    for blocking reads (NotARegularFile)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise NotARegularFile(f"not a regular file: {path}")
-        os.set_blocking(fd, True)
-        with os.fdopen(fd, "rb", closefd=True) as f:
-            fd = -1
-            return f.read(), st
-    finally:
-        if fd >= 0:
-            os.close(fd)
 
 
 def write_atomically(dest: Path, data: bytes, mode: int, fsync: bool) -> None:
@@ -140,7 +123,7 @@ def prepare_file(rel: str, previous: Record | None, settings: Settings) -> Resul
         assert previous is not None
         return Result(previous, skipped=True)
     try:
-        data, st = read_source(str(src))
+        data, st = read_file_and_stat(str(src))
     except OSError as exc:
         return Result(Record(rel, 0, 0, FAILED, 0, 0, interval, f"cannot read: {_why(exc)}"))
     out, outcome, error = rewrite(data, interval)

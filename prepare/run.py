@@ -18,13 +18,13 @@ from pathlib import Path
 from typing import TextIO
 
 from batchwire.native.jpeg_transcode import transcode_available
+from batchwire.pipeline.decode.files import read_file_and_stat
 from batchwire.prepare import manifest
 from batchwire.prepare.job import (
     AUTO,
     Result,
     Settings,
     prepare_file,
-    read_source,
     write_atomically,
 )
 from batchwire.prepare.manifest import COPIED, DONE_OUTCOMES, FAILED, REWRITTEN, Record
@@ -78,7 +78,7 @@ def _write_json(path: Path, data: dict) -> None:
 def _copy_list_file(source: Source, dst: Path, fsync: bool) -> None:
     """The list file, byte for byte, beside the files it names (its paths are relative)."""
     assert source.list_name is not None
-    data, st = read_source(str(source.root / source.list_name))
+    data, st = read_file_and_stat(str(source.root / source.list_name))
     write_atomically(dst / source.list_name, data, stat.S_IMODE(st.st_mode), fsync)
 
 

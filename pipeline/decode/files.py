@@ -58,16 +58,22 @@ def _check_regular(mode: int, path: str | os.PathLike[str]) -> None:
 def read_file(path: str | os.PathLike[str]) -> bytes:
     """The whole contents of the regular file `path` (OSError propagates; `NotARegularFile`
     for anything else, without opening it)."""
+    return read_file_and_stat(path)[0]
+
+
+def read_file_and_stat(path: str | os.PathLike[str]) -> tuple[bytes, os.stat_result]:
+    """`read_file`, with the file's stat as it was opened (pipeline-prepare's manifest keeps
+    its size and mtime)."""
     _check_regular(os.stat(path).st_mode, path)
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
-        size = os.fstat(fd)
-        _check_regular(size.st_mode, path)
+        st = os.fstat(fd)
+        _check_regular(st.st_mode, path)
         # A regular file ignores O_NONBLOCK. Plain reads (no buffered file object: this runs
         # for every sample) of the size fstat gave, then until EOF in case the file grew.
         parts = []
-        while chunk := os.read(fd, max(size.st_size, 65536)):
+        while chunk := os.read(fd, max(st.st_size, 65536)):
             parts.append(chunk)
-        return b"".join(parts)
+        return b"".join(parts), st
     finally:
         os.close(fd)
