@@ -262,18 +262,26 @@ class ErrorReply(_Message):
     batch failed for a reason that may pass, e.g. too many open files: ask again later),
     ``failed`` (producing a batch failed otherwise). Messages name batch and sample indices,
     never a server path or file content: those stay in the server's log.
+
+    ``session`` is the session of the hello or stream the error concerns (None for one that
+    concerns no session, e.g. a malformed frame or a credit with no stream): a client that has
+    since sent a new hello drops an error about an older session instead of taking it as a
+    refusal of the new one.
     """
 
     TYPE: ClassVar[str] = "error"
     message: str
     reason: str = "refused"
+    session: int | None = None
 
     @classmethod
     def from_map(cls, d: Mapping[str, Any]) -> ErrorReply:
         reason = d.get("reason", "refused")
+        session = d.get("session")
         return cls(
             message=_str(d, "message"),
             reason=reason if reason in ERROR_REASONS else "refused",
+            session=None if session is None else _int(d, "session"),
         )
 
 

@@ -33,7 +33,7 @@ from oddfiles import (
 )
 from PIL import Image, ImageOps
 
-SAMPLE_DIR = Path(__file__).resolve().parents[2] / "shared" / "imagenet-sample"
+SAMPLE_DIR = Path(__file__).resolve().parents[3] / "shared" / "imagenet-sample"
 # libjpeg versions (PIL's bundled one vs the system libturbojpeg) may round a few pixels
 # differently; on this machine they agree exactly, the bounds leave room for other versions.
 MEAN_TOL = 0.5

@@ -25,8 +25,8 @@ pytest.importorskip("accelerate")
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
-ROOT = Path(__file__).resolve().parents[1]
-HARNESS = Path(__file__).with_name("recipe_harness.py")
+ROOT = Path(__file__).resolve().parents[2]
+HARNESS = Path(__file__).resolve().parents[1] / "recipe_harness.py"
 BIN = Path(sys.executable).parent
 B = 16
 RANKS = 2

@@ -35,7 +35,7 @@ from batchwire.pipeline.local import LocalLoader
 from oddfiles import exif_orientation_block, odd_file_bytes, smooth_image
 from oddfiles import pil_jpeg as encode
 
-SAMPLE_DIR = Path(__file__).resolve().parents[2] / "shared" / "imagenet-sample"
+SAMPLE_DIR = Path(__file__).resolve().parents[3] / "shared" / "imagenet-sample"
 
 if not native.jpeg_roi_available():
     pytest.skip(

@@ -40,7 +40,7 @@ from oddfiles import (
 )
 from PIL import Image
 
-SAMPLE_DIR = Path(__file__).resolve().parents[2] / "shared" / "imagenet-sample"
+SAMPLE_DIR = Path(__file__).resolve().parents[3] / "shared" / "imagenet-sample"
 EOI_INTACT = [k for k in CORRUPT_KINDS if k != "claims_9000"]
 
 

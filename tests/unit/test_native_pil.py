@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from batchwire import native
 from PIL import Image
 
-SAMPLE = Path(__file__).resolve().parents[2] / "shared" / "imagenet-sample"
+SAMPLE = Path(__file__).resolve().parents[3] / "shared" / "imagenet-sample"
 IDENTITY = torch.tensor([[1.0, 1.0, 1.0, 0.0]])
 MEAN, STD = torch.zeros(3), torch.ones(3)
 

@@ -20,7 +20,7 @@ from batchwire.client import RemoteLoader
 from serverproc import running_server, running_servers, small_server_args
 
 B = 16  # small_server_args serves batches of 16
-IMAGENET = Path(__file__).resolve().parents[2] / "shared" / "imagenet-sample"
+IMAGENET = Path(__file__).resolve().parents[3] / "shared" / "imagenet-sample"
 
 
 @pytest.fixture(scope="module")

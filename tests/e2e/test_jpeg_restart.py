@@ -31,7 +31,7 @@ from oddfiles import exif_orientation_block, smooth_image
 from oddfiles import pil_jpeg as encode
 from PIL import Image
 
-SAMPLE_DIR = Path(__file__).resolve().parents[2] / "shared" / "imagenet-sample"
+SAMPLE_DIR = Path(__file__).resolve().parents[3] / "shared" / "imagenet-sample"
 
 if not native.jpeg_roi_available():
     pytest.skip("the ROI JPEG decoder does not build here", allow_module_level=True)

@@ -39,7 +39,7 @@ from test_jpeg_transcode import (
     pil_pixels,
 )
 
-SAMPLE_DIR = Path(__file__).resolve().parents[2] / "shared" / "imagenet-sample"
+SAMPLE_DIR = Path(__file__).resolve().parents[3] / "shared" / "imagenet-sample"
 CONSOLE_SCRIPT = Path(sys.executable).parent / "pipeline-prepare"
 CORRUPT = {"banana/truncated.jpg", "banana/zeroed.jpg"}
 

@@ -18,7 +18,7 @@ from batchwire.pipeline.sampler import ShardSampler
 from oddfiles import write_image_folder
 from PIL import Image, ImageOps
 
-SAMPLE_DIR = Path(__file__).resolve().parents[2] / "shared" / "imagenet-sample"
+SAMPLE_DIR = Path(__file__).resolve().parents[3] / "shared" / "imagenet-sample"
 BAD = {"class1": ("truncated", "text")}
 
 

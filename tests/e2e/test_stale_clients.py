@@ -26,7 +26,7 @@ from batchwire import wire
 from rawclient import SERVER_ARGS, RawTrainer, wait_for
 from serverproc import running_server
 
-TESTS = Path(__file__).parent
+TESTS = Path(__file__).resolve().parents[1]
 # --client-timeout far above what the tests wait: only disconnect detection can free the split.
 TIMEOUT_ARGS = (*SERVER_ARGS, "--client-timeout", "120")
 

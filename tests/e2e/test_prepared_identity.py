@@ -25,7 +25,7 @@ from batchwire.pipeline.synthetic import default_dataset
 from batchwire.wire.batch_spec import DTYPES, torch_dtype
 from serverproc import running_server
 
-SAMPLE_DIR = Path(__file__).resolve().parents[2] / "shared" / "imagenet-sample"
+SAMPLE_DIR = Path(__file__).resolve().parents[3] / "shared" / "imagenet-sample"
 PREPARE = Path(sys.executable).with_name("pipeline-prepare")
 
 if not native.jpeg_roi_available():

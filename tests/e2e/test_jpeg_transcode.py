@@ -26,7 +26,7 @@ from batchwire.native import jpeg_transcode as jt
 from oddfiles import corrupt_jpeg, exif_orientation_block, huge_header_jpeg, smooth_image
 from PIL import Image
 
-SAMPLE_DIR = Path(__file__).resolve().parents[2] / "shared" / "imagenet-sample"
+SAMPLE_DIR = Path(__file__).resolve().parents[3] / "shared" / "imagenet-sample"
 HAS_DJPEG = shutil.which("djpeg") is not None
 HAS_JPEGTRAN = shutil.which("jpegtran") is not None
 

@@ -22,7 +22,7 @@ from batchwire.pipeline.decode.restart import narrow_request
 from batchwire.pipeline.synthetic import default_dataset
 from oddfiles import exif_jpeg, exif_orientation_block, jpeg_bytes, odd_file_bytes, smooth_image
 
-SAMPLE = Path(__file__).resolve().parents[2] / "shared" / "imagenet-sample"
+SAMPLE = Path(__file__).resolve().parents[3] / "shared" / "imagenet-sample"
 
 
 def full_request(index: int, data: bytes) -> DecodeRequest:

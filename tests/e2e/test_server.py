@@ -28,7 +28,7 @@ from batchwire.pipeline.sampler import ShardSampler
 from batchwire.pipeline.synthetic import default_dataset
 from batchwire.wire.raw_client import RawClient
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from serverproc import running_server
 
 BATCH, SIZE, SEED, DEPTH = 4, 32, 11, 3
