@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from batchwire.common.cores import available_cores
 
 MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)
@@ -132,7 +133,7 @@ def decode_limit(
     from turbojpeg import TJPF_RGB, TurboJPEG
 
     tj = TurboJPEG()
-    threads = threads or os.cpu_count() or 1
+    threads = threads or available_cores()
     blobs = [Path(p).read_bytes() for p in paths[: max(1, min(len(paths), measure_images))]]
 
     def decode(data: bytes) -> int:

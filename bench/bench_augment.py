@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -28,6 +27,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from batchwire import native
+from batchwire.common.cores import available_cores
 from PIL import Image
 
 MEAN = (0.485, 0.456, 0.406)
@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--size", type=int, default=224)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--threads", type=int, default=available_cores())
     parser.add_argument("--dtype", choices=DTYPES, default="float32")
     parser.add_argument("--layout", choices=("nchw", "nhwc"), default="nchw")
     args = parser.parse_args(argv)

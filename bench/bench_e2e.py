@@ -22,7 +22,6 @@ change the rates).
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from pathlib import Path
@@ -30,6 +29,7 @@ from pathlib import Path
 from batchwire.bench.baselines import dataloader_baseline
 from batchwire.bench.data import resolve_data
 from batchwire.bench.e2e_row import pipeline_server, time_remote_loader
+from batchwire.common.cores import available_cores
 
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "imagenet-sample"
 GOAL = 2.5  # issue 4: batchwire at least this many times the DataLoader's rate
@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     data = resolve_data(str(args.data))
     print(
         f"data: {data.shown} ({len(data.paths)} images), batch {args.batch_size}, "
-        f"{args.image_size} px, {os.cpu_count()} cores",
+        f"{args.image_size} px, {available_cores()} cores",
         flush=True,
     )
     timing = {"measure_images": args.images, "warmup": args.warmup, "max_seconds": args.max_seconds}

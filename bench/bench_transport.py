@@ -37,6 +37,7 @@ import numpy as np
 import torch
 import zmq
 from batchwire import wire as p
+from batchwire.common.cores import available_cores
 from batchwire.wire import send_batch, tensor_bytes
 from batchwire.wire.keys import ClientKeys, ServerKeys, create_keys
 from batchwire.wire.raw_client import RawClient
@@ -328,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"transport, {args.endpoint}, batch {list(shape)} uint8 = {nbytes / 1e6:.2f} MB, "
         f"{args.batches} batches x {args.rounds} rounds (median), prefetch {args.prefetch}, "
-        f"{os.cpu_count()} CPUs"
+        f"{available_cores()} CPUs"
     )
     print(f"{'path':<15} {'batches/s':>10} {'GB/s':>8} {'vs pushpull':>12}")
     for r in rows:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING
@@ -28,6 +27,7 @@ from batchwire.bench.chart import plot_unavailable, write_plot
 from batchwire.bench.data import BenchData, check_prepared, resolve_data
 from batchwire.bench.report import Report, format_table, write_json
 from batchwire.bench.rows import ROWS, best_row, plan_rows, run_row
+from batchwire.common.cores import available_cores
 
 if TYPE_CHECKING:
     import torch
@@ -81,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="cpu or cuda[:N]: where DALI and batchwire decode/augment and where the "
         "loader delivers (default: cpu)",
     )
-    cores = os.cpu_count() or 1
+    cores = available_cores()
     p.add_argument(
         "--workers",
         type=int,
@@ -203,7 +203,7 @@ def _config(
         "device": device,
         "workers": args.workers,
         "threads": args.threads,
-        "cpu_cores": os.cpu_count(),
+        "cpu_cores": available_cores(),
         "warmup_batches": args.warmup_batches,
         "max_seconds": args.max_seconds,
         "repeat": args.repeat,

@@ -12,7 +12,6 @@ import argparse
 import atexit
 import functools
 import logging
-import os
 import shutil
 import sys
 import tempfile
@@ -23,6 +22,7 @@ from pathlib import Path
 from batchwire.bench import baselines
 from batchwire.bench.data import BenchData
 from batchwire.bench.report import Row, prepared_key
+from batchwire.common.cores import available_cores
 from batchwire.wire.keys import create_keys
 
 ROWS = ("decode", "dataloader", "dali", "batchwire")
@@ -110,7 +110,7 @@ def plan_rows(
 
 def row_threads(args: argparse.Namespace) -> int:
     """Threads of the decode-limit and DALI rows: --threads, else every core."""
-    return args.threads if args.threads is not None else (os.cpu_count() or 1)
+    return args.threads if args.threads is not None else available_cores()
 
 
 def _server_flags(args: argparse.Namespace) -> str:

@@ -11,4 +11,6 @@ pulling in the server.
   tests, benchmarks and the demo;
 - `devices`: the one parser of device strings (``cpu``, ``cuda``, ``cuda:N``) and of the
   launcher's environment integers.
+- `cores`: `available_cores()`, the CPUs this process may use (affinity and cgroup quota), the
+  one default for every thread count.
 """

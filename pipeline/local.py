@@ -32,7 +32,8 @@ import torch
 from batchwire.pipeline.augment_plan import AugmentConfig
 from batchwire.pipeline.buffers import BufferRing, BufferTimeout
 from batchwire.pipeline.dataset import ImageDataset, open_dataset
-from batchwire.pipeline.decode import DEFAULT_MAX_PIXELS, BatchDecoder, CpuBatchDecoder
+from batchwire.pipeline.decode import DEFAULT_MAX_PIXELS, BatchDecoder
+from batchwire.pipeline.decode.select import make_decoder
 from batchwire.pipeline.producer import BatchMeta
 from batchwire.pipeline.split import build_split
 
@@ -111,12 +112,7 @@ def _make_decoder(
     """(decoder, owned): a decoder built here is closed by `close()`."""
     if not isinstance(decoder, str):
         return decoder, False
-    if decoder == "cpu":
-        return CpuBatchDecoder(threads), True
-    from batchwire.pipeline.decode.select import make_decoder
-
-    where = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    return make_decoder(decoder, where, threads or 0, max_batch=batch_size), True
+    return make_decoder(decoder, device, threads, max_batch=batch_size), True
 
 
 class LocalLoader:

@@ -12,10 +12,11 @@ from __future__ import annotations
 import argparse
 import sys
 
+from batchwire.common.cores import available_cores
 from batchwire.prepare.job import AUTO, AUTO_MOST
 from batchwire.prepare.run import Options, run
 from batchwire.prepare.source import UsageError
-from batchwire.prepare.summary import EXIT_INCOMPLETE, EXIT_USAGE, available_cores
+from batchwire.prepare.summary import EXIT_INCOMPLETE, EXIT_USAGE
 
 
 def parser() -> argparse.ArgumentParser:

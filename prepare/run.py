@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
+from batchwire.common.cores import available_cores
 from batchwire.native.jpeg_transcode import transcode_available
 from batchwire.pipeline.decode.files import read_file_and_stat
 from batchwire.prepare import manifest
@@ -36,7 +37,7 @@ from batchwire.prepare.source import (
     check_report,
     discover,
 )
-from batchwire.prepare.summary import Summary, available_cores, problem_line
+from batchwire.prepare.summary import Summary, problem_line
 
 IN_FLIGHT_PER_JOB = 4
 

@@ -8,7 +8,6 @@ with the same status as a single run would. Speeds cover this run's work only.
 
 from __future__ import annotations
 
-import os
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -153,14 +152,6 @@ def problem_line(record: Record) -> str:
         FAILED: " (not in DST)",
     }
     return f"{record.outcome}: {record.path}: {record.error}{kept.get(record.outcome, '')}"
-
-
-def available_cores() -> int:
-    """The cores this process may run on (a container's CPU set, not the host's count)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
 
 
 def _percent(before: int, after: int) -> float | None:

@@ -9,12 +9,12 @@ comes back as an error result, never as an exception that fails the batch.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import cv2
 import torch
+from batchwire.common.cores import available_cores
 from batchwire.pipeline.decode.contract import (
     DecodedImage,
     DecodeError,
@@ -83,7 +83,7 @@ class CpuBatchDecoder:
     name = "cpu"
 
     def __init__(self, threads: int | None = None) -> None:
-        self.threads = max(1, int(threads if threads is not None else (os.cpu_count() or 1)))
+        self.threads = max(1, int(threads if threads is not None else available_cores()))
         self.device = torch.device("cpu")
         self._pool: ThreadPoolExecutor | None = None
         if self.threads > 1:

@@ -14,12 +14,12 @@ only `_decode_group` (and may add reasons to `_skip_reason`).
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from collections.abc import Sequence
 
 import torch
 from batchwire.common import devices
+from batchwire.common.cores import available_cores
 from batchwire.pipeline.decode.contract import DecodeRequest, DecodeResult
 from batchwire.pipeline.decode.cpu import CpuBatchDecoder
 from batchwire.pipeline.decode.restart import narrow_request
@@ -126,7 +126,7 @@ class GpuDecoderBase:
     threads: int
 
     def _start_fallback(self, threads: int | None) -> None:
-        self.threads = max(1, int(threads if threads is not None else (os.cpu_count() or 1)))
+        self.threads = max(1, int(threads if threads is not None else available_cores()))
         self._fallback = CpuFallback(self.name, self.device, self.threads)
         self._lock = threading.Lock()
 

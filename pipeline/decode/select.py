@@ -10,14 +10,18 @@ per image with it against 1.62 with DALI's CPU backend (1.10 against 1.37 on a
 CPU backend stays an explicit choice (`--decoder dali`). The choice and its reason are logged
 on "batchwire.pipeline", and a decoder asked for by name that cannot run here is a clear error
 naming what is missing, never a silent substitute.
+
+`make_decoder` is the one place decoders are made (the server's `--decoder`, `LocalLoader`'s
+`decoder=` name), and `DECODERS` the one list of names (the server CLI's choices): a new decoder
+is registered here only.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 
 import torch
+from batchwire.common.cores import available_cores
 from batchwire.pipeline.decode.contract import BatchDecoder
 from batchwire.pipeline.decode.cpu import CpuBatchDecoder
 from batchwire.pipeline.decode.dali import DaliBatchDecoder, dali_available
@@ -39,8 +43,8 @@ def _cuda_missing(device: torch.device) -> str | None:
 
 def make_decoder(
     name: str,
-    device: str | torch.device,
-    threads: int,
+    device: str | torch.device | None = None,
+    threads: int | None = None,
     *,
     max_batch: int = 256,
     max_gpu_image_pixels: int = DEFAULT_MAX_GPU_IMAGE_PIXELS,
@@ -48,14 +52,20 @@ def make_decoder(
 ) -> BatchDecoder:
     """The decoder `name` on `device` ('cpu', 'cuda', 'cuda:N'); see the module doc for 'auto'.
 
+    `device` None: 'cuda' where torch sees a GPU and `name` is not 'cpu', else 'cpu'. `threads`
+    None (or < 1): one per available core (`common.cores.available_cores`). `max_batch`: the most
+    images one `decode_batch` call gets (GPU decoders size their buffers for it).
+
     Raises ValueError for an unknown name or device and RuntimeError when the requested decoder
     cannot run here (the message says what is missing).
     """
     if name not in DECODERS:
         raise ValueError(f"unknown decoder {name!r}: choose one of {', '.join(DECODERS)}")
+    if device is None:
+        device = "cuda" if name != "cpu" and torch.cuda.is_available() else "cpu"
     dev = parse_device(device)
-    if threads < 1:  # "as many as there are cores", as CpuBatchDecoder(None) does
-        threads = os.cpu_count() or 1
+    if threads is None or threads < 1:
+        threads = available_cores()
     if dev.type == "cuda" and (missing := _cuda_missing(dev)) is not None:
         raise RuntimeError(missing)
 
