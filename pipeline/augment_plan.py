@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from batchwire.pipeline.decode.region import Box
 from batchwire.wire.batch_spec import DTYPES, LAYOUTS, BatchSpec
 
 if TYPE_CHECKING:
@@ -36,7 +37,6 @@ FLIP_DRAW = 4 * RRC_ATTEMPTS
 JITTER_DRAW = FLIP_DRAW + 1
 NUM_DRAWS = JITTER_DRAW + 4
 
-Box = tuple[float, float, float, float]
 Jitter = tuple[float, float, float, float]
 IDENTITY_JITTER: Jitter = (1.0, 1.0, 1.0, 0.0)
 

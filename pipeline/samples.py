@@ -35,6 +35,7 @@ from batchwire.pipeline.dataset import ImageDataset
 from batchwire.pipeline.decode import (
     DEFAULT_MAX_PIXELS,
     BatchDecoder,
+    Box,
     DecodeError,
     DecodeRequest,
     ImageHeader,
@@ -44,8 +45,6 @@ from batchwire.pipeline.decode import (
 )
 
 log = logging.getLogger("batchwire.pipeline")
-
-Box = tuple[float, float, float, float]
 
 # Separates the substitute sequence from the augmentation draws of the same (seed, index).
 _SUBSTITUTE_STREAM = 0x53554253  # "SUBS"

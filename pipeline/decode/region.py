@@ -7,7 +7,8 @@ equals the one from a full decode. How far that filter reaches is decided here, 
 outputs differ from the others' at crop edges without any test noticing.
 
 Boxes are float `(y0, x0, y1, x1)`, end-exclusive; regions are the integer pixel rectangles a
-decoder is asked for, in the same order.
+decoder is asked for, in the same order. `Box` is defined here only: augmentation planning
+(`SamplePlan.box`), sample loading and every decoder import it.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import math
 
 from batchwire.pipeline.decode.orientation import orientation_ops
 
-Box = tuple[float, float, float, float]
+Box = tuple[float, float, float, float]  # (y0, x0, y1, x1), float pixels, end-exclusive
 Region = tuple[int, int, int, int]
 
 
