@@ -17,33 +17,30 @@ from batchwire import native
 from batchwire.pipeline.augment_plan import AugmentConfig
 from batchwire.pipeline.dataset import ImageDataset
 from batchwire.pipeline.decode import DEFAULT_MAX_PIXELS, BatchDecoder
-from batchwire.pipeline.sampler import BatchPlan
+from batchwire.pipeline.sampler import PADDING_INDEX, PADDING_LABEL, BatchPlan
 from batchwire.pipeline.samples import SampleLoader
 from batchwire.wire import BatchSpec
 
 log = logging.getLogger("batchwire.pipeline")
 
 AugmentFn = Callable[..., torch.Tensor]
-#: The label of a padded (validation) slot: `torch.nn.functional.cross_entropy`'s default
-#: ``ignore_index``, so the loss skips padding without being told; its index is -1.
-PADDING_LABEL = -100
 
 
 @dataclass(frozen=True)
 class BatchMeta:
     """What goes with a produced batch.
 
-    `indices`: the sampler's dataset indices (-1 for padding slots). `sources`: the indices
-    whose pixels are actually in the batch (they differ from `indices` where a bad file was
-    replaced). `labels` belong to `sources`, except that a padding slot's label is
-    `PADDING_LABEL` (-100, cross-entropy's default ``ignore_index``), so a loss or an accuracy
-    that honours it never counts padding. `replaced`: replaced valid slots.
+    `indices`: the sampler's dataset indices (`PADDING_INDEX`, -1, for padding slots).
+    `sources`: the indices whose pixels are actually in the batch (they differ from `indices`
+    where a bad file was replaced). `labels` belong to `sources`, except that a padding slot's
+    label is `PADDING_LABEL` (-100, cross-entropy's default ``ignore_index``), so a loss or an
+    accuracy that honours it never counts padding. `replaced`: replaced valid slots.
     """
 
     epoch: int
     batch_index: int
     labels: np.ndarray  # int64 [B]
-    indices: np.ndarray  # int64 [B], -1 = padding
+    indices: np.ndarray  # int64 [B], PADDING_INDEX (-1) = padding
     valid: np.ndarray  # bool [B]
     sources: np.ndarray  # int64 [B]
     replaced: int
@@ -116,7 +113,9 @@ class BatchProducer:
             epoch=int(plan.epoch),
             batch_index=int(plan.batch_index),
             labels=labels,
-            indices=np.where(valid, np.asarray(plan.indices, dtype=np.int64), np.int64(-1)),
+            indices=np.where(
+                valid, np.asarray(plan.indices, dtype=np.int64), np.int64(PADDING_INDEX)
+            ),
             valid=valid,
             sources=np.fromiter((s.index for s in samples), dtype=np.int64, count=n),
             replaced=int((replaced & valid).sum()),

@@ -19,6 +19,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+#: The index of a padded (validation) slot in anything user-facing (`BatchPlan.public_indices`,
+#: `BatchMeta.indices`, `BatchHeader.indices`, the loaders' ``indices``): never a dataset index.
+PADDING_INDEX = -1
+#: The label of a padded slot: `torch.nn.functional.cross_entropy`'s default ``ignore_index``, so
+#: a loss skips padding without being told.
+PADDING_LABEL = -100
+
 # Separates the sampler's random stream from any other consumer of the same user seed.
 _ORDER_STREAM = 0x5A4D504C  # "ZMPL"
 _CACHED_EPOCHS = 2
@@ -30,7 +37,7 @@ class BatchPlan:
 
     `indices` always holds valid dataset indices (padding slots repeat a real sample so a
     producer can treat every slot alike); `valid` is False for padding, which metrics must
-    exclude and which user-facing code reports as index -1.
+    exclude and which user-facing code reports as index `PADDING_INDEX` (-1).
     """
 
     epoch: int
@@ -43,8 +50,8 @@ class BatchPlan:
         return int(self.valid.sum())
 
     def public_indices(self) -> np.ndarray:
-        """Indices with padding shown as -1 (the user-facing convention)."""
-        return np.where(self.valid, self.indices, np.int64(-1))
+        """Indices with padding shown as `PADDING_INDEX` (the user-facing convention)."""
+        return np.where(self.valid, self.indices, np.int64(PADDING_INDEX))
 
 
 def _check_int(name: str, value: object, minimum: int) -> int:

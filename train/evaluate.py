@@ -16,13 +16,11 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 import torch
+from batchwire.pipeline.sampler import PADDING_INDEX, PADDING_LABEL
 from torch import nn
 from torch.nn import functional as F
 
 from .distributed import DistContext, all_reduce_sum
-
-#: The label of a padding slot (as `batchwire.pipeline.producer.PADDING_LABEL`).
-IGNORE_INDEX = -100
 
 
 @dataclass(frozen=True)
@@ -34,8 +32,8 @@ class Accuracy:
 
 
 def valid_mask(labels: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
-    """True for real samples: index not -1 and label not the ignore index."""
-    return (indices.to(labels.device) != -1) & (labels != IGNORE_INDEX)
+    """True for real samples: index not `PADDING_INDEX` and label not `PADDING_LABEL`."""
+    return (indices.to(labels.device) != PADDING_INDEX) & (labels != PADDING_LABEL)
 
 
 def count_correct(
@@ -60,8 +58,8 @@ def batch_sums(
     The loss is a sum (never a mean), so an all-padding batch contributes 0, not NaN.
     """
     valid = valid_mask(labels, indices)
-    targets = labels.masked_fill(~valid, IGNORE_INDEX)
-    loss = F.cross_entropy(logits.float(), targets, ignore_index=IGNORE_INDEX, reduction="sum")
+    targets = labels.masked_fill(~valid, PADDING_LABEL)
+    loss = F.cross_entropy(logits.float(), targets, ignore_index=PADDING_LABEL, reduction="sum")
     counts = count_correct(logits, labels, indices, k)
     return torch.cat([loss.detach().to(torch.float64).reshape(1), counts])
 

@@ -14,10 +14,10 @@ import pytest
 import torch
 from batchwire.client import RemoteLoader
 from batchwire.pipeline.local import LocalLoader
-from batchwire.pipeline.producer import PADDING_LABEL
+from batchwire.pipeline.sampler import PADDING_LABEL
 from batchwire.pipeline.synthetic import default_dataset
 from batchwire.train.distributed import DistContext
-from batchwire.train.evaluate import IGNORE_INDEX, batch_sums, evaluate
+from batchwire.train.evaluate import batch_sums, evaluate
 from serverproc import running_server, small_server_args
 from torch import nn
 from torch.nn import functional as F
@@ -41,7 +41,7 @@ def _check_padding(batches: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
 
 def test_padding_label_is_cross_entropys_ignore_index() -> None:
-    assert PADDING_LABEL == IGNORE_INDEX == nn.CrossEntropyLoss().ignore_index == -100
+    assert PADDING_LABEL == nn.CrossEntropyLoss().ignore_index == -100
 
 
 def test_local_loader_val_padding_has_label_minus_100() -> None:
