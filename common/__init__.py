@@ -12,5 +12,7 @@ pulling in the server.
 - `devices`: the one parser of device strings (``cpu``, ``cuda``, ``cuda:N``) and of the
   launcher's environment integers.
 - `cores`: `available_cores()`, the CPUs this process may use (affinity and cgroup quota), the
-  one default for every thread count.
+  one default for every thread count;
+- `cuda_events`: `BufferFence` and `HandOff`, buffer reuse guarded by a CUDA event (record on the
+  stream that last used the buffer; the next user's stream waits, or the host synchronises).
 """

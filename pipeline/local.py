@@ -11,12 +11,13 @@ batch is drawn from the iterator, then it is refilled. That saves one copy per b
 callers who consume a batch before asking for the next (the usual training loop).
 
 On CUDA the background thread produces on a stream of its own, and events order each ring
-buffer between it and the consumer (`_CudaOrder`): the stream that is current when a batch is
-handed out waits for that batch's production, and the producer writes a buffer again only after
-an event recorded on that consumer stream when the buffer came back (after the clone with
-``copy=True``; when the next batch is drawn with ``copy=False``). So a consumer on a side stream
-is as safe as one on the default stream. Host buffers are never pinned here: nothing in the
-loader copies them to a GPU (pinning would also open a CUDA context on a CPU-only run).
+buffer between it and the consumer (`_CudaOrder`, over `common.cuda_events.HandOff`): the stream
+that is current when a batch is handed out waits for that batch's production, and the producer
+writes a buffer again only after an event recorded on that consumer stream when the buffer came
+back (after the clone with ``copy=True``; when the next batch is drawn with ``copy=False``). So
+a consumer on a side stream is as safe as one on the default stream. Host buffers are never
+pinned here: nothing in the loader copies them to a GPU (pinning would also open a CUDA context
+on a CPU-only run).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from batchwire.common.cuda_events import HandOff
 from batchwire.pipeline.augment_plan import AugmentConfig
 from batchwire.pipeline.buffers import BufferRing, BufferTimeout
 from batchwire.pipeline.dataset import ImageDataset, open_dataset
@@ -57,52 +59,40 @@ def _open(
 
 
 class _CudaOrder:
-    """The producer stream and the per-buffer events of a CUDA `LocalLoader`.
+    """The producer stream of a CUDA `LocalLoader` and a `HandOff` per ring buffer.
 
-    ``ready[i]``: recorded on the producer stream after buffer ``i`` was produced; the consumer
-    stream waits on it at hand-out. ``freed[i]``: recorded on the stream the buffer was handed
-    to, when it comes back; the producer stream waits on it before writing buffer ``i`` again.
-    An event is recorded before the buffer changes hands through the ring (whose lock orders
-    the two threads), so the other side always sees the latest record.
+    The producer stream writes buffer ``i`` (after the last consumer's work on it:
+    `before_produce`); the stream current when the batch is handed out waits for that
+    production and guards the buffer until it is given back (the contract is in
+    common/cuda_events.py).
     """
 
     def __init__(self, device: torch.device, count: int) -> None:
         self.device = device
         with torch.cuda.device(device):
             self.stream = torch.cuda.Stream(device)
-            self.ready = [torch.cuda.Event() for _ in range(count)]
-            self.freed = [torch.cuda.Event() for _ in range(count)]
-        self._freed_recorded = [False] * count
-        self._consumer: list[torch.cuda.Stream | None] = [None] * count
+            self.buffers = [HandOff() for _ in range(count)]
 
     def before_produce(self, i: int) -> None:
         """Producer thread, on `stream`: the last consumer of buffer ``i`` comes first."""
-        if self._freed_recorded[i]:
-            self.stream.wait_event(self.freed[i])
+        self.buffers[i].before_write(self.stream)
 
     def produced(self, i: int) -> None:
-        self.ready[i].record(self.stream)
+        self.buffers[i].written(self.stream)
 
     def hand_out(self, i: int) -> None:
         """Consumer thread: its current stream waits for buffer ``i``'s production."""
-        consumer = torch.cuda.current_stream(self.device)
-        consumer.wait_event(self.ready[i])
-        self._consumer[i] = consumer
+        self.buffers[i].hand_out(torch.cuda.current_stream(self.device))
 
     def give_back(self, i: int) -> None:
         """Consumer thread, before the ring gets buffer ``i`` back."""
-        consumer = self._consumer[i]
-        if consumer is not None:
-            self.freed[i].record(consumer)
-            self._freed_recorded[i] = True
-            self._consumer[i] = None
+        self.buffers[i].give_back()
 
     def synchronize(self) -> None:
         """Wait until neither side uses any buffer (before the buffers may be freed)."""
         with torch.cuda.device(self.device):
-            for i, recorded in enumerate(self._freed_recorded):
-                if recorded:
-                    self.freed[i].synchronize()
+            for buffer in self.buffers:
+                buffer.freed.synchronize()
             self.stream.synchronize()
 
 

@@ -258,17 +258,19 @@ def test_order_events_per_buffer(cuda: FakeCuda) -> None:
         order.hand_out(0)
     order.give_back(0)  # recorded on the hand-out stream, whatever is current now
     order.before_produce(0)
+    ready = [b.ready.event for b in order.buffers]
+    freed = [b.freed.event for b in order.buffers]
     assert cuda.log[-4:] == [
-        ("record", order.ready[0], order.stream),
-        ("wait", consumer, order.ready[0]),
-        ("record", order.freed[0], consumer),
-        ("wait", order.stream, order.freed[0]),
+        ("record", ready[0], order.stream),
+        ("wait", consumer, ready[0]),
+        ("record", freed[0], consumer),
+        ("wait", order.stream, freed[0]),
     ]
     order.give_back(1)  # never handed out: nothing to record
-    assert cuda.log[-1] == ("wait", order.stream, order.freed[0])
+    assert cuda.log[-1] == ("wait", order.stream, freed[0])
     cuda.log.clear()
     order.synchronize()
-    assert cuda.log == [("sync", order.freed[0]), ("sync", order.stream)]
+    assert cuda.log == [("sync", freed[0]), ("sync", order.stream)]
 
 
 @pytest.mark.timeout(120)
@@ -297,18 +299,20 @@ def test_local_loader_orders_each_buffer_between_producer_and_consumer_streams(
     assert len(got) == len(reference) == 4
     assert all(torch.equal(a, b) for a, b in zip(got, reference, strict=True))
     per_buffer: dict[int, list[str]] = {0: [], 1: []}
+    ready = [b.ready.event for b in order.buffers]
+    freed = [b.freed.event for b in order.buffers]
     for op in cuda.log:
         for i in (0, 1):
-            if op[0] == "record" and op[1] is order.ready[i]:
+            if op[0] == "record" and op[1] is ready[i]:
                 assert op[2] is order.stream
                 per_buffer[i].append("produced")
-            elif op[0] == "wait" and op[2] is order.ready[i]:
+            elif op[0] == "wait" and op[2] is ready[i]:
                 assert op[1] is side
                 per_buffer[i].append("handed")
-            elif op[0] == "record" and op[1] is order.freed[i]:
+            elif op[0] == "record" and op[1] is freed[i]:
                 assert op[2] is side
                 per_buffer[i].append("freed")
-            elif op[0] == "wait" and op[2] is order.freed[i]:
+            elif op[0] == "wait" and op[2] is freed[i]:
                 assert op[1] is order.stream
                 per_buffer[i].append("producer waits")
     cycle = ["produced", "handed", "freed"]
