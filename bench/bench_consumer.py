@@ -15,15 +15,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-import zmq
-from batchwire import wire
 from batchwire.client.remote_loader import RemoteLoader
+from batchwire.common.launcher import PipelineServer
 
 CONFIGS = {
     "float32": ("float32", False),
@@ -32,37 +29,24 @@ CONFIGS = {
 }
 
 
-def _wait_ready(endpoint: str, proc: subprocess.Popen, timeout: float) -> None:
-    ctx = zmq.Context.instance()
-    sock = ctx.socket(zmq.DEALER)
-    sock.linger = 0
-    sock.connect(endpoint)
-    deadline = time.monotonic() + timeout
-    try:
-        sock.send(wire.StatsRequest().pack())
-        while not sock.poll(100):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"pipeline-server did not start on {endpoint}")
-    finally:
-        sock.close()
-
-
 def _optional(args: argparse.Namespace, *names: str) -> dict:
     """Loader options given on the command line (the original loader lacks some of them)."""
     return {n: getattr(args, n) for n in names if getattr(args, n) is not None}
 
 
 def run_config(args: argparse.Namespace, name: str, tmp: Path) -> dict:
-    wire, normalize = CONFIGS[name]
-    endpoint = f"ipc://{tmp}/{name}.sock"
-    server = [sys.executable, "-m", "batchwire.server", "--train", args.train, "--bind", endpoint]
-    server += ["--batch-size", str(args.batch_size), "--image-size", str(args.image_size)]
-    server += ["--output-dtype", wire, "--log-level", "WARNING", *args.server_arg]
-    proc = subprocess.Popen(server)
-    try:
-        _wait_ready(endpoint, proc, 120.0)
+    dtype, normalize = CONFIGS[name]
+    server = PipelineServer(
+        [
+            *("--train", args.train),
+            *("--batch-size", str(args.batch_size), "--image-size", str(args.image_size)),
+            *("--output-dtype", dtype, "--log-level", "WARNING", *args.server_arg),
+        ],
+        f"ipc://{tmp}/{name}.sock",
+    )
+    with server.start(timeout=120.0):
         loader = RemoteLoader(
-            endpoint,
+            server.endpoint,
             "train",
             rank=0,
             world_size=1,
@@ -91,9 +75,6 @@ def run_config(args: argparse.Namespace, name: str, tmp: Path) -> dict:
                         time.sleep(args.step_ms / 1000)  # a training step that costs no CPU here
             cpu = time.process_time() - cpu0
             wall = time.perf_counter() - wall0
-    finally:
-        proc.terminate()
-        proc.wait(30)
     return {
         "config": name,
         "images": images,

@@ -1,7 +1,8 @@
 """The trainer's side of monitoring: how long it waits for data, and how fast it consumes.
 
-RemoteLoader calls ``record_wait``/``record_batch`` once per batch and sends ``as_dict()`` with
-each credit, so the server (and ``pipeline-monitor``) can tell a starving trainer from a busy one.
+RemoteLoader calls ``record_wait``/``record_batch`` once per batch and sends ``as_dict()`` (the
+map of a `wire.LoaderReport`, the schema's trainer part) with each credit, so the server (and
+``pipeline-monitor``) can tell a starving trainer from a busy one.
 Waits are kept as intervals, so a figure over "the last 10 s" counts only the part of a long wait
 that falls inside those 10 s.
 """
@@ -12,6 +13,7 @@ import time
 from collections.abc import Callable
 
 from batchwire.common.rates import RateWindow
+from batchwire.wire.stats import LoaderReport
 
 # Long enough to average over a handful of steps of a slow model, short enough to follow a change.
 WINDOW_S = 10.0
@@ -43,17 +45,21 @@ class LoaderStats:
         """Batches received and buffered ahead of the trainer right now."""
         self._prefetch_depth = int(n)
 
-    def as_dict(self) -> dict:
-        """``{prefetch_depth, wait_s_per_batch, data_wait_fraction, images_per_s}`` (last window).
+    def report(self) -> LoaderReport:
+        """Prefetch depth, wait per batch, data-wait fraction and images/s (last window).
 
         ``data_wait_fraction`` is the share of wall time spent waiting, over the window (or since
         the first record, when that is more recent): 0 = never starved, 1 = always starved.
         """
         r = self._window.read()
         batches = r.totals[0]
-        return {
-            "prefetch_depth": self._prefetch_depth,
-            "wait_s_per_batch": r.interval_s / batches if batches else 0.0,
-            "data_wait_fraction": r.interval_fraction(),
-            "images_per_s": r.rate(1),
-        }
+        return LoaderReport(
+            prefetch_depth=self._prefetch_depth,
+            wait_s_per_batch=r.interval_s / batches if batches else 0.0,
+            data_wait_fraction=r.interval_fraction(),
+            images_per_s=r.rate(1),
+        )
+
+    def as_dict(self) -> dict[str, float]:
+        """`report` as the map a credit carries (``Credit.stats``)."""
+        return self.report().to_map()

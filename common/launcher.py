@@ -11,7 +11,8 @@ Tests, `pipeline-bench` and the demo all need the same three steps, and each ste
 - stopping is SIGTERM (the server tells its clients and exits 0), then SIGKILL after a grace
   period, so a child never outlives its parent's run, whatever went wrong.
 
-Only `batchwire.wire` is used to talk to the server, so this module loads no server code.
+Only `batchwire.wire` is used to talk to the server (its one stats client,
+`wire.stats_client`), so this module loads no server code.
 """
 
 from __future__ import annotations
@@ -24,18 +25,17 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
-import zmq
-from batchwire import wire
 from batchwire.wire.keys import ClientKeys
+from batchwire.wire.stats import ServerStats
+from batchwire.wire.stats_client import StatsClient
 
 __all__ = [
     "PipelineServer",
     "ServerStartError",
     "Stopped",
     "free_tcp_endpoint",
-    "request_stats",
     "server_executable",
     "terminate",
 ]
@@ -72,33 +72,6 @@ def server_executable() -> list[str]:
     return [str(script)] if script.exists() else [sys.executable, "-m", "batchwire.server"]
 
 
-def request_stats(
-    endpoint: str,
-    timeout: float = 5.0,
-    ctx: zmq.Context | None = None,
-    keys: ClientKeys | None = None,
-) -> dict:
-    """Ask the server at ``endpoint`` for its stats; TimeoutError if it does not answer.
-
-    A server started with ``--keys`` answers only a holder of them (``keys``)."""
-    own_ctx = ctx is None
-    ctx = zmq.Context() if ctx is None else ctx
-    sock = ctx.socket(zmq.DEALER)
-    sock.linger = 0
-    if keys is not None:
-        keys.apply(sock)
-    try:
-        sock.connect(endpoint)
-        sock.send(wire.StatsRequest().pack())
-        if not sock.poll(int(timeout * 1000)):
-            raise TimeoutError(f"no stats reply from {endpoint} within {timeout}s")
-        return _stats_of(sock.recv_multipart(), endpoint)
-    finally:
-        sock.close()
-        if own_ctx:
-            ctx.term()
-
-
 def _keys_in(args: Sequence[str]) -> ClientKeys | None:
     """The client side of a ``--keys DIR`` (or ``--keys=DIR``) among a server's arguments."""
     for i, arg in enumerate(args):
@@ -107,13 +80,6 @@ def _keys_in(args: Sequence[str]) -> ClientKeys | None:
         if arg.startswith("--keys="):
             return ClientKeys.load(arg.split("=", 1)[1])
     return None
-
-
-def _stats_of(frames: list[bytes], endpoint: str) -> dict[str, Any]:
-    reply = wire.decode_server_message(frames[0])
-    if not isinstance(reply, wire.StatsReply):
-        raise wire.ProtocolError(f"expected a stats reply from {endpoint}, got {reply!r}")
-    return reply.stats
 
 
 def terminate(proc: subprocess.Popen, grace: float) -> bool:
@@ -210,21 +176,15 @@ class PipelineServer:
             raise
         return self
 
-    def wait_until_serving(self, timeout: float) -> dict[str, Any]:
+    def wait_until_serving(self, timeout: float) -> ServerStats:
         """Return the server's first stats once it answers; ServerStartError if the process
         exits first, or stays silent for ``timeout`` seconds (it is then killed)."""
         proc = self._proc
         if proc is None:
             raise RuntimeError("pipeline-server not started")
         deadline = time.monotonic() + timeout
-        ctx = zmq.Context()
-        sock = ctx.socket(zmq.DEALER)
-        sock.linger = 0
-        if self.keys is not None:
-            self.keys.apply(sock)
-        try:
-            sock.connect(self.endpoint)
-            sock.send(wire.StatsRequest().pack())
+        with StatsClient(self.endpoint, keys=self.keys) as client:
+            client.send()
             while True:
                 # Checked before trusting a reply: if our server failed (say, its port was
                 # taken), an answer can only have come from some other process.
@@ -235,8 +195,9 @@ class PipelineServer:
                             f"answered on {self.endpoint}"
                         )
                     )
-                if sock.poll(int(POLL_S * 1000)):
-                    return _stats_of(sock.recv_multipart(), self.endpoint)
+                stats = client.receive(POLL_S)
+                if stats is not None:
+                    return stats
                 if time.monotonic() > deadline:
                     self.kill()
                     raise ServerStartError(
@@ -245,9 +206,6 @@ class PipelineServer:
                             f"{timeout:g}s (killed)"
                         )
                     )
-        finally:
-            sock.close()
-            ctx.term()
 
     def stop(self, grace: float = 10.0) -> Stopped:
         """SIGTERM and wait up to ``grace`` seconds, then SIGKILL; a no-op once it has exited."""

@@ -21,10 +21,11 @@ takes the longest per batch is named.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from itertools import pairwise
-from typing import Any
+
+from batchwire.wire.stats import ServerStats
 
 #: A queue at or above this share of its capacity counts as full ("or nearly").
 FULL_FRACTION = 0.8
@@ -60,6 +61,51 @@ class Bottleneck:
         return "none (balanced)"
 
 
+@dataclass(frozen=True)
+class Link:
+    """One queue of the chain; ``depth`` may be a mean over several snapshots (`smooth`)."""
+
+    name: str
+    depth: float
+    capacity: float
+    latency_ms: float
+
+
+@dataclass(frozen=True)
+class Trainer:
+    """What the inference needs of one client; ``ready`` may be a mean (`smooth`)."""
+
+    id: str
+    credits: int
+    ready: float
+    ready_capacity: float
+    data_wait_fraction: float | None  # as its loader reports it, None if it does not
+
+
+@dataclass(frozen=True)
+class Reading:
+    """The queues and trainers of one snapshot, or of several averaged (`smooth`)."""
+
+    stages: tuple[Link, ...]
+    trainers: tuple[Trainer, ...]
+
+    @classmethod
+    def of(cls, snapshot: ServerStats) -> Reading:
+        return cls(
+            stages=tuple(Link(s.name, s.depth, s.capacity, s.latency_ms) for s in snapshot.stages),
+            trainers=tuple(
+                Trainer(
+                    c.id,
+                    c.credits,
+                    c.ready,
+                    c.ready_capacity,
+                    None if c.loader is None else c.loader.data_wait_fraction,
+                )
+                for c in snapshot.clients
+            ),
+        )
+
+
 def is_full(depth: float, capacity: float) -> bool:
     return capacity > 0 and depth / capacity >= FULL_FRACTION
 
@@ -72,42 +118,38 @@ def _num(x: float) -> str:
     return f"{x:g}" if float(x).is_integer() else f"{x:.1f}"
 
 
-def _chain(snapshot: Mapping[str, Any]) -> list[tuple[str, float, float]]:
+def _chain(reading: Reading) -> list[tuple[str, float, float]]:
     """The queues in pipeline order; the clients' ready queues close the chain as one link."""
-    chain = [
-        (str(s["name"]), float(s["depth"]), float(s["capacity"]))
-        for s in snapshot.get("stages", [])
-    ]
-    clients = snapshot.get("clients", [])
-    if clients and not any(name == READY for name, _, _ in chain):
+    chain = [(s.name, s.depth, s.capacity) for s in reading.stages]
+    trainers = reading.trainers
+    if trainers and not any(name == READY for name, _, _ in chain):
         chain.append(
             (
                 READY,
-                sum(float(c.get("ready", 0)) for c in clients),
-                sum(float(c.get("ready_capacity", 0)) for c in clients),
+                sum(t.ready for t in trainers),
+                sum(t.ready_capacity for t in trainers),
             )
         )
     return chain
 
 
-def infer_bottleneck(snapshot: Mapping[str, Any]) -> Bottleneck:
+def infer_bottleneck(snapshot: ServerStats | Reading) -> Bottleneck:
     """Name the limiting part of the pipeline in ``snapshot`` (see the module docstring)."""
-    clients: Sequence[Mapping[str, Any]] = snapshot.get("clients", [])
-    if not clients:
+    reading = snapshot if isinstance(snapshot, Reading) else Reading.of(snapshot)
+    trainers = reading.trainers
+    if not trainers:
         return Bottleneck(IDLE, None, "no clients connected")
 
-    if all(int(c.get("credits", 0)) == 0 and float(c.get("ready", 0)) == 0 for c in clients):
-        n = len(clients)
+    if all(t.credits == 0 and t.ready == 0 for t in trainers):
+        n = len(trainers)
         return Bottleneck(
             TRAINERS,
             None,
             f"every batch the {'trainers' if n != 1 else 'trainer'} asked for has been sent "
             "and none is asked for: the server waits for the trainers",
         )
-    bounded = [c for c in clients if float(c.get("ready_capacity", 0)) > 0]
-    if bounded and all(
-        is_full(float(c.get("ready", 0)), float(c["ready_capacity"])) for c in bounded
-    ):
+    bounded = [t for t in trainers if t.ready_capacity > 0]
+    if bounded and all(is_full(t.ready, t.ready_capacity) for t in bounded):
         n = len(bounded)
         return Bottleneck(
             TRAINERS,
@@ -116,7 +158,7 @@ def infer_bottleneck(snapshot: Mapping[str, Any]) -> Bottleneck:
             "the server is ahead of the trainers",
         )
 
-    chain = _chain(snapshot)
+    chain = _chain(reading)
     for (name, depth, cap), (next_name, next_depth, next_cap) in reversed(list(pairwise(chain))):
         if is_full(depth, cap) and is_empty(next_depth, next_cap):
             return Bottleneck(
@@ -126,40 +168,31 @@ def infer_bottleneck(snapshot: Mapping[str, Any]) -> Bottleneck:
                 f"is empty ({_num(next_depth)}/{_num(next_cap)})",
             )
 
-    starving = [c for c in clients if _starving(c)]
-    timed = [
-        s
-        for s in snapshot.get("stages", [])
-        if s["name"] != READY and float(s.get("latency_ms", 0.0)) > 0
-    ]
+    starving = [t for t in trainers if _starving(t)]
+    timed = [s for s in reading.stages if s.name != READY and s.latency_ms > 0]
     if starving and timed:
-        slowest = max(timed, key=lambda s: float(s["latency_ms"]))
-        total = sum(float(s["latency_ms"]) for s in timed)
+        slowest = max(timed, key=lambda s: s.latency_ms)
+        total = sum(s.latency_ms for s in timed)
         return Bottleneck(
             STAGE,
-            str(slowest["name"]),
-            f"trainers wait for batches; '{slowest['name']}' takes "
-            f"{float(slowest['latency_ms']):.1f} of {total:.1f} ms per batch",
+            slowest.name,
+            f"trainers wait for batches; '{slowest.name}' takes "
+            f"{slowest.latency_ms:.1f} of {total:.1f} ms per batch",
         )
     return Bottleneck(BALANCED, None, "no queue runs empty behind a full one")
 
 
-def _starving(client: Mapping[str, Any]) -> bool:
+def _starving(trainer: Trainer) -> bool:
     """Does this trainer wait for data? Its own report says best; else, it asked for batches
     (credits) and none is ready."""
-    loader = client.get("loader") or {}
-    if "data_wait_fraction" in loader:
-        return float(loader["data_wait_fraction"]) >= STARVING_WAIT_FRACTION
-    cap = float(client.get("ready_capacity", 0))
-    return (
-        cap > 0
-        and int(client.get("credits", 0)) > 0
-        and is_empty(float(client.get("ready", 0)), cap)
-    )
+    if trainer.data_wait_fraction is not None:
+        return trainer.data_wait_fraction >= STARVING_WAIT_FRACTION
+    cap = trainer.ready_capacity
+    return cap > 0 and trainer.credits > 0 and is_empty(trainer.ready, cap)
 
 
-def smooth(snapshots: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """The last snapshot with stage depths and client ready counts averaged over all of them.
+def smooth(snapshots: Sequence[ServerStats]) -> Reading:
+    """The last snapshot's reading with stage depths and client ready counts averaged over all.
 
     A single snapshot catches each worker in one stage; a few seconds of them show where the
     batches actually pile up. Stages and clients are matched by name and id; ones missing from
@@ -167,23 +200,18 @@ def smooth(snapshots: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """
     if not snapshots:
         raise ValueError("smooth() needs at least one snapshot")
-    last = snapshots[-1]
     stage_sums: dict[str, list[float]] = {}
     ready_sums: dict[str, list[float]] = {}
     for snap in snapshots:
-        for s in snap.get("stages", []):
-            stage_sums.setdefault(str(s["name"]), []).append(float(s["depth"]))
-        for c in snap.get("clients", []):
-            ready_sums.setdefault(str(c.get("id")), []).append(float(c.get("ready", 0)))
-    return {
-        **last,
-        "stages": [
-            {**s, "depth": _mean(stage_sums[str(s["name"])])} for s in last.get("stages", [])
-        ],
-        "clients": [
-            {**c, "ready": _mean(ready_sums[str(c.get("id"))])} for c in last.get("clients", [])
-        ],
-    }
+        for s in snap.stages:
+            stage_sums.setdefault(s.name, []).append(s.depth)
+        for c in snap.clients:
+            ready_sums.setdefault(c.id, []).append(c.ready)
+    last = Reading.of(snapshots[-1])
+    return Reading(
+        stages=tuple(replace(s, depth=_mean(stage_sums[s.name])) for s in last.stages),
+        trainers=tuple(replace(t, ready=_mean(ready_sums[t.id])) for t in last.trainers),
+    )
 
 
 def _mean(values: list[float]) -> float:

@@ -23,8 +23,9 @@ from typing import TextIO
 
 from batchwire.monitor.bottleneck import infer_bottleneck, smooth
 from batchwire.monitor.render import render
-from batchwire.monitor.stats_client import StatsClient, StatsUnavailable
 from batchwire.wire.keys import KeysError, client_keys
+from batchwire.wire.stats import ServerStats
+from batchwire.wire.stats_client import StatsClient, StatsUnavailable
 
 ENTER_SCREEN = "\x1b[?1049h\x1b[?25l"  # alternate screen, hide cursor
 LEAVE_SCREEN = "\x1b[?25h\x1b[?1049l"
@@ -108,7 +109,7 @@ def _run_once(client: StatsClient, args: argparse.Namespace, out: TextIO) -> int
         print(f"pipeline-monitor: {exc}", file=sys.stderr)
         return 1
     if args.json:
-        out.write(json.dumps(snapshot) + "\n")
+        out.write(json.dumps(snapshot.to_map()) + "\n")
     else:
         width = _terminal_size(out)[0] if out.isatty() else 120
         out.write(
@@ -130,7 +131,7 @@ def _run_json_stream(client: StatsClient, args: argparse.Namespace, out: TextIO)
     while True:
         started = time.monotonic()
         try:
-            out.write(json.dumps(client.fetch()) + "\n")
+            out.write(json.dumps(client.fetch().to_map()) + "\n")
             out.flush()
         except StatsUnavailable as exc:
             print(f"pipeline-monitor: {exc}", file=sys.stderr, flush=True)
@@ -142,7 +143,7 @@ def _run_live(client: StatsClient, args: argparse.Namespace, out: TextIO) -> int
     color = _use_color(out, args.no_color)
     unicode = _use_unicode(out)
     state: dict = {"snapshot": None, "error": None, "last_ok": None}
-    recent: deque[dict] = deque(maxlen=max(1, round(SMOOTH_S / args.interval)))
+    recent: deque[ServerStats] = deque(maxlen=max(1, round(SMOOTH_S / args.interval)))
 
     def draw() -> None:
         width, height = _terminal_size(out) if tty else (120, None)

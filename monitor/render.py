@@ -8,11 +8,11 @@ Client columns that do not fit are dropped, least useful first.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from batchwire.monitor.bottleneck import Bottleneck, infer_bottleneck, is_full
+from batchwire.wire.stats import ClientRow, ServerStats
 
 # SGR codes; applied only when colour is on.
 BOLD = "1"
@@ -106,24 +106,18 @@ def _bar(depth: int, capacity: int, width: int, unicode: bool) -> Line:
 
 
 def _stage_lines(
-    snapshot: Mapping[str, Any], width: int, unicode: bool, bottleneck: Bottleneck
+    snapshot: ServerStats, width: int, unicode: bool, bottleneck: Bottleneck
 ) -> list[Line]:
     rows: list[tuple[str, int, int, str]] = [
-        (
-            str(s["name"]),
-            int(s["depth"]),
-            int(s["capacity"]),
-            f"{float(s.get('latency_ms', 0.0)):7.1f} ms",
-        )
-        for s in snapshot.get("stages", [])
+        (s.name, s.depth, s.capacity, f"{s.latency_ms:7.1f} ms") for s in snapshot.stages
     ]
-    clients = snapshot.get("clients", [])
+    clients = snapshot.clients
     if clients and not any(name == "ready" for name, *_ in rows):
         rows.append(
             (
                 "ready",
-                sum(int(c.get("ready", 0)) for c in clients),
-                sum(int(c.get("ready_capacity", 0)) for c in clients),
+                sum(c.ready for c in clients),
+                sum(c.ready_capacity for c in clients),
                 f"{len(clients)} client{'s' if len(clients) != 1 else ''}",
             )
         )
@@ -149,24 +143,24 @@ def _stage_lines(
     return lines
 
 
-def _client_cells(c: Mapping[str, Any]) -> dict[str, Segment]:
-    loader = c.get("loader") or {}
-    wait = loader.get("data_wait_fraction")
-    ready, cap = int(c.get("ready", 0)), int(c.get("ready_capacity", 0))
+def _client_cells(c: ClientRow) -> dict[str, Segment]:
+    wait = None if c.loader is None else c.loader.data_wait_fraction
+    ready_style = YELLOW if is_full(c.ready, c.ready_capacity) else ""
+    wait_cell = (
+        ("-", DIM) if wait is None else (f"{100 * wait:.0f}%", RED if wait >= 0.2 else GREEN)
+    )
     return {
-        "client": (str(c.get("id", "?")), ""),
-        "split": (str(c.get("split", "")), ""),
-        "rank": (f"{c.get('rank', '?')}/{c.get('world_size', '?')}", ""),
-        "epoch": (str(c.get("epoch", "")), ""),
-        "credits": (str(c.get("credits", 0)), ""),
-        "ready": (f"{ready}/{cap}", YELLOW if is_full(ready, cap) else ""),
-        "inflight": (str(c.get("in_flight", 0)), ""),
-        "sent": (str(c.get("sent", 0)), ""),
-        "img/s": (f"{float(c.get('images_per_s', 0.0)):.1f}", ""),
-        "wait": ("-", DIM)
-        if wait is None
-        else (f"{100 * float(wait):.0f}%", RED if float(wait) >= 0.2 else GREEN),
-        "seen": (human_duration(float(c.get("last_seen_s", 0.0))), ""),
+        "client": (c.id, ""),
+        "split": (c.split, ""),
+        "rank": (f"{c.rank}/{c.world_size}", ""),
+        "epoch": (str(c.epoch), ""),
+        "credits": (str(c.credits), ""),
+        "ready": (f"{c.ready}/{c.ready_capacity}", ready_style),
+        "inflight": (str(c.in_flight), ""),
+        "sent": (str(c.sent), ""),
+        "img/s": (f"{c.images_per_s:.1f}", ""),
+        "wait": wait_cell,
+        "seen": (human_duration(c.last_seen_s), ""),
     }
 
 
@@ -188,7 +182,7 @@ def _cell(text: str, col: _Column) -> str:
     return f"{text:{col.align}{col.width}} "
 
 
-def _client_lines(clients: Sequence[Mapping[str, Any]], width: int) -> list[Line]:
+def _client_lines(clients: Sequence[ClientRow], width: int) -> list[Line]:
     cols = _client_columns(width)
     header: Line = [("  ", "")] + [(_cell(c.title, c), BOLD) for c in cols]
     lines = [header]
@@ -201,7 +195,7 @@ def _client_lines(clients: Sequence[Mapping[str, Any]], width: int) -> list[Line
 
 
 def render_lines(
-    snapshot: Mapping[str, Any] | None,
+    snapshot: ServerStats | None,
     width: int = 100,
     height: int | None = None,
     *,
@@ -221,7 +215,7 @@ def render_lines(
     clock = time.strftime("%H:%M:%S")
     head: Line = [("batchwire monitor", BOLD), (f"  {endpoint}", CYAN)]
     if snapshot is not None:
-        head.append((f"  up {human_duration(float(snapshot.get('uptime_s', 0.0)))}", ""))
+        head.append((f"  up {human_duration(snapshot.uptime_s)}", ""))
     head.append((f"  {clock}", DIM))
     lines.append(head)
     if error:
@@ -241,44 +235,42 @@ def render_lines(
     lines.extend(_stage_lines(snapshot, width, unicode, bottleneck))
     lines.append([])
 
-    tp = snapshot.get("throughput", {})
+    tp = snapshot.throughput
     lines.append(
         [
             ("throughput  ", BOLD),
             (
-                f"{float(tp.get('images_per_s', 0.0)):.1f} img/s   "
-                f"{float(tp.get('batches_per_s', 0.0)):.2f} batch/s   "
-                f"{human_bytes(float(tp.get('bytes_per_s', 0.0)))}/s",
+                f"{tp.images_per_s:.1f} img/s   "
+                f"{tp.batches_per_s:.2f} batch/s   "
+                f"{human_bytes(tp.bytes_per_s)}/s",
                 "",
             ),
         ]
     )
-    counters = snapshot.get("counters", {})
-    problems = sum(
-        int(counters.get(k, 0)) for k in ("bad_total", "errors_total", "malformed_total")
-    )
+    counters = snapshot.counters
+    problems = counters.bad_total + counters.errors_total + counters.malformed_total
     lines.append(
         [
             ("counters    ", BOLD),
             (
-                f"images {int(counters.get('images_total', 0)):,}  "
-                f"batches {int(counters.get('batches_total', 0)):,}  "
-                f"bytes {human_bytes(float(counters.get('bytes_total', 0)))}  ",
+                f"images {counters.images_total:,}  "
+                f"batches {counters.batches_total:,}  "
+                f"bytes {human_bytes(counters.bytes_total)}  ",
                 "",
             ),
             (
-                f"replaced {int(counters.get('replaced_total', 0)):,}  "
-                f"bad {int(counters.get('bad_total', 0)):,}  "
-                f"errors {int(counters.get('errors_total', 0)):,}  "
-                f"malformed {int(counters.get('malformed_total', 0)):,}",
+                f"replaced {counters.replaced_total:,}  "
+                f"bad {counters.bad_total:,}  "
+                f"errors {counters.errors_total:,}  "
+                f"malformed {counters.malformed_total:,}",
                 YELLOW if problems else "",
             ),
         ]
     )
     lines.append([])
 
-    clients = list(snapshot.get("clients", []))
-    unlisted = int((snapshot.get("clients_unlisted") or {}).get("count", 0))
+    clients = snapshot.clients
+    unlisted = 0 if snapshot.clients_unlisted is None else snapshot.clients_unlisted.count
     more = f", {unlisted} more not listed" if unlisted else ""
     lines.append([(f"clients ({len(clients) + unlisted}{more})", BOLD)])
     if clients:
@@ -295,7 +287,7 @@ def render_lines(
 
 
 def render(
-    snapshot: Mapping[str, Any] | None,
+    snapshot: ServerStats | None,
     width: int = 100,
     height: int | None = None,
     *,

@@ -2,8 +2,9 @@
 
 The server's threads call the ``add_*``/``observe_stage`` methods on their hot paths, so each one
 takes one short lock and does O(1) amortised work. Everything the outside world sees comes out of
-:meth:`Telemetry.snapshot` (the "Stats schema" of ARCHITECTURE.md): the ZeroMQ ``stats`` reply and
-the Prometheus scrape are both built from it, so the two views can never disagree.
+:meth:`Telemetry.snapshot`, a `wire.ServerStats` (the schema lives in wire/stats.py): the ZeroMQ
+``stats`` reply and the Prometheus scrape are both built from it, so the two views can never
+disagree.
 """
 
 from __future__ import annotations
@@ -13,18 +14,34 @@ import math
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import fields, replace
+from typing import Any, TypeVar
 
 from batchwire.common.rates import RateWindow
 from batchwire.server.metrics_http import start_metrics_server
+from batchwire.wire.stats import (
+    STATS_VERSION,
+    BufferStats,
+    ClientRow,
+    Counters,
+    LoaderReport,
+    Record,
+    ServerStats,
+    StageStats,
+    Throughput,
+    UnlistedClients,
+)
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import generate_latest
 
 log = logging.getLogger(__name__)
 
-STATS_VERSION = 1
+R = TypeVar("R", bound=Record)
+
+__all__ = ["COUNTER_NAMES", "STATS_VERSION", "MetricsServer", "Telemetry"]
+
 # Long enough to smooth batch-sized bursts, short enough that a stall shows within seconds.
 THROUGHPUT_WINDOW_S = 5.0
 # Latency is a per-batch property: average the batches of the last few seconds.
@@ -49,16 +66,9 @@ LATENCY_BUCKETS_S = (
     10.0,
 )
 
-COUNTER_NAMES = (
-    "images_total",
-    "batches_total",
-    "bytes_total",
-    "replaced_total",
-    "bad_total",
-    "errors_total",
-    "malformed_total",
-)
-# Stats-schema counter -> (Prometheus name, help). The names end in _total as Prometheus expects.
+#: The counters this class keeps: the fields of the schema's `Counters`.
+COUNTER_NAMES = tuple(f.name for f in fields(Counters))
+# `Counters` field -> (Prometheus name, help). The names end in _total as Prometheus expects.
 _PROM_COUNTERS = {
     "images_total": ("batchwire_images_total", "Images sent to clients."),
     "batches_total": ("batchwire_batches_total", "Batches sent to clients."),
@@ -75,8 +85,8 @@ _PROM_COUNTERS = {
     ),
 }
 _CLIENT_LABELS = ("client", "split", "rank")
-# Stats-schema client field -> (Prometheus gauge name, help); data_wait_fraction comes from the
-# client's "loader" figures, the rest from the client row itself.
+# `ClientRow` field -> (Prometheus gauge name, help); data_wait_fraction comes from the
+# client's `LoaderReport`, the rest from the row itself.
 _CLIENT_GAUGES = {
     "ready": ("batchwire_client_ready", "Batches ready for a client, waiting for its credits."),
     "ready_capacity": ("batchwire_client_ready_capacity", "Bound of a client's ready queue."),
@@ -129,7 +139,7 @@ class MetricsServer:
 class _SnapshotCollector:
     """Turns a fresh snapshot into Prometheus families at scrape time (never stale, no polling)."""
 
-    def __init__(self, telemetry: Telemetry, snapshot_fn: Callable[[], Mapping[str, Any]]):
+    def __init__(self, telemetry: Telemetry, snapshot_fn: Callable[[], ServerStats]):
         self._telemetry = telemetry
         self._snapshot_fn = snapshot_fn
 
@@ -144,11 +154,10 @@ class _SnapshotCollector:
         return list(_families(snap))
 
 
-def _families(snap: Mapping[str, Any]) -> Iterable[Metric]:
-    counters = snap.get("counters", {})
+def _families(snap: ServerStats) -> Iterable[Metric]:
     for key, (name, doc) in _PROM_COUNTERS.items():
         family = CounterMetricFamily(name, doc)
-        family.add_metric([], float(counters.get(key, 0)))
+        family.add_metric([], float(getattr(snap.counters, key)))
         yield family
 
     depth = GaugeMetricFamily(
@@ -157,70 +166,78 @@ def _families(snap: Mapping[str, Any]) -> Iterable[Metric]:
     capacity = GaugeMetricFamily(
         "batchwire_queue_capacity", "Bound of a stage's queue.", labels=["stage"]
     )
-    for stage in snap.get("stages", []):
-        depth.add_metric([str(stage["name"])], float(stage["depth"]))
-        capacity.add_metric([str(stage["name"])], float(stage["capacity"]))
+    for stage in snap.stages:
+        depth.add_metric([stage.name], float(stage.depth))
+        capacity.add_metric([stage.name], float(stage.capacity))
     yield depth
     yield capacity
 
-    throughput = snap.get("throughput", {})
-    for key, name, doc in (
-        ("images_per_s", "batchwire_images_per_second", "Images sent per second, recent window."),
-        ("batches_per_s", "batchwire_batches_per_second", "Batches sent per second, recent."),
-        ("bytes_per_s", "batchwire_bytes_per_second", "Bytes sent per second, recent window."),
+    throughput = snap.throughput
+    for value, name, doc in (
+        (
+            throughput.images_per_s,
+            "batchwire_images_per_second",
+            "Images sent per second, recent window.",
+        ),
+        (
+            throughput.batches_per_s,
+            "batchwire_batches_per_second",
+            "Batches sent per second, recent.",
+        ),
+        (
+            throughput.bytes_per_s,
+            "batchwire_bytes_per_second",
+            "Bytes sent per second, recent window.",
+        ),
     ):
-        yield GaugeMetricFamily(name, doc, value=float(throughput.get(key, 0.0)))
+        yield GaugeMetricFamily(name, doc, value=value)
     yield GaugeMetricFamily(
-        "batchwire_uptime_seconds",
-        "Seconds since the server started.",
-        value=float(snap.get("uptime_s", 0.0)),
+        "batchwire_uptime_seconds", "Seconds since the server started.", value=snap.uptime_s
     )
 
     per_client = {
         key: GaugeMetricFamily(name, doc, labels=list(_CLIENT_LABELS))
         for key, (name, doc) in _CLIENT_GAUGES.items()
     }
-    for client in snap.get("clients", []):
-        labels = [
-            str(client.get("id", "")),
-            str(client.get("split", "")),
-            str(client.get("rank", "")),
-        ]
+    for client in snap.clients:
+        labels = [client.id, client.split, str(client.rank)]
         for key in ("ready", "ready_capacity", "credits", "in_flight", "images_per_s"):
-            if key in client:
-                per_client[key].add_metric(labels, float(client[key]))
-        loader = client.get("loader")
-        if loader and "data_wait_fraction" in loader:
-            per_client["data_wait_fraction"].add_metric(labels, float(loader["data_wait_fraction"]))
+            per_client[key].add_metric(labels, float(getattr(client, key)))
+        wait = None if client.loader is None else client.loader.data_wait_fraction
+        if wait is not None:
+            per_client["data_wait_fraction"].add_metric(labels, wait)
     yield from per_client.values()
 
-    clients = snap.get("clients", [])
-    unlisted = snap.get("clients_unlisted") or {}
+    unlisted = snap.clients_unlisted
     yield GaugeMetricFamily(
         "batchwire_clients",
         "Clients with a stream (those beyond the per-client gauges' limit included).",
-        value=float(len(clients) + int(unlisted.get("count", 0))),
+        value=float(len(snap.clients) + (0 if unlisted is None else unlisted.count)),
     )
-    if "clients_unlisted" in snap:
+    if unlisted is not None:
         yield GaugeMetricFamily(
             "batchwire_clients_unlisted",
             "Clients left out of the per-client gauges (the least recently active).",
-            value=float(unlisted.get("count", 0)),
+            value=float(unlisted.count),
         )
-    buffers = snap.get("buffers")
-    if buffers:
-        for key, name, doc in (
-            ("held", "batchwire_buffers_held", "Batch buffers in use (producing, ready, sent)."),
-            ("allocated", "batchwire_buffers_allocated", "Batch buffers allocated now."),
-            ("max", "batchwire_buffers_max", "Batch buffers at most (--max-buffers)."),
-            ("batch_bytes", "batchwire_buffer_bytes", "Bytes of one batch buffer."),
+    buffers = snap.buffers
+    if buffers is not None:
+        for value, name, doc in (
+            (
+                buffers.held,
+                "batchwire_buffers_held",
+                "Batch buffers in use (producing, ready, sent).",
+            ),
+            (buffers.allocated, "batchwire_buffers_allocated", "Batch buffers allocated now."),
+            (buffers.max, "batchwire_buffers_max", "Batch buffers at most (--max-buffers)."),
+            (buffers.batch_bytes, "batchwire_buffer_bytes", "Bytes of one batch buffer."),
         ):
-            yield GaugeMetricFamily(name, doc, value=float(buffers.get(key, 0)))
-    if "connections" in snap:
+            yield GaugeMetricFamily(name, doc, value=float(value))
+    if snap.connections is not None:
         yield GaugeMetricFamily(
             "batchwire_connections",
             "Connections open to the server's socket.",
-            value=float(snap["connections"]),
+            value=float(snap.connections),
         )
 
 
@@ -317,64 +334,48 @@ class Telemetry:
 
     def snapshot(
         self,
-        stages: list[dict],
-        clients: list[dict],
+        stages: Sequence[StageStats | Mapping[str, Any]],
+        clients: Sequence[ClientRow | Mapping[str, Any]],
         *,
-        clients_unlisted: dict | None = None,
-        buffers: dict | None = None,
+        clients_unlisted: UnlistedClients | Mapping[str, Any] | None = None,
+        buffers: BufferStats | Mapping[str, Any] | None = None,
         connections: int | None = None,
-    ) -> dict:
-        """Build the Stats-schema dict from the server's stage and client state.
+    ) -> ServerStats:
+        """The server's `ServerStats`: its stage and client state plus what this object measured.
 
-        ``stages`` entries need ``name``, ``depth`` and ``capacity``; ``latency_ms`` is filled
-        from this object's observations of the stage of that name (a value the server put there
-        is kept when nothing was observed). ``clients`` entries are passed through, as are
-        ``clients_unlisted`` (the clients summed rather than listed), ``buffers`` (the batch
-        buffer pool) and ``connections`` (open connections) when given.
+        ``stages`` need ``name``, ``depth`` and ``capacity``; ``latency_ms`` comes from this
+        object's observations of the stage of that name (a value the server gave is kept when
+        nothing was observed). ``clients``, ``clients_unlisted`` (the clients summed rather
+        than listed), ``buffers`` (the batch buffer pool) and ``connections`` (open
+        connections) are the server's, taken as they are when given. Each part may be a schema
+        record or its map (the map is checked: a wrong field raises `wire.ProtocolError`).
         """
         now = self._clock()
         with self._lock:
             counters = dict(self._counters)
             batches_s, images_s, bytes_s = self._sent.rates()
-        out_stages = []
-        for stage in stages:
-            name = str(stage["name"])
-            latency = self.stage_latency_ms(name)
-            out_stages.append(
-                {
-                    **stage,
-                    "name": name,
-                    "depth": int(stage["depth"]),
-                    "capacity": int(stage["capacity"]),
-                    "latency_ms": float(stage.get("latency_ms", 0.0))
-                    if latency is None
-                    else latency,
-                }
-            )
-        out = {
-            "v": STATS_VERSION,
-            "uptime_s": now - self._started,
-            "time": time.time(),
-            "stages": out_stages,
-            "throughput": {
-                "images_per_s": images_s,
-                "batches_per_s": batches_s,
-                "bytes_per_s": bytes_s,
-            },
-            "counters": counters,
-            "clients": list(clients),
-        }
-        if clients_unlisted is not None:
-            out["clients_unlisted"] = dict(clients_unlisted)
-        if buffers is not None:
-            out["buffers"] = dict(buffers)
-        if connections is not None:
-            out["connections"] = int(connections)
-        return out
+        return ServerStats(
+            v=STATS_VERSION,
+            uptime_s=now - self._started,
+            time=time.time(),
+            stages=tuple(self._with_latency(_stage(s)) for s in stages),
+            throughput=Throughput(
+                images_per_s=images_s, batches_per_s=batches_s, bytes_per_s=bytes_s
+            ),
+            counters=Counters(**counters),
+            clients=tuple(_client_row(c) for c in clients),
+            clients_unlisted=_record(UnlistedClients, clients_unlisted),
+            buffers=_record(BufferStats, buffers),
+            connections=None if connections is None else int(connections),
+        )
+
+    def _with_latency(self, stage: StageStats) -> StageStats:
+        latency = self.stage_latency_ms(stage.name)
+        return stage if latency is None else replace(stage, latency_ms=latency)
 
     # -- Prometheus -----------------------------------------------------------------------------
 
-    def prometheus_text(self, snapshot_fn: Callable[[], Mapping[str, Any]] | None = None) -> bytes:
+    def prometheus_text(self, snapshot_fn: Callable[[], ServerStats] | None = None) -> bytes:
         """The exposition text a scrape would return (no HTTP server needed)."""
         registry = CollectorRegistry()
         registry.register(self._histogram)
@@ -384,7 +385,7 @@ class Telemetry:
     def serve_prometheus(
         self,
         port: int,
-        snapshot_fn: Callable[[], Mapping[str, Any]],
+        snapshot_fn: Callable[[], ServerStats],
         host: str = "127.0.0.1",
     ) -> MetricsServer:
         """Serve ``/metrics`` on ``host:port`` from a daemon thread; returns the stop callable.
@@ -412,3 +413,26 @@ class Telemetry:
         with self._lock:
             if self._collector is collector:
                 self._collector = None
+
+
+def _record(cls: type[R], value: R | Mapping[str, Any] | None) -> R | None:
+    """A part the server may report, as a record (maps are checked)."""
+    if value is None or isinstance(value, cls):
+        return value
+    return cls.from_map(value)
+
+
+def _stage(stage: StageStats | Mapping[str, Any]) -> StageStats:
+    """A stage as the server reports it (a record, or a map without ``latency_ms``)."""
+    if isinstance(stage, StageStats):
+        return stage
+    return StageStats.from_map({"latency_ms": 0.0, **stage})
+
+
+def _client_row(row: ClientRow | Mapping[str, Any]) -> ClientRow:
+    """A client row as the server reports it. From a map, the loader's report is read as the
+    server reads a credit's (`LoaderReport.clean`): it is the trainer's, not the server's."""
+    if isinstance(row, ClientRow):
+        return row
+    checked = ClientRow.from_map({**row, "loader": None})
+    return replace(checked, loader=LoaderReport.clean(row.get("loader")))

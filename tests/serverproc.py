@@ -4,7 +4,7 @@
 
     with running_server("--batch-size", "4", "--image-size", "32") as srv:
         srv.endpoint          # "tcp://127.0.0.1:PORT" (or the ipc:// path you passed)
-        srv.stats()           # the server's stats dict, via a `stats` request
+        srv.stats()           # the server's stats map (as it travels), via a `stats` request
     # on exit: SIGTERM, and the test fails unless the process exits 0 within `stop_timeout`
 
 Other tools on the handle: `srv.stop()` (SIGTERM, returns the exit code, fails if not 0),
@@ -31,12 +31,12 @@ from pathlib import Path
 from typing import Any
 
 import zmq
-from batchwire.common.launcher import PipelineServer, free_tcp_endpoint, request_stats
+from batchwire.common.launcher import PipelineServer, free_tcp_endpoint
+from batchwire.wire.stats_client import fetch_stats
 
 __all__ = [
     "ServerProcess",
     "free_tcp_endpoint",
-    "request_stats",
     "running_server",
     "running_servers",
     "small_server_args",
@@ -66,7 +66,9 @@ class ServerProcess(PipelineServer):
         return self
 
     def stats(self, timeout: float = 5.0) -> dict[str, Any]:
-        return request_stats(self.endpoint, timeout, self._ctx, self.keys)
+        """The server's stats as the map that travels (checked against the schema on the
+        way: `wire.ServerStats`), so end-to-end tests assert on the wire's own keys."""
+        return fetch_stats(self.endpoint, timeout, ctx=self._ctx, keys=self.keys).to_map()
 
     def dealer(self, endpoint: str | None = None) -> zmq.Socket:
         """A raw DEALER connected to the server (linger 0); the caller closes it.

@@ -10,6 +10,8 @@ Server, client, monitor, trainer, benchmarks and tests all speak through this pa
 - `batch_spec`: `BatchSpec`, the one table of output formats (shape, dtype, layout, bytes,
   torch dtype, memory format);
 - `errors`: `ProtocolError` (and `VersionMismatch`), raised by either side for a bad frame;
+- `stats`: the Stats schema (`ServerStats` and its parts, `LoaderReport`), typed and checked;
+  `stats_client`: the one way to ask a server for it (`fetch_stats`, `StatsClient`);
 - `keys`: CURVE keys (`pipeline-keys`), the client's and the server's side of them;
 - `raw_client`: a client reduced to the wire, for tests, benchmarks and debugging.
 
@@ -61,6 +63,17 @@ from batchwire.wire.messages import (
     decode_server_message,
 )
 from batchwire.wire.send import send_batch
+from batchwire.wire.stats import (
+    STATS_VERSION,
+    BufferStats,
+    ClientRow,
+    Counters,
+    LoaderReport,
+    ServerStats,
+    StageStats,
+    Throughput,
+    UnlistedClients,
+)
 
 __all__ = [
     "DTYPES",
@@ -76,18 +89,27 @@ __all__ = [
     "MAX_SERVER_FRAME_BYTES",
     "MAX_STR_LEN",
     "PROTOCOL_VERSION",
+    "STATS_VERSION",
     "BatchHeader",
     "BatchSpec",
+    "BufferStats",
     "Bye",
     "ClientMessage",
+    "ClientRow",
+    "Counters",
     "Credit",
     "ErrorReply",
     "Hello",
+    "LoaderReport",
     "ProtocolError",
     "ServerMessage",
+    "ServerStats",
     "Shutdown",
+    "StageStats",
     "StatsReply",
     "StatsRequest",
+    "Throughput",
+    "UnlistedClients",
     "VersionMismatch",
     "Welcome",
     "decode_client_message",

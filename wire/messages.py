@@ -26,6 +26,7 @@ from batchwire.wire.frames import (
     pack,
     unpack_frame,
 )
+from batchwire.wire.stats import ServerStats
 
 #: Largest credit window (batches listed and not yet received) a client may ask of a server;
 #: the server's own --prefetch-depth bounds what it produces and holds for a client.
@@ -348,17 +349,18 @@ class BatchHeader(_Message):
 
 @dataclass(frozen=True)
 class StatsReply(_Message):
-    """Answer to `StatsRequest`: the Stats schema of ARCHITECTURE.md."""
+    """Answer to `StatsRequest`: the server's `ServerStats` (wire/stats.py), checked field by
+    field on arrival, so a reader never meets a value of the wrong type."""
 
     TYPE: ClassVar[str] = "stats"
-    stats: dict[str, Any]
+    stats: ServerStats
+
+    def to_map(self) -> dict[str, Any]:
+        return {"v": PROTOCOL_VERSION, "type": self.TYPE, "stats": self.stats.to_map()}
 
     @classmethod
     def from_map(cls, d: Mapping[str, Any]) -> StatsReply:
-        stats = _map_or_none(d, "stats")
-        if stats is None:
-            raise ProtocolError("field 'stats' must be a map")
-        return cls(stats=stats)
+        return cls(stats=ServerStats.from_map(d.get("stats")))
 
 
 ClientMessage = Hello | Credit | Bye | StatsRequest

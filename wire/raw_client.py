@@ -27,11 +27,12 @@ from batchwire.wire.messages import (
     ErrorReply,
     Hello,
     ServerMessage,
-    StatsReply,
     StatsRequest,
     Welcome,
     decode_server_message,
 )
+from batchwire.wire.stats import ServerStats
+from batchwire.wire.stats_client import receive_stats
 
 #: A first hello's fields: rank 0 of 1, epoch 0 from its first batch, one server.
 HELLO_DEFAULTS: dict[str, Any] = dict(
@@ -98,12 +99,14 @@ class RawClient:
                     raise AssertionError(f"images frame of {len(images)} bytes, not {msg.nbytes}")
                 return msg, images, labels_from_frame(labels, msg.batch_size)
 
-    def stats(self, timeout: float = 20.0) -> dict[str, Any]:
+    def stats(self, timeout: float = 20.0) -> ServerStats:
+        """Ask over this client's own socket (so the server counts it as heard from); other
+        messages meanwhile are dropped. AssertionError after ``timeout`` s."""
         self.send(StatsRequest())
-        while True:
-            msg, _ = self.recv(timeout)
-            if isinstance(msg, StatsReply):
-                return msg.stats
+        stats = receive_stats(self.sock, timeout)
+        if stats is None:
+            raise AssertionError(f"no stats reply from the server in {timeout}s")
+        return stats
 
     def bye(self) -> None:
         self.send(Bye())

@@ -18,11 +18,11 @@ from batchwire.common.launcher import (
     ServerStartError,
     Stopped,
     free_tcp_endpoint,
-    request_stats,
     terminate,
 )
 from batchwire.pipeline.synthetic import default_dataset
 from batchwire.wire.raw_client import RawClient
+from batchwire.wire.stats_client import StatsTimeout, fetch_stats
 
 
 def _args() -> list[str]:
@@ -32,7 +32,7 @@ def _args() -> list[str]:
 
 def _refuses(endpoint: str) -> bool:
     try:
-        request_stats(endpoint, timeout=0.3)
+        fetch_stats(endpoint, timeout=0.3)
     except TimeoutError:
         return True
     return False
@@ -46,8 +46,8 @@ def test_start_waits_until_it_serves_and_stop_is_a_clean_sigterm(tmp_path: Path)
     with server as srv:  # the context manager starts it...
         assert srv.running
         # ...and returns only once a stats request is answered: no retry needed here.
-        stats = request_stats(srv.endpoint, timeout=2.0)
-        assert stats["v"] == 1 and [s["name"] for s in stats["stages"]]
+        stats = fetch_stats(srv.endpoint, timeout=2.0)
+        assert stats.v == 1 and [s.name for s in stats.stages]
         # A raw wire client sees the same server.
         ctx = zmq.Context()
         try:
@@ -86,7 +86,7 @@ def test_a_silent_server_is_killed_at_the_timeout_and_can_start_again(tmp_path: 
     assert not server.running
     server.start()  # same endpoint, a fresh process
     try:
-        assert server.running and request_stats(server.endpoint)["clients"] == []
+        assert server.running and fetch_stats(server.endpoint).clients == ()
     finally:
         assert server.stop(grace=20) == Stopped(0, False)
 
@@ -102,6 +102,7 @@ def test_terminate_kills_a_child_that_ignores_sigterm() -> None:
     proc.stdout.close()
 
 
-def test_request_stats_times_out_without_a_server() -> None:
-    with pytest.raises(TimeoutError, match="no stats reply"):
-        request_stats(free_tcp_endpoint(), timeout=0.2)
+def test_fetch_stats_times_out_without_a_server() -> None:
+    with pytest.raises(StatsTimeout, match="no stats reply") as info:
+        fetch_stats(free_tcp_endpoint(), timeout=0.2)
+    assert isinstance(info.value, TimeoutError)

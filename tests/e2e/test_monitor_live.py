@@ -26,6 +26,7 @@ from typing import Any
 
 import pytest
 import zmq
+from batchwire import wire
 from batchwire.monitor.bottleneck import infer_bottleneck
 from rawclient import PREFETCH_DEPTH, SERVER_ARGS, RawTrainer, wait_for
 from serverproc import ServerProcess, free_tcp_endpoint, running_server
@@ -40,53 +41,19 @@ def client_row(stats: dict[str, Any], trainer: RawTrainer) -> dict[str, Any] | N
 
 
 def check_schema(snap: dict[str, Any]) -> None:
-    """The Stats schema of ARCHITECTURE.md, key by key and type by type."""
-    number = (int, float)
-    assert snap["v"] == 1
-    assert isinstance(snap["uptime_s"], number) and snap["uptime_s"] >= 0
-    assert isinstance(snap["time"], number)
-    assert snap["stages"], "the server reports no stages"
-    for stage in snap["stages"]:
-        assert isinstance(stage["name"], str)
-        assert isinstance(stage["depth"], int) and isinstance(stage["capacity"], int)
-        assert 0 <= stage["depth"] <= max(stage["capacity"], stage["depth"])
-        assert isinstance(stage["latency_ms"], number)
-    assert set(snap["throughput"]) == {"images_per_s", "batches_per_s", "bytes_per_s"}
-    assert all(isinstance(v, number) for v in snap["throughput"].values())
-    assert set(snap["counters"]) == {
-        "images_total",
-        "batches_total",
-        "bytes_total",
-        "replaced_total",
-        "bad_total",
-        "errors_total",
-        "malformed_total",
-    }
-    assert all(isinstance(v, int) for v in snap["counters"].values())
-    for client in snap["clients"]:
-        for key, kind in (
-            ("id", str),
-            ("split", str),
-            ("rank", int),
-            ("world_size", int),
-            ("epoch", int),
-            ("credits", int),
-            ("ready", int),
-            ("ready_capacity", int),
-            ("in_flight", int),
-            ("sent", int),
-            ("images_per_s", number),
-            ("last_seen_s", number),
-        ):
-            assert isinstance(client[key], kind), (key, client)
-        loader = client["loader"]
-        if loader is not None:
-            assert set(loader) == {
-                "prefetch_depth",
-                "wait_s_per_batch",
-                "data_wait_fraction",
-                "images_per_s",
-            }
+    """The Stats schema (wire/stats.py) field by field, plus what the types cannot say."""
+    stats = wire.ServerStats.from_map(snap)  # every field there, of its type
+    assert stats.v == wire.STATS_VERSION == 1
+    assert stats.to_map() == snap, "the monitor prints the map as the server sent it"
+    assert stats.stages, "the server reports no stages"
+    for client in stats.clients:
+        if client.loader is not None:  # a RemoteLoader's report: all four figures
+            assert None not in (
+                client.loader.prefetch_depth,
+                client.loader.wait_s_per_batch,
+                client.loader.data_wait_fraction,
+                client.loader.images_per_s,
+            ), client.loader
 
 
 @pytest.fixture(scope="module")
@@ -342,7 +309,7 @@ def test_a_trainer_that_stops_reading_is_named_the_bottleneck(
             return stats if done else None
 
         stats = wait_for(served, "everything the stopped trainer asked for to be sent")
-        assert infer_bottleneck(stats).kind == "trainers"
+        assert infer_bottleneck(wire.ServerStats.from_map(stats)).kind == "trainers"
 
         done = run_monitor(server.endpoint, "--once")
         assert done.returncode == 0, done.stderr

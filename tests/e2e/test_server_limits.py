@@ -313,9 +313,9 @@ def test_stats_stay_small_with_hundreds_of_clients(ctx) -> None:
             )
             stats = clients[0].stats()
             reply = wire.StatsReply(stats).pack()
-            assert len(stats["clients"]) == 256
-            assert stats["clients"][0]["id"] == clients[0].sock.identity.hex()  # latest first
-            assert all(len(r["loader"]) == 32 for r in stats["clients"] if r["loader"])
+            assert len(stats.clients) == 256
+            assert stats.clients[0].id == clients[0].sock.identity.hex()  # latest first
+            assert all(len(r.loader.to_map()) == 32 for r in stats.clients if r.loader)
             # 256 rows of the largest kind: about 1 MB, an eighth of the frame limit.
             assert len(reply) < wire.MAX_SERVER_FRAME_BYTES / 4, len(reply)
 

@@ -6,9 +6,11 @@ counterpart, a real client that stops reading, is in test_monitor_live.py.
 
 from __future__ import annotations
 
+from dataclasses import fields
 from typing import Any
 
 import pytest
+from batchwire import wire
 from batchwire.monitor.bottleneck import infer_bottleneck, smooth
 
 
@@ -18,10 +20,11 @@ def snapshot(
     *,
     credits: int = 2,
     latency: dict[str, float] | None = None,
-) -> dict[str, Any]:
-    """stages: (name, depth, capacity); clients: (ready, ready_capacity)."""
+    loader: dict[str, Any] | None = None,
+) -> wire.ServerStats:
+    """stages: (name, depth, capacity); clients: (ready, ready_capacity), each with ``loader``."""
     latency = latency or {}
-    return {
+    snap = {
         "v": 1,
         "uptime_s": 10.0,
         "time": 0.0,
@@ -30,7 +33,7 @@ def snapshot(
             for n, d, c in stages
         ],
         "throughput": {"images_per_s": 0.0, "batches_per_s": 0.0, "bytes_per_s": 0.0},
-        "counters": {},
+        "counters": dict.fromkeys(COUNTERS, 0),
         "clients": [
             {
                 "id": f"c{i}",
@@ -45,11 +48,15 @@ def snapshot(
                 "sent": 0,
                 "images_per_s": 0.0,
                 "last_seen_s": 0.0,
-                "loader": None,
+                "loader": loader,
             }
             for i, (r, cap) in enumerate(clients)
         ],
     }
+    return wire.ServerStats.from_map(snap)
+
+
+COUNTERS = [f.name for f in fields(wire.Counters)]
 
 
 @pytest.mark.parametrize(
@@ -125,23 +132,25 @@ def test_starving_trainers_without_a_clear_edge_blame_the_slowest_stage() -> Non
 def test_the_loaders_own_wait_report_decides_who_starves() -> None:
     stages = [("read", 1, 2), ("decode", 1, 2), ("augment", 0, 2), ("ready", 1, 4)]
     latency = {"read": 1.0, "decode": 2.0, "augment": 3.0}
-    snap = snapshot(stages, [(1, 4)], credits=0, latency=latency)
-    snap["clients"][0]["loader"] = {
+    loader = {
         "prefetch_depth": 1,
         "wait_s_per_batch": 0.02,
         "data_wait_fraction": 0.9,
         "images_per_s": 100.0,
     }
+    snap = snapshot(stages, [(1, 4)], credits=0, latency=latency, loader=loader)
     b = infer_bottleneck(snap)
     assert (b.kind, b.stage) == ("stage", "augment")
     # Nothing ready and credits held, but the trainer says it hardly waits: balanced.
-    snap = snapshot([*stages[:3], ("ready", 0, 4)], [(0, 4)], credits=2, latency=latency)
-    snap["clients"][0]["loader"] = {
+    loader = {
         "prefetch_depth": 2,
         "wait_s_per_batch": 0.0,
         "data_wait_fraction": 0.05,
         "images_per_s": 100.0,
     }
+    snap = snapshot(
+        [*stages[:3], ("ready", 0, 4)], [(0, 4)], credits=2, latency=latency, loader=loader
+    )
     assert infer_bottleneck(snap).kind == "balanced"
 
 
@@ -160,9 +169,10 @@ def test_smoothing_finds_where_batches_really_are() -> None:
     snaps = [snapshot(s, [(0, 4)]) for s in stages_at]
     assert infer_bottleneck(snaps[-1]).stage == "augment"  # the last sample alone misleads
     averaged = smooth(snaps)
-    assert [s["depth"] for s in averaged["stages"]] == [2.0, 2 / 3, 1 / 3]
-    assert averaged["clients"][0]["ready"] == 0.0
-    assert averaged["time"] == snaps[-1]["time"]
+    assert [s.depth for s in averaged.stages] == [2.0, 2 / 3, 1 / 3]
+    assert [s.capacity for s in averaged.stages] == [2, 1, 1]
+    assert averaged.trainers[0].ready == 0.0
+    assert infer_bottleneck(averaged).stage != "augment"
     with pytest.raises(ValueError):
         smooth([])
 

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import pytest
+from batchwire import wire
 from batchwire.monitor.render import human_bytes, human_duration, render
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
-SNAP = {
+SNAP_MAP = {
     "v": 1,
     "uptime_s": 3725.0,
     "time": 0.0,
@@ -66,6 +68,7 @@ SNAP = {
         },
     ],
 }
+SNAP = wire.ServerStats.from_map(SNAP_MAP)
 
 
 def test_wide_view_shows_everything() -> None:
@@ -145,5 +148,8 @@ def test_human_formats() -> None:
 
 def test_clients_beyond_the_listed_ones_are_counted() -> None:
     """A server with thousands of clients lists the most active and sums the rest."""
-    snap = {**SNAP, "clients_unlisted": {"count": 3998, "sent": 10}}
-    assert f"clients ({len(SNAP['clients']) + 3998}, 3998 more not listed)" in render(snap, 140)
+    unlisted = wire.UnlistedClients(
+        count=3998, credits=0, ready=0, in_flight=0, sent=10, images_per_s=0.0
+    )
+    snap = dataclasses.replace(SNAP, clients_unlisted=unlisted)
+    assert f"clients ({len(SNAP.clients) + 3998}, 3998 more not listed)" in render(snap, 140)

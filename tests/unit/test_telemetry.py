@@ -6,11 +6,18 @@ import math
 import threading
 import urllib.error
 import urllib.request
+from dataclasses import fields
 
 import msgpack
 import pytest
+from batchwire import wire
 from batchwire.common.rates import RateWindow
-from batchwire.server.telemetry import LATENCY_WINDOW_S, THROUGHPUT_WINDOW_S, Telemetry
+from batchwire.server.telemetry import (
+    COUNTER_NAMES,
+    LATENCY_WINDOW_S,
+    THROUGHPUT_WINDOW_S,
+    Telemetry,
+)
 from fakeclock import FakeClock
 from promtext import parse_metrics
 
@@ -19,6 +26,21 @@ STAGES = [
     {"name": "decode", "depth": 0, "capacity": 8},
     {"name": "augment", "depth": 1, "capacity": 4},
 ]
+CLIENT = {
+    "id": "c1",
+    "split": "train",
+    "rank": 0,
+    "world_size": 1,
+    "epoch": 0,
+    "credits": 2,
+    "ready": 1,
+    "ready_capacity": 4,
+    "in_flight": 2,
+    "sent": 2,
+    "images_per_s": 1.0,
+    "last_seen_s": 0.0,
+    "loader": None,
+}
 
 
 def test_snapshot_schema_and_counters() -> None:
@@ -30,42 +52,63 @@ def test_snapshot_schema_and_counters() -> None:
     tel.add_error()
     tel.add_malformed()
     tel.add_malformed()
-    client = {
-        "id": "c1",
-        "split": "train",
-        "rank": 0,
-        "world_size": 1,
-        "epoch": 0,
-        "credits": 2,
-        "ready": 1,
-        "ready_capacity": 4,
-        "in_flight": 2,
-        "sent": 2,
-        "images_per_s": 1.0,
-        "last_seen_s": 0.0,
-        "loader": None,
-    }
-    snap = tel.snapshot(STAGES, [client])
-    assert snap["v"] == 1
-    assert set(snap) == {"v", "uptime_s", "time", "stages", "throughput", "counters", "clients"}
-    assert snap["counters"] == {
-        "images_total": 128,
-        "batches_total": 2,
-        "bytes_total": 2 * 64 * 3 * 32 * 32,
-        "replaced_total": 3,
-        "bad_total": 2,
-        "errors_total": 1,
-        "malformed_total": 2,
-    }
-    assert [s["name"] for s in snap["stages"]] == ["read", "decode", "augment"]
-    for stage in snap["stages"]:
-        assert set(stage) == {"name", "depth", "capacity", "latency_ms"}
-        assert isinstance(stage["latency_ms"], float)
-    assert snap["clients"] == [client]
-    assert set(snap["throughput"]) == {"images_per_s", "batches_per_s", "bytes_per_s"}
-    assert snap["uptime_s"] >= 0
-    # It must travel in a msgpack frame as it is.
-    assert msgpack.unpackb(msgpack.packb(snap)) == snap
+    snap = tel.snapshot(STAGES, [CLIENT])
+    assert isinstance(snap, wire.ServerStats) and snap.v == wire.STATS_VERSION == 1
+    assert snap.counters == wire.Counters(
+        images_total=128,
+        batches_total=2,
+        bytes_total=2 * 64 * 3 * 32 * 32,
+        replaced_total=3,
+        bad_total=2,
+        errors_total=1,
+        malformed_total=2,
+    )
+    assert [s.name for s in snap.stages] == ["read", "decode", "augment"]
+    assert all(isinstance(s.latency_ms, float) for s in snap.stages)
+    assert snap.clients == (wire.ClientRow.from_map(CLIENT),)
+    assert snap.uptime_s >= 0
+    # Without the server's own parts, the map has the schema's required keys only.
+    m = snap.to_map()
+    assert set(m) == {"v", "uptime_s", "time", "stages", "throughput", "counters", "clients"}
+    assert m["clients"] == [CLIENT]
+    # The map travels in a msgpack frame as it is, and reads back as the same record.
+    assert wire.ServerStats.from_map(msgpack.unpackb(msgpack.packb(m))) == snap
+
+
+def test_snapshot_takes_the_servers_maps_or_records() -> None:
+    """What ServerApp passes today (maps, a trainer's loader map as the server cleaned it) and
+    schema records give the same snapshot; a row's loader map is read as `LoaderReport.clean`
+    reads a credit's, and a wrong field of the server's own raises ProtocolError."""
+    tel = Telemetry()
+    loader = {"prefetch_depth": 2.0, "data_wait_fraction": 0.5, "figure": 3, "bad": "x"}
+    row = {**CLIENT, "loader": loader}
+    unlisted = {"count": 1, "credits": 0, "ready": 0, "in_flight": 0, "sent": 4}
+    unlisted["images_per_s"] = 2.0
+    buffers = {"held": 1, "allocated": 2, "max": 8, "batch_bytes": 1024}
+    snap = tel.snapshot(STAGES, [row], clients_unlisted=unlisted, buffers=buffers, connections=3)
+    assert snap.clients[0].loader == wire.LoaderReport(
+        prefetch_depth=2, data_wait_fraction=0.5, extra={"figure": 3}
+    )
+    assert snap.clients_unlisted == wire.UnlistedClients(**unlisted)
+    assert snap.buffers == wire.BufferStats(**buffers)
+    assert snap.connections == 3
+    typed = tel.snapshot(
+        [wire.StageStats(**{"latency_ms": 0.0, **s}) for s in STAGES],
+        [wire.ClientRow.from_map({**CLIENT, "loader": None})],
+        clients_unlisted=wire.UnlistedClients(**unlisted),
+        buffers=wire.BufferStats(**buffers),
+        connections=3,
+    )
+    assert typed.stages == snap.stages and typed.buffers == snap.buffers
+    with pytest.raises(wire.ProtocolError, match=r"client\.ready must be an integer"):
+        tel.snapshot([], [{**CLIENT, "ready": "1"}])
+
+
+def test_every_counter_has_a_prometheus_name() -> None:
+    """A counter is a `Counters` field, an ``add_*`` here and a Prometheus name: no more."""
+    assert tuple(f.name for f in fields(wire.Counters)) == COUNTER_NAMES
+    metrics = parse_metrics(Telemetry().prometheus_text().decode())
+    assert len([k for k in metrics if k.endswith("_total")]) == len(COUNTER_NAMES)
 
 
 def test_throughput_is_a_sliding_window() -> None:
@@ -75,14 +118,14 @@ def test_throughput_is_a_sliding_window() -> None:
     for _ in range(10):  # 10 batches of 32 images over 2.5 s
         tel.add_batch(32, 1000)
         clock.t += 0.25
-    tp = tel.snapshot([], [])["throughput"]
-    assert tp["batches_per_s"] == pytest.approx(10 / THROUGHPUT_WINDOW_S)
-    assert tp["images_per_s"] == pytest.approx(320 / THROUGHPUT_WINDOW_S)
-    assert tp["bytes_per_s"] == pytest.approx(10_000 / THROUGHPUT_WINDOW_S)
+    tp = tel.snapshot([], []).throughput
+    assert tp.batches_per_s == pytest.approx(10 / THROUGHPUT_WINDOW_S)
+    assert tp.images_per_s == pytest.approx(320 / THROUGHPUT_WINDOW_S)
+    assert tp.bytes_per_s == pytest.approx(10_000 / THROUGHPUT_WINDOW_S)
     clock.t += THROUGHPUT_WINDOW_S  # nothing new: the window empties, the counters stay
     snap = tel.snapshot([], [])
-    assert snap["throughput"]["images_per_s"] == 0.0
-    assert snap["counters"]["images_total"] == 320
+    assert snap.throughput.images_per_s == 0.0
+    assert snap.counters.images_total == 320
 
 
 def test_rate_right_after_start_uses_elapsed_time_with_a_floor() -> None:
@@ -102,12 +145,12 @@ def test_stage_latency_mean_over_recent_window_then_last_known() -> None:
     clock.t += LATENCY_WINDOW_S + 1
     tel.observe_stage("decode", 0.010)
     tel.observe_stage("decode", 0.030)
-    stages = {s["name"]: s for s in tel.snapshot(STAGES, [])["stages"]}
-    assert stages["decode"]["latency_ms"] == pytest.approx(20.0)  # the old 100 ms fell out
-    assert stages["read"]["latency_ms"] == 0.0  # never observed
+    stages = {s.name: s for s in tel.snapshot(STAGES, []).stages}
+    assert stages["decode"].latency_ms == pytest.approx(20.0)  # the old 100 ms fell out
+    assert stages["read"].latency_ms == 0.0  # never observed
     clock.t += 10 * LATENCY_WINDOW_S  # stage went quiet: keep showing what batches took
-    stages = {s["name"]: s for s in tel.snapshot(STAGES, [])["stages"]}
-    assert stages["decode"]["latency_ms"] == pytest.approx(20.0)
+    stages = {s.name: s for s in tel.snapshot(STAGES, []).stages}
+    assert stages["decode"].latency_ms == pytest.approx(20.0)
 
 
 def test_bad_latency_values_are_ignored() -> None:
@@ -122,7 +165,7 @@ def test_concurrent_updates_are_not_lost() -> None:
     tel = Telemetry()
     threads_n, per_thread = 8, 2000
     barrier = threading.Barrier(threads_n + 1)
-    snapshots: list[dict] = []
+    snapshots: list[wire.ServerStats] = []
 
     def work() -> None:
         barrier.wait()
@@ -149,8 +192,8 @@ def test_concurrent_updates_are_not_lost() -> None:
     assert tel.counters()["replaced_total"] == total
     # Every snapshot taken meanwhile was internally consistent (one lock, one read).
     for snap in snapshots:
-        c = snap["counters"]
-        assert c["images_total"] == 2 * c["batches_total"] == c["bytes_total"] / 5
+        c = snap.counters
+        assert c.images_total == 2 * c.batches_total == c.bytes_total / 5
     metrics = parse_metrics(tel.prometheus_text().decode())
     assert metrics['batchwire_stage_latency_seconds_count{stage="decode"}'] == total
 
@@ -165,12 +208,10 @@ def _scrape(url: str) -> dict[str, float]:
 def test_serve_prometheus_on_a_free_port_and_stop() -> None:
     tel = Telemetry()
     client = {
-        "id": "c1",
-        "split": "train",
+        **CLIENT,
         "rank": 1,
         "world_size": 2,
         "ready": 3,
-        "ready_capacity": 4,
         "credits": 2,
         "in_flight": 1,
         "images_per_s": 12.5,
@@ -215,7 +256,7 @@ def test_serve_prometheus_on_a_free_port_and_stop() -> None:
         assert second["batchwire_images_total"] == 32
         assert second['batchwire_queue_depth{stage="read"}'] == 7
         with pytest.raises(RuntimeError, match="already serves"):
-            tel.serve_prometheus(0, lambda: {}, host="127.0.0.1")
+            tel.serve_prometheus(0, lambda: tel.snapshot([], []), host="127.0.0.1")
     finally:
         stop()
     stop()  # idempotent
@@ -233,7 +274,7 @@ def test_a_failing_snapshot_still_scrapes_own_counters() -> None:
     tel = Telemetry()
     tel.add_error()
 
-    def broken() -> dict:
+    def broken() -> wire.ServerStats:
         raise RuntimeError("server is shutting down")
 
     stop = tel.serve_prometheus(0, broken, host="127.0.0.1")
