@@ -15,9 +15,11 @@ EAGAIN, EINTR; `decode.is_transient`) says nothing about the file: it is retried
 later epoch) reads it again. Remembering it would turn a burst of EMFILE into "most of the
 dataset is bad" until a restart.
 
-The work is split in two steps so a server can run them as separate pipeline stages:
-`prepare` (read bytes, parse header, plan augmentation) and `decode` (pixels via the pluggable
-`BatchDecoder`); `load` does both.
+`load` (what `BatchProducer.produce` calls for a batch, on a producer thread) does the work in
+two steps: `read_and_plan` (read bytes, parse headers, plan augmentation; the reads run on the
+decoder's threads) and `decode` (pixels of the whole batch in one `BatchDecoder.decode_batch`
+call, which lets GPU decoders batch); a file that fails to decode is replaced then by reading
+and planning its next substitute.
 """
 
 from __future__ import annotations
@@ -92,7 +94,7 @@ def _retrying(
 
 
 @dataclass(frozen=True)
-class PreparedSample:
+class PlannedSample:
     """A readable sample's bytes, header and plan, before decoding.
 
     `requested` is the index the batch asked for; `index` the one actually used (they differ
@@ -293,9 +295,9 @@ class SampleLoader:
             f"{self.dataset.root} found bad so far): the dataset looks broken"
         )
 
-    def prepare(
+    def read_and_plan(
         self, epoch: int, indices: Sequence[int], *, start_attempts: Sequence[int] | None = None
-    ) -> list[PreparedSample]:
+    ) -> list[PlannedSample]:
         """Read and plan each index (substituting unreadable files).
 
         Files are read on the decoder's threads when it offers `map` (CpuBatchDecoder does):
@@ -321,7 +323,7 @@ class SampleLoader:
         )
         labels = self.dataset.labels
         return [
-            PreparedSample(
+            PlannedSample(
                 requested=requested,
                 index=index,
                 data=data,
@@ -334,14 +336,14 @@ class SampleLoader:
             for (requested, index, attempt, data, header), plan in zip(found, plans, strict=True)
         ]
 
-    def decode(self, epoch: int, prepared: Sequence[PreparedSample]) -> list[LoadedSample]:
-        """Decode prepared samples; files that fail to decode are replaced (and re-decoded).
+    def decode(self, epoch: int, planned: Sequence[PlannedSample]) -> list[LoadedSample]:
+        """Decode planned samples; files that fail to decode are replaced (and re-decoded).
 
         A transient failure (`DecodeResult.transient`, out of memory) is decoded again after
         `retry_delays`; TransientReadError when it persists (the file is not marked bad).
         """
-        out: list[LoadedSample | None] = [None] * len(prepared)
-        todo = list(enumerate(prepared))
+        out: list[LoadedSample | None] = [None] * len(planned)
+        todo = list(enumerate(planned))
         out_hw = self.config.image_size
         tries = 0
         while todo:
@@ -349,8 +351,8 @@ class SampleLoader:
                 DecodeRequest(p.index, p.data, p.header, p.plan.box, out_hw) for _, p in todo
             ]
             results = self.decoder.decode_batch(requests)
-            retry: list[tuple[int, PreparedSample]] = []
-            again_as_is: list[tuple[int, PreparedSample]] = []
+            retry: list[tuple[int, PlannedSample]] = []
+            again_as_is: list[tuple[int, PlannedSample]] = []
             transient_error = ""
             for (slot, p), r in zip(todo, results, strict=True):
                 if r.image is None and r.transient:
@@ -382,7 +384,7 @@ class SampleLoader:
                 tries += 1
             if not retry and not again_as_is:
                 break
-            again = self.prepare(
+            again = self.read_and_plan(
                 epoch,
                 [p.requested for _, p in retry],
                 start_attempts=[p.attempt + 1 for _, p in retry],
@@ -396,8 +398,8 @@ class SampleLoader:
         return loaded
 
     def load(self, epoch: int, indices: Sequence[int]) -> list[LoadedSample]:
-        """`prepare` then `decode`: one LoadedSample per index, in order."""
-        return self.decode(epoch, self.prepare(epoch, indices))
+        """`read_and_plan` then `decode`: one LoadedSample per index, in order."""
+        return self.decode(epoch, self.read_and_plan(epoch, indices))
 
 
 def probe(

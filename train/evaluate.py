@@ -71,7 +71,7 @@ def evaluate(
     ctx: DistContext,
     *,
     autocast: Callable[[], AbstractContextManager[None]],
-    prepare: Callable[[torch.Tensor], torch.Tensor] = lambda x: x,
+    to_model_input: Callable[[torch.Tensor], torch.Tensor] = lambda x: x,
 ) -> Accuracy:
     """Loss, top-1 and top-5 of `model` over `(images, labels, indices)` batches, all ranks."""
     was_training = model.training
@@ -80,7 +80,7 @@ def evaluate(
     try:
         for images, labels, indices in batches:
             with autocast():
-                logits = model(prepare(images))
+                logits = model(to_model_input(images))
             sums += batch_sums(logits.float(), labels, torch.as_tensor(indices))
     finally:
         model.train(was_training)

@@ -132,7 +132,8 @@ class Trainer:
             return contextlib.nullcontext()
         return torch.autocast(self.ctx.device.type, dtype=self.amp_dtype)
 
-    def prepare(self, images: torch.Tensor) -> torch.Tensor:
+    def to_model_input(self, images: torch.Tensor) -> torch.Tensor:
+        """A loader batch as the model takes it: float, in the model's memory format."""
         if images.dtype == torch.uint8:
             raise TypeError(
                 "the loader yielded uint8 images; enable normalize_on_device (the trainer does) "
@@ -277,7 +278,7 @@ class Trainer:
             sync = last_micro or not isinstance(self.model, DDP)
             with contextlib.nullcontext() if sync else self.model.no_sync():
                 with self.autocast():
-                    loss = self.criterion(self.model(self.prepare(images)), labels)
+                    loss = self.criterion(self.model(self.to_model_input(images)), labels)
                 scaled = loss / (group_end - group_start)
                 (self.scaler.scale(scaled) if self.scaler else scaled).backward()
             k += 1
@@ -332,7 +333,11 @@ class Trainer:
         broadcast_buffers(self.raw_model, self.ctx)
         self.val_loader.set_epoch(epoch)
         return evaluate(
-            self.eval_model, self.val_loader, self.ctx, autocast=self.autocast, prepare=self.prepare
+            self.eval_model,
+            self.val_loader,
+            self.ctx,
+            autocast=self.autocast,
+            to_model_input=self.to_model_input,
         )
 
     def fit(self) -> list[EpochResult]:
