@@ -32,8 +32,8 @@ import torch
 class BufferFence:
     """The last use of one buffer on some CUDA stream, for its next user to wait for.
 
-    Create it with the buffer's device current (``with torch.cuda.device(d)``): the event
-    belongs to whatever device it is created on.
+    torch creates the CUDA event itself at the first `record`, on the recording stream's device,
+    so a fence may be made before any device is chosen.
     """
 
     def __init__(self) -> None:
