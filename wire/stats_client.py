@@ -102,7 +102,7 @@ class StatsClient:
         stats = self.receive(timeout)
         if stats is None:
             raise StatsTimeout(
-                f"no stats reply from {self.endpoint} within {timeout:g} s "
+                f"no answer from {self.endpoint} within {timeout:g} s "
                 "(is pipeline-server running there?)"
             )
         return stats
@@ -208,7 +208,7 @@ def receive_stats(
         try:
             reply = decode_server_message(frames[0])
         except ProtocolError as exc:
-            raise StatsUnavailable(f"bad stats reply from {endpoint}: {exc}") from None
+            raise StatsUnavailable(f"bad reply from {endpoint}: {exc}") from None
         if isinstance(reply, StatsReply):
             return reply.stats
         if isinstance(reply, ErrorReply) and reply.session is None:  # else about a stream

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 
 import pytest
+from batchwire import wire
 from batchwire.client.loader_stats import WINDOW_S, LoaderStats
 from fakeclock import FakeClock
 
@@ -18,6 +19,18 @@ def test_fresh_stats_are_zero_and_keys_match_the_schema() -> None:
         "data_wait_fraction": 0.0,
         "images_per_s": 0.0,
     }
+
+
+def test_what_rides_on_a_credit_is_the_schemas_loader_report() -> None:
+    """``as_dict`` is `LoaderReport.to_map`: what the server keeps of it (`LoaderReport.clean`)
+    and what a monitor reads back (`from_map`) are the same report."""
+    stats = LoaderStats()
+    stats.set_prefetch_depth(2)
+    report = stats.report()
+    assert stats.as_dict() == report.to_map()
+    assert wire.LoaderReport.clean(stats.as_dict()) == report
+    assert wire.LoaderReport.from_map(stats.as_dict()) == report
+    assert None not in (report.wait_s_per_batch, report.data_wait_fraction, report.images_per_s)
 
 
 def test_half_starved_trainer() -> None:
