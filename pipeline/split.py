@@ -13,6 +13,7 @@ from batchwire.pipeline.dataset import ImageDataset
 from batchwire.pipeline.decode import DEFAULT_MAX_PIXELS, BatchDecoder
 from batchwire.pipeline.producer import BatchProducer
 from batchwire.pipeline.sampler import ShardSampler
+from batchwire.pipeline.samples import SampleLoader
 
 
 @dataclass
@@ -27,6 +28,11 @@ class Split:
     @property
     def train(self) -> bool:
         return self.augment.train
+
+    @property
+    def samples(self) -> SampleLoader:
+        """The split's sample loader, whose bad-file list feeds the server's `BadFileTally`."""
+        return self.producer.samples
 
     def sampler(self, batch_size: int, seed: int, rank: int, world_size: int) -> ShardSampler:
         """Train: shuffled, the incomplete last round dropped; val: in order, padded."""

@@ -1,24 +1,11 @@
 """Output buffers for every client's batches: `BufferRing` chunks under one global cap.
 
-The streams bound what each client may hold (see `streams.py`: its work-ahead in production
-or ready, plus as many sent batches ZeroMQ still holds); this pool bounds what all of them hold
-together, whatever the number of clients: never more than ``max_buffers`` batch buffers exist.
-It hands out free buffers, adds a chunk when all are held (never per batch: pinned allocation
-is slow), and gives chunks back to the system once no client needs them (`trim`).
-
-Who may take a buffer when it is scarce (`may_lend`, the rule README states):
-
-- a client that holds no buffer may take any free one: ``reserve`` buffers are kept for such
-  clients, so a new client gets its batches even while others hold everything they may and
-  never read;
-- any other client takes only from the rest (``max_buffers - reserve``), and only while it holds
-  fewer than its share of them: that rest divided by the clients holding or wanting buffers.
-
-A client over its share (it took them before others came) keeps what it holds until it reads
-its batches or leaves; it only takes no more. So a new client gets a buffer at once while fewer
-than ``max_buffers`` other clients hold batches they do not take; beyond that, when one of
-them is freed: a tcp:// client whose socket stays full for --stall-timeout is disconnected
-(TCP_USER_TIMEOUT), which frees what ZeroMQ held for it. Used from the ROUTER loop thread only.
+This module owns the memory only: it hands out free buffers, adds a chunk when all are held
+(never per batch: pinned allocation is slow), and gives chunks back to the system once no
+client needs them (`trim`). Who may borrow a buffer, and when, is the core's decision, counted
+in `budget.BufferBudget`; the shell acquires and releases here exactly as the core says, so
+never more than ``max_buffers`` batch buffers exist whatever the clients do. Used from the
+ROUTER loop thread only.
 """
 
 from __future__ import annotations
@@ -66,7 +53,6 @@ class BufferPool:
         self,
         spec: BatchSpec,
         max_buffers: int,
-        reserve: int = 1,
         chunk: int = CHUNK,
         pin: bool | None = None,
     ) -> None:
@@ -74,7 +60,6 @@ class BufferPool:
             raise ValueError(f"max_buffers must be >= 1, got {max_buffers}")
         self.spec = spec
         self.max_buffers = int(max_buffers)
-        self.reserve = max(0, min(int(reserve), self.max_buffers))
         self.chunk = chunk
         self.pin = pin
         self._rings: list[BufferRing] = []
@@ -90,27 +75,9 @@ class BufferPool:
     def nbytes(self) -> int:
         return sum(r.nbytes for r in self._rings)
 
-    @property
-    def shared(self) -> int:
-        """Buffers clients that already hold some may share (the cap less the reserve)."""
-        return self.max_buffers - self.reserve
-
-    def share(self, clients: int) -> int:
-        """What each of ``clients`` clients holding or wanting buffers may hold of the shared
-        part, at least 1."""
-        return max(1, self.shared // max(1, clients))
-
-    def may_lend(self, holding: int, share: int) -> bool:
-        """May a client that holds ``holding`` buffers take another (see the module doc)?"""
-        if self.held >= self.max_buffers:
-            return False
-        if holding == 0:
-            return True
-        return self.held < self.shared and holding < share
-
     def acquire(self) -> Slot:
-        """A free buffer; allocates a chunk when every buffer is held. The caller checked
-        `may_lend` (RuntimeError past the cap: a bug, never a silent excess)."""
+        """A free buffer; allocates a chunk when every buffer is held. The core's budget decided
+        the loan (RuntimeError past the cap: a bug, never a silent excess)."""
         if self.held >= self.max_buffers:
             raise RuntimeError(f"all {self.max_buffers} batch buffers are held")
         for ring in self._rings:  # the first rings first: the last ones drain, to be trimmed

@@ -21,39 +21,24 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
+import torch
+from batchwire.pipeline.decode.contract import BatchDecoder, DecodeRequest, DecodeResult
+from batchwire.pipeline.producer import BatchMeta, BatchProducer
 from batchwire.pipeline.samples import TransientReadError
+from batchwire.server.jobs import Job, JobResult
 from batchwire.wire import BatchSpec
+
+if TYPE_CHECKING:
+    from batchwire.pipeline.sampler import BatchPlan
 
 log = logging.getLogger("batchwire.server")
 
 STAGES = ("read", "decode", "augment")
 
 
-@dataclass
-class Job:
-    """Produce ``batch_index`` of ``stream`` into ``slot``; ``pos`` is its place in the stream."""
-
-    stream: Any  # streams.ClientStream
-    pos: int
-    batch_index: int
-    slot: Any  # bufpool.Slot
-    queued_at: float
-
-
-@dataclass
-class JobResult:
-    job: Job
-    meta: Any | None  # BatchMeta from BatchProducer.produce
-    seconds: float
-    error: str | None = None  # the full text, paths included: for the server's log only
-    #: The failure's class as a client may see it: "transient" (may pass: ask again) or "failed".
-    reason: str = "failed"
-
-
-class _Phases:
+class StagePhases:
     """Counts batches per stage (for depths) and times each batch's stages (for latencies)."""
 
     def __init__(self, observe: Callable[[str, float], None]) -> None:
@@ -90,15 +75,21 @@ class _Phases:
 
 
 class StageTimingDecoder:
-    """A `BatchDecoder` that forwards to another and marks the decode stage around each call."""
+    """A `BatchDecoder` that forwards to another and marks the decode stage around each call.
 
-    def __init__(self, inner: Any, phases: _Phases) -> None:
+    It offers exactly the decoder's protocol (`name`, `device`, `decode_batch`) and the one
+    optional method the pipeline looks for, `map` (the decoder's thread pool for reads), as
+    the wrapped decoder's own: nothing else of the server is reachable from pipeline code.
+    """
+
+    def __init__(self, inner: BatchDecoder, phases: StagePhases) -> None:
         self._inner = inner
         self._phases = phases
         self.name = inner.name
         self.device = inner.device
+        self.map: Callable[..., object] | None = getattr(inner, "map", None)
 
-    def decode_batch(self, requests: Sequence[Any]) -> list[Any]:
+    def decode_batch(self, requests: Sequence[DecodeRequest]) -> list[DecodeResult]:
         outer = self._phases.current()
         if outer is None:  # called outside a job (e.g. a probe): nothing to attribute
             return self._inner.decode_batch(requests)
@@ -108,18 +99,20 @@ class StageTimingDecoder:
         finally:
             self._phases.enter("augment")
 
-    def __getattr__(self, name: str) -> Any:  # map(), close(), ... of the wrapped decoder
-        return getattr(self._inner, name)
 
+class ProducerThreads:
+    """``n`` producer threads fed by a job queue; results come back via `results`.
 
-class ProducerPool:
-    """``n`` worker threads fed by a bounded job queue; results come back via `results`."""
+    The queue is not bounded here: the core submits at most two jobs per producer at a time
+    (`ServerCore.max_jobs`: one in production and one queued each), so a job never waits long
+    behind others for a client that has left.
+    """
 
     def __init__(
         self,
-        producers: dict[str, Any],
+        producers: dict[str, BatchProducer],
         n: int,
-        phases: _Phases,
+        phases: StagePhases,
         wake_fd: int,
         spec: BatchSpec,
         device: str = "cpu",
@@ -129,7 +122,7 @@ class ProducerPool:
         self.device = device
         self.n = n
         self.phases = phases
-        self.jobs: queue.Queue[Job | None] = queue.Queue(maxsize=n)
+        self.jobs: queue.Queue[Job | None] = queue.Queue()
         self.results: queue.Queue[JobResult] = queue.Queue()
         self._wake_fd = wake_fd
         self._stop = threading.Event()
@@ -145,11 +138,8 @@ class ProducerPool:
     def queued(self) -> int:
         return self.jobs.qsize()
 
-    def has_room(self) -> bool:
-        return not self.jobs.full()
-
     def submit(self, job: Job) -> None:
-        """Queue a job; the caller checked `has_room` (only the loop thread submits)."""
+        """Queue a job (only the loop thread submits)."""
         self.jobs.put_nowait(job)
 
     def _run(self) -> None:
@@ -172,45 +162,47 @@ class ProducerPool:
                 return
 
     def _produce(self, job: Job) -> JobResult:
-        stream = job.stream
-        if stream.closed or self._stop.is_set():
-            return JobResult(job, None, 0.0, error="cancelled")
+        order = job.order
+        if order.cancelled.is_set() or self._stop.is_set():
+            return JobResult(job, 0.0, error="cancelled", reason="cancelled")
         t0 = time.perf_counter()
         self.phases.begin()
         try:
-            hello = stream.hello
-            plan = stream.sampler.plan(hello.epoch, job.batch_index)
+            plan = order.sampler.plan(order.epoch, order.batch_index)
             out = job.slot.tensor
             if self.device == "cpu":
-                meta = self.producers[hello.split].produce(plan, out)
+                meta = self.producers[order.split].produce(plan, out)
             else:
-                meta = self._produce_on_device(hello.split, plan, out)
+                meta = self._produce_on_device(order.split, plan, out)
         except Exception as exc:  # travels to the loop as data; it tells the client
-            log.exception("producing %s batch %d failed", stream.hello.split, job.batch_index)
+            log.exception("producing %s batch %d failed", order.split, order.batch_index)
             reason = "transient" if isinstance(exc, TransientReadError) else "failed"
-            error = f"{type(exc).__name__}: {exc}"
-            return JobResult(job, None, 0.0, error=error, reason=reason)
+            return JobResult(job, 0.0, error=f"{type(exc).__name__}: {exc}", reason=reason)
         finally:
             self.phases.end()
-        return JobResult(job, meta, time.perf_counter() - t0)
+        return JobResult(
+            job,
+            time.perf_counter() - t0,
+            labels=meta.labels,
+            indices=tuple(meta.indices.tolist()),
+            replaced=int(meta.replaced),
+        )
 
-    def _produce_on_device(self, split: str, plan: Any, host_out: Any) -> Any:
+    def _produce_on_device(self, split: str, plan: BatchPlan, host_out: torch.Tensor) -> BatchMeta:
         """Augment into this worker's device buffer, then copy into the pinned host buffer.
 
         Each worker has its own CUDA stream, so one batch's device-to-host copy overlaps the
         other worker's decode and augment; the worker waits for its copy (not the loop).
         """
-        import torch
-
         local = self._local
         if getattr(local, "device_out", None) is None:
             local.device_out = self.spec.empty(device=self.device)
-            local.stream = torch.cuda.Stream(device=self.device)
-        with torch.cuda.stream(local.stream):
+            local.cuda_stream = torch.cuda.Stream(device=self.device)
+        with torch.cuda.stream(local.cuda_stream):
             meta = self.producers[split].produce(plan, local.device_out)
             host_out.copy_(local.device_out, non_blocking=True)
             done = torch.cuda.Event()
-            done.record(local.stream)
+            done.record(local.cuda_stream)
         done.synchronize()
         return meta
 

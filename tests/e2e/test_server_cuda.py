@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 from batchwire.client import RemoteLoader
-from batchwire.server.app import gpu_memory_statement
+from batchwire.server.memory import gpu_memory_statement
 from serverproc import running_server, small_server_args
 
 CUDA = torch.cuda.is_available()

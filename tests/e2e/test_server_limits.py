@@ -29,6 +29,7 @@ import pytest
 import zmq
 from batchwire import wire
 from batchwire.pipeline.synthetic import default_dataset
+from batchwire.server.budget import BufferBudget
 from batchwire.server.bufpool import BufferPool
 from batchwire.wire import BatchSpec
 from batchwire.wire.raw_client import RawClient
@@ -59,17 +60,25 @@ def free_port() -> int:
 
 def test_pool_never_exceeds_its_cap_keeps_a_reserve_and_frees_idle_chunks() -> None:
     spec = BatchSpec(batch_size=2, height=4, width=4, dtype="uint8")
-    pool = BufferPool(spec, max_buffers=10, reserve=2, chunk=4, pin=False)
-    assert pool.shared == 8 and pool.share(3) == 2 and pool.share(100) == 1
+    budget = BufferBudget(max_buffers=10, reserve=2)  # who may borrow (the core's rule)
+    pool = BufferPool(spec, max_buffers=10, chunk=4, pin=False)  # the memory itself
+
+    def lend():
+        budget.lend()
+        return pool.acquire()
+
+    assert budget.shared == 8 and budget.share(3) == 2 and budget.share(100) == 1
     slots = []
-    while pool.may_lend(holding=len(slots), share=8):
-        slots.append(pool.acquire())
-    assert len(slots) == 8 == pool.held  # the shared part, not the reserve
-    assert pool.may_lend(holding=0, share=1)  # a client holding none takes from the reserve
-    slots += [pool.acquire(), pool.acquire()]
-    assert pool.capacity == 10 and not pool.may_lend(holding=0, share=1)
+    while budget.may_lend(holding=len(slots), share=8):
+        slots.append(lend())
+    assert len(slots) == 8 == pool.held == budget.held  # the shared part, not the reserve
+    assert budget.may_lend(holding=0, share=1)  # a client holding none takes from the reserve
+    slots += [lend(), lend()]
+    assert pool.capacity == 10 and not budget.may_lend(holding=0, share=1)
     with pytest.raises(RuntimeError, match="all 10"):
         pool.acquire()
+    with pytest.raises(RuntimeError, match="all 10"):
+        budget.lend()
     assert pool.trim(keep=0) == 0  # nothing is idle
     for slot in slots[4:]:
         pool.release(slot)

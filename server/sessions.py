@@ -1,66 +1,91 @@
-"""Per-client stream state: which batches a client gets, what is produced, queued and sent.
+"""Per-client session state: which batches a client gets, what is produced, queued and sent.
 
-Owned by the ROUTER loop thread only (no locks): workers hand finished batches back through a
-queue and the loop calls `ClientStream.completed`. The invariants that bound memory live here:
+A `ClientSession` is what one hello opened (its ``hello.session`` number travels in every reply
+about it); the next hello of the same client replaces it. Owned by the core (`core.py`), on
+the loop thread only (no locks); producer threads never see it. The invariants that bound
+memory live here:
 
 - work-ahead: ``in_production + ready <= prefetch_depth`` (`has_room`): the server's
   --prefetch-depth, whatever the client asks for, so a client that asks for much and reads
   nothing costs at most that many buffers here;
 - in flight: only batches the client asked for (each is one credit), and never more than the
-  limit the loop passes (--prefetch-depth minus what ZeroMQ still holds for that peer);
-- order: batches go out in the order asked even when workers finish them out of order.
+  limit the core passes (--prefetch-depth minus what ZeroMQ still holds for that peer);
+- order: batches go out in the order asked even when producers finish them out of order.
 """
 
 from __future__ import annotations
 
-import time
+import threading
 from collections import deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
+import numpy as np
 from batchwire.common.rates import RateWindow
+from batchwire.pipeline.sampler import ShardSampler
 from batchwire.wire import MAX_PREFETCH, Hello, show
+
+if TYPE_CHECKING:
+    from batchwire.server.bufpool import Slot
 
 # The per-client figure of the stats row: as the server's own throughput, over a few seconds.
 CLIENT_RATE_WINDOW_S = 5.0
 
 
 @dataclass
-class Produced:
+class ReadyBatch:
     """A finished batch waiting to be sent: the buffer slot and what the header needs."""
 
     batch_index: int
-    slot: Any  # a bufpool.Slot; released by whoever drops or sends the batch
-    labels: Any  # np.ndarray int64 [B]
+    slot: Slot  # released by whoever drops or sends the batch
+    labels: np.ndarray  # int64 [B]
     indices: list[int]  # -1 for padding
     replaced: int
     produce_s: float
-    done_at: float = field(default_factory=time.monotonic)
+    done_at: float
 
 
-class ClientStream:
-    """One client's current stream: the batches of (split, epoch, rank, world_size) it asked
-    for, in the order asked (its hello's list, then each credit's)."""
+class ClientSession:
+    """One client's current session: the batches of (split, epoch, rank, world_size) it asked
+    for, in the order asked (its hello's list, then each credit's).
+
+    ``serial`` names the session inside the server (producer jobs carry it, not the object);
+    ``cancelled`` is the one thing producer threads read: set once the session is closed, so
+    queued jobs of a client that left are skipped.
+    """
 
     def __init__(
-        self, identity: bytes, hello: Hello, num_batches: int, prefetch_depth: int, sampler: Any
+        self,
+        identity: bytes,
+        hello: Hello,
+        sampler: ShardSampler,
+        prefetch_depth: int,
+        now: float,
+        serial: int = 0,
     ) -> None:
         self.identity = identity
         self.hello = hello
         self.sampler = sampler
-        self.num_batches = num_batches
+        self.num_batches = sampler.num_batches
         self.prefetch_depth = prefetch_depth
+        self.serial = serial
+        self.cancelled = threading.Event()
         self.batches: list[int] = []  # batch indices asked for, in order
         self._asked: set[int] = set()
         self.next_pos = 0  # position in `batches` of the next batch to produce
         self.send_pos = 0  # position of the next batch to send
         self.in_production = 0
         self.sent = 0
-        self._finished: dict[int, Produced] = {}  # position -> batch, out of order
+        self._finished: dict[int, ReadyBatch] = {}  # position -> batch, out of order
         self.closed = False
         self.loader_stats: dict[str, Any] | None = None
-        self.last_seen = time.monotonic()
+        self.opened_at = now
+        self.last_seen = now  # any message
+        # Last sign of progress: a batch asked for, sent or taken by the peer. Messages that ask
+        # for nothing (an empty credit) are no progress: they keep a session from being reaped
+        # for silence, never a world size held (see `core.ServerCore._world_size_holder`).
+        self.progress_at: float | None = None
         # Images sent to this client; the loop thread adds (``meter.add(images, now)``), a stats
         # request or a Prometheus scrape reads, and the window's lock keeps the two apart.
         self.meter = RateWindow(CLIENT_RATE_WINDOW_S)
@@ -86,7 +111,7 @@ class ClientStream:
 
     credits = owed
 
-    def ask(self, batches: tuple[int, ...] | list[int]) -> str | None:
+    def ask(self, batches: tuple[int, ...] | list[int], now: float) -> str | None:
         """Add asked-for batches (one credit each); why not, or None when they were added.
 
         Out-of-range or repeated indices, or more owed than the client may ask at once
@@ -102,10 +127,12 @@ class ClientStream:
             return f"more than {MAX_PREFETCH} batches asked for and not yet sent"
         self.batches.extend(batches)
         self._asked.update(batches)
+        if batches:
+            self.progress_at = now
         return None
 
     def has_room(self) -> bool:
-        """May the scheduler start another batch for this stream?"""
+        """May the scheduler start another batch for this session?"""
         return (
             not self.closed
             and self.next_pos < len(self.batches)
@@ -119,16 +146,16 @@ class ClientStream:
         self.in_production += 1
         return pos, self.batches[pos]
 
-    def completed(self, pos: int, batch: Produced) -> None:
-        """A worker finished position ``pos`` (the caller checked the stream is still open)."""
+    def completed(self, pos: int, batch: ReadyBatch) -> None:
+        """A producer finished position ``pos`` (the caller checked the session is open)."""
         self.in_production -= 1
         self._finished[pos] = batch
 
     def abandoned(self) -> None:
-        """A worker gave up on a batch of this stream (error or shutdown)."""
+        """A producer gave up on a batch of this session (error or shutdown)."""
         self.in_production -= 1
 
-    def pop_sendable(self, limit: int) -> Iterator[Produced]:
+    def pop_sendable(self, limit: int) -> Iterator[ReadyBatch]:
         """Yield the batches finished in the order asked, at most ``limit``."""
         while limit > 0 and self.send_pos in self._finished:
             limit -= 1
@@ -137,16 +164,17 @@ class ClientStream:
             self.sent += 1
             yield batch
 
-    def drain(self) -> list[Produced]:
-        """Close the stream and return its queued batches so their buffers can be released."""
+    def drain(self) -> list[ReadyBatch]:
+        """Close the session and return its queued batches so their buffers can be released."""
         self.closed = True
+        self.cancelled.set()
         out = list(self._finished.values())
         self._finished.clear()
         return out
 
     def row(self, now: float, in_flight: int) -> dict[str, Any]:
         """This client's entry in the stats ``clients`` list; ``in_flight``: the sent batches
-        ZeroMQ still holds for this peer (the server counts them per peer, across streams)."""
+        ZeroMQ still holds for this peer (the server counts them per peer, across sessions)."""
         h = self.hello
         return {
             "id": self.id,
@@ -166,7 +194,7 @@ class ClientStream:
 
 
 class Scheduler:
-    """Round-robin over streams with room, so every client gets its share of the workers."""
+    """Round-robin over sessions with room, so every client gets its share of the producers."""
 
     def __init__(self) -> None:
         self._order: deque[bytes] = deque()
@@ -181,18 +209,18 @@ class Scheduler:
 
     def next(
         self,
-        streams: dict[bytes, ClientStream],
-        may: Callable[[ClientStream], bool] | None = None,
-    ) -> ClientStream | None:
-        """The next stream (after the last one served) that may start a batch, or None.
+        sessions: dict[bytes, ClientSession],
+        may: Callable[[ClientSession], bool] | None = None,
+    ) -> ClientSession | None:
+        """The next session (after the last one served) that may start a batch, or None.
 
-        ``may``: a further condition (the buffer pool's: may this client take a buffer?); a
-        stream it refuses keeps its place and is asked again next round.
+        ``may``: a further condition (the buffer budget's: may this client take a buffer?); a
+        session it refuses keeps its place and is asked again next round.
         """
         for _ in range(len(self._order)):
             identity = self._order[0]
             self._order.rotate(-1)
-            stream = streams.get(identity)
-            if stream is not None and stream.has_room() and (may is None or may(stream)):
-                return stream
+            session = sessions.get(identity)
+            if session is not None and session.has_room() and (may is None or may(session)):
+                return session
         return None

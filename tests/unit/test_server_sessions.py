@@ -1,9 +1,10 @@
-"""ClientStream bookkeeping: asked-for batches in order, bounded work-ahead and sending,
+"""ClientSession bookkeeping: asked-for batches in order, bounded work-ahead and sending,
 and round-robin scheduling (the invariants that bound server memory and keep clients fair)."""
 
 from __future__ import annotations
 
-from batchwire.server.streams import ClientStream, Produced, Scheduler
+from batchwire.pipeline.sampler import ShardSampler
+from batchwire.server.sessions import ClientSession, ReadyBatch, Scheduler
 from batchwire.wire import MAX_PREFETCH, Hello
 
 ANY = 1 << 30  # no limit from unread batches
@@ -11,13 +12,16 @@ ANY = 1 << 30  # no limit from unread batches
 
 def _stream(identity=b"a", *, asked=(0, 1), depth=3, num_batches=10):
     hello = Hello(split="train", rank=0, world_size=1, epoch=0, batches=tuple(asked), session=1)
-    s = ClientStream(identity, hello, num_batches, depth, sampler=None)
-    assert s.ask(hello.batches) is None
+    sampler = ShardSampler(num_batches, 1, seed=0, shuffle=False, drop_last=True)
+    s = ClientSession(identity, hello, sampler, depth, now=0.0)
+    assert s.ask(hello.batches, now=0.0) is None
     return s
 
 
 def _batch(k):
-    return Produced(batch_index=k, slot=None, labels=None, indices=[], replaced=0, produce_s=0)
+    return ReadyBatch(
+        batch_index=k, slot=None, labels=None, indices=[], replaced=0, produce_s=0, done_at=0
+    )
 
 
 def _produce_all(s):
@@ -32,19 +36,19 @@ def test_a_stream_produces_and_sends_what_was_asked_in_the_order_asked():
     _produce_all(s)
     assert [b.batch_index for b in s.pop_sendable(ANY)] == [5, 2, 7]
     assert s.done and s.credits == 0
-    assert s.ask([0, 9]) is None and not s.done
+    assert s.ask([0, 9], now=0.0) is None and not s.done
     _produce_all(s)
     assert [b.batch_index for b in s.pop_sendable(ANY)] == [0, 9]
 
 
 def test_asks_out_of_range_repeated_or_too_many_are_refused_whole():
     s = _stream(asked=(1,))
-    assert "out of range" in s.ask([3, 10])
-    assert "asked for already" in s.ask([1])
+    assert "out of range" in s.ask([3, 10], now=0.0)
+    assert "asked for already" in s.ask([1], now=0.0)
     assert s.batches == [1]  # nothing of a refused ask was taken
     big = _stream(asked=(), num_batches=10_000)
-    assert big.ask(list(range(MAX_PREFETCH))) is None
-    assert "more than" in big.ask([MAX_PREFETCH])
+    assert big.ask(list(range(MAX_PREFETCH)), now=0.0) is None
+    assert "more than" in big.ask([MAX_PREFETCH], now=0.0)
 
 
 def test_work_ahead_is_the_servers_depth_whatever_the_client_asks():

@@ -1,0 +1,705 @@
+"""The server's protocol core: every decision, no I/O (the h11 / wsproto pattern).
+
+`ServerCore` takes events and returns actions; `app.py` owns the sockets, the producer threads
+and the clock, feeds the events in and carries the actions out. Nothing here touches a socket,
+a thread or the clock: every event carries ``now`` (monotonic seconds), so the unit tests drive
+it with a fake clock and read the actions (tests/unit/test_server_core.py).
+
+Events                                        Actions (returned, in order)
+  on_frames(identity, frames, now)              Reply(identity, message)
+  on_message(identity, message, now)            ReplyStats(identity)   (the shell's snapshot)
+  on_result(result, now)   a producer finished  Submit(order)          (lend a buffer, produce)
+  on_sent(ticket, now)     ZeroMQ let go        SendBatch(identity, header, slot, labels, ticket)
+  on_peer_gone(identity, why, now)              Release(slot)          (a buffer comes back)
+  tick(now)    after every turn of the loop     TrimBuffers(keep)      (free idle chunks)
+  shutdown(now)
+
+What lives here: admission (splits, --max-clients, world-size agreement per (split, job)),
+each client's session (sessions.py), the buffer budget and fair share (budget.py), credit
+limits, round-robin scheduling over the producers, what ZeroMQ still holds per peer
+(delivery.py), and dropping clients that are gone, silent or stalled.
+
+Memory bounds, and what bounds them:
+
+- buffers: never more than --max-buffers lent (`BufferBudget`), whatever the clients do;
+- per client: --prefetch-depth in production or ready (the session) plus at most as many sent
+  and still held by ZeroMQ (`_send_ready`);
+- a peer that takes nothing of what it was sent (a stopped process, a vanished host with a
+  batch in flight) is lent nothing more after `NOT_READING_S` and leaves the fair share to the
+  others; after `STALL_S` its session is dropped: its ready batches come back at once, its
+  world size and its place among --max-clients are free. The frames ZeroMQ already holds for
+  it (at most --prefetch-depth batches) can only come back when libzmq lets go of them: when
+  the peer reads, or when its connection closes (ZMTP heartbeats do not help here, libzmq only
+  pings between messages; for tcp:// the kernel closes a connection whose peer takes nothing
+  for --stall-timeout, TCP_USER_TIMEOUT). Those buffers stay counted until then.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from batchwire import wire
+from batchwire.pipeline.sampler import ShardSampler
+from batchwire.server.budget import BufferBudget
+from batchwire.server.config import ServerConfig
+from batchwire.server.delivery import Deliveries
+from batchwire.server.jobs import BatchOrder, JobResult
+from batchwire.server.sessions import ClientSession, ReadyBatch, Scheduler
+from batchwire.wire import (
+    BatchHeader,
+    BatchSpec,
+    Bye,
+    Credit,
+    ErrorReply,
+    Hello,
+    ProtocolError,
+    ServerMessage,
+    StatsRequest,
+    VersionMismatch,
+    Welcome,
+)
+
+if TYPE_CHECKING:
+    from batchwire.pipeline.split import Split
+    from batchwire.server.bufpool import Slot
+    from batchwire.server.telemetry import Telemetry
+
+log = logging.getLogger("batchwire.server")
+
+# A session that owes nothing and has made no progress this long (a notebook done iterating)
+# no longer holds its split's world size: a training loader asks for batches every step.
+AGREEMENT_IDLE_S = 5.0
+# A peer that has taken none of the batches ZeroMQ holds for it for this long is not reading:
+# it is lent nothing more and the fair share is divided among the others.
+NOT_READING_S = 1.0
+# ... and after this long its session is dropped (as ZMTP heartbeats drop an idle dead peer).
+STALL_S = 3.0
+# Drops for silence, stalls and buffer trims are looked at this often.
+HOUSEKEEPING_S = 1.0
+# A chunk of batch buffers nobody has needed for this long is freed even if clients remain.
+BUFFERS_IDLE_S = 30.0
+# Stats list this many clients in full, the most recently heard from first; the others are
+# summed in "clients_unlisted", so a stats reply stays far below wire.MAX_SERVER_FRAME_BYTES
+# (a row is at most ~4 KB: a 255-byte identity, a 32-key loader map) whatever the client count.
+STATS_CLIENTS_LISTED = 256
+LOADER_STATS_KEYS = 32
+MALFORMED_LOGGED = 20
+ERRORS_LOGGED = 100
+MESSAGE_MAX = 1000  # characters of an error reply or log line about a peer's message
+
+
+# ----------------------------------------------------------------------------- actions
+
+
+@dataclass(frozen=True)
+class Reply:
+    """Send ``message`` to ``identity`` (dropped if the peer's queue is full)."""
+
+    identity: bytes
+    message: ServerMessage
+
+
+@dataclass(frozen=True)
+class ReplyStats:
+    """Answer a stats request with the shell's snapshot (it has the threads' figures)."""
+
+    identity: bytes
+
+
+@dataclass(frozen=True)
+class Submit:
+    """Lend a buffer from the pool and queue ``order`` for the producers."""
+
+    order: BatchOrder
+
+
+@dataclass(frozen=True)
+class SendBatch:
+    """Send a batch zero-copy; report ``ticket`` to `ServerCore.on_sent` once ZeroMQ lets go."""
+
+    identity: bytes
+    header: BatchHeader
+    slot: Slot
+    labels: np.ndarray
+    ticket: int
+
+
+@dataclass(frozen=True)
+class Release:
+    """Return a buffer to the pool."""
+
+    slot: Slot
+
+
+@dataclass(frozen=True)
+class TrimBuffers:
+    """Free chunks of idle buffers while at least ``keep`` stay allocated."""
+
+    keep: int
+
+
+Action = Reply | ReplyStats | Submit | SendBatch | Release | TrimBuffers
+
+
+@dataclass(frozen=True)
+class SplitInfo:
+    """What the core needs of a split: its sampler and what a `Welcome` says about it."""
+
+    name: str
+    num_samples: int
+    num_classes: int
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    sampler: Callable[[int, int, int, int], ShardSampler]  # (batch, seed, rank, world_size)
+
+    @classmethod
+    def of(cls, split: Split) -> SplitInfo:
+        return cls(
+            name=split.name,
+            num_samples=len(split.dataset),
+            num_classes=split.dataset.num_classes,
+            mean=tuple(split.augment.mean),
+            std=tuple(split.augment.std),
+            sampler=split.sampler,
+        )
+
+
+# ----------------------------------------------------------------------------- the core
+
+
+class ServerCore:
+    """Sessions, admission, buffers and scheduling of one server; see the module doc."""
+
+    def __init__(
+        self,
+        config: ServerConfig,
+        splits: Mapping[str, SplitInfo],
+        spec: BatchSpec,
+        budget: BufferBudget,
+        telemetry: Telemetry,
+        now: float,
+    ) -> None:
+        self.config = config
+        self.splits = dict(splits)
+        self.spec = spec
+        self.budget = budget
+        self.telemetry = telemetry
+        self.sessions: dict[bytes, ClientSession] = {}
+        self._by_serial: dict[int, ClientSession] = {}
+        self._serial = 0
+        self.scheduler = Scheduler()
+        self.deliveries = Deliveries()
+        # Jobs submitted whose result has not come back: one in production and one queued per
+        # producer at most, so a job never waits long behind others for a client that left.
+        self.jobs_out = 0
+        self.max_jobs = 2 * config.producers
+        self._buffers_used_at = now  # last time a buffer was lent
+        self._next_housekeeping = now + HOUSEKEEPING_S
+        self._malformed_seen = 0
+        self._errors_seen = 0
+
+    # ------------------------------------------------------------------------- events
+
+    def on_frames(
+        self, identity: bytes, frames: Sequence[bytes | memoryview], now: float
+    ) -> list[Action]:
+        """A message's frames after the routing frame: checked and decoded, then handled."""
+        if len(frames) != 1:
+            return self._malformed(identity, f"expected 1 control frame, got {len(frames)}")
+        try:
+            msg = wire.decode_client_message(frames[0])
+        except VersionMismatch as exc:
+            return self._malformed(
+                identity,
+                f"protocol version mismatch: client speaks v{wire.show(exc.peer_version)}, "
+                f"server speaks v{wire.PROTOCOL_VERSION}",
+            )
+        except ProtocolError as exc:
+            return self._malformed(identity, str(exc))
+        return self.on_message(identity, msg, now)
+
+    def on_message(self, identity: bytes, msg: wire.ClientMessage, now: float) -> list[Action]:
+        session = self.sessions.get(identity)
+        if session is not None:
+            session.last_seen = now
+        if isinstance(msg, Credit):
+            if session is None:  # e.g. after a restart or a drop: the client will re-send hello
+                log.debug("credit from unknown client %s ignored", identity.hex())
+                return []
+            session.loader_stats = clean_loader_stats(msg.stats)
+            refused = session.ask(msg.batches, now)
+            if refused is not None:
+                return self._error(
+                    identity, f"credit refused: {refused}", session=session.hello.session
+                )
+            return []
+        if isinstance(msg, Hello):
+            return self._on_hello(identity, msg, now)
+        if isinstance(msg, Bye):
+            if session is None:
+                return []
+            log.info("client %s said bye", identity.hex())
+            return self._drop(identity)
+        if isinstance(msg, StatsRequest):
+            return [ReplyStats(identity)]
+        return []
+
+    def on_result(self, result: JobResult, now: float) -> list[Action]:
+        """A producer finished (or gave up on) a job."""
+        self.jobs_out -= 1
+        order, slot = result.job.order, result.job.slot
+        session = self._by_serial.get(order.session_serial)
+        if result.labels is None or session is None:
+            self.budget.returned()
+            actions: list[Action] = [Release(slot)]
+            if session is None:
+                return actions
+            session.abandoned()
+            if result.reason == "cancelled":
+                return actions
+            kind = (result.error or "").split(":", 1)[0]
+            actions += self._error(
+                session.identity,
+                f"producing {session.hello.split} batch {order.batch_index} failed "
+                f"({kind}, {result.reason}); the server's log has the details",
+                result.reason,
+                session=session.hello.session,
+                detail=f": {result.error}",
+            )
+            return actions + self._drop(session.identity)
+        if result.replaced:
+            self.telemetry.add_replaced(result.replaced)
+        session.completed(
+            order.pos,
+            ReadyBatch(
+                batch_index=order.batch_index,
+                slot=slot,
+                labels=result.labels,
+                indices=list(result.indices),
+                replaced=int(result.replaced),
+                produce_s=result.seconds,
+                done_at=now,
+            ),
+        )
+        return []
+
+    def on_sent(self, ticket: int, now: float) -> list[Action]:
+        """ZeroMQ let go of a sent batch: the peer took it, or its connection closed."""
+        sent = self.deliveries.done(ticket, now)
+        if sent is None:
+            return []
+        session = self._by_serial.get(sent.session_serial)
+        if session is not None:
+            session.progress_at = now
+        self.budget.returned()
+        return [Release(sent.slot)]
+
+    def on_peer_gone(self, identity: bytes, why: str, now: float) -> list[Action]:
+        """The peer's connection closed (or never answered a heartbeat)."""
+        session = self.sessions.get(identity)
+        if session is not None:
+            h = session.hello
+            log.info(
+                "client %s (%s rank %d/%d) %s: its stream and queued batches dropped",
+                identity.hex(),
+                h.split,
+                h.rank,
+                h.world_size,
+                why,
+            )
+            return self._drop(identity)
+        held = self.deliveries.held(identity)
+        if held:
+            log.info(
+                "client %s %s: the %d sent batch(es) ZeroMQ held for it are freed",
+                identity.hex(),
+                why,
+                held,
+            )
+        return []
+
+    def tick(self, now: float) -> list[Action]:
+        """After every turn of the loop: drops and trims when due, then send and schedule."""
+        actions: list[Action] = []
+        if now >= self._next_housekeeping:
+            actions += self._housekeeping(now)
+            self._next_housekeeping = now + HOUSEKEEPING_S
+        actions += self._send_ready(now)
+        actions += self._schedule(now)
+        return actions
+
+    def shutdown(self, now: float) -> list[Action]:
+        """Tell every client and drop every session."""
+        actions: list[Action] = []
+        for identity in list(self.sessions):
+            actions.append(Reply(identity, wire.Shutdown()))
+            actions += self._drop(identity)
+        return actions
+
+    # ------------------------------------------------------------------------- queries
+
+    def has_session(self, identity: bytes) -> bool:
+        return identity in self.sessions
+
+    @property
+    def ready(self) -> int:
+        """Produced batches not yet sent, all clients."""
+        return sum(s.ready for s in list(self.sessions.values()))
+
+    def client_rows(self, now: float) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        """The stats ``clients`` rows (most recently heard from first) and the sum of the rest
+        (``clients_unlisted``); safe on another thread (Prometheus): it only reads copies."""
+        sessions = list(self.sessions.values())
+        held = self.deliveries.held_by_peer()
+        sessions.sort(key=lambda s: s.last_seen, reverse=True)
+        rows = [s.row(now, held.get(s.identity, 0)) for s in sessions[:STATS_CLIENTS_LISTED]]
+        rest = sessions[STATS_CLIENTS_LISTED:]
+        unlisted = {
+            "count": len(rest),
+            "credits": sum(s.credits for s in rest),
+            "ready": sum(s.ready for s in rest),
+            "in_flight": sum(held.get(s.identity, 0) for s in rest),
+            "sent": sum(s.sent for s in rest),
+            "images_per_s": sum(s.meter.rate(now) for s in rest),
+        }
+        return rows, unlisted
+
+    # ------------------------------------------------------------------------- admission
+
+    def _on_hello(self, identity: bytes, hello: Hello, now: float) -> list[Action]:
+        session_no = hello.session
+        split = self.splits.get(hello.split)
+        if split is None:
+            return self._error(
+                identity,
+                f"unknown split {wire.show(hello.split)}: this server serves {sorted(self.splits)}",
+                session=session_no,
+            )
+        holder = self._world_size_holder(identity, hello, now)
+        if holder is not None:
+            return self._error(
+                identity, self._world_size_conflict(hello, holder, now), session=session_no
+            )
+        limit = self.config.max_clients
+        if identity not in self.sessions and len(self.sessions) >= limit:
+            return self._error(
+                identity,
+                f"this server serves at most {limit} clients (--max-clients) and has "
+                f"{len(self.sessions)}; try again when one leaves, or use another server",
+                session=session_no,
+            )
+        # Next epoch, resume or reconnect: the new hello replaces the session.
+        actions = self._drop(identity)
+        try:  # e.g. more ranks x batch than the split has samples: this client's problem alone
+            sampler = split.sampler(
+                self.config.batch_size, self.config.seed, hello.rank, hello.world_size
+            )
+        except ValueError as exc:
+            return actions + self._error(
+                identity, f"cannot serve this hello: {exc}", session=session_no
+            )
+        self._serial += 1
+        session = ClientSession(
+            identity, hello, sampler, self.config.prefetch_depth, now, serial=self._serial
+        )
+        refused = session.ask(hello.batches, now)
+        if refused is not None:
+            return actions + self._error(
+                identity, f"cannot serve this hello: {refused}", session=session_no
+            )
+        self.sessions[identity] = session
+        self._by_serial[session.serial] = session
+        self.scheduler.add(identity)
+        asks = f"batch {hello.batches[0]}" if hello.batches else "nothing yet"
+        log.info(
+            "client %s%s: %s epoch %d rank %d/%d, asks for %s (%d asked, %d in the epoch)",
+            identity.hex(),
+            f" (job {wire.show(hello.job)})" if hello.job else "",
+            hello.split,
+            hello.epoch,
+            hello.rank,
+            hello.world_size,
+            asks,
+            len(hello.batches),
+            sampler.num_batches,
+        )
+        welcome = Welcome(
+            session=hello.session,
+            num_batches=sampler.num_batches,
+            num_samples=split.num_samples,
+            batch_size=self.spec.batch_size,
+            shape=self.spec.shape,
+            dtype=self.spec.dtype,
+            layout=self.spec.layout,
+            mean=list(split.mean),
+            std=list(split.std),
+            num_classes=split.num_classes,
+        )
+        return [*actions, Reply(identity, welcome)]
+
+    def _world_size_holder(self, identity: bytes, hello: Hello, now: float) -> ClientSession | None:
+        """Another live session of the same split and job at another world size, if any."""
+        for other in self.sessions.values():
+            if (
+                other.identity != identity
+                and other.hello.split == hello.split
+                and other.hello.job == hello.job
+                and other.hello.world_size != hello.world_size
+                and self.holds_world_size(other, now)
+            ):
+                return other
+        return None
+
+    def holds_world_size(self, session: ClientSession, now: float) -> bool:
+        """Does this session keep others of its split and job from another world size?
+
+        Only a session that has made progress holds it: one that asked for batches (and owes
+        some), or that asked, was sent or took one in the last `AGREEMENT_IDLE_S`. A hello
+        that asks for nothing, and empty credits, hold nothing: otherwise any anonymous peer
+        could lock a split with one hello and a message now and then. A training loader asks
+        for a batch every step and a next-epoch hello carries its batches, so an honest one
+        between epochs or just started holds its world size as soon as it asks for anything.
+        """
+        if session.progress_at is None:
+            return False
+        return session.owed > 0 or now - session.progress_at < AGREEMENT_IDLE_S
+
+    def _world_size_conflict(self, hello: Hello, other: ClientSession, now: float) -> str:
+        """The refusal of a hello whose world size differs from a live session's: who holds
+        the split, when it was last heard from and when it stops counting."""
+        silent = now - other.last_seen
+        timeout = self.config.client_timeout
+        o = other.hello
+        job = f" of job {wire.show(hello.job)}" if hello.job else ""
+        return (
+            f"world_size mismatch on split {hello.split!r}{job}: this client says "
+            f"world_size={hello.world_size}, but client {other.id} (rank {o.rank} of "
+            f"world_size={o.world_size}, epoch {o.epoch}) is streaming it, last heard from "
+            f"{silent:.1f} s ago; it is dropped when it disconnects or says bye, else after "
+            f"--client-timeout {timeout:g} s of silence, in {max(0.0, timeout - silent):.1f} s "
+            "if it stays silent (a loader of another job, BATCHWIRE_JOB or torchrun's run id, "
+            "is not refused)"
+        )
+
+    def _drop(self, identity: bytes) -> list[Action]:
+        """Forget a client's session and release its queued batches (in-flight ones: when
+        ZeroMQ lets go, `on_sent`; those in production: when they come back, `on_result`)."""
+        session = self.sessions.pop(identity, None)
+        self.scheduler.remove(identity)
+        if session is None:
+            return []
+        self._by_serial.pop(session.serial, None)
+        actions: list[Action] = []
+        for batch in session.drain():
+            self.budget.returned()
+            actions.append(Release(batch.slot))
+        return actions
+
+    # ------------------------------------------------------------------------- housekeeping
+
+    def _housekeeping(self, now: float) -> list[Action]:
+        actions: list[Action] = []
+        timeout = self.config.client_timeout
+        for identity, session in list(self.sessions.items()):
+            waiting = self.deliveries.waiting(identity, now)
+            if waiting > STALL_S:
+                log.warning(
+                    "client %s took none of its %d sent batch(es) for %.1f s (stopped, or its "
+                    "host is gone): its session and %d queued batch(es) dropped; what ZeroMQ "
+                    "holds for it comes back when it reads or its connection closes",
+                    identity.hex(),
+                    self.deliveries.held(identity),
+                    waiting,
+                    session.ready,
+                )
+                actions += self._drop(identity)
+            elif now - session.last_seen > timeout:
+                log.warning("client %s silent for %.0f s: dropped", identity.hex(), timeout)
+                actions += self._drop(identity)
+            elif self._idle_without_progress(session, now) > timeout:
+                log.warning(
+                    "client %s asked for no batch for %.0f s: dropped", identity.hex(), timeout
+                )
+                actions += self._drop(identity)
+        actions.append(TrimBuffers(self._buffers_to_keep(now)))
+        return actions
+
+    def _idle_without_progress(self, session: ClientSession, now: float) -> float:
+        """How long a session that owes nothing has made no progress (messages that ask for
+        nothing keep a session from the silence reaper, not from this one)."""
+        if session.owed or session.in_production or self.deliveries.held(session.identity):
+            return 0.0
+        since = session.opened_at if session.progress_at is None else session.progress_at
+        return now - since
+
+    def _buffers_to_keep(self, now: float) -> int:
+        """Buffers the current clients may need: at most their full share each (2 x
+        prefetch-depth) and the producers' jobs (2 x producers); none once nobody has taken a
+        buffer for `BUFFERS_IDLE_S`, or no client is left. Only wholly free chunks go, so
+        trimming never waits for anything."""
+        n = len(self.sessions)
+        if n == 0 or now - self._buffers_used_at > BUFFERS_IDLE_S:
+            return 0
+        need = 2 * self.config.producers + 2 * self.config.prefetch_depth * n
+        return min(self.budget.max_buffers, need)
+
+    # ------------------------------------------------------------------------- batches
+
+    def _holding(self, session: ClientSession) -> int:
+        """Buffers a client holds: in production, ready, and sent but still with ZeroMQ."""
+        return session.in_production + session.ready + self.deliveries.held(session.identity)
+
+    def not_reading(self, session: ClientSession, now: float) -> bool:
+        """Has the peer taken none of the batches ZeroMQ holds for it for `NOT_READING_S`?"""
+        return self.deliveries.waiting(session.identity, now) > NOT_READING_S
+
+    def share(self, now: float) -> int:
+        """What each client taking its batches may hold of the shared buffers.
+
+        Divided among the clients that hold or want buffers and read what they are sent;
+        buffers held by anyone else (clients that do not read, batches ZeroMQ holds for peers
+        whose session is gone) are not there to divide. So clients that do not read cannot
+        shrink the share of those that do: they keep only what they already hold.
+        """
+        shared = self.budget.shared
+        if len(self.sessions) * 2 * self.config.prefetch_depth <= shared:
+            return shared  # every client can have its full work-ahead
+        sharing = [
+            s
+            for s in self.sessions.values()
+            if (s.has_room() or self._holding(s)) and not self.not_reading(s, now)
+        ]
+        others = self.budget.held - sum(self._holding(s) for s in sharing)
+        return self.budget.share(len(sharing), shared - max(0, others))
+
+    def _schedule(self, now: float) -> list[Action]:
+        if self.jobs_out >= self.max_jobs or self.budget.full:
+            return []
+        share = self.share(now)
+
+        def may_lend(session: ClientSession) -> bool:
+            return not self.not_reading(session, now) and self.budget.may_lend(
+                self._holding(session), share
+            )
+
+        actions: list[Action] = []
+        while self.jobs_out < self.max_jobs:
+            session = self.scheduler.next(self.sessions, may_lend)
+            if session is None:
+                break
+            pos, batch_index = session.take_next()
+            self.budget.lend()
+            self.jobs_out += 1
+            self._buffers_used_at = now
+            h = session.hello
+            order = BatchOrder(
+                split=h.split,
+                sampler=session.sampler,
+                epoch=h.epoch,
+                batch_index=batch_index,
+                session_serial=session.serial,
+                pos=pos,
+                queued_at=now,
+                cancelled=session.cancelled,
+            )
+            actions.append(Submit(order))
+        return actions
+
+    def _send_ready(self, now: float) -> list[Action]:
+        actions: list[Action] = []
+        for session in self.sessions.values():
+            # At most --prefetch-depth batches of a peer in ZeroMQ's hands: a peer that asks
+            # for many and reads none pins no more (memory is bounded by the server's setting).
+            room = self.config.prefetch_depth - self.deliveries.held(session.identity)
+            for batch in session.pop_sendable(room):
+                actions.append(self._send(session, batch, now))
+        return actions
+
+    def _send(self, session: ClientSession, batch: ReadyBatch, now: float) -> SendBatch:
+        h = session.hello
+        header = BatchHeader(
+            session=h.session,
+            split=h.split,
+            epoch=h.epoch,
+            batch_index=batch.batch_index,
+            shape=self.spec.shape,
+            dtype=self.spec.dtype,
+            layout=self.spec.layout,
+            indices=batch.indices,
+            replaced=batch.replaced,
+            nbytes=self.spec.nbytes,
+        )
+        # Counted before the hand-off: ZeroMQ's I/O thread can deliver the batch before the
+        # loop runs again, and a scrape must never show fewer batches than a client received.
+        self.telemetry.add_batch(self.spec.batch_size, self.spec.nbytes + self.spec.labels_nbytes)
+        self.telemetry.observe_stage("ready", now - batch.done_at)
+        session.meter.add(self.spec.batch_size, now)
+        session.progress_at = now
+        ticket = self.deliveries.sent(session.identity, batch.slot, session.serial, now)
+        return SendBatch(session.identity, header, batch.slot, batch.labels, ticket)
+
+    # ------------------------------------------------------------------------- replies
+
+    def _error(
+        self,
+        identity: bytes,
+        message: str,
+        reason: str = "refused",
+        *,
+        session: int | None,
+        detail: str = "",
+    ) -> list[Action]:
+        """Refuse with ``message`` (what the client sees: never a path or file content), about
+        hello or session ``session``, and log ``detail`` beside it (paths, the exception: for
+        the operator only)."""
+        message = clip(message)
+        self._errors_seen += 1
+        # Refused hellos are rare from real trainers; a peer repeating one must not fill the log.
+        level = logging.WARNING if self._errors_seen <= ERRORS_LOGGED else logging.DEBUG
+        log.log(level, "client %s: %s%s", identity.hex(), message, clip(detail))
+        self.telemetry.add_error()
+        return [Reply(identity, ErrorReply(message, reason, session=session))]
+
+    def _malformed(self, identity: bytes, message: str) -> list[Action]:
+        message = clip(message)
+        self._malformed_seen += 1
+        # A flood of garbage must not flood the log too: the counter in stats tells the rest.
+        if self._malformed_seen <= MALFORMED_LOGGED:
+            log.warning(
+                "malformed message from %s: %s%s",
+                identity.hex(),
+                message,
+                " (further ones are only counted)"
+                if self._malformed_seen == MALFORMED_LOGGED
+                else "",
+            )
+        else:
+            log.debug("malformed message from %s: %s", identity.hex(), message)
+        self.telemetry.add_malformed()
+        return [Reply(identity, ErrorReply(f"malformed message: {message}", "bad-request"))]
+
+
+def clean_loader_stats(stats: Mapping[str, Any] | None) -> dict[str, float | int] | None:
+    """Keep only finite numbers under string keys: these travel on into stats and Prometheus."""
+    if stats is None:
+        return None
+    out: dict[str, float | int] = {}
+    for key, value in list(stats.items())[:LOADER_STATS_KEYS]:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        if isinstance(value, float) and not math.isfinite(value):
+            continue
+        out[str(key)[:64]] = value
+    return out
+
+
+def clip(message: str) -> str:
+    """An error text short enough for any client to read and for the log."""
+    if len(message) <= MESSAGE_MAX:
+        return message
+    return f"{message[: MESSAGE_MAX - 20]}... ({len(message)} characters)"

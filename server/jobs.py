@@ -1,0 +1,66 @@
+"""What travels between the core and the producer threads: orders, jobs and their results.
+
+The core (`core.py`) decides what to produce and hands everything a producer needs over with
+the order: the split, the session's sampler (immutable but for its own locked cache, so safe
+to share: planning runs on the producer, not the loop, because the first plan of an epoch
+shuffles the whole split), the epoch and the batch index. The producer never looks at the
+session; it reads one flag, ``cancelled``, a `threading.Event` made for exactly that. Results
+come back as plain data the core can take without knowing the pipeline's types.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+from batchwire.pipeline.sampler import ShardSampler
+
+if TYPE_CHECKING:
+    from batchwire.server.bufpool import Slot
+
+
+@dataclass(frozen=True)
+class BatchOrder:
+    """Produce batch ``batch_index`` of ``epoch`` of ``split`` for session ``session_serial``
+    (``pos``: its place in that session's asked-for list)."""
+
+    split: str
+    sampler: ShardSampler
+    epoch: int
+    batch_index: int
+    session_serial: int
+    pos: int
+    queued_at: float
+    cancelled: threading.Event = field(default_factory=threading.Event, compare=False)
+
+
+@dataclass(frozen=True)
+class Job:
+    """An order and the buffer the shell lent for it."""
+
+    order: BatchOrder
+    slot: Slot
+
+
+@dataclass(frozen=True)
+class JobResult:
+    """A finished job: the batch's labels and indices, or why it failed.
+
+    ``error`` is the full text, paths included, for the server's log only; ``reason`` is the
+    failure's class as a client may see it: "transient" (may pass: ask again), "failed", or
+    "cancelled" (the session was gone: nobody is told).
+    """
+
+    job: Job
+    seconds: float
+    labels: np.ndarray | None = None  # int64 [B], -100 for padding
+    indices: tuple[int, ...] = ()  # -1 for padding
+    replaced: int = 0
+    error: str | None = None
+    reason: str = "failed"
+
+    @property
+    def ok(self) -> bool:
+        return self.labels is not None
