@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 export PYTHONUNBUFFERED := 1
 
-.PHONY: setup native demo test test-cuda-build lint bench clean
+.PHONY: setup native demo test test-fast test-cuda-build lint bench clean
 
 setup:
 	@scripts/setup.sh
@@ -14,9 +14,20 @@ native: setup
 demo: native
 	@$(PY) -m batchwire.train.demo
 
+# The whole suite: tests/unit (in-process, seconds) then tests/e2e (real server processes,
+# sockets, DDP ranks) spread over TEST_WORKERS processes: most of an end-to-end test's time is
+# spent waiting on servers and timeouts, so more workers than cores pay. One file per worker
+# (--dist loadfile) keeps each file's module-scoped servers started once.
+TEST_WORKERS ?= 4
 test: native
 	@$(PY) -m ruff check .
-	@$(PY) -m pytest -q
+	@$(PY) -m pytest -q -p no:cacheprovider tests/unit
+	@$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile tests/e2e
+
+# The unit tier and lint only: under a minute, for every edit.
+test-fast: native
+	@$(PY) -m ruff check .
+	@$(PY) -m pytest -q -p no:cacheprovider tests/unit
 
 # The CUDA build of the native op in .venv-cuda (CUDA torch, nvcc), no GPU needed: compiles,
 # links and loads it and runs the native CPU tests through it. Not part of `make test`.
