@@ -1,4 +1,4 @@
-"""One DEALER session with one pipeline-server: sending control messages, receiving frames.
+"""The DEALER socket to one pipeline-server: sending control frames, receiving frames.
 
 Why a socket monitor: a killed and restarted server looks, to a DEALER, like silence; the TCP
 connection events tell us at once when the old peer vanished and when a new one completed its
@@ -15,17 +15,12 @@ poll timeout it is given.
 from __future__ import annotations
 
 import contextlib
-import logging
-import time
-from collections import deque
-from dataclasses import dataclass, field
+import enum
 
 import zmq
 from batchwire import wire
 from batchwire.wire import keys as wire_keys
 from zmq.utils.monitor import recv_monitor_message
-
-log = logging.getLogger(__name__)
 
 _MONITOR_EVENTS = (
     zmq.EVENT_HANDSHAKE_SUCCEEDED
@@ -54,56 +49,26 @@ _HANDSHAKE_FAILURES = {
 _BYE_LINGER_MS = 200
 
 
-@dataclass
-class StreamState:
-    """What one server owes us in the current session (reset by every hello)."""
+class ConnectionEvent(enum.Enum):
+    """What the socket monitor reported (handshake failures are kept in `handshake_error`)."""
 
-    session: int = -1
-    epoch: int = -1
-    welcomed: bool = False
-    #: Batches asked for in this session and not received yet, in the order the server sends.
-    pending: deque[int] = field(default_factory=deque)
-
-    @property
-    def outstanding(self) -> int:
-        return len(self.pending)
+    CONNECTED = "connected"  # a connection completed its handshake (first time or again)
+    DISCONNECTED = "disconnected"  # the connection dropped
 
 
 class ServerConnection:
-    """The DEALER socket to one endpoint (the loader's ``index``-th), its monitor, and its
-    stream bookkeeping. A lost session's ``stream.pending`` and ``ahead`` are left for the
-    receiver to take back (`BatchReceiver` gives them to the other servers)."""
+    """The DEALER socket to one endpoint and its monitor. It holds no session state: what is
+    owed and what to send is `fleet.Fleet`'s business; this class only moves frames."""
 
     def __init__(
         self,
         ctx: zmq.Context,
         endpoint: str,
-        index: int,
         keys: wire_keys.ClientKeys | None = None,
     ) -> None:
         self.endpoint = endpoint
-        self.index = index
         #: Why the last handshake failed (a key problem), or None.
         self.handshake_error: str | None = None
-        self.stream = StreamState()
-        #: Batches of a session for the *next* epoch, received ahead as raw frames:
-        #: ``(header, images frame, labels frame)``; see `receiver` ("next epoch").
-        self.ahead: list[tuple[wire.BatchHeader, zmq.Frame, zmq.Frame]] = []
-        #: False after a disconnect or `shutdown` until the hello of a new session is sent.
-        self.hello_sent = False
-        #: After `shutdown`: hold the next hello until the old process has disconnected.
-        self.wait_reconnect = False
-        self.connected = False
-        self.ever_connected = False
-        self.last_heard = self.prev_heard = time.monotonic()
-        self.last_sent = 0.0
-        self.last_error: str | None = None
-        #: The same error in a row (reset by a batch): after a few the loader raises it.
-        self.error_streak = 0
-        #: Transient errors in a row (reset by a batch): they set the back-off, not a limit.
-        self.transient_streak = 0
-        #: No hello before this time (backing off after an error reply).
-        self.retry_at = 0.0
         self._sock = ctx.socket(zmq.DEALER)
         self._sock.linger = 0
         self._sock.immediate = True
@@ -130,13 +95,15 @@ class ServerConnection:
     def monitor(self) -> zmq.Socket:
         return self._monitor
 
-    def close(self) -> None:
-        """Say bye (best effort) and close both sockets; safe to call twice."""
+    def close(self, say_bye: bool = False) -> None:
+        """Close both sockets, first saying bye (best effort) if ``say_bye``; safe to call twice.
+
+        The bye frees the server's buffers for us at once (instead of after its client
+        timeout): it gets a moment to leave, never more (a dead peer fails the send anyway).
+        """
         if self._sock.closed:
             return
-        # The bye frees the server's buffers for us at once (instead of after its client
-        # timeout): give it a moment to leave, never more (a dead peer fails the send anyway).
-        said_bye = self.hello_sent and self.connected and self._send(wire.Bye().pack())
+        said_bye = say_bye and self.send(wire.Bye().pack())
         with contextlib.suppress(zmq.ZMQError):
             self._sock.disable_monitor()
         self._monitor.close(linger=0)
@@ -144,72 +111,33 @@ class ServerConnection:
 
     # ------------------------------------------------------------------ connection events
 
-    def drain_events(self) -> None:
-        """Apply pending monitor events: a disconnect invalidates the session's hello."""
+    def drain_events(self) -> list[ConnectionEvent]:
+        """The monitor's pending events, in order; handshake failures set `handshake_error`."""
+        events: list[ConnectionEvent] = []
         while True:
             try:
                 event = recv_monitor_message(self._monitor, zmq.NOBLOCK)
             except zmq.Again:
-                return
+                return events
             kind = event["event"]
             if kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
-                self.connected = True
-                self.ever_connected = True
-                log.debug("connected to %s", self.endpoint)
+                events.append(ConnectionEvent.CONNECTED)
             elif kind in _HANDSHAKE_FAILURES:
                 # The most specific one wins: a rejected key may also show as "no detail".
                 if self.handshake_error is None or kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
                     self.handshake_error = _HANDSHAKE_FAILURES[kind]
             elif kind == zmq.EVENT_DISCONNECTED:
-                if self.connected:
-                    log.warning("lost pipeline-server at %s; will re-send hello", self.endpoint)
-                self.connected = False
-                self.hello_sent = False
-                self.wait_reconnect = False
-
-    def mark_lost(self, wait_reconnect: bool = False) -> None:
-        """The server said `shutdown` or went silent: the next hello starts a new session.
-
-        ``wait_reconnect`` (after `shutdown`) holds that hello until the exiting process has
-        dropped the connection, so it reaches the server that replaces it.
-        """
-        self.hello_sent = False
-        self.wait_reconnect = wait_reconnect
-
-    @property
-    def may_send_hello(self) -> bool:
-        return not self.hello_sent and not self.wait_reconnect and time.monotonic() >= self.retry_at
+                events.append(ConnectionEvent.DISCONNECTED)
 
     # ------------------------------------------------------------------ sending
 
-    def _send(self, frame: bytes) -> bool:
+    def send(self, frame: bytes) -> bool:
+        """Send one control frame; False if no connection is complete (``IMMEDIATE``): the
+        caller tries again later."""
         try:
             self._sock.send(frame, zmq.NOBLOCK)
-        except zmq.Again:  # no completed connection (IMMEDIATE): the caller retries later
+        except zmq.Again:
             return False
-        self.last_sent = time.monotonic()
-        return True
-
-    def send_hello(self, hello: wire.Hello) -> bool:
-        """Start session ``hello.session``; False if no server is connected yet (retry later)."""
-        if not self._send(hello.pack()):
-            return False
-        self.stream = StreamState(
-            session=hello.session, epoch=hello.epoch, pending=deque(hello.batches)
-        )
-        self.ahead.clear()
-        self.hello_sent = True
-        self.wait_reconnect = False
-        return True
-
-    def send_credit(self, batches: list[int], stats: dict | None) -> bool:
-        """Ask for ``batches`` too in the current session; False (nothing asked) when no session
-        is up or the send would block."""
-        if not self.hello_sent:
-            return False
-        if not self._send(wire.Credit(batches=tuple(batches), stats=stats).pack()):
-            return False
-        self.stream.pending.extend(batches)
         return True
 
     # ------------------------------------------------------------------ receiving
@@ -222,7 +150,6 @@ class ServerConnection:
         """
         frame = self._sock.recv(copy=True)
         more = bool(self._sock.rcvmore)
-        self.prev_heard, self.last_heard = self.last_heard, time.monotonic()
         try:
             msg = wire.decode_server_message(frame)
         except wire.ProtocolError:

@@ -37,3 +37,17 @@ class ServerError(RuntimeError):
         self.endpoint = endpoint
         self.server_message = message
         super().__init__(f"pipeline-server at {endpoint} refused: {message}")
+
+    @classmethod
+    def refused_by_all(cls, refusals: dict[str, str]) -> ServerError:
+        """Every server of the loader refused it: one error naming each server's reason (one
+        server alone reads as before: ``pipeline-server at X refused: ...``)."""
+        (first, message), *others = refusals.items()
+        if not others:
+            return cls(first, message)
+        err = cls(first, message)
+        err.args = (
+            "every pipeline-server refused this loader: "
+            + "; ".join(f"{ep} refused: {why}" for ep, why in refusals.items()),
+        )
+        return err

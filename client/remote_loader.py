@@ -12,7 +12,7 @@ Position semantics (those of torch's DataLoader and torchdata's StatefulDataLoad
 (a saved position at the epoch's end gives an empty pass). `set_epoch` selects the epoch; with
 the current epoch it keeps a restored position (so "load state, then the usual
 ``set_epoch(epoch)`` loop" resumes mid-epoch). A state saved on any rank restores on every rank
-of the same stream: ranks move in lockstep, so the position is the same for all.
+of the same job: ranks move in lockstep, so the position is the same for all.
 
 Frameworks: Lightning finds `set_epoch` through ``loader.sampler`` and Accelerate through the
 dataset of a DataLoader it prepared; `batchwire.client.lightning.RemoteLoaderCallback` covers
@@ -25,7 +25,7 @@ for the next epoch (``epoch + 1`` from batch 0), so the usual ``set_epoch(epoch 
 its first batches already received instead of waiting for the servers to start. Any other next
 step (another epoch, ``load_state_dict``, iterating the same epoch again) discards those batches
 and asks for what it needs; the position above never counts them. After a long pause between
-epochs (over `receiver.AHEAD_MAX_AGE_S`, e.g. a long validation) the early stream is replaced
+epochs (over `fleet.AHEAD_MAX_AGE_S`, e.g. a long validation) the early session is replaced
 rather than trusted, since the server may have dropped it meanwhile. ``prefetch_next_epoch=False``
 turns this off (e.g. a loader whose epochs are not consecutive).
 
@@ -76,17 +76,13 @@ import torch
 from batchwire import wire
 from batchwire.client.errors import LoaderError
 from batchwire.client.frameworks import refuse_resharding_wrappers
+from batchwire.client.loader_stats import LoaderStats
 from batchwire.client.normalize import IMAGENET_MEAN, IMAGENET_STD, check_dtype
 from batchwire.client.placement import check_rank, default_job, resolve_device, resolve_rank
-from batchwire.client.receiver import BatchReceiver
+from batchwire.client.receiver import Arrived, BatchReceiver
 from batchwire.client.staging import BatchFormat, CpuStager, CudaStager, Staged
 from batchwire.wire.keys import client_keys
 from torch.utils.data import IterableDataset, get_worker_info
-
-try:  # written by the monitoring work; the loader runs without it
-    from batchwire.client.loader_stats import LoaderStats
-except ImportError:  # pragma: no cover - depends on the checkout
-    LoaderStats = None  # type: ignore[assignment,misc]
 
 log = logging.getLogger(__name__)
 
@@ -225,7 +221,7 @@ class RemoteLoader(IterableDataset):
         self.job = default_job() if job is None else str(job)
         self.keys = client_keys(keys)  # loaded now: a bad keys folder fails at construction
         self.reuse_buffers = bool(reuse_buffers)
-        self.stream = stream
+        self.cuda_stream = stream
         self.hold = hold
         self._device_arg = device
         self.device: torch.device | None = None  # resolved on first connection
@@ -238,10 +234,10 @@ class RemoteLoader(IterableDataset):
         # Batches handed out and not yet recycled, oldest first (at most `hold`).
         self._handed: deque[Staged] = deque()
         self._iteration = 0  # bumps with every __iter__, so a stale iterator stops
-        self._stats = LoaderStats() if LoaderStats is not None else None
+        self._stats: LoaderStats | None = LoaderStats()  # None only in an unpickled copy
         self._finalizer: weakref.finalize | None = None
-        # A restored mid-epoch position's stream shape and world size: checked at the next welcome.
-        self._resume_stream: dict[str, int] | None = None
+        # A restored mid-epoch position's epoch shape and world size: checked at the next welcome.
+        self._resume_shape: dict[str, int] | None = None
         self._resume_world: int | None = None
 
     # ------------------------------------------------------------------ public API
@@ -317,8 +313,8 @@ class RemoteLoader(IterableDataset):
     def state_dict(self) -> dict[str, Any]:
         """Where the loader stands: resume with `load_state_dict` to get exactly the rest.
 
-        Once connected it also records the stream's shape (batches per epoch, batch size,
-        samples): a position means nothing against a server restarted with other data or
+        Once connected it also records the epoch's shape (``epoch_shape``: batches per epoch,
+        batch size, samples): a position means nothing against a server restarted with other data or
         another batch size, and resuming there would repeat or skip samples.
         """
         rank, world_size = self._placement or resolve_rank(self._rank_arg, self._world_size_arg)
@@ -331,17 +327,18 @@ class RemoteLoader(IterableDataset):
         }
         welcome = None if self._receiver is None else self._receiver.welcome
         if welcome is not None:
-            state["stream"] = _stream_shape(welcome)
-        elif self._resume_stream:
-            state["stream"] = dict(self._resume_stream)
+            state["epoch_shape"] = _epoch_shape(welcome)
+        elif self._resume_shape:
+            state["epoch_shape"] = dict(self._resume_shape)
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Start the next pass at ``state``'s position.
 
         The state may come from any rank (a framework's checkpoint often holds rank 0's only):
-        all ranks of a stream stand at the same batch. Split and world size must match; the
-        stream (batches per epoch, batch size, samples) is checked against the next welcome.
+        all ranks of a job stand at the same batch. Split and world size must match; the
+        epoch's shape (batches per epoch, batch size, samples) is checked against the next
+        welcome. States saved before ``epoch_shape`` was named so carry it as ``stream``.
         """
         missing = [k for k in _STATE_KEYS if k not in state]
         if missing:
@@ -356,8 +353,8 @@ class RemoteLoader(IterableDataset):
             raise ValueError(f"invalid RemoteLoader state position: epoch {epoch}, batch {nxt}")
         self.epoch, self.next_batch, self._positioned = epoch, nxt, True
         self._epoch_passed = False
-        stream = state.get("stream")
-        self._resume_stream = dict(stream) if isinstance(stream, dict) else {}
+        shape = state.get("epoch_shape", state.get("stream"))
+        self._resume_shape = dict(shape) if isinstance(shape, dict) else {}
         self._resume_world = int(state["world_size"])
 
     def close(self) -> None:
@@ -380,7 +377,9 @@ class RemoteLoader(IterableDataset):
     def __getstate__(self) -> dict[str, Any]:
         """Picklable (for DataLoader workers, which then refuse to run): no live sockets."""
         state = self.__dict__.copy()
-        state.update(_receiver=None, _handed=deque(), _finalizer=None, _stats=None, stream=None)
+        state.update(
+            _receiver=None, _handed=deque(), _finalizer=None, _stats=None, cuda_stream=None
+        )
         return state
 
     def __repr__(self) -> str:
@@ -400,7 +399,7 @@ class RemoteLoader(IterableDataset):
         if self._receiver is None:
             rank, world_size = resolve_rank(self._rank_arg, self._world_size_arg)
             self.device = resolve_device(self._device_arg)
-            self._check_stream(self.device)
+            self._check_cuda_stream(self.device)
             self._placement = (rank, world_size)
             self._receiver = BatchReceiver(
                 self.endpoints,
@@ -430,13 +429,15 @@ class RemoteLoader(IterableDataset):
             self._finalizer = weakref.finalize(self, self._receiver.close)
         return self._receiver
 
-    def _check_stream(self, device: torch.device) -> None:
-        if self.stream is None:
+    def _check_cuda_stream(self, device: torch.device) -> None:
+        if self.cuda_stream is None:
             return
         if device.type != "cuda":
             raise ValueError(f"stream= is for a CUDA loader; this one delivers to {device}")
-        if self.stream.device != device:
-            raise ValueError(f"stream= is on {self.stream.device}, the loader delivers to {device}")
+        if self.cuda_stream.device != device:
+            raise ValueError(
+                f"stream= is on {self.cuda_stream.device}, the loader delivers to {device}"
+            )
 
     def _check_world_size(self, saved: int) -> None:
         known = self._placement[1] if self._placement else self._world_size_arg
@@ -450,24 +451,24 @@ class RemoteLoader(IterableDataset):
                 "each rank's shard depends on it (resume from an epoch boundary instead)"
             )
 
-    def _check_resumed_stream(self, welcome: wire.Welcome | None) -> None:
-        """A mid-epoch position restored by `load_state_dict` must meet the same stream."""
-        expected = self._resume_stream
+    def _check_resumed_shape(self, welcome: wire.Welcome | None) -> None:
+        """A mid-epoch position restored by `load_state_dict` must meet epochs of the same shape."""
+        expected = self._resume_shape
         if expected is None or welcome is None or self.next_batch == 0:
-            self._resume_stream = self._resume_world = None
+            self._resume_shape = self._resume_world = None
             return
         # On a refusal the restored state stays: asked again, the loader says the same.
         if self._resume_world is not None:
             self._check_world_size(self._resume_world)
-        now = _stream_shape(welcome)
+        now = _epoch_shape(welcome)
         if any(key in expected and expected[key] != value for key, value in now.items()):
             raise ValueError(
                 f"cannot resume epoch {self.epoch} at batch {self.next_batch}: the state was saved "
-                f"against a stream of {expected}, the server now serves {now}; a mid-epoch "
+                f"against epochs of {expected}, the server now serves {now}; a mid-epoch "
                 "position only holds for the same data, batch size and world size (restart the "
                 "server with the old settings, or resume from an epoch boundary)"
             )
-        self._resume_stream = self._resume_world = None
+        self._resume_shape = self._resume_world = None
 
     def _pass_start(self) -> int:
         """Where the next pass starts: the restored position, else the epoch's first batch."""
@@ -491,11 +492,10 @@ class RemoteLoader(IterableDataset):
 
     def _release_handed(self, keep: int = 0) -> None:
         """Recycle the batches handed out, oldest first, until ``keep`` are left."""
-        stager = None if self._receiver is None else self._receiver.stager
         while len(self._handed) > keep:
             staged = self._handed.popleft()
-            if stager is not None:
-                stager.release(staged)
+            if self._receiver is not None:
+                self._receiver.release(staged)
 
     def _iterate(self, iteration: int) -> Iterator[tuple[torch.Tensor, ...]]:
         receiver = self._connect()
@@ -508,7 +508,7 @@ class RemoteLoader(IterableDataset):
             receiver.wait_welcome()
         total = len(self)
         try:
-            self._check_resumed_stream(receiver.welcome)
+            self._check_resumed_shape(receiver.welcome)
         except ValueError:
             self._positioned = True  # nothing was served: the next pass meets the same check
             raise
@@ -525,7 +525,7 @@ class RemoteLoader(IterableDataset):
             t0 = time.perf_counter()
             self._release_handed(keep=self.hold - 1)  # the oldest of `hold` is recycled
             arrived = receiver.get(self.next_batch)
-            receiver.stager.hand_out(arrived.staged, self.stream)
+            receiver.hand_out(arrived, self.cuda_stream)
             self._handed.append(arrived.staged)
             self.next_batch += 1
             if self._stats is not None:
@@ -536,7 +536,7 @@ class RemoteLoader(IterableDataset):
                 self._epoch_passed = True
             yield self._output(arrived)
 
-    def _output(self, arrived: Any) -> tuple[torch.Tensor, ...]:
+    def _output(self, arrived: Arrived) -> tuple[torch.Tensor, ...]:
         staged: Staged = arrived.staged
         if not self.with_indices:
             return staged.images, staged.labels
@@ -545,7 +545,8 @@ class RemoteLoader(IterableDataset):
             # From pinned memory the copy is queued, not waited for: a pageable copy would make
             # the host wait for all the GPU work queued before it. Queued on the consumer
             # stream, like the batch it comes with.
-            with torch.cuda.stream(self._receiver.stager.consumer_stream(self.stream)):
+            assert self._receiver is not None
+            with torch.cuda.stream(self._receiver.consumer_stream(self.cuda_stream)):
                 indices = indices.pin_memory().to(self.device, non_blocking=True)
         return staged.images, staged.labels, indices
 
@@ -562,7 +563,7 @@ class _EpochSetter:
             loader.set_epoch(epoch)
 
 
-def _stream_shape(welcome: wire.Welcome) -> dict[str, int]:
+def _epoch_shape(welcome: wire.Welcome) -> dict[str, int]:
     return {
         "num_batches": welcome.num_batches,
         "batch_size": welcome.batch_size,

@@ -23,7 +23,7 @@ from batchwire.client import (
     ServerUnavailable,
     VersionMismatch,
 )
-from batchwire.client.receiver import ERRORS_BEFORE_RAISING
+from batchwire.client.fleet import ERRORS_BEFORE_RAISING
 
 SHAPE = [2, 3, 4, 4]
 NBYTES = 2 * 3 * 4 * 4

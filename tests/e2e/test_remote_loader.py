@@ -158,7 +158,7 @@ def test_resume_against_a_server_with_another_batch_size_is_refused(server, data
     with RemoteLoader(server.endpoint, "train", rank=0, world_size=1, device="cpu") as first:
         collect(first, limit=3)
         state = first.state_dict()
-    assert state["stream"]["batch_size"] == B
+    assert state["epoch_shape"]["batch_size"] == B
     args = ("--train", data_root, "--batch-size", str(B // 2), "--image-size", str(PX))
     with (
         running_server(*args, "--workers", "1", "--seed", str(SEED)) as other,
@@ -168,7 +168,12 @@ def test_resume_against_a_server_with_another_batch_size_is_refused(server, data
         for _ in range(2):
             with pytest.raises(ValueError, match="cannot resume epoch 0 at batch 3"):
                 next(iter(resumed))
-        # From an epoch boundary any stream will do.
+        # A state saved before the key was renamed ("stream") is checked the same way.
+        old = {k: v for k, v in state.items() if k != "epoch_shape"}
+        resumed.load_state_dict({**old, "stream": state["epoch_shape"]})
+        with pytest.raises(ValueError, match="cannot resume epoch 0 at batch 3"):
+            next(iter(resumed))
+        # From an epoch boundary any epoch shape will do.
         resumed.set_epoch(1)
         images, _ = next(iter(resumed))
         assert images.shape[0] == B // 2

@@ -195,7 +195,7 @@ def test_an_early_stream_too_old_to_trust_is_replaced(servers, fresh):
     with loader_for(srv.endpoint) as loader:
         epoch_of(loader, 0)
         wait_for_early_epoch(srv, "train", 1)
-        loader._receiver.ahead_max_age = 0.0  # white-box: stands in for a long validation
+        loader._receiver.fleet.ahead_max_age = 0.0  # white-box: stands in for a long validation
         got1 = epoch_of(loader, 1)
     assert_same(got1, fresh[1])
     assert hellos(srv, "train", 1)[before:] == [0, None]

@@ -131,7 +131,7 @@ def test_stalled_server_gets_a_new_hello_and_the_stale_session_is_dropped(
         resume = threading.Timer(1.5, os.kill, (a.pid, signal.SIGCONT))  # a 1.5 s outage
         resume.start()
         try:
-            with caplog.at_level(logging.INFO, logger="batchwire.client.receiver"):
+            with caplog.at_level(logging.INFO, logger="batchwire.client"):
                 got = head + rest(it)
         finally:
             resume.cancel()

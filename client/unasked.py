@@ -13,7 +13,7 @@ import heapq
 from collections.abc import Iterable
 
 
-class BatchPool:
+class UnaskedBatches:
     """Batch indices ``[start, total)`` not yet asked of any server, lowest first."""
 
     def __init__(self) -> None:
@@ -34,7 +34,7 @@ class BatchPool:
         return bool(self._returned) or (self.total is not None and self._fresh < self.total)
 
     def take(self) -> int:
-        """The lowest batch left; only call when the pool is not empty."""
+        """The lowest batch left; only call when there is one."""
         if self._returned and (
             self.total is None or self._fresh >= self.total or self._returned[0] < self._fresh
         ):

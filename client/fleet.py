@@ -1,0 +1,636 @@
+"""The client's core, without I/O: sessions with every server and who produces which batch.
+
+Sans-I/O in the style of h11 and wsproto: `Fleet` holds the whole protocol state of one loader
+and changes it only when told what happened (events, each with ``now``: it never reads a
+clock), and says what to do about it (actions, returned as a list, in order). The receiver
+(`receiver.BatchReceiver`) owns the sockets and the reorder buffer, feeds the events in and
+carries the actions out; unit tests drive the core alone with a fake clock.
+
+Events in: `start` (iterate epoch e from batch c), `on_connected` / `on_disconnected` (socket
+monitor), `on_message` (welcome, error reply, shutdown), `on_batch` (a batch header arrived:
+the verdict says whether to receive it into the reorder buffer, keep it for the next epoch, or
+drop it), `on_handed_out` (the consumer took batch k), `on_send_failed` (a send would have
+blocked), `tick` (time passed; with ``waiting_since`` while the consumer waits for a batch).
+Actions out: `SendHello`, `SendCredit`, `AdoptEarly` (next-epoch batches received ahead join
+the reorder buffer), `DropEarly` (discard them). Errors the user must see are raised:
+`ServerError` (refused by every server, or the same error again and again), `ServerUnavailable`
+(no batch within the timeout), `ProtocolError` (a server broke the protocol).
+
+Who produces what: any server can produce any batch, so nothing is split up front. The loader
+keeps at most ``budget`` batches asked for or waiting in the reorder buffer, and whenever one
+is free it asks the streaming server with the fewest batches outstanding for the lowest batch
+nobody has been asked for (`UnaskedBatches`): a fast server comes back for more sooner and so
+produces more, a slow one gets fewer, and a server whose session ends (lost, silent, an error,
+a refusal) has what it owed taken back and handed to the others. A server that refuses a hello
+(its client limit, another world size) is left out and asked again later with back-off; only
+when every server refuses is that the user's error.
+
+Next epoch early: once every batch of the epoch has been asked for, a server owing nothing is
+sent the next epoch's hello with ``share`` of its batches (SPECULATING), so it produces them
+while the consumer finishes this epoch; `start` of that epoch adopts those sessions. Any other
+`start` ends them. A session not sent to for ``ahead_max_age`` seconds is replaced on adoption
+(the server may have dropped it); a refused early hello stops guessing for that epoch.
+
+Errors: an error reply about a session that is no longer the server's current one is stale
+(the server answered an older hello) and dropped; a ``transient`` one (the batch failed for a
+reason that may pass) backs off and asks again, however often, within the loader's timeout; an
+error before the welcome is a refusal (above); an error after it restarts the session with
+back-off, and the same message `ERRORS_BEFORE_RAISING` times in a row raises `ServerError`.
+
+Silence: a server owing a welcome or batches and silent for longer than its heartbeat (which
+starts at ``heartbeat``, doubles per timeout up to max(timeout/2, 1 s), and each batch lowers
+to max(heartbeat, min(it, 4x that batch's gap))) loses its session and gets a new hello.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import Enum
+
+from batchwire import wire
+from batchwire.client.errors import ProtocolError, ServerError, ServerUnavailable
+from batchwire.client.session import WAITING, Peer, Session, SessionState
+from batchwire.client.unasked import UnaskedBatches
+
+log = logging.getLogger(__name__)
+
+S = SessionState
+
+# A next-epoch session we have not spoken to for this long may have been dropped by the server
+# (its --client-timeout, 60 s by default, counts our silence): its batches already here are
+# used, but it is replaced rather than trusted to send the rest.
+AHEAD_MAX_AGE_S = 30.0
+# The same error reply this many times in a row (with no batch between) is the server's answer,
+# not a hiccup: it is raised as ServerError. Before that, each retry waits twice as long.
+ERRORS_BEFORE_RAISING = 3
+ERROR_BACKOFF_S = 0.25
+BACKOFF_MAX_S = 4.0  # transient errors and refusals: the longest wait between hellos
+_PER_SERVER = 4  # the least budget per server when a loader has several
+
+
+# ---------------------------------------------------------------------- actions
+
+
+@dataclass(frozen=True)
+class SendHello:
+    """Send ``hello`` to server ``server`` (report a failed send with `Fleet.on_send_failed`)."""
+
+    server: int
+    hello: wire.Hello
+
+
+@dataclass(frozen=True)
+class SendCredit:
+    """Ask server ``server`` for ``batches`` in its current session (the shell adds stats)."""
+
+    server: int
+    batches: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class AdoptEarly:
+    """The next-epoch batches kept for server ``server`` join the reorder buffer now."""
+
+    server: int
+
+
+@dataclass(frozen=True)
+class DropEarly:
+    """Discard the next-epoch batches kept for server ``server`` (its session ended)."""
+
+    server: int
+
+
+Action = SendHello | SendCredit | AdoptEarly | DropEarly
+
+
+class Verdict(Enum):
+    """What to do with the frames of a batch whose header just arrived."""
+
+    DELIVER = "deliver"  # receive it into the reorder buffer
+    KEEP_EARLY = "keep early"  # a next-epoch batch: keep its frames aside until adopted
+    DROP = "drop"  # a stale session's or a duplicate: discard the frames
+
+
+# ---------------------------------------------------------------------- the core
+
+
+class Fleet:
+    """Sessions with ``endpoints`` and the assignment of one rank's batches of one split."""
+
+    def __init__(
+        self,
+        endpoints: Sequence[str],
+        *,
+        split: str,
+        rank: int,
+        world_size: int,
+        prefetch: int,
+        timeout: float,
+        heartbeat: float,
+        now: float,
+        speculate: bool = True,
+        job: str = "",
+        first_session: int = 1,
+    ) -> None:
+        self.split = split
+        self.rank = rank
+        self.world_size = world_size
+        self.job = job
+        self.timeout = float(timeout)
+        self.heartbeat = float(heartbeat)
+        self.speculate = bool(speculate)
+        n = len(endpoints)
+        #: Batches asked for and not yet handed out (in flight or in the reorder buffer). With
+        #: several servers at least 4 each: a server with fewer outstanding idles its producers
+        #: while a slower one holds the batch the consumer waits for (bench_fleet: 0.75 of the
+        #: two servers' summed rate with 2 each, 0.97 with 4 each).
+        self.budget = prefetch if n == 1 else max(prefetch, _PER_SERVER * n)
+        #: Next-epoch batches one server may be asked for ahead of time.
+        self.share = max(1, self.budget // n)
+        self.peers = [
+            Peer(i, ep, self.heartbeat, last_heard=now, prev_heard=now)
+            for i, ep in enumerate(endpoints)
+        ]
+        self._session_ids = itertools.count(first_session)
+        self.welcome: wire.Welcome | None = None
+        self.epoch = -1
+        self.cursor = 0  # next batch index to hand out
+        self.unasked = UnaskedBatches()  # this epoch's batches nobody was asked for
+        self.unasked_next = UnaskedBatches()  # the next epoch's, for early sessions
+        self.held: set[int] = set()  # batches in the receiver's reorder buffer
+        self.dropped = 0  # batches received but not needed (stale, duplicate)
+        self.adopted = 0  # batches of a next-epoch session that the epoch then used
+        self.ahead_max_age = AHEAD_MAX_AGE_S
+        self._no_speculation_in = -1  # an epoch in which a next-epoch hello was refused
+        self._started = False
+        self._turn = 0  # the server first in line when several have as few outstanding
+        self._actions: list[Action] = []
+
+    # ------------------------------------------------------------------ queries
+
+    @property
+    def num_batches(self) -> int | None:
+        return None if self.welcome is None else self.welcome.num_batches
+
+    def is_at(self, epoch: int, cursor: int) -> bool:
+        """Was the loader started at ``(epoch, cursor)`` and has it handed out nothing since?"""
+        return self._started and epoch == self.epoch and cursor == self.cursor
+
+    def is_current(self, server: int, session: int) -> bool:
+        """Is ``session`` server ``server``'s open session? (Its welcome is then news.)"""
+        s = self.peers[server].session
+        return s is not None and s.id == session
+
+    def has_session(self, server: int) -> bool:
+        """Does server ``server`` hold a session of ours (so a bye frees something)?"""
+        return self.peers[server].session is not None
+
+    # ------------------------------------------------------------------ events
+
+    def start(self, epoch: int, cursor: int, now: float) -> list[Action]:
+        """Iterate ``epoch`` from batch ``cursor``; a no-op if already there.
+
+        The receiver empties its reorder buffer first. The next epoch from its start adopts
+        the early sessions; any other position ends every session and asks afresh.
+        """
+        if self.is_at(epoch, cursor):
+            return []
+        adopt = cursor == 0 and epoch == self.epoch + 1 and self.welcome is not None
+        self.held.clear()
+        if adopt:
+            self.unasked, self.unasked_next = self.unasked_next, UnaskedBatches()
+        else:
+            for p in self.peers:  # their sessions serve another epoch or position
+                self._end_session(p)
+            self.unasked.reset(cursor, self.num_batches)
+        self.unasked_next.reset(0, self.num_batches)
+        self.epoch, self.cursor, self._started = epoch, cursor, True
+        for p in self.peers:
+            if adopt and p.state is S.SPECULATING:  # the early session of this epoch
+                self._adopt(p, now)
+            else:
+                self._end_session(p)
+            p.heartbeat = self.heartbeat
+        self._service(now)
+        return self._flush()
+
+    def on_handed_out(self, k: int, now: float) -> list[Action]:
+        """The consumer took batch ``k`` (the cursor) from the reorder buffer: ask for another."""
+        if k != self.cursor:
+            raise RuntimeError(f"batches are handed out in order: asked {k}, next is {self.cursor}")
+        self.held.discard(k)
+        self.cursor = k + 1
+        self._refill(now)
+        return self._flush()
+
+    def on_connected(self, server: int) -> list[Action]:
+        """The connection to ``server`` completed its handshake (first time or after a restart)."""
+        p = self.peers[server]
+        p.connected = p.ever_connected = True
+        if p.state is S.DISCONNECTED:
+            p.state = S.IDLE
+            log.debug("connected to %s", p.endpoint)
+        return self._flush()
+
+    def on_disconnected(self, server: int) -> list[Action]:
+        """The connection to ``server`` dropped: its session ends, its batches are taken back."""
+        p = self.peers[server]
+        if p.connected:
+            log.warning("lost pipeline-server at %s; will re-send hello", p.endpoint)
+        p.connected = False
+        self._end_session(p)
+        if p.state is S.DRAINING:
+            p.state = S.DISCONNECTED
+        return self._flush()
+
+    def on_message(self, server: int, msg: wire.ServerMessage, now: float) -> list[Action]:
+        """A control message (not a batch) from ``server``."""
+        p = self.peers[server]
+        p.prev_heard, p.last_heard = p.last_heard, now
+        if isinstance(msg, wire.Welcome):
+            self._on_welcome(p, msg, now)
+        elif isinstance(msg, wire.ErrorReply):
+            self._on_error(p, msg, now)
+        elif isinstance(msg, wire.Shutdown):
+            log.warning("pipeline-server at %s is shutting down; waiting for it", p.endpoint)
+            self._end_session(p)
+            if p.connected:  # hello again only once the exiting process has gone
+                p.state = S.DRAINING
+        return self._flush()
+
+    def on_batch(
+        self, server: int, h: wire.BatchHeader, more: bool, now: float
+    ) -> tuple[Verdict, list[Action]]:
+        """A batch header from ``server``; ``more``: frames follow it. Raises `ProtocolError`
+        for a batch not asked for, of another epoch or split, or unlike the welcome."""
+        p = self.peers[server]
+        p.prev_heard, p.last_heard = p.last_heard, now
+        s = p.session
+        if s is None or h.session != s.id or not s.welcomed:
+            return Verdict.DROP, self._flush()  # a stale session's frames
+        if not s.pending or h.batch_index != s.pending[0]:
+            expected = s.pending[0] if s.pending else "nothing"
+            raise ProtocolError(
+                f"pipeline-server at {p.endpoint} sent batch {h.batch_index} where its session "
+                f"was to send {expected}"
+            )
+        s.pending.popleft()
+        if h.epoch != s.epoch or h.split != self.split:
+            raise ProtocolError(
+                f"pipeline-server at {p.endpoint} sent {h.split!r} batch {h.batch_index} of "
+                f"epoch {h.epoch} in a session of {self.split!r} epoch {s.epoch}"
+            )
+        self._check_shape(p, h, more)
+        if p.state is S.SPECULATING:
+            s.early.append(h.batch_index)
+            return Verdict.KEEP_EARLY, self._flush()
+        assert self.welcome is not None
+        k = h.batch_index
+        if not self.cursor <= k < self.welcome.num_batches or k in self.held:
+            self.dropped += 1  # e.g. asked again after a reconnect and delivered twice
+            self._refill(now)
+            return Verdict.DROP, self._flush()
+        self.held.add(k)
+        p.error_streak = p.transient_streak = 0  # progress: an error after this is a new one
+        # How long this batch took to come (since we last heard or asked): the silence check
+        # waits a few times that, so a server that is merely slow is not restarted in a loop.
+        gap = p.last_heard - max(p.last_sent, p.prev_heard)
+        p.heartbeat = max(self.heartbeat, min(p.heartbeat, 4 * gap))
+        if not self.unasked:
+            self._speculate(p, now)
+        return Verdict.DELIVER, self._flush()
+
+    def on_send_failed(self, action: Action) -> list[Action]:
+        """A send would have blocked (no connected peer): undo what it stood for."""
+        if isinstance(action, SendHello):
+            if self.is_current(action.server, action.hello.session):
+                self._end_session(self.peers[action.server])
+        elif isinstance(action, SendCredit):
+            s = self.peers[action.server].session
+            if s is not None:
+                for k in action.batches:
+                    s.pending.remove(k)
+                self.unasked.give_back(action.batches)
+        return self._flush()  # the next tick tries again
+
+    def tick(self, now: float, waiting_since: float | None = None) -> list[Action]:
+        """Time passed: retries fall due, hellos go out, free budget is asked for.
+
+        ``waiting_since``: the consumer has waited for a batch since then. A server silent for
+        longer than its heartbeat while it owes something loses its session; past the loader's
+        timeout this raises `ServerUnavailable`.
+        """
+        if waiting_since is not None:
+            if now > waiting_since + self.timeout:
+                raise self._unavailable(now)
+            self._check_silence(waiting_since, now)
+        self._service(now)
+        return self._flush()
+
+    # ------------------------------------------------------------------ sessions
+
+    def _flush(self) -> list[Action]:
+        actions, self._actions = self._actions, []
+        return actions
+
+    def _hello(self, p: Peer, epoch: int, batches: list[int], now: float) -> None:
+        hello = wire.Hello(
+            split=self.split,
+            rank=self.rank,
+            world_size=self.world_size,
+            epoch=epoch,
+            batches=tuple(batches),
+            session=next(self._session_ids),
+            job=self.job,
+        )
+        p.session = Session(hello.session, epoch, deque(batches))
+        p.state = S.HELLO_SENT if epoch == self.epoch else S.SPECULATING
+        p.last_sent = now
+        self._actions.append(SendHello(p.index, hello))
+        log.debug("hello to %s: %s", p.endpoint, hello)
+
+    def _end_session(self, p: Peer) -> None:
+        """Forget ``p``'s session; the batches it owes go back to the unasked ones of its epoch."""
+        s = p.session
+        if s is None:
+            return
+        p.session = None
+        p.state = p.at_rest()
+        if s.early:
+            self._actions.append(DropEarly(p.index))
+        owed = s.owed()
+        if not owed:
+            return
+        if s.epoch == self.epoch:
+            self.unasked.give_back(owed)
+        elif s.epoch == self.epoch + 1:
+            self.unasked_next.give_back(owed)
+        log.debug("%s: %d batch(es) of epoch %d taken back", p.endpoint, len(owed), s.epoch)
+
+    def _back_off(self, p: Peer, state: SessionState, delay: float, now: float) -> None:
+        self._end_session(p)
+        p.state, p.retry_at = state, now + delay
+
+    def _adopt(self, p: Peer, now: float) -> None:
+        """Make ``p``'s next-epoch session the current one: its early batches join the buffer.
+
+        A session we have not spoken to for long may have been dropped by the server: its
+        batches are used, the rest of what it owes is taken back.
+        """
+        s = p.session
+        assert s is not None
+        early, s.early = s.early, []
+        if early:
+            self.held.update(early)
+            self.adopted += len(early)
+            self._actions.append(AdoptEarly(p.index))
+            log.debug("%s: %d batch(es) of epoch %d here already", p.endpoint, len(early), s.epoch)
+        p.state = S.STREAMING if s.welcomed else S.HELLO_SENT
+        if now - p.last_sent > self.ahead_max_age:
+            self._end_session(p)
+
+    def _service(self, now: float) -> None:
+        """Retries that fell due, hellos to servers without a session, then the refill."""
+        for p in self.peers:
+            if p.state in WAITING and now >= p.retry_at:
+                p.state = p.at_rest()
+            if p.state is S.IDLE and self._started:
+                if not self.unasked and self.welcome is not None:
+                    self._speculate(p, now)  # nothing of this epoch left to ask for
+                if p.state is S.IDLE:
+                    # An empty hello: batches follow its welcome, so a server that is not
+                    # really there (stopped, hung) never sits on any.
+                    self._hello(p, max(self.epoch, 0), [], now)
+        self._refill(now)
+
+    def _check_silence(self, since: float, now: float) -> None:
+        for p in self.peers:
+            if not p.owes():
+                continue
+            quiet = now - max(p.last_heard, p.last_sent, since)
+            if quiet > p.heartbeat:
+                log.info(
+                    "no message from %s for %.1f s while it owes %s; its batches go to the "
+                    "other servers and it gets a new hello",
+                    p.endpoint,
+                    quiet,
+                    "batches" if p.state is S.STREAMING else "a welcome",
+                )
+                p.heartbeat = min(2 * p.heartbeat, max(self.timeout / 2, 1.0))
+                self._end_session(p)
+
+    # ------------------------------------------------------------------ who produces what
+
+    def _in_use(self) -> int:
+        """Batches of this epoch asked for or held: what the budget bounds."""
+        pending = sum(p.outstanding() for p in self.peers if p.state is not S.SPECULATING)
+        return len(self.held) + pending
+
+    def _refill(self, now: float) -> None:
+        """Ask for the lowest unasked batches while the budget allows, fewest-outstanding first."""
+        takers = [p for p in self.peers if p.state is S.STREAMING]
+        if self.unasked and not takers:
+            # Lost batches came back, but every live server is busy with the next epoch.
+            for p in self.peers:
+                if p.state is S.SPECULATING:
+                    self._end_session(p)
+            return
+        free = self.budget - self._in_use()
+        asks: dict[int, list[int]] = {}
+        n = len(self.peers)
+        while free > 0 and self.unasked and takers:
+            # Fewest outstanding first; ties go round the servers, so a consumer slower than
+            # its servers still spreads the epoch over all of them.
+            p = min(
+                takers,
+                key=lambda p: (
+                    p.outstanding() + len(asks.get(p.index, ())),
+                    (p.index - self._turn) % n,
+                ),
+            )
+            self._turn = p.index + 1
+            asks.setdefault(p.index, []).append(self.unasked.take())
+            free -= 1
+        for i, batches in asks.items():
+            p = self.peers[i]
+            assert p.session is not None
+            p.session.pending.extend(batches)
+            p.last_sent = now
+            self._actions.append(SendCredit(i, tuple(batches)))
+        if not self.unasked:
+            for p in self.peers:
+                self._speculate(p, now)
+
+    def _speculate(self, p: Peer, now: float) -> None:
+        """Start ``p`` on the next epoch once nothing of this one is left to ask for.
+
+        Its session of this epoch owes nothing, so replacing it loses nothing; the next
+        epoch's batches it is asked for wait in the receiver until that epoch starts.
+        """
+        if (
+            not self.speculate
+            or self.welcome is None
+            or self.epoch < 0
+            or self._no_speculation_in == self.epoch
+            or self.unasked
+            or not self.unasked_next
+        ):
+            return
+        if not (p.state is S.IDLE or (p.state is S.STREAMING and not p.outstanding())):
+            return
+        batches = [self.unasked_next.take() for _ in range(self.share) if self.unasked_next]
+        self._hello(p, self.epoch + 1, batches, now)
+
+    # ------------------------------------------------------------------ replies
+
+    def _on_welcome(self, p: Peer, w: wire.Welcome, now: float) -> None:
+        s = p.session
+        if s is None or w.session != s.id:
+            return  # the welcome of an older hello
+        if self.welcome is None:
+            self.welcome = w
+            self.unasked.set_total(w.num_batches)
+            self.unasked_next.set_total(w.num_batches)
+        else:
+            mine, theirs = _welcome_key(self.welcome), _welcome_key(w)
+            if mine != theirs:
+                raise ProtocolError(
+                    f"pipeline-server at {p.endpoint} serves batches unlike the first server "
+                    f"it talked to: {theirs} vs {mine}; all servers of one loader must be "
+                    "started with the same data and options"
+                )
+        s.welcomed = True
+        p.refusal, p.refusal_streak = None, 0
+        if p.state is S.HELLO_SENT:
+            p.state = S.STREAMING
+            self._refill(now)
+
+    def _on_error(self, p: Peer, e: wire.ErrorReply, now: float) -> None:
+        s = p.session
+        if s is None or (e.session is not None and e.session != s.id):
+            # About a session we have given up on (e.g. we re-sent our hello after a silence
+            # and the server then answered the old one): not an answer to the current hello.
+            log.debug("pipeline-server at %s: error about an older session: %s", p.endpoint, e)
+            return
+        if e.reason == "transient":
+            # It may pass (say, the server ran out of file descriptors): ask again, backing
+            # off, for as long as the loader's timeout allows; ServerUnavailable quotes it.
+            p.transient_streak += 1
+            p.last_error = e.message
+            delay = min(BACKOFF_MAX_S, ERROR_BACKOFF_S * 2 ** (p.transient_streak - 1))
+            log.warning(
+                "pipeline-server at %s: %s; asking again in %.2f s", p.endpoint, e.message, delay
+            )
+            self._back_off(p, S.BACKING_OFF, delay, now)
+            return
+        if p.state is S.SPECULATING:
+            # A next-epoch hello refused: nothing of this epoch is at stake. Stop guessing for
+            # the rest of it; if the server really refuses that epoch, the hello sent when it
+            # starts is refused then.
+            log.info(
+                "pipeline-server at %s refused the next epoch early: %s", p.endpoint, e.message
+            )
+            self._no_speculation_in = self.epoch
+            self._end_session(p)
+            return
+        if not s.welcomed:  # the answer to our hello: this server will not serve us
+            self._refused(p, e.message, now)
+            return
+        # After a welcome, an error can only concern a later message; start a clean session,
+        # backing off, and give up with the server's own words if it keeps saying the same.
+        p.error_streak = p.error_streak + 1 if e.message == p.last_error else 1
+        p.last_error = e.message
+        if p.error_streak >= ERRORS_BEFORE_RAISING:
+            raise ServerError(p.endpoint, f"{e.message} (said {p.error_streak} times in a row)")
+        delay = ERROR_BACKOFF_S * 2 ** (p.error_streak - 1)
+        log.warning(
+            "pipeline-server at %s: %s; re-sending hello in %.2f s", p.endpoint, e.message, delay
+        )
+        self._back_off(p, S.BACKING_OFF, delay, now)
+
+    def _refused(self, p: Peer, message: str, now: float) -> None:
+        """``p`` refused our hello: out of the assignment, asked again later; an error only
+        when every server refuses."""
+        p.refusal_streak += 1
+        p.refusal = p.last_error = message
+        delay = min(BACKOFF_MAX_S, ERROR_BACKOFF_S * 2 ** (p.refusal_streak - 1))
+        self._back_off(p, S.REFUSED, delay, now)
+        if all(q.state is S.REFUSED for q in self.peers):
+            raise ServerError.refused_by_all({q.endpoint: q.refusal or "" for q in self.peers})
+        log.log(
+            logging.WARNING if p.refusal_streak == 1 else logging.DEBUG,
+            "pipeline-server at %s refused this loader: %s; the other servers serve its "
+            "batches, hello again in %.2f s",
+            p.endpoint,
+            message,
+            delay,
+        )
+
+    # ------------------------------------------------------------------ checks
+
+    def _check_shape(self, p: Peer, h: wire.BatchHeader, more: bool) -> None:
+        w = self.welcome
+        assert w is not None
+        ok = (
+            more
+            and h.dtype == w.dtype
+            and h.layout == w.layout
+            and h.shape[1:] == w.shape[1:]
+            and h.shape[0] <= w.shape[0]
+        )
+        if not ok:
+            raise ProtocolError(
+                f"pipeline-server at {p.endpoint}: batch {h.batch_index} is "
+                f"{h.shape} {h.dtype} {h.layout}, but its welcome promised "
+                f"{w.shape} {w.dtype} {w.layout}{'' if more else ' (and it has no data frames)'}"
+            )
+
+    def _unavailable(self, now: float) -> ServerUnavailable:
+        """Why the batch the consumer waits for did not come, naming the server most at fault."""
+        p = next(
+            (p for p in self.peers if p.session is None or not p.session.welcomed), self.peers[0]
+        )
+        t = f"{self.timeout:g}"
+        if not p.ever_connected:
+            msg = (
+                f"no pipeline-server answered at {p.endpoint} within {t} s "
+                f"(is it running? start one with `pipeline-server --bind {p.endpoint}`)"
+            )
+        elif not p.connected:
+            msg = (
+                f"pipeline-server at {p.endpoint} went away (last heard "
+                f"{now - p.last_heard:.1f} s ago) and did not come back within {t} s"
+            )
+        elif p.state is S.REFUSED:
+            msg = f"pipeline-server at {p.endpoint} refused this loader for {t} s"
+        elif p.state is S.BACKING_OFF:
+            msg = f"pipeline-server at {p.endpoint} answered with errors for {t} s"
+        elif p.session is None or not p.session.welcomed:
+            msg = (
+                f"pipeline-server at {p.endpoint} is connected but did not answer the hello "
+                f"within {t} s (is it a pipeline-server speaking protocol "
+                f"v{wire.PROTOCOL_VERSION}?)"
+            )
+        else:
+            msg = (
+                f"pipeline-server at {p.endpoint} is connected but sent no batch for {t} s "
+                f"(waiting for batch {self.cursor} of epoch {self.epoch}, split {self.split!r})"
+            )
+        others = [o for o in self.peers if o is not p]
+        if others:
+            msg += f"; nor did {', '.join(o.endpoint for o in others)} deliver it"
+            refusals = [f"{o.endpoint} refused: {o.refusal}" for o in others if o.refusal]
+            if refusals:
+                msg += f" ({'; '.join(refusals)})"
+        if p.last_error:
+            msg += f"; its last error: {p.last_error}"
+        return ServerUnavailable(p.endpoint, msg)
+
+
+def _welcome_key(w: wire.Welcome) -> tuple:
+    return (w.num_batches, w.num_samples, tuple(w.shape), w.dtype, w.layout, w.num_classes)

@@ -1,0 +1,545 @@
+"""The client's sans-I/O core (`client.fleet.Fleet`) driven by events with a fake clock.
+
+No sockets, no processes: `Shell` plays the receiver (it carries out the core's actions and
+keeps a reorder buffer of batch indices) and the servers (each remembers what its session was
+asked for and sends it back on `serve`). Every behaviour here also has an end-to-end test with
+real server processes (tests/e2e/test_client_fleet_e2e.py and the RemoteLoader suites).
+"""
+
+from __future__ import annotations
+
+import pytest
+from batchwire import wire
+from batchwire.client import ProtocolError, ServerError, ServerUnavailable
+from batchwire.client.fleet import (
+    BACKOFF_MAX_S,
+    ERROR_BACKOFF_S,
+    ERRORS_BEFORE_RAISING,
+    Action,
+    AdoptEarly,
+    DropEarly,
+    Fleet,
+    SendCredit,
+    SendHello,
+    Verdict,
+)
+from batchwire.client.session import SessionState
+from fakeclock import FakeClock
+
+S = SessionState
+NUM_BATCHES = 12
+SHAPE = [2, 3, 4, 4]
+
+
+def welcome_for(session: int, num_batches: int = NUM_BATCHES, shape=SHAPE) -> wire.Welcome:
+    return wire.Welcome(
+        session=session,
+        num_batches=num_batches,
+        num_samples=2 * num_batches,
+        batch_size=shape[0],
+        shape=shape,
+        dtype="uint8",
+        layout="nchw",
+        mean=[0.5] * 3,
+        std=[0.25] * 3,
+        num_classes=3,
+    )
+
+
+def header_for(session: int, epoch: int, k: int, shape=SHAPE) -> wire.BatchHeader:
+    nbytes = shape[0] * shape[1] * shape[2] * shape[3]
+    return wire.BatchHeader(
+        session=session,
+        split="train",
+        epoch=epoch,
+        batch_index=k,
+        shape=shape,
+        dtype="uint8",
+        layout="nchw",
+        indices=[2 * k, 2 * k + 1],
+        replaced=0,
+        nbytes=nbytes,
+    )
+
+
+class Shell:
+    """The receiver and the servers, reduced to bookkeeping of batch indices."""
+
+    def __init__(self, servers: int = 2, *, prefetch: int = 4, **kw) -> None:
+        self.clock = FakeClock(0.0)
+        kw.setdefault("timeout", 10.0)
+        kw.setdefault("heartbeat", 1.0)
+        self.endpoints = [f"tcp://server-{i}:5555" for i in range(servers)]
+        self.fleet = Fleet(
+            self.endpoints,
+            split="train",
+            rank=0,
+            world_size=1,
+            prefetch=prefetch,
+            now=self.clock(),
+            first_session=100,
+            **kw,
+        )
+        self.log: list[Action] = []
+        self.fail_sends_to: set[int] = set()
+        # Per server: (session, epoch, batches asked and not sent) of the last hello it got.
+        self.sessions: dict[int, tuple[int, int, list[int]]] = {}
+        self.welcomed: set[int] = set()  # sessions the servers welcomed (they send only then)
+        self.held: set[int] = set()  # the reorder buffer
+        self.early: dict[int, list[int]] = {}  # next-epoch batches kept per server
+        self.handed: list[int] = []
+
+    # -------------------------------------------------------------- the receiver's side
+
+    def carry_out(self, actions: list[Action]) -> None:
+        for a in actions:
+            self.log.append(a)
+            if isinstance(a, SendHello | SendCredit) and a.server in self.fail_sends_to:
+                self.carry_out(self.fleet.on_send_failed(a))
+            elif isinstance(a, SendHello):
+                self.sessions[a.server] = (a.hello.session, a.hello.epoch, list(a.hello.batches))
+            elif isinstance(a, SendCredit):
+                self.sessions[a.server][2].extend(a.batches)
+            elif isinstance(a, AdoptEarly):
+                self.held.update(self.early.pop(a.server))
+            elif isinstance(a, DropEarly):
+                self.early.pop(a.server)
+
+    def connect(self, *servers: int) -> None:
+        for i in servers or range(len(self.endpoints)):
+            self.carry_out(self.fleet.on_connected(i))
+
+    def start(self, epoch: int = 0, cursor: int = 0) -> None:
+        self.held.clear()
+        self.carry_out(self.fleet.start(epoch, cursor, self.clock()))
+
+    def tick(self, waiting_since: float | None = None) -> None:
+        self.carry_out(self.fleet.tick(self.clock(), waiting_since))
+
+    def later(self, seconds: float, waiting_since: float | None = None) -> None:
+        self.clock.t += seconds
+        self.tick(waiting_since)
+
+    def take(self) -> int:
+        """The consumer takes the next batch (it must be in the reorder buffer)."""
+        k = self.fleet.cursor
+        assert k in self.held, f"batch {k} not here; held {sorted(self.held)}"
+        self.held.remove(k)
+        self.handed.append(k)
+        self.carry_out(self.fleet.on_handed_out(k, self.clock()))
+        return k
+
+    # -------------------------------------------------------------- the servers' side
+
+    def hellos(self, server: int) -> list[wire.Hello]:
+        return [a.hello for a in self.log if isinstance(a, SendHello) and a.server == server]
+
+    def session(self, server: int) -> int:
+        return self.sessions[server][0]
+
+    def asked(self, server: int) -> list[int]:
+        return list(self.sessions[server][2])
+
+    def reply(self, server: int, msg: wire.ServerMessage) -> None:
+        self.carry_out(self.fleet.on_message(server, msg, self.clock()))
+
+    def welcome(self, *servers: int) -> None:
+        for i in servers or range(len(self.endpoints)):
+            self.welcomed.add(self.session(i))
+            self.reply(i, welcome_for(self.session(i)))
+
+    def error(self, server: int, message: str, reason: str = "refused", session=None) -> None:
+        self.reply(server, wire.ErrorReply(message=message, reason=reason, session=session))
+
+    def serve(self, server: int, count: int | None = None) -> list[int]:
+        """Server ``server`` sends the next ``count`` (default: all) batches it was asked for."""
+        session, epoch, queue = self.sessions[server]
+        sent: list[int] = []
+        if session not in self.welcomed:
+            return sent
+        while queue and (count is None or len(sent) < count):
+            k = queue.pop(0)
+            verdict, actions = self.fleet.on_batch(
+                server, header_for(session, epoch, k), True, self.clock()
+            )
+            if verdict is Verdict.DELIVER:
+                self.held.add(k)
+            elif verdict is Verdict.KEEP_EARLY:
+                self.early.setdefault(server, []).append(k)
+            self.carry_out(actions)
+            sent.append(k)
+        return sent
+
+    def state(self, server: int) -> SessionState:
+        return self.fleet.peers[server].state
+
+    def run_epoch(self, servers: list[int]) -> list[int]:
+        """Serve from ``servers`` and consume until the epoch is handed out."""
+        while self.fleet.cursor < NUM_BATCHES:
+            for i in servers:
+                self.serve(i)
+            while self.fleet.cursor in self.held:
+                self.take()
+        return self.handed
+
+
+def streaming(servers: int = 2, **kw) -> Shell:
+    """Every server connected, hello'd and welcomed for epoch 0."""
+    shell = Shell(servers, **kw)
+    shell.connect()
+    shell.start()
+    shell.welcome()
+    return shell
+
+
+# ---------------------------------------------------------------------- sessions and assignment
+
+
+def test_a_hello_waits_for_the_connection_and_the_welcome_brings_credits() -> None:
+    shell = Shell(1)
+    shell.start()
+    assert shell.hellos(0) == [] and shell.state(0) is S.DISCONNECTED
+    shell.connect()
+    shell.tick()
+    (hello,) = shell.hellos(0)
+    assert (hello.epoch, hello.batches, shell.state(0)) == (0, (), S.HELLO_SENT)
+    shell.welcome()
+    assert shell.state(0) is S.STREAMING
+    assert shell.asked(0) == [0, 1, 2, 3]  # prefetch 4, lowest first
+    assert shell.fleet.num_batches == NUM_BATCHES
+
+
+def test_batches_are_spread_over_servers_and_handed_out_once_in_order() -> None:
+    shell = streaming(2)
+    assert shell.fleet.budget == 8  # at least 4 per server
+    assert shell.asked(0) == list(range(8))  # welcomed first: the whole budget
+    shell.serve(0, 2)
+    shell.take(), shell.take()
+    assert shell.asked(1) == [8, 9]  # fewest outstanding first
+    shell.serve(1)
+    assert shell.fleet.cursor == 2 and shell.held == {2, 3, 4, 5, 6, 7, 8, 9} - set(shell.asked(0))
+    assert shell.run_epoch([1, 0]) == list(range(NUM_BATCHES))
+
+
+def test_a_lost_servers_batches_go_to_the_others() -> None:
+    shell = streaming(2)
+    shell.serve(0, 2)
+    shell.take(), shell.take()
+    assert shell.asked(1) == [8, 9]
+    shell.carry_out(shell.fleet.on_disconnected(1))
+    assert shell.state(1) is S.DISCONNECTED
+    shell.tick()
+    assert shell.asked(0) == [2, 3, 4, 5, 6, 7, 8, 9]  # 8 and 9 taken back
+    assert shell.run_epoch([0]) == list(range(NUM_BATCHES))
+    assert len(shell.hellos(1)) == 1  # nothing is sent to a server without a connection
+
+
+def test_a_restarted_server_gets_a_new_session_and_rejoins() -> None:
+    shell = streaming(2)
+    first = shell.session(1)
+    shell.carry_out(shell.fleet.on_disconnected(1))
+    shell.connect(1)
+    shell.tick()
+    hello = shell.hellos(1)[-1]
+    assert hello.session != first and shell.state(1) is S.HELLO_SENT
+    # Frames of the old session (already in flight) are dropped.
+    verdict, _ = shell.fleet.on_batch(1, header_for(first, 0, 1), True, shell.clock())
+    assert verdict is Verdict.DROP
+    shell.welcome(1)
+    assert shell.state(1) is S.STREAMING
+    assert shell.run_epoch([0, 1]) == list(range(NUM_BATCHES))
+
+
+def test_shutdown_waits_for_the_old_process_to_go_before_the_next_hello() -> None:
+    shell = streaming(1)
+    shell.reply(0, wire.Shutdown())
+    shell.later(5.0)
+    assert shell.state(0) is S.DRAINING and len(shell.hellos(0)) == 1
+    shell.carry_out(shell.fleet.on_disconnected(0))
+    shell.connect(0)
+    shell.tick()
+    assert len(shell.hellos(0)) == 2 and shell.state(0) is S.HELLO_SENT
+
+
+def test_duplicates_and_batches_not_asked_for() -> None:
+    shell = streaming(1)
+    session = shell.session(0)
+    with pytest.raises(ProtocolError, match="sent batch 2 where its session was to send 0"):
+        shell.fleet.on_batch(0, header_for(session, 0, 2), True, shell.clock())
+    shell = streaming(1)
+    bad = header_for(shell.session(0), 0, 0, shape=[2, 3, 8, 8])
+    with pytest.raises(ProtocolError, match="welcome promised"):
+        shell.fleet.on_batch(0, bad, True, shell.clock())
+
+
+def test_a_server_unlike_the_first_is_a_protocol_error() -> None:
+    shell = Shell(2)
+    shell.connect()
+    shell.start()
+    shell.welcome(0)
+    with pytest.raises(ProtocolError, match="unlike the first server"):
+        shell.reply(1, welcome_for(shell.session(1), num_batches=5))
+
+
+def test_a_failed_send_is_undone_and_tried_again() -> None:
+    shell = Shell(1)
+    shell.connect()
+    shell.fail_sends_to.add(0)
+    shell.start()
+    assert shell.state(0) is S.IDLE  # the hello did not go out
+    shell.fail_sends_to.clear()
+    shell.tick()
+    shell.welcome()
+    assert shell.asked(0) == [0, 1, 2, 3]
+
+
+# ---------------------------------------------------------------------- refusals (item 6b)
+
+
+def test_one_refusing_server_leaves_the_epoch_to_the_others_and_is_asked_again() -> None:
+    shell = Shell(2)
+    shell.connect()
+    shell.start()
+    shell.welcome(0)
+    shell.error(1, "this server serves at most 1 clients (--max-clients)", session=shell.session(1))
+    assert shell.state(1) is S.REFUSED
+    assert shell.asked(0) == list(range(8))  # the whole budget goes to the server that serves
+    shell.later(ERROR_BACKOFF_S / 2)
+    assert len(shell.hellos(1)) == 1  # backing off
+    shell.later(ERROR_BACKOFF_S)
+    assert len(shell.hellos(1)) == 2 and shell.state(1) is S.HELLO_SENT
+    shell.welcome(1)  # room again: it rejoins
+    assert shell.state(1) is S.STREAMING
+    assert shell.run_epoch([0, 1]) == list(range(NUM_BATCHES))
+
+
+def test_refusals_back_off_doubling_up_to_a_limit() -> None:
+    shell = Shell(2)
+    shell.connect()
+    shell.start()
+    shell.welcome(0)
+    waits = []
+    for _ in range(7):
+        shell.error(1, "full", session=shell.session(1))
+        waits.append(shell.fleet.peers[1].retry_at - shell.clock())
+        shell.later(waits[-1])
+    assert waits == [0.25, 0.5, 1.0, 2.0, BACKOFF_MAX_S, BACKOFF_MAX_S, BACKOFF_MAX_S]
+
+
+def test_every_server_refusing_is_an_error_naming_each() -> None:
+    shell = Shell(2)
+    shell.connect()
+    shell.start()
+    shell.error(0, "world_size 2 clashes with 4", session=shell.session(0))
+    with pytest.raises(ServerError) as info:
+        shell.error(1, "serves at most 1 clients", session=shell.session(1))
+    text = str(info.value)
+    assert "every pipeline-server refused" in text
+    assert f"{shell.endpoints[0]} refused: world_size 2 clashes with 4" in text
+    assert f"{shell.endpoints[1]} refused: serves at most 1 clients" in text
+
+
+def test_a_single_refusing_server_raises_at_once_with_its_words() -> None:
+    shell = Shell(1)
+    shell.connect()
+    shell.start()
+    with pytest.raises(ServerError, match="refused: no split 'nope'") as info:
+        shell.error(0, "no split 'nope'")  # an old server: no session in the reply
+    assert info.value.endpoint == shell.endpoints[0]
+
+
+def test_a_refused_server_counts_in_the_timeout_message() -> None:
+    shell = Shell(2)
+    shell.connect(0)
+    shell.start()
+    shell.connect(1)
+    shell.tick()
+    shell.error(1, "full", session=shell.session(1))
+    with pytest.raises(ServerUnavailable) as info:
+        shell.later(11.0, waiting_since=0.0)
+    assert "server-0" in str(info.value) and "server-1:5555 refused: full" in str(info.value)
+
+
+# ---------------------------------------------------------------------- errors (item 6a)
+
+
+def test_an_error_about_an_older_session_is_dropped() -> None:
+    """The issue's failure: the server retried a read for longer than the silence limit, the
+    loader re-sent its hello, and the old session's error arrived after it."""
+    shell = streaming(1)
+    old = shell.session(0)
+    shell.later(1.5, waiting_since=0.0)  # silent while owing batches: a new hello
+    assert len(shell.hellos(0)) == 2 and shell.state(0) is S.HELLO_SENT
+    shell.error(0, "batch 0 failed: too many open files", reason="transient", session=old)
+    shell.error(0, "batch 1 failed", reason="failed", session=old)
+    assert shell.state(0) is S.HELLO_SENT  # neither a refusal nor a back-off
+    shell.welcome()
+    assert shell.run_epoch([0]) == list(range(NUM_BATCHES))
+
+
+def test_an_error_while_no_session_is_open_is_stale() -> None:
+    shell = streaming(1)
+    shell.carry_out(shell.fleet.on_disconnected(0))
+    shell.error(0, "late news")  # no raise: it cannot concern a hello we have out
+    assert shell.state(0) is S.DISCONNECTED
+
+
+def test_a_transient_error_before_the_welcome_is_not_a_refusal() -> None:
+    shell = Shell(1)
+    shell.connect()
+    shell.start()
+    shell.error(0, "too many open files", reason="transient", session=shell.session(0))
+    assert shell.state(0) is S.BACKING_OFF
+
+
+def test_transient_errors_back_off_and_never_raise() -> None:
+    shell = streaming(2)
+    waits = []
+    for _ in range(ERRORS_BEFORE_RAISING + 3):
+        shell.error(1, "batch 1 failed: too many open files", reason="transient")
+        assert shell.state(1) is S.BACKING_OFF
+        waits.append(shell.fleet.peers[1].retry_at - shell.clock())
+        shell.later(waits[-1])
+        shell.welcome(1)
+    assert waits == [0.25, 0.5, 1.0, 2.0, 4.0, 4.0]
+    # The batches it owed went to server 0 and back; nothing is lost or repeated.
+    assert shell.run_epoch([0, 1]) == list(range(NUM_BATCHES))
+    assert shell.fleet.peers[1].transient_streak == 0  # a batch resets the streak
+
+
+def test_the_same_error_after_the_welcome_raises_after_a_few_backed_off_tries() -> None:
+    shell = streaming(1)
+    for attempt in range(1, ERRORS_BEFORE_RAISING):
+        shell.error(0, "disk on fire")
+        assert shell.state(0) is S.BACKING_OFF
+        shell.later(ERROR_BACKOFF_S * 2 ** (attempt - 1))
+        shell.welcome()
+    with pytest.raises(ServerError, match=r"disk on fire.*3 times in a row"):
+        shell.error(0, "disk on fire")
+
+
+# ---------------------------------------------------------------------- silence and timeout
+
+
+def test_silence_while_owing_batches_ends_the_session_and_doubles_the_heartbeat() -> None:
+    shell = streaming(2, timeout=30.0)
+    shell.serve(0, 2)
+    shell.take(), shell.take()
+    assert shell.asked(1) == [8, 9]
+    shell.later(0.9, waiting_since=0.0)
+    assert shell.state(1) is S.STREAMING
+    shell.later(0.2, waiting_since=0.0)  # 1.1 s without a word from either
+    assert [shell.state(i) for i in (0, 1)] == [S.HELLO_SENT, S.HELLO_SENT]
+    assert len(shell.hellos(1)) == 2 and shell.fleet.peers[1].heartbeat == 2.0
+    shell.welcome()
+    assert shell.run_epoch([0, 1]) == list(range(NUM_BATCHES))
+
+
+def test_a_server_owing_nothing_may_stay_silent() -> None:
+    shell = streaming(2)
+    shell.later(5.0, waiting_since=0.0)
+    assert shell.state(1) is S.STREAMING and len(shell.hellos(1)) == 1
+
+
+def test_no_batch_within_the_timeout_raises_server_unavailable_naming_the_server() -> None:
+    shell = Shell(1, timeout=2.0)
+    shell.connect()
+    shell.start()
+    shell.later(1.0, waiting_since=0.0)
+    with pytest.raises(ServerUnavailable, match="did not answer the hello") as info:
+        shell.later(1.5, waiting_since=0.0)
+    assert info.value.endpoint == shell.endpoints[0]
+    never = Shell(1, timeout=2.0)
+    never.start()
+    with pytest.raises(ServerUnavailable, match="no pipeline-server answered at"):
+        never.later(3.0, waiting_since=0.0)
+
+
+def test_a_server_that_went_away_is_named_as_such() -> None:
+    shell = streaming(1, timeout=2.0)
+    shell.carry_out(shell.fleet.on_disconnected(0))
+    with pytest.raises(ServerUnavailable, match="went away"):
+        shell.later(3.0, waiting_since=0.0)
+
+
+# ---------------------------------------------------------------------- next epoch early
+
+
+def speculated(**kw) -> Shell:
+    """Epoch 0 asked for entirely and delivered; both servers then start on epoch 1."""
+    shell = streaming(2, **kw)
+    for i in (0, 1):
+        shell.serve(i)
+    while shell.fleet.cursor < NUM_BATCHES - 4:
+        shell.take()
+        for i in (0, 1):
+            shell.serve(i)
+    return shell
+
+
+def test_once_the_epoch_is_asked_for_idle_servers_start_the_next() -> None:
+    shell = speculated()
+    assert [shell.state(i) for i in (0, 1)] == [S.SPECULATING, S.SPECULATING]
+    early = [h for i in (0, 1) for h in shell.hellos(i) if h.epoch == 1]
+    assert sorted(k for h in early for k in h.batches) == list(range(8))  # share 4 each
+    shell.welcome()
+    for i in (0, 1):
+        shell.serve(i)
+    assert sorted(k for ks in shell.early.values() for k in ks) == list(range(8))
+    while shell.fleet.cursor < NUM_BATCHES:
+        shell.take()
+    shell.handed.clear()
+    shell.start(1, 0)  # adopts: the batches received ahead are in the reorder buffer
+    assert shell.held == set(range(8)) and shell.fleet.adopted == 8
+    assert [shell.state(i) for i in (0, 1)] == [S.STREAMING, S.STREAMING]
+    assert shell.run_epoch([0, 1]) == list(range(NUM_BATCHES))
+
+
+def test_another_start_drops_what_came_early() -> None:
+    shell = speculated()
+    shell.welcome()
+    shell.serve(0)
+    while shell.fleet.cursor < NUM_BATCHES:
+        shell.take()
+    shell.start(5, 0)
+    assert DropEarly(0) in shell.log and shell.early == {}
+    assert all(h.epoch == 5 for h in (shell.hellos(0)[-1], shell.hellos(1)[-1]))
+
+
+def test_an_early_session_too_old_to_trust_is_replaced_on_adoption() -> None:
+    shell = speculated()
+    shell.welcome()
+    shell.serve(0, 2)
+    while shell.fleet.cursor < NUM_BATCHES:
+        shell.take()
+    shell.clock.t += shell.fleet.ahead_max_age + 1
+    shell.start(1, 0)
+    assert shell.held == {4, 5}  # what arrived (server 0 was asked 4..7) is used
+    assert all(h.epoch == 1 and h.batches == () for h in (shell.hellos(0)[-1], shell.hellos(1)[-1]))
+
+
+def test_a_refused_early_hello_stops_guessing_for_the_epoch() -> None:
+    shell = speculated()
+    shell.error(0, "not yet", session=shell.session(0))
+    shell.tick()
+    assert shell.state(0) is S.HELLO_SENT and shell.hellos(0)[-1].epoch == 0  # plain hello
+    shell.welcome(0)
+    shell.tick()
+    assert shell.hellos(0)[-1].epoch == 0  # no second guess this epoch
+
+
+def test_no_speculation_when_turned_off() -> None:
+    shell = Shell(1, speculate=False)
+    shell.connect()
+    shell.start()
+    shell.welcome()
+    assert shell.run_epoch([0]) == list(range(NUM_BATCHES))
+    assert all(h.epoch == 0 for h in shell.hellos(0))
+
+
+def test_lost_batches_end_early_sessions_when_no_server_serves_the_epoch() -> None:
+    shell = speculated()  # both servers on epoch 1, batches 8..11 of epoch 0 still owed
+    assert shell.fleet.cursor == NUM_BATCHES - 4
+    # A resumed position re-asks for the current epoch: every early session ends.
+    shell.start(0, NUM_BATCHES - 2)
+    assert all(shell.state(i) is S.HELLO_SENT for i in (0, 1))
