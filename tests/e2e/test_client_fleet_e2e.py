@@ -1,0 +1,196 @@
+"""The client core's refusal and error rules (issue 19, item 6) against real peers.
+
+Real `pipeline-server` processes where a real server can show the behaviour (a server full at
+``--max-clients``), a raw ZeroMQ ROUTER where only a misbehaving or unlucky server can (an
+error about an older session arriving after the loader re-sent its hello). The same rules are
+unit-tested with a fake clock in tests/unit/test_client_fleet.py.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+import zmq
+from batchwire import wire
+from batchwire.client import RemoteLoader, ServerError
+from batchwire.wire.raw_client import RawClient
+from serverproc import running_server, running_servers, small_server_args
+from test_remote_loader_recovery import assert_same, rest
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def loader_for(endpoints: list[str], **kw) -> RemoteLoader:
+    kw.setdefault("timeout", 30.0)
+    return RemoteLoader(
+        endpoints, "train", rank=0, world_size=1, device="cpu", with_indices=True, **kw
+    )
+
+
+@contextmanager
+def occupied(endpoint: str) -> Iterator[RawClient]:
+    """A raw client holding the one place of a ``--max-clients 1`` server."""
+    ctx = zmq.Context()
+    client = RawClient.connect(
+        ctx, endpoint, split="train", rank=0, world_size=1, batches=(), session=1
+    )
+    try:
+        client.start()
+        yield client
+    finally:
+        client.close()
+        ctx.term()
+
+
+@pytest.fixture(scope="module")
+def reference() -> list:
+    with running_server(*small_server_args(seed=9)) as srv, loader_for([srv.endpoint]) as loader:
+        return rest(iter(loader))
+
+
+def batches_sent(srv) -> int:
+    """Batches the server has sent anyone (the raw occupant never asks for one)."""
+    return srv.stats()["counters"]["batches_total"]
+
+
+def test_a_full_server_leaves_the_epoch_to_the_other_and_joins_once_it_has_room(reference):
+    """Server b refuses (``--max-clients`` reached): the loader does not raise, server a
+    serves the whole epoch exactly; once b has room, the loader's retried hello gets in."""
+    args = (*small_server_args(seed=9), "--max-clients", "1")
+    with (
+        running_servers(2, *args) as (a, b),
+        occupied(b.endpoint) as occupant,
+        loader_for([a.endpoint, b.endpoint]) as loader,
+    ):
+        assert_same(rest(iter(loader)), reference)
+        assert batches_sent(b) == 0  # refused: a served the whole epoch
+        occupant.bye()
+        for _ in range(20):  # retried with back-off (at most 4 s apart)
+            assert_same(rest(iter(loader)), reference)  # the same epoch again, exactly
+            if batches_sent(b) > 0:
+                break
+        else:
+            pytest.fail("the loader never came back to the server that had refused it")
+
+
+def test_every_server_refusing_is_one_error_naming_each(reference):
+    args = (*small_server_args(seed=9), "--max-clients", "1")
+    with (
+        running_servers(2, *args) as (a, b),
+        occupied(a.endpoint),
+        occupied(b.endpoint),
+        loader_for([a.endpoint, b.endpoint]) as loader,
+        pytest.raises(ServerError) as info,
+    ):
+        rest(iter(loader))
+    text = str(info.value)
+    assert "every pipeline-server refused" in text
+    for srv in (a, b):
+        assert f"{srv.endpoint} refused: this server serves at most 1 clients" in text
+
+
+# ---------------------------------------------------------------------- errors of older sessions
+
+SHAPE = [2, 3, 4, 4]
+NBYTES = 2 * 3 * 4 * 4
+
+
+class LateErrorServer:
+    """A ROUTER that stays silent on the first hello (so the loader re-sends it), then answers
+    the second with errors about the first session (as a server does whose read retries
+    outlasted the loader's heartbeat) before welcoming it and serving every credit."""
+
+    def __init__(self) -> None:
+        self.ctx = zmq.Context()
+        self.sock = self.ctx.socket(zmq.ROUTER)
+        self.sock.linger = 0
+        port = self.sock.bind_to_random_port("tcp://127.0.0.1")
+        self.endpoint = f"tcp://127.0.0.1:{port}"
+        self.hellos: list[wire.Hello] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="late-error-server", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        session = None
+        while not self._stop.is_set():
+            if not self.sock.poll(50):
+                continue
+            identity, frame = self.sock.recv_multipart()
+            msg = wire.decode_client_message(frame)
+            if isinstance(msg, wire.Hello) and msg.epoch == 0:
+                self.hellos.append(msg)
+                if len(self.hellos) == 1:
+                    continue  # the first hello: silence
+                old = self.hellos[0].session
+                for reason in ("transient", "refused", "failed"):
+                    error = wire.ErrorReply(f"old news ({reason})", reason=reason, session=old)
+                    self.sock.send_multipart([identity, error.pack()])
+                session = msg.session
+                self.sock.send_multipart([identity, self._welcome(session)])
+            elif isinstance(msg, wire.Credit) and session is not None:
+                for k in msg.batches:
+                    self.sock.send_multipart([identity, *self._batch(session, k)])
+
+    @staticmethod
+    def _welcome(session: int) -> bytes:
+        return wire.Welcome(
+            session=session,
+            num_batches=3,
+            num_samples=6,
+            batch_size=2,
+            shape=SHAPE,
+            dtype="uint8",
+            layout="nchw",
+            mean=[0.5] * 3,
+            std=[0.25] * 3,
+            num_classes=3,
+        ).pack()
+
+    @staticmethod
+    def _batch(session: int, k: int) -> list[bytes]:
+        header = wire.BatchHeader(
+            session=session,
+            split="train",
+            epoch=0,
+            batch_index=k,
+            shape=SHAPE,
+            dtype="uint8",
+            layout="nchw",
+            indices=[2 * k, 2 * k + 1],
+            replaced=0,
+            nbytes=NBYTES,
+        )
+        return [header.pack(), bytes([k]) * NBYTES, wire.labels_to_frame([k, k]).tobytes()]
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self.sock.close()
+        self.ctx.term()
+
+
+def test_errors_about_an_older_session_do_not_end_the_run():
+    """Issue 19's failure: the stale error was taken as a refusal of the new hello and raised."""
+    srv = LateErrorServer()
+    try:
+        with RemoteLoader(
+            srv.endpoint,
+            "train",
+            rank=0,
+            world_size=1,
+            device="cpu",
+            with_indices=True,
+            heartbeat=0.3,
+            timeout=10,
+            prefetch_next_epoch=False,
+        ) as loader:
+            got = [tuple(t.clone() for t in b) for b in loader]
+    finally:
+        srv.close()
+    assert len(srv.hellos) == 2 and srv.hellos[0].session != srv.hellos[1].session
+    assert [int(images.flatten()[0]) for images, _, _ in got] == [0, 1, 2]
+    assert [indices.tolist() for _, _, indices in got] == [[0, 1], [2, 3], [4, 5]]
