@@ -3,9 +3,9 @@
 Two policies, chosen by the target device:
 
 - CPU: nothing is recycled behind the user's back. Received bytes are used where ZeroMQ put
-  them (`staging.CpuStager`), and a normalised batch is written into a `RecyclingPool` buffer
+  them (`staging.CpuStager`), and a normalised batch is written into a `RecycledBuffers` buffer
   that is reused only once no tensor, view or array refers to it any more: a yielded tensor is
-  the user's for as long as they keep it. Why a pool at all: a fresh 38 MB tensor per batch
+  the user's for as long as they keep it. Why recycle at all: a fresh 38 MB tensor per batch
   costs ~9,000 page faults (glibc maps allocations that large afresh every time), more CPU
   than the arithmetic that fills it.
 - CUDA: a fixed ring of pinned slots (`SlotRing`, one pinned block sliced into slots), so
@@ -144,7 +144,7 @@ def _storage_use_count(t: torch.Tensor) -> int:
 
 
 def _use_count_works() -> bool:
-    """Does this torch count storage users as `RecyclingPool` relies on? (checked, not assumed)"""
+    """Does this torch count storage users as `RecycledBuffers` relies on? (checked, not assumed)"""
     try:
         base = torch.empty(64, dtype=torch.uint8)
         idle = _storage_use_count(base)
@@ -157,10 +157,10 @@ def _use_count_works() -> bool:
         return False
 
 
-class RecyclingPool:
+class RecycledBuffers:
     """Buffers handed to the user as fresh views, each reused only once nobody refers to it.
 
-    A buffer is free when its storage has no user but the pool's own tensor: every tensor that
+    A buffer is free when its storage has no user but our own tensor: every tensor that
     views it (the yielded one, slices of it, ``.numpy()`` arrays, tensors autograd saved)
     holds a reference to the storage, counted by torch. A storage that became shared memory
     (sent to another process) is never reused. If this torch's counting does not behave as
@@ -173,8 +173,8 @@ class RecyclingPool:
         self._enabled = size > 0 and _use_count_works()
         if size > 0 and not self._enabled:
             log.info("this torch's storage use count is unusable: output buffers are not reused")
-        # (pool's tensor, its idle use count), oldest first. When all are held, a new buffer
-        # replaces the oldest: batches a user keeps for good leave the pool, not block it.
+        # (our tensor, its idle use count), oldest first. When all are held, a new buffer
+        # replaces the oldest: batches a user keeps for good leave the set, not block it.
         self._buffers: deque[tuple[torch.Tensor, int]] = deque(maxlen=max(size, 1))
         self.allocated = 0
 

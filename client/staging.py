@@ -11,7 +11,7 @@ the training step queued on it).
 
 `CpuStager` is the CPU counterpart: no copy at all for the wire's own dtype (the yielded tensor
 views the ZeroMQ frame it arrived in, and keeps it alive), and normalisation, when the batch is
-handed out, straight into a recycled output buffer (see `ring.RecyclingPool`).
+handed out, straight into a recycled output buffer (see `ring.RecycledBuffers`).
 
 Both take a batch either received into a slot (``acquire``, ``recv_into``, ``stage``: the
 CUDA path, whose slots are pinned) or as ZeroMQ frames (``stage_frames``: the CPU path, and
@@ -27,7 +27,7 @@ import torch
 import zmq
 from batchwire import wire
 from batchwire.client.normalize import Affine, normalize_uint8
-from batchwire.client.ring import HostSlot, RecyclingPool, SlotRing, labels_fixup
+from batchwire.client.ring import HostSlot, RecycledBuffers, SlotRing, labels_fixup
 
 
 @dataclass(frozen=True)
@@ -82,13 +82,13 @@ class CpuStager:
 
     wants_frames = True
 
-    def __init__(self, fmt: BatchFormat, pool_size: int) -> None:
+    def __init__(self, fmt: BatchFormat, outputs: int) -> None:
         self.fmt = fmt
         self._affine = Affine.from_stats(fmt.mean, fmt.std, torch.device("cpu"))
-        self._pool: RecyclingPool | None = None
+        self._outputs: RecycledBuffers | None = None
         self._scratch: torch.Tensor | None = None
         if fmt.normalize:
-            self._pool = RecyclingPool(fmt.output, pool_size)
+            self._outputs = RecycledBuffers(fmt.output, outputs)
             if fmt.out_dtype != torch.float32:  # never handed out: reused every batch
                 self._scratch = fmt.scratch()
 
@@ -105,9 +105,9 @@ class CpuStager:
         only the batches handed out hold output buffers."""
         if not staged.normalize_pending:
             return
-        assert self._pool is not None
+        assert self._outputs is not None
         b = staged.images.shape[0]
-        out = self._pool.take()[:b]  # a fresh view: it is what keeps the buffer taken
+        out = self._outputs.take()[:b]  # a fresh view: it is what keeps the buffer taken
         scratch = None if self._scratch is None else self._scratch[:b]
         staged.images = normalize_uint8(staged.images, self._affine, out, scratch)
         staged.normalize_pending = False

@@ -9,7 +9,7 @@ import pytest
 import torch
 from batchwire.client import ProtocolError
 from batchwire.client.normalize import Affine, normalize_uint8
-from batchwire.client.ring import RecyclingPool, SlotRing, writable
+from batchwire.client.ring import RecycledBuffers, SlotRing, writable
 from batchwire.wire import BatchSpec, tensor_bytes
 
 
@@ -56,12 +56,12 @@ def test_spec_views_the_bytes_a_server_sends(dtype, layout):
     assert view.is_contiguous(memory_format=torch.channels_last) == (layout == "nhwc")
 
 
-def make_pool(size: int = 2) -> RecyclingPool:
-    return RecyclingPool(lambda: torch.zeros(4, 6), size)
+def make_buffers(size: int = 2) -> RecycledBuffers:
+    return RecycledBuffers(lambda: torch.zeros(4, 6), size)
 
 
 def test_pool_reuses_a_buffer_only_when_no_view_of_it_is_left():
-    pool = make_pool()
+    pool = make_buffers()
     first = pool.take()
     handed = first[:3]  # what a loader yields: a fresh view
     assert pool.take() is not first, "a buffer whose view is alive was reused"
@@ -83,7 +83,7 @@ def test_pool_reuses_a_buffer_only_when_no_view_of_it_is_left():
     ids=["view", "numpy", "memoryview", "reinterpreted", "autograd"],
 )
 def test_pool_never_reuses_what_is_still_referenced(keep):
-    pool = make_pool()
+    pool = make_buffers()
     buf = pool.take()
     held = keep(buf[:2])
     gc.collect()
@@ -94,7 +94,7 @@ def test_pool_never_reuses_what_is_still_referenced(keep):
 
 
 def test_pool_replaces_buffers_kept_for_good_and_drops_shared_memory():
-    pool = make_pool(size=1)
+    pool = make_buffers(size=1)
     a = pool.take()
     kept = a[:]  # the user keeps this batch
     b = pool.take()  # the one pooled buffer is held: a new one replaces it in the pool
@@ -109,7 +109,7 @@ def test_pool_replaces_buffers_kept_for_good_and_drops_shared_memory():
 
 
 def test_pool_of_size_zero_always_allocates():
-    pool = make_pool(size=0)
+    pool = make_buffers(size=0)
     a = pool.take()
     assert pool.take() is not a and pool.allocated == 2
 
