@@ -537,7 +537,7 @@ def test_no_speculation_when_turned_off() -> None:
     assert all(h.epoch == 0 for h in shell.hellos(0))
 
 
-def test_lost_batches_end_early_sessions_when_no_server_serves_the_epoch() -> None:
+def test_a_resumed_position_ends_the_early_sessions() -> None:
     shell = speculated()  # both servers on epoch 1, batches 8..11 of epoch 0 still owed
     assert shell.fleet.cursor == NUM_BATCHES - 4
     # A resumed position re-asks for the current epoch: every early session ends.
