@@ -61,26 +61,33 @@ def decode_jpeg_roi(
     scale_denom: int = 1,
     *,
     verify: bool = True,
+    restarts: bool = True,
 ) -> tuple[np.ndarray, Region, tuple[int, int]]:
     """Rows [y0, y1) and at least columns [x0, x1) of a JPEG at 1/scale_denom, as RGB.
 
     Coordinates refer to the stored image (EXIF orientation not applied) at that scale and are
     clamped to it. Returns (pixels HxWx3 uint8, (ry0, rx0, ry1, rx1) the region actually
     decoded, (height, width) of the whole scaled image): the columns are widened to iMCU
-    boundaries, so callers re-express their crop in region coordinates. `verify` entropy-decodes
-    the rest of the file too, so that corrupt data outside the region fails as a full decode
-    fails; without it rows below the region are never read and only a missing EOI marker is
-    checked there. Strict: any libjpeg warning in what is read fails, except stray bytes
-    between header segments. Raises JpegRoiError for bad data, RuntimeError when the
-    extension is unavailable.
-    The GIL is released while decoding.
+    boundaries, so callers re-express their crop in region coordinates.
+
+    What is verified (csrc/jpeg_roi.cpp's file comment has the details): strict everywhere (any
+    libjpeg warning in what is read fails, except stray bytes between header segments;
+    arithmetic-coded frames are refused). With `restarts` (the default), a file whose restart
+    intervals tile its MCU rows (pipeline-prepare's) is read through a small JPEG of the
+    intervals under the region plus one MCU of context: their data is decoded strictly and the
+    whole scan's structure (markers in order, interval count, EOI) is checked, but the other
+    intervals' data is not decoded. Any other file (or `restarts=False`) is read itself, and
+    `verify` (the default) entropy-decodes the rest of it too, so that corrupt data anywhere
+    fails exactly as a full strict decode fails; without `verify` rows below the region are never
+    read and only a missing EOI marker is checked there. Raises JpegRoiError for bad data,
+    RuntimeError when the extension is unavailable. The GIL is released while decoding.
     """
     module = _module()
     if module is None:
         raise RuntimeError("the ROI JPEG decoder is unavailable (see the logged build error)")
     try:
         pixels, region, full = module.decode_jpeg_roi(
-            data, int(y0), int(x0), int(y1), int(x1), int(scale_denom), bool(verify)
+            data, int(y0), int(x0), int(y1), int(x1), int(scale_denom), bool(verify), bool(restarts)
         )
     except module.JpegRoiError as exc:
         raise JpegRoiError(str(exc)) from None
@@ -89,8 +96,9 @@ def decode_jpeg_roi(
 
 def check_jpeg(data: bytes | memoryview) -> None:
     """Entropy decode a whole JPEG (CMYK/YCCK included) with the strict error handling of
-    `decode_jpeg_roi`, producing no pixels: JpegRoiError for corrupt or truncated data, None for
-    a sound file. For the JPEGs OpenCV decodes (its libjpeg ignores every warning). The GIL is
+    `decode_jpeg_roi`, producing no pixels, and check the structure of its restart intervals
+    where the header promises a layout of them: JpegRoiError for corrupt, truncated or
+    arithmetic-coded data, None for a sound file. The reference of "strict full decode". For the JPEGs OpenCV decodes (its libjpeg ignores every warning). The GIL is
     released; RuntimeError when the extension is unavailable."""
     module = _module()
     if module is None:
@@ -122,9 +130,11 @@ def crop_bitstream(
     [x0, x1) of the stored (EXIF-unoriented) full-size image, and the region (y0, x0, y1, x1)
     of the file's pixels it holds; None when the file has no restart layout (`restart_layout`).
 
-    Its blocks are the file's, so it decodes to the file's pixels except where upsampling meets
-    its own edges (one or two pixels there, where the file continues): ask for a margin. For
-    decoders that cannot crop cheaply themselves (nvJPEG, DALI): less to entropy decode."""
+    The intervals cover the region plus one MCU of context on every side (upsampling reads
+    across an MCU edge, and libjpeg picks its upsampler from the image's width; see
+    `context_rect` in csrc/jpeg_restart.h), so the region decodes as in the whole file; the small
+    JPEG's own edges replicate where the file continues. For decoders that cannot crop cheaply
+    themselves (nvJPEG, DALI): less to entropy decode."""
     module = _module()
     if module is None:
         raise RuntimeError("the ROI JPEG decoder is unavailable (see the logged build error)")

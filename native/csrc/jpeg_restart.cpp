@@ -111,9 +111,19 @@ std::string find_intervals(const std::uint8_t* data, std::size_t size, std::size
   return "";
 }
 
+// find_intervals' reasons that no sound file gives (see `damaged` in jpeg_restart.h). "a marker
+// inside the scan" is not one: a COM or APPn segment may follow the scan's data before EOI, and
+// libjpeg then judges the file.
+bool is_damage(const std::string& why) {
+  return why == "restart out of order" || why == "more intervals than MCUs" ||
+         why == "fewer intervals than MCUs" || why == "no EOI marker";
+}
+
 }  // namespace
 
-std::string find_restart_layout(const std::uint8_t* data, std::size_t size, RestartLayout* out) {
+std::string find_restart_layout(const std::uint8_t* data, std::size_t size, RestartLayout* out,
+                                bool* damaged) {
+  if (damaged != nullptr) *damaged = false;
   if (size < 4 || data[0] != 0xFF || data[1] != kSOI) return "not a JPEG";
   std::vector<FrameComponent> comps;
   bool have_frame = false;
@@ -147,7 +157,9 @@ std::string find_restart_layout(const std::uint8_t* data, std::size_t size, Rest
       out->header.push_back({marker, pos, length});
       if (out->interval <= 0) return "no restart markers";
       if (out->mcus_per_row % out->interval != 0) return "restart intervals straddle MCU rows";
-      return find_intervals(data, size, pos + length, out);
+      why = find_intervals(data, size, pos + length, out);
+      if (damaged != nullptr) *damaged = is_damage(why);
+      return why;
     }
     if (kept_in_small_jpeg(marker)) out->header.push_back({marker, pos, length});
     pos += length;
@@ -167,6 +179,12 @@ McuRect covering_rect(const RestartLayout& layout, long long y0, long long x0, l
   c1 = std::min((c1 + step - 1) / step * step, layout.mcus_per_row);
   return {static_cast<int>(y0 / layout.mcu_height), c0,
           static_cast<int>((y1 + layout.mcu_height - 1) / layout.mcu_height), c1};
+}
+
+McuRect context_rect(const RestartLayout& layout, long long y0, long long x0, long long y1,
+                     long long x1) {
+  return covering_rect(layout, y0 - layout.mcu_height, x0 - layout.mcu_width,
+                       y1 + layout.mcu_height, x1 + layout.mcu_width);
 }
 
 std::vector<std::uint8_t> assemble_rect(const std::uint8_t* data, const RestartLayout& layout,

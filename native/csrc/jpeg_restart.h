@@ -46,7 +46,22 @@ struct McuRect {
 // Huffman JPEG (8-bit) with one scan of all components and restart intervals that tile the MCU
 // rows; otherwise returns why not (the caller then decodes the file as a whole). Cost: one pass
 // over the entropy-coded bytes looking for 0xFF.
-std::string find_restart_layout(const std::uint8_t* data, std::size_t size, RestartLayout* out);
+//
+// `damaged` (optional) is set when the header promises such a layout but the scan breaks it:
+// restart markers out of order, more or fewer intervals than the frame's MCUs need, no EOI. No
+// sound file does that (an encoder writes exactly ceil(MCUs / interval) intervals, RST0..RST7
+// in turn, then EOI), so callers fail the file rather than decode it some other way.
+std::string find_restart_layout(const std::uint8_t* data, std::size_t size, RestartLayout* out,
+                                bool* damaged = nullptr);
+
+// `covering_rect` of the region widened by one MCU on each side (clamped to the frame): the
+// context a decode of the small JPEG needs to give the whole file's pixels. Upsampling reads one
+// chroma sample across an edge (at most one MCU away at any DCT scale), an 8x8 block is
+// self-contained, and libjpeg picks its upsampler from the image's width (h2v1/h2v2 fancy
+// upsampling only above 2 scaled chroma samples): an extra MCU each side keeps the small JPEG
+// wider than any crop of it, so the same upsampler runs on the same samples as in the file.
+McuRect context_rect(const RestartLayout& layout, long long y0, long long x0, long long y1,
+                     long long x1);
 
 // The smallest rectangle of whole restart intervals that covers full-size pixel rows [y0, y1)
 // and columns [x0, x1) (clamped to the frame).

@@ -4,9 +4,9 @@
 // Why not TurboJPEG: its 2.x API (what PyTurboJPEG < 2 binds) cannot crop, and a crop of a
 // typical training sample is about half the image. Here rows above the region are entropy
 // decoded only (jpeg_skip_scanlines), columns outside it skip the IDCT, upsampling and colour
-// conversion (jpeg_crop_scanline), and rows below it are never touched unless `verify` asks
-// for them to be entropy decoded (so that corrupt data anywhere in the file still fails, as a
-// full decode does).
+// conversion (jpeg_crop_scanline), and rows below it are entropy decoded only too when `verify`
+// asks (the default, and what the server does), so that corrupt data anywhere in the file fails
+// as it fails a full decode.
 //
 // Errors (strict): libjpeg reports fatal errors through error_exit and recoverable ones
 // (corrupt data, premature end of file) as warnings (emit_message with msg_level -1) after which
@@ -16,13 +16,28 @@
 // EOI or a restart marker, i.e. stray bytes between header segments (the pixels are whole; PIL
 // and djpeg accept them). Extraneous bytes before EOI or RSTn mean the entropy-coded data did
 // not end where the image did (a corrupt, desynchronised scan) and fail like any warning.
-// The setjmp function holds no C++ objects with destructors, so the longjmp skips nothing that
-// needs unwinding.
+// Arithmetic-coded frames are refused (`unsupported_frame` in jpeg_strict.h: libjpeg cannot
+// tell their garbage from data). The setjmp function holds no C++ objects with destructors, so
+// the longjmp skips nothing that needs unwinding.
 //
-// What strict covers: the bytes libjpeg reads. Without `verify` the rows below the region are
-// never read, so damage there goes unseen (the region's pixels are then the intact file's,
-// since a sequential scan decodes top-down); a truncated file is still refused, by its missing
-// EOI marker (`has_eoi_after`). A progressive file is read whole at jpeg_start_decompress.
+// What each path verifies:
+// - Region path (any JPEG without a restart layout), `verify` on: every byte libjpeg would read
+//   in a full decode: the header, every scan's entropy-coded data (rows above the region by
+//   jpeg_skip_scanlines, the region's by decoding, the rest by skipping to the last row and
+//   jpeg_finish_decompress, which reads up to EOI), strictly. Exactly what a full strict decode
+//   (`check_jpeg`) rejects, for about the cost of the entropy decoding of the rows outside the
+//   region. With `verify` off (tests, benchmarks): only what is read, plus a missing EOI marker.
+//   A progressive file is read whole at jpeg_start_decompress either way.
+// - Restart path (a file whose restart intervals tile its MCU rows, as pipeline-prepare writes
+//   them): the header (libjpeg parses the same tables in the small JPEG; APPn other than
+//   JFIF/Adobe and COM are not looked at), the structure of the whole scan (restart markers
+//   RST0..RST7 in order, exactly as many intervals as the frame has MCUs for, EOI: see
+//   `damaged` in jpeg_restart.h), and the entropy-coded data of the intervals under the region
+//   plus one MCU of context, strictly (each interval must decode to exactly its MCUs: a short or
+//   long one hits a marker early or leaves bytes before the next). The other intervals' data is
+//   not decoded: damage there that keeps the markers intact is caught by pipeline-prepare's
+//   check of every interval when it wrote the file, and by checksums (issue 20, item 3).
+// - `check_jpeg`: the whole file strictly (any colour space) plus the restart structure.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
@@ -52,7 +67,8 @@ struct Request {
   std::size_t size;
   long long y0, x0, y1, x1;  // wanted region in the scaled, stored (unoriented) image
   int scale_denom;
-  bool verify;
+  bool verify;    // entropy decode the rows below the region too (see the file comment)
+  bool restarts;  // enter a file with a restart layout at its markers
 };
 
 struct Region {
@@ -94,6 +110,10 @@ bool decode_region(const Request& req, Region* out, char* message, std::size_t m
   jpeg_create_decompress(&cinfo);
   jpeg_mem_src(&cinfo, req.data, static_cast<unsigned long>(req.size));
   jpeg_read_header(&cinfo, TRUE);
+  if (const char* why = batchwire_jpeg::unsupported_frame(cinfo)) {
+    std::snprintf(jerr.message, sizeof jerr.message, "%s", why);
+    std::longjmp(jerr.jump, 1);
+  }
   if (cinfo.jpeg_color_space == JCS_CMYK || cinfo.jpeg_color_space == JCS_YCCK) {
     std::snprintf(jerr.message, sizeof jerr.message, "CMYK/YCCK JPEGs are not decoded here");
     std::longjmp(jerr.jump, 1);
@@ -189,6 +209,10 @@ bool check_stream(const unsigned char* data, std::size_t size, char* message,
   jpeg_create_decompress(&cinfo);
   jpeg_mem_src(&cinfo, data, static_cast<unsigned long>(size));
   jpeg_read_header(&cinfo, TRUE);
+  if (const char* why = batchwire_jpeg::unsupported_frame(cinfo)) {
+    std::snprintf(jerr.message, sizeof jerr.message, "%s", why);
+    std::longjmp(jerr.jump, 1);
+  }
   if (cinfo.jpeg_color_space == JCS_CMYK || cinfo.jpeg_color_space == JCS_YCCK) {
     cinfo.out_color_space = JCS_CMYK;
   }
@@ -213,41 +237,77 @@ bool check_stream(const unsigned char* data, std::size_t size, char* message,
   return true;
 }
 
-// Rows and columns, in output pixels, that the small JPEG of `decode_from_restarts` keeps
-// beyond the wanted region. Its cut edges lie on MCU boundaries, where fancy upsampling of 2x
-// subsampled chroma replicates the edge sample: only the outermost output pixel there differs
-// from the whole file's (the next one's neighbours are both inside), so one pixel suffices.
-// (Checked by tests/test_jpeg_restart.py against whole-file reads at every scale.)
-constexpr long long kContextMargin = 1;
+// The restart layout of a file, checked: false, with the reason in `message`, when the header
+// promises restart intervals that tile the MCU rows but the scan breaks that promise (markers out
+// of order, intervals missing or extra, no EOI). `*entered` says whether the layout can be used.
+bool check_restart_layout(const unsigned char* data, std::size_t size,
+                          batchwire_jpeg::RestartLayout* layout, bool* entered, char* message,
+                          std::size_t message_size) {
+  bool damaged = false;
+  const std::string why = batchwire_jpeg::find_restart_layout(data, size, layout, &damaged);
+  *entered = why.empty();
+  if (damaged) {
+    std::snprintf(message, message_size, "Corrupt JPEG data: restart intervals: %s",
+                  why.c_str());
+  }
+  return !damaged;
+}
 
 // For a file with restart markers that tile its MCU rows (what pipeline-prepare writes): copy
-// the intervals under the region plus kContextMargin into a small JPEG and decode that instead,
-// asking it for the same region, so that libjpeg skips and crops exactly as it would in the
-// whole file: the same region comes back, with the same pixels, for a fraction of the entropy
-// decoding. Returns false, with nothing allocated, when the file has no such layout or the small
-// JPEG does not decode; the caller then reads the file itself, which decides what an error is.
-bool decode_from_restarts(const Request& req, Region* out) {
-  batchwire_jpeg::RestartLayout layout;
-  if (!batchwire_jpeg::find_restart_layout(req.data, req.size, &layout).empty()) return false;
+// the intervals under the region plus one MCU of context on every side (`context_rect`, which
+// says why) into a small JPEG and decode that instead, asking it for the same region, so that
+// libjpeg skips and crops exactly as it would in the whole file: the same region comes back,
+// with the same pixels, for a fraction of the entropy decoding. Any error in the small JPEG is
+// the file's (its bytes are the file's intervals and tables) and fails the decode. Returns
+// false with `*tried` false, nothing allocated, when the region is empty (the caller's decode
+// reports that).
+bool decode_from_restarts(const Request& req, const batchwire_jpeg::RestartLayout& layout,
+                          Region* out, bool* tried, char* message, std::size_t message_size) {
   const long long d = req.scale_denom;
   const long long full_h = (layout.height + d - 1) / d, full_w = (layout.width + d - 1) / d;
   const long long y0 = clamp(req.y0, 0, full_h), y1 = clamp(req.y1, 0, full_h);
   const long long x0 = clamp(req.x0, 0, full_w), x1 = clamp(req.x1, 0, full_w);
-  if (y1 <= y0 || x1 <= x0) return false;
-  const batchwire_jpeg::McuRect rect = batchwire_jpeg::covering_rect(
-      layout, (y0 - kContextMargin) * d, (x0 - kContextMargin) * d, (y1 + kContextMargin) * d,
-      (x1 + kContextMargin) * d);
+  *tried = y1 > y0 && x1 > x0;
+  if (!*tried) return false;
+  const batchwire_jpeg::McuRect rect =
+      batchwire_jpeg::context_rect(layout, y0 * d, x0 * d, y1 * d, x1 * d);
   const std::vector<std::uint8_t> small = batchwire_jpeg::assemble_rect(req.data, layout, rect);
   const long long oy = rect.row0 * layout.mcu_height / d, ox = rect.col0 * layout.mcu_width / d;
   const Request sub{small.data(), small.size(), y0 - oy, x0 - ox, y1 - oy, x1 - ox,
-                    req.scale_denom, false};
-  char message[JMSG_LENGTH_MAX + 64];
-  if (!decode_region(sub, out, message, sizeof message)) return false;
+                    req.scale_denom, true, false};
+  if (!decode_region(sub, out, message, message_size)) return false;
   out->y0 += static_cast<int>(oy);
   out->x0 += static_cast<int>(ox);
   out->full_height = static_cast<int>(full_h);
   out->full_width = static_cast<int>(full_w);
   out->has_eoi = true;  // find_restart_layout found the original's EOI
+  return true;
+}
+
+// The region `req` asks for, by the restart path where the file has a usable layout and
+// `req.restarts`, else by reading the file (see the file comment for what each verifies).
+bool decode_request(const Request& req, Region* out, char* message, std::size_t message_size) {
+  if (req.size < 2) {
+    std::snprintf(message, message_size, "not a JPEG (fewer than 2 bytes)");
+    return false;
+  }
+  batchwire_jpeg::RestartLayout layout;
+  bool entered = false;
+  if (!check_restart_layout(req.data, req.size, &layout, &entered, message, message_size)) {
+    return false;
+  }
+  if (entered && req.restarts) {
+    bool tried = false;
+    if (decode_from_restarts(req, layout, out, &tried, message, message_size)) return true;
+    if (tried) return false;
+  }
+  if (!decode_region(req, out, message, message_size)) return false;
+  if (!out->has_eoi && !req.verify) {
+    std::free(out->pixels);
+    out->pixels = nullptr;
+    std::snprintf(message, message_size, "Premature end of JPEG file (no EOI marker)");
+    return false;
+  }
   return true;
 }
 
@@ -265,28 +325,21 @@ const py::buffer_info contiguous_bytes(const py::buffer& data) {
 }
 
 py::tuple decode_jpeg_roi(const py::buffer& data, long long y0, long long x0, long long y1,
-                          long long x1, int scale_denom, bool verify) {
+                          long long x1, int scale_denom, bool verify, bool restarts) {
   if (scale_denom != 1 && scale_denom != 2 && scale_denom != 4 && scale_denom != 8) {
     throw py::value_error("scale_denom must be 1, 2, 4 or 8, got " + std::to_string(scale_denom));
   }
   const py::buffer_info info = contiguous_bytes(data);  // holds the bytes until return
   Request req{static_cast<const unsigned char*>(info.ptr), static_cast<std::size_t>(info.size),
-              y0, x0, y1, x1, scale_denom, verify};
+              y0, x0, y1, x1, scale_denom, verify, restarts};
   Region region{};
   char message[JMSG_LENGTH_MAX + 64];
   bool ok;
   {
     py::gil_scoped_release release;
-    ok = (!verify && decode_from_restarts(req, &region)) ||
-         (req.size >= 2 && decode_region(req, &region, message, sizeof message));
+    ok = decode_request(req, &region, message, sizeof message);
   }
-  if (!ok) {
-    throw JpegRoiError(req.size < 2 ? "not a JPEG (fewer than 2 bytes)" : message);
-  }
-  if (!region.has_eoi && !verify) {
-    std::free(region.pixels);
-    throw JpegRoiError("Premature end of JPEG file (no EOI marker)");
-  }
+  if (!ok) throw JpegRoiError(message);
   py::capsule owner(region.pixels, [](void* p) { std::free(p); });
   py::array_t<std::uint8_t> pixels({region.height, region.width, 3}, region.pixels, owner);
   return py::make_tuple(
@@ -303,7 +356,11 @@ void check_jpeg(const py::buffer& data) {
   const auto size = static_cast<std::size_t>(info.size);
   {
     py::gil_scoped_release release;
-    ok = size >= 2 && check_stream(bytes, size, message, sizeof message);
+    batchwire_jpeg::RestartLayout layout;
+    bool entered = false;
+    ok = size >= 2 &&
+         check_restart_layout(bytes, size, &layout, &entered, message, sizeof message) &&
+         check_stream(bytes, size, message, sizeof message);
   }
   if (!ok) throw JpegRoiError(size < 2 ? "not a JPEG (fewer than 2 bytes)" : message);
 }
@@ -338,7 +395,7 @@ py::object crop_bitstream(const py::buffer& data, long long y0, long long x0, lo
            .empty()) {
     return py::none();
   }
-  const batchwire_jpeg::McuRect rect = batchwire_jpeg::covering_rect(layout, y0, x0, y1, x1);
+  const batchwire_jpeg::McuRect rect = batchwire_jpeg::context_rect(layout, y0, x0, y1, x1);
   if (rect.row1 <= rect.row0 || rect.col1 <= rect.col0) return py::none();
   std::vector<std::uint8_t> small;
   {
@@ -363,15 +420,19 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   py::register_exception<JpegRoiError>(m, "JpegRoiError", PyExc_ValueError);
   m.def("decode_jpeg_roi", &decode_jpeg_roi, py::arg("data"), py::arg("y0"), py::arg("x0"),
         py::arg("y1"), py::arg("x1"), py::arg("scale_denom") = 1, py::arg("verify") = true,
+        py::arg("restarts") = true,
         R"(Decodes rows [y0, y1) and at least columns [x0, x1) of a JPEG, as RGB, at 1/scale_denom.
 
 Coordinates are in the stored (EXIF-unoriented) image at that scale and are clamped to it.
 Returns (pixels HxWx3 uint8, (ry0, rx0, ry1, rx1) the region decoded, (height, width) of the
-whole scaled image): libjpeg widens the columns to iMCU boundaries. With verify, the rest of
-the file is entropy decoded too, so corrupt or truncated data anywhere raises JpegRoiError
-(a ValueError), as a full decode would; without it only a missing EOI marker is checked.)");
+whole scaled image): libjpeg widens the columns to iMCU boundaries. With restarts, a file whose
+restart intervals tile its MCU rows is read through a small JPEG of the intervals under the
+region (their data strictly, the whole scan's structure); otherwise with verify the rest of the
+file is entropy decoded too, so corrupt or truncated data anywhere raises JpegRoiError (a
+ValueError), as a full decode would; without it only a missing EOI marker is checked.)");
   m.def("check_jpeg", &check_jpeg, py::arg("data"),
-        R"(Entropy decodes a whole JPEG (CMYK/YCCK too) strictly, producing no pixels.
+        R"(Entropy decodes a whole JPEG (CMYK/YCCK too) strictly, producing no pixels, and checks
+the structure of its restart intervals where the header promises ones that tile the MCU rows.
 
 Raises JpegRoiError (a ValueError) for the corrupt or truncated data a full decode would warn
 about; returns None for a sound file.)");
@@ -383,8 +444,9 @@ else (None, the reason).)");
         py::arg("y1"), py::arg("x1"),
         R"(A small JPEG of the whole restart intervals covering full-size rows [y0, y1) and
 columns [x0, x1) of the stored image, and (y0, x0, y1, x1) the pixels of the file it holds;
-None when the file has no restart layout. Its blocks hold the file's coefficients; its edges are its own (upsampling
-replicates there), so ask for a margin beyond what must match the whole file's decode.)");
+None when the file has no restart layout. The intervals cover the region plus one MCU of context
+on every side, but its own edges replicate in upsampling where an independent decoder reads
+them: the region itself decodes as in the whole file.)");
   m.attr("LIBJPEG_VERSION") = JPEG_LIB_VERSION;
   register_transcode(m);
 }

@@ -40,6 +40,16 @@ inline void jump_on_warning(j_common_ptr cinfo, int msg_level) {
   jump_on_error(cinfo);
 }
 
+// Frames whose data libjpeg decodes without being able to tell garbage from data: arithmetic
+// coding (SOF9..SOF15) turns any byte string into some coefficients and warns about almost
+// nothing, so one changed byte (SOF0 -> SOF9) makes a Huffman file decode to noise without a
+// word. batchwire refuses them on every path (backends.py's TurboJPEG path too); no camera or
+// common encoder writes them. Call after jpeg_read_header; null when the frame is decoded here.
+inline const char* unsupported_frame(const jpeg_decompress_struct& cinfo) {
+  if (cinfo.arith_code) return "arithmetic-coded JPEG (SOF9..SOF15): not decoded here";
+  return nullptr;
+}
+
 // Installs the strict handlers on `cinfo` (before jpeg_create_*), message cleared.
 inline void install_strict(j_common_ptr cinfo, ErrorManager* jerr) {
   cinfo->err = jpeg_std_error(&jerr->pub);
