@@ -24,6 +24,9 @@ Memory bounds, and what bounds them:
 - buffers: never more than --max-buffers lent (`BufferBudget`), whatever the clients do;
 - per client: --prefetch-depth in production or ready (the session) plus at most as many sent
   and still held by ZeroMQ (`_send_ready`);
+- fair share (`share`, `may_lend`): while buffers are contended they are divided among the
+  clients that read; one that never took a batch (a hello and gone, a client that never
+  reads) is lent one buffer at a time, so such clients cannot starve a trainer that reads;
 - a peer that takes nothing of what it was sent (a stopped process, a vanished host with a
   batch in flight) is lent nothing more after `NOT_READING_S` and leaves the fair share to the
   others; after `STALL_S` its session is dropped: its ready batches come back at once, its
@@ -169,6 +172,16 @@ class SplitInfo:
         )
 
 
+@dataclass(frozen=True)
+class Lending:
+    """One turn's lending rule: ``share``, what a client that reads may hold of the shared
+    buffers, and ``need``, what such clients still miss of their full work-ahead (clients
+    that never took a batch may borrow only beyond it)."""
+
+    share: int
+    need: int
+
+
 # ----------------------------------------------------------------------------- the core
 
 
@@ -296,6 +309,9 @@ class ServerCore:
         session = self._by_serial.get(sent.session_serial)
         if session is not None:
             session.progress_at = now
+        current = self.sessions.get(sent.identity)
+        if current is not None:
+            current.taken_at = now
         self.budget.returned()
         return [Release(sent.slot)]
 
@@ -394,6 +410,8 @@ class ServerCore:
                 session=session_no,
             )
         # Next epoch, resume or reconnect: the new hello replaces the session.
+        previous = self.sessions.get(identity)
+        taken_at = None if previous is None else previous.taken_at
         actions = self._drop(identity)
         try:  # e.g. more ranks x batch than the split has samples: this client's problem alone
             sampler = split.sampler(
@@ -407,6 +425,7 @@ class ServerCore:
         session = ClientSession(
             identity, hello, sampler, self.config.prefetch_depth, now, serial=self._serial
         )
+        session.taken_at = taken_at
         refused = session.ask(hello.batches, now)
         if refused is not None:
             return actions + self._error(
@@ -558,38 +577,68 @@ class ServerCore:
         """Has the peer taken none of the batches ZeroMQ holds for it for `NOT_READING_S`?"""
         return self.deliveries.waiting(session.identity, now) > NOT_READING_S
 
-    def share(self, now: float) -> int:
-        """What each client taking its batches may hold of the shared buffers.
+    def reads(self, session: ClientSession, now: float) -> bool:
+        """Does the client take its batches: it took one, and is taking what it holds?"""
+        return session.taken_at is not None and not self.not_reading(session, now)
 
-        Divided among the clients that hold or want buffers and read what they are sent;
-        buffers held by anyone else (clients that do not read, batches ZeroMQ holds for peers
-        whose session is gone) are not there to divide. So clients that do not read cannot
-        shrink the share of those that do: they keep only what they already hold.
+    def share(self, now: float) -> int:
+        """What each client that reads may hold of the shared buffers (`Lending.share`)."""
+        return self.lending(now).share
+
+    def lending(self, now: float) -> Lending:
+        """This turn's fair share, and what the clients that read still need of it.
+
+        The shared buffers are divided among the clients that read (`reads`) and hold or want
+        buffers; buffers held by anyone else (clients that never took a batch, clients that
+        stopped reading, batches ZeroMQ holds for peers whose session is gone) are not there
+        to divide. So clients that do not read cannot shrink the share of those that do.
         """
         shared = self.budget.shared
-        if len(self.sessions) * 2 * self.config.prefetch_depth <= shared:
-            return shared  # every client can have its full work-ahead
+        if self._uncontended():
+            return Lending(shared, 0)
         sharing = [
             s
             for s in self.sessions.values()
-            if (s.has_room() or self._holding(s)) and not self.not_reading(s, now)
+            if (s.has_room() or self._holding(s)) and self.reads(s, now)
         ]
         others = self.budget.held - sum(self._holding(s) for s in sharing)
-        return self.budget.share(len(sharing), shared - max(0, others))
+        share = self.budget.share(len(sharing), shared - max(0, others))
+        # What each would hold if only readers shared (their full work-ahead at most): the
+        # clients that never took a batch may borrow only beyond what the readers miss of it.
+        full = min(self.budget.share(len(sharing)), 2 * self.config.prefetch_depth)
+        need = sum(max(0, full - self._holding(s)) for s in sharing if s.has_room())
+        return Lending(share, need)
+
+    def _uncontended(self) -> bool:
+        """Could every client have its full work-ahead (production and in flight) at once?"""
+        return len(self.sessions) * 2 * self.config.prefetch_depth <= self.budget.shared
+
+    def may_lend(self, session: ClientSession, lending: Lending, now: float) -> bool:
+        """May this client take another buffer (the budget's rule, see budget.py)?
+
+        A client that is not taking what it holds gets nothing more (it could not be sent
+        it). While buffers are contended, one that never took a batch (a hello and gone, a
+        client that never reads, or a new trainer until its first batch arrives) gets one at
+        a time, and only what the clients that read do not need; once they miss nothing, it
+        may take from the reserve, as any client holding none may.
+        """
+        if self.not_reading(session, now):
+            return False
+        holding = self._holding(session)
+        if session.taken_at is None and not self._uncontended():
+            if holding:
+                return False
+            if lending.need:  # only what the readers do not miss
+                return self.budget.held + lending.need < self.budget.shared
+        return self.budget.may_lend(holding, lending.share)
 
     def _schedule(self, now: float) -> list[Action]:
         if self.jobs_out >= self.max_jobs or self.budget.full:
             return []
-        share = self.share(now)
-
-        def may_lend(session: ClientSession) -> bool:
-            return not self.not_reading(session, now) and self.budget.may_lend(
-                self._holding(session), share
-            )
-
+        lending = self.lending(now)
         actions: list[Action] = []
         while self.jobs_out < self.max_jobs:
-            session = self.scheduler.next(self.sessions, may_lend)
+            session = self.scheduler.next(self.sessions, lambda s: self.may_lend(s, lending, now))
             if session is None:
                 break
             pos, batch_index = session.take_next()

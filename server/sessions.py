@@ -86,6 +86,9 @@ class ClientSession:
         # for nothing (an empty credit) are no progress: they keep a session from being reaped
         # for silence, never a world size held (see `core.ServerCore._world_size_holder`).
         self.progress_at: float | None = None
+        # When this client (this peer, over its sessions) last took a batch it was sent: a client
+        # that never did is lent one buffer at a time while buffers are contended.
+        self.taken_at: float | None = None
         # Images sent to this client; the loop thread adds (``meter.add(images, now)``), a stats
         # request or a Prometheus scrape reads, and the window's lock keeps the two apart.
         self.meter = RateWindow(CLIENT_RATE_WINDOW_S)

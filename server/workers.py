@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 
 import torch
 from batchwire.pipeline.decode.contract import BatchDecoder, DecodeRequest, DecodeResult
+from batchwire.pipeline.decode.files import is_transient
 from batchwire.pipeline.producer import BatchMeta, BatchProducer
 from batchwire.pipeline.samples import TransientReadError
 from batchwire.server.jobs import Job, JobResult
@@ -176,7 +177,10 @@ class ProducerThreads:
                 meta = self._produce_on_device(order.split, plan, out)
         except Exception as exc:  # travels to the loop as data; it tells the client
             log.exception("producing %s batch %d failed", order.split, order.batch_index)
-            reason = "transient" if isinstance(exc, TransientReadError) else "failed"
+            # Out of descriptors or memory anywhere (a read after its retries, but also, say, a
+            # lazy import on the first plan of an epoch) may pass: the client asks again.
+            transient = isinstance(exc, TransientReadError) or is_transient(exc)
+            reason = "transient" if transient else "failed"
             return JobResult(job, 0.0, error=f"{type(exc).__name__}: {exc}", reason=reason)
         finally:
             self.phases.end()

@@ -1,0 +1,524 @@
+"""The server's protocol core driven by events with a fake clock: no sockets, threads or sleeps.
+
+Each test plays a scene (hellos, credits, finished jobs, batches ZeroMQ lets go of, peers gone,
+time passing) and reads the actions the core returns: admission and world-size agreement,
+max-clients, credit limits, round-robin scheduling, fair share of the buffers, failures and
+transient errors replied with their session, buffers released when a peer goes, stalled peers
+dropped, silent clients reaped and idle buffers trimmed.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import numpy as np
+import pytest
+from batchwire.pipeline.sampler import ShardSampler
+from batchwire.server import core as core_mod
+from batchwire.server.budget import BufferBudget
+from batchwire.server.config import ServerConfig
+from batchwire.server.core import (
+    Action,
+    Release,
+    Reply,
+    ReplyStats,
+    SendBatch,
+    ServerCore,
+    SplitInfo,
+    Submit,
+    TrimBuffers,
+)
+from batchwire.server.jobs import Job, JobResult
+from batchwire.server.telemetry import Telemetry
+from batchwire.wire import (
+    MAX_PREFETCH,
+    Bye,
+    Credit,
+    ErrorReply,
+    Hello,
+    StatsRequest,
+    Welcome,
+)
+from fakeclock import FakeClock
+
+BATCH = 4
+SAMPLES = 4000  # 1000 batches at world size 1
+
+
+@dataclass(eq=False)
+class FakeSlot:
+    """Stands for a `bufpool.Slot`: the core only passes slots around."""
+
+    n: int
+
+
+def _split(name: str = "train") -> SplitInfo:
+    def sampler(batch: int, seed: int, rank: int, world_size: int) -> ShardSampler:
+        return ShardSampler(
+            SAMPLES, batch, seed=seed, shuffle=True, drop_last=True, rank=rank,
+            world_size=world_size,
+        )  # fmt: skip
+
+    return SplitInfo(name, SAMPLES, 10, (0.5,) * 3, (0.25,) * 3, sampler)
+
+
+@dataclass
+class Server:
+    """A core and a stand-in shell: it lends fake slots, keeps the jobs, records what was sent."""
+
+    max_buffers: int = 70
+    reserve: int = 3
+    config: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.clock = FakeClock(1000.0)
+        settings = dict(batch_size=BATCH, image_size=8, producers=3, prefetch_depth=4)
+        self.cfg = ServerConfig(**{**settings, **self.config})
+        self.budget = BufferBudget(self.max_buffers, self.reserve)
+        self.core = ServerCore(
+            self.cfg,
+            {"train": _split("train"), "val": _split("val")},
+            self.cfg.batch_spec(),
+            self.budget,
+            Telemetry(clock=self.clock),
+            self.clock(),
+        )
+        self.jobs: list[Job] = []  # submitted, not yet finished
+        self.sends: list[SendBatch] = []  # all batches sent
+        self.in_flight: dict[bytes, list[int]] = defaultdict(list)  # tickets ZeroMQ holds
+        self.replies: dict[bytes, list] = defaultdict(list)
+        self.released: list[FakeSlot] = []
+        self.trims: list[int] = []
+        self._slots = 0
+
+    # ---------------------------------------------------------------- the shell's side
+
+    def run(self, actions: list[Action]) -> list[Action]:
+        for a in actions:
+            if isinstance(a, Submit):
+                self._slots += 1
+                self.jobs.append(Job(a.order, FakeSlot(self._slots)))
+            elif isinstance(a, SendBatch):
+                self.sends.append(a)
+                self.in_flight[a.identity].append(a.ticket)
+            elif isinstance(a, Reply):
+                self.replies[a.identity].append(a.message)
+            elif isinstance(a, Release):
+                self.released.append(a.slot)
+            elif isinstance(a, TrimBuffers):
+                self.trims.append(a.keep)
+            else:
+                assert isinstance(a, ReplyStats)
+        return actions
+
+    def tick(self, dt: float = 0.0) -> list[Action]:
+        self.clock.t += dt
+        return self.run(self.core.tick(self.clock()))
+
+    def send(self, identity: bytes, msg) -> list[Action]:
+        return self.run(self.core.on_message(identity, msg, self.clock()))
+
+    def hello(self, identity: bytes, **fields) -> object:
+        """Send a hello; returns the reply to it (a Welcome or an ErrorReply)."""
+        h = dict(split="train", rank=0, world_size=1, epoch=0, batches=(0, 1), session=1)
+        self.send(identity, Hello(**{**h, **fields}))
+        return self.replies[identity][-1]
+
+    def finish(self, n: int | None = None, *, error: str | None = None, reason: str = "failed"):
+        """Finish the oldest ``n`` jobs (all by default), successfully unless ``error``."""
+        done, self.jobs = self.jobs[:n], self.jobs[len(self.jobs[:n]) :]
+        for job in done:
+            if error is None:
+                result = JobResult(
+                    job, 0.01, labels=np.zeros(BATCH, np.int64), indices=(1, 2, 3, 4)
+                )
+            else:
+                result = JobResult(job, 0.0, error=error, reason=reason)
+            self.run(self.core.on_result(result, self.clock()))
+
+    def deliver(self, identity: bytes) -> None:
+        """The peer takes every batch ZeroMQ holds for it."""
+        for ticket in self.in_flight.pop(identity, []):
+            self.run(self.core.on_sent(ticket, self.clock()))
+
+    def turn(self, readers: tuple[bytes, ...] = (), dt: float = 0.0) -> None:
+        """One turn of the loop: jobs start, finish and are sent; readers take what came."""
+        self.tick(dt)
+        self.finish()
+        self.tick()
+        for identity in readers:
+            self.deliver(identity)
+
+    def sent_to(self, identity: bytes) -> list[int]:
+        return [s.header.batch_index for s in self.sends if s.identity == identity]
+
+    def holding(self, identity: bytes) -> int:
+        return self.core._holding(self.core.sessions[identity])
+
+
+def _error(reply) -> ErrorReply:
+    assert isinstance(reply, ErrorReply), reply
+    return reply
+
+
+# ------------------------------------------------------------------------------ admission
+
+
+def test_a_hello_is_welcomed_and_its_batches_come_in_the_order_asked() -> None:
+    s = Server()
+    welcome = s.hello(b"a", batches=(7, 3, 5), session=4)
+    assert isinstance(welcome, Welcome) and welcome.session == 4
+    assert (welcome.num_batches, welcome.batch_size, welcome.num_classes) == (1000, BATCH, 10)
+    s.tick()
+    orders = [j.order for j in s.jobs]
+    assert [o.batch_index for o in orders] == [7, 3, 5]
+    s.jobs.reverse()  # producers finish out of order; batches still go out in order asked
+    s.turn()
+    assert s.sent_to(b"a") == [7, 3, 5]
+    assert {snd.header.session for snd in s.sends} == {4}
+
+
+def test_the_job_carries_the_plan_not_the_session() -> None:
+    """A producer gets the sampler, epoch and batch index: the plan it computes is the split's."""
+    s = Server()
+    s.hello(b"a", rank=1, world_size=2, epoch=3, batches=(5,))
+    s.tick()
+    (job,) = s.jobs
+    order = job.order
+    expected = _split().sampler(BATCH, s.cfg.seed, 1, 2).plan(3, 5)
+    assert (order.split, order.epoch, order.batch_index) == ("train", 3, 5)
+    np.testing.assert_array_equal(order.sampler.plan(order.epoch, order.batch_index).indices,
+                                  expected.indices)  # fmt: skip
+    assert not order.cancelled.is_set()
+    s.send(b"a", Bye())
+    assert order.cancelled.is_set()  # the one thing a producer reads: skip the job
+
+
+def test_refused_hellos_carry_their_session() -> None:
+    s = Server(config=dict(max_clients=2))
+    err = _error(s.hello(b"x", split="test", session=11))
+    assert err.session == 11 and "unknown split 'test'" in err.message
+    s.hello(b"a", session=1)
+    s.hello(b"b", session=2)
+    err = _error(s.hello(b"c", session=3))
+    assert err.session == 3 and "at most 2 clients (--max-clients)" in err.message
+    assert isinstance(s.hello(b"b", epoch=1, session=5), Welcome)  # a served client may replace
+    s.send(b"b", Bye())
+    assert isinstance(s.hello(b"c", session=3), Welcome)
+    err = _error(s.hello(b"d", world_size=10_000, session=9))
+    assert err.session is None or err.session == 9  # max clients or unservable: its session
+
+
+def test_an_unservable_hello_names_the_cause_with_its_session() -> None:
+    s = Server()
+    err = _error(s.hello(b"g", world_size=10_000, session=9))
+    assert err.session == 9 and "cannot serve this hello" in err.message
+
+
+def test_credit_limits_are_refused_with_the_session() -> None:
+    s = Server()
+    s.hello(b"a", batches=(1,), session=6)
+    s.send(b"a", Credit(batches=(1000,)))
+    err = _error(s.replies[b"a"][-1])
+    assert err.session == 6 and "out of range" in err.message
+    s.send(b"a", Credit(batches=(1,)))
+    assert "asked for already" in _error(s.replies[b"a"][-1]).message
+    s.send(b"a", Credit(batches=tuple(range(2, 2 + MAX_PREFETCH))))
+    assert "more than" in _error(s.replies[b"a"][-1]).message
+    s.send(b"z", Credit(batches=(1,)))  # no session: ignored, the client will say hello
+    assert s.replies[b"z"] == []
+
+
+def test_malformed_frames_get_a_bad_request_without_session() -> None:
+    s = Server()
+    s.run(s.core.on_frames(b"m", [b"a", b"b"], s.clock()))
+    s.run(s.core.on_frames(b"m", [b"\x00garbage"], s.clock()))
+    assert [(r.reason, r.session) for r in s.replies[b"m"]] == [("bad-request", None)] * 2
+    assert "expected 1 control frame, got 2" in s.replies[b"m"][0].message
+    s.run(s.core.on_frames(b"m", [StatsRequest().pack()], s.clock()))
+    assert s.replies[b"m"][2:] == []  # the stats are the shell's to build
+    assert s.core.on_frames(b"m", [StatsRequest().pack()], s.clock()) == [ReplyStats(b"m")]
+
+
+# ------------------------------------------------------------------------------ world sizes
+
+
+def test_world_sizes_agree_within_a_split_and_job() -> None:
+    s = Server()
+    assert isinstance(s.hello(b"a", world_size=2, session=1), Welcome)
+    err = _error(s.hello(b"b", world_size=4, rank=1, session=2))
+    assert err.session == 2 and "world_size mismatch on split 'train'" in err.message
+    assert f"client {b'a'.hex()} (rank 0 of world_size=2" in err.message
+    assert isinstance(s.hello(b"c", world_size=4, job="other"), Welcome)  # another job
+    assert isinstance(s.hello(b"d", world_size=4, split="val"), Welcome)  # another split
+    s.send(b"a", Bye())
+    assert isinstance(s.hello(b"b", world_size=4, rank=1, session=2), Welcome)
+
+
+def test_an_anonymous_client_cannot_lock_a_split_without_asking_for_batches() -> None:
+    """A hello at world size 7 that asks for nothing, kept up with empty credits every 2 s,
+    holds no world size: a real job of the default job name is served at once. It is reaped
+    after --client-timeout without progress, although it is never silent."""
+    s = Server(config=dict(client_timeout=60.0))
+    assert isinstance(s.hello(b"anon", world_size=7, batches=()), Welcome)
+    for _ in range(10):
+        s.send(b"anon", Credit(batches=(), stats={"x": 1.0}))
+        s.tick(2.0)
+    assert isinstance(s.hello(b"job", world_size=1, session=3), Welcome)
+    s.send(b"job", Bye())
+    for _ in range(25):
+        s.send(b"anon", Credit())
+        s.tick(2.0)
+    assert b"anon" not in s.core.sessions  # 70 s without asking for anything
+
+
+def test_a_loader_that_made_progress_holds_its_world_size_between_epochs() -> None:
+    s = Server()
+    s.hello(b"a", world_size=2, batches=(0,))
+    s.turn(readers=(b"a",))
+    assert s.sent_to(b"a") == [0]  # done with its epoch; the next hello has not come yet
+    s.tick(4.0)
+    assert isinstance(s.hello(b"b", world_size=3), ErrorReply)  # progress 4 s ago: held
+    s.tick(1.5)
+    assert isinstance(s.hello(b"b", world_size=3), Welcome)  # idle past the agreement window
+
+
+def test_a_loader_waiting_for_its_batches_holds_its_world_size() -> None:
+    """Owing batches is progress however long production takes (the buffers may be busy)."""
+    s = Server()
+    s.hello(b"a", world_size=2, batches=(0, 1))
+    s.tick(30.0)
+    assert isinstance(s.hello(b"b", world_size=3), ErrorReply)
+
+
+# ------------------------------------------------------------------------------ scheduling
+
+
+def test_scheduling_is_round_robin_and_bounded_by_the_producers() -> None:
+    s = Server()
+    for identity in (b"a", b"b", b"c"):
+        s.hello(identity, batches=tuple(range(10)))
+    s.tick()
+    owners = [s.core._by_serial[j.order.session_serial].identity for j in s.jobs]
+    assert owners == [b"a", b"b", b"c", b"a", b"b", b"c"]  # 2 x producers jobs at once
+    s.tick()
+    assert len(s.jobs) == 6
+    s.finish(1)
+    s.tick()
+    assert len(s.jobs) == 6  # one more as one came back
+
+
+def test_in_flight_per_peer_never_exceeds_the_depth() -> None:
+    s = Server()
+    s.hello(b"a", batches=tuple(range(20)))
+    for _ in range(10):
+        s.turn()  # a has not taken anything
+    assert len(s.in_flight[b"a"]) == 4 and s.core.sessions[b"a"].ready == 4
+    assert s.holding(b"a") == 8
+    s.deliver(b"a")
+    s.tick()
+    assert len(s.in_flight[b"a"]) == 4 and len(s.sent_to(b"a")) == 8
+
+
+# ------------------------------------------------------------------------------ failures
+
+
+def test_a_failed_batch_is_replied_with_the_session_and_ends_that_session() -> None:
+    s = Server()
+    s.hello(b"a", batches=(0, 1), session=12)
+    s.tick()
+    s.finish(1, error="OSError: /data/x.jpg: I/O error", reason="failed")
+    err = _error(s.replies[b"a"][-1])
+    assert (err.session, err.reason) == (12, "failed")
+    assert "producing train batch 0 failed (OSError, failed)" in err.message
+    assert "/data" not in err.message  # paths stay in the log
+    assert b"a" not in s.core.sessions
+    s.finish()  # the other job comes back: its buffer too, no second reply
+    assert len(s.replies[b"a"]) == 2 and len(s.released) == 2 and s.budget.held == 0
+
+
+def test_a_transient_failure_says_transient_with_its_session() -> None:
+    s = Server()
+    s.hello(b"a", batches=(0,), session=3)
+    s.tick()
+    s.finish(error="TransientReadError: [Errno 24] Too many open files", reason="transient")
+    err = _error(s.replies[b"a"][-1])
+    assert (err.reason, err.session) == ("transient", 3)
+    # the client asks again in a new session and is served
+    assert isinstance(s.hello(b"a", batches=(0,), session=4), Welcome)
+    s.turn()
+    assert s.sends[-1].header.session == 4
+
+
+def test_a_failure_of_a_replaced_session_tells_nobody() -> None:
+    """The client re-helloed (say its silence limit passed while the read was retried): the
+    old session's failure must not reach it as a refusal of the new one."""
+    s = Server()
+    s.hello(b"a", batches=(0,), session=1)
+    s.tick()
+    assert isinstance(s.hello(b"a", batches=(0,), session=2), Welcome)
+    s.finish(1, error="TransientReadError: EMFILE", reason="transient")
+    assert not any(isinstance(r, ErrorReply) for r in s.replies[b"a"])
+    s.turn()
+    assert [snd.header.session for snd in s.sends] == [2]
+    assert s.budget.held == 1  # the new session's batch, in flight
+
+
+# ------------------------------------------------------------------------------ peers gone
+
+
+def test_a_peer_gone_releases_its_ready_batches_now_and_the_rest_as_they_come_back() -> None:
+    s = Server()
+    s.hello(b"a", batches=tuple(range(10)))
+    s.tick()
+    s.finish(2)
+    s.tick()  # two sent, two in production
+    s.finish(1)  # one ready behind the in-flight ones? (room left: sent at the next tick)
+    assert s.budget.held == 6
+    s.run(s.core.on_peer_gone(b"a", "disconnected", s.clock()))
+    assert b"a" not in s.core.sessions
+    assert s.budget.held == 5  # the ready batch came back at once
+    s.finish()  # in production: back as they finish
+    assert s.budget.held == 2  # the two sent: ZeroMQ lets go when the connection closes
+    s.deliver(b"a")
+    assert s.budget.held == 0 and len(s.released) == 6
+
+
+def test_a_silent_client_is_reaped_after_the_client_timeout() -> None:
+    s = Server(config=dict(client_timeout=10.0))
+    s.hello(b"a", batches=(0,))
+    s.turn(readers=(b"a",))
+    s.tick(9.0)
+    assert b"a" in s.core.sessions
+    s.tick(1.5)
+    assert b"a" not in s.core.sessions
+
+
+# ------------------------------------------------------------------------------ stalls
+
+
+def test_a_stalled_peer_gets_no_more_buffers_then_loses_its_session() -> None:
+    """A frozen client with batches in transit: after NOT_READING_S it is lent nothing more,
+    after STALL_S its session is dropped with its ready batches; what ZeroMQ holds for it stays
+    counted until ZeroMQ lets go (the peer reads or its connection closes)."""
+    s = Server()
+    s.hello(b"f", batches=tuple(range(20)))
+    s.tick()
+    s.finish()
+    s.tick()  # 4 sent (the depth), nothing taken
+    s.finish()
+    s.tick()
+    assert len(s.in_flight[b"f"]) == 4 and s.core.sessions[b"f"].ready == 4
+    s.tick(core_mod.NOT_READING_S + 0.1)
+    assert s.jobs == [] and not s.core.sessions[b"f"].has_room()
+    s.tick(core_mod.STALL_S)
+    assert b"f" not in s.core.sessions
+    assert s.budget.held == 4  # the ready ones came back, the sent ones are ZeroMQ's
+    s.deliver(b"f")  # its connection closes (--stall-timeout) or it reads
+    assert s.budget.held == 0
+
+
+def test_a_slow_reader_that_keeps_taking_batches_is_not_stalled() -> None:
+    s = Server()
+    s.hello(b"s", batches=tuple(range(40)))
+    for k in range(20):
+        s.turn(dt=0.5)
+        first = s.in_flight[b"s"][:1]  # it takes one batch every half second
+        for ticket in first:
+            s.in_flight[b"s"].remove(ticket)
+            s.run(s.core.on_sent(ticket, s.clock()))
+        s.send(b"s", Credit(batches=(20 + k,)))
+    assert b"s" in s.core.sessions
+
+
+# ------------------------------------------------------------------------------ fair share
+
+
+def test_clients_that_do_not_read_leave_their_share_to_those_that_do() -> None:
+    """20 clients that never read and about 50 that say hello and vanish at any time, beside
+    an honest trainer: it gets its full work-ahead, where an even split of the buffers among
+    all of them would leave it one (67 shared buffers / 71 clients)."""
+    s = Server()
+    depth = s.cfg.prefetch_depth
+    for i in range(20):  # raw clients: a hello asking for two batches, none ever taken
+        s.hello(b"stuck-%02d" % i, batches=(0, 1))
+    s.hello(b"honest", batches=tuple(range(200)))
+    gone: list[bytes] = []
+    most = 0
+    for turn in range(60):
+        for i in range(5):  # ~50 present at any time: hello, then gone 10 turns later
+            identity = b"gone-%02d-%d" % (turn, i)
+            s.hello(identity, batches=(0, 1))
+            gone.append(identity)
+        while len(gone) > 50:
+            identity = gone.pop(0)
+            s.run(s.core.on_peer_gone(identity, "disconnected", s.clock()))
+            s.deliver(identity)  # the connection closed: ZeroMQ lets go of its frames
+        s.turn(readers=(b"honest",), dt=0.05)
+        most = max(most, s.holding(b"honest"))
+    assert s.core.share(s.clock()) >= 2 * depth  # not 67 // 71 = 1
+    assert most == depth  # its whole work-ahead in production at once
+    for i in range(20):  # the clients that never read hold what they were sent, no more
+        assert s.holding(b"stuck-%02d" % i) <= 2
+    assert s.budget.held <= s.budget.max_buffers
+
+
+def test_share_is_divided_among_readers_when_buffers_are_short() -> None:
+    s = Server(max_buffers=12, reserve=2)  # 10 shared, 4 clients that want 8 each
+    readers = tuple(b"r%d" % i for i in range(4))
+    for identity in readers:
+        s.hello(identity, batches=tuple(range(40)))
+    for _ in range(10):
+        s.turn(readers=readers)
+        assert s.core.share(s.clock()) == 10 // 4
+        for identity in readers:
+            assert s.holding(identity) <= 3  # its share, or one from the reserve on top
+    assert all(len(s.sent_to(i)) >= 8 for i in readers)
+
+
+def test_a_new_client_is_served_from_the_reserve_while_others_hold_everything() -> None:
+    s = Server(max_buffers=8, reserve=2)
+    for i in range(6):  # they take one batch each and never read
+        s.hello(b"stalled-%d" % i, batches=tuple(range(6)))
+    s.turn()
+    assert s.budget.held == 6
+    s.hello(b"fresh", batches=(0, 1))
+    s.turn(readers=(b"fresh",))
+    s.turn(readers=(b"fresh",))
+    assert s.sent_to(b"fresh") == [0, 1]
+
+
+# ------------------------------------------------------------------------------ buffers
+
+
+def test_idle_buffers_are_trimmed_as_clients_leave_or_stop_asking() -> None:
+    s = Server()
+    s.hello(b"a", batches=(0,))
+    s.turn(readers=(b"a",), dt=1.0)
+    assert s.trims[-1] == 2 * 3 + 2 * 4 * 1
+    s.tick(core_mod.BUFFERS_IDLE_S + 1)
+    assert s.trims[-1] == 0  # nobody took a buffer for 30 s
+    s.send(b"a", Bye())
+    s.tick(1.0)
+    assert s.trims[-1] == 0
+
+
+def test_shutdown_tells_every_client_and_releases_what_is_queued() -> None:
+    s = Server()
+    s.hello(b"a", batches=(0, 1, 2, 3, 4, 5))
+    s.tick()
+    s.finish()
+    s.run(s.core.shutdown(s.clock()))
+    assert type(s.replies[b"a"][-1]).__name__ == "Shutdown"
+    assert s.core.sessions == {}
+
+
+@pytest.mark.parametrize("stats", [None, {"a": 1.0, "b": "x", "c": float("nan"), "d": True}])
+def test_loader_stats_keep_finite_numbers_only(stats) -> None:
+    s = Server()
+    s.hello(b"a", batches=())
+    s.send(b"a", Credit(stats=stats))
+    rows, unlisted = s.core.client_rows(s.clock())
+    assert rows[0]["loader"] == (None if stats is None else {"a": 1.0})
+    assert unlisted["count"] == 0
