@@ -79,7 +79,7 @@ class ClientSession:
         self.sent = 0
         self._finished: dict[int, ReadyBatch] = {}  # position -> batch, out of order
         self.closed = False
-        self.loader_stats: dict[str, Any] | None = None
+        self.loader_stats: dict[str, float | int] | None = None
         self.opened_at = now
         self.last_seen = now  # any message
         # Last sign of progress: a batch asked for, sent or taken by the peer. Messages that ask
