@@ -9,17 +9,20 @@ Two sources, picked by what the path is:
 
 File contents are not checked here: a 1.3 M-file dataset must open in seconds, and unreadable
 files (FIFOs and devices named in a list file included) are the sample loader's business
-(logged, counted, replaced).
+(logged, counted, replaced). What is loaded here is the checksum manifest, if the dataset has
+one (`checksums`): the sample loader checks each file's bytes against it as it reads them.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 from batchwire.pipeline import paths as _paths
+from batchwire.pipeline.checksums import Checksums, load_checksums
 from batchwire.pipeline.index_cache import IMAGE_EXTENSIONS, cached_folder_index
 
 __all__ = ["IMAGE_EXTENSIONS", "ImageDataset", "open_dataset", "read_list_file"]
@@ -35,6 +38,7 @@ class ImageDataset:
     root: Path
     kind: str = "folder"  # "folder" or "list"
     from_cache: bool = False  # the ImageFolder listing came from the index cache
+    checksums: Checksums | None = None  # recorded checksums (pipeline.checksums), if any
     _counts: np.ndarray | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -73,6 +77,11 @@ class ImageDataset:
         from batchwire.pipeline.decode.files import read_file  # keeps `dataset` import-light
 
         return read_file(self.paths[int(i)])
+
+    def checksum_problem(self, i: int, data: bytes) -> str | None:
+        """Why `data` is not what the checksum manifest recorded for sample `i`, or None (also
+        when there is no manifest or no record for it)."""
+        return None if self.checksums is None else self.checksums.problem(int(i), data)
 
 
 def read_list_file(
@@ -133,13 +142,35 @@ def open_dataset(
     cache_dir: str | os.PathLike[str] | None = None,
     *,
     allow_outside_root: bool = False,
+    verify_checksums: str = "auto",
+    checksum_dirs: Sequence[str | os.PathLike[str]] = (),
 ) -> ImageDataset:
     """Open an ImageFolder directory or a list file (see the module doc).
 
     `cache_dir` is where ImageFolder listings are cached (default `paths.cache_dir()`).
     `allow_outside_root`: a list file may name files outside its folder (see `read_list_file`).
+    `verify_checksums`: "auto" checks files against a checksum manifest when one is found
+    (beside the data, or in one of `checksum_dirs`: `pipeline.checksums`), "on" requires one
+    (`ChecksumManifestError`, a ValueError, without), "off" never checks.
     Raises FileNotFoundError for a missing path and ValueError for an empty or malformed one.
     """
+    dataset = _open_listing(path, cache_dir, allow_outside_root)
+    dataset.checksums = load_checksums(
+        dataset.paths,
+        dataset.root,
+        dataset.kind,
+        verify=verify_checksums,
+        manifest_dirs=checksum_dirs,
+    )
+    return dataset
+
+
+def _open_listing(
+    path: str | os.PathLike[str],
+    cache_dir: str | os.PathLike[str] | None,
+    allow_outside_root: bool,
+) -> ImageDataset:
+    """The dataset's files and labels (`open_dataset` without the checksums)."""
     p = Path(path).expanduser()
     if not p.exists():
         raise FileNotFoundError(f"dataset path does not exist: {p}")

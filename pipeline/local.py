@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -46,16 +46,21 @@ _POLL_S = 0.2  # how often a blocked background thread checks whether to stop
 
 
 def _open(
-    data: str | Path | ImageDataset | None, split: str, allow_outside_root: bool
+    data: str | Path | ImageDataset | None,
+    split: str,
+    allow_outside_root: bool,
+    verify_checksums: str,
+    checksum_dirs: Sequence[str | Path],
 ) -> ImageDataset:
     if isinstance(data, ImageDataset):
         return data
+    checks = {"verify_checksums": verify_checksums, "checksum_dirs": checksum_dirs}
     if data is None:
         from batchwire.pipeline.synthetic import default_dataset
 
         roots = default_dataset()
-        return open_dataset(roots.train_root if split == "train" else roots.val_root)
-    return open_dataset(data, allow_outside_root=allow_outside_root)
+        return open_dataset(roots.train_root if split == "train" else roots.val_root, **checks)
+    return open_dataset(data, allow_outside_root=allow_outside_root, **checks)
 
 
 class _CudaOrder:
@@ -113,8 +118,10 @@ class LocalLoader:
     Train: shuffled, drop_last; val: in order, the last batches padded. `decoder`: "cpu", a
     name `decode.select.make_decoder` knows ("auto", "nvjpeg", "dali"), or a `BatchDecoder`.
     `allow_outside_root`: a list file may name files outside its folder (see
-    `dataset.read_list_file`). `device`: where batches are produced (default: the decoder's
-    device). Extra keyword
+    `dataset.read_list_file`). `verify_checksums` ("auto", "on", "off") and `checksum_dirs`:
+    files are checked against their checksum manifest as the server checks them
+    (`dataset.open_dataset`; an `ImageDataset` given keeps its own). `device`: where batches
+    are produced (default: the decoder's device). Extra keyword
     arguments are `AugmentConfig` fields (scale, ratio, flip_prob, brightness, ...,
     output_dtype, layout).
     """
@@ -137,6 +144,8 @@ class LocalLoader:
         with_indices: bool = False,
         max_pixels: int | None = DEFAULT_MAX_PIXELS,
         allow_outside_root: bool = False,
+        verify_checksums: str = "auto",
+        checksum_dirs: Sequence[str | Path] = (),
         **augment: Any,
     ) -> None:
         if split not in _SPLITS:
@@ -144,7 +153,7 @@ class LocalLoader:
         if ring < 1:
             raise ValueError(f"ring must be >= 1, got {ring}")
         self.split = split
-        self.dataset = _open(data, split, allow_outside_root)
+        self.dataset = _open(data, split, allow_outside_root, verify_checksums, checksum_dirs)
         self.config = AugmentConfig(image_size=image_size, train=split == "train", **augment)
         self.copy = bool(copy)
         self.with_indices = bool(with_indices)

@@ -7,7 +7,8 @@ replaced by a substitute drawn from a sequence that depends only on (seed, index
 server, thread count and resume point picks the same substitute, keeping runs reproducible.
 
 Only content is judged: a file is bad when its bytes are (corrupt, truncated, not an image, a
-header claiming more pixels than the file holds) or when the file itself is (missing, no
+header claiming more pixels than the file holds, not the bytes its dataset's checksum manifest
+recorded: `pipeline.checksums`) or when the file itself is (missing, no
 permission, a FIFO/device/directory). A *transient* failure (out of descriptors or memory, EIO,
 EAGAIN, EINTR; `decode.is_transient`) says nothing about the file: it is retried with backoff
 (`DEFAULT_RETRY_DELAYS`, about 1 s in all), and if it persists the batch fails with
@@ -255,6 +256,9 @@ class SampleLoader:
                 self._count_transient,
             )
             assert isinstance(data, bytes)
+            mismatch = self.dataset.checksum_problem(index, data)
+            if mismatch is not None:  # bytes that may still decode, to wrong pixels
+                return mismatch
             return data, read_header(data, max_pixels=self.max_pixels)
         except DecodeError as e:
             return str(e)
@@ -433,6 +437,10 @@ def probe(
                 on_transient,
             )
             assert isinstance(data, bytes)
+            mismatch = dataset.checksum_problem(i, data)
+            if mismatch is not None:
+                reasons.append(f"{dataset.paths[i]}: {mismatch}")
+                continue
             decode_full(data, max_pixels=max_pixels)
             return i
         except DecodeError as e:

@@ -1,10 +1,11 @@
-"""`pipeline-prepare SRC DST`: the command line of batchwire.prepare (see the package doc).
+"""`pipeline-prepare SRC DST` and `pipeline-prepare --checksums-only SRC`: the command line of
+batchwire.prepare (see the package doc).
 
 Exit status: 0 every file prepared; 1 corrupt JPEGs found (reported, copied as they were: DST is
 complete); 2 the command cannot run (SRC missing, DST inside SRC or SRC inside DST, a list
-file path escaping its folder, the transcoder unavailable, another run writing DST): nothing was
-done; 3 some files could not be read or written, or the run was interrupted: DST is incomplete,
-and rerunning the same command finishes it.
+file path escaping its folder, the transcoder unavailable, another run writing DST, DST not
+writable): nothing was done; 3 some files could not be read or written, or the run was
+interrupted: DST is incomplete, and rerunning the same command finishes it.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import argparse
 import sys
 
 from batchwire.common.cores import available_cores
+from batchwire.pipeline.decode import DEFAULT_MAX_PIXELS
 from batchwire.prepare.job import AUTO, AUTO_MOST
 from batchwire.prepare.run import Options, run
 from batchwire.prepare.source import UsageError
@@ -26,11 +28,39 @@ def parser() -> argparse.ArgumentParser:
             "Copy a dataset to DST with every JPEG rewritten losslessly as a baseline JPEG "
             "with a restart marker after every MCU (verified pixel for pixel), so that "
             "pipeline-server decodes random crops faster on CPU. Also a full integrity check: "
-            "corrupt JPEGs are reported (and copied as they were). Rerunning resumes."
+            "corrupt JPEGs are reported (and copied as they were). Rerunning resumes, and "
+            "makes DST mirror SRC again (files gone from SRC are removed from DST). Every file "
+            "written is checksummed in DST's manifest; pipeline-server checks every read."
         ),
     )
     p.add_argument("src", metavar="SRC", help="an ImageFolder tree (any folder) or a list file")
-    p.add_argument("dst", metavar="DST", help="the output folder (created; outside SRC)")
+    p.add_argument(
+        "dst",
+        metavar="DST",
+        nargs="?",
+        help="the output folder (created; outside SRC); not with --checksums-only",
+    )
+    p.add_argument(
+        "--checksums-only",
+        action="store_true",
+        help="rewrite nothing: only record a checksum of every file of SRC in a manifest "
+        "(SRC/.batchwire-prepare-checksums.jsonl, or in --manifest-dir), which pipeline-server "
+        "checks every read against",
+    )
+    p.add_argument(
+        "--manifest-dir",
+        metavar="DIR",
+        help="with --checksums-only: write the manifest in DIR (named after SRC) instead of "
+        "SRC; pipeline-server then needs to be told DIR",
+    )
+    p.add_argument(
+        "--max-pixels",
+        type=int,
+        default=DEFAULT_MAX_PIXELS,
+        metavar="N",
+        help="JPEGs whose header claims more pixels are copied as they were, not rewritten "
+        "(pipeline-server's cap, which refuses them; 0: no cap) (default: %(default)s)",
+    )
     p.add_argument(
         "--jobs",
         type=int,
@@ -75,6 +105,9 @@ def main(argv: list[str] | None = None) -> int:
         options = Options(
             src=args.src,
             dst=args.dst,
+            max_pixels=args.max_pixels or None,
+            checksums_only=args.checksums_only,
+            manifest_dir=args.manifest_dir,
             jobs=args.jobs,
             restart_interval=restart_setting(args.restart_interval),
             quiet=args.quiet,

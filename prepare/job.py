@@ -8,6 +8,11 @@ markers and verified (`batchwire.native.jpeg_transcode`); when it cannot be (cor
 unsupported, not verified) the original bytes are copied instead and the outcome says why, so
 DST always holds every file. Writes go to a hidden temporary in the destination folder and are
 renamed into place, so DST never holds a partial file under a real name.
+
+A JPEG whose header claims more pixels than the server's cap (`max_pixels`, the server's
+default) is copied as it was without transcoding: the server would refuse it anyway, and
+transcoding it costs gigabytes (a 16000 x 16000 photo took 1.47 GB). Every record carries the
+checksum of the bytes in DST, which the server checks each read against.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ import contextlib
 import os
 import stat
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from batchwire.native.jpeg_transcode import (
@@ -24,13 +29,18 @@ from batchwire.native.jpeg_transcode import (
     JpegTranscodeError,
     transcode_restart,
 )
-from batchwire.pipeline.decode.files import NotARegularFile, read_file_and_stat
+from batchwire.pipeline.checksums import checksum
+from batchwire.pipeline.decode import DEFAULT_MAX_PIXELS, DecodeError, read_header
+from batchwire.pipeline.decode.files import NotARegularFile, read_file, read_file_and_stat
+from batchwire.pipeline.decode.headers import ImageTooLarge, ImplausibleHeader
 from batchwire.prepare.manifest import (
+    CHECKSUMMED,
     COPIED,
     CORRUPT,
     FAILED,
     REWRITTEN,
     TMP_PREFIX,
+    TOO_LARGE,
     UNVERIFIED,
     Record,
 )
@@ -45,10 +55,15 @@ AUTO_MOST = 4
 
 @dataclass(frozen=True)
 class Settings:
+    """`max_pixels`: JPEGs claiming more are copied as they were (None: no cap);
+    `checksums_only`: nothing is written, each file is only read and checksummed."""
+
     src_root: Path
     dst_root: Path
     restart_interval: int
     fsync: bool = False
+    max_pixels: int | None = DEFAULT_MAX_PIXELS
+    checksums_only: bool = False
 
 
 @dataclass(frozen=True)
@@ -83,11 +98,14 @@ def write_atomically(dest: Path, data: bytes, mode: int, fsync: bool) -> None:
             os.close(dir_fd)
 
 
-def already_done(previous: Record | None, src: Path, dest: Path, restart_interval: int) -> bool:
+def already_done(
+    previous: Record | None, src: Path, dest: Path, restart_interval: int, checksums_only: bool
+) -> bool:
     """Whether an earlier run's record still holds: the source has the size and mtime it
     had, the destination file is there with the size written, and a JPEG was rewritten with
-    this restart interval."""
-    if previous is None:
+    this restart interval. A file over the pixel cap is looked at again (the cap may have
+    changed; it costs a header read and a copy)."""
+    if previous is None or (previous.outcome == CHECKSUMMED) != checksums_only:
         return False
     try:
         st = os.stat(src)
@@ -95,14 +113,26 @@ def already_done(previous: Record | None, src: Path, dest: Path, restart_interva
     except OSError:
         return False
     same_source = st.st_size == previous.size and st.st_mtime_ns == previous.mtime_ns
-    interval_ok = previous.outcome == COPIED or previous.restart_interval == restart_interval
+    interval_ok = previous.outcome in (COPIED, CHECKSUMMED) or (
+        previous.outcome != TOO_LARGE and previous.restart_interval == restart_interval
+    )
     return same_source and interval_ok and out.st_size == previous.bytes_out
 
 
-def rewrite(data: bytes, restart_interval: int) -> tuple[bytes, str, str]:
+def rewrite(
+    data: bytes, restart_interval: int, max_pixels: int | None = DEFAULT_MAX_PIXELS
+) -> tuple[bytes, str, str]:
     """(bytes to write, outcome, error) for one file's contents."""
     if not data.startswith(JPEG_START):
         return data, COPIED, ""
+    try:  # the server's own header check, before the transcoder allocates anything
+        read_header(data, max_pixels=max_pixels)
+    except ImageTooLarge as exc:
+        return data, TOO_LARGE, str(exc)
+    except ImplausibleHeader as exc:
+        return data, CORRUPT, str(exc)
+    except DecodeError:
+        pass  # any other header problem: the strict transcoder judges the file
     try:
         if restart_interval == AUTO:
             return transcode_restart(data, AUTO_MOST, fit_rows=True), REWRITTEN, ""
@@ -117,24 +147,42 @@ def prepare_file(rel: str, previous: Record | None, settings: Settings) -> Resul
     """Prepares SRC/rel into DST/rel (see the module doc); never raises for the file's own
     problems: an I/O error becomes a FAILED record."""
     src = settings.src_root / rel
-    dest = settings.dst_root / rel
-    interval = settings.restart_interval
-    if already_done(previous, src, dest, interval):
+    dest = src if settings.checksums_only else settings.dst_root / rel
+    interval = 0 if settings.checksums_only else settings.restart_interval
+    if already_done(previous, src, dest, interval, settings.checksums_only):
         assert previous is not None
-        return Result(previous, skipped=True)
+        return _skipped(previous, dest)
     try:
         data, st = read_file_and_stat(str(src))
     except OSError as exc:
         return Result(Record(rel, 0, 0, FAILED, 0, 0, interval, f"cannot read: {_why(exc)}"))
-    out, outcome, error = rewrite(data, interval)
+    if settings.checksums_only:
+        size = len(data)
+        sums = checksum(data)
+        return Result(Record(rel, st.st_size, st.st_mtime_ns, CHECKSUMMED, size, size, 0, "", sums))
+    out, outcome, error = rewrite(data, interval, settings.max_pixels)
     try:
         write_atomically(dest, out, stat.S_IMODE(st.st_mode), settings.fsync)
     except OSError as exc:
         why = f"cannot write {dest}: {_why(exc)}"
         return Result(Record(rel, st.st_size, st.st_mtime_ns, FAILED, len(data), 0, interval, why))
-    return Result(
-        Record(rel, st.st_size, st.st_mtime_ns, outcome, len(data), len(out), interval, error)
-    )
+    size, mtime = st.st_size, st.st_mtime_ns
+    sums = checksum(out)
+    return Result(Record(rel, size, mtime, outcome, len(data), len(out), interval, error, sums))
+
+
+def _skipped(previous: Record, dest: Path) -> Result:
+    """An earlier run's record, given the checksum of what it wrote if it has none (a manifest
+    from before checksums: reading a file costs far less than rewriting it)."""
+    if previous.checksum:
+        return Result(previous, skipped=True)
+    try:
+        data = read_file(str(dest))
+    except OSError:
+        return Result(previous, skipped=True)  # unreadable now: the server will say so
+    if len(data) != previous.bytes_out:
+        return Result(previous, skipped=True)
+    return Result(replace(previous, checksum=checksum(data)), skipped=True)
 
 
 def _why(exc: OSError) -> str:

@@ -1,12 +1,19 @@
 """What earlier runs finished, so that a rerun skips it: DST/.batchwire-prepare.jsonl.
 
 One JSON line per finished file (its relative path, the source's size and mtime_ns when it was
-read, the outcome, bytes in and out, the restart interval, the error if any), appended and
-flushed as each file finishes, so a run killed at any point loses at most the files in flight.
+read, the outcome, bytes in and out, the restart interval, the error if any, and the checksum
+of the bytes written: `pipeline.checksums`, which the server checks every read against),
+appended and flushed as each file finishes, so a run killed at any point loses at most the
+files in flight. Each run first appends a header line naming its source ("tree", or "list:"
+and the list file's name) and the folders it mirrors: what a later run needs to remove what
+this one wrote once SRC no longer has it (`prepare.mirror`).
 A line cut short by the kill is ignored on reading, and a newline is added before appending.
 A completed run rewrites the manifest compactly (one line per file of the current source) and
 ends it with a `finished` line; a manifest that does not end so tells the next run that
 temporaries may be lying in DST, and only then is DST walked to remove them.
+
+`pipeline-prepare --checksums-only` keeps the same kind of manifest (outcome "checksummed",
+nothing written but the manifest) beside SRC, or in a folder given (`pipeline.checksums`).
 
 Every name starts with a dot: the server's ImageFolder scan skips hidden entries, so neither
 the manifest nor a temporary is ever taken for an image or a class.
@@ -20,13 +27,15 @@ import json
 import os
 import tempfile
 from collections.abc import Iterable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO
 
+from batchwire.pipeline.checksums import CHECKSUMS_MANIFEST, PREPARE_MANIFEST
 from batchwire.prepare.source import RESERVED_PREFIX, UsageError
 
-MANIFEST_NAME = f"{RESERVED_PREFIX}.jsonl"
+MANIFEST_NAME = PREPARE_MANIFEST  # the server finds it there: same name by construction
+CHECKSUMS_NAME = CHECKSUMS_MANIFEST
 REPORT_NAME = f"{RESERVED_PREFIX}-report.json"
 LOCK_NAME = f"{RESERVED_PREFIX}.lock"
 TMP_PREFIX = f"{RESERVED_PREFIX}-tmp."
@@ -36,8 +45,10 @@ REWRITTEN = "rewritten"  # a JPEG rewritten with restart markers and verified
 COPIED = "copied"  # not a JPEG: copied byte for byte
 UNVERIFIED = "unverified"  # a JPEG that could not be rewritten and verified: copied as it was
 CORRUPT = "corrupt"  # a JPEG that does not decode strictly: copied as it was
+TOO_LARGE = "too_large"  # more pixels than the cap (the server's): copied as it was
+CHECKSUMMED = "checksummed"  # --checksums-only: read and checksummed, nothing written
 FAILED = "failed"  # could not be read or written: not in DST
-DONE_OUTCOMES = (REWRITTEN, COPIED, UNVERIFIED, CORRUPT)
+DONE_OUTCOMES = (REWRITTEN, COPIED, UNVERIFIED, CORRUPT, TOO_LARGE, CHECKSUMMED)
 
 
 @dataclass(frozen=True)
@@ -52,15 +63,29 @@ class Record:
     bytes_out: int
     restart_interval: int
     error: str = ""
+    checksum: str = ""  # of the bytes in DST (`pipeline.checksums.checksum`)
 
     def to_line(self) -> str:
         data = asdict(self)
-        if not self.error:
-            del data["error"]
+        for optional in ("error", "checksum"):
+            if not data[optional]:
+                del data[optional]
         return json.dumps(data, ensure_ascii=False, separators=(",", ":")) + "\n"
 
 
-def _parse(line: str) -> Record | dict | None:
+@dataclass(frozen=True)
+class Header:
+    """A run's header line: its source ("tree" or "list:NAME") and the folders it mirrors."""
+
+    source: str
+    dirs: tuple[str, ...] = ()
+
+    def to_line(self) -> str:
+        data = {"source": self.source, "dirs": list(self.dirs)}
+        return json.dumps(data, ensure_ascii=False, separators=(",", ":")) + "\n"
+
+
+def _parse(line: str) -> Record | Header | dict | None:
     try:
         data = json.loads(line)
     except ValueError:
@@ -69,46 +94,63 @@ def _parse(line: str) -> Record | dict | None:
         return None
     if "finished" in data:
         return data
+    if "source" in data and "path" not in data:
+        source, dirs = data.get("source"), data.get("dirs", [])
+        if not isinstance(source, str) or not isinstance(dirs, list):
+            return None
+        return Header(source, tuple(d for d in dirs if isinstance(d, str)))
     try:
-        return Record(**data)
+        record = Record(**data)
     except TypeError:
         return None
+    ok = isinstance(record.path, str) and bool(record.path) and isinstance(record.bytes_out, int)
+    return record if ok else None
 
 
 @dataclass
 class Previous:
-    """What the manifest says: the last record per path, and whether the last run finished."""
+    """What the manifest says: the last record per path, whether the last run finished, the
+    last header's source (None for a manifest older than headers) and every folder a header
+    named."""
 
     records: dict[str, Record]
     finished: bool
     exists: bool
+    source: str | None = None
+    dirs: set[str] = field(default_factory=set)
 
 
-def load(dst: Path) -> Previous:
-    path = dst / MANIFEST_NAME
+def load(path: Path) -> Previous:
+    """The manifest at `path` (absent: an empty Previous); lines that make no sense are
+    skipped (a line cut short by a kill, or edited by hand)."""
     try:
         text = path.read_text(encoding="utf-8", errors="replace")
     except FileNotFoundError:
         return Previous({}, finished=False, exists=False)
-    records: dict[str, Record] = {}
-    finished = False
+    previous = Previous({}, finished=False, exists=True)
     for line in text.splitlines():
         parsed = _parse(line)
         if parsed is None:
             continue
         if isinstance(parsed, Record):
-            records[parsed.path] = parsed
-            finished = False
+            previous.records[parsed.path] = parsed
+            previous.finished = False
+        elif isinstance(parsed, Header):
+            previous.source = parsed.source
+            previous.dirs.update(parsed.dirs)
+            previous.finished = False
         else:
-            finished = True
-    return Previous(records, finished=finished, exists=True)
+            previous.finished = True
+    return previous
 
 
 @contextlib.contextmanager
-def locked(dst: Path) -> Iterator[None]:
-    """Holds DST's lock file for a run: two runs into one DST would remove each other's
-    temporaries and interleave their manifests. UsageError when another run holds it."""
-    fd = os.open(dst / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+def locked(lock_path: Path) -> Iterator[None]:
+    """Holds a run's lock file (DST's, or beside a checksums manifest): two runs into one
+    DST would remove each other's temporaries and interleave their manifests. UsageError when
+    another run holds it."""
+    dst = lock_path.parent
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -119,10 +161,13 @@ def locked(dst: Path) -> Iterator[None]:
         os.close(fd)
 
 
-def remove_temporaries(dst: Path) -> int:
-    """Deletes the temporaries a killed run left anywhere under DST; returns how many."""
+def remove_temporaries(dst: Path, recursive: bool = True) -> int:
+    """Deletes the temporaries a killed run left anywhere under DST (only in DST itself when
+    not `recursive`); returns how many."""
     removed = 0
-    for folder, _dirs, names in os.walk(dst):
+    for folder, dirs, names in os.walk(dst):
+        if not recursive:
+            dirs.clear()
         for name in names:
             if name.startswith(TMP_PREFIX):
                 with contextlib.suppress(FileNotFoundError):
@@ -132,10 +177,12 @@ def remove_temporaries(dst: Path) -> int:
 
 
 class Writer:
-    """Appends records to the manifest, one flushed line each (main thread only)."""
+    """Appends records to the manifest, one flushed line each (main thread only), after the
+    run's header line."""
 
-    def __init__(self, dst: Path) -> None:
-        self.path = dst / MANIFEST_NAME
+    def __init__(self, path: Path, header: Header) -> None:
+        self.path = path
+        self.header = header
         cut_short = False
         with contextlib.suppress(OSError), open(self.path, "rb") as f:
             f.seek(-1, os.SEEK_END)  # OSError for an empty file: nothing to mend
@@ -143,7 +190,8 @@ class Writer:
         self._file: IO[str] = open(self.path, "a", encoding="utf-8")  # noqa: SIM115
         if cut_short:  # the last line was cut short by a kill: start a new one
             self._file.write("\n")
-            self._file.flush()
+        self._file.write(header.to_line())
+        self._file.flush()
 
     def append(self, record: Record) -> None:
         self._file.write(record.to_line())
@@ -159,6 +207,7 @@ class Writer:
         fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX, dir=self.path.parent)
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(self.header.to_line())
                 f.writelines(r.to_line() for r in records)
                 f.write(json.dumps({"finished": True}) + "\n")
             os.chmod(tmp, 0o644)

@@ -1,5 +1,9 @@
-"""One pipeline-prepare run: find SRC's files, prepare each on a thread pool, keep the manifest,
-write the list file (for a list) last, and sum it up.
+"""One pipeline-prepare run: find SRC's files, remove from DST what earlier runs wrote for
+files SRC no longer has (`mirror`), prepare each file on a thread pool, keep the manifest, write
+the list file (for a list) last, list what DST holds that prepare never wrote, and sum it up.
+
+`--checksums-only` runs the same machinery with nothing written but a checksum manifest, beside
+SRC or in a folder given (`pipeline.checksums` says where the server looks).
 
 Threads rather than processes: the work is in the native transcoder and in file I/O, both of
 which release the GIL, so threads use every core without copying file contents between
@@ -9,7 +13,9 @@ processes. At most a few files per thread are in flight, so memory stays flat fo
 from __future__ import annotations
 
 import json
+import os
 import stat
+import tempfile
 import time
 from collections.abc import Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -19,6 +25,8 @@ from typing import TextIO
 
 from batchwire.common.cores import available_cores
 from batchwire.native.jpeg_transcode import transcode_available
+from batchwire.pipeline.checksums import keyed_name
+from batchwire.pipeline.decode import DEFAULT_MAX_PIXELS
 from batchwire.pipeline.decode.files import read_file_and_stat
 from batchwire.prepare import manifest
 from batchwire.prepare.job import (
@@ -28,12 +36,23 @@ from batchwire.prepare.job import (
     prepare_file,
     write_atomically,
 )
-from batchwire.prepare.manifest import COPIED, DONE_OUTCOMES, FAILED, REWRITTEN, Record
+from batchwire.prepare.manifest import (
+    CHECKSUMMED,
+    COPIED,
+    DONE_OUTCOMES,
+    FAILED,
+    REWRITTEN,
+    TMP_PREFIX,
+    Header,
+    Record,
+)
+from batchwire.prepare.mirror import find_foreign, remove_gone, source_id
 from batchwire.prepare.progress import Progress
 from batchwire.prepare.source import (
     Source,
     UsageError,
     check_destination,
+    check_manifest_dir,
     check_report,
     discover,
 )
@@ -44,13 +63,59 @@ IN_FLIGHT_PER_JOB = 4
 
 @dataclass(frozen=True)
 class Options:
+    """A run's settings. `dst` is None with `checksums_only` (then `manifest_dir`, if given,
+    is where the checksum manifest goes instead of beside SRC); `max_pixels`: JPEGs claiming
+    more are copied as they were (None: no cap)."""
+
     src: str
-    dst: str
+    dst: str | None
     jobs: int
     restart_interval: int = AUTO  # MCUs, or AUTO (per file, see job.AUTO_MOST)
     quiet: bool = False
     report: str | None = None
     fsync: bool = False
+    max_pixels: int | None = DEFAULT_MAX_PIXELS
+    checksums_only: bool = False
+    manifest_dir: str | None = None
+
+
+@dataclass(frozen=True)
+class Places:
+    """Where a run writes: `out` the files' root (DST; SRC's folder with --checksums-only,
+    where nothing but the manifest is written), and its manifest, lock and report."""
+
+    out: Path
+    manifest: Path
+    lock: Path
+    report: Path
+
+
+def _places(options: Options, source: Source, dst: Path | None) -> Places:
+    if dst is not None:
+        return Places(
+            dst, dst / manifest.MANIFEST_NAME, dst / manifest.LOCK_NAME, dst / manifest.REPORT_NAME
+        )
+    if options.manifest_dir is None:
+        path = source.root / manifest.CHECKSUMS_NAME
+    else:
+        folder = Path(os.path.realpath(Path(options.manifest_dir).expanduser()))
+        path = folder / keyed_name(options.src)
+    stem = path.name.removesuffix(".jsonl")
+    return Places(
+        source.root, path, path.with_name(f"{stem}.lock"), path.with_name(f"{stem}-report.json")
+    )
+
+
+def _writable(folder: Path, what: str) -> None:
+    """Creates `folder` if needed and proves a file can be created in it; UsageError (exit
+    status 2, nothing done) when not: a read-only DST is a setup problem, not a half-done run."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=TMP_PREFIX, dir=folder)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise UsageError(f"cannot write to {what} {folder}: {exc.strerror or exc}") from None
 
 
 def _results(
@@ -92,18 +157,33 @@ def _notes(source: Source) -> list[str]:
     return []
 
 
-def _validated(options: Options) -> tuple[Source, Path]:
-    """SRC's files and DST's absolute path, or UsageError for anything that stops the run."""
+def _validated(options: Options) -> tuple[Source, Path | None]:
+    """SRC's files and DST's absolute path (None with --checksums-only), or UsageError for
+    anything that stops the run."""
     if options.jobs < 1:
         raise UsageError(f"--jobs must be at least 1, got {options.jobs}")
     if not (options.restart_interval == AUTO or 1 <= options.restart_interval <= 65535):
         raise UsageError(
             f"--restart-interval must be auto or 1 to 65535 MCUs, got {options.restart_interval}"
         )
+    if options.max_pixels is not None and options.max_pixels < 1:
+        raise UsageError(f"--max-pixels must be at least 1, got {options.max_pixels}")
+    if options.checksums_only != (options.dst is None):
+        raise UsageError(
+            "--checksums-only takes SRC alone (and --manifest-dir DIR)"
+            if options.checksums_only
+            else "DST is missing (or pass --checksums-only)"
+        )
+    if options.manifest_dir is not None and not options.checksums_only:
+        raise UsageError("--manifest-dir goes with --checksums-only")
     source = discover(options.src)
-    dst = check_destination(source, options.dst)
+    if options.manifest_dir is not None:
+        check_manifest_dir(source, options.manifest_dir)
     if options.report:
         check_report(source, options.report)
+    if options.dst is None:
+        return source, None
+    dst = check_destination(source, options.dst)
     if not transcode_available():
         raise UsageError(
             "the JPEG transcoder cannot be built here (see the logged build error; it needs "
@@ -117,57 +197,92 @@ def run(options: Options, progress_stream: TextIO | None = None) -> Summary:
     when the command cannot run, OSError when DST cannot be set up."""
     started = time.monotonic()
     source, dst = _validated(options)
-    dst.mkdir(parents=True, exist_ok=True)
+    places = _places(options, source, dst)
+    _writable(places.manifest.parent, "DST" if dst is not None else "the manifest's folder")
     cores = min(options.jobs, available_cores())
-    summary = Summary(
-        str(options.src), str(dst), options.restart_interval, options.jobs, cores=cores
-    )
-    summary.notes = _notes(source)
-    with manifest.locked(dst):
-        previous = manifest.load(dst)
+    where = str(dst) if dst is not None else str(places.manifest)
+    summary = Summary(str(options.src), where, options.restart_interval, options.jobs, cores=cores)
+    summary.checksums_only = options.checksums_only
+    summary.notes = _notes(source) if dst is not None else []
+    with manifest.locked(places.lock):
+        previous = manifest.load(places.manifest)
         if not previous.finished:
-            removed = manifest.remove_temporaries(dst)
+            removed = manifest.remove_temporaries(places.manifest.parent, dst is not None)
             if removed:
                 summary.notes.append(f"removed {removed} temporaries left by an interrupted run")
-        for rel_dir in source.dirs:
-            (dst / rel_dir).mkdir(parents=True, exist_ok=True)
+        if dst is not None:
+            remove_gone(dst, previous, source, summary.mirror)
+            for rel_dir in source.dirs:
+                (dst / rel_dir).mkdir(parents=True, exist_ok=True)
         for rel, why in source.unreadable:
             summary.add(Record(rel, 0, 0, FAILED, 0, 0, options.restart_interval, why), False)
-        writer = manifest.Writer(dst)
+        header = Header(source_id(source), tuple(source.dirs) if dst is not None else ())
+        writer = manifest.Writer(places.manifest, header)
         try:
-            _prepare_all(options, source, dst, previous.records, summary, writer, progress_stream)
+            _prepare_all(
+                options, source, places, previous.records, summary, writer, progress_stream
+            )
         finally:
             writer.close()
         if not summary.interrupted:
-            if source.kind == "list":
+            if source.kind == "list" and dst is not None:
                 complete = not any(r.outcome == FAILED for r in summary.records)
                 if complete:
                     _copy_list_file(source, dst, options.fsync)
                 summary.list_file_written = complete
-            done = sorted(
-                (r for r in summary.records if r.outcome in DONE_OUTCOMES), key=lambda r: r.path
-            )
-            writer.finish(done)
+            done = [r for r in summary.records if r.outcome in DONE_OUTCOMES]
+            if dst is None:
+                done += _still_there(source, previous.records, summary.records)
+            writer.finish(sorted(done, key=lambda r: r.path))
+            if dst is not None:
+                summary.mirror.foreign = find_foreign(dst, source)
         summary.seconds = time.monotonic() - started
-        summary.report_path = str(dst / manifest.REPORT_NAME)
+        summary.report_path = str(places.report)
         report = summary.to_json()
-        _write_json(dst / manifest.REPORT_NAME, report)
+        _write_json(places.report, report)
     if options.report:
         _write_json(Path(options.report).expanduser().resolve(), report)
     return summary
 
 
+def _still_there(
+    source: Source, previous: dict[str, Record], records: list[Record]
+) -> list[Record]:
+    """--checksums-only: earlier records of files this source does not name but that are still
+    there unchanged (another list file's, in the same folder), so that checksumming one list
+    does not drop the checksums of the other."""
+    named = {r.path for r in records}
+    kept = []
+    for rel, record in previous.items():
+        if rel in named or record.outcome != CHECKSUMMED:
+            continue
+        try:
+            st = os.stat(source.root / rel)
+        except OSError:
+            continue
+        if st.st_size == record.size and st.st_mtime_ns == record.mtime_ns:
+            kept.append(record)
+    return kept
+
+
 def _prepare_all(
     options: Options,
     source: Source,
-    dst: Path,
+    places: Places,
     previous: dict[str, Record],
     summary: Summary,
     writer: manifest.Writer,
     progress_stream: TextIO | None,
 ) -> None:
     """Runs every file's job, appending each finished one to the manifest as it comes."""
-    settings = Settings(source.root, dst, options.restart_interval, options.fsync)
+    settings = Settings(
+        source.root,
+        places.out,
+        options.restart_interval,
+        options.fsync,
+        max_pixels=options.max_pixels,
+        checksums_only=options.checksums_only,
+    )
     total = len(source.files) + len(source.unreadable)
     progress = Progress(total, stream=progress_stream, enabled=not options.quiet)
     for record in summary.records:

@@ -163,3 +163,14 @@ def check_report(source: Source, report: str | os.PathLike[str]) -> None:
     target = Path(os.path.realpath(Path(report).expanduser()))
     if _inside(target, Path(os.path.realpath(source.root))):
         raise UsageError(f"--report {target} is inside SRC's folder, which is never modified")
+
+
+def check_manifest_dir(source: Source, folder: str | os.PathLike[str]) -> None:
+    """UsageError when --manifest-dir is inside SRC's folder: its files would be taken for
+    the dataset's (only the manifest's default place, SRC's top, has a reserved name)."""
+    target = Path(os.path.realpath(Path(folder).expanduser()))
+    if _inside(target, Path(os.path.realpath(source.root))):
+        raise UsageError(
+            f"--manifest-dir {target} is inside SRC's folder: leave it out to write the "
+            "manifest at SRC's top, or choose a folder outside SRC"
+        )

@@ -3,7 +3,9 @@ problem files, as text for stdout and as JSON for `--report` (and DST's own repo
 
 Counts cover every file of SRC, whether this run or an earlier one prepared it (`skipped` says
 how many were earlier ones'), so a rerun after a kill reports the dataset as a whole and exits
-with the same status as a single run would. Speeds cover this run's work only.
+with the same status as a single run would. Speeds cover this run's work only. What making DST
+mirror SRC did (`prepare.mirror`: files removed, files kept, files prepare never wrote) is
+listed too; none of it changes the exit status.
 """
 
 from __future__ import annotations
@@ -14,13 +16,16 @@ from typing import Any
 
 from batchwire.prepare.job import AUTO, AUTO_MOST
 from batchwire.prepare.manifest import (
+    CHECKSUMMED,
     COPIED,
     CORRUPT,
     FAILED,
     REWRITTEN,
+    TOO_LARGE,
     UNVERIFIED,
     Record,
 )
+from batchwire.prepare.mirror import Mirror
 
 EXIT_OK = 0
 EXIT_CORRUPT = 1  # corrupt files found; DST is still complete
@@ -43,6 +48,8 @@ class Summary:
     list_file_written: bool | None = None  # None for a folder
     notes: list[str] = field(default_factory=list)
     interrupted: bool = False
+    checksums_only: bool = False
+    mirror: Mirror = field(default_factory=Mirror)
 
     def add(self, record: Record, skipped: bool) -> None:
         self.records.append(record)
@@ -54,7 +61,7 @@ class Summary:
 
     @property
     def problems(self) -> list[Record]:
-        wanted = (CORRUPT, UNVERIFIED, FAILED)
+        wanted = (CORRUPT, UNVERIFIED, TOO_LARGE, FAILED)
         return sorted((r for r in self.records if r.outcome in wanted), key=lambda r: r.path)
 
     def jpeg_bytes(self) -> tuple[int, int]:
@@ -89,6 +96,8 @@ class Summary:
             "copied": counts[COPIED],
             "unverified": counts[UNVERIFIED],
             "corrupt": counts[CORRUPT],
+            "too_large": counts[TOO_LARGE],
+            "checksummed": counts[CHECKSUMMED],
             "failed": counts[FAILED],
             "skipped": self.skipped,
             "jpeg_bytes_before": before,
@@ -105,15 +114,54 @@ class Summary:
             "problems": [
                 {"path": r.path, "outcome": r.outcome, "error": r.error} for r in self.problems
             ],
+            "removed": self.mirror.removed,
+            "removed_dirs": self.mirror.removed_dirs,
+            "kept_gone": [{"path": p, "why": why} for p, why in self.mirror.kept],
+            "foreign": self.mirror.foreign,
         }
 
     def text(self) -> str:
+        lines = self._checksum_lines() if self.checksums_only else self._prepare_lines()
+        if self.list_file_written is False:
+            lines.append("  the list file was NOT written to DST: some of its files are missing")
+        if self.interrupted:
+            lines.append("  interrupted: rerun the same command to finish")
+        lines += [f"  note: {n}" for n in self.notes]
+        lines += _listed("problem files", [problem_line(r) for r in self.problems])
+        mirror = self.mirror
+        lines += _listed(
+            "removed from DST (SRC no longer has them)",
+            mirror.removed + [f"{d}/" for d in mirror.removed_dirs],
+        )
+        lines += _listed(
+            "kept in DST although SRC no longer has them",
+            [f"{p}: {why}" for p, why in mirror.kept],
+        )
+        lines += _listed("in DST but never written by pipeline-prepare (kept)", mirror.foreign)
+        if self.report_path:
+            lines.append(f"full report: {self.report_path}")
+        return "\n".join(lines)
+
+    def _checksum_lines(self) -> list[str]:
+        counts = self.counts
+        worked, rate, per_core = self.speed()
+        return [
+            f"pipeline-prepare --checksums-only: {self.src} -> {self.dst}",
+            f"  files seen              {len(self.records):>9}",
+            f"  checksummed             {counts[CHECKSUMMED]:>9}",
+            f"  failed (no checksum)    {counts[FAILED]:>9}",
+            f"  skipped (done before)   {self.skipped:>9}",
+            f"  time {self.seconds:.1f} s for {worked} files: {rate:.1f} files/s, "
+            f"{per_core:.1f} files/s per core ({self.jobs} jobs, {self.cores} cores)",
+        ]
+
+    def _prepare_lines(self) -> list[str]:
         counts = self.counts
         before, after = self.jpeg_bytes()
         worked, rate, per_core = self.speed()
         change = _percent(before, after)
         change_text = "" if change is None else f" ({change:+.2f} %)"
-        lines = [
+        return [
             f"pipeline-prepare: {self.src} -> {self.dst} ({interval_text(self.restart_interval)})",
             f"  files seen              {len(self.records):>9}",
             f"  JPEGs rewritten         {counts[REWRITTEN]:>9}  (verified: same coefficients "
@@ -121,27 +169,25 @@ class Summary:
             f"  copied (not JPEG)       {counts[COPIED]:>9}",
             f"  copied unverified       {counts[UNVERIFIED]:>9}  (JPEGs kept as they were)",
             f"  corrupt                 {counts[CORRUPT]:>9}  (copied as they were)",
+            f"  over the pixel cap      {counts[TOO_LARGE]:>9}  (copied as they were)",
             f"  failed (not in DST)     {counts[FAILED]:>9}",
             f"  skipped (done before)   {self.skipped:>9}",
+            f"  removed (gone from SRC) {len(self.mirror.removed):>9}",
+            f"  never written (kept)    {len(self.mirror.foreign):>9}",
             f"  rewritten JPEG bytes    {_mb(before)} -> {_mb(after)}{change_text}",
             f"  time {self.seconds:.1f} s for {worked} files: {rate:.1f} files/s, "
             f"{per_core:.1f} files/s per core ({self.jobs} jobs, {self.cores} cores)",
         ]
-        if self.list_file_written is False:
-            lines.append("  the list file was NOT written to DST: some of its files are missing")
-        if self.interrupted:
-            lines.append("  interrupted: rerun the same command to finish")
-        lines += [f"  note: {n}" for n in self.notes]
-        problems = self.problems
-        if problems:
-            lines.append(f"problem files ({len(problems)}):")
-            for r in problems[:TEXT_PROBLEMS]:
-                lines.append(f"  {problem_line(r)}")
-            if len(problems) > TEXT_PROBLEMS:
-                lines.append(f"  ... and {len(problems) - TEXT_PROBLEMS} more")
-        if self.report_path:
-            lines.append(f"full report: {self.report_path}")
-        return "\n".join(lines)
+
+
+def _listed(title: str, items: list[str]) -> list[str]:
+    """A titled list of at most TEXT_PROBLEMS lines (the report has them all); none if empty."""
+    if not items:
+        return []
+    lines = [f"{title} ({len(items)}):"] + [f"  {item}" for item in items[:TEXT_PROBLEMS]]
+    if len(items) > TEXT_PROBLEMS:
+        lines.append(f"  ... and {len(items) - TEXT_PROBLEMS} more")
+    return lines
 
 
 def problem_line(record: Record) -> str:
@@ -149,6 +195,8 @@ def problem_line(record: Record) -> str:
     kept = {
         CORRUPT: " (copied as it was)",
         UNVERIFIED: " (not verified: copied as it was)",
+        TOO_LARGE: " (copied as it was; pipeline-server replaces it unless its --max-pixels "
+        "allows it)",
         FAILED: " (not in DST)",
     }
     return f"{record.outcome}: {record.path}: {record.error}{kept.get(record.outcome, '')}"

@@ -1,0 +1,283 @@
+"""Integrity checksums: the bytes a sample loader reads are the bytes that were recorded.
+
+A bit flip in a JPEG's entropy data usually still decodes, to wrong pixels, and no decoder can
+tell. `pipeline-prepare` therefore records a checksum of every file it writes in its manifest
+(DST/.batchwire-prepare.jsonl), and `pipeline-prepare --checksums-only SRC` records one for
+every file of a dataset it does not rewrite (SRC/.batchwire-prepare-checksums.jsonl, or a file
+in a folder given). At dataset open the manifest becomes arrays aligned with the dataset's
+indices (`Checksums`), and the sample loader checks each file's bytes right after reading them:
+a mismatch makes the sample bad (logged, counted, replaced) like a corrupt file.
+
+One checksum per file is enough: the loader always reads a whole file (`decode.read_file`)
+before anything decodes it, even on the restart path that then decodes only a few intervals.
+
+The checksum is xxHash's XXH3 (64 bits): about 5 us for a 110 KB photo on this machine (22 GB/s,
+0.5 % of a 1 ms decode), against 9 us for CRC-32C (google-crc32c) and 18 us for zlib's CRC-32.
+It guards against accidents (bit rot, torn copies), not against an attacker who can write the
+manifest too. It is stored as "xxh3_64:" and 16 hex digits.
+
+Where a manifest is looked for (`manifest_paths`): in the dataset's folder (an ImageFolder's
+root, a list file's folder), both names; and in each extra folder given, a file named after the
+dataset (`keyed_name`). Where several apply, the newer manifest wins for a path they share.
+A manifest that cannot be read, or lines of it that make no sense, are never fatal with
+`verify="auto"` (a warning, those lines skipped); with `verify="on"` no usable manifest at all
+is an error (`ChecksumManifestError`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import xxhash
+
+log = logging.getLogger("batchwire.pipeline")
+
+ALGORITHM = "xxh3_64"
+PREPARE_MANIFEST = ".batchwire-prepare.jsonl"  # written by `pipeline-prepare SRC DST` in DST
+CHECKSUMS_MANIFEST = ".batchwire-prepare-checksums.jsonl"  # by `--checksums-only`, beside SRC
+KEYED_SUFFIX = ".batchwire-checksums.jsonl"  # by `--checksums-only --manifest-dir DIR`
+VERIFY_MODES = ("auto", "on", "off")
+# A manifest line is about 150 bytes; one far larger than the dataset could need is not read.
+MAX_BYTES_PER_FILE = 4096
+MAX_BYTES_FLOOR = 16 << 20
+_HEX_DIGITS = 16
+
+
+class ChecksumManifestError(ValueError):
+    """`verify="on"` and no usable checksum manifest was found for the dataset."""
+
+
+def checksum(data: bytes) -> str:
+    """The manifest's text for `data`'s checksum: "xxh3_64:" and 16 lowercase hex digits."""
+    return f"{ALGORITHM}:{xxhash.xxh3_64_hexdigest(data)}"
+
+
+def parse_checksum(text: object) -> int | None:
+    """The 64-bit value of a manifest checksum, or None when it is not one we know."""
+    if not isinstance(text, str):
+        return None
+    algorithm, _, digits = text.partition(":")
+    if algorithm != ALGORITHM or len(digits) != _HEX_DIGITS:
+        return None
+    try:
+        return int(digits, 16)
+    except ValueError:
+        return None
+
+
+def dataset_folder(root: Path, kind: str) -> Path:
+    """The folder a dataset's relative paths start from: the tree's root, the list's folder."""
+    return root if kind == "folder" else root.parent
+
+
+def keyed_name(dataset_path: str | os.PathLike[str]) -> str:
+    """A manifest's name in a shared folder: the dataset's name and a hash of its absolute,
+    resolved path (an ImageFolder root or a list file), so one folder holds many datasets'."""
+    resolved = os.path.realpath(dataset_path)
+    key = hashlib.sha256(resolved.encode("utf-8", "surrogateescape")).hexdigest()[:16]
+    return f"{Path(resolved).name}-{key}{KEYED_SUFFIX}"
+
+
+def manifest_paths(
+    root: Path, kind: str, manifest_dirs: Sequence[str | os.PathLike[str]] = ()
+) -> list[Path]:
+    """Every manifest that exists for the dataset at `root`, oldest first (later ones win)."""
+    found: list[tuple[int, Path]] = []
+    for path in _looked_for(root, kind, manifest_dirs):
+        try:
+            found.append((path.stat().st_mtime_ns, path))
+        except OSError:
+            continue
+    return [path for _, path in sorted(found, key=lambda f: f[0])]
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One file's recorded size and checksum value."""
+
+    size: int
+    value: int
+
+
+@dataclass
+class ManifestRead:
+    """What one manifest holds: path -> entry, and how many lines were skipped as senseless."""
+
+    entries: dict[str, Entry]
+    skipped: int = 0
+
+
+def read_manifest(path: Path, max_bytes: int) -> ManifestRead:
+    """The checksummed files of one manifest (JSON lines with "path", "bytes_out" or "size",
+    and "checksum"; other lines ignored, as are records without a checksum). A later line
+    for a path wins (the manifest is appended to as files finish). OSError when it cannot be
+    read, ValueError when it is larger than `max_bytes`."""
+    size = path.stat().st_size
+    if size > max_bytes:
+        raise ValueError(f"{size} bytes, more than {max_bytes} for this dataset")
+    with open(path, "rb") as f:
+        raw = f.read(max_bytes + 1)
+    entries: dict[str, Entry] = {}
+    skipped = 0
+    for line in raw.decode("utf-8", "surrogateescape").splitlines():
+        if not line.strip():
+            continue
+        try:
+            data = json.loads(line)
+        except ValueError:
+            skipped += 1  # e.g. the last line of a killed run
+            continue
+        if not isinstance(data, dict) or "path" not in data:
+            continue  # a header or the `finished` line
+        entry = _entry(data)
+        if entry is None:
+            skipped += 1
+            continue
+        entries[data["path"]] = entry
+    return ManifestRead(entries, skipped)
+
+
+def _entry(data: dict) -> Entry | None:
+    """The entry a record gives, or None when it is not a well-formed checksummed record."""
+    if not isinstance(data.get("path"), str) or "checksum" not in data:
+        return None
+    value = parse_checksum(data["checksum"])
+    written = data.get("bytes_out", data.get("size"))
+    if value is None or not isinstance(written, int) or isinstance(written, bool) or written < 0:
+        return None
+    return Entry(written, value)
+
+
+class Checksums:
+    """Recorded sizes and checksums aligned with a dataset's indices; `known[i]` False where the
+    manifest has nothing for file i (it is then read unchecked)."""
+
+    def __init__(self, sizes: np.ndarray, values: np.ndarray, sources: list[str]) -> None:
+        self.sizes = sizes  # int64, -1 where unknown
+        self.values = values  # uint64
+        self.sources = sources  # the manifests read, for messages
+
+    @property
+    def known(self) -> np.ndarray:
+        return self.sizes >= 0
+
+    @property
+    def count(self) -> int:
+        return int(self.known.sum())
+
+    def problem(self, index: int, data: bytes) -> str | None:
+        """Why `data` is not the recorded contents of file `index`, or None when it is (or
+        nothing was recorded for it)."""
+        size = int(self.sizes[index])
+        if size < 0:
+            return None
+        if len(data) != size:
+            return (
+                f"checksum mismatch: {len(data)} bytes read, {size} recorded in "
+                f"{self._where()} (changed or damaged since it was recorded)"
+            )
+        if xxhash.xxh3_64_intdigest(data) != int(self.values[index]):
+            return (
+                f"checksum mismatch: its bytes differ from those recorded in {self._where()} "
+                "(damaged since it was recorded)"
+            )
+        return None
+
+    def _where(self) -> str:
+        return " and ".join(self.sources)
+
+
+def load_checksums(
+    paths: Sequence[str],
+    root: Path,
+    kind: str,
+    *,
+    verify: str = "auto",
+    manifest_dirs: Sequence[str | os.PathLike[str]] = (),
+) -> Checksums | None:
+    """The checksums of the dataset whose absolute file paths are `paths` (see the module
+    doc), or None when there are none to check (`verify` "off", or "auto" and none found).
+    Raises ChecksumManifestError for `verify="on"` without a usable manifest."""
+    if verify not in VERIFY_MODES:
+        raise ValueError(f"verify must be one of {VERIFY_MODES}, got {verify!r}")
+    if verify == "off":
+        return None
+    max_bytes = max(MAX_BYTES_FLOOR, MAX_BYTES_PER_FILE * len(paths))
+    merged: dict[str, Entry] = {}
+    sources: list[str] = []
+    for path in manifest_paths(root, kind, manifest_dirs):
+        try:
+            got = read_manifest(path, max_bytes)
+        except (OSError, ValueError) as exc:
+            log.warning("checksum manifest %s not used: %s", path, _reason(exc))
+            continue
+        if got.skipped:
+            log.warning(
+                "checksum manifest %s: %d lines that are not checksummed records skipped",
+                path,
+                got.skipped,
+            )
+        if got.entries:
+            merged.update(got.entries)
+            sources.append(str(path))
+    if not merged:
+        if verify == "on":
+            raise ChecksumManifestError(
+                f"no usable checksum manifest for {root} (looked for "
+                f"{', '.join(str(p) for p in _looked_for(root, kind, manifest_dirs))}); "
+                "write one with `pipeline-prepare --checksums-only`"
+            )
+        return None
+    checksums = _aligned(paths, dataset_folder(root, kind), merged, sources)
+    log.info(
+        "%s: checking %d of %d files against the checksums in %s",
+        root,
+        checksums.count,
+        len(paths),
+        " and ".join(sources),
+    )
+    if checksums.count < len(paths):
+        log.info(
+            "%s: %d files have no recorded checksum (added since the manifest was written?): "
+            "read unchecked",
+            root,
+            len(paths) - checksums.count,
+        )
+    return checksums
+
+
+def _aligned(
+    paths: Sequence[str], folder: Path, entries: dict[str, Entry], sources: list[str]
+) -> Checksums:
+    sizes = np.full(len(paths), -1, dtype=np.int64)
+    values = np.zeros(len(paths), dtype=np.uint64)
+    prefix = str(folder) + os.sep
+    for i, path in enumerate(paths):
+        rel = path[len(prefix) :] if path.startswith(prefix) else os.path.relpath(path, folder)
+        if os.sep != "/":
+            rel = rel.replace(os.sep, "/")
+        entry = entries.get(rel)
+        if entry is not None:
+            sizes[i] = entry.size
+            values[i] = entry.value
+    return Checksums(sizes, values, sources)
+
+
+def _looked_for(
+    root: Path, kind: str, manifest_dirs: Sequence[str | os.PathLike[str]]
+) -> list[Path]:
+    folder = dataset_folder(root, kind)
+    return [folder / PREPARE_MANIFEST, folder / CHECKSUMS_MANIFEST] + [
+        Path(d).expanduser() / keyed_name(root) for d in manifest_dirs
+    ]
+
+
+def _reason(exc: BaseException) -> str:
+    return getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
