@@ -6,7 +6,12 @@ the JPEGs TurboJPEG refuses). Both release the GIL while decoding, which is what
 - PyTurboJPEG reports libjpeg warnings through `warnings.warn` and returns the (possibly partial)
   image; "Premature end of JPEG file" is such a warning, so a truncated file would decode into a
   half-grey picture. Decoding is strict: `turbo_decode` treats every warning but the benign one
-  (`benign_warning`) as an error. (TJFLAG_STOPONWARNING would stop at the benign one too.)
+  (`benign_warning`) as an error. TurboJPEG keeps only the *first* warning's text, so a benign
+  first one hides everything after it: a file with any warning at all is judged again by the
+  native strict check, which sees every warning (TJFLAG_STOPONWARNING would stop at the benign
+  one too). Arithmetic-coded frames are refused before decoding (`arithmetic_frame`), as the
+  native decoder refuses them: libjpeg decodes a Huffman file whose SOF0 became SOF9 into noise
+  without a warning.
 - OpenCV's libjpeg ignores those warnings and returns the partial image, so OpenCV never judges
   a JPEG's data: `check_jpeg_data` does, strictly, for the JPEGs OpenCV decodes.
 - libturbojpeg may be missing: `turbo()` is then None and JPEGs go to OpenCV, without DCT scaling.
@@ -128,9 +133,13 @@ def turbo_decode(data: bytes, scale: tuple[int, int], *, pixel_format: int = _TJ
 
     libjpeg reports a truncated or corrupt stream as a *warning* and returns a partly grey (or,
     when a later error follows, uninitialised) image, so any warning but the benign one is an
-    error here.
+    error here. TurboJPEG reports only the first warning of a decode, so when that one was
+    benign, `_after_benign_warning` judges the file with a decoder that sees them all. A file
+    with no warning costs nothing extra.
     """
     tj = turbo()
+    if arithmetic_frame(data):
+        raise OSError("arithmetic-coded JPEG (SOF9..SOF15): not decoded here")
     factor = None if scale == (1, 1) else scale
     tj.take_warnings()  # drop anything a failed call left behind on this thread
     try:
@@ -140,7 +149,58 @@ def turbo_decode(data: bytes, scale: tuple[int, int], *, pixel_format: int = _TJ
     bad = [w for w in warnings if not benign_warning(w)]
     if bad:
         raise OSError("; ".join(bad))
+    if warnings:
+        _after_benign_warning(data, warnings)
     return pixels
+
+
+def _after_benign_warning(data: bytes, warnings: list[str]) -> None:
+    """OSError unless the native strict check passes `data`, which TurboJPEG decoded with only
+    benign warnings reported: libjpeg's default reporter (what TurboJPEG keeps) formats the
+    first warning only, so corrupt data after stray header bytes was never seen. Without the
+    native extension nothing here can look past that first warning: the file is refused (rare:
+    stray bytes between header segments, where the extension is not built)."""
+    from batchwire.native.jpeg_roi import JpegRoiError, check_jpeg, jpeg_roi_available
+
+    if not jpeg_roi_available():
+        raise OSError(
+            f"{warnings[0]} (and nothing here can check the data after it: the native JPEG "
+            "checker is not built)"
+        )
+    try:
+        check_jpeg(data)
+    except JpegRoiError as e:
+        raise OSError(str(e)) from None
+
+
+_SOF_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}  # not DHT, JPG, DAC
+
+
+def arithmetic_frame(data: bytes | memoryview) -> bool:
+    """Whether the JPEG's frame header is an arithmetic-coded one (SOF9..SOF15).
+
+    Walks the header segments as libjpeg does (fill bytes 0xFF skipped, each segment's length
+    trusted) up to the first SOF or SOS. A walk that meets anything else (stray bytes, a
+    truncated header) stops with False: libjpeg warns on such a file, and `turbo_decode` then
+    has the native check (which refuses arithmetic frames itself) judge it. A few microseconds.
+    """
+    pos, size = 2, len(data)
+    if size < 4 or data[0] != 0xFF or data[1] != 0xD8:
+        return False
+    while pos + 4 <= size:
+        if data[pos] != 0xFF:
+            return False
+        while pos < size and data[pos] == 0xFF:
+            pos += 1
+        if pos + 3 > size:
+            return False
+        marker = data[pos]
+        if marker in _SOF_MARKERS:
+            return marker >= 0xC9
+        if marker == 0xDA:
+            return False
+        pos += 1 + ((data[pos + 1] << 8) | data[pos + 2])
+    return False
 
 
 def has_eoi(data: bytes) -> bool:

@@ -6,9 +6,16 @@ CPU decoder, one image at a time, so one bad file never fails a batch. Each such
 counted and logged once per dataset index, so a dataset with a few odd files says so without
 flooding the log every epoch.
 
-`GpuDecoderBase.decode_batch` is that routine once for both decoders: route, decode the rest in
-chunks of `max_batch` under one lock, send what is left to `CpuFallback`. A decoder supplies
-only `_decode_group` (and may add reasons to `_skip_reason`).
+`GpuDecoderBase.decode_batch` is that routine once for both decoders: route, check, decode the
+rest in chunks of `max_batch` under one lock, send what is left to `CpuFallback`. A decoder
+supplies only `_decode_group` (and may add reasons to `_skip_reason`).
+
+Strictness: nvJPEG and DALI (CPU and mixed) decode many damaged JPEGs without an error (DALI's
+CPU backend returned pixels for damaged files the strict decode rejects, see
+tests/unit/test_decode_strict.py), so before a GPU decode every JPEG's bytes (the narrowed small
+JPEG for files with a restart layout) pass `backends.check_jpeg_data`, the strict entropy decode
+the CPU path applies, on the CPU decode threads. A refused file goes to the CPU decoder, which
+refuses it too and says why. Its cost is an entropy decode per image on the CPU.
 """
 
 from __future__ import annotations
@@ -20,7 +27,8 @@ from collections.abc import Sequence
 import torch
 from batchwire.common import devices
 from batchwire.common.cores import available_cores
-from batchwire.pipeline.decode.contract import DecodeRequest, DecodeResult
+from batchwire.pipeline.decode.backends import check_jpeg_data
+from batchwire.pipeline.decode.contract import DecodeError, DecodeRequest, DecodeResult
 from batchwire.pipeline.decode.cpu import CpuBatchDecoder
 from batchwire.pipeline.decode.restart import narrow_request
 
@@ -98,6 +106,10 @@ class CpuFallback:
                 res = DecodeResult(image=res.image.to(self.device), box=res.box, error=None)
             out.append(res)
         return out
+
+    def map(self, fn, items: Sequence) -> list:
+        """`fn` over `items` on the CPU decoder's threads (the strict checks run there)."""
+        return self._decoder().map(fn, items)
 
     def close(self) -> None:
         with self._lock:
@@ -192,6 +204,7 @@ class GpuDecoderBase:
             else:
                 rejected[i] = reason
         routed = set(rejected)
+        eligible = self._strictly_checked(eligible, requests, rejected)
         with self._lock:
             for start in range(0, len(eligible), self.max_batch):
                 chunk = eligible[start : start + self.max_batch]
@@ -207,5 +220,28 @@ class GpuDecoderBase:
                 results[i] = res
         return results  # type: ignore[return-value]  # every slot is filled above
 
+    def _strictly_checked(
+        self, eligible: list[int], requests: Sequence[DecodeRequest], rejected: dict[int, str]
+    ) -> list[int]:
+        """The items of `eligible` whose bytes pass the strict check (see the module doc); the
+        others get their reason in `rejected` (not routine: warned once per index)."""
+        verdicts = self._fallback.map(_strict_verdict, [requests[i].data for i in eligible])
+        passed = []
+        for i, verdict in zip(eligible, verdicts, strict=True):
+            if verdict is None:
+                passed.append(i)
+            else:
+                rejected[i] = f"refused by the strict check: {verdict}"
+        return passed
+
     def close(self) -> None:
         self._fallback.close()
+
+
+def _strict_verdict(data: bytes) -> str | None:
+    """None when `data` passes `check_jpeg_data`, else why not."""
+    try:
+        check_jpeg_data(data)
+    except DecodeError as e:
+        return str(e)
+    return None

@@ -2,10 +2,11 @@
 
 A crop of a training sample is about half the image, and the DCT scale rarely applies at 224 px,
 so where the native ROI decoder is built (`batchwire.native.jpeg_roi`, libjpeg-turbo with a crop)
-decoding just the region `region.reach_region` names saves real work. It is an optimisation
-only: `decode_roi` returns None on any trouble (not built, switched off, the decoder refuses the
-file, sizes disagree with the header), and the caller then decodes the whole image, which also
-decides what a bad file's error is.
+decoding just the region `region.reach_region` names saves real work. `decode_roi` returns None
+when it cannot help (not built, switched off, sizes disagree with the header), and the caller
+then decodes the whole image. When the native decoder refuses the file's data, that verdict is
+final (`DecodeError`): it is at least as strict as the whole-image path (see `ROI_VERIFY_TAIL`
+for what it reads), and a second opinion could only serve what it refused.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ import os
 import threading
 from collections.abc import Callable
 
-from batchwire.pipeline.decode.contract import DecodedImage
+from batchwire.pipeline.decode.backends import jpeg_failure
+from batchwire.pipeline.decode.contract import DecodedImage, DecodeError
 from batchwire.pipeline.decode.headers import ImageHeader
 from batchwire.pipeline.decode.orientation import apply_orientation, swaps_axes
 from batchwire.pipeline.decode.region import (
@@ -28,17 +30,19 @@ from batchwire.pipeline.decode.region import (
 log = logging.getLogger("batchwire.pipeline")
 
 _ROI_SWITCH = "BATCHWIRE_JPEG_ROI"  # "0" turns ROI decoding off (benchmarks, debugging)
-# Entropy-decode the rows below the crop too, so corrupt data there fails the sample as a full
-# decode does. Off: those rows are never read (the crop's pixels are unaffected by them); a
-# truncated file is still caught, by its missing EOI marker. Strict decoding (any libjpeg
-# warning fails) covers what is read, so with this off a file whose damage (zeroed or random
-# bytes, a cut with FF D9 appended) lies wholly below a crop is served for that crop, with
-# exactly the intact file's pixels, and found bad (logged, counted, replaced) when a crop
-# reaches the damage. Costs ~0.2 CPU ms per ImageNet file. A file with restart markers that tile
-# its MCU rows (pipeline-prepare) is entered at the markers: then the intervals above and beside
-# the crop are not read either (pipeline-prepare checked every one of them, once); with this on,
-# such a file is read as a whole like any other.
-ROI_VERIFY_TAIL = False
+# Entropy-decode the rows below the crop too (skipping them costs no IDCT, upsampling or colour
+# conversion), so that corrupt data anywhere in the file fails the sample exactly as a full
+# strict decode does: the region path then checks every byte a full decode reads. Off (only for
+# benchmarks and tests of the trade-off): rows below the crop are never read and damage there is
+# served (the crop's pixels are the intact file's, but the file is bad). Costs ~0.3 CPU ms per
+# ImageNet file (see the issue 20 notes in tests/unit/test_decode_strict.py). A file with
+# restart markers that tile its MCU rows (pipeline-prepare) is entered at the markers either way:
+# the intervals under the crop (plus one MCU of context) are decoded strictly and the whole
+# scan's structure (marker order, interval count, EOI) is checked; the other intervals' data is
+# not decoded (pipeline-prepare checked every one when it wrote the file).
+ROI_VERIFY_TAIL = True
+# The native refusal that is about the decoder, not the data (csrc/jpeg_roi.cpp's wording).
+_NOT_FOR_ROI = "CMYK/YCCK JPEGs are not decoded here"
 _roi_lock = threading.Lock()
 _roi_state: list = []
 
@@ -65,7 +69,8 @@ def decode_roi(
     out_hw: tuple[int, int],
 ) -> DecodedImage | None:
     """Decode only what the resize of `box` (full-size oriented coords) to `out_hw` reads, at
-    the DCT `scale`; None when ROI decoding is unavailable or fails here."""
+    the DCT `scale`; None when ROI decoding is unavailable here, DecodeError when the native
+    decoder refuses the file (corrupt, truncated, unsupported)."""
     decode = _roi_decoder()
     if decode is None:
         return None
@@ -80,11 +85,14 @@ def decode_roi(
     y0, x0, y1, x1 = box[0] * sy, box[1] * sx, box[2] * sy, box[3] * sx
     reach = reach_region((y0, x0, y1, x1), out_hw, (scaled_h, scaled_w))
     want = stored_region(header.orientation, scaled_stored, reach)
+    if want[2] <= want[0] or want[3] <= want[1]:
+        return None  # nothing to crop: the whole-image path handles the degenerate box
     try:
         raw, got, full = decode(data, *want, denom, verify=ROI_VERIFY_TAIL)
     except JpegRoiError as e:
-        log.debug("ROI decode failed (%s): decoding the whole image", e)
-        return None
+        if _NOT_FOR_ROI in str(e):
+            return None  # a colour space the whole-image path converts (OpenCV)
+        raise DecodeError(f"{jpeg_failure(str(e))} JPEG: {e}") from None
     if full != scaled_stored:
         log.debug("ROI decode size %s, header says %s: decoding it whole", full, scaled_stored)
         return None

@@ -1,0 +1,168 @@
+"""Issue 20, item 1: a JPEG the strict full decode rejects is rejected by every decode path.
+
+The corpus (tests/corrupt_corpus.py) damages one byte of PIL-written files in every layout the
+decoders treat differently. The reference is the native strict full decode (`check_jpeg`). For
+each file it rejects, in-process:
+- the TurboJPEG whole-image path (`decode_for_crop(roi=False)`, full size and DCT-scaled),
+- the region path (`decode_for_crop(roi=True)` on files without restart layout: the rows below
+  the crop are entropy decoded too), for a val (centre) crop and train crops,
+- the restart path (the same call on restart-marked files) rejects it or serves exactly the
+  intact file's pixels: only the crop's intervals are decoded there, by design (the others are
+  pipeline-prepare's and the checksums' concern), but its structure is checked whole,
+- DALI's CPU backend, through `GpuDecoderBase`'s strict check, where DALI is installed.
+Header checks (`read_header`) count as the path's rejection: they run first on every path.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from batchwire import native
+from batchwire.pipeline.decode import DecodeError, DecodeRequest, decode_for_crop, read_header
+from batchwire.pipeline.decode.backends import arithmetic_frame
+from corrupt_corpus import corpus, strict_rejects
+
+if not native.jpeg_roi_available():
+    pytest.skip("the native strict decoder does not build here", allow_module_level=True)
+
+OUT = (24, 24)
+
+
+@pytest.fixture(scope="module")
+def files():
+    return corpus()
+
+
+@pytest.fixture(scope="module")
+def rejected(files):
+    return [f for f in files if strict_rejects(f.data) is not None]
+
+
+def crops(height: int, width: int) -> list[tuple[float, float, float, float]]:
+    """A val centre crop, the whole image, and train-like crops in three corners (small and
+    large), so damage above, inside and below a crop is met."""
+    h, w = float(height), float(width)
+    return [
+        (h * 0.125, w * 0.125, h * 0.875, w * 0.875),
+        (0.0, 0.0, h, w),
+        (0.5, 1.5, h * 0.4, w * 0.5),
+        (h * 0.6, w * 0.55, h - 0.5, w - 1.0),
+        (h * 0.3, 0.0, h * 0.7, w * 0.3),
+    ]
+
+
+def served(data: bytes, box, roi: bool, scale_out=OUT):
+    """The decoded pixels and box of one path, or None when it refuses the file."""
+    try:
+        header = read_header(data)
+        got = decode_for_crop(data, header, box, scale_out, roi=roi)
+    except (DecodeError, ValueError, OSError):
+        return None
+    return got
+
+
+def test_the_corpus_is_big_enough_and_holds_the_known_holes(files, rejected):
+    assert len(files) >= 300 and len(rejected) >= 150
+    layouts = {f.layout for f in rejected}
+    assert layouts == {"base420", "base422", "base444", "grey", "prog420", "rst420", "rst422"}
+    assert any(arithmetic_frame(f.data) for f in rejected)  # SOF0 -> SOF9 is refused
+
+
+@pytest.mark.parametrize("out_hw", [OUT, (6, 6)])  # (6, 6): DCT-scaled decodes
+def test_whole_image_path_rejects_every_file_the_strict_decode_rejects(rejected, out_hw):
+    accepted = [
+        f.name for f in rejected for box in crops(48, 64)[:2] if served(f.data, box, False, out_hw)
+    ]
+    assert accepted == []
+
+
+def test_region_and_restart_paths_never_serve_a_rejected_files_wrong_pixels(rejected):
+    """Region path: rejected for every crop. Restart path: rejected, or exactly the intact
+    file's pixels (the damage lies in intervals the crop does not read)."""
+    wrong, accepted_region = [], []
+    for f in rejected:
+        header = read_header(f.intact)
+        for box in crops(header.height, header.width):
+            got = served(f.data, box, True)
+            if got is None:
+                continue
+            if not f.layout.startswith("rst"):
+                accepted_region.append((f.name, box))
+                continue
+            want = decode_for_crop(f.intact, header, box, OUT, roi=True)
+            if got.box != want.box or not np.array_equal(got.pixels, want.pixels):
+                wrong.append((f.name, box))
+    assert accepted_region == []
+    assert wrong == []
+
+
+def test_restart_path_rejects_structural_damage_and_damage_it_reads(rejected):
+    """Every rejected restart-marked file fails the whole-image crop (all intervals read) and,
+    when its damage breaks the scan's structure, every crop."""
+    for f in (f for f in rejected if f.layout.startswith("rst")):
+        header = read_header(f.intact)
+        assert served(f.data, (0.0, 0.0, header.height, header.width), True) is None, f.name
+        if native.jpeg_roi.restart_layout(f.data)[0] is None and "restart" in (
+            strict_rejects(f.data) or ""
+        ):
+            for box in crops(header.height, header.width):
+                assert served(f.data, box, True) is None, (f.name, box)
+
+
+def test_region_decoder_refuses_arithmetic_frames_for_a_crop_covering_everything(files):
+    arith = [f for f in files if "sofc0->c9" in f.name]
+    assert arith
+    for f in arith:
+        with pytest.raises(native.JpegRoiError, match="arithmetic"):
+            native.decode_jpeg_roi(f.data, 0, 0, 10_000, 10_000, 1, restarts=False)
+
+
+def test_turbojpeg_judges_files_whose_first_warning_was_benign(files):
+    """A DQT/DHT length one too long: libjpeg's first warning is "extraneous bytes before
+    marker 0xc4/0xdb" (benign), and the damage after it is what the strict check reports."""
+    longer = [f for f in files if "-length+1" in f.name and strict_rejects(f.data)]
+    assert longer
+    for f in longer:
+        assert served(f.data, (0.0, 0.0, 48.0, 64.0), False) is None, f.name
+
+
+def test_intact_seeds_decode_on_every_path(files):
+    for intact in {f.intact for f in files}:
+        assert strict_rejects(intact) is None
+        header = read_header(intact)
+        for box in crops(header.height, header.width):
+            for roi in (False, True):
+                assert served(intact, box, roi) is not None
+
+
+def dali_requests(rejected) -> list[DecodeRequest]:
+    requests = []
+    for i, f in enumerate(rejected):
+        try:
+            header = read_header(f.data)
+        except (DecodeError, ValueError):
+            continue  # refused before any decoder sees it
+        box = (0.0, 0.0, float(header.height), float(header.width))
+        requests.append(DecodeRequest(i, f.data, header, box, OUT))
+    return requests
+
+
+def test_dali_cpu_backend_rejects_what_the_strict_decode_rejects(rejected):
+    """DALI alone must never see these files: on this corpus its CPU backend decodes some
+    without an error and crashes the process (SIGSEGV, DALI 1.x) on others. Through
+    `decode_batch`, the strict check shared by every GPU-side decoder (`GpuDecoderBase`)
+    refuses each one before DALI runs, and the CPU fallback reports it as a failure."""
+    pytest.importorskip("nvidia.dali", reason="NVIDIA DALI is not installed")
+    from batchwire.pipeline.decode.dali import DaliBatchDecoder
+
+    requests = dali_requests(rejected)
+    decoder = DaliBatchDecoder("cpu", threads=2, max_batch=64)
+    try:
+        results = decoder.decode_batch(requests)
+        assert decoder.failures == len(requests)
+    finally:
+        decoder.close()
+    served_anyway = [
+        r.index for r, res in zip(requests, results, strict=True) if res.image is not None
+    ]
+    assert served_anyway == []
