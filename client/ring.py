@@ -17,7 +17,6 @@ Two policies, chosen by the target device:
 from __future__ import annotations
 
 import logging
-import sys
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -26,13 +25,6 @@ import torch
 from batchwire import wire
 
 log = logging.getLogger(__name__)
-
-
-def labels_fixup(labels: torch.Tensor) -> torch.Tensor:
-    """Labels travel little-endian; swap them in place on the rare big-endian host."""
-    if sys.byteorder != "little":
-        labels.copy_(torch.from_numpy(labels.numpy().byteswap()))
-    return labels
 
 
 def writable(t: torch.Tensor, nbytes: int) -> memoryview:

@@ -2,12 +2,12 @@
 
 `CudaStager` follows the usual double-buffering discipline (as in ffcv's epoch iterator): the
 host-to-device copy (and optional normalisation) of a received batch is queued on a dedicated
-side stream as soon as it arrives, an event marks its end, and the consumer's stream waits on
-that event when the batch is handed out, so the copy overlaps the training step before it. A
-slot is reused only when it is safe on both sides: its host memory after its previous copy's
-event completed (the host is about to overwrite it), its device memory after an event recorded
-on the consumer's stream when the *next* batch was requested (the GPU has finished every kernel
-the training step queued on it).
+side stream (``copy_stream``) as soon as it arrives, an event marks its end, and the consumer's
+stream waits on that event when the batch is handed out, so the copy overlaps the training step
+before it. A slot is reused only when it is safe on both sides: its host memory after its
+previous copy's event completed (the host is about to overwrite it), its device memory after an
+event recorded on the consumer's stream when the *next* batch was requested (the GPU has
+finished every kernel the training step queued on it): a `common.cuda_events.HandOff` per slot.
 
 `CpuStager` is the CPU counterpart: no copy at all for the wire's own dtype (the yielded tensor
 views the ZeroMQ frame it arrived in, and keeps it alive), and normalisation, when the batch is
@@ -22,12 +22,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 import zmq
 from batchwire import wire
 from batchwire.client.normalize import Affine, normalize_uint8
-from batchwire.client.ring import HostSlot, RecycledBuffers, SlotRing, labels_fixup
+from batchwire.client.ring import HostSlot, RecycledBuffers, SlotRing
+from batchwire.common.cuda_events import HandOff
 
 
 @dataclass(frozen=True)
@@ -72,11 +72,6 @@ def frame_tensor(frame: zmq.Frame, dtype: torch.dtype) -> torch.Tensor:
     return flat
 
 
-def frame_labels(frame: zmq.Frame) -> torch.Tensor:
-    """The little-endian int64 labels frame as a native int64 tensor of its own."""
-    return torch.from_numpy(np.frombuffer(frame.buffer, dtype="<i8").astype(np.int64))
-
-
 class CpuStager:
     """CPU target: tensors over the received frames, normalised (if asked) on the CPU."""
 
@@ -97,7 +92,8 @@ class CpuStager:
     ) -> Staged:
         spec = header.spec
         raw = spec.view_bytes(frame_tensor(images, spec.torch_dtype))
-        return Staged(None, raw, frame_labels(labels), normalize_pending=self.fmt.normalize)
+        own = torch.from_numpy(wire.labels_from_frame(labels.buffer, header.batch_size))
+        return Staged(None, raw, own, normalize_pending=self.fmt.normalize)
 
     def hand_out(self, staged: Staged, stream: object = None) -> None:
         """Normalise now, not on arrival: a batch waiting in the reorder buffer (or several,
@@ -127,12 +123,9 @@ class _DeviceHalf:
     images: torch.Tensor  # uint8 [capacity] on the device
     labels: torch.Tensor  # int64 [B] on the device
     out: torch.Tensor | None  # normalised [B, 3, H, W] when normalising
-    copied: torch.cuda.Event  # recorded on the side stream after the copy (and normalise)
-    freed: torch.cuda.Event  # recorded on the consumer stream when the batch is released
-    copy_pending: bool = False
-    freed_recorded: bool = False
-    #: The stream the batch was handed out to, until it is released.
-    consumer: torch.cuda.Stream | None = None
+    #: ``ready``: recorded on the side stream after the copy (and normalise); ``freed``: on the
+    #: stream the batch was handed out to, when it is released (common/cuda_events.py).
+    hand: HandOff
 
 
 class CudaStager:
@@ -151,7 +144,7 @@ class CudaStager:
         self.device = device
         b = fmt.spec.batch_size
         with torch.cuda.device(device):
-            self.stream = torch.cuda.Stream(device)
+            self.copy_stream = torch.cuda.Stream(device)
             # Pinned only for a real GPU copy (the CPU-side tests drive this class on "cpu").
             self.ring = SlotRing(slots, fmt.spec.nbytes, b, pin=device.type == "cuda")
             self._affine = Affine.from_stats(fmt.mean, fmt.std, device)
@@ -167,26 +160,22 @@ class CudaStager:
                     images=torch.empty(fmt.spec.nbytes, dtype=torch.uint8, device=device),
                     labels=torch.empty(b, dtype=torch.int64, device=device),
                     out=out,
-                    copied=torch.cuda.Event(),
-                    freed=torch.cuda.Event(),
+                    hand=HandOff(),
                 )
 
     def acquire(self, header: wire.BatchHeader) -> HostSlot:
         slot = self.ring.acquire()
         dev: _DeviceHalf = slot.device
-        if dev.copy_pending:  # the host memory is about to be overwritten by recv_into
-            dev.copied.synchronize()
-            dev.copy_pending = False
+        dev.hand.ready.synchronize()  # recv_into overwrites what the last copy reads
         return slot
 
     def stage(self, slot: HostSlot, header: wire.BatchHeader) -> Staged:
         dev: _DeviceHalf = slot.device
         b = header.batch_size
         nbytes = header.nbytes
-        labels_fixup(slot.labels[:b])
-        with torch.cuda.device(self.device), torch.cuda.stream(self.stream):
-            if dev.freed_recorded:  # the consumer's last kernels on this slot come first
-                self.stream.wait_event(dev.freed)
+        wire.labels_from_frame(slot.labels_buffer(b), b, out=slot.labels[:b].numpy())
+        with torch.cuda.device(self.device), torch.cuda.stream(self.copy_stream):
+            dev.hand.before_write(self.copy_stream)  # the consumer's last kernels on it come first
             dev.images[:nbytes].copy_(slot.images[:nbytes], non_blocking=True)
             dev.labels[:b].copy_(slot.labels[:b], non_blocking=True)
             images = header.spec.view_bytes(dev.images)
@@ -194,8 +183,7 @@ class CudaStager:
                 assert dev.out is not None
                 scratch = None if self._scratch is None else self._scratch[:b]
                 images = normalize_uint8(images, self._affine, dev.out[:b], scratch)
-            dev.copied.record(self.stream)
-        dev.copy_pending = True
+            dev.hand.written(self.copy_stream)
         return Staged(slot, images, dev.labels[:b])
 
     def stage_frames(
@@ -215,21 +203,14 @@ class CudaStager:
         """Make the consumer stream (``stream``, else the current one) wait for the copy; the
         slot is then guarded by that stream until `release`."""
         dev: _DeviceHalf = staged.slot.device
-        consumer = self.consumer_stream(stream)
-        consumer.wait_event(dev.copied)
-        dev.consumer = consumer
+        dev.hand.hand_out(self.consumer_stream(stream))
 
     def release(self, staged: Staged) -> None:
         """The consumer is done with the batch: everything it queued on its stream so far must
         finish before the slot's device memory is written again."""
-        self._record_freed(staged.slot.device)
+        dev: _DeviceHalf = staged.slot.device
+        dev.hand.give_back()
         self.ring.give_back(staged.slot)
-
-    def _record_freed(self, dev: _DeviceHalf) -> None:
-        if dev.consumer is not None:
-            dev.freed.record(dev.consumer)
-            dev.freed_recorded = True
-            dev.consumer = None
 
     def discard(self, staged: Staged) -> None:
         """A batch that was received but never handed out (epoch restart, reconnect)."""
@@ -244,11 +225,8 @@ class CudaStager:
         """
         with torch.cuda.device(self.device):
             for slot in self.ring.slots:
-                dev: _DeviceHalf = slot.device
-                self._record_freed(dev)
-                if dev.freed_recorded:
-                    dev.freed.synchronize()
-                if dev.copy_pending:
-                    dev.copied.synchronize()
-                    dev.copy_pending = False
-            self.stream.synchronize()
+                hand: HandOff = slot.device.hand
+                hand.give_back()
+                hand.freed.synchronize()
+                hand.ready.synchronize()
+            self.copy_stream.synchronize()

@@ -17,8 +17,9 @@ contract:
 
 `HandOff` is the round trip of one reusable buffer between a writer stream and the stream of
 whoever consumes it: `RemoteLoader`'s `CudaStager` (host-to-device copy on a side stream) and
-`LocalLoader` (production on a stream of its own) are both this; a server worker producing on
-the GPU uses a bare `BufferFence` for its device-to-host copy.
+`LocalLoader` (production on a stream of its own) are both this. A one-way use (e.g. a
+device-to-host copy the host then reads or sends) is a bare `BufferFence`: record, then
+`synchronize`.
 
 Nothing here touches CUDA before it is constructed (the module imports on CPU-only torch), and
 `torch.cuda` is looked up at each call.
@@ -62,8 +63,8 @@ class HandOff:
     """One reusable buffer going from a writer stream to a consumer's stream and back.
 
     ``ready``: recorded on the writer stream once it queued the buffer's contents; the
-    consumer's stream waits on it at `hand_out`. ``freed``: recorded on the stream the buffer
-    was handed out to when it is given back (whatever stream is current then); the writer
+    consumer's stream waits on it at `hand_out`. ``freed``: recorded when the buffer is given
+    back, on the stream it was handed out to (not whichever stream is current then); the writer
     stream waits on it before it writes the buffer again (`before_write`).
     """
 

@@ -70,9 +70,24 @@ def labels_to_frame(labels: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(labels, dtype=LABELS_DTYPE)
 
 
-def labels_from_frame(buf: bytes | memoryview, batch_size: int) -> np.ndarray:
-    """Read a labels frame of ``batch_size`` int64 values (native-order copy not needed on LE)."""
+def labels_from_frame(
+    buf: bytes | memoryview, batch_size: int, out: np.ndarray | None = None
+) -> np.ndarray:
+    """The labels frame (``batch_size`` little-endian int64) as native-order int64 labels.
+
+    The one decoder of the labels frame, for every receiver. `out` None: a new, writable array
+    of its own (the frame's memory may go). `out` given (``batch_size`` int64, possibly the very
+    memory the frame was received into with ``recv_into``): the labels are written there and
+    `out` is returned; received in place on a little-endian host, nothing is copied. A frame of
+    the wrong size is a `ProtocolError`.
+    """
+    view = memoryview(buf)
     expected = batch_size * LABELS_DTYPE.itemsize
-    if len(buf) != expected:
-        raise ProtocolError(f"labels frame has {len(buf)} bytes, expected {expected}")
-    return np.frombuffer(buf, dtype=LABELS_DTYPE).astype(np.int64, copy=False)
+    if view.nbytes != expected:
+        raise ProtocolError(f"labels frame has {view.nbytes} bytes, expected {expected}")
+    raw = np.frombuffer(view.cast("B"), dtype=LABELS_DTYPE)
+    if out is None:
+        return raw.astype(np.int64)
+    if out.ctypes.data != raw.ctypes.data or out.dtype != raw.dtype:  # not already in place
+        np.copyto(out, raw)  # numpy copes with the overlap: a swap in place on big-endian hosts
+    return out

@@ -131,8 +131,8 @@ def receive(stager: CudaStager, k: int, fill: int):
 
 def test_stager_creates_its_stream_and_events_with_the_device_current(cuda: FakeCuda) -> None:
     stager = make_stager()
-    side = cuda.ops("new_stream", stager.stream)
-    assert side == [("new_stream", stager.stream, True)]
+    side = cuda.ops("new_stream", stager.copy_stream)
+    assert side == [("new_stream", stager.copy_stream, True)]
     events = cuda.ops("new_event")
     assert len(events) == 2 * len(stager.ring) and all(inside for _, _, inside in events)
     # the stream first: it opens the device's context before anything else is allocated
@@ -148,19 +148,19 @@ def test_batch_is_guarded_by_the_stream_it_was_handed_to(cuda: FakeCuda) -> None
     assert torch.equal(staged.images, torch.full((B, 3, H, W), 7, dtype=torch.uint8))
     assert staged.labels.tolist() == [0, 0]
     stager.hand_out(staged, consumer)
-    assert cuda.log[-1] == ("wait", consumer, slot.device.copied)
+    assert cuda.log[-1] == ("wait", consumer, slot.device.hand.ready.event)
     with cuda.stream(cuda.Stream(name="elsewhere")):  # released while another is current
         stager.release(staged)
-    assert cuda.log[-1] == ("record", slot.device.freed, consumer)
+    assert cuda.log[-1] == ("record", slot.device.hand.freed.event, consumer)
     cuda.log.clear()
     again = receive(stager, 1, fill=9)  # the same (only) slot
     assert again.slot is slot
     # the host half waits for its last copy, the side stream for the consumer's last work,
     # and the new copy's event comes after both
-    assert cuda.log[0] == ("sync", slot.device.copied)
-    assert ("wait", stager.stream, slot.device.freed) in cuda.log
-    assert cuda.index(("wait", stager.stream, slot.device.freed)) < cuda.index(
-        ("record", slot.device.copied, stager.stream)
+    assert cuda.log[0] == ("sync", slot.device.hand.ready.event)
+    assert ("wait", stager.copy_stream, slot.device.hand.freed.event) in cuda.log
+    assert cuda.index(("wait", stager.copy_stream, slot.device.hand.freed.event)) < cuda.index(
+        ("record", slot.device.hand.ready.event, stager.copy_stream)
     )
     assert torch.equal(again.images, torch.full((B, 3, H, W), 9, dtype=torch.uint8))
 
@@ -172,7 +172,7 @@ def test_default_consumer_is_the_stream_current_at_hand_out(cuda: FakeCuda) -> N
     with cuda.stream(side):
         stager.hand_out(staged)
     stager.release(staged)  # the default stream is current now
-    assert cuda.log[-1] == ("record", staged.slot.device.freed, side)
+    assert cuda.log[-1] == ("record", staged.slot.device.hand.freed.event, side)
 
 
 def test_discarded_batch_records_nothing(cuda: FakeCuda) -> None:
@@ -192,12 +192,13 @@ def test_close_waits_on_every_consumer_stream_and_the_side_stream(cuda: FakeCuda
     stager.hand_out(second, b)  # still held by the consumer when the loader closes
     cuda.log.clear()
     stager.close()
-    assert ("record", second.slot.device.freed, b) in cuda.log
+    assert ("record", second.slot.device.hand.freed.event, b) in cuda.log
     synced = {op[1] for op in cuda.ops("sync")}
-    assert first.slot.device.freed in synced and second.slot.device.freed in synced
-    assert third.slot.device.copied in synced  # staged, never handed out: its copy is waited
-    assert cuda.log[-1] == ("sync", stager.stream)
-    never_handed = [s.device.freed for s in stager.ring.slots[2:]]
+    assert first.slot.device.hand.freed.event in synced
+    assert second.slot.device.hand.freed.event in synced
+    assert third.slot.device.hand.ready.event in synced  # staged, never handed out: copy waited
+    assert cuda.log[-1] == ("sync", stager.copy_stream)
+    never_handed = [s.device.hand.freed.event for s in stager.ring.slots[2:]]
     assert not any(e in synced for e in never_handed)  # only recorded events are waited on
 
 

@@ -175,6 +175,23 @@ def test_labels_frame_is_little_endian_int64():
         p.labels_from_frame(frame[:-1], 4)
 
 
+def test_labels_frame_decodes_into_its_own_array_or_in_place():
+    labels = np.array([0, 1, 2**40, -100], dtype=np.int64)
+    frame = p.labels_to_frame(labels).tobytes()
+    own = p.labels_from_frame(frame, 4)
+    assert own.dtype == np.int64 and own.flags.writeable
+    received = torch.empty(6, dtype=torch.int64)  # a receive slot larger than the batch
+    buf = memoryview(received.view(torch.uint8).numpy())[:32]
+    buf[:] = frame
+    out = received[:4].numpy()
+    assert p.labels_from_frame(buf, 4, out=out) is out
+    np.testing.assert_array_equal(out, labels)
+    # on a big-endian host the received bytes, viewed in its native order, are swapped in place
+    raw = bytearray(frame)
+    big = np.frombuffer(raw, dtype=">i8")
+    np.testing.assert_array_equal(p.labels_from_frame(raw, 4, out=big), labels)
+
+
 @pytest.mark.parametrize("dtype", [torch.uint8, torch.bfloat16, torch.float32])
 def test_tensor_bytes_follow_the_layout(dtype):
     t = torch.arange(2 * 3 * 4 * 5, dtype=torch.float32).reshape(2, 3, 4, 5).to(dtype)
