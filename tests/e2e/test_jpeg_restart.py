@@ -2,7 +2,8 @@
 
 What must hold: for a JPEG whose restart intervals tile its MCU rows, `decode_jpeg_roi` (which
 then decodes a small JPEG of the intervals under the region) returns exactly the region and
-pixels that reading the whole file gives (`verify=True` takes that path), at every DCT scale;
+pixels that reading the whole file gives (`restarts=False` takes that path), at every DCT scale
+(exhaustively on noise: tests/unit/test_restart_exact.py);
 `crop_bitstream`'s small JPEG is a valid JPEG that an independent decoder (PIL) reads as the
 file's pixels away from its cut edges; files without such a layout are named and read as
 before; damage inside the crop still fails; `narrow_request` (the GPU decoders' cut) keeps the
@@ -116,9 +117,9 @@ def test_restart_path_returns_the_whole_files_region_and_pixels(kind, mcu_h, mcu
     for denom in (1, 2, 4, 8):
         h, w = -(-181 // denom), -(-243 // denom)
         for region in random_regions(rng, h, w, 25):
-            fast = jpeg_roi.decode_jpeg_roi(data, *region, denom, verify=False)
-            whole_file = jpeg_roi.decode_jpeg_roi(data, *region, denom, verify=True)
-            no_markers = jpeg_roi.decode_jpeg_roi(plain, *region, denom, verify=False)
+            fast = jpeg_roi.decode_jpeg_roi(data, *region, denom)
+            whole_file = jpeg_roi.decode_jpeg_roi(data, *region, denom, restarts=False)
+            no_markers = jpeg_roi.decode_jpeg_roi(plain, *region, denom)
             for other in (whole_file, no_markers):
                 assert fast[1:] == other[1:], (denom, region)
                 np.testing.assert_array_equal(fast[0], other[0], err_msg=f"{denom} {region}")
@@ -128,8 +129,8 @@ def test_restart_path_on_files_restarting_every_row():
     data = layout_file(2, 150, 260, seed=5, restart_marker_rows=1)
     rng = random.Random(1)
     for region in random_regions(rng, 150, 260, 20):
-        fast = jpeg_roi.decode_jpeg_roi(data, *region, 1, verify=False)
-        whole_file = jpeg_roi.decode_jpeg_roi(data, *region, 1, verify=True)
+        fast = jpeg_roi.decode_jpeg_roi(data, *region, 1)
+        whole_file = jpeg_roi.decode_jpeg_roi(data, *region, 1, restarts=False)
         assert fast[1:] == whole_file[1:]
         np.testing.assert_array_equal(fast[0], whole_file[0])
 
@@ -175,7 +176,26 @@ def test_damage_inside_the_crop_fails_and_outside_is_not_read():
     intact = jpeg_roi.decode_jpeg_roi(data, 200, 200, 250, 250, 1, verify=False)
     np.testing.assert_array_equal(far[0], intact[0])
     with pytest.raises(jpeg_roi.JpegRoiError):  # the whole-file check still sees it
-        jpeg_roi.decode_jpeg_roi(bytes(bad), 200, 200, 250, 250, 1, verify=True)
+        jpeg_roi.decode_jpeg_roi(bytes(bad), 200, 200, 250, 250, 1, restarts=False)
+    with pytest.raises(jpeg_roi.JpegRoiError):
+        jpeg_roi.check_jpeg(bytes(bad))
+
+
+def test_broken_restart_structure_fails_every_crop():
+    """Issue 20: markers out of order, an interval dropped or doubled, no EOI: the scan's
+    structure is checked whole, so every crop fails (no silent fall-back to another read)."""
+    data = layout_file(2, 128, 128, seed=6, restart_marker_blocks=1)
+    starts = [i for i in range(len(data) - 1) if data[i] == 0xFF and 0xD0 <= data[i + 1] <= 0xD7]
+    renumbered = bytearray(data)
+    renumbered[starts[40] + 1] ^= 0x01
+    dropped = data[: starts[40]] + data[starts[41] :]
+    doubled = data[: starts[41]] + data[starts[40] : starts[41]] + data[starts[41] :]
+    for bad in (bytes(renumbered), dropped, doubled, data[:-2]):
+        with pytest.raises(jpeg_roi.JpegRoiError):
+            jpeg_roi.check_jpeg(bad)
+        for region in ((0, 0, 8, 8), (120, 120, 128, 128), (0, 0, 128, 128)):
+            with pytest.raises(jpeg_roi.JpegRoiError, match=r"restart|EOI|Premature|Corrupt"):
+                jpeg_roi.decode_jpeg_roi(bad, *region, 1)
 
 
 @pytest.mark.parametrize("orientation", range(1, 9))

@@ -74,17 +74,19 @@ def test_native_roi_decoder_is_strict_on_what_it_reads(kind: str) -> None:
             native.decode_jpeg_roi(data, 200, 0, 240, 320, verify=verify)
 
 
-def test_roi_reads_only_to_the_crops_last_row() -> None:
-    """The kept trade-off, pinned at decode_for_crop: a crop wholly above the damage is served,
-    with exactly the intact file's pixels (nothing below the crop is read); a crop that reaches
-    the damage fails; a whole decode fails."""
+def test_roi_verifies_the_rows_below_the_crop() -> None:
+    """Issue 20: a crop wholly above the damage fails too (the rows below the crop are
+    entropy decoded, `roi.ROI_VERIFY_TAIL`), as do a crop reaching it and a whole decode; with
+    the tail check off (benchmarks only), the crop is the intact file's."""
     good = jpeg_bytes(smooth_image(240, 320, seed=7))
     bad = corrupt_jpeg("half_then_eoi", good)
     header = read_header(bad)
     top = (0.0, 0.0, 40.0, 320.0)
-    served = decode_for_crop(bad, header, top, (40, 320))
-    intact = decode_for_crop(good, read_header(good), top, (40, 320))
-    np.testing.assert_array_equal(served.pixels, intact.pixels)
+    with pytest.raises(DecodeError):
+        decode_for_crop(bad, header, top, (40, 320))
+    unverified = native.decode_jpeg_roi(bad, 0, 0, 40, 320, verify=False)
+    intact = native.decode_jpeg_roi(good, 0, 0, 40, 320, verify=False)
+    np.testing.assert_array_equal(unverified[0], intact[0])
     with pytest.raises(DecodeError):
         decode_for_crop(bad, header, (180.0, 0.0, 240.0, 320.0), (60, 320))
     with pytest.raises(DecodeError):
