@@ -24,8 +24,11 @@ from batchwire.pipeline.decode.region import displayed_region, reach_region, sto
 
 log = logging.getLogger("batchwire.pipeline")
 
-# Pixels kept beyond the crop's reach: fancy upsampling of 2x subsampled chroma reads one chroma
-# sample (two pixels) across, and the small JPEG's own edges are replicated there.
+# Pixels asked for beyond the crop's reach. `crop_bitstream` itself keeps one MCU of context on
+# every side (what libjpeg's upsampling needs to give the whole file's pixels, at any DCT scale
+# the CPU fallback may choose: see context_rect in native/csrc/jpeg_restart.h); this margin is
+# for other decoders' upsampling (nvJPEG, DALI), which reads one chroma sample (two pixels)
+# across an edge.
 EDGE_MARGIN = 2
 
 
