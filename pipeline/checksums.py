@@ -134,8 +134,8 @@ def read_manifest(path: Path, max_bytes: int) -> ManifestRead:
         except ValueError:
             skipped += 1  # e.g. the last line of a killed run
             continue
-        if not isinstance(data, dict) or "path" not in data:
-            continue  # a header or the `finished` line
+        if not isinstance(data, dict) or "path" not in data or "checksum" not in data:
+            continue  # a header, the `finished` line, a record from before checksums
         entry = _entry(data)
         if entry is None:
             skipped += 1
@@ -146,7 +146,7 @@ def read_manifest(path: Path, max_bytes: int) -> ManifestRead:
 
 def _entry(data: dict) -> Entry | None:
     """The entry a record gives, or None when it is not a well-formed checksummed record."""
-    if not isinstance(data.get("path"), str) or "checksum" not in data:
+    if not isinstance(data.get("path"), str):
         return None
     value = parse_checksum(data["checksum"])
     written = data.get("bytes_out", data.get("size"))

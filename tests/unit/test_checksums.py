@@ -1,0 +1,166 @@
+"""Integrity checksums (pipeline/checksums.py): manifests read defensively, aligned with a
+dataset's indices, found where pipeline-prepare writes them; and a bit flip that every decoder
+accepts is counted bad and replaced by LocalLoader, on a prepared dataset and on a
+checksums-only one (and goes unseen without the checksums: the control).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+
+import pytest
+from batchwire.pipeline.checksums import (
+    CHECKSUMS_MANIFEST,
+    PREPARE_MANIFEST,
+    ChecksumManifestError,
+    checksum,
+    keyed_name,
+    load_checksums,
+    parse_checksum,
+    read_manifest,
+)
+from batchwire.pipeline.dataset import open_dataset
+from batchwire.pipeline.local import LocalLoader
+from batchwire.prepare.run import Options, run
+from bitflips import clean_bit_flip, photos
+
+
+def write(path: Path, data: bytes) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    return path
+
+
+def line(path: str, data: bytes, **extra: object) -> str:
+    record = {"path": path, "bytes_out": len(data), "checksum": checksum(data), **extra}
+    return json.dumps(record) + "\n"
+
+
+def tree(root: Path, files: dict[str, bytes]) -> Path:
+    for rel, data in files.items():
+        write(root / rel, data)
+    return root
+
+
+def test_checksum_text_round_trips_and_unknown_ones_are_refused() -> None:
+    text = checksum(b"abc")
+    assert text.startswith("xxh3_64:") and len(text) == len("xxh3_64:") + 16
+    assert parse_checksum(text) == int(text.split(":")[1], 16)
+    for bad in ("crc32c:0000000000000000", "xxh3_64:xyz", "xxh3_64:00", 7, None, "", ["x"]):
+        assert parse_checksum(bad) is None, bad
+
+
+def test_a_hostile_or_truncated_manifest_gives_its_good_lines_only(tmp_path: Path) -> None:
+    good = line("a/x.jpg", b"xx") + line("a/y.jpg", b"yyy", size=99)
+    junk = [
+        "not json at all\n",
+        "[1, 2, 3]\n",
+        '"a string"\n',
+        json.dumps({"path": 5, "bytes_out": 1, "checksum": checksum(b"x")}) + "\n",
+        json.dumps({"path": "b.jpg", "bytes_out": -1, "checksum": checksum(b"x")}) + "\n",
+        json.dumps({"path": "c.jpg", "bytes_out": True, "checksum": checksum(b"x")}) + "\n",
+        json.dumps({"path": "d.jpg", "bytes_out": 1, "checksum": "md5:abc"}) + "\n",
+        json.dumps({"path": "e.jpg", "bytes_out": "1", "checksum": checksum(b"x")}) + "\n",
+        "\x00\xff\xfe binary\n",
+    ]
+    header = json.dumps({"source": "tree", "dirs": ["a"]}) + "\n"
+    no_checksum = json.dumps({"path": "f.jpg", "bytes_out": 3}) + "\n"  # an old manifest's
+    text = header + good + "".join(junk) + no_checksum + '{"finished": true}\n'
+    path = tmp_path / "m.jsonl"
+    path.write_bytes(text.encode("utf-8", "surrogateescape") + b'{"path":"a/z.jp')  # cut short
+    got = read_manifest(path, 1 << 20)
+    assert sorted(got.entries) == ["a/x.jpg", "a/y.jpg"]
+    assert got.entries["a/y.jpg"].size == 3  # bytes_out (what is in the folder) wins over size
+    # Skipped: what is not JSON (2 lines and the cut-short one) and the 5 broken records;
+    # JSON that is no object, and a record without a checksum, are no records to check.
+    assert got.skipped == 8
+    with pytest.raises(ValueError, match="more than"):
+        read_manifest(path, 100)
+
+
+def test_open_dataset_aligns_checksums_with_indices(tmp_path: Path) -> None:
+    files = {"cat/1.jpg": b"one", "cat/2.jpg": b"two!", "dog/3.jpg": b"three"}
+    root = tree(tmp_path / "data", files)
+    (root / PREPARE_MANIFEST).write_text(
+        line("cat/1.jpg", b"one") + line("dog/3.jpg", b"THREE") + line("gone.jpg", b"x")
+    )
+    ds = open_dataset(root, cache_dir=tmp_path / "cache")
+    assert ds.checksums is not None and ds.checksums.count == 2
+    by_name = {Path(p).name: i for i, p in enumerate(ds.paths)}
+    assert ds.checksum_problem(by_name["1.jpg"], b"one") is None
+    assert ds.checksum_problem(by_name["2.jpg"], b"anything") is None  # not recorded
+    assert "differ" in (ds.checksum_problem(by_name["3.jpg"], b"three") or "")
+    assert "bytes read" in (ds.checksum_problem(by_name["1.jpg"], b"one!") or "")
+    off = open_dataset(root, cache_dir=tmp_path / "cache", verify_checksums="off")
+    assert off.checksums is None and off.checksum_problem(0, b"x") is None
+
+
+def test_list_file_manifests_and_a_manifest_folder(tmp_path: Path) -> None:
+    data = tree(tmp_path / "data", {"x/a.jpg": b"aaaa", "y/b.jpg": b"bbbb"})
+    listing = write(data / "train.txt", b"x/a.jpg 0\ny/b.jpg 1\n")
+    (data / CHECKSUMS_MANIFEST).write_text(line("x/a.jpg", b"aaaa"))
+    ds = open_dataset(listing)
+    assert ds.checksums is not None and ds.checksums.count == 1
+    # A manifest in a folder given, named after the dataset, newer: it wins where both speak.
+    elsewhere = tmp_path / "sums"
+    write(elsewhere / keyed_name(listing), line("x/a.jpg", b"AAAA").encode())
+    later = os.stat(data / CHECKSUMS_MANIFEST).st_mtime_ns + 10**9
+    os.utime(elsewhere / keyed_name(listing), ns=(later, later))
+    ds = open_dataset(listing, checksum_dirs=[elsewhere])
+    assert ds.checksums is not None and ds.checksum_problem(0, b"aaaa") is not None
+    assert ds.checksum_problem(0, b"AAAA") is None
+    assert keyed_name(listing) != keyed_name(data / "val.txt")
+
+
+def test_unusable_manifests_warn_with_auto_and_fail_with_on(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    root = tree(tmp_path / "data", {"cat/1.jpg": b"one"})
+    paths, cache = [str(root / "cat/1.jpg")], tmp_path / "cache"
+    assert load_checksums(paths, root, "folder") is None  # none at all: nothing to say
+    with pytest.raises(ChecksumManifestError, match="--checksums-only"):
+        open_dataset(root, cache_dir=cache, verify_checksums="on")
+    with pytest.raises(ValueError, match="verify must be"):
+        load_checksums(paths, root, "folder", verify="maybe")
+    (root / PREPARE_MANIFEST).mkdir()  # unreadable as a file
+    (root / CHECKSUMS_MANIFEST).write_bytes(b"\x00" * 64 + b"\n{{{\n")
+    caplog.set_level(logging.WARNING, logger="batchwire.pipeline")
+    assert open_dataset(root, cache_dir=cache).checksums is None
+    messages = " ".join(r.getMessage() for r in caplog.records)
+    assert "not used" in messages and "skipped" in messages
+    with pytest.raises(ChecksumManifestError):
+        open_dataset(root, cache_dir=cache, verify_checksums="on")
+
+
+def bad_count(root: Path, **options: object) -> dict[str, int]:
+    with LocalLoader(
+        root, split="val", batch_size=2, image_size=32, threads=1, **options
+    ) as loader:
+        for _ in loader:
+            pass
+        return loader.counts()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("how", ["prepared", "checksums-only"])
+def test_local_loader_catches_a_bit_flip_every_decoder_accepts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    monkeypatch.setenv("BATCHWIRE_CACHE", str(tmp_path / "cache"))
+    src = tree(tmp_path / "src", photos(6))
+    if how == "prepared":
+        root = tmp_path / "dst"
+        summary = run(Options(str(src), str(root), jobs=1, quiet=True))
+        assert summary.exit_status == 0
+    else:
+        root = src
+        summary = run(Options(str(src), None, jobs=1, quiet=True, checksums_only=True))
+        assert summary.exit_status == 0 and (src / CHECKSUMS_MANIFEST).is_file()
+    victim = root / "class1/img3.jpg"
+    victim.write_bytes(clean_bit_flip(victim.read_bytes()))
+    counts = bad_count(root)
+    assert counts["bad_total"] == 1 and counts["replaced_total"] == 1
+    assert bad_count(root, verify_checksums="off")["bad_total"] == 0  # no decoder sees it
