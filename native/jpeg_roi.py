@@ -98,8 +98,10 @@ def check_jpeg(data: bytes | memoryview) -> None:
     """Entropy decode a whole JPEG (CMYK/YCCK included) with the strict error handling of
     `decode_jpeg_roi`, producing no pixels, and check the structure of its restart intervals
     where the header promises a layout of them: JpegRoiError for corrupt, truncated or
-    arithmetic-coded data, None for a sound file. The reference of "strict full decode". For the JPEGs OpenCV decodes (its libjpeg ignores every warning). The GIL is
-    released; RuntimeError when the extension is unavailable."""
+    arithmetic-coded data, None for a sound file. The reference of "strict full decode"; used for
+    the JPEGs OpenCV decodes (its libjpeg ignores every warning), after a benign TurboJPEG
+    warning, and before GPU decodes. The GIL is released; RuntimeError when the extension is
+    unavailable."""
     module = _module()
     if module is None:
         raise RuntimeError("the ROI JPEG decoder is unavailable (see the logged build error)")
