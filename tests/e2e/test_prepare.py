@@ -24,12 +24,19 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from batchwire.pipeline.checksums import checksum, keyed_name
 from batchwire.pipeline.dataset import open_dataset
 from batchwire.pipeline.synthetic import SyntheticSpec, ensure_dataset
 from batchwire.prepare.cli import main
 from batchwire.prepare.manifest import LOCK_NAME, MANIFEST_NAME, REPORT_NAME, TMP_PREFIX
 from batchwire.prepare.progress import Progress
-from oddfiles import corrupt_jpeg, exif_orientation_block, png_bytes, smooth_image
+from oddfiles import (
+    corrupt_jpeg,
+    exif_orientation_block,
+    huge_header_jpeg,
+    png_bytes,
+    smooth_image,
+)
 from test_jpeg_transcode import (
     HAS_DJPEG,
     assert_restart_layout,
@@ -50,9 +57,10 @@ def sample_files(n: int) -> list[Path]:
     return sorted(SAMPLE_DIR.iterdir())[:n]
 
 
-def write(path: Path, data: bytes) -> None:
+def write(path: Path, data: bytes) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(data)
+    return path
 
 
 def odd_tree(root: Path) -> Path:
@@ -353,3 +361,199 @@ def test_progress_redraws_on_a_terminal_and_prints_lines_elsewhere() -> None:
     silent.update(5, 0)
     silent.close()
     assert quiet.getvalue() == ""
+
+
+def test_manifest_records_the_checksum_of_every_file_in_dst(tmp_path: Path) -> None:
+    src, dst = odd_tree(tmp_path / "src"), tmp_path / "dst"
+    assert main([str(src), str(dst), "--quiet"]) == 1
+    lines = [json.loads(x) for x in (dst / MANIFEST_NAME).read_text().splitlines()]
+    records = {x["path"]: x for x in lines if "path" in x}
+    assert sorted(records) == sorted(files_under(dst))
+    for rel, data in files_under(dst).items():
+        assert records[rel]["checksum"] == checksum(data), rel
+    assert lines[0] == {"source": "tree", "dirs": sorted(lines[0]["dirs"])}
+    assert "cherry_empty" in lines[0]["dirs"]
+
+
+def test_rerun_mirrors_src_after_deletes_and_renames(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Files and folders deleted and renamed in SRC: the rerun leaves DST as a fresh prepare
+    of SRC would be, except what prepare never wrote (kept, reported) and an output changed in
+    DST since (kept, reported)."""
+    src, dst, report = odd_tree(tmp_path / "src"), tmp_path / "dst", tmp_path / "r.json"
+    argv = [str(src), str(dst), "--quiet", "--report", str(report)]
+    assert main(argv) == 1
+    (src / "apple/422.jpg").unlink()
+    (src / "apple/444.jpg").rename(src / "apple/444_renamed.jpg")
+    (src / "apple/deeper").rename(src / "apple/shallower")
+    (src / "banana/notes.txt").unlink()
+    (src / "cherry_empty").rmdir()  # an empty class folder would still take a label id
+    (src / "apple/grey.jpg").unlink()
+    (dst / "apple/grey.jpg").write_bytes(b"edited in DST since")  # someone else's now
+    write(dst / "banana/mine.txt", b"put here by hand")
+    write(dst / "extra_class/x.jpg", b"also by hand")
+    assert main(argv) == 1
+    data = json.loads(report.read_text())
+    assert data["removed"] == [
+        "apple/422.jpg",
+        "apple/444.jpg",
+        "apple/deeper/nested.jpeg",
+        "banana/notes.txt",
+    ]
+    assert data["removed_dirs"] == ["apple/deeper", "cherry_empty"]
+    assert data["kept_gone"] == [
+        {"path": "apple/grey.jpg", "why": "changed since pipeline-prepare wrote it"}
+    ]
+    assert data["foreign"] == ["apple/grey.jpg", "banana/mine.txt", "extra_class/"]
+    out = capsys.readouterr().out
+    assert "removed from DST (SRC no longer has them) (6):" in out
+    assert "in DST but never written by pipeline-prepare (kept) (3):" in out
+    fresh = tmp_path / "fresh"
+    assert main([str(src), str(fresh), "--quiet"]) == 1
+    mine = {"apple/grey.jpg", "banana/mine.txt", "extra_class/x.jpg"}
+    assert {k: v for k, v in files_under(dst).items() if k not in mine} == files_under(fresh)
+    dirs = {p.relative_to(dst).as_posix() for p in dst.rglob("*") if p.is_dir()}
+    assert dirs - {"extra_class"} == {
+        p.relative_to(fresh).as_posix() for p in fresh.rglob("*") if p.is_dir()
+    }
+    # A third run has nothing to remove and still reports what it never wrote.
+    assert main(argv) == 1
+    data = json.loads(report.read_text())
+    assert data["removed"] == [] and data["kept_gone"] == [] and len(data["foreign"]) == 3
+
+
+def test_a_file_that_became_a_folder(tmp_path: Path) -> None:
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    write(src / "a/b", pil_jpeg(smooth_image(16, 16)))
+    assert main([str(src), str(dst), "--quiet"]) == 0
+    (src / "a/b").unlink()
+    write(src / "a/b/c.jpg", pil_jpeg(smooth_image(16, 16)))
+    assert main([str(src), str(dst), "--quiet"]) == 0
+    assert sorted(files_under(dst)) == ["a/b/c.jpg"]
+
+
+def test_two_lists_into_one_dst_keep_each_others_files(tmp_path: Path) -> None:
+    data, dst, report = tmp_path / "data", tmp_path / "dst", tmp_path / "r.json"
+    write(data / "x/a.jpg", pil_jpeg(smooth_image(40, 30, seed=1)))
+    write(data / "y/b.jpg", pil_jpeg(smooth_image(30, 40, seed=2)))
+    write(data / "train.txt", b"x/a.jpg 0\n")
+    write(data / "val.txt", b"y/b.jpg 0\n")
+    for name in ("train.txt", "val.txt", "train.txt"):
+        argv = [str(data / name), str(dst), "--quiet", "--report", str(report)]
+        assert main(argv) == 0
+    got = json.loads(report.read_text())
+    assert got["removed"] == [] and got["foreign"] == ["val.txt", "y/"]
+    assert sorted(files_under(dst)) == ["train.txt", "val.txt", "x/a.jpg", "y/b.jpg"]
+    assert got["kept_gone"] == [
+        {"path": "y/b.jpg", "why": "DST was last prepared from another source (list:val.txt)"}
+    ]
+    write(data / "train.txt", b"# nothing now\n")  # the same list, emptied: what it named goes
+    assert main([str(data / "train.txt"), str(dst), "--quiet", "--report", str(report)]) == 0
+    assert json.loads(report.read_text())["removed"] == ["x/a.jpg"]
+    assert sorted(files_under(dst)) == ["train.txt", "val.txt", "y/b.jpg"]
+
+
+def test_pixel_cap_copies_larger_jpegs_as_they_are(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    src, dst, report = tmp_path / "src", tmp_path / "dst", tmp_path / "r.json"
+    big = write(src / "a/big.jpg", pil_jpeg(smooth_image(40, 30)))  # 1200 pixels
+    write(src / "a/small.jpg", pil_jpeg(smooth_image(20, 20)))  # 400
+    # The server's default cap (89.5 Mpx): a header claiming 16000 x 16000 is not transcoded.
+    huge = write(src / "a/huge.jpg", huge_header_jpeg(smooth_image(64, 64), 16000, 16000))
+    argv = [str(src), str(dst), "--quiet", "--report", str(report)]
+    assert main([*argv, "--max-pixels", "1000"]) == 0
+    data = json.loads(report.read_text())
+    assert data["too_large"] == 2 and data["rewritten"] == 1
+    assert {p["path"] for p in data["problems"]} == {"a/big.jpg", "a/huge.jpg"}
+    assert (dst / "a/big.jpg").read_bytes() == big.read_bytes()
+    assert (dst / "a/huge.jpg").read_bytes() == huge.read_bytes()
+    assert "too_large: a/big.jpg: image of 30x40 = 1200 pixels exceeds" in capsys.readouterr().out
+    assert main(argv) == 0  # the default cap: big.jpg is rewritten now, huge.jpg still not
+    data = json.loads(report.read_text())
+    assert data["too_large"] == 1 and data["rewritten"] == 2
+    assert_restart_layout((dst / "a/big.jpg").read_bytes(), interval=None)
+
+
+def _read_only_mount(folder: Path) -> list[str] | None:
+    """A command prefix that runs a command with `folder` a read-only file system (as root,
+    whom permission bits do not stop), or None where that cannot be done here."""
+    probe = ["unshare", "-m", "sh", "-c", f"mount -t tmpfs -o ro tmpfs '{folder}'"]
+    try:
+        if subprocess.run(probe, capture_output=True, timeout=30).returncode != 0:
+            return None
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return [
+        "unshare",
+        "-m",
+        "sh",
+        "-c",
+        f"mount -t tmpfs -o ro tmpfs '{folder}' && exec \"$@\"",
+        "sh",
+    ]
+
+
+def test_read_only_dst_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    write(src / "a/x.jpg", pil_jpeg(smooth_image(16, 16)))
+    dst.mkdir()
+    if os.geteuid() != 0:
+        dst.chmod(0o555)
+        assert main([str(src), str(dst), "--quiet"]) == 2
+        assert "cannot write to DST" in capsys.readouterr().err
+        return
+    prefix = _read_only_mount(dst)
+    if prefix is None:
+        pytest.skip("running as root, and no read-only mount can be made here")
+    done = subprocess.run(
+        [*prefix, str(CONSOLE_SCRIPT), str(src), str(dst), "--quiet"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "cannot write to DST" in done.stderr and "Read-only file system" in done.stderr
+    assert list(dst.iterdir()) == []
+
+
+def test_checksums_only(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    src = odd_tree(tmp_path / "src")
+    before = files_under(src)
+    report = tmp_path / "r.json"
+    assert main(["--checksums-only", str(src), "--quiet", "--report", str(report)]) == 0
+    assert files_under(src) == before  # only prepare's own hidden files were added
+    added = sorted(p.name for p in src.iterdir() if p.name.startswith(".batchwire-prepare"))
+    assert added == [
+        ".batchwire-prepare-checksums-report.json",
+        ".batchwire-prepare-checksums.jsonl",
+        ".batchwire-prepare-checksums.lock",
+    ]
+    lines = (src / ".batchwire-prepare-checksums.jsonl").read_text().splitlines()
+    records = {x["path"]: x for x in map(json.loads, lines) if "path" in x}
+    assert {rel: records[rel]["checksum"] for rel in before} == {
+        rel: checksum(data) for rel, data in before.items()
+    }
+    data = json.loads(report.read_text())
+    assert data["checksummed"] == len(before) and data["problems"] == []
+    assert main(["--checksums-only", str(src), "--quiet", "--report", str(report)]) == 0
+    assert json.loads(report.read_text())["skipped"] == len(before)
+    write(src / "apple/444.jpg", b"changed")
+    assert main(["--checksums-only", str(src), "--quiet", "--report", str(report)]) == 0
+    assert json.loads(report.read_text())["skipped"] == len(before) - 1
+    # A manifest folder elsewhere: a file named after SRC, nothing more in SRC.
+    sums = tmp_path / "sums"
+    assert main(["--checksums-only", str(src), "--manifest-dir", str(sums), "--quiet"]) == 0
+    assert (sums / keyed_name(src)).is_file()
+    ds = open_dataset(src, cache_dir=tmp_path / "cache", checksum_dirs=[sums])
+    assert ds.checksums is not None and ds.checksums.count == len(ds)
+    capsys.readouterr()
+    for argv in (
+        ["--checksums-only", str(src), str(tmp_path / "dst")],
+        ["--checksums-only", str(src), "--manifest-dir", str(src / "apple")],
+        [str(src)],
+        [str(src), str(tmp_path / "dst"), "--manifest-dir", str(sums)],
+    ):
+        assert main([*argv, "--quiet"]) == 2, argv
+    assert not (tmp_path / "dst").exists()
