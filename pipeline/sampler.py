@@ -19,12 +19,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-#: The index of a padded (validation) slot in anything user-facing (`BatchPlan.public_indices`,
-#: `BatchMeta.indices`, `BatchHeader.indices`, the loaders' ``indices``): never a dataset index.
-PADDING_INDEX = -1
-#: The label of a padded slot: `torch.nn.functional.cross_entropy`'s default ``ignore_index``, so
-#: a loss skips padding without being told.
-PADDING_LABEL = -100
+# A padded slot's index and label: defined in wire/batch_spec.py, re-exported here.
+from batchwire.wire import PADDING_INDEX, PADDING_LABEL  # noqa: F401
 
 # Separates the sampler's random stream from any other consumer of the same user seed.
 _ORDER_STREAM = 0x5A4D504C  # "ZMPL"

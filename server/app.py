@@ -45,7 +45,7 @@ from batchwire.server.security import bind_policy
 from batchwire.server.splits import StartupError, make_decoder, open_splits
 from batchwire.server.telemetry import Telemetry
 from batchwire.server.workers import ProducerThreads, StagePhases, StageTimingDecoder
-from batchwire.wire import StatsReply, tensor_bytes
+from batchwire.wire import BufferStats, ServerStats, StageStats, StatsReply, tensor_bytes
 from batchwire.wire.keys import KeysError, ServerKeys
 
 __all__ = ["ServerApp", "StartupError"]
@@ -343,30 +343,37 @@ class ServerApp:
 
     # ----------------------------------------------------------------------------- stats
 
-    def stats_snapshot(self):  # the type is `Telemetry.snapshot`'s (typed in wire/stats.py)
-        """The Stats schema (ARCHITECTURE.md, built by `Telemetry.snapshot`); safe to call
-        from another thread (Prometheus)."""
+    def stats_snapshot(self) -> ServerStats:
+        """The Stats schema (wire/stats.py, built by `Telemetry.snapshot`); safe to call from
+        another thread (Prometheus)."""
         now = time.monotonic()
         depth = self.phases.depth
         n = self.producers.n
         clients = len(self.core.sessions)
+        # latency_ms: the telemetry's recent mean for each stage replaces it (0 until observed).
         stages = [
-            {"name": "read", "depth": self.producers.queued + depth["read"], "capacity": 2 * n},
-            {"name": "decode", "depth": depth["decode"], "capacity": n},
-            {"name": "augment", "depth": depth["augment"], "capacity": n},
-            {
-                "name": "ready",
-                "depth": self.core.ready,
-                "capacity": max(1, clients) * self.config.prefetch_depth,
-            },
+            StageStats(
+                name="read",
+                depth=self.producers.queued + depth["read"],
+                capacity=2 * n,
+                latency_ms=0.0,
+            ),
+            StageStats(name="decode", depth=depth["decode"], capacity=n, latency_ms=0.0),
+            StageStats(name="augment", depth=depth["augment"], capacity=n, latency_ms=0.0),
+            StageStats(
+                name="ready",
+                depth=self.core.ready,
+                capacity=max(1, clients) * self.config.prefetch_depth,
+                latency_ms=0.0,
+            ),
         ]
         rows, unlisted = self.core.client_rows(now)
-        buffers = {
-            "held": self.buffers.held,
-            "allocated": self.buffers.capacity,
-            "max": self.buffers.max_buffers,
-            "batch_bytes": self.spec.nbytes + self.spec.labels_nbytes,
-        }
+        buffers = BufferStats(
+            held=self.buffers.held,
+            allocated=self.buffers.capacity,
+            max=self.buffers.max_buffers,
+            batch_bytes=self.spec.nbytes + self.spec.labels_nbytes,
+        )
         return self.telemetry.snapshot(
             stages,
             rows,

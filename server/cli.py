@@ -9,6 +9,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from batchwire.common.cores import available_cores
 from batchwire.server.config import DECODERS, DEFAULT_BIND, ServerConfig, config_from_toml
 from batchwire.wire import DTYPES, LAYOUTS, PROTOCOL_VERSION
 
@@ -303,10 +304,7 @@ def _limit_intra_op_threads(config: ServerConfig) -> None:
     """
     if config.device != "cpu" or "OMP_NUM_THREADS" in os.environ:
         return
-    if hasattr(os, "sched_getaffinity"):
-        cores = len(os.sched_getaffinity(0))
-    else:
-        cores = os.cpu_count() or 1
+    cores = available_cores()
     if cores <= config.producers:
         import torch
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from batchwire.common.cores import available_cores
 from batchwire.common.devices import parse_device
 from batchwire.pipeline.augment_plan import AugmentConfig
 from batchwire.pipeline.decode.select import DECODERS
@@ -28,11 +29,6 @@ DEFAULT_BIND = "tcp://127.0.0.1:5555"
 # AugmentConfig validates them (one validation, one message).
 _AUGMENT = AugmentConfig(image_size=224, train=True)
 _PER_SPLIT = ("image_size", "train")  # set by the server per split, not copied by name
-
-
-def available_cores() -> int:
-    """The CPU cores this process may use."""
-    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1)
 
 
 @dataclass

@@ -40,10 +40,9 @@ Memory bounds, and what bounds them:
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 from batchwire import wire
@@ -57,12 +56,15 @@ from batchwire.wire import (
     BatchHeader,
     BatchSpec,
     Bye,
+    ClientRow,
     Credit,
     ErrorReply,
     Hello,
+    LoaderReport,
     ProtocolError,
     ServerMessage,
     StatsRequest,
+    UnlistedClients,
     VersionMismatch,
     Welcome,
 )
@@ -88,9 +90,9 @@ HOUSEKEEPING_S = 1.0
 BUFFERS_IDLE_S = 30.0
 # Stats list this many clients in full, the most recently heard from first; the others are
 # summed in "clients_unlisted", so a stats reply stays far below wire.MAX_SERVER_FRAME_BYTES
-# (a row is at most ~4 KB: a 255-byte identity, a 32-key loader map) whatever the client count.
+# (a row is at most ~4 KB: a 255-byte identity, a loader report of wire.stats.MAX_LOADER_FIGURES
+# figures) whatever the client count.
 STATS_CLIENTS_LISTED = 256
-LOADER_STATS_KEYS = 32
 MALFORMED_LOGGED = 20
 ERRORS_LOGGED = 100
 MESSAGE_MAX = 1000  # characters of an error reply or log line about a peer's message
@@ -244,7 +246,7 @@ class ServerCore:
             if session is None:  # e.g. after a restart or a drop: the client will re-send hello
                 log.debug("credit from unknown client %s ignored", identity.hex())
                 return []
-            session.loader_stats = clean_loader_stats(msg.stats)
+            session.loader_stats = LoaderReport.clean(msg.stats)
             refused = session.ask(msg.batches, now)
             if refused is not None:
                 return self._error(
@@ -367,7 +369,7 @@ class ServerCore:
         """Produced batches not yet sent, all clients."""
         return sum(s.ready for s in list(self.sessions.values()))
 
-    def client_rows(self, now: float) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    def client_rows(self, now: float) -> tuple[list[ClientRow], UnlistedClients]:
         """The stats ``clients`` rows (most recently heard from first) and the sum of the rest
         (``clients_unlisted``); safe on another thread (Prometheus): it only reads copies."""
         sessions = list(self.sessions.values())
@@ -375,14 +377,14 @@ class ServerCore:
         sessions.sort(key=lambda s: s.last_seen, reverse=True)
         rows = [s.row(now, held.get(s.identity, 0)) for s in sessions[:STATS_CLIENTS_LISTED]]
         rest = sessions[STATS_CLIENTS_LISTED:]
-        unlisted = {
-            "count": len(rest),
-            "credits": sum(s.credits for s in rest),
-            "ready": sum(s.ready for s in rest),
-            "in_flight": sum(held.get(s.identity, 0) for s in rest),
-            "sent": sum(s.sent for s in rest),
-            "images_per_s": sum(s.meter.rate(now) for s in rest),
-        }
+        unlisted = UnlistedClients(
+            count=len(rest),
+            credits=sum(s.credits for s in rest),
+            ready=sum(s.ready for s in rest),
+            in_flight=sum(held.get(s.identity, 0) for s in rest),
+            sent=sum(s.sent for s in rest),
+            images_per_s=sum((s.meter.rate(now) for s in rest), 0.0),
+        )
         return rows, unlisted
 
     # ------------------------------------------------------------------------- admission
@@ -731,20 +733,6 @@ class ServerCore:
             log.debug("malformed message from %s: %s", identity.hex(), message)
         self.telemetry.add_malformed()
         return [Reply(identity, ErrorReply(f"malformed message: {message}", "bad-request"))]
-
-
-def clean_loader_stats(stats: Mapping[str, Any] | None) -> dict[str, float | int] | None:
-    """Keep only finite numbers under string keys: these travel on into stats and Prometheus."""
-    if stats is None:
-        return None
-    out: dict[str, float | int] = {}
-    for key, value in list(stats.items())[:LOADER_STATS_KEYS]:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            continue
-        if isinstance(value, float) and not math.isfinite(value):
-            continue
-        out[str(key)[:64]] = value
-    return out
 
 
 def clip(message: str) -> str:

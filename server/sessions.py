@@ -19,12 +19,12 @@ import threading
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 from batchwire.common.rates import RateWindow
 from batchwire.pipeline.sampler import ShardSampler
-from batchwire.wire import MAX_PREFETCH, Hello, show
+from batchwire.wire import MAX_PREFETCH, ClientRow, Hello, LoaderReport, show
 
 if TYPE_CHECKING:
     from batchwire.server.bufpool import Slot
@@ -79,7 +79,7 @@ class ClientSession:
         self.sent = 0
         self._finished: dict[int, ReadyBatch] = {}  # position -> batch, out of order
         self.closed = False
-        self.loader_stats: dict[str, float | int] | None = None
+        self.loader_stats: LoaderReport | None = None  # its last credit's, as the server read it
         self.opened_at = now
         self.last_seen = now  # any message
         # Last sign of progress: a batch asked for, sent or taken by the peer. Messages that ask
@@ -175,25 +175,25 @@ class ClientSession:
         self._finished.clear()
         return out
 
-    def row(self, now: float, in_flight: int) -> dict[str, Any]:
+    def row(self, now: float, in_flight: int) -> ClientRow:
         """This client's entry in the stats ``clients`` list; ``in_flight``: the sent batches
         ZeroMQ still holds for this peer (the server counts them per peer, across sessions)."""
         h = self.hello
-        return {
-            "id": self.id,
-            "split": h.split,
-            "rank": h.rank,
-            "world_size": h.world_size,
-            "epoch": h.epoch,
-            "credits": self.credits,
-            "ready": self.ready,
-            "ready_capacity": self.prefetch_depth,
-            "in_flight": in_flight,
-            "sent": self.sent,
-            "images_per_s": self.meter.rate(now),
-            "last_seen_s": now - self.last_seen,
-            "loader": self.loader_stats,
-        }
+        return ClientRow(
+            id=self.id,
+            split=h.split,
+            rank=h.rank,
+            world_size=h.world_size,
+            epoch=h.epoch,
+            credits=self.credits,
+            ready=self.ready,
+            ready_capacity=self.prefetch_depth,
+            in_flight=in_flight,
+            sent=self.sent,
+            images_per_s=self.meter.rate(now),
+            last_seen_s=now - self.last_seen,
+            loader=self.loader_stats,
+        )
 
 
 class Scheduler:

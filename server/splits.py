@@ -37,7 +37,7 @@ def data_roots(config: ServerConfig) -> dict[str, str]:
     return roots
 
 
-def make_decoder(config: ServerConfig) -> Any:
+def make_decoder(config: ServerConfig) -> BatchDecoder:
     """The `--decoder` on `--device`, through the decoder selector (it logs why it chose)."""
     try:
         return select_decoder(

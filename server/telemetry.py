@@ -14,9 +14,9 @@ import math
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import fields, replace
-from typing import Any, TypeVar
+from typing import Any
 
 from batchwire.common.rates import RateWindow
 from batchwire.server.metrics_http import start_metrics_server
@@ -25,8 +25,6 @@ from batchwire.wire.stats import (
     BufferStats,
     ClientRow,
     Counters,
-    LoaderReport,
-    Record,
     ServerStats,
     StageStats,
     Throughput,
@@ -37,8 +35,6 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import generate_latest
 
 log = logging.getLogger(__name__)
-
-R = TypeVar("R", bound=Record)
 
 __all__ = ["COUNTER_NAMES", "STATS_VERSION", "MetricsServer", "Telemetry"]
 
@@ -334,21 +330,19 @@ class Telemetry:
 
     def snapshot(
         self,
-        stages: Sequence[StageStats | Mapping[str, Any]],
-        clients: Sequence[ClientRow | Mapping[str, Any]],
+        stages: Sequence[StageStats],
+        clients: Sequence[ClientRow],
         *,
-        clients_unlisted: UnlistedClients | Mapping[str, Any] | None = None,
-        buffers: BufferStats | Mapping[str, Any] | None = None,
+        clients_unlisted: UnlistedClients | None = None,
+        buffers: BufferStats | None = None,
         connections: int | None = None,
     ) -> ServerStats:
         """The server's `ServerStats`: its stage and client state plus what this object measured.
 
-        ``stages`` need ``name``, ``depth`` and ``capacity``; ``latency_ms`` comes from this
-        object's observations of the stage of that name (a value the server gave is kept when
-        nothing was observed). ``clients``, ``clients_unlisted`` (the clients summed rather
-        than listed), ``buffers`` (the batch buffer pool) and ``connections`` (open
-        connections) are the server's, taken as they are when given. Each part may be a schema
-        record or its map (the map is checked: a wrong field raises `wire.ProtocolError`).
+        Each stage's ``latency_ms`` comes from this object's observations of the stage of that
+        name (the value the server gave is kept when nothing was observed). ``clients``,
+        ``clients_unlisted`` (the clients summed rather than listed), ``buffers`` (the batch
+        buffer pool) and ``connections`` (open connections) are the server's, taken as they are.
         """
         now = self._clock()
         with self._lock:
@@ -358,14 +352,14 @@ class Telemetry:
             v=STATS_VERSION,
             uptime_s=now - self._started,
             time=time.time(),
-            stages=tuple(self._with_latency(_stage(s)) for s in stages),
+            stages=tuple(self._with_latency(s) for s in stages),
             throughput=Throughput(
                 images_per_s=images_s, batches_per_s=batches_s, bytes_per_s=bytes_s
             ),
             counters=Counters(**counters),
-            clients=tuple(_client_row(c) for c in clients),
-            clients_unlisted=_record(UnlistedClients, clients_unlisted),
-            buffers=_record(BufferStats, buffers),
+            clients=tuple(clients),
+            clients_unlisted=clients_unlisted,
+            buffers=buffers,
             connections=None if connections is None else int(connections),
         )
 
@@ -413,26 +407,3 @@ class Telemetry:
         with self._lock:
             if self._collector is collector:
                 self._collector = None
-
-
-def _record(cls: type[R], value: R | Mapping[str, Any] | None) -> R | None:
-    """A part the server may report, as a record (maps are checked)."""
-    if value is None or isinstance(value, cls):
-        return value
-    return cls.from_map(value)
-
-
-def _stage(stage: StageStats | Mapping[str, Any]) -> StageStats:
-    """A stage as the server reports it (a record, or a map without ``latency_ms``)."""
-    if isinstance(stage, StageStats):
-        return stage
-    return StageStats.from_map({"latency_ms": 0.0, **stage})
-
-
-def _client_row(row: ClientRow | Mapping[str, Any]) -> ClientRow:
-    """A client row as the server reports it. From a map, the loader's report is read as the
-    server reads a credit's (`LoaderReport.clean`): it is the trainer's, not the server's."""
-    if isinstance(row, ClientRow):
-        return row
-    checked = ClientRow.from_map({**row, "loader": None})
-    return replace(checked, loader=LoaderReport.clean(row.get("loader")))

@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import torch
+from batchwire.common.cuda_events import BufferFence
 from batchwire.pipeline.decode.contract import BatchDecoder, DecodeRequest, DecodeResult
 from batchwire.pipeline.decode.files import is_transient
 from batchwire.pipeline.producer import BatchMeta, BatchProducer
@@ -202,12 +203,13 @@ class ProducerThreads:
         if getattr(local, "device_out", None) is None:
             local.device_out = self.spec.empty(device=self.device)
             local.cuda_stream = torch.cuda.Stream(device=self.device)
+            local.copied = BufferFence()
         with torch.cuda.stream(local.cuda_stream):
             meta = self.producers[split].produce(plan, local.device_out)
             host_out.copy_(local.device_out, non_blocking=True)
-            done = torch.cuda.Event()
-            done.record(local.cuda_stream)
-        done.synchronize()
+            local.copied.record(local.cuda_stream)
+        # The loop sends host_out next, and this worker's next batch rewrites device_out.
+        local.copied.synchronize()
         return meta
 
     def stop(self, timeout: float = 5.0) -> bool:

@@ -8,7 +8,8 @@ Server, client, monitor, trainer, benchmarks and tests all speak through this pa
 - `frames`: msgpack control frames with hard limits, and the labels frame; `send`: a batch's
   frames out of a socket without copying the images;
 - `batch_spec`: `BatchSpec`, the one table of output formats (shape, dtype, layout, bytes,
-  torch dtype, memory format);
+  torch dtype, memory format), and `PADDING_INDEX`/`PADDING_LABEL`, a padded slot's index and
+  label;
 - `errors`: `ProtocolError` (and `VersionMismatch`), raised by either side for a bad frame;
 - `stats`: the Stats schema (`ServerStats` and its parts, `LoaderReport`), typed and checked;
   `stats_client`: the one way to ask a server for it (`fetch_stats`, `StatsClient`);
@@ -23,6 +24,8 @@ from batchwire.wire.batch_spec import (
     DTYPES,
     LAYOUTS,
     MAX_BATCH_SIZE,
+    PADDING_INDEX,
+    PADDING_LABEL,
     BatchSpec,
     dtype_name,
     images_nbytes,
@@ -88,6 +91,8 @@ __all__ = [
     "MAX_PREFETCH",
     "MAX_SERVER_FRAME_BYTES",
     "MAX_STR_LEN",
+    "PADDING_INDEX",
+    "PADDING_LABEL",
     "PROTOCOL_VERSION",
     "STATS_VERSION",
     "BatchHeader",

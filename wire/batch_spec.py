@@ -32,6 +32,10 @@ DTYPES: dict[str, tuple[str | None, int]] = {
     "float32": ("float32", 4),
 }
 CHANNELS = 3
+#: A padded (validation) slot repeats a real sample; user-facing, its index is PADDING_INDEX (never
+#: a dataset index) and its label PADDING_LABEL (cross-entropy's default ``ignore_index``).
+PADDING_INDEX = -1
+PADDING_LABEL = -100
 
 
 def _dtype_entry(name: str) -> tuple[str | None, int]:

@@ -37,9 +37,12 @@ from batchwire.wire import (
     Credit,
     ErrorReply,
     Hello,
+    LoaderReport,
     StatsRequest,
+    UnlistedClients,
     Welcome,
 )
+from batchwire.wire.stats import MAX_FIGURE_NAME, MAX_LOADER_FIGURES
 from fakeclock import FakeClock
 
 BATCH = 4
@@ -520,5 +523,20 @@ def test_loader_stats_keep_finite_numbers_only(stats) -> None:
     s.hello(b"a", batches=())
     s.send(b"a", Credit(stats=stats))
     rows, unlisted = s.core.client_rows(s.clock())
-    assert rows[0]["loader"] == (None if stats is None else {"a": 1.0})
-    assert unlisted["count"] == 0
+    assert rows[0].loader == (None if stats is None else LoaderReport(extra={"a": 1.0}))
+    assert unlisted == UnlistedClients(
+        count=0, credits=0, ready=0, in_flight=0, sent=0, images_per_s=0.0
+    )
+
+
+def test_loader_stats_are_bounded() -> None:
+    """A credit's report keeps the first `MAX_LOADER_FIGURES` figures, names cut to
+    `MAX_FIGURE_NAME` characters: a row stays small whatever a trainer sends."""
+    s = Server()
+    s.hello(b"a", batches=())
+    figures = {f"{i:03d}" + "x" * 100: float(i) for i in range(MAX_LOADER_FIGURES + 8)}
+    s.send(b"a", Credit(stats={"data_wait_fraction": 0.25, **figures}))
+    (row,), _ = s.core.client_rows(s.clock())
+    assert row.loader is not None and row.loader.data_wait_fraction == 0.25
+    assert len(row.loader.extra) == MAX_LOADER_FIGURES - 1
+    assert all(len(name) == MAX_FIGURE_NAME for name in row.loader.extra)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from batchwire.pipeline.sampler import ShardSampler
 from batchwire.server.sessions import ClientSession, ReadyBatch, Scheduler
-from batchwire.wire import MAX_PREFETCH, Hello
+from batchwire.wire import MAX_PREFETCH, ClientRow, Hello, LoaderReport
 
 ANY = 1 << 30  # no limit from unread batches
 
@@ -102,3 +102,28 @@ def test_scheduler_round_robin_skips_full_streams():
     list(pos_a.pop_sendable(ANY))
     assert sched.next(streams) is pos_a  # only a has room again
     assert sched.next(streams) is pos_a
+
+
+def test_row_is_the_stats_schema_row_with_the_last_loader_report():
+    s = _stream(b"\x01\x02", asked=(0, 1, 2), depth=2)
+    s.last_seen = 1.0
+    _produce_all(s)
+    assert len(list(s.pop_sendable(1))) == 1
+    s.loader_stats = LoaderReport(data_wait_fraction=0.5)
+    row = s.row(now=3.0, in_flight=1)
+    assert row == ClientRow(
+        id="0102",
+        split="train",
+        rank=0,
+        world_size=1,
+        epoch=0,
+        credits=2,
+        ready=1,
+        ready_capacity=2,
+        in_flight=1,
+        sent=1,
+        images_per_s=0.0,
+        last_seen_s=2.0,
+        loader=LoaderReport(data_wait_fraction=0.5),
+    )
+    assert ClientRow.from_map(row.to_map()) == row

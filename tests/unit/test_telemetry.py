@@ -6,7 +6,7 @@ import math
 import threading
 import urllib.error
 import urllib.request
-from dataclasses import fields
+from dataclasses import fields, replace
 
 import msgpack
 import pytest
@@ -22,11 +22,11 @@ from fakeclock import FakeClock
 from promtext import parse_metrics
 
 STAGES = [
-    {"name": "read", "depth": 3, "capacity": 8},
-    {"name": "decode", "depth": 0, "capacity": 8},
-    {"name": "augment", "depth": 1, "capacity": 4},
+    wire.StageStats(name="read", depth=3, capacity=8, latency_ms=0.0),
+    wire.StageStats(name="decode", depth=0, capacity=8, latency_ms=0.0),
+    wire.StageStats(name="augment", depth=1, capacity=4, latency_ms=0.0),
 ]
-CLIENT = {
+CLIENT_MAP = {
     "id": "c1",
     "split": "train",
     "rank": 0,
@@ -41,6 +41,7 @@ CLIENT = {
     "last_seen_s": 0.0,
     "loader": None,
 }
+CLIENT = wire.ClientRow(**CLIENT_MAP)
 
 
 def test_snapshot_schema_and_counters() -> None:
@@ -65,43 +66,43 @@ def test_snapshot_schema_and_counters() -> None:
     )
     assert [s.name for s in snap.stages] == ["read", "decode", "augment"]
     assert all(isinstance(s.latency_ms, float) for s in snap.stages)
-    assert snap.clients == (wire.ClientRow.from_map(CLIENT),)
+    assert snap.clients == (CLIENT,)
     assert snap.uptime_s >= 0
     # Without the server's own parts, the map has the schema's required keys only.
     m = snap.to_map()
     assert set(m) == {"v", "uptime_s", "time", "stages", "throughput", "counters", "clients"}
-    assert m["clients"] == [CLIENT]
+    assert m["clients"] == [CLIENT_MAP]
     # The map travels in a msgpack frame as it is, and reads back as the same record.
     assert wire.ServerStats.from_map(msgpack.unpackb(msgpack.packb(m))) == snap
 
 
-def test_snapshot_takes_the_servers_maps_or_records() -> None:
-    """What ServerApp passes today (maps, a trainer's loader map as the server cleaned it) and
-    schema records give the same snapshot; a row's loader map is read as `LoaderReport.clean`
-    reads a credit's, and a wrong field of the server's own raises ProtocolError."""
+def test_snapshot_takes_the_servers_records_as_they_are() -> None:
+    """The server's parts (client rows with their loader reports, the unlisted clients, the
+    buffers, the connections) pass through unchanged; only a stage's latency is this
+    object's."""
     tel = Telemetry()
-    loader = {"prefetch_depth": 2.0, "data_wait_fraction": 0.5, "figure": 3, "bad": "x"}
-    row = {**CLIENT, "loader": loader}
-    unlisted = {"count": 1, "credits": 0, "ready": 0, "in_flight": 0, "sent": 4}
-    unlisted["images_per_s"] = 2.0
-    buffers = {"held": 1, "allocated": 2, "max": 8, "batch_bytes": 1024}
-    snap = tel.snapshot(STAGES, [row], clients_unlisted=unlisted, buffers=buffers, connections=3)
-    assert snap.clients[0].loader == wire.LoaderReport(
-        prefetch_depth=2, data_wait_fraction=0.5, extra={"figure": 3}
+    loader = wire.LoaderReport(prefetch_depth=2, data_wait_fraction=0.5, extra={"figure": 3})
+    row = replace(CLIENT, loader=loader)
+    unlisted = wire.UnlistedClients(
+        count=1, credits=0, ready=0, in_flight=0, sent=4, images_per_s=2.0
     )
-    assert snap.clients_unlisted == wire.UnlistedClients(**unlisted)
-    assert snap.buffers == wire.BufferStats(**buffers)
+    buffers = wire.BufferStats(held=1, allocated=2, max=8, batch_bytes=1024)
+    stages = [replace(STAGES[0], latency_ms=7.0), *STAGES[1:]]
+    tel.observe_stage("decode", 0.004)
+    snap = tel.snapshot(stages, [row], clients_unlisted=unlisted, buffers=buffers, connections=3)
+    assert snap.clients == (row,)
+    assert snap.clients_unlisted is unlisted and snap.buffers is buffers
     assert snap.connections == 3
-    typed = tel.snapshot(
-        [wire.StageStats(**{"latency_ms": 0.0, **s}) for s in STAGES],
-        [wire.ClientRow.from_map({**CLIENT, "loader": None})],
-        clients_unlisted=wire.UnlistedClients(**unlisted),
-        buffers=wire.BufferStats(**buffers),
-        connections=3,
-    )
-    assert typed.stages == snap.stages and typed.buffers == snap.buffers
-    with pytest.raises(wire.ProtocolError, match=r"client\.ready must be an integer"):
-        tel.snapshot([], [{**CLIENT, "ready": "1"}])
+    latency = {s.name: s.latency_ms for s in snap.stages}
+    assert latency == {"read": 7.0, "decode": pytest.approx(4.0), "augment": 0.0}
+    m = snap.to_map()
+    assert m["clients"][0]["loader"] == {
+        "prefetch_depth": 2,
+        "data_wait_fraction": 0.5,
+        "figure": 3,
+    }
+    assert m["clients_unlisted"]["count"] == 1 and m["buffers"]["max"] == 8
+    assert wire.ServerStats.from_map(msgpack.unpackb(msgpack.packb(m))) == snap
 
 
 def test_every_counter_has_a_prometheus_name() -> None:
@@ -207,22 +208,19 @@ def _scrape(url: str) -> dict[str, float]:
 @pytest.mark.timeout(30)
 def test_serve_prometheus_on_a_free_port_and_stop() -> None:
     tel = Telemetry()
-    client = {
-        **CLIENT,
-        "rank": 1,
-        "world_size": 2,
-        "ready": 3,
-        "credits": 2,
-        "in_flight": 1,
-        "images_per_s": 12.5,
-        "loader": {
-            "prefetch_depth": 2,
-            "wait_s_per_batch": 0.1,
-            "data_wait_fraction": 0.25,
-            "images_per_s": 12.0,
-        },
-    }
-    stages = [dict(s) for s in STAGES]
+    client = replace(
+        CLIENT,
+        rank=1,
+        world_size=2,
+        ready=3,
+        credits=2,
+        in_flight=1,
+        images_per_s=12.5,
+        loader=wire.LoaderReport(
+            prefetch_depth=2, wait_s_per_batch=0.1, data_wait_fraction=0.25, images_per_s=12.0
+        ),
+    )
+    stages = list(STAGES)
     stop = tel.serve_prometheus(0, lambda: tel.snapshot(stages, [client]), host="127.0.0.1")
     try:
         assert stop.port > 0
@@ -251,7 +249,7 @@ def test_serve_prometheus_on_a_free_port_and_stop() -> None:
             assert name in first
         # Gauges are read at scrape time: a change shows on the next scrape.
         tel.add_batch(16, 4096)
-        stages[0]["depth"] = 7
+        stages[0] = replace(stages[0], depth=7)
         second = _scrape(stop.url)
         assert second["batchwire_images_total"] == 32
         assert second['batchwire_queue_depth{stage="read"}'] == 7
