@@ -187,7 +187,7 @@ def _known_figures(report: LoaderReport) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class ClientRow(Record):
-    """One client's stream (server/streams.py ``ClientStream.row``); ``loader``: its last
+    """One client's session (server/sessions.py ``ClientSession.row``); ``loader``: its last
     credit's report, None if it sent none."""
 
     WHERE: ClassVar[str] = "client"

@@ -225,7 +225,7 @@ def test_loader_report_extra_figures_must_be_finite() -> None:
 
 def test_clean_is_the_servers_lenient_reading_of_a_credit() -> None:
     """Whatever a trainer sends, the server keeps finite numbers only, at most 32 of them under
-    names of at most 64 characters, and never raises (it replaces `_clean_loader_stats`)."""
+    names of at most 64 characters, and never raises (what the server stores from each credit)."""
     assert wire.LoaderReport.clean(None) is None
     assert wire.LoaderReport.clean([1, 2]) is None
     raw = {
