@@ -118,12 +118,16 @@ def read_manifest(path: Path, max_bytes: int) -> ManifestRead:
     """The checksummed files of one manifest (JSON lines with "path", "bytes_out" or "size",
     and "checksum"; other lines ignored, as are records without a checksum). A later line
     for a path wins (the manifest is appended to as files finish). OSError when it cannot be
-    read, ValueError when it is larger than `max_bytes`."""
+    read (`NotARegularFile` for a FIFO or device: never opened, so never blocking), ValueError
+    when it is larger than `max_bytes`."""
+    from batchwire.pipeline.decode.files import read_file  # keeps `dataset` import-light
+
     size = path.stat().st_size
     if size > max_bytes:
         raise ValueError(f"{size} bytes, more than {max_bytes} for this dataset")
-    with open(path, "rb") as f:
-        raw = f.read(max_bytes + 1)
+    raw = read_file(path)
+    if len(raw) > max_bytes:  # grew since
+        raise ValueError(f"more than {max_bytes} bytes for this dataset")
     entries: dict[str, Entry] = {}
     skipped = 0
     for line in raw.decode("utf-8", "surrogateescape").splitlines():

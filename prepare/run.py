@@ -193,12 +193,17 @@ def _validated(options: Options) -> tuple[Source, Path | None]:
 
 
 def run(options: Options, progress_stream: TextIO | None = None) -> Summary:
-    """Prepares SRC into DST (see the package doc); raises UsageError before doing anything
-    when the command cannot run, OSError when DST cannot be set up."""
+    """Prepares SRC into DST (see the package doc), or with `checksums_only` writes SRC's
+    checksum manifest; raises UsageError before doing anything when the command cannot run
+    (DST not writable included), OSError when DST cannot be set up."""
     started = time.monotonic()
     source, dst = _validated(options)
     places = _places(options, source, dst)
-    _writable(places.manifest.parent, "DST" if dst is not None else "the manifest's folder")
+    if dst is not None:
+        _writable(dst, "DST")
+    else:
+        hint = "" if options.manifest_dir else " (--manifest-dir DIR writes the manifest elsewhere)"
+        _writable(places.manifest.parent, f"the manifest's folder{hint}")
     cores = min(options.jobs, available_cores())
     where = str(dst) if dst is not None else str(places.manifest)
     summary = Summary(str(options.src), where, options.restart_interval, options.jobs, cores=cores)

@@ -126,6 +126,8 @@ def test_unusable_manifests_warn_with_auto_and_fail_with_on(
     with pytest.raises(ValueError, match="verify must be"):
         load_checksums(paths, root, "folder", verify="maybe")
     (root / PREPARE_MANIFEST).mkdir()  # unreadable as a file
+    os.mkfifo(root / keyed_name(root))  # would block an open() for good
+    assert load_checksums(paths, root, "folder", manifest_dirs=[root]) is None
     (root / CHECKSUMS_MANIFEST).write_bytes(b"\x00" * 64 + b"\n{{{\n")
     caplog.set_level(logging.WARNING, logger="batchwire.pipeline")
     assert open_dataset(root, cache_dir=cache).checksums is None
