@@ -10,7 +10,13 @@ from collections.abc import Callable
 from typing import Any
 
 from batchwire.common.cores import available_cores
-from batchwire.server.config import DECODERS, DEFAULT_BIND, ServerConfig, config_from_toml
+from batchwire.server.config import (
+    DECODERS,
+    DEFAULT_BIND,
+    VERIFY_MODES,
+    ServerConfig,
+    config_from_toml,
+)
 from batchwire.wire import DTYPES, LAYOUTS, PROTOCOL_VERSION
 
 log = logging.getLogger("batchwire.server")
@@ -76,6 +82,21 @@ def build_parser() -> argparse.ArgumentParser:
         default=argparse.SUPPRESS,  # absent: the TOML file's setting, else the default
         help="let a list file name files outside its own folder (absolute paths, '..'); "
         "refused by default: a list file may come from elsewhere",
+    )
+    data.add_argument(
+        "--verify-checksums",
+        choices=VERIFY_MODES,
+        help="check every file read against the checksum manifest pipeline-prepare wrote (in "
+        "a prepared DST, or by --checksums-only): a mismatch is a bad file, replaced. auto: "
+        f"when one is found (default: {_D.verify_checksums})",
+    )
+    data.add_argument(
+        "--checksum-dir",
+        dest="checksum_dirs",
+        action="append",
+        metavar="DIR",
+        help="also look for checksum manifests here (pipeline-prepare --checksums-only "
+        "--manifest-dir DIR); repeatable",
     )
     data.add_argument("--config", metavar="FILE.toml", help="read settings from a TOML file")
     sec = p.add_argument_group("security")

@@ -15,6 +15,7 @@ from typing import Any
 from batchwire.common.cores import available_cores
 from batchwire.common.devices import parse_device
 from batchwire.pipeline.augment_plan import AugmentConfig
+from batchwire.pipeline.checksums import VERIFY_MODES
 from batchwire.pipeline.decode.select import DECODERS
 from batchwire.wire import MAX_PREFETCH, BatchSpec
 
@@ -73,6 +74,10 @@ class ServerConfig:
     stall_timeout: float = 30.0
     metrics_port: int | None = None
     allow_outside_root: bool = False
+    # Check every file read against its checksum manifest (pipeline/checksums.py): "auto" when
+    # one is found beside the data or in a checksum_dirs folder, "on" requires one, "off".
+    verify_checksums: str = "auto"
+    checksum_dirs: list[str] = field(default_factory=list)
     keys: str | None = None  # a `pipeline-keys` folder: CURVE on every endpoint
     insecure: bool = False  # accept a tcp bind beyond loopback without keys (logged)
     metrics_host: str = "127.0.0.1"
@@ -133,6 +138,11 @@ class ServerConfig:
                 problems.append(f"{flag} must be >= 1, got {getattr(self, name)}")
         if self.prefetch_depth > MAX_PREFETCH:
             problems.append(f"--prefetch-depth must be <= {MAX_PREFETCH}")
+        if self.verify_checksums not in VERIFY_MODES:
+            problems.append(
+                f"--verify-checksums must be one of {list(VERIFY_MODES)}, "
+                f"got {self.verify_checksums!r}"
+            )
         if self.decoder not in DECODERS:
             problems.append(f"--decoder must be one of {list(DECODERS)}, got {self.decoder!r}")
         try:
@@ -175,7 +185,7 @@ def config_from_toml(path: str | os.PathLike[str]) -> dict[str, Any]:
         name = key.replace("-", "_")
         if name not in _FIELDS:
             raise ValueError(f"{path}: unknown setting {key!r}; known: {sorted(_FIELDS)}")
-        if name == "bind" and isinstance(value, str):
+        if name in ("bind", "checksum_dirs") and isinstance(value, str):
             value = [value]
         if name in ("scale", "ratio", "mean", "std") and isinstance(value, list):
             value = tuple(float(v) for v in value)

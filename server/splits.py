@@ -97,7 +97,12 @@ def open_splits(config: ServerConfig, decoder: Any) -> dict[str, Split]:
     splits: dict[str, Split] = {}
     for name, root in data_roots(config).items():
         try:
-            dataset = open_dataset(root, allow_outside_root=config.allow_outside_root)
+            dataset = open_dataset(
+                root,
+                allow_outside_root=config.allow_outside_root,
+                verify_checksums=config.verify_checksums,
+                checksum_dirs=config.checksum_dirs,
+            )
         except (OSError, ValueError) as exc:
             raise StartupError(f"--{name} {root}: {exc}") from None
         if name != "train" and "train" in splits:
