@@ -1,0 +1,51 @@
+"""The `Store` protocol: list, read and range-read objects under one root."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    """One object: its key (relative to the store's root, '/'-separated), size in bytes, and a
+    version tag that changes when its contents do (an ETag, or size and mtime for a file), so
+    an index built from it can be keyed to the contents it describes."""
+
+    key: str
+    size: int
+    version: str
+
+
+@runtime_checkable
+class Store(Protocol):
+    """Objects under one root. Implementations are safe to call from several threads."""
+
+    @property
+    def display(self) -> str:
+        """The root as a user may see it in logs and errors: never a credential."""
+        ...
+
+    def list(self, prefix: str = "") -> list[ObjectInfo]:
+        """Every object whose key starts with `prefix`, sorted by key."""
+        ...
+
+    def head(self, key: str) -> ObjectInfo:
+        """One object's info (`FileNotFoundError` if absent)."""
+        ...
+
+    def read(self, key: str) -> bytes:
+        """The whole object."""
+        ...
+
+    def read_ranges(self, key: str, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
+        """Byte ranges [start, end) of one object, in the order given; one request where the
+        store can coalesce them. A range past the object's end comes back short: callers that
+        know what length to expect check it (a truncated tar member is a bad sample)."""
+        ...
+
+    def read_many(self, keys: Sequence[str]) -> list[bytes | OSError]:
+        """Whole objects, concurrently where the store allows; a failed one is its error (the
+        others are still returned), so one bad sample does not fail a batch."""
+        ...

@@ -1,0 +1,70 @@
+"""`LocalStore`: a folder on this host as a `Store` (regular files only)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from batchwire.pipeline.decode.files import read_file
+from batchwire.pipeline.storage.base import ObjectInfo
+
+
+class LocalStore:
+    """Objects are the regular files under `root`; keys are '/'-separated relative paths.
+
+    Reads go through `decode.files.read_file`, so a FIFO or device under the root is refused
+    without being opened, as everywhere else the pipeline reads a file."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root).expanduser().resolve()
+
+    @property
+    def display(self) -> str:
+        return str(self.root)
+
+    def path(self, key: str) -> str:
+        """The absolute path of `key` (a key may not climb out of the root)."""
+        path = os.path.normpath(os.path.join(self.root, key))
+        if os.path.commonpath([path, str(self.root)]) != str(self.root):
+            raise PermissionError(f"key {key!r} is outside {self.root}")
+        return path
+
+    def list(self, prefix: str = "") -> list[ObjectInfo]:
+        out: list[ObjectInfo] = []
+        for dirpath, _dirs, files in os.walk(self.root, followlinks=True):
+            for name in files:
+                full = os.path.join(dirpath, name)
+                key = os.path.relpath(full, self.root).replace(os.sep, "/")
+                if not key.startswith(prefix):
+                    continue
+                try:
+                    st = os.stat(full)
+                except OSError:
+                    continue  # vanished or a dangling link: not an object
+                out.append(ObjectInfo(key, st.st_size, f"{st.st_size}-{st.st_mtime_ns}"))
+        out.sort(key=lambda o: o.key)
+        return out
+
+    def head(self, key: str) -> ObjectInfo:
+        st = os.stat(self.path(key))
+        return ObjectInfo(key, st.st_size, f"{st.st_size}-{st.st_mtime_ns}")
+
+    def read(self, key: str) -> bytes:
+        return read_file(self.path(key))
+
+    def read_ranges(self, key: str, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
+        fd = os.open(self.path(key), os.O_RDONLY)
+        try:
+            return [os.pread(fd, end - start, start) for start, end in ranges]
+        finally:
+            os.close(fd)
+
+    def read_many(self, keys: Sequence[str]) -> list[bytes | OSError]:
+        out: list[bytes | OSError] = []
+        for key in keys:
+            try:
+                out.append(self.read(key))
+            except OSError as exc:
+                out.append(exc)
+        return out
