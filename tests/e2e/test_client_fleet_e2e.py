@@ -13,12 +13,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import pytest
+import wirefakes
 import zmq
 from batchwire import wire
 from batchwire.client import RemoteLoader, ServerError
 from batchwire.wire.raw_client import RawClient
 from serverproc import running_server, running_servers, small_server_args
 from test_remote_loader_recovery import assert_same, rest
+from wirefakes import NBYTES
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -94,9 +96,6 @@ def test_every_server_refusing_is_one_error_naming_each(reference):
 
 # ---------------------------------------------------------------------- errors of older sessions
 
-SHAPE = [2, 3, 4, 4]
-NBYTES = 2 * 3 * 4 * 4
-
 
 class LateErrorServer:
     """A ROUTER that stays silent on the first hello (so the loader re-sends it), then answers
@@ -137,33 +136,11 @@ class LateErrorServer:
 
     @staticmethod
     def _welcome(session: int) -> bytes:
-        return wire.Welcome(
-            session=session,
-            num_batches=3,
-            num_samples=6,
-            batch_size=2,
-            shape=SHAPE,
-            dtype="uint8",
-            layout="nchw",
-            mean=[0.5] * 3,
-            std=[0.25] * 3,
-            num_classes=3,
-        ).pack()
+        return wirefakes.welcome(session, num_batches=3).pack()
 
     @staticmethod
     def _batch(session: int, k: int) -> list[bytes]:
-        header = wire.BatchHeader(
-            session=session,
-            split="train",
-            epoch=0,
-            batch_index=k,
-            shape=SHAPE,
-            dtype="uint8",
-            layout="nchw",
-            indices=[2 * k, 2 * k + 1],
-            replaced=0,
-            nbytes=NBYTES,
-        )
+        header = wirefakes.header(session, k)
         return [header.pack(), bytes([k]) * NBYTES, wire.labels_to_frame([k, k]).tobytes()]
 
     def close(self) -> None:

@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 import msgpack
 import pytest
+import wirefakes
 import zmq
 from batchwire import wire
 from batchwire.client import (
@@ -24,39 +25,15 @@ from batchwire.client import (
     VersionMismatch,
 )
 from batchwire.client.fleet import ERRORS_BEFORE_RAISING
-
-SHAPE = [2, 3, 4, 4]
-NBYTES = 2 * 3 * 4 * 4
+from wirefakes import NBYTES
 
 
 def welcome(session: int) -> bytes:
-    return wire.Welcome(
-        session=session,
-        num_batches=2,
-        num_samples=4,
-        batch_size=2,
-        shape=SHAPE,
-        dtype="uint8",
-        layout="nchw",
-        mean=[0.5] * 3,
-        std=[0.25] * 3,
-        num_classes=3,
-    ).pack()
+    return wirefakes.welcome(session).pack()
 
 
 def header(session: int, k: int) -> bytes:
-    return wire.BatchHeader(
-        session=session,
-        split="train",
-        epoch=0,
-        batch_index=k,
-        shape=SHAPE,
-        dtype="uint8",
-        layout="nchw",
-        indices=[2 * k, 2 * k + 1],
-        replaced=0,
-        nbytes=NBYTES,
-    ).pack()
+    return wirefakes.header(session, k).pack()
 
 
 def labels(k: int) -> bytes:

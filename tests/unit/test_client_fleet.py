@@ -9,6 +9,7 @@ real server processes (tests/e2e/test_client_fleet_e2e.py and the RemoteLoader s
 from __future__ import annotations
 
 import pytest
+import wirefakes
 from batchwire import wire
 from batchwire.client import ProtocolError, ServerError, ServerUnavailable
 from batchwire.client.fleet import (
@@ -25,41 +26,18 @@ from batchwire.client.fleet import (
 )
 from batchwire.client.session import SessionState
 from fakeclock import FakeClock
+from wirefakes import SHAPE
 
 S = SessionState
 NUM_BATCHES = 12
-SHAPE = [2, 3, 4, 4]
 
 
 def welcome_for(session: int, num_batches: int = NUM_BATCHES, shape=SHAPE) -> wire.Welcome:
-    return wire.Welcome(
-        session=session,
-        num_batches=num_batches,
-        num_samples=2 * num_batches,
-        batch_size=shape[0],
-        shape=shape,
-        dtype="uint8",
-        layout="nchw",
-        mean=[0.5] * 3,
-        std=[0.25] * 3,
-        num_classes=3,
-    )
+    return wirefakes.welcome(session, num_batches, shape)
 
 
 def header_for(session: int, epoch: int, k: int, shape=SHAPE) -> wire.BatchHeader:
-    nbytes = shape[0] * shape[1] * shape[2] * shape[3]
-    return wire.BatchHeader(
-        session=session,
-        split="train",
-        epoch=epoch,
-        batch_index=k,
-        shape=shape,
-        dtype="uint8",
-        layout="nchw",
-        indices=[2 * k, 2 * k + 1],
-        replaced=0,
-        nbytes=nbytes,
-    )
+    return wirefakes.header(session, k, epoch, shape)
 
 
 class Shell:
