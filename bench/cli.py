@@ -28,6 +28,7 @@ from batchwire.bench.data import BenchData, check_prepared, resolve_data
 from batchwire.bench.report import Report, format_table, write_json
 from batchwire.bench.rows import ROWS, best_row, plan_rows, run_row
 from batchwire.common.cores import available_cores
+from batchwire.wire.version import add_version_argument
 
 if TYPE_CHECKING:
     import torch
@@ -39,6 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
         description=__doc__.split("\n\n", 1)[1] if __doc__ else None,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    add_version_argument(p)
     p.add_argument("--data", metavar="PATH", help="images to read (default: the embedded dataset)")
     p.add_argument("--batch-size", type=int, default=64, metavar="B", help="(default: 64)")
     p.add_argument(

@@ -26,6 +26,7 @@ from batchwire.monitor.render import render
 from batchwire.wire.keys import KeysError, client_keys
 from batchwire.wire.stats import ServerStats
 from batchwire.wire.stats_client import StatsClient, StatsUnavailable
+from batchwire.wire.version import add_version_argument
 
 ENTER_SCREEN = "\x1b[?1049h\x1b[?25l"  # alternate screen, hide cursor
 LEAVE_SCREEN = "\x1b[?25h\x1b[?1049l"
@@ -44,6 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Live view of a pipeline-server: stage queues, clients, throughput, and "
         "the inferred bottleneck.",
     )
+    add_version_argument(parser)
     parser.add_argument(
         "endpoint",
         metavar="ENDPOINT",

@@ -19,6 +19,7 @@ from batchwire.prepare.job import AUTO, AUTO_MOST
 from batchwire.prepare.run import Options, run
 from batchwire.prepare.source import UsageError
 from batchwire.prepare.summary import EXIT_INCOMPLETE, EXIT_USAGE
+from batchwire.wire.version import add_version_argument
 
 
 def parser() -> argparse.ArgumentParser:
@@ -33,6 +34,7 @@ def parser() -> argparse.ArgumentParser:
             "written is checksummed in DST's manifest; pipeline-server checks every read."
         ),
     )
+    add_version_argument(p)
     p.add_argument("src", metavar="SRC", help="an ImageFolder tree (any folder) or a list file")
     p.add_argument(
         "dst",

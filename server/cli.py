@@ -18,6 +18,7 @@ from batchwire.server.config import (
     config_from_toml,
 )
 from batchwire.wire import DTYPES, LAYOUTS, PROTOCOL_VERSION
+from batchwire.wire.version import add_version_argument
 
 log = logging.getLogger("batchwire.server")
 
@@ -63,6 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
             "within 2 s, even with producers stuck in a slow read."
         ),
     )
+    add_version_argument(p)
     data = p.add_argument_group("data")
     data.add_argument(
         "--train",

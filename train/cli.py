@@ -29,6 +29,8 @@ import logging
 import sys
 from typing import Any
 
+from batchwire.wire.version import add_version_argument
+
 from .config import AMP_MODES, OPTIMIZERS, ConfigError, TrainConfig
 from .distributed import DistContext, init_distributed, shutdown_distributed
 from .loop import EpochResult, Trainer
@@ -62,6 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
         "several ranks).",
         formatter_class=_HelpFormatter,
     )
+    add_version_argument(p)
     a = p.add_argument
     a(
         "--server",

@@ -144,6 +144,9 @@ def main(argv: list[str] | None = None) -> int:
         "BATCHWIRE_KEYS=DIR, `pipeline-train --keys DIR`). Copy the folder to the trainer "
         "hosts; server.key_secret may stay on the server's host.",
     )
+    from batchwire.wire.version import add_version_argument
+
+    add_version_argument(p)
     p.add_argument("directory", help="folder to create (made owner-only)")
     p.add_argument("--force", action="store_true", help="replace keys already there")
     args = p.parse_args(argv)

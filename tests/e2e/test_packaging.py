@@ -40,6 +40,15 @@ def test_wheel_installs_only_the_batchwire_namespace(wheel_names: list[str]) -> 
 
 
 @pytest.mark.timeout(300)
+def test_every_package_is_marked_typed(wheel_names: list[str]) -> None:
+    """PEP 561: without py.typed a type checker ignores an installed package's hints."""
+    packages = [n.removesuffix("__init__.py") for n in wheel_names if n.endswith("/__init__.py")]
+    assert packages
+    untyped = [p for p in packages if f"{p}py.typed" not in wheel_names]
+    assert not untyped, f"packages without py.typed: {untyped}"
+
+
+@pytest.mark.timeout(300)
 def test_wheel_ships_every_native_source(wheel_names: list[str]) -> None:
     sources = sorted(
         p.relative_to(ROOT / "native").as_posix()
