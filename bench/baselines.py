@@ -40,6 +40,9 @@ class Measured:
     images: int
     seconds: float
     cpu_seconds: float | None = None
+    #: Images the server's GPU decoder handed to the CPU decoder (its stats'
+    #: `decode_fallbacks_total`); None for rows without a batchwire server.
+    fallbacks: int | None = None
 
     @property
     def images_per_s(self) -> float:

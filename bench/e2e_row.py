@@ -14,6 +14,7 @@ loaders against one server; `batchwire_row` is both in one call.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import tempfile
 from collections.abc import Iterator
@@ -166,4 +167,18 @@ def batchwire_row(
             start_timeout=start_timeout,
             keys=keys,
         )
-    return measured
+        fallbacks = server_fallbacks(endpoint, keys)
+    return dataclasses.replace(measured, fallbacks=fallbacks)
+
+
+def server_fallbacks(endpoint: str, keys: str | None = None) -> int | None:
+    """The server's `decode_fallbacks_total` (images its GPU decoder sent to the CPU decoder),
+    None where the stats do not say (an older server, or no answer)."""
+    from batchwire.wire.keys import ClientKeys
+    from batchwire.wire.stats_client import StatsUnavailable, fetch_stats
+
+    try:
+        stats = fetch_stats(endpoint, keys=None if keys is None else ClientKeys.load(keys))
+    except StatsUnavailable:
+        return None
+    return stats.counters.decode_fallbacks_total

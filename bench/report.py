@@ -37,6 +37,9 @@ class Row:
     cpu_seconds: float | None = None
     skipped: str | None = None
     note: str = ""
+    #: A batchwire row's images decoded on the CPU by a GPU decoder's safety net (None: not a
+    #: batchwire row): "GPU decoding" with many fallbacks measured the CPU decoder.
+    fallbacks: int | None = None
 
     @property
     def cpu_ms_per_image(self) -> float | None:
@@ -132,6 +135,8 @@ def format_table(report: Report) -> str:
             notes.append(f"  {row.name}: skipped: {row.skipped}")
         elif row.note:
             notes.append(f"  {row.name}: {row.note}")
+        if row.fallbacks:
+            notes.append(f"  {row.name}: {row.fallbacks} images decoded on the CPU (fallbacks)")
     widths = [max(len(r[i]) for r in table) for i in range(len(cols))]
     for k, r in enumerate(table):
         cells = [r[0].ljust(widths[0])] + [

@@ -53,7 +53,10 @@ def run_row(plan: RowPlan) -> None:
             plan.best = Row(plan.key, plan.name, skipped=f"{type(e).__name__}: {e}"[:500])
         return
     plan.runs.append(m.images_per_s)
-    row = Row(plan.key, plan.name, m.images, m.seconds, m.cpu_seconds, note=plan.note)
+    row = Row(
+        plan.key, plan.name, m.images, m.seconds, m.cpu_seconds, note=plan.note,
+        fallbacks=m.fallbacks,
+    )  # fmt: skip
     if plan.best is None or (plan.best.images_per_s or 0.0) < m.images_per_s:
         plan.best = row
 

@@ -267,6 +267,8 @@ def render_lines(
             ),
         ]
     )
+    if counters.decode_fallbacks_total:  # a GPU decoder sent images to the CPU: say so
+        lines[-1].append((f"  CPU-decoded fallbacks {counters.decode_fallbacks_total:,}", YELLOW))
     lines.append([])
 
     clients = snapshot.clients

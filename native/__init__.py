@@ -3,9 +3,12 @@ normalisation, dtype and layout) over a whole batch in one pass.
 
 `augment_impl(device)` decides, once per device type, between the compiled op (built on first
 use, see `build.py`) and the pure torch reference, with one logged warning where the extension
-cannot be built or was built without CUDA for CUDA tensors: slower, never wrong.
-`augment_batch` runs that choice for its output's device. `load()` raises instead of falling
-back.
+cannot be built or was built without CUDA for CUDA tensors: slower, never wrong. On each CUDA
+device the compiled op is first launched once on a tiny batch (`probe_launch`): a library
+without a kernel image (or PTX) for that GPU raises there ("no kernel image is available for
+execution on the device"), and the device then uses the reference, warned once
+(`checked_on_device`), instead of failing every batch. `augment_batch` runs that choice for its
+output's device. `load()` raises instead of falling back.
 
 `decode_jpeg_roi` (optional, `jpeg_roi_available()`) decodes just a region of a JPEG; see
 `jpeg_roi.py`.
@@ -13,6 +16,7 @@ back.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import threading
@@ -32,10 +36,12 @@ __all__ = [
     "augment_batch",
     "augment_batch_reference",
     "augment_impl",
+    "checked_on_device",
     "decode_jpeg_roi",
     "is_available",
     "jpeg_roi_available",
     "load",
+    "probe_launch",
 ]
 
 log = logging.getLogger("batchwire.native")
@@ -86,12 +92,83 @@ _first_use = threading.Lock()  # functools.cache alone may run a first call twic
 
 def augment_impl(device: torch.device | str) -> AugmentFn:
     """The augment function for outputs on `device`: the compiled op where it is built (with
-    CUDA, for CUDA devices), else the pure torch reference. Decided once per device type and
-    process; a fallback is logged once, as a warning that says why. Both take
-    `augment_batch`'s arguments; `fn is augment_batch_reference` tells which one it is."""
-    device_type = torch.device(device).type
+    CUDA, for CUDA devices) and, on a CUDA device, launches there (`checked_on_device`), else
+    the pure torch reference. Decided once per device type (and CUDA device) and process; a
+    fallback is logged once, as a warning that says why. Both take `augment_batch`'s
+    arguments; `fn is augment_batch_reference` tells which one it is."""
+    dev = torch.device(device)
     with _first_use:
-        return _augment_impl(device_type)
+        fn = _augment_impl(dev.type)
+        if dev.type != "cuda" or fn is augment_batch_reference:
+            return fn
+        if dev.index is None:
+            dev = torch.device("cuda", torch.cuda.current_device())
+        return checked_on_device(fn, dev)
+
+
+def _probe_args(device: torch.device) -> tuple[torch.Tensor, ...]:
+    """A tiny batch: one 6 x 5 colour image and the output on `device`, the per-image
+    parameters on the CPU as the producer passes them; a crop, a flip and every jitter."""
+    image = (torch.arange(6 * 5 * 3, dtype=torch.int64) * 37 % 251).to(torch.uint8)
+    return (
+        image.view(6, 5, 3).to(device),
+        torch.tensor([[0.5, 0.25, 5.5, 4.75]], dtype=torch.float32),
+        torch.tensor([True]),
+        torch.tensor([[1.1, 0.9, 1.2, 0.05]], dtype=torch.float32),
+        torch.tensor([0.485, 0.456, 0.406], dtype=torch.float32),
+        torch.tensor([0.229, 0.224, 0.225], dtype=torch.float32),
+        torch.empty((1, 3, 4, 3), dtype=torch.float32, device=device),
+    )
+
+
+def probe_launch(fn: AugmentFn, device: torch.device) -> str | None:
+    """Run `fn` once on a tiny batch on `device` and wait for it: None when it ran and agrees
+    with the reference, else why not. Catches what only a launch shows: a library without a
+    kernel image or PTX for this GPU ('no kernel image is available for execution on the
+    device'), a driver too old for the PTX, a broken kernel."""
+    where = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+    try:
+        with where:
+            images, boxes, flips, jitter, mean, std, out = _probe_args(device)
+            fn([images], boxes, flips, jitter, mean, std, out)
+            got = out.cpu()  # waits for the launch: an asynchronous failure surfaces here
+    except Exception as exc:  # whatever a launch raises, the op is not usable on this device
+        return f"{type(exc).__name__}: {exc}".strip()[:500]
+    images, boxes, flips, jitter, mean, std, out = _probe_args(torch.device("cpu"))
+    expected = augment_batch_reference([images], boxes, flips, jitter, mean, std, out)
+    if not torch.allclose(got, expected, atol=2e-3, rtol=0):
+        worst = (got - expected).abs().max().item()
+        return f"its result differs from the reference by up to {worst:.4g} on a test batch"
+    return None
+
+
+_checked: dict[str, AugmentFn] = {}  # device ('cuda:1') -> the function that launched there
+
+
+def checked_on_device(
+    fn: AugmentFn,
+    device: torch.device,
+    probe: Callable[[AugmentFn, torch.device], str | None] = probe_launch,
+) -> AugmentFn:
+    """`fn` if its launch probe passes on `device`, else the reference (warned once per
+    device). Probed once per device and process (callers hold `_first_use`)."""
+    key = str(device)
+    chosen = _checked.get(key)
+    if chosen is None:
+        why = probe(fn, device)
+        chosen = fn
+        if why is not None:
+            log.warning(
+                "batchwire.native: using the slow reference op on %s: the compiled op failed "
+                "its launch probe there (%s). A library built for other GPUs lacks this one's "
+                "architecture: set TORCH_CUDA_ARCH_LIST to include it (or its PTX) and rebuild "
+                "(`python -m batchwire.native build`)",
+                key,
+                why,
+            )
+            chosen = augment_batch_reference
+        _checked[key] = chosen
+    return chosen
 
 
 @functools.cache

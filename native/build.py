@@ -25,15 +25,21 @@ optional region-of-interest JPEG decoder (`build_jpeg_roi()`), a separate pybind
 that a machine without the libjpeg headers still builds the augment op.
 
 CUDA is compiled iff `BATCHWIRE_CUDA=1`, or `BATCHWIRE_CUDA` is unset and torch is a CUDA build
-and a CUDA toolkit (nvcc) of the same major version is found (`decide_cuda`). A GPU is never
-probed: a Docker build has none; without a visible GPU the architectures come from
-TORCH_CUDA_ARCH_LIST, else the ones torch was built for (`cuda_arch_list`). Unless
-`BATCHWIRE_CUDA=1`, a failed CUDA build falls back to a CPU-only one with one warning.
+and a CUDA toolkit (nvcc) of the same major version is found (`decide_cuda`). The architectures
+are always an explicit list, and that list is part of the key (`cuda_arch_list`):
+TORCH_CUDA_ARCH_LIST when set, else the compute capabilities of this host's GPUs (read through
+NVML, which opens no CUDA context: `gpu_capabilities`), else the ones torch was built for, else
+`DEFAULT_CUDA_ARCHS`; the newest listed architecture also gets PTX. Why explicit: the cache
+usually lives in a home folder shared by every host of a cluster, and a key that said only
+"detected" handed an H100 node's library to an A100 node, where every launch failed with "no
+kernel image". Unless `BATCHWIRE_CUDA=1`, a failed CUDA build falls back to a CPU-only one with
+one warning.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import fcntl
 import functools
 import hashlib
@@ -71,8 +77,9 @@ CFLAGS = ("-O3", "-fopenmp", "-fno-trapping-math")
 LDFLAGS = ("-fopenmp",)
 CUDA_CFLAGS = ("-O3",)
 # Architectures for a CUDA build on a machine without a visible GPU when neither
-# TORCH_CUDA_ARCH_LIST nor torch's own list says (A100, H100).
-DEFAULT_CUDA_ARCHS = "8.0;9.0"
+# TORCH_CUDA_ARCH_LIST nor torch's own list says (A100, H100), with PTX for the newest so that a
+# newer GPU (Blackwell: 10.x, 12.x) JIT-compiles the kernel from PTX instead of finding no image.
+DEFAULT_CUDA_ARCHS = "8.0;9.0+PTX"
 
 JPEG_ROI_NAME = "batchwire_jpeg_roi"
 JPEG_ROI_SOURCES = ("jpeg_roi.cpp", "jpeg_restart.cpp", "jpeg_transcode.cpp")
@@ -387,17 +394,30 @@ def _arch_name(arch: str) -> str | None:
     return f"{found[1]}.{found[2]}{found[3]}" if found else None
 
 
+def capability_arch_list(capabilities: Sequence[tuple[int, int]]) -> str | None:
+    """TORCH_CUDA_ARCH_LIST for GPUs of these compute capabilities: each distinct one once,
+    oldest first, the newest also as PTX (as torch's own detection does); None for none."""
+    names = [f"{major}.{minor}" for major, minor in sorted(set(capabilities))]
+    if not names:
+        return None
+    return ";".join([*names[:-1], names[-1] + "+PTX"])
+
+
 def cuda_arch_list(
-    env_value: str | None, visible_gpus: int, torch_arches: Sequence[str]
-) -> str | None:
-    """TORCH_CUDA_ARCH_LIST for a CUDA build: the variable when set; None (torch detects the
-    visible GPUs) when there are GPUs; else torch's own architectures (`torch_arches`, as
-    torch.cuda.get_arch_list() gives them, the newest also as PTX), else DEFAULT_CUDA_ARCHS.
-    Without a GPU and a list, torch's detection fails (IndexError) on every build."""
+    env_value: str | None,
+    capabilities: Sequence[tuple[int, int]],
+    torch_arches: Sequence[str],
+) -> str:
+    """TORCH_CUDA_ARCH_LIST for a CUDA build, never None, so the key names what is compiled:
+    the variable when set; else the GPUs' `capabilities` (`capability_arch_list`); else
+    torch's own architectures (`torch_arches`, as torch.cuda.get_arch_list() gives them, the
+    newest also as PTX); else DEFAULT_CUDA_ARCHS. Pure: the detection is the caller's
+    (`gpu_capabilities`), so tests give any capability list."""
     if env_value and env_value.strip():
         return env_value.strip()
-    if visible_gpus > 0:
-        return None
+    detected = capability_arch_list(capabilities)
+    if detected is not None:
+        return detected
     names = [n for n in map(_arch_name, torch_arches) if n]
     if not names:
         return DEFAULT_CUDA_ARCHS
@@ -410,6 +430,53 @@ def _visible_gpus() -> int:
         return torch.cuda.device_count()
     except Exception:
         return 0
+
+
+def _nvml_capabilities() -> list[tuple[int, int]] | None:
+    """Compute capabilities of every GPU of this host through NVML (libnvidia-ml, the driver's
+    management library), or None where NVML cannot say. NVML opens no CUDA context, so a
+    process that forks later stays safe; it ignores CUDA_VISIBLE_DEVICES, so the list may hold
+    more GPUs than this process sees (a build for all of them serves every one)."""
+    try:
+        nvml = ctypes.CDLL("libnvidia-ml.so.1")
+    except OSError:
+        return None
+    if nvml.nvmlInit_v2() != 0:
+        return None
+    try:
+        count = ctypes.c_uint(0)
+        if nvml.nvmlDeviceGetCount_v2(ctypes.byref(count)) != 0:
+            return None
+        found = []
+        for i in range(count.value):
+            handle = ctypes.c_void_p()
+            if nvml.nvmlDeviceGetHandleByIndex_v2(ctypes.c_uint(i), ctypes.byref(handle)) != 0:
+                return None
+            major, minor = ctypes.c_int(0), ctypes.c_int(0)
+            rc = nvml.nvmlDeviceGetCudaComputeCapability(
+                handle, ctypes.byref(major), ctypes.byref(minor)
+            )
+            if rc != 0:
+                return None
+            found.append((major.value, minor.value))
+        return found
+    finally:
+        nvml.nvmlShutdown()
+
+
+def gpu_capabilities() -> list[tuple[int, int]]:
+    """The compute capabilities to build for on this host: none without a visible GPU; else
+    NVML's list of the host's GPUs; where NVML cannot say, torch's per visible device (this
+    initialises CUDA in the process, as torch's own build-time detection would)."""
+    if _visible_gpus() == 0:
+        return []
+    found = _nvml_capabilities()
+    if found:
+        return found
+    try:
+        return [torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())]
+    except Exception:
+        return []
 
 
 # --- the key ---------------------------------------------------------------------------------
@@ -451,7 +518,7 @@ def current_toolchain(spec: ExtensionSpec, with_cuda: bool, arch_list: str | Non
         "|",
         *(CUDA_CFLAGS if with_cuda else ()),
         f"cuda={with_cuda}",
-        f"archs={arch_list if arch_list else 'detected'}" if with_cuda else "",
+        f"archs={arch_list}" if with_cuda else "",
     )
     return Toolchain(
         torch.__version__,
@@ -477,7 +544,7 @@ class BuildPlan:
     sources: tuple[Path, ...]
     spec: ExtensionSpec
     toolchain: Toolchain
-    arch_list: str | None = None  # TORCH_CUDA_ARCH_LIST for the build; None: torch detects
+    arch_list: str | None = None  # TORCH_CUDA_ARCH_LIST for a CUDA build (always explicit)
 
     @property
     def marker(self) -> Path:
@@ -501,11 +568,16 @@ class BuildPlan:
         return "CPU+CUDA" if self.with_cuda else "CPU"
 
 
-def make_plan(spec: ExtensionSpec | None = None, cuda: CudaDecision | None = None) -> BuildPlan:
+def make_plan(
+    spec: ExtensionSpec | None = None,
+    cuda: CudaDecision | None = None,
+    capabilities: Callable[[], Sequence[tuple[int, int]]] = gpu_capabilities,
+) -> BuildPlan:
     """Decides CUDA or not and the cache folder for this toolchain and these sources (the
     augment op's unless `spec` names another extension; only the augment op has CUDA sources).
-    `cuda` overrides the decision (the CPU-only retry). Costs `stat` calls, not hashing, while
-    the sources are unchanged."""
+    `cuda` overrides the decision (the CPU-only retry); `capabilities` detects the GPUs to build
+    for (injectable: tests plan for any GPUs on a machine without one). Costs `stat` calls, not
+    hashing, while the sources are unchanged."""
     if spec is None:
         spec = augment_spec()
         if cuda is None:
@@ -517,8 +589,11 @@ def make_plan(spec: ExtensionSpec | None = None, cuda: CudaDecision | None = Non
     sources = tuple(CSRC / n for n in names)
     arch_list = None
     if cuda.with_cuda:
+        env = os.environ.get("TORCH_CUDA_ARCH_LIST")
         arch_list = cuda_arch_list(
-            os.environ.get("TORCH_CUDA_ARCH_LIST"), _visible_gpus(), torch.cuda.get_arch_list()
+            env,
+            () if env and env.strip() else capabilities(),
+            torch.cuda.get_arch_list(),
         )
     toolchain = current_toolchain(spec, cuda.with_cuda, arch_list)
     digest = sources_digest([*sources, *(CSRC / n for n in headers)])
@@ -831,7 +906,7 @@ def _fix_for(exc: BaseException, plan: BuildPlan) -> str:
     if plan.with_cuda and arch_problem:
         return (
             "the CUDA architectures could not be determined or are not supported by this nvcc: "
-            "set TORCH_CUDA_ARCH_LIST to the GPUs it will run on (e.g. '8.0;9.0'), or "
+            "set TORCH_CUDA_ARCH_LIST to the GPUs it will run on (e.g. '8.0;9.0+PTX'), or "
             "BATCHWIRE_CUDA=0 for a CPU-only build"
         )
     if isinstance(exc, (ImportError, OSError)) and plan.library.exists():

@@ -6,10 +6,12 @@
 # batchwire (editable, no dependencies) and the few packages the native tests import, then:
 #   1. checks that nvcc's CUDA major matches torch.version.cuda (the build gate's rule);
 #   2. builds the extension with CUDA forced (BATCHWIRE_CUDA=1 python -m batchwire.native build),
-#      for the architectures in TORCH_CUDA_ARCH_LIST (default 8.0;9.0: A100, H100);
+#      for the architectures in TORCH_CUDA_ARCH_LIST (default 8.0;9.0+PTX: A100, H100, and PTX
+#      for newer GPUs), and checks that the library holds that PTX;
 #   3. loads it and checks that the CUDA kernel registered (a CUDA dispatch key for
 #      batchwire::augment_batch) next to the CPU one;
-#   4. runs the native CPU tests (tests/test_native*.py) in that venv, so every CPU kernel call
+#   4. runs the native CPU tests (tests/e2e/test_native*.py, tests/unit/test_native*.py) in that
+#      venv, so every CPU kernel call
 #      goes through the library that also holds the CUDA code.
 #
 # What it proves: the .cu and the torch binding compile with nvcc and the host compiler against a
@@ -26,7 +28,7 @@ cd "$(dirname "$0")/.."
 VENV=${CUDA_VENV:-.venv-cuda}
 PYTHON=${PYTHON:-python3}
 TORCH_SPEC=${CUDA_TORCH:-torch==2.14.1}
-export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-8.0;9.0}
+export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-8.0;9.0+PTX}
 export PYTHONUNBUFFERED=1
 
 step() { echo; echo "=== $* ($(date -u +%H:%M:%S))"; }
@@ -105,9 +107,23 @@ has = torch._C._dispatch_has_kernel_for_dispatch_key
 for key in ("CPU", "CUDA", "Meta"):
     assert has("batchwire::augment_batch", key), f"no {key} kernel registered"
 print(f"loaded {plan.library} ({plan.kind}, archs {plan.arch_list}): CPU, CUDA and Meta kernels")
+assert plan.arch_list == __import__("os").environ["TORCH_CUDA_ARCH_LIST"], plan.arch_list
+assert f"archs={plan.arch_list}" in plan.toolchain.flags, "the key must name the architectures"
 EOF
+
+if [[ "$TORCH_CUDA_ARCH_LIST" == *+PTX* ]]; then
+  step "the library carries PTX (newer GPUs JIT-compile it)"
+  lib=$("$py" -c 'from batchwire.native.build import make_plan; print(make_plan().library)')
+  if [ -x "$CUDA_HOME/bin/cuobjdump" ]; then
+    "$CUDA_HOME/bin/cuobjdump" --list-ptx "$lib" | tee /dev/stderr | grep -q "ptx" \
+      || { echo "test-cuda-build: no PTX in $lib" >&2; exit 1; }
+  else
+    echo "not checked: no cuobjdump in $CUDA_HOME/bin (the PTX is asked for by the arch list)"
+  fi
+fi
 
 step "native CPU tests through the CUDA build"
 "$py" -m pytest -q -x -rs -p no:cacheprovider \
-    tests/test_native.py tests/test_native_build.py tests/test_native_pil.py
+    tests/e2e/test_native.py tests/e2e/test_native_build.py tests/unit/test_native_pil.py \
+    tests/unit/test_native_arch.py tests/unit/test_native_probe.py
 step "done: compiled, linked and loaded with CUDA; the CUDA kernels did not run (no GPU)"

@@ -80,6 +80,11 @@ _PROM_COUNTERS = {
         "Malformed or unknown messages received and dropped.",
     ),
 }
+# Per decoder (label `decoder`), so it is exported by `_families` from the decoders' totals.
+_PROM_FALLBACKS = (
+    "batchwire_decode_fallbacks_total",
+    "Images a GPU decoder handed to the CPU decoder (skipped or refused on the GPU).",
+)
 _CLIENT_LABELS = ("client", "split", "rank")
 # `ClientRow` field -> (Prometheus gauge name, help); data_wait_fraction comes from the
 # client's `LoaderReport`, the rest from the row itself.
@@ -147,14 +152,22 @@ class _SnapshotCollector:
             # our own counters and rates are still true without the stage/client parts.
             log.exception("stats snapshot failed during a metrics scrape")
             snap = self._telemetry.snapshot([], [])
-        return list(_families(snap))
+        return list(_families(snap, self._telemetry.fallbacks_by_decoder()))
 
 
-def _families(snap: ServerStats) -> Iterable[Metric]:
+def _families(snap: ServerStats, fallbacks: dict[str, int] | None = None) -> Iterable[Metric]:
     for key, (name, doc) in _PROM_COUNTERS.items():
         family = CounterMetricFamily(name, doc)
         family.add_metric([], float(getattr(snap.counters, key)))
         yield family
+    if fallbacks:
+        family = CounterMetricFamily(*_PROM_FALLBACKS, labels=["decoder"])
+        for decoder, n in sorted(fallbacks.items()):
+            family.add_metric([decoder], float(n))
+    else:  # no decoder reported (yet): the total, without a decoder's name
+        family = CounterMetricFamily(*_PROM_FALLBACKS)
+        family.add_metric([], float(snap.counters.decode_fallbacks_total or 0))
+    yield family
 
     depth = GaugeMetricFamily(
         "batchwire_queue_depth", "Items waiting in a stage's queue.", labels=["stage"]
@@ -249,7 +262,10 @@ class Telemetry:
         self._clock = clock
         self._lock = threading.Lock()
         self._started = clock()
+        # decode_fallbacks_total only once a decoder reported (None before: no decoder yet).
         self._counters = dict.fromkeys(COUNTER_NAMES, 0)
+        del self._counters["decode_fallbacks_total"]
+        self._fallbacks: dict[str, int] = {}  # decoder name -> its images decoded on the CPU
         # Columns: batches, images, bytes sent. Its age counts from the server's start, so a
         # server that has sent nothing yet reports a true 0.
         self._sent = RateWindow(THROUGHPUT_WINDOW_S, columns=3, clock=clock)
@@ -301,6 +317,19 @@ class Telemetry:
 
     def add_malformed(self) -> None:
         self._add("malformed_total", 1)
+
+    def set_fallbacks(self, decoder: str, total: int) -> None:
+        """The `decoder`'s total of images decoded on the CPU instead (its `fallbacks`).
+
+        A total, not an increment: several producer threads share one decoder, and a delta
+        taken around one thread's call would count another's. Never goes down."""
+        with self._lock:
+            self._fallbacks[decoder] = max(self._fallbacks.get(decoder, 0), int(total))
+            self._counters["decode_fallbacks_total"] = sum(self._fallbacks.values())
+
+    def fallbacks_by_decoder(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._fallbacks)
 
     def _add(self, key: str, n: int) -> None:
         with self._lock:

@@ -11,16 +11,27 @@ depths (batches in each stage now) and their latencies.
 
 Workers never touch the ROUTER socket: results go back through a queue, and a byte on a pipe
 wakes the loop (`os.write` is safe from any thread; zmq sockets are not).
+
+A failed batch is an error reply and the server goes on, except after a CUDA error that
+poisons the process's CUDA context (an illegal memory access, a device-side assert, an
+unspecified launch failure...: `sticky_cuda_error`). Every later CUDA call of the process fails
+too, so a server that stayed up would look healthy and fail every batch; it exits instead, with
+`EXIT_CUDA_BROKEN` and a log line naming the error, so that its supervisor restarts it and the
+loaders fail over to the other servers at once (a closed connection).
+
+The decoder's fallbacks (images a GPU decoder handed to the CPU decoder) are reported after each
+decode call (`StageTimingDecoder`) to the server's telemetry: stats, Prometheus, the monitor.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import queue
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 import torch
@@ -39,12 +50,101 @@ log = logging.getLogger("batchwire.server")
 
 STAGES = ("read", "decode", "augment")
 
+#: The exit code of a server whose CUDA context a sticky error broke (`sticky_cuda_error`).
+EXIT_CUDA_BROKEN = 3
+
+# What cudaGetErrorString says (and DALI's/nvJPEG's wrappers name) for the errors that leave
+# the context unusable: every later call of the process returns the same error. Out of memory,
+# an invalid argument or "no kernel image" leave the context usable and are not here.
+_STICKY_CUDA = (
+    "an illegal memory access was encountered",  # cudaErrorIllegalAddress (700)
+    "the launch timed out and was terminated",  # cudaErrorLaunchTimeout (702)
+    "device-side assert triggered",  # cudaErrorAssert (710)
+    "hardware stack error",  # cudaErrorHardwareStackError (714)
+    "an illegal instruction was encountered",  # cudaErrorIllegalInstruction (715)
+    "misaligned address",  # cudaErrorMisalignedAddress (716)
+    "operation not supported on global/shared address space",  # (717)
+    "invalid program counter",  # cudaErrorInvalidPc (718)
+    "unspecified launch failure",  # cudaErrorLaunchFailure (719)
+    "uncorrectable ecc error encountered",  # cudaErrorECCUncorrectable (214)
+    "context is destroyed",  # cudaErrorContextIsDestroyed (709)
+    "cudaerrorillegaladdress",
+    "cudaerrorlaunchfailure",
+    "cudaerrorassert",
+    "cudaerrorillegalinstruction",
+    "cudaerrormisalignedaddress",
+    "cudaerrorhardwarestackerror",
+    "cudaerrorinvalidpc",
+    "cudaerrorlaunchtimeout",
+    "cudaerroreccuncorrectable",
+    "cuda_error_illegal_address",
+    "cuda_error_launch_failed",
+    "cuda_error_assert",
+)
+
+
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    """`exc` and the exceptions it was raised from or while handling (at most 16)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen and len(seen) < 16:
+        seen.add(id(current))
+        yield current
+        current = current.__cause__ or current.__context__
+
+
+def sticky_cuda_error(exc: BaseException) -> str | None:
+    """The first line of the CUDA error in `exc`'s chain that broke the process's CUDA context
+    (see `_STICKY_CUDA`), or None. Only RuntimeErrors (torch's `AcceleratorError` included, and
+    what DALI and torchvision raise) that name CUDA count: a decode error about a misaligned
+    JPEG segment is not a GPU fault."""
+    for link in _chain(exc):
+        if not isinstance(link, RuntimeError):
+            continue
+        text = str(link)
+        lowered = text.lower()
+        if "cuda" in lowered and any(phrase in lowered for phrase in _STICKY_CUDA):
+            first = next((line.strip() for line in text.splitlines() if line.strip()), text)
+            return f"{type(link).__name__}: {first}"[:300]
+    return None
+
+
+def exit_for_broken_cuda(reason: str) -> None:
+    """Log why, flush the logs, and end the process with `EXIT_CUDA_BROKEN` at once.
+
+    `os._exit`, not an orderly stop: the orderly stop synchronises streams and frees CUDA
+    memory, and each of those calls fails (or hangs) in a broken context."""
+    log.critical(
+        "CUDA context broken by a sticky error (%s): every later CUDA call of this process "
+        "would fail, so the server exits with code %d for its supervisor to restart it "
+        "(loaders fail over to the other servers)",
+        reason,
+        EXIT_CUDA_BROKEN,
+    )
+    for handler in [*logging.getLogger().handlers, *log.handlers]:
+        with contextlib.suppress(Exception):  # a broken handler must not keep the server up
+            handler.flush()
+    os._exit(EXIT_CUDA_BROKEN)
+
 
 class StagePhases:
-    """Counts batches per stage (for depths) and times each batch's stages (for latencies)."""
+    """Counts batches per stage (for depths) and times each batch's stages (for latencies).
 
-    def __init__(self, observe: Callable[[str, float], None]) -> None:
+    `report_fallbacks(decoder, total)` takes the decoders' fallback totals
+    (`StageTimingDecoder`); by default the owner of `observe` (the server's `Telemetry`, whose
+    `observe_stage` the server passes) counts them with its `set_fallbacks`.
+    """
+
+    def __init__(
+        self,
+        observe: Callable[[str, float], None],
+        report_fallbacks: Callable[[str, int], None] | None = None,
+    ) -> None:
         self._observe = observe
+        if report_fallbacks is None:
+            owner = getattr(observe, "__self__", None)
+            report_fallbacks = getattr(owner, "set_fallbacks", None)
+        self.report_fallbacks = report_fallbacks
         self._lock = threading.Lock()
         self.depth = dict.fromkeys(STAGES, 0)
         self._local = threading.local()
@@ -90,16 +190,26 @@ class StageTimingDecoder:
         self.name = inner.name
         self.device = inner.device
         self.map: Callable[..., object] | None = getattr(inner, "map", None)
+        self._report_fallbacks()  # known from the start: a CPU decoder reports its 0
+
+    def _report_fallbacks(self) -> None:
+        """The decoder's total of images decoded on the CPU instead (0 for a decoder without
+        a CPU safety net: the CPU decoder)."""
+        if self._phases.report_fallbacks is not None:
+            self._phases.report_fallbacks(self.name, int(getattr(self._inner, "fallbacks", 0)))
 
     def decode_batch(self, requests: Sequence[DecodeRequest]) -> list[DecodeResult]:
         outer = self._phases.current()
-        if outer is None:  # called outside a job (e.g. a probe): nothing to attribute
-            return self._inner.decode_batch(requests)
-        self._phases.enter("decode")
         try:
-            return self._inner.decode_batch(requests)
+            if outer is None:  # called outside a job (e.g. a probe): nothing to attribute
+                return self._inner.decode_batch(requests)
+            self._phases.enter("decode")
+            try:
+                return self._inner.decode_batch(requests)
+            finally:
+                self._phases.enter("augment")
         finally:
-            self._phases.enter("augment")
+            self._report_fallbacks()
 
 
 class ProducerThreads:
@@ -118,8 +228,10 @@ class ProducerThreads:
         wake_fd: int,
         spec: BatchSpec,
         device: str = "cpu",
+        on_broken_cuda: Callable[[str], None] = exit_for_broken_cuda,
     ) -> None:
         self.producers = producers  # split -> BatchProducer
+        self.on_broken_cuda = on_broken_cuda  # a sticky CUDA error's reason; exits by default
         self.spec = spec  # what every batch is: the device buffer is allocated from it
         self.device = device
         self.n = n
@@ -178,6 +290,9 @@ class ProducerThreads:
                 meta = self._produce_on_device(order.split, plan, out)
         except Exception as exc:  # travels to the loop as data; it tells the client
             log.exception("producing %s batch %d failed", order.split, order.batch_index)
+            broken = sticky_cuda_error(exc)
+            if broken is not None:
+                self.on_broken_cuda(broken)  # by default the process ends here
             # Out of descriptors or memory anywhere (a read after its retries, but also, say, a
             # lazy import on the first plan of an epoch) may pass: the client asks again.
             transient = isinstance(exc, TransientReadError) or is_transient(exc)

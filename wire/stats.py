@@ -114,6 +114,10 @@ class Counters(Record):
     bad_total: int
     errors_total: int
     malformed_total: int
+    #: Images a GPU decoder handed to the CPU decoder (not a plain JPEG, over the GPU bound,
+    #: refused by the strict check or the library): a user sees when "GPU decoding" is the CPU.
+    #: Optional so that an older server's stats still read; a server always reports it.
+    decode_fallbacks_total: int | None = None
 
 
 @dataclass(frozen=True)

@@ -319,13 +319,13 @@ def test_nvcc_version_is_parsed():
 
 def test_cuda_architectures_without_a_gpu():
     arch = build.cuda_arch_list
-    assert arch("8.6", 0, ["sm_80"]) == "8.6"  # the variable wins
-    assert arch(" 8.6;9.0 ", 2, []) == "8.6;9.0"
-    assert arch(None, 1, ["sm_80", "sm_90"]) is None  # torch detects the visible GPUs
-    assert arch(None, 0, ["sm_75", "sm_80", "sm_90", "sm_100a", "compute_90"]) == (
+    assert arch("8.6", [], ["sm_80"]) == "8.6"  # the variable wins
+    assert arch(" 8.6;9.0 ", [(9, 0), (9, 0)], []) == "8.6;9.0"
+    assert arch(None, [(9, 0), (8, 0)], ["sm_80"]) == "8.0;9.0+PTX"  # the GPUs, named
+    assert arch(None, [], ["sm_75", "sm_80", "sm_90", "sm_100a", "compute_90"]) == (
         "7.5;8.0;9.0;10.0a+PTX"
     )
-    assert arch("", 0, []) == build.DEFAULT_CUDA_ARCHS == "8.0;9.0"
+    assert arch("", [], []) == build.DEFAULT_CUDA_ARCHS == "8.0;9.0+PTX"
 
 
 def test_cuda_plan_without_a_gpu_has_explicit_architectures(monkeypatch, tmp_path):
