@@ -289,6 +289,18 @@ class RemoteLoader(IterableDataset):
         return self.server_info().num_classes
 
     @property
+    def classes(self) -> list[str]:
+        """Class names in label id order, as torchvision's ImageFolder has them (folder names,
+        a manifest's names, Parquet's ClassLabel names; "0".."N-1" for integer labels). Empty
+        from a server too old to send them, or for a list too long for a welcome."""
+        return list(self.server_info().classes)
+
+    @property
+    def class_to_idx(self) -> dict[str, int]:
+        """Class name -> label id (torchvision's `class_to_idx`)."""
+        return {name: i for i, name in enumerate(self.classes)}
+
+    @property
     def num_samples(self) -> int:
         """Images in the split (all ranks together, before padding or dropping)."""
         return self.server_info().num_samples

@@ -16,7 +16,7 @@ one (`checksums`): the sample loader checks each file's bytes against it as it r
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,10 +36,13 @@ class ImageDataset:
     labels: np.ndarray
     classes: list[str]
     root: Path
-    kind: str = "folder"  # "folder" or "list"
+    kind: str = "folder"  # "folder", "list", or a `pipeline.sources` kind ("csv", "tar", ...)
     from_cache: bool = False  # the ImageFolder listing came from the index cache
     checksums: Checksums | None = None  # recorded checksums (pipeline.checksums), if any
     _counts: np.ndarray | None = field(default=None, repr=False)
+    # How sample i's bytes are read when they are not the file `paths[i]` (a tar member, a
+    # Parquet row, an object): `pipeline.sources`; `paths[i]` then only names the sample.
+    reader: Callable[[int], bytes] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         self.labels = np.ascontiguousarray(self.labels, dtype=np.int64)
@@ -74,6 +77,8 @@ class ImageDataset:
         n = len(self.paths)
         if isinstance(i, bool) or not (-n <= int(i) < n):
             raise IndexError(f"sample index {i} out of range for {n} images")
+        if self.reader is not None:
+            return self.reader(int(i) % n)
         from batchwire.pipeline.decode.files import read_file  # keeps `dataset` import-light
 
         return read_file(self.paths[int(i)])
@@ -145,7 +150,8 @@ def open_dataset(
     verify_checksums: str = "auto",
     checksum_dirs: Sequence[str | os.PathLike[str]] = (),
 ) -> ImageDataset:
-    """Open an ImageFolder directory or a list file (see the module doc).
+    """Open an ImageFolder directory or a list file (see the module doc), or any other source
+    kind `pipeline.sources` knows (tar shards, Parquet, CSV / JSON lines, URLs).
 
     `cache_dir` is where ImageFolder listings are cached (default `paths.cache_dir()`).
     `allow_outside_root`: a list file may name files outside its folder (see `read_list_file`).
@@ -170,7 +176,13 @@ def _open_listing(
     cache_dir: str | os.PathLike[str] | None,
     allow_outside_root: bool,
 ) -> ImageDataset:
-    """The dataset's files and labels (`open_dataset` without the checksums)."""
+    """The dataset's files and labels (`open_dataset` without the checksums). Tar shards,
+    Parquet, CSV / JSON-lines manifests and URLs are `pipeline.sources`' (it calls back here
+    for the two kinds below)."""
+    from batchwire.pipeline import sources  # lazy: sources build on this module
+
+    if not sources.is_classic(path):
+        return sources.open_source(path, cache_dir, allow_outside_root=allow_outside_root)
     p = Path(path).expanduser()
     if not p.exists():
         raise FileNotFoundError(f"dataset path does not exist: {p}")

@@ -188,6 +188,19 @@ class LocalLoader:
     def __len__(self) -> int:
         return self.sampler.num_batches
 
+    @property
+    def classes(self) -> list[str]:
+        """Class names in label id order (as `RemoteLoader.classes`, torchvision's)."""
+        return list(self.dataset.classes)
+
+    @property
+    def class_to_idx(self) -> dict[str, int]:
+        return {name: i for i, name in enumerate(self.dataset.classes)}
+
+    @property
+    def num_classes(self) -> int:
+        return self.dataset.num_classes
+
     def set_epoch(self, epoch: int) -> None:
         self.epoch = int(epoch)
 

@@ -68,6 +68,7 @@ from batchwire.wire import (
     VersionMismatch,
     Welcome,
 )
+from batchwire.wire.messages import welcome_classes
 
 if TYPE_CHECKING:
     from batchwire.pipeline.split import Split
@@ -161,6 +162,7 @@ class SplitInfo:
     mean: tuple[float, ...]
     std: tuple[float, ...]
     sampler: Callable[[int, int, int, int], ShardSampler]  # (batch, seed, rank, world_size)
+    classes: tuple[str, ...] = ()  # names in label id order (the welcome's `classes`)
 
     @classmethod
     def of(cls, split: Split) -> SplitInfo:
@@ -171,6 +173,7 @@ class SplitInfo:
             mean=tuple(split.augment.mean),
             std=tuple(split.augment.std),
             sampler=split.sampler,
+            classes=tuple(split.dataset.classes),
         )
 
 
@@ -460,6 +463,7 @@ class ServerCore:
             mean=list(split.mean),
             std=list(split.std),
             num_classes=split.num_classes,
+            classes=welcome_classes(list(split.classes)),
         )
         return [*actions, Reply(identity, welcome)]
 

@@ -33,6 +33,11 @@ from batchwire.wire.stats import ServerStats
 MAX_PREFETCH = 256
 #: Longest job name in a hello.
 MAX_JOB_LEN = 256
+#: Bounds of `Welcome.classes` (ImageNet-21k's 21,841 names fit; a welcome stays well under the
+#: server frame limit): a longer class list is not sent (`welcome_classes`), nor accepted.
+MAX_CLASSES = 65536
+MAX_CLASS_NAME_LEN = 256
+MAX_CLASS_NAMES_CHARS = 2 << 20
 #: The classes of `ErrorReply.reason` (an unknown one from a newer peer reads as "refused").
 ERROR_REASONS = ("refused", "bad-request", "transient", "failed")
 
@@ -231,6 +236,9 @@ class Welcome(_Message):
     mean: list[float]
     std: list[float]
     num_classes: int
+    # Class names, label id order (torchvision's `classes`); empty from older servers, and for
+    # lists beyond the bounds above (`welcome_classes`).
+    classes: list[str] = field(default_factory=list)
 
     @property
     def spec(self) -> BatchSpec:
@@ -239,6 +247,12 @@ class Welcome(_Message):
 
     @classmethod
     def from_map(cls, d: Mapping[str, Any]) -> Welcome:
+        classes = _classes(d)
+        if classes and len(classes) != d.get("num_classes"):
+            raise ProtocolError(
+                f"field 'classes' names {len(classes)} classes, 'num_classes' says "
+                f"{show(d.get('num_classes'))}"
+            )
         return cls(
             session=_int(d, "session"),
             num_batches=_int(d, "num_batches", 0),
@@ -250,7 +264,34 @@ class Welcome(_Message):
             mean=_float_list(d, "mean", 3),
             std=_float_list(d, "std", 3),
             num_classes=_int(d, "num_classes", 0),
+            classes=classes,
         )
+
+
+def welcome_classes(names: list[str]) -> list[str]:
+    """`names` if a welcome may carry them (count, length and total within the bounds), else
+    [] (the trainer then knows the number of classes only)."""
+    ok = (
+        len(names) <= MAX_CLASSES
+        and all(isinstance(n, str) and len(n) <= MAX_CLASS_NAME_LEN for n in names)
+        and sum(map(len, names)) <= MAX_CLASS_NAMES_CHARS
+    )
+    return list(names) if ok else []
+
+
+def _classes(d: Mapping[str, Any]) -> list[str]:
+    value = d.get("classes", [])
+    if (
+        not isinstance(value, list)
+        or len(value) > MAX_CLASSES
+        or any(not isinstance(n, str) or len(n) > MAX_CLASS_NAME_LEN for n in value)
+        or sum(map(len, value)) > MAX_CLASS_NAMES_CHARS
+    ):
+        raise ProtocolError(
+            f"field 'classes' must be a list of at most {MAX_CLASSES} strings of at most "
+            f"{MAX_CLASS_NAME_LEN} characters ({MAX_CLASS_NAMES_CHARS} in all)"
+        )
+    return value
 
 
 @dataclass(frozen=True)

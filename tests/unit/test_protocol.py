@@ -7,7 +7,9 @@ import numpy as np
 import pytest
 import torch
 from batchwire import wire as p
+from batchwire.wire import messages as wm
 from batchwire.wire import tensor_bytes
+from batchwire.wire.frames import pack
 
 HELLO = p.Hello(
     split="train",
@@ -29,6 +31,7 @@ WELCOME = p.Welcome(
     mean=[0.485, 0.456, 0.406],
     std=[0.229, 0.224, 0.225],
     num_classes=10,
+    classes=[f"class {i}" for i in range(10)],
 )
 HEADER = p.BatchHeader(
     session=9,
@@ -135,6 +138,26 @@ def test_version_mismatch_names_both_versions():
 def test_client_cannot_send_server_messages():
     with pytest.raises(p.ProtocolError, match="unknown message type 'welcome'"):
         p.decode_client_message(WELCOME.pack())
+
+
+def test_welcome_classes_are_optional_and_bounded():
+    """An older server's welcome has no `classes`: it decodes with none. A list that is not
+    one name per class, or beyond the bounds, is refused; `welcome_classes` sends [] rather
+    than a list the client would refuse."""
+    m = WELCOME.to_map()
+    del m["classes"]
+    old = p.decode_server_message(pack(m))
+    assert isinstance(old, p.Welcome) and old.classes == [] and old.num_classes == 10
+    for bad in (["a"] * 9, [1] * 10, "abc", ["x" * (wm.MAX_CLASS_NAME_LEN + 1)] + ["a"] * 9):
+        with pytest.raises(p.ProtocolError, match="classes"):
+            p.decode_server_message(pack({**WELCOME.to_map(), "classes": bad}))
+    many = [str(i) for i in range(wm.MAX_CLASSES + 1)]
+    with pytest.raises(p.ProtocolError, match="classes"):
+        p.decode_server_message(pack({**m, "num_classes": len(many), "classes": many}))
+    assert wm.welcome_classes(many) == []
+    assert wm.welcome_classes(["tench", "goldfish"]) == ["tench", "goldfish"]
+    long = ["n" * wm.MAX_CLASS_NAME_LEN] * (wm.MAX_CLASS_NAMES_CHARS // wm.MAX_CLASS_NAME_LEN + 1)
+    assert wm.welcome_classes(long) == []
 
 
 def test_batch_header_checks_sizes():

@@ -1,0 +1,107 @@
+"""Labels as sources write them (integer ids or class names) turned into int64 ids.
+
+A source's labels are all integers (ids, and its classes are their names "0" .. "max") or all
+class names (sorted names give ids, as torchvision's ImageFolder does, so a CSV of names and an
+ImageFolder of the same classes give the same ids). A mix is an error naming where it happened:
+"3" meaning class 3 in one row and "tench" a name in the next is a dataset bug, not a choice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+#: Longest class name accepted (the names reach the trainer in the welcome).
+MAX_CLASS_NAME = 256
+
+
+class LabelError(ValueError):
+    """A label that is not an integer >= 0 or a class name; the message names where."""
+
+
+def parse_label(value: object, where: str) -> int | str:
+    """One label as written: an int >= 0, or a non-empty class name (a string that is an
+    integer in text, as CSV and `.cls` members hold them, is an int)."""
+    if isinstance(value, bool):
+        raise LabelError(f"{where}: label must be an integer or a class name, got {value!r}")
+    if isinstance(value, int):
+        if value < 0:
+            raise LabelError(f"{where}: label must be >= 0, got {value}")
+        return value
+    if isinstance(value, str):
+        text = value.strip()
+        if not text:
+            raise LabelError(f"{where}: empty label")
+        try:
+            number = int(text)
+        except ValueError:
+            if len(text) > MAX_CLASS_NAME or "\0" in text:
+                raise LabelError(f"{where}: class name too long or holding NUL") from None
+            return text
+        if number < 0:
+            raise LabelError(f"{where}: label must be >= 0, got {number}")
+        return number
+    if isinstance(value, list):
+        raise LabelError(
+            f"{where}: a list of labels (multi-label) is not served yet: give one label per sample"
+        )
+    raise LabelError(
+        f"{where}: label must be an integer or a class name, got {type(value).__name__}"
+    )
+
+
+@dataclass
+class LabelTable:
+    """Collects one label per sample, then `resolve()`s them all to ids and class names."""
+
+    _ints: list[int] = field(default_factory=list)
+    _names: list[str] = field(default_factory=list)
+    _order: list[int] = field(default_factory=list)  # 0: next int, 1: next name
+    _first_int: str | None = None
+    _first_name: str | None = None
+
+    def add(self, label: int | str, where: str) -> None:
+        if isinstance(label, int):
+            if self._first_name is not None:
+                raise LabelError(
+                    f"{where}: integer label {label} in a dataset labelled by class names "
+                    f"(first name at {self._first_name}); use one or the other"
+                )
+            self._first_int = self._first_int or where
+            self._ints.append(label)
+            self._order.append(0)
+        else:
+            if self._first_int is not None:
+                raise LabelError(
+                    f"{where}: class name {label!r} in a dataset labelled by integers (first "
+                    f"integer at {self._first_int}); use one or the other"
+                )
+            self._first_name = self._first_name or where
+            self._names.append(label)
+            self._order.append(1)
+
+    def extend_ints(self, ids: np.ndarray, where: str) -> None:
+        """Many integer labels at once (already checked >= 0), e.g. a Parquet label column."""
+        if self._first_name is not None and len(ids):
+            raise LabelError(f"{where}: integer labels in a dataset labelled by class names")
+        self._first_int = self._first_int or where
+        self._ints.extend(int(v) for v in ids.tolist())
+        self._order.extend([0] * len(ids))
+
+    def __len__(self) -> int:
+        return len(self._order)
+
+    def resolve(self, names: list[str] | None = None) -> tuple[np.ndarray, list[str]]:
+        """(int64 ids, class names). `names`: class names known from elsewhere (Parquet
+        features, a dataset card) that integer labels index; names seen are sorted otherwise."""
+        if self._names:
+            classes = sorted(set(self._names))
+            lookup = {c: i for i, c in enumerate(classes)}
+            ids = np.fromiter((lookup[n] for n in self._names), np.int64, len(self._names))
+            return ids, classes
+        ids = np.asarray(self._ints, dtype=np.int64)
+        count = int(ids.max()) + 1 if ids.size else 0
+        if names is not None and len(names) >= count:
+            return ids, list(names)
+        return ids, [str(c) for c in range(count)]

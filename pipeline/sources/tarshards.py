@@ -1,0 +1,127 @@
+"""WebDataset tar shards as a dataset: sample i is one image member, read by its (offset,
+size) in its shard through one ranged read, so any sample is reachable in any order and the
+exact global shuffle (and an exact resume) works on shards as on files.
+
+Samples are numbered shard by shard in the order given (a brace pattern's order), members in
+tar order within a shard: the same shards give the same indices on every server.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from batchwire.pipeline.dataset import ImageDataset
+from batchwire.pipeline.sources.labels import LabelTable
+from batchwire.pipeline.sources.locate import Located
+from batchwire.pipeline.sources.tarindex import ShardIndex, cached_index
+from batchwire.pipeline.storage import ObjectInfo
+
+log = logging.getLogger("batchwire.pipeline")
+#: Problems named one by one in the log; the rest are counted.
+PROBLEMS_SHOWN = 20
+_INDEX_THREADS = 8
+
+
+class MemberCutShort(OSError):
+    """A member read back shorter than its index says: the shard changed or was cut since it
+    was indexed. The sample's fault (a bad sample, replaced), not a transient error."""
+
+
+@dataclass
+class TarReader:
+    """`read(i)`: the image bytes of sample i (an `ImageDataset.reader`)."""
+
+    located: Located
+    shard_of: np.ndarray  # int32 per sample
+    offsets: np.ndarray  # int64
+    sizes: np.ndarray  # int64
+
+    def __call__(self, i: int) -> bytes:
+        shard = int(self.shard_of[i])
+        start, size = int(self.offsets[i]), int(self.sizes[i])
+        key = self.located.keys[shard]
+        data = self.located.store.read_ranges(key, [(start, start + size)])[0]
+        if len(data) != size:
+            raise MemberCutShort(
+                f"{self.located.name(key)}: member at byte {start} read {len(data)} of {size} "
+                "bytes (the shard changed since it was indexed)"
+            )
+        return data
+
+
+def _infos(located: Located) -> list[ObjectInfo]:
+    with ThreadPoolExecutor(min(_INDEX_THREADS, len(located.keys))) as pool:
+        return list(pool.map(located.store.head, located.keys))
+
+
+def _report(located: Located, indexes: list[ShardIndex], built: int) -> int:
+    problems = [p for ix in indexes for p in ix.problems]
+    for p in problems[:PROBLEMS_SHOWN]:
+        log.warning("skipped in %s: %s", located.display, p)
+    if len(problems) > PROBLEMS_SHOWN:
+        log.warning(
+            "%s: %d more problems in its shards (each skipped)",
+            located.display,
+            len(problems) - PROBLEMS_SHOWN,
+        )
+    log.info(
+        "%s: %d shards (%d indexed now, %d from the index cache), %d samples, %d skipped",
+        located.display,
+        len(indexes),
+        built,
+        len(indexes) - built,
+        sum(len(ix) for ix in indexes),
+        len(problems),
+    )
+    return len(problems)
+
+
+def open_tar(located: Located, cache_dir: str | os.PathLike[str]) -> ImageDataset:
+    """The samples of every shard of `located` (see the module doc)."""
+    if not located.keys:
+        raise ValueError(f"{located.display}: no tar shards")
+    infos = _infos(located)
+
+    def index(k: int) -> tuple[ShardIndex, bool]:
+        return cached_index(located.store, infos[k], located.name(located.keys[k]), cache_dir)
+
+    with ThreadPoolExecutor(min(_INDEX_THREADS, len(infos))) as pool:
+        got = list(pool.map(index, range(len(infos))))
+    indexes = [ix for ix, _ in got]
+    skipped = _report(located, indexes, sum(not cached for _, cached in got))
+    table = LabelTable()
+    names: list[str] = []
+    for k, ix in enumerate(indexes):
+        shard = located.name(located.keys[k])
+        for key, ext, text, is_name in zip(
+            ix.keys, ix.exts, ix.label_text, ix.label_is_name.tolist(), strict=True
+        ):
+            where = f"{shard}:{key}"
+            table.add(text if is_name else int(text), where)
+            names.append(f"{where}.{ext}")
+    if not names:
+        raise ValueError(
+            f"{located.display}: no usable samples in {len(indexes)} shards ({skipped} skipped; "
+            "see the log): a sample needs an image member (.jpg/.jpeg/.png/.webp) and a "
+            ".cls or .json label"
+        )
+    labels, classes = table.resolve()
+    reader = TarReader(
+        located,
+        np.concatenate([np.full(len(ix), k, np.int32) for k, ix in enumerate(indexes)]),
+        np.concatenate([ix.offsets for ix in indexes]),
+        np.concatenate([ix.sizes for ix in indexes]),
+    )
+    return ImageDataset(
+        paths=names,
+        labels=labels,
+        classes=classes,
+        root=Path(located.name(located.keys[0])),
+        kind="tar",
+        reader=reader,
+    )
