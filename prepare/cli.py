@@ -78,6 +78,19 @@ def parser() -> argparse.ArgumentParser:
         "with 1). N: exactly N; the decoder enters a file at its markers only where N divides "
         "its MCU rows, other files are decoded as before",
     )
+    p.add_argument(
+        "--shards",
+        metavar="SIZE",
+        help="write DST as WebDataset tar shards of at most SIZE each (e.g. 1GB, 256MB): "
+        "PREFIX-000000.tar ..., members KEY.jpg (the bytes as read) and KEY.cls; SRC may be "
+        "any source pipeline-server reads (folder, list, CSV/JSON-lines, tar shards, Parquet)",
+    )
+    p.add_argument(
+        "--shard-prefix",
+        default="train",
+        metavar="NAME",
+        help="with --shards: the shards' name before -NNNNNN.tar (default: %(default)s)",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress and no per-file lines")
     p.add_argument("--report", metavar="FILE.json", help="also write the summary as JSON here")
     p.add_argument(
@@ -103,6 +116,8 @@ def restart_setting(text: str) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    if args.shards is not None:
+        return _shards_main(args)
     try:
         options = Options(
             src=args.src,
@@ -117,6 +132,32 @@ def main(argv: list[str] | None = None) -> int:
             fsync=args.fsync,
         )
         summary = run(options)
+    except UsageError as exc:
+        print(f"pipeline-prepare: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except OSError as exc:
+        print(f"pipeline-prepare: error: {exc}", file=sys.stderr)
+        return EXIT_INCOMPLETE
+    print(summary.text())
+    return summary.exit_status
+
+
+def _shards_main(args: argparse.Namespace) -> int:
+    """`--shards`: SRC to DST as tar shards (prepare.shards); exit 0, 2 (usage) or 3 (some
+    samples unreadable, named)."""
+    from batchwire.prepare.shards import parse_size, write_shards
+
+    try:
+        if args.dst is None or args.checksums_only:
+            raise UsageError("--shards takes SRC and DST (not --checksums-only)")
+        summary = write_shards(
+            args.src,
+            args.dst,
+            parse_size(args.shards),
+            prefix=args.shard_prefix,
+            jobs=args.jobs,
+            progress=None if args.quiet else sys.stderr,
+        )
     except UsageError as exc:
         print(f"pipeline-prepare: error: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -2,6 +2,10 @@
 size) in its shard through one ranged read, so any sample is reachable in any order and the
 exact global shuffle (and an exact resume) works on shards as on files.
 
+Class names: labels that are class names (`.json`) are sorted into ids; integer labels take
+their names from a `classes.txt` beside the first shard (one name per line in id order, as
+`pipeline-prepare --shards` writes it) when it names every id, else "0".."N-1".
+
 Samples are numbered shard by shard in the order given (a brace pattern's order), members in
 tar order within a shard: the same shards give the same indices on every server.
 """
@@ -25,6 +29,8 @@ log = logging.getLogger("batchwire.pipeline")
 #: Problems named one by one in the log; the rest are counted.
 PROBLEMS_SHOWN = 20
 _INDEX_THREADS = 8
+CLASSES_NAME = "classes.txt"
+MAX_CLASSES_BYTES = 16 << 20
 
 
 class MemberCutShort(OSError):
@@ -81,6 +87,22 @@ def _report(located: Located, indexes: list[ShardIndex], built: int) -> int:
     return len(problems)
 
 
+def _class_names(located: Located) -> list[str] | None:
+    """The names in `classes.txt` beside the first shard, if it is there and readable."""
+    folder = located.keys[0].rpartition("/")[0]
+    key = f"{folder}/{CLASSES_NAME}" if folder else CLASSES_NAME
+    try:
+        if located.store.head(key).size > MAX_CLASSES_BYTES:
+            return None
+        text = located.store.read(key).decode("utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
+    names = [line.strip() for line in text.splitlines()]
+    while names and not names[-1]:
+        names.pop()
+    return names if names and all(names) else None
+
+
 def open_tar(located: Located, cache_dir: str | os.PathLike[str]) -> ImageDataset:
     """The samples of every shard of `located` (see the module doc)."""
     if not located.keys:
@@ -110,7 +132,7 @@ def open_tar(located: Located, cache_dir: str | os.PathLike[str]) -> ImageDatase
             "see the log): a sample needs an image member (.jpg/.jpeg/.png/.webp) and a "
             ".cls or .json label"
         )
-    labels, classes = table.resolve()
+    labels, classes = table.resolve(_class_names(located))
     reader = TarReader(
         located,
         np.concatenate([np.full(len(ix), k, np.int32) for k, ix in enumerate(indexes)]),

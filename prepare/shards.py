@@ -1,0 +1,236 @@
+"""`pipeline-prepare SRC DST --shards SIZE`: write a dataset as WebDataset tar shards.
+
+Any source kind batchwire reads (ImageFolder, list file, CSV / JSON-lines manifest, tar shards,
+Parquet: `pipeline.sources`) goes out as `DST/PREFIX-000000.tar`, `PREFIX-000001.tar`, ...,
+each at most SIZE bytes (a sample larger than SIZE gets a shard of its own). Sample i of SRC
+is members `KEY.EXT` (its bytes exactly as read, EXT from its format: jpg, png, webp, ...) and
+`KEY.cls` (its label id), KEY being i in 9 digits: the WebDataset convention, so the
+`webdataset` library reads them, and batchwire serves them with the same indices, labels and
+so the same batches as SRC. Class names, when SRC has names (folders, a manifest's names,
+Parquet's ClassLabel), go in `DST/classes.txt`, one per line in id order: batchwire's tar
+source reads it back.
+
+Deterministic: samples in SRC's index order, every tar header fixed (mtime 0, uid/gid 0, mode
+0444, ustar), so the same SRC gives the same bytes. Each shard is written to a temporary name
+and renamed when complete, so DST never holds a torn shard under a final name. Bytes are not
+rewritten (`pipeline-prepare SRC DST` first, then `--shards` on DST, gives shards of
+restart-marked JPEGs). An unreadable sample is left out, counted and named (exit status 3).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import tarfile
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TextIO
+
+from batchwire.pipeline.dataset import ImageDataset
+from batchwire.prepare.source import UsageError
+
+CLASSES_NAME = "classes.txt"
+KEY_DIGITS = 9
+_UNITS = {
+    "": 1,
+    "B": 1,
+    "K": 1e3,
+    "KB": 1e3,
+    "M": 1e6,
+    "MB": 1e6,
+    "G": 1e9,
+    "GB": 1e9,
+    "KIB": 1 << 10,
+    "MIB": 1 << 20,
+    "GIB": 1 << 30,
+}
+_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([a-z]*)\s*$", re.IGNORECASE)
+MIN_SHARD_BYTES = 64 << 10
+_PREFIX = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
+
+
+def parse_size(text: str) -> int:
+    """`1GB`, `500MB`, `64MiB`, `1e9` -> bytes (decimal units, as WebDataset's `maxsize`)."""
+    m = _SIZE.match(text)
+    unit = m.group(2).upper() if m else ""
+    if m is None or unit not in _UNITS:
+        raise UsageError(f"--shards takes a size such as 1GB, 500MB or 64MiB, not {text!r}")
+    size = int(float(m.group(1)) * _UNITS[unit])
+    if size < MIN_SHARD_BYTES:
+        raise UsageError(f"--shards {text}: at least {MIN_SHARD_BYTES} bytes per shard")
+    return size
+
+
+def image_ext(data: bytes, name: str) -> str:
+    """The member extension of an image's bytes: by its magic, else its name's extension."""
+    if data[:3] == b"\xff\xd8\xff":
+        return "jpg"
+    if data[:8] == b"\x89PNG\r\n\x1a\n":
+        return "png"
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return "webp"
+    if data[:2] == b"BM":
+        return "bmp"
+    if data[:4] in (b"II*\0", b"MM\0*"):
+        return "tiff"
+    ext = name.rpartition(".")[2].lower()
+    return ext if ext.isalnum() and ext != name.lower() else "jpg"
+
+
+@dataclass
+class ShardSummary:
+    src: str
+    dst: str
+    samples: int = 0
+    shards: list[str] = field(default_factory=list)
+    bytes: int = 0
+    unreadable: list[tuple[str, str]] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def exit_status(self) -> int:
+        return 3 if self.unreadable else 0
+
+    def text(self) -> str:
+        lines = [
+            f"pipeline-prepare --shards: {self.samples} samples from {self.src} in "
+            f"{len(self.shards)} shards ({self.bytes / 1e6:.1f} MB) in {self.dst}, "
+            f"{self.seconds:.1f} s"
+        ]
+        if self.shards:
+            lines.append(f"  {self.shards[0]} .. {self.shards[-1]}")
+        for name, why in self.unreadable[:20]:
+            lines.append(f"  not written (unreadable): {name}: {why}")
+        if len(self.unreadable) > 20:
+            lines.append(f"  ... {len(self.unreadable) - 20} more unreadable samples")
+        return "\n".join(lines)
+
+
+def _member(name: str, data: bytes) -> tuple[tarfile.TarInfo, io.BytesIO]:
+    info = tarfile.TarInfo(name)
+    info.size, info.mtime, info.mode = len(data), 0, 0o444
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    return info, io.BytesIO(data)
+
+
+class _ShardWriter:
+    """Size-bounded shards, each written under a temporary name and renamed when closed."""
+
+    def __init__(self, dst: Path, prefix: str, max_bytes: int) -> None:
+        self.dst, self.prefix, self.max_bytes = dst, prefix, max_bytes
+        self.names: list[str] = []
+        self._tar: tarfile.TarFile | None = None
+        self._path: Path | None = None
+        self._size = 0
+        self.total = 0
+
+    def add(self, key: str, members: list[tuple[str, bytes]]) -> None:
+        need = sum(512 + (len(d) + 511) // 512 * 512 for _, d in members)
+        if self._tar is not None and self._size + need + 1024 > self.max_bytes:
+            self.close()
+        if self._tar is None:
+            name = f"{self.prefix}-{len(self.names):06d}.tar"
+            self._path = self.dst / name
+            self._tar = tarfile.open(  # noqa: SIM115 (closed by close(), across add calls)
+                self._path.with_name(f".{name}.tmp"), "w", format=tarfile.USTAR_FORMAT
+            )
+            self.names.append(name)
+            self._size = 0
+        for ext, data in members:
+            self._tar.addfile(*_member(f"{key}.{ext}", data))
+        self._size += need
+
+    def close(self, complete: bool = True) -> None:
+        """Finish the open shard (renamed to its final name), or drop it (`complete` False:
+        the run failed part way, and a torn shard must not look like a whole one)."""
+        if self._tar is None or self._path is None:
+            return
+        tmp = self._path.with_name(f".{self._path.name}.tmp")
+        try:
+            self._tar.close()
+            if complete:
+                self.total += tmp.stat().st_size
+                os.replace(tmp, self._path)
+        finally:
+            if not complete:
+                tmp.unlink(missing_ok=True)
+                self.names.pop()
+            self._tar, self._path = None, None
+
+
+def _reads(dataset: ImageDataset, jobs: int) -> Iterator[tuple[int, bytes | OSError]]:
+    """Sample bytes in index order, read `jobs` at a time (bounded look-ahead)."""
+
+    def read(i: int) -> bytes | OSError:
+        try:
+            return dataset.read_bytes(i)
+        except OSError as exc:
+            return exc
+
+    window = max(1, jobs) * 4
+    with ThreadPoolExecutor(max(1, jobs)) as pool:
+        for start in range(0, len(dataset), window):
+            idx = range(start, min(start + window, len(dataset)))
+            yield from zip(idx, pool.map(read, idx), strict=True)
+
+
+def write_shards(
+    src: str,
+    dst: str,
+    max_bytes: int,
+    *,
+    prefix: str = "train",
+    jobs: int = 8,
+    allow_outside_root: bool = False,
+    progress: TextIO | None = None,
+) -> ShardSummary:
+    """Write SRC as shards in the folder DST (see the module doc). UsageError when it cannot
+    run (SRC unreadable as a dataset, DST holding shards of this prefix already)."""
+    from batchwire.pipeline.dataset import open_dataset
+
+    if not _PREFIX.match(prefix):
+        raise UsageError(f"--shard-prefix {prefix!r}: letters, digits, '_', '-', '.' only")
+    started = time.monotonic()
+    try:
+        dataset = open_dataset(src, allow_outside_root=allow_outside_root, verify_checksums="off")
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"SRC {src}: {exc}") from None
+    out = Path(dst).expanduser().resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    existing = sorted(out.glob(f"{prefix}-[0-9]*.tar"))
+    if existing:
+        raise UsageError(
+            f"DST {out} already holds {len(existing)} shards named {prefix}-NNNNNN.tar: remove "
+            "them or choose another DST or --shard-prefix"
+        )
+    summary = ShardSummary(src, str(out))
+    writer = _ShardWriter(out, prefix, max_bytes)
+    try:
+        for i, got in _reads(dataset, jobs):
+            if isinstance(got, OSError):
+                summary.unreadable.append((dataset.paths[i], got.strerror or str(got)))
+                continue
+            members = [
+                (image_ext(got, dataset.paths[i]), got),
+                ("cls", str(int(dataset.labels[i])).encode()),
+            ]
+            writer.add(f"{i:0{KEY_DIGITS}d}", members)
+            summary.samples += 1
+            if progress is not None and summary.samples % 10000 == 0:
+                print(f"{summary.samples} of {len(dataset)} samples", file=progress, flush=True)
+    except BaseException:
+        writer.close(complete=False)
+        raise
+    writer.close()
+    if any(c != str(k) for k, c in enumerate(dataset.classes)):
+        tmp = out / f".{CLASSES_NAME}.tmp"
+        tmp.write_text("".join(f"{c}\n" for c in dataset.classes), encoding="utf-8")
+        os.replace(tmp, out / CLASSES_NAME)
+    summary.shards, summary.bytes = writer.names, writer.total
+    summary.seconds = time.monotonic() - started
+    return summary
