@@ -22,6 +22,7 @@ Why it looks like this:
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 from collections.abc import Sequence
@@ -41,6 +42,15 @@ log = logging.getLogger("batchwire.pipeline")
 _SAMPLE_IN_ERROR = re.compile(r"sample #(\d+)")
 
 
+#: The oldest DALI this decoder runs on: `pipeline_def(..., exec_dynamic=True)` came in 1.44.
+MIN_DALI = (1, 44)
+#: What to install, in the messages that say DALI is missing or too old.
+DALI_INSTALL = (
+    "pip install 'batchwire[dali-cuda13]' (nvidia-dali-cuda130, for a CUDA 13 torch) or "
+    "'batchwire[dali]' (nvidia-dali-cuda120, CUDA 12)"
+)
+
+
 def dali_available() -> bool:
     """True when `nvidia.dali` imports (it is an optional extra: `batchwire[dali]`)."""
     try:
@@ -48,6 +58,66 @@ def dali_available() -> bool:
     except ImportError:
         return False
     return True
+
+
+def dali_version_problem(version: str) -> str | None:
+    """Why DALI `version` ('1.43.0', '2.4.0') is too old for this decoder, or None."""
+    parts = [int(p) for p in re.findall(r"\d+", version)[:2]]
+    if len(parts) == 2 and tuple(parts) >= MIN_DALI:
+        return None
+    floor = ".".join(map(str, MIN_DALI))
+    return f"NVIDIA DALI {version} is installed, this decoder needs >= {floor}: {DALI_INSTALL}"
+
+
+def dali_decode_missing(device: str | torch.device) -> str | None:
+    """Why the DALI decoder cannot be used on `device`, or None when it can: DALI imports, is
+    new enough, and a decoder built there decoded a tiny embedded JPEG right (once per device
+    and process). What `auto` asks before it picks DALI: importing proves little (an old
+    release stops the pipeline's construction; a DALI for another CUDA major fails on the
+    GPU)."""
+    try:
+        import nvidia.dali
+    except ImportError as e:
+        return f"NVIDIA DALI is not installed ({e}): {DALI_INSTALL}"
+    problem = dali_version_problem(str(getattr(nvidia.dali, "__version__", "0")))
+    if problem is not None:
+        return problem
+    return _probe_once(str(parse_device(device)))
+
+
+@functools.cache
+def _probe_once(device: str) -> str | None:
+    return probe_dali(device)
+
+
+def probe_dali(device: str | torch.device) -> str | None:
+    """Build a `DaliBatchDecoder` on `device` and decode `nvjpeg.PROBE_JPEG` with it: None when
+    the pixels are right, else why not (any failure counts)."""
+    from batchwire.pipeline.decode.headers import read_header
+    from batchwire.pipeline.decode.nvjpeg import PROBE_JPEG, PROBE_RGB, PROBE_SHAPE
+
+    header = read_header(PROBE_JPEG)
+    box = (0.0, 0.0, float(header.height), float(header.width))
+    request = DecodeRequest(0, PROBE_JPEG, header, box, (header.height, header.width))
+    try:
+        decoder = DaliBatchDecoder(device, threads=1, max_batch=1, roi=False)
+        try:
+            (result,) = decoder._decode_probe(request)
+        finally:
+            decoder.close()
+    except Exception as e:  # an old or mismatched DALI fails in many ways: not usable here
+        return f"DALI on {device} failed on a test image: {type(e).__name__}: {_short(e)}"
+    if result is None or result.image is None:
+        return f"DALI on {device} could not decode a test image"
+    got = result.image.cpu()
+    want = (PROBE_SHAPE[1], PROBE_SHAPE[2], PROBE_SHAPE[0])
+    if tuple(got.shape) != want:
+        return f"DALI on {device} decoded a test image as {tuple(got.shape)}, not {want}"
+    mean = got.float().mean(dim=(0, 1))
+    if (mean - torch.tensor(PROBE_RGB, dtype=torch.float32)).abs().max() > 8.0:
+        colour = tuple(round(v, 1) for v in mean.tolist())
+        return f"DALI on {device} decoded a test image of colour {PROBE_RGB} as {colour}"
+    return None
 
 
 def decode_region(req: DecodeRequest) -> Region:
@@ -92,12 +162,14 @@ class DaliBatchDecoder(GpuDecoderBase):
         roi: bool | None = None,
     ) -> None:
         try:
-            import nvidia.dali  # noqa: F401
+            import nvidia.dali
         except ImportError as e:
             raise RuntimeError(
-                "the DALI decoder needs NVIDIA DALI: pip install 'batchwire[dali]' "
-                f"(nvidia-dali-cuda120) ({e})"
+                f"the DALI decoder needs NVIDIA DALI: {DALI_INSTALL} ({e})"
             ) from None
+        too_old = dali_version_problem(str(getattr(nvidia.dali, "__version__", "0")))
+        if too_old is not None:
+            raise RuntimeError(too_old)
         self.device = parse_device(device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise RuntimeError(f"DALI on {self.device} needs CUDA, and torch sees no CUDA device")
@@ -242,6 +314,17 @@ class DaliBatchDecoder(GpuDecoderBase):
                 box = (y0 - ry0, x0 - rx0, y1 - ry0, x1 - rx0)
                 results[i] = DecodeResult(image=image, box=box)
             return
+
+    def _decode_probe(self, request: DecodeRequest) -> list[DecodeResult | None]:
+        """`request` decoded by DALI alone (no CPU safety net, no strict check): the probe
+        must see what DALI does, not what the fallback hides."""
+        results: list[DecodeResult | None] = [None]
+        rejected: dict[int, str] = {}
+        with self._lock:
+            self._decode_group([0], [request], results, rejected)
+        if rejected:
+            raise RuntimeError(rejected[0])
+        return results
 
     def _routine(self, reason: str) -> bool:
         # A pipeline that cannot be rebuilt was logged as an error once: no warning per image.

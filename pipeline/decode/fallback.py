@@ -42,8 +42,29 @@ def parse_device(device: str | torch.device) -> torch.device:
     return devices.parse_device(device, default_index=0)
 
 
+def has_end_of_image(data: bytes) -> bool:
+    """Whether the JPEG `data` ends with its EOI marker (FF D9), past any zero padding some
+    writers append. Both GPU decoders check it (`GpuDecoderBase._skip_reason`): neither reliably
+    reports a truncated file, whose strict check a request marked `intact` skips."""
+    return data[-4096:].rstrip(b"\0").endswith(b"\xff\xd9")
+
+
+def upload(image: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A CPU-decoded `image` on `device`, queued on the current stream without making this
+    thread wait for the GPU. A plain `.to(device)` from pageable memory synchronises with the
+    stream first (CUDA's rule for pageable host-to-device copies), i.e. the host waits for all
+    the consumer's queued work; from a pinned copy the upload is only queued. Torch's pinned
+    allocator records an event on the stream for that copy and reuses the staging block only
+    once it has run, so dropping `staging` here is safe."""
+    if device.type != "cuda":
+        return image.to(device)
+    staging = torch.empty(image.shape, dtype=image.dtype, pin_memory=True)
+    staging.copy_(image)
+    return staging.to(device, non_blocking=True)
+
+
 class CpuFallback:
-    """Decodes requests on a `CpuBatchDecoder` and moves the pixels to `device`.
+    """Decodes requests on a `CpuBatchDecoder` and moves the pixels to `device` (`upload`).
 
     `fallbacks` counts images handed over; `failures` counts those the CPU could not decode
     either (their results carry `image=None` and the error).
@@ -103,7 +124,7 @@ class CpuFallback:
             results[j] = None  # each CPU image is freed once moved to the device
             assert res is not None
             if res.image is not None and res.image.device != self.device:
-                res = DecodeResult(image=res.image.to(self.device), box=res.box, error=None)
+                res = DecodeResult(image=upload(res.image, self.device), box=res.box, error=None)
             out.append(res)
         return out
 
@@ -174,6 +195,10 @@ class GpuDecoderBase:
             return f"{req.header.pixels} pixels over the {self.max_image_pixels} GPU bound"
         if not req.data:
             return "empty"
+        if not has_end_of_image(req.data):
+            # nvJPEG and DALI's mixed backend may return a truncated file's missing part as
+            # grey without a word; the CPU decoder refuses it (or says why it decoded it).
+            return "no end-of-image marker (truncated?)"
         return None
 
     def _decode_group(

@@ -3,9 +3,10 @@
 This is the GPU decode path for machines with torch + torchvision but no DALI: one batched call
 decodes every eligible JPEG of the batch on the device. Why the rest:
 - nvJPEG handles baseline colour and greyscale JPEGs well; everything else (PNG, CMYK/YCCK,
-  files over the GPU memory bound, anything nvJPEG rejects) is decoded by the CPU decoder for
-  that image alone, counted in `fallbacks`. A failed batched call is retried image by image so
-  one bad file costs only itself.
+  files over the GPU memory bound, files without an end-of-image marker, which nvJPEG may decode
+  grey without a word: `GpuDecoderBase`'s check, shared with DALI, anything nvJPEG rejects) is
+  decoded by the CPU decoder for that image alone, counted in `fallbacks`. A failed batched
+  call is retried image by image so one bad file costs only itself.
 - GPU memory is bounded: images over `max_image_pixels` never reach the GPU, so the decode
   output of one batch is at most `max_batch x max_image_pixels x 3` bytes, logged at start.
 - torchvision does not apply EXIF orientation on CUDA, so `apply_orientation_tensor` does it here
@@ -131,13 +132,6 @@ class NvjpegBatchDecoder(GpuDecoderBase):
         self._stream = torch.cuda.Stream(self.device)
         self._start_fallback(threads)
         self._log_output_bound()
-
-    def _skip_reason(self, req: DecodeRequest) -> str | None:
-        reason = super()._skip_reason(req)
-        if reason is None and not req.data[-4096:].rstrip(b"\0").endswith(b"\xff\xd9"):
-            # nvJPEG may return a truncated file's missing part as grey without a word.
-            return "no end-of-image marker (truncated?)"
-        return reason
 
     def _decode(self, datas: list[bytes]) -> list[torch.Tensor]:
         from torchvision.io import ImageReadMode, decode_jpeg

@@ -1,11 +1,13 @@
 """Choosing a `BatchDecoder` for `--decoder {auto,cpu,nvjpeg,dali}` and `--device`.
 
 `auto` on CUDA prefers DALI (hardware JPEG decoder plus nvJPEG, mature batching), then
-torchvision's nvJPEG (only once a tiny embedded JPEG decoded right on that device:
-`nvjpeg.nvjpeg_decode_missing`), then the CPU. On a CPU-only server `auto` is the CPU decoder
-(TurboJPEG with DCT scaling, OpenCV for the rest): no optional package, one path for every
-format, and the cheapest: on ImageNet-sized JPEGs at 224 px the whole pipeline cost 1.34 CPU ms
-per image with it against 1.62 with DALI's CPU backend (1.10 against 1.37 on a
+torchvision's nvJPEG, then the CPU; each GPU decoder only once a tiny embedded JPEG decoded right
+on that device (`dali.dali_decode_missing`: DALI >= 1.44 too; `nvjpeg.nvjpeg_decode_missing`),
+so an old or mismatched DALI, or a torchvision without nvJPEG, is passed over with its reason
+logged instead of stopping the server or failing every image. On a CPU-only server `auto` is
+the CPU decoder (TurboJPEG with DCT scaling, OpenCV for the rest): no optional package, one
+path for every format, and the cheapest: on ImageNet-sized JPEGs at 224 px the whole pipeline
+cost 1.34 CPU ms per image with it against 1.62 with DALI's CPU backend (1.10 against 1.37 on a
 `pipeline-prepare`d copy; `pipeline-bench --decoder dali|cpu --prepared`, 2026-11-23). DALI's
 CPU backend stays an explicit choice (`--decoder dali`). The choice and its reason are logged
 on "batchwire.pipeline", and a decoder asked for by name that cannot run here is a clear error
@@ -24,7 +26,12 @@ import torch
 from batchwire.common.cores import available_cores
 from batchwire.pipeline.decode.contract import BatchDecoder
 from batchwire.pipeline.decode.cpu import CpuBatchDecoder
-from batchwire.pipeline.decode.dali import DaliBatchDecoder, dali_available
+from batchwire.pipeline.decode.dali import (
+    DALI_INSTALL,
+    DaliBatchDecoder,
+    dali_available,
+    dali_decode_missing,
+)
 from batchwire.pipeline.decode.fallback import DEFAULT_MAX_GPU_IMAGE_PIXELS, parse_device
 from batchwire.pipeline.decode.nvjpeg import NvjpegBatchDecoder, nvjpeg_decode_missing
 
@@ -80,8 +87,7 @@ def make_decoder(
     elif name == "dali":
         if not dali_available():
             raise RuntimeError(
-                "--decoder dali needs NVIDIA DALI, which is not installed: "
-                "pip install 'batchwire[dali]' (nvidia-dali-cuda120)"
+                f"--decoder dali needs NVIDIA DALI, which is not installed: {DALI_INSTALL}"
             )
         decoder = DaliBatchDecoder(
             dev,
@@ -107,14 +113,21 @@ def _auto_choice(dev: torch.device) -> tuple[str, str]:
     """(decoder name, reason) for `--decoder auto` on `dev`."""
     if dev.type == "cpu":
         return "cpu", "auto on CPU: TurboJPEG with DCT scaling, no optional package needed"
+    # Not merely importable: DALI < 1.44 stops at the pipeline's construction, a DALI for
+    # another CUDA fails on the GPU, and a torchvision built without nvJPEG imports fine, then
+    # fails every image (each retried on the CPU). A test image must decode right on `dev`.
+    no_dali = dali_decode_missing(dev)
+    if no_dali is None:
+        return "dali", "auto on CUDA: DALI decoded a test image (hardware JPEG decoder + nvJPEG)"
     if dali_available():
-        return "dali", "auto on CUDA: DALI is installed (hardware JPEG decoder + nvJPEG)"
-    # Not merely importable: a torchvision built without nvJPEG imports fine, then fails every
-    # image (each retried on the CPU with a warning). A test image must decode right on `dev`.
+        log.warning("decoder: auto passes over DALI: %s", no_dali)
     missing = nvjpeg_decode_missing(dev)
     if missing is None:
         return (
             "nvjpeg",
-            "auto on CUDA: DALI not installed, torchvision's nvJPEG decoded a test image",
+            f"auto on CUDA: no DALI ({no_dali}); torchvision's nvJPEG decoded a test image",
         )
-    return "cpu", f"auto on CUDA: no DALI and no GPU decode ({missing}); decoding on the CPU"
+    return (
+        "cpu",
+        f"auto on CUDA: no DALI ({no_dali}) and no nvJPEG ({missing}); decoding on the CPU",
+    )

@@ -45,10 +45,40 @@ def assert_close_to_cpu(results, requests, tolerance: int = 1) -> None:
 
 @pytest.fixture
 def dali_sees_bad_files(monkeypatch):
-    """Switch off `GpuDecoderBase`'s strict check (it refuses truncated files before DALI runs)
-    so that DALI itself meets them: these tests pin DALI's own failure handling (rebuilds,
-    naming, bisection), the net under what the strict check cannot see."""
+    """Switch off `GpuDecoderBase`'s strict check and its end-of-image check (they refuse
+    truncated files before DALI runs) so that DALI itself meets them: these tests pin DALI's
+    own failure handling (rebuilds, naming, bisection), the net under what the checks cannot
+    see."""
     monkeypatch.setattr("batchwire.pipeline.decode.fallback._strict_verdict", lambda data: None)
+    monkeypatch.setattr("batchwire.pipeline.decode.fallback.has_end_of_image", lambda data: True)
+
+
+def test_a_truncated_file_never_reaches_dali(monkeypatch, caplog):
+    """The end-of-image check is the base class's, so DALI has it as nvJPEG does (issue 25,
+    defect 5): with the strict check off (as for a request known `intact`), a truncated file
+    goes to the CPU decoder with that reason and DALI never runs on it (no failed run, no
+    rebuild); the CPU decoder refuses it. On the GPU, DALI's mixed backend may decode such a
+    file grey without an error, which is why the check exists; here DALI's CPU backend runs
+    the same decoder code."""
+    monkeypatch.setattr("batchwire.pipeline.decode.fallback._strict_verdict", lambda data: None)
+    dec = DaliBatchDecoder("cpu", threads=1, max_batch=8)
+    try:
+        good = [full_request(i, odd_file_bytes("rgb", seed=i)) for i in range(3)]
+        truncated = full_request(7, odd_file_bytes("truncated", seed=3))
+        padded = odd_file_bytes("rgb", seed=5) + b"\0" * 100  # zero padding after EOI: fine
+        batch = [good[0], truncated, good[1], full_request(8, padded), good[2]]
+        with caplog.at_level(logging.WARNING, logger="batchwire.pipeline"):
+            results = dec.decode_batch(batch)
+        assert results[1].image is None and results[1].error
+        assert_close_to_cpu(
+            [r for i, r in enumerate(results) if i != 1], [q for i, q in enumerate(batch) if i != 1]
+        )
+        assert dec.rebuilds == 0  # DALI never failed: it never saw the truncated file
+        assert dec.fallbacks == 1 and dec.failures == 1
+        said = [r.getMessage() for r in caplog.records if "image 7" in r.getMessage()]
+        assert len(said) == 1 and "no end-of-image marker" in said[0], said
+    finally:
+        dec.close()
 
 
 @pytest.fixture(scope="module")
@@ -275,13 +305,23 @@ def test_gpu_decode_matches_cpu_decoder(roi):
         batch = [full_request(o, exif_jpeg(pixels, o)) for o in (1, 3, 6, 8)]
         batch.append(full_request(20, odd_file_bytes("truncated")))
         batch.append(full_request(21, odd_file_bytes("rgb", height=600, width=400)))  # > bound
+        fell: list[int] = []
+        decode = dec._fallback.decode
+
+        def recording(requests, *args, **kwargs):
+            fell.extend(r.index for r in requests)
+            return decode(requests, *args, **kwargs)
+
+        dec._fallback.decode = recording
         results = dec.decode_batch(batch)
+        # Exactly the truncated file (no end-of-image marker) and the one over the GPU bound
+        # went to the CPU: the oriented JPEGs were DALI's, whatever the CPU could have done.
+        assert sorted(fell) == [20, 21] and dec.fallbacks == 2, fell
         assert results[4].image is None
         good = [r for r in results if r.image is not None]
         assert all(r.image.device.type == "cuda" for r in good)
         moved = [type(r)(image=r.image.cpu(), box=r.box) for r in good]
         # nvJPEG's IDCT differs slightly from libjpeg-turbo's: allow a few grey levels.
         assert_close_to_cpu(moved, [q for i, q in enumerate(batch) if i != 4], tolerance=12)
-        assert dec.fallbacks >= 2
     finally:
         dec.close()
