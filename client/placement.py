@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 
 import torch
+from batchwire.common import devices
 from batchwire.common.devices import env_int, parse_device
 
 
@@ -67,14 +68,10 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
 
 
 def local_cuda_index(device_count: int) -> int:
-    """The GPU index of this process (see `resolve_device`); pure given CUDA's current device."""
+    """The GPU index of this process (see `resolve_device`): `common.devices.local_cuda_index`
+    (shared with LocalLoader) given CUDA's current device."""
     current = torch.cuda.current_device() if device_count else 0
-    if current != 0:  # chosen explicitly with torch.cuda.set_device
-        return current
-    local_rank = env_int("LOCAL_RANK", -1)
-    if 0 <= local_rank < device_count:
-        return local_rank
-    return current
+    return devices.local_cuda_index(device_count, current)
 
 
 def default_job() -> str:

@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 from batchwire.common.cuda_events import HandOff
+from batchwire.common.devices import process_device
 from batchwire.pipeline.augment_plan import AugmentConfig
 from batchwire.pipeline.buffers import BufferRing, BufferTimeout
 from batchwire.pipeline.dataset import ImageDataset, open_dataset
@@ -104,10 +105,18 @@ class _CudaOrder:
 def _make_decoder(
     decoder: str | BatchDecoder, threads: int | None, device: str | None, batch_size: int
 ) -> tuple[BatchDecoder, bool]:
-    """(decoder, owned): a decoder built here is closed by `close()`."""
+    """(decoder, owned): a decoder built here is closed by `close()`.
+
+    A GPU decoder made here decodes on this rank's GPU: an index-less (or absent) CUDA device
+    is resolved as RemoteLoader resolves it (`common.devices.process_device`: set_device's,
+    else LOCAL_RANK's), not left to the decoders' own default, GPU 0, where every rank of a
+    node would decode."""
     if not isinstance(decoder, str):
         return decoder, False
-    return make_decoder(decoder, device, threads, max_batch=batch_size), True
+    if device is None and decoder != "cpu" and torch.cuda.is_available():
+        device = "cuda"
+    where = None if device is None else str(process_device(device))
+    return make_decoder(decoder, where, threads, max_batch=batch_size), True
 
 
 class LocalLoader:
@@ -121,9 +130,10 @@ class LocalLoader:
     `dataset.read_list_file`). `verify_checksums` ("auto", "on", "off") and `checksum_dirs`:
     files are checked against their checksum manifest as the server checks them
     (`dataset.open_dataset`; an `ImageDataset` given keeps its own). `device`: where batches
-    are produced (default: the decoder's device). Extra keyword
-    arguments are `AugmentConfig` fields (scale, ratio, flip_prob, brightness, ...,
-    output_dtype, layout).
+    are produced (default: the decoder's device); an index-less "cuda" (and a GPU decoder's
+    default device) is this rank's GPU: the one `torch.cuda.set_device` chose, else
+    LOCAL_RANK's. Extra keyword arguments are `AugmentConfig` fields (scale, ratio, flip_prob,
+    brightness, ..., output_dtype, layout).
     """
 
     def __init__(
@@ -166,9 +176,9 @@ class LocalLoader:
             )
             self.producer = self._split.producer
             self.sampler = self._split.sampler(batch_size, seed, rank, world_size)
-            where = torch.device(device) if device else self.decoder.device
-            if where.type == "cuda" and where.index is None:
-                where = torch.device("cuda", torch.cuda.current_device())
+            # This rank's GPU for an index-less "cuda" (resolved once, here): batches produced
+            # on GPU 0 by every rank would be copied across GPUs at each step.
+            where = process_device(device if device else self.decoder.device)
             self.device = where
             self._order: _CudaOrder | None = None
             spec = self.producer.output_spec(self.batch_size)

@@ -217,3 +217,58 @@ def test_cuda_consumer_on_a_busy_side_stream(mixed: ImageDataset, copy: bool) ->
     assert len(got) == len(want) == 6
     for k, (a, b) in enumerate(zip(got, want, strict=True)):
         assert torch.equal(a, b), f"batch {k} differs"
+
+
+# --------------------------------------------------------------------- the rank's GPU (DDP)
+
+
+def test_an_index_less_cuda_is_the_ranks_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 25, defect 3: resolved from LOCAL_RANK (and set_device's choice), with CUDA's
+    count and current device given, so no GPU is needed."""
+    from batchwire.common.devices import local_cuda_index, process_device
+
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert str(process_device("cuda", device_count=2, current=0)) == "cuda:1"
+    assert str(process_device("cuda:0", device_count=2, current=0)) == "cuda:0"  # explicit
+    assert str(process_device("cpu")) == "cpu"
+    assert local_cuda_index(2, current=1) == 1  # torch.cuda.set_device(1) wins
+    assert local_cuda_index(1, current=0) == 0  # LOCAL_RANK past the visible GPUs
+    monkeypatch.delenv("LOCAL_RANK")
+    assert str(process_device("cuda", device_count=4, current=0)) == "cuda:0"
+
+
+def test_remote_and_local_loaders_resolve_alike(monkeypatch: pytest.MonkeyPatch) -> None:
+    """RemoteLoader's placement uses the same function (the rule lives in common/devices)."""
+    from batchwire.client import placement
+
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    assert placement.local_cuda_index(4) == 3
+
+
+def test_a_gpu_decoder_is_made_on_the_ranks_gpu(
+    mixed: ImageDataset, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """LocalLoader(decoder="nvjpeg") with no device under torchrun's LOCAL_RANK=1 asks
+    `make_decoder` for cuda:1, not an index-less "cuda" (GPU 0 for the decoders). CUDA's count
+    and current device are stood in for; the decoder made is a CPU one, so this runs here."""
+    import batchwire.pipeline.local as local
+
+    asked: list[str | None] = []
+
+    def fake_make_decoder(name, device, threads, *, max_batch):
+        asked.append(device)
+        return CpuBatchDecoder(1)
+
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(local, "make_decoder", fake_make_decoder)
+    for device in (None, "cuda"):
+        decoder, owned = local._make_decoder("nvjpeg", 1, device, 4)
+        decoder.close()
+        assert owned
+    assert asked == ["cuda:1", "cuda:1"]
+    with LocalLoader(mixed, batch_size=4, image_size=20, decoder="nvjpeg", threads=1) as loader:
+        assert asked[-1] == "cuda:1" and loader.device == torch.device("cpu")  # the fake's
