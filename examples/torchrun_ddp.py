@@ -2,6 +2,7 @@
 
 torchrun --nproc_per_node=2 torchrun_ddp.py --server tcp://HOST:5555 --ckpt ckpt.pt
 (run the same command again after a crash: it resumes from ckpt.pt at the next batch)
+A server beyond this host serves only holders of its keys: add --keys DIR (see pipeline-keys).
 """
 
 import argparse
@@ -12,12 +13,13 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from batchwire.client import RemoteLoader
 from torch.nn.parallel import DistributedDataParallel as DDP
+from tqdm import tqdm
 
 
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--server", required=True)
-    p.add_argument("--num-classes", type=int, default=10)
+    p.add_argument("--keys", default=None, help="the server's keys folder [$BATCHWIRE_KEYS]")
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--ckpt", default="ckpt.pt")
     p.add_argument("--every-n-steps", type=int, default=50)
@@ -25,11 +27,13 @@ def main() -> None:
     args = p.parse_args()
 
     dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    main_rank = dist.get_rank() == 0
     # device=None: this rank's GPU (LOCAL_RANK) when CUDA is available, else the CPU.
-    loader = RemoteLoader(args.server, "train", normalize_on_device=True)
+    loader = RemoteLoader(args.server, "train", normalize_on_device=True, keys=args.keys)
     model = torch.nn.Sequential(
         torch.nn.Conv2d(3, 32, 3, stride=2), torch.nn.ReLU(),
-        torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(32, args.num_classes),
+        torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(),
+        torch.nn.Linear(32, loader.num_classes),  # the server's class count
     )  # fmt: skip
     cuda = torch.cuda.is_available()
     device = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if cuda else torch.device("cpu")
@@ -45,13 +49,18 @@ def main() -> None:
         step = state["step"]
     for epoch in range(loader.epoch, args.epochs):
         loader.set_epoch(epoch)
-        for images, labels in loader:
-            loss = F.cross_entropy(model(images), labels)
+        totals = torch.zeros(3, device=device)  # loss sum, correct, images (this rank)
+        for images, labels in tqdm(loader, desc=f"epoch {epoch}", disable=not main_rank):
+            logits = model(images)
+            loss = F.cross_entropy(logits, labels)
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
+            totals[0] += loss.detach() * labels.numel()
+            totals[1] += (logits.argmax(1) == labels).sum()
+            totals[2] += labels.numel()
             step += 1
-            if step % args.every_n_steps == 0 and dist.get_rank() == 0:
+            if step % args.every_n_steps == 0 and main_rank:
                 state = {
                     "model": model.module.state_dict(),
                     "optimizer": optimizer.state_dict(),
@@ -63,6 +72,11 @@ def main() -> None:
             if step == args.stop_after:
                 dist.destroy_process_group()
                 return
+        dist.all_reduce(totals)  # every rank's images
+        loss_sum, correct, seen = totals.tolist()
+        if main_rank:
+            loss, accuracy = loss_sum / max(seen, 1), 100 * correct / max(seen, 1)
+            print(f"epoch {epoch}: train loss {loss:.4f}, accuracy {accuracy:.1f}%", flush=True)
     dist.destroy_process_group()
 
 

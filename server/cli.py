@@ -181,7 +181,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--metrics-port",
         type=int,
         metavar="PORT",
-        help="serve Prometheus metrics on http://0.0.0.0:PORT/metrics (default: off)",
+        help="serve Prometheus metrics on http://HOST:PORT/metrics, HOST being --metrics-host "
+        "(default: off)",
     )
 
     batch = p.add_argument_group("batches")
@@ -201,8 +202,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--output-dtype",
         choices=list(DTYPES),
         help="dtype of the images on the wire; uint8 carries 4x fewer bytes than "
-        "float32 and skips normalisation (the client can normalise on the "
-        f"device) (default: {_D.output_dtype})",
+        "float32 and skips normalisation (RemoteLoader(normalize_on_device=True) normalises "
+        f"on the device); a float dtype is normalised by the server (default: {_D.output_dtype})",
     )
     batch.add_argument(
         "--layout",

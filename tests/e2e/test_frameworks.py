@@ -46,7 +46,9 @@ def server():
         yield srv
 
 
-def run(recipe: str, record: Path, *args: str, torchrun: bool) -> subprocess.CompletedProcess:
+def run(
+    recipe: str, record: Path, *args: str, torchrun: bool = True
+) -> subprocess.CompletedProcess:
     record.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "BATCHWIRE_RECIPE": str(ROOT / "examples" / recipe)}
     env.update(RECORD_DIR=str(record), OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
@@ -60,6 +62,16 @@ def run(recipe: str, record: Path, *args: str, torchrun: bool) -> subprocess.Com
 
 def ok(proc: subprocess.CompletedProcess) -> None:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+
+
+def check_feedback(proc: subprocess.CompletedProcess, epochs: int, accuracy: str) -> None:
+    """One line per epoch with the loss and an accuracy (rank 0 only), and a progress bar."""
+    for epoch in range(epochs):
+        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(f"epoch {epoch}: ")]
+        assert len(lines) == 1, proc.stdout[-3000:]
+        assert "train loss " in lines[0] and f"{accuracy} " in lines[0], lines[0]
+    out = proc.stdout + proc.stderr  # tqdm: stderr; Lightning's bar (tqdm or rich): stdout
+    assert "it/s" in out or "s/it" in out, out[-2000:]  # a progress bar: tqdm or rich
 
 
 def rows(record: Path, split: str, rank: int) -> list[tuple[int, int, list[int]]]:
@@ -115,8 +127,12 @@ def test_lightning_ddp_recipe(server, tmp_path, num_images, form):
     wrap = ["--wrap"] if form == "dataloader" else []
     common = ["--server", server.endpoint, "--devices", str(RANKS), "--epochs", "2", *wrap]
     ckpt = tmp_path / "ckpt"
+    common += ["--log-dir", str(tmp_path / "logs")]
     args = [*common, "--ckpt-dir", str(ckpt), "--every-n-steps", str(CKPT_STEP)]
-    ok(run("lightning_ddp.py", tmp_path / "full", *args, torchrun=False))
+    proc = run("lightning_ddp.py", tmp_path / "full", *args, torchrun=False)
+    ok(proc)
+    check_feedback(proc, epochs=2, accuracy="val accuracy")
+    assert list((tmp_path / "logs").rglob("metrics.csv")), "the CSV logger wrote nothing"
     check_train_epochs(tmp_path / "full", epochs=2)
     passes = val_passes(tmp_path / "full")
     assert [len(p) for p in passes[:1]] == [2 * B * RANKS], "sanity check: 2 batches per rank"
@@ -138,7 +154,9 @@ def test_accelerate_recipe(server, tmp_path, form):
     common = ["--server", server.endpoint, "--epochs", "2", *wrap]
     ckpt = tmp_path / "ckpt"
     args = [*common, "--ckpt-dir", str(ckpt), "--every-n-steps", str(CKPT_STEP)]
-    ok(run("accelerate_ddp.py", tmp_path / "full", *args, torchrun=True))
+    proc = run("accelerate_ddp.py", tmp_path / "full", *args, torchrun=True)
+    ok(proc)
+    check_feedback(proc, epochs=2, accuracy="accuracy")
     check_train_epochs(tmp_path / "full", epochs=2)
     resume = ["--resume", str(ckpt / f"step_{CKPT_STEP}"), "--ckpt-dir", str(tmp_path / "c2")]
     ok(run("accelerate_ddp.py", tmp_path / "resumed", *common, *resume, torchrun=True))
@@ -147,16 +165,9 @@ def test_accelerate_recipe(server, tmp_path, form):
 
 def test_torchrun_recipe_resumes_after_a_crash(server, tmp_path):
     common = ["--server", server.endpoint, "--epochs", "2", "--every-n-steps", str(CKPT_STEP)]
-    ok(
-        run(
-            "torchrun_ddp.py",
-            tmp_path / "full",
-            *common,
-            "--ckpt",
-            str(tmp_path / "a.pt"),
-            torchrun=True,
-        )
-    )
+    proc = run("torchrun_ddp.py", tmp_path / "full", *common, "--ckpt", str(tmp_path / "a.pt"))
+    ok(proc)
+    check_feedback(proc, epochs=2, accuracy="accuracy")
     check_train_epochs(tmp_path / "full", epochs=2)
     crash = [*common, "--ckpt", str(tmp_path / "b.pt")]
     ok(
