@@ -1,11 +1,12 @@
 """Output buffers for every client's batches: `BufferRing` chunks under one global cap.
 
 This module owns the memory only: it hands out free buffers, adds a chunk when all are held
-(never per batch: pinned allocation is slow), and gives chunks back to the system once no
-client needs them (`trim`). Who may borrow a buffer, and when, is the core's decision, counted
-in `budget.BufferBudget`; the shell acquires and releases here exactly as the core says, so
-never more than ``max_buffers`` batch buffers exist whatever the clients do. Used from the
-ROUTER loop thread only.
+(never per batch: pinned allocation is slow; a chunk is one block sliced into buffers, and a
+pinned chunk holds as many as the block torch's pinned allocator rounds up to holds), and gives
+chunks back to the system once no client needs them (`trim`). Who may borrow a buffer, and
+when, is the core's decision, counted in `budget.BufferBudget`; the shell acquires and releases
+here exactly as the core says, so never more than ``max_buffers`` batch buffers exist whatever
+the clients do. Used from the ROUTER loop thread only.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import logging
 from dataclasses import dataclass
 
 import torch
-from batchwire.pipeline.buffers import BufferRing
+from batchwire.pipeline.buffers import BufferRing, buffer_span, pinned_ring_size
 from batchwire.wire import BatchSpec
 
 log = logging.getLogger("batchwire.server")
@@ -73,7 +74,8 @@ class BufferPool:
 
     @property
     def nbytes(self) -> int:
-        return sum(r.nbytes for r in self._rings)
+        """Bytes allocated for buffers: the rings' blocks (page-aligned buffers)."""
+        return sum(r.block_nbytes for r in self._rings)
 
     def acquire(self) -> Slot:
         """A free buffer; allocates a chunk when every buffer is held. The core's budget decided
@@ -84,7 +86,11 @@ class BufferPool:
             if ring.free:
                 self.held += 1
                 return Slot(ring.acquire(timeout=0), ring)
-        count = min(self.chunk, self.max_buffers - self.capacity)
+        room = self.max_buffers - self.capacity
+        count = min(self.chunk, room)
+        if self._pinned():  # fill the power of two the pinned allocator rounds the block to
+            span = buffer_span(self.spec.shape, self.spec.torch_dtype)
+            count = pinned_ring_size(count, span, room)
         ring = BufferRing.for_spec(count, self.spec, self.pin)
         self._rings.append(ring)
         self.peak = max(self.peak, self.capacity)
@@ -97,6 +103,10 @@ class BufferPool:
         )
         self.held += 1
         return Slot(ring.acquire(timeout=0), ring)
+
+    def _pinned(self) -> bool:
+        """Whether new rings are pinned (`BufferRing`'s rule for ``pin=None``)."""
+        return bool(self.pin) if self.pin is not None else torch.cuda.is_available()
 
     def release(self, slot: Slot) -> None:
         slot.ring.release(slot.tensor)
