@@ -29,7 +29,7 @@ import logging
 import sys
 from typing import Any
 
-from batchwire.wire.version import add_version_argument
+from batchwire.wire.version import __version__, add_version_argument
 
 from .config import AMP_MODES, OPTIMIZERS, ConfigError, TrainConfig
 from .distributed import DistContext, init_distributed, shutdown_distributed
@@ -105,6 +105,12 @@ def build_parser() -> argparse.ArgumentParser:
     a("--channels-last", action="store_true", help="NHWC memory format for model and inputs")
     a("--zero-init-residual", action="store_true", help="ResNets: zero the last BN of each block")
     a("--log-every", type=int, default=d.log_every, help="optimizer steps between log lines")
+    a(
+        "--log-dir",
+        metavar="DIR",
+        help="write DIR/steps.csv and DIR/epochs.csv, and TensorBoard events when the "
+        "tensorboard package is installed (pip install tensorboard)",
+    )
     a("--checkpoint-dir", help="save here and resume from the newest checkpoint here")
     a(
         "--checkpoint-every",
@@ -231,6 +237,13 @@ def run(cfg: TrainConfig) -> list[EpochResult]:
     ctx = init_distributed(cfg.device)
     train_loader = val_loader = None
     try:
+        if ctx.is_main:  # at once: the welcome may take a while (a server still starting)
+            print(
+                f"pipeline-train {__version__}: {cfg.model}, {ctx.world_size} rank(s) on "
+                f"{ctx.device.type}; connecting to {', '.join(cfg.servers)} "
+                f"(waiting up to {cfg.timeout:g} s)",
+                flush=True,
+            )
         train_loader, val_loader, welcome = open_loaders(cfg, ctx)
         num_classes, batch_size = cfg.num_classes or welcome.num_classes, welcome.batch_size
         if not num_classes:

@@ -34,6 +34,7 @@ class TrainConfig:
     channels_last: bool = False
     zero_init_residual: bool = False
     log_every: int = 50
+    log_dir: str | None = None  # CSV files (and TensorBoard events when installed), rank 0
     checkpoint_dir: str | None = None
     checkpoint_every: int = 0  # optimizer steps; 0 = only at epoch ends
     keep_checkpoints: int = 2

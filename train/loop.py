@@ -37,8 +37,9 @@ from .distributed import (
     broadcast_buffers,
 )
 from .evaluate import Accuracy, evaluate
+from .logbook import MetricsLog
 from .models import build_model
-from .progress import LossAverage, ProgressLine, throughput_window
+from .progress import EpochBar, LossAverage, throughput_window
 from .record import IndexRecorder
 from .schedule import build_scheduler, resume_schedule
 
@@ -124,6 +125,9 @@ class Trainer:
         self.resumed = False
         self._loader_state: dict | None = None
         self.recorder = IndexRecorder(cfg.record_indices, ctx.rank) if cfg.record_indices else None
+        self.metrics = MetricsLog(cfg.log_dir, enabled=ctx.is_main)
+        self._bar: EpochBar | None = None  # this epoch's progress bar (rank 0, a terminal)
+        self._logged_first_step = False
 
     # ------------------------------------------------------------------ helpers
 
@@ -261,11 +265,28 @@ class Trainer:
 
         The meters count images (column 0) and the time blocked on each batch (intervals).
         """
-        cfg, accum, n = self.cfg, self.cfg.accum_steps, self.num_batches
+        n = self.num_batches
         self.model.train()
         epoch_meter, window = throughput_window(), throughput_window()
         epoch_loss, window_loss = LossAverage(self.ctx.device), LossAverage(self.ctx.device)
-        bar = ProgressLine(self.ctx.is_main)
+        self._bar = EpochBar(self.ctx.is_main, n, initial=start, desc=f"epoch {epoch}")
+        try:
+            return self._train_batches(epoch, start, epoch_meter, window, epoch_loss, window_loss)
+        finally:
+            self._bar.close()
+            self._bar = None
+
+    def _train_batches(
+        self,
+        epoch: int,
+        start: int,
+        epoch_meter: RateWindow,
+        window: RateWindow,
+        epoch_loss: LossAverage,
+        window_loss: LossAverage,
+    ) -> tuple[bool, RateWindow, float]:
+        cfg, accum, n = self.cfg, self.cfg.accum_steps, self.num_batches
+        assert self._bar is not None
         k = start
         for (images, labels, indices), wait_s in self._batches(epoch, start):
             if self.recorder:
@@ -287,21 +308,21 @@ class Trainer:
                 meter.add_interval(wait_s)
             epoch_loss.add(loss)
             window_loss.add(loss)
+            self._bar.update(1)
             if not last_micro:
                 continue
             self._optimizer_step()
             self._maybe_fail()
-            bar.update(f"epoch {epoch} [{k}/{n}] step {self.step}")
-            if self.step % cfg.log_every == 0:
-                bar.clear()
+            # The first step of the run is logged too: a log file shows within one step that
+            # batches flow, not after --log-every steps (minutes at 224 px on a CPU).
+            if self.step % cfg.log_every == 0 or not self._logged_first_step:
+                self._logged_first_step = True
                 self._log_window(epoch, k, window, window_loss)
             if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0 and k < n:
                 self.save(epoch, k)
             if cfg.max_steps is not None and self.step >= cfg.max_steps:
-                bar.clear()
                 self.batch = k if k < n else 0
                 return True, epoch_meter, epoch_loss.mean_and_reset()
-        bar.clear()
         self.batch = 0
         return False, epoch_meter, epoch_loss.mean_and_reset()
 
@@ -315,12 +336,26 @@ class Trainer:
     def _log_window(self, epoch: int, k: int, window: RateWindow, loss: LossAverage) -> None:
         lr = self.optimizer.param_groups[0]["lr"]
         figures = window.read()
-        self.say(
+        row = {
+            "step": self.step,
+            "epoch": epoch,
+            "batch": k,
+            "loss": loss.mean_and_reset(),
+            "lr": lr,
+            "images_per_s": figures.rate() * self.ctx.world_size,
+            "data_wait": figures.interval_fraction(),
+        }
+        line = (
             f"step {self.step} (epoch {epoch} batch {k}/{self.num_batches}): "
-            f"loss {loss.mean_and_reset():.4f} lr {lr:.4g} "
-            f"images/s {figures.rate() * self.ctx.world_size:.0f} "
-            f"data-wait {100 * figures.interval_fraction():.1f}%"
+            f"loss {row['loss']:.4f} lr {lr:.4g} images/s {row['images_per_s']:.0f} "
+            f"data-wait {100 * row['data_wait']:.1f}%"
         )
+        if self.ctx.is_main:
+            if self._bar is not None:
+                self._bar.write(line)
+            else:
+                self.say(line)
+        self.metrics.step(row)
         window.reset()
 
     # ------------------------------------------------------------------ epochs
@@ -370,6 +405,7 @@ class Trainer:
             )
             results.append(result)
             self.say(format_epoch(result, partial=stopped))
+            self.metrics.epoch(_epoch_row(result))
             val = {"val": _acc_dict(acc)} if acc else {}
             if self.batch == 0:  # the epoch is complete (also when --max-steps ended it)
                 self.epoch += 1
@@ -378,7 +414,23 @@ class Trainer:
                 break
         if self.recorder:
             self.recorder.close()
+        self.metrics.close()
         return results
+
+
+def _epoch_row(r: EpochResult) -> dict[str, float | int | None]:
+    """An epoch's figures for `MetricsLog.epoch` (val figures None without validation)."""
+    acc = r.accuracy
+    return {
+        "epoch": r.epoch,
+        "train_loss": r.train_loss,
+        "val_top1": None if acc is None else acc.top1,
+        "val_top5": None if acc is None else acc.top5,
+        "val_loss": None if acc is None else acc.loss,
+        "data_wait": r.data_wait,
+        "images_per_s": r.images_per_s,
+        "seconds": r.seconds,
+    }
 
 
 def _acc_dict(acc: Accuracy) -> dict[str, float]:

@@ -1,4 +1,4 @@
-"""Throughput and data-wait bookkeeping, and the rank-0 progress line.
+"""Throughput and data-wait bookkeeping, and rank 0's progress bar (tqdm).
 
 Data-wait fraction = time blocked waiting for the next batch / wall time of the steps. Wall time
 is taken between consecutive batch requests, so on a GPU (where kernels run asynchronously) the
@@ -16,6 +16,7 @@ from typing import TextIO
 
 import torch
 from batchwire.common.rates import RateWindow
+from tqdm import tqdm
 
 
 def throughput_window() -> RateWindow:
@@ -47,24 +48,52 @@ class LossAverage:
         return value
 
 
-class ProgressLine:
-    """A single `\\r`-rewritten status line, only when `stream` is a terminal (rank 0 decides)."""
+class EpochBar:
+    """Rank 0's progress bar over one epoch's batches: tqdm, on a terminal only.
 
-    def __init__(self, enabled: bool, stream: TextIO | None = None) -> None:
-        self.stream = stream or sys.stdout
-        self.enabled = enabled and self.stream.isatty()
-        self._width = 0
+    A log file or CI output gets the periodic ``step ...`` lines instead of a bar's carriage
+    returns (tqdm's own rule for ``disable=None``). It appears when the epoch starts, before the
+    first batch has come, so a slow first batch (a server still warming up, 224 px on a CPU)
+    shows as a bar at 0, not as silence. `write` prints a line above the bar.
+    """
 
-    def update(self, text: str) -> None:
-        if not self.enabled:
-            return
-        pad = max(0, self._width - len(text))
-        self.stream.write("\r" + text + " " * pad)
-        self.stream.flush()
-        self._width = len(text)
+    def __init__(
+        self,
+        enabled: bool,
+        total: int,
+        *,
+        initial: int = 0,
+        desc: str = "",
+        stream: TextIO | None = None,
+    ) -> None:
+        self.stream = stream or sys.stderr
+        self._bar: tqdm | None = None
+        if enabled and self.stream.isatty():
+            self._bar = tqdm(
+                total=total,
+                initial=initial,
+                desc=desc,
+                unit="batch",
+                file=self.stream,
+                dynamic_ncols=True,
+                leave=False,
+            )
 
-    def clear(self) -> None:
-        if self.enabled and self._width:
-            self.stream.write("\r" + " " * self._width + "\r")
-            self.stream.flush()
-            self._width = 0
+    def update(self, batches: int, **postfix: str) -> None:
+        if self._bar is not None:
+            if postfix:
+                self._bar.set_postfix(postfix, refresh=False)
+            self._bar.update(batches)
+
+    def write(self, line: str, out: TextIO | None = None) -> None:
+        """Print ``line`` (to ``out``, default stdout) without tearing the bar."""
+        out = out or sys.stdout
+        if self._bar is None:
+            print(line, file=out, flush=True)
+        else:
+            tqdm.write(line, file=out)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None

@@ -7,6 +7,8 @@ machine (shared, load 6-8): about 60 s for the file (each test states its own).
 
 from __future__ import annotations
 
+import csv
+import importlib.util
 import os
 import subprocess
 import sys
@@ -18,6 +20,7 @@ from batchwire.pipeline.dataset import open_dataset
 from batchwire.pipeline.sampler import ShardSampler
 from batchwire.pipeline.synthetic import default_dataset
 from batchwire.train.checkpoint import load_latest
+from batchwire.train.logbook import TENSORBOARD_MISSING
 from batchwire.train.record import read_record, record_path
 from serverproc import running_server
 
@@ -55,10 +58,17 @@ def test_single_process_trains_checkpoints_and_resumes(tmp_path: Path) -> None:
     """About 22 s on 2 cores: 3 steps, stop, then resume to step 5 from the checkpoint."""
     ckpt = tmp_path / "ckpt"
     with running_server(*SERVER_ARGS) as srv:
-        common = ["--epochs", "2", "--checkpoint-dir", str(ckpt)]
+        logs = tmp_path / "logs"
+        common = ["--epochs", "2", "--checkpoint-dir", str(ckpt), "--log-dir", str(logs)]
         first = _run([str(TRAIN_BIN), *_train_args(srv.endpoint, *common, "--max-steps", "3")], 60)
         assert first.returncode == 0, first.stdout
+        said = [ln for ln in first.stdout.splitlines() if ln.startswith("pipeline-train")]
+        assert said[0].startswith("pipeline-train ") and "connecting to tcp://" in said[0], said
         assert "1 rank(s) on cpu" in first.stdout
+        if importlib.util.find_spec("tensorboard") is None:
+            assert TENSORBOARD_MISSING in first.stdout, first.stdout
+        else:
+            assert list(logs.glob("events.out.tfevents.*")), "no TensorBoard events written"
         assert "step 3 (epoch 0 batch 3/46): loss" in first.stdout, first.stdout
         assert "epoch 0: val top1=" in first.stdout and "(stopped at --max-steps)" in first.stdout
 
@@ -74,6 +84,11 @@ def test_single_process_trains_checkpoints_and_resumes(tmp_path: Path) -> None:
         assert "step 3 (" not in second.stdout  # nothing before the checkpoint is trained again
         _, state = load_latest(ckpt)
         assert (state["epoch"], state["batch"], state["step"]) == (0, 5, 5)
+        with open(logs / "steps.csv") as f:  # both runs, one row per log line, one header
+            assert [int(r["step"]) for r in csv.DictReader(f)] == [1, 2, 3, 4, 5]
+        with open(logs / "epochs.csv") as f:
+            epochs = list(csv.DictReader(f))
+        assert [r["epoch"] for r in epochs] == ["0", "0"] and float(epochs[1]["val_top1"]) >= 0
 
         # The same command again (a supervisor's restart): nothing left to train.
         third = _run([str(TRAIN_BIN), *_train_args(srv.endpoint, *common, "--max-steps", "5")], 60)
