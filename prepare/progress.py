@@ -1,5 +1,5 @@
-"""pipeline-prepare's progress on stderr: a redrawn line on a terminal, a line every few
-seconds otherwise (a log file or CI output must not fill with carriage returns).
+"""pipeline-prepare's progress on stderr: a tqdm bar on a terminal, a line every few seconds
+otherwise (a log file or CI output must not fill with carriage returns).
 
 A rewrite of a large dataset runs for hours, so the line says how far it is, how fast it goes,
 when it should end and how many problem files it has met so far.
@@ -10,6 +10,8 @@ from __future__ import annotations
 import sys
 import time
 from typing import TextIO
+
+from tqdm import tqdm
 
 TTY_INTERVAL_S = 0.2
 LOG_INTERVAL_S = 5.0
@@ -38,9 +40,18 @@ class Progress:
         self.interval_s = interval_s or (TTY_INTERVAL_S if self.tty else LOG_INTERVAL_S)
         self.started = time.monotonic()
         self._last_draw = self.started
-        self._width = 0
         self.done = 0
         self.problems = 0
+        self._bar: tqdm | None = None
+        if self.enabled and self.tty:
+            self._bar = tqdm(
+                total=total,
+                desc="prepare",
+                unit="file",
+                file=self.stream,
+                mininterval=self.interval_s,
+                dynamic_ncols=True,
+            )
 
     def line(self) -> str:
         elapsed = max(time.monotonic() - self.started, 1e-9)
@@ -54,35 +65,35 @@ class Progress:
         return text
 
     def update(self, done: int, problems: int) -> None:
+        if self._bar is not None:
+            if problems != self.problems:
+                self._bar.set_postfix_str(f"{problems} problem files", refresh=False)
+            self._bar.update(done - self.done)
         self.done, self.problems = done, problems
+        if self._bar is not None:
+            return
         now = time.monotonic()
         if self.enabled and now - self._last_draw >= self.interval_s:
             self._last_draw = now
             self._draw()
 
     def _draw(self) -> None:
-        text = self.line()
-        if self.tty:
-            self.stream.write("\r" + text.ljust(self._width))
-            self._width = len(text)
-        else:
-            self.stream.write(text + "\n")
+        self.stream.write(self.line() + "\n")
         self.stream.flush()
 
     def note(self, message: str) -> None:
         """A line of its own (a problem file), above the redrawn progress line."""
         if not self.enabled:
             return
-        if self.tty and self._width:
-            self.stream.write("\r" + " " * self._width + "\r")
-            self._width = 0
+        if self._bar is not None:
+            self._bar.write(message, file=self.stream)
+            return
         self.stream.write(message + "\n")
         self.stream.flush()
 
     def close(self) -> None:
-        if not self.enabled:
-            return
-        self._draw()
-        if self.tty:
-            self.stream.write("\n")
-            self.stream.flush()
+        if self._bar is not None:
+            self._bar.close()  # its last state stays on screen
+            self._bar = None
+        elif self.enabled:
+            self._draw()
