@@ -10,6 +10,10 @@ a mismatch makes the sample bad (logged, counted, replaced) like a corrupt file.
 
 One checksum per file is enough: the loader always reads a whole file (`decode.read_file`)
 before anything decodes it, even on the restart path that then decodes only a few intervals.
+Each record also says whether the file was `intact` (passed the strict full decode) when it
+was recorded; bytes that match such a record are known intact (`Verdict.intact`), which is what
+lets decoders read less than the whole file (the restart path, GPU decodes without a CPU
+check): see the chain in `pipeline.decode.contract`.
 
 The checksum is xxHash's XXH3 (64 bits): about 5 us for a 110 KB photo on this machine (22 GB/s,
 0.5 % of a 1 ms decode), against 9 us for CRC-32C (google-crc32c) and 18 us for zlib's CRC-32.
@@ -100,10 +104,23 @@ def manifest_paths(
 
 @dataclass(frozen=True)
 class Entry:
-    """One file's recorded size and checksum value."""
+    """One file's recorded size and checksum value, and whether the file passed the strict
+    full decode when it was recorded (`"intact": true`; absent, as in older manifests: not
+    known, so False)."""
 
     size: int
     value: int
+    intact: bool = False
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What the manifest says of bytes read for a file: `problem`, why they are not the
+    recorded ones (None when they are, or nothing was recorded); `intact`, they are the
+    recorded bytes of a file recorded as passing the strict full decode."""
+
+    problem: str | None
+    intact: bool = False
 
 
 @dataclass
@@ -156,17 +173,25 @@ def _entry(data: dict) -> Entry | None:
     written = data.get("bytes_out", data.get("size"))
     if value is None or not isinstance(written, int) or isinstance(written, bool) or written < 0:
         return None
-    return Entry(written, value)
+    return Entry(written, value, data.get("intact") is True)
 
 
 class Checksums:
-    """Recorded sizes and checksums aligned with a dataset's indices; `known[i]` False where the
-    manifest has nothing for file i (it is then read unchecked)."""
+    """Recorded sizes, checksums and intact verdicts aligned with a dataset's indices;
+    `known[i]` False where the manifest has nothing for file i (it is then read unchecked)."""
 
-    def __init__(self, sizes: np.ndarray, values: np.ndarray, sources: list[str]) -> None:
+    def __init__(
+        self,
+        sizes: np.ndarray,
+        values: np.ndarray,
+        sources: list[str],
+        intact: np.ndarray | None = None,
+    ) -> None:
         self.sizes = sizes  # int64, -1 where unknown
         self.values = values  # uint64
         self.sources = sources  # the manifests read, for messages
+        # bool: recorded as passing the strict full decode (False where unknown)
+        self.intact = np.zeros(len(sizes), dtype=bool) if intact is None else intact
 
     @property
     def known(self) -> np.ndarray:
@@ -179,20 +204,24 @@ class Checksums:
     def problem(self, index: int, data: bytes) -> str | None:
         """Why `data` is not the recorded contents of file `index`, or None when it is (or
         nothing was recorded for it)."""
+        return self.verdict(index, data).problem
+
+    def verdict(self, index: int, data: bytes) -> Verdict:
+        """`data` judged against file `index`'s record (one checksum computed)."""
         size = int(self.sizes[index])
         if size < 0:
-            return None
+            return Verdict(None)
         if len(data) != size:
-            return (
+            return Verdict(
                 f"checksum mismatch: {len(data)} bytes read, {size} recorded in "
                 f"{self._where()} (changed or damaged since it was recorded)"
             )
         if xxhash.xxh3_64_intdigest(data) != int(self.values[index]):
-            return (
+            return Verdict(
                 f"checksum mismatch: its bytes differ from those recorded in {self._where()} "
                 "(damaged since it was recorded)"
             )
-        return None
+        return Verdict(None, bool(self.intact[index]))
 
     def _where(self) -> str:
         return " and ".join(self.sources)
@@ -262,6 +291,7 @@ def _aligned(
 ) -> Checksums:
     sizes = np.full(len(paths), -1, dtype=np.int64)
     values = np.zeros(len(paths), dtype=np.uint64)
+    intact = np.zeros(len(paths), dtype=bool)
     prefix = str(folder) + os.sep
     for i, path in enumerate(paths):
         rel = path[len(prefix) :] if path.startswith(prefix) else os.path.relpath(path, folder)
@@ -271,7 +301,8 @@ def _aligned(
         if entry is not None:
             sizes[i] = entry.size
             values[i] = entry.value
-    return Checksums(sizes, values, sources)
+            intact[i] = entry.intact
+    return Checksums(sizes, values, sources, intact)
 
 
 def _looked_for(

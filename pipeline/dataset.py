@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 from batchwire.pipeline import paths as _paths
-from batchwire.pipeline.checksums import Checksums, load_checksums
+from batchwire.pipeline.checksums import Checksums, Verdict, load_checksums
 from batchwire.pipeline.index_cache import IMAGE_EXTENSIONS, cached_folder_index
 
 __all__ = ["IMAGE_EXTENSIONS", "ImageDataset", "open_dataset", "read_list_file"]
@@ -87,6 +87,12 @@ class ImageDataset:
         """Why `data` is not what the checksum manifest recorded for sample `i`, or None (also
         when there is no manifest or no record for it)."""
         return None if self.checksums is None else self.checksums.problem(int(i), data)
+
+    def checksum_verdict(self, i: int, data: bytes) -> Verdict:
+        """`checksum_problem`, and whether `data` is known intact: the recorded bytes of a file
+        recorded as passing the strict full decode (what lets decoders read less than all of
+        it: `DecodeRequest.intact`). Not intact without a manifest or a record for it."""
+        return Verdict(None) if self.checksums is None else self.checksums.verdict(int(i), data)
 
 
 def read_list_file(

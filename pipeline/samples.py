@@ -100,7 +100,9 @@ class PlannedSample:
 
     `requested` is the index the batch asked for; `index` the one actually used (they differ
     when the requested file was bad and `replaced` is True); `attempt` is the position reached
-    in the requested index's substitute sequence (0 = the requested file itself).
+    in the requested index's substitute sequence (0 = the requested file itself). `intact`:
+    `data` matched the checksum of a file its manifest recorded as passing the strict full
+    decode (`ImageDataset.checksum_verdict`), handed to the decoder as `DecodeRequest.intact`.
     """
 
     requested: int
@@ -111,12 +113,14 @@ class PlannedSample:
     label: int
     replaced: bool
     attempt: int
+    intact: bool = False
 
 
 @dataclass(frozen=True)
 class LoadedSample:
     """A decoded sample: HWC uint8 image on the decoder's device, its plan (box in full-size
-    oriented coords), `box` in the decoded image's coords, label, and provenance."""
+    oriented coords), `box` in the decoded image's coords, label, provenance, and the CPU
+    decoder's route (`DecodeResult.route`: "restart" only for intact files)."""
 
     requested: int
     index: int
@@ -125,6 +129,7 @@ class LoadedSample:
     box: Box
     label: int
     replaced: bool
+    route: str = ""
 
 
 def substitute_candidates(seed: int, index: int, count: int, num_samples: int) -> np.ndarray:
@@ -244,9 +249,9 @@ class SampleLoader:
 
     # -- steps -------------------------------------------------------------------------------
 
-    def _read(self, index: int) -> tuple[bytes, ImageHeader] | str:
-        """Bytes and header of one file, or the reason it is unusable; TransientReadError when
-        reading kept failing transiently."""
+    def _read(self, index: int) -> tuple[bytes, ImageHeader, bool] | str:
+        """Bytes, header and intact verdict (`PlannedSample.intact`) of one file, or the reason
+        it is unusable; TransientReadError when reading kept failing transiently."""
         try:
             data = _retrying(
                 lambda: self.dataset.read_bytes(index),
@@ -256,10 +261,10 @@ class SampleLoader:
                 self._count_transient,
             )
             assert isinstance(data, bytes)
-            mismatch = self.dataset.checksum_problem(index, data)
-            if mismatch is not None:  # bytes that may still decode, to wrong pixels
-                return mismatch
-            return data, read_header(data, max_pixels=self.max_pixels)
+            verdict = self.dataset.checksum_verdict(index, data)
+            if verdict.problem is not None:  # bytes that may still decode, to wrong pixels
+                return verdict.problem
+            return data, read_header(data, max_pixels=self.max_pixels), verdict.intact
         except DecodeError as e:
             return str(e)
         except TransientReadError:
@@ -267,10 +272,12 @@ class SampleLoader:
         except OSError as e:
             return f"cannot read: {e.strerror or e}"
 
-    def _next_readable(self, requested: int, attempt: int) -> tuple[int, int, bytes, ImageHeader]:
+    def _next_readable(
+        self, requested: int, attempt: int
+    ) -> tuple[int, int, bytes, ImageHeader, bool]:
         """The first usable file at or after `attempt` in `requested`'s substitute sequence.
 
-        Returns (index, attempt, data, header); raises UnreadableDatasetError after
+        Returns (index, attempt, data, header, intact); raises UnreadableDatasetError after
         `max_attempts` unusable candidates in a row.
         """
         n = len(self.dataset)
@@ -288,7 +295,7 @@ class SampleLoader:
             if not self._is_bad(index):
                 got = self._read(index)
                 if not isinstance(got, str):
-                    return index, attempt, got[0], got[1]
+                    return index, attempt, *got
                 self._mark_bad(index, got)
             attempt += 1
         with self._lock:
@@ -312,7 +319,7 @@ class SampleLoader:
             for k, r in enumerate(indices)
         ]
 
-        def find(job: tuple[int, int]) -> tuple[int, int, int, bytes, ImageHeader]:
+        def find(job: tuple[int, int]) -> tuple[int, int, int, bytes, ImageHeader, bool]:
             return (job[0], *self._next_readable(*job))
 
         mapper = getattr(self.decoder, "map", None)
@@ -336,8 +343,11 @@ class SampleLoader:
                 label=int(labels[index]),
                 replaced=attempt > 0,
                 attempt=attempt,
+                intact=intact,
             )
-            for (requested, index, attempt, data, header), plan in zip(found, plans, strict=True)
+            for (requested, index, attempt, data, header, intact), plan in zip(
+                found, plans, strict=True
+            )
         ]
 
     def decode(self, epoch: int, planned: Sequence[PlannedSample]) -> list[LoadedSample]:
@@ -352,7 +362,8 @@ class SampleLoader:
         tries = 0
         while todo:
             requests = [
-                DecodeRequest(p.index, p.data, p.header, p.plan.box, out_hw) for _, p in todo
+                DecodeRequest(p.index, p.data, p.header, p.plan.box, out_hw, p.intact)
+                for _, p in todo
             ]
             results = self.decoder.decode_batch(requests)
             retry: list[tuple[int, PlannedSample]] = []
@@ -376,6 +387,7 @@ class SampleLoader:
                     box=tuple(float(v) for v in r.box),
                     label=p.label,
                     replaced=p.replaced,
+                    route=r.route,
                 )
             if again_as_is:
                 if tries == len(self.retry_delays):

@@ -2,10 +2,11 @@
 batchwire.prepare (see the package doc).
 
 Exit status: 0 every file prepared; 1 corrupt JPEGs found (reported, copied as they were: DST is
-complete); 2 the command cannot run (SRC missing, DST inside SRC or SRC inside DST, a list
-file path escaping its folder, the transcoder unavailable, another run writing DST, DST not
-writable): nothing was done; 3 some files could not be read or written, or the run was
-interrupted: DST is incomplete, and rerunning the same command finishes it.
+complete; with --checksums-only: reported, checksummed); 2 the command cannot run (SRC missing,
+DST inside SRC or SRC inside DST, a list file path escaping its folder, the transcoder
+unavailable, another run writing DST, DST not writable): nothing was done; 3 some files could
+not be read or written, or the run was interrupted: DST is incomplete, and rerunning the same
+command finishes it.
 """
 
 from __future__ import annotations
@@ -47,7 +48,8 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="rewrite nothing: only record a checksum of every file of SRC in a manifest "
         "(SRC/.batchwire-prepare-checksums.jsonl, or in --manifest-dir), which pipeline-server "
-        "checks every read against",
+        "checks every read against, and whether each JPEG passes the strict full decode "
+        "(only those may be decoded by their crop's restart intervals; corrupt ones are listed)",
     )
     p.add_argument(
         "--manifest-dir",

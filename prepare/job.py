@@ -12,7 +12,13 @@ renamed into place, so DST never holds a partial file under a real name.
 A JPEG whose header claims more pixels than the server's cap (`max_pixels`, the server's
 default) is copied as it was without transcoding: the server would refuse it anyway, and
 transcoding it costs gigabytes (a 16000 x 16000 photo took 1.47 GB). Every record carries the
-checksum of the bytes in DST, which the server checks each read against.
+checksum of the bytes in DST, which the server checks each read against, and whether those
+bytes are `intact`: a JPEG that passes the strict full decode (`native.jpeg_roi.check_jpeg`,
+the reference every server decode path is held to). A rewritten file is (the transcoder read it
+back strictly and compared it with the source); a JPEG copied as it was, or read by
+`--checksums-only`, is judged by the strict check itself; anything else (not a JPEG, corrupt,
+over the pixel cap) is not. Only intact files may be decoded by reading less than all of them
+(see `pipeline.decode.contract`).
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from batchwire.native.jpeg_roi import JpegRoiError, check_jpeg
 from batchwire.native.jpeg_transcode import (
     JpegCorruptError,
     JpegTranscodeError,
@@ -44,6 +51,9 @@ from batchwire.prepare.manifest import (
     UNVERIFIED,
     Record,
 )
+
+# Outcomes whose bytes may be a sound JPEG, judged by the strict check when it is not known.
+_JUDGED = (REWRITTEN, UNVERIFIED, CHECKSUMMED)
 
 JPEG_START = b"\xff\xd8\xff"
 #: `--restart-interval auto`: per file, the largest interval of at most AUTO_MOST MCUs that
@@ -143,6 +153,37 @@ def rewrite(
         return data, UNVERIFIED, str(exc)
 
 
+def strict_problem(data: bytes, max_pixels: int | None = DEFAULT_MAX_PIXELS) -> str | None:
+    """Why `data` is not a JPEG that passes the strict full decode, or None when it is one.
+    The server's header check comes first (it bounds what the check allocates): a JPEG over
+    `max_pixels` is not judged, and not intact."""
+    if not data.startswith(JPEG_START):
+        return "not a JPEG"
+    failure = _strict_failure(data, max_pixels)
+    return None if failure is None else str(failure)
+
+
+def _strict_failure(data: bytes, max_pixels: int | None) -> Exception | None:
+    try:
+        read_header(data, max_pixels=max_pixels)
+        check_jpeg(data)
+    except (DecodeError, JpegRoiError) as exc:
+        return exc
+    return None
+
+
+def _checksummed(data: bytes, max_pixels: int | None) -> tuple[bool, str]:
+    """--checksums-only: (intact, error) for a file's bytes; the error (reported as a corrupt
+    JPEG) only for a JPEG that the strict check or the header check refuses, not for a JPEG over
+    the pixel cap or a file that is no JPEG (neither is intact)."""
+    if not data.startswith(JPEG_START):
+        return False, ""
+    failure = _strict_failure(data, max_pixels)
+    if failure is None:
+        return True, ""
+    return False, "" if isinstance(failure, ImageTooLarge) else f"not intact: {failure}"
+
+
 def prepare_file(rel: str, previous: Record | None, settings: Settings) -> Result:
     """Prepares SRC/rel into DST/rel (see the module doc); never raises for the file's own
     problems: an I/O error becomes a FAILED record."""
@@ -151,15 +192,16 @@ def prepare_file(rel: str, previous: Record | None, settings: Settings) -> Resul
     interval = 0 if settings.checksums_only else settings.restart_interval
     if already_done(previous, src, dest, interval, settings.checksums_only):
         assert previous is not None
-        return _skipped(previous, dest)
+        return _skipped(previous, dest, settings.max_pixels)
     try:
         data, st = read_file_and_stat(str(src))
     except OSError as exc:
         return Result(Record(rel, 0, 0, FAILED, 0, 0, interval, f"cannot read: {_why(exc)}"))
     if settings.checksums_only:
         size = len(data)
-        sums = checksum(data)
-        return Result(Record(rel, st.st_size, st.st_mtime_ns, CHECKSUMMED, size, size, 0, "", sums))
+        intact, error = _checksummed(data, settings.max_pixels)
+        record = Record(rel, st.st_size, st.st_mtime_ns, CHECKSUMMED, size, size, 0, error)
+        return Result(replace(record, checksum=checksum(data), intact=intact))
     out, outcome, error = rewrite(data, interval, settings.max_pixels)
     try:
         write_atomically(dest, out, stat.S_IMODE(st.st_mode), settings.fsync)
@@ -167,22 +209,31 @@ def prepare_file(rel: str, previous: Record | None, settings: Settings) -> Resul
         why = f"cannot write {dest}: {_why(exc)}"
         return Result(Record(rel, st.st_size, st.st_mtime_ns, FAILED, len(data), 0, interval, why))
     size, mtime = st.st_size, st.st_mtime_ns
-    sums = checksum(out)
-    return Result(Record(rel, size, mtime, outcome, len(data), len(out), interval, error, sums))
+    intact = outcome == REWRITTEN or (
+        outcome == UNVERIFIED and strict_problem(out, settings.max_pixels) is None
+    )
+    record = Record(
+        rel, size, mtime, outcome, len(data), len(out), interval, error, checksum(out), intact
+    )
+    return Result(record)
 
 
-def _skipped(previous: Record, dest: Path) -> Result:
-    """An earlier run's record, given the checksum of what it wrote if it has none (a manifest
-    from before checksums: reading a file costs far less than rewriting it)."""
-    if previous.checksum:
+def _skipped(previous: Record, dest: Path, max_pixels: int | None) -> Result:
+    """An earlier run's record, given what it lacks (a manifest from before checksums or before
+    `intact`: reading and checking a file costs far less than rewriting it): the checksum of
+    what it wrote, and the strict check's verdict on those bytes. Bytes that no longer match
+    the recorded checksum are left for the server to refuse (intact stays unknown)."""
+    if previous.checksum and previous.intact is not None:
         return Result(previous, skipped=True)
     try:
         data = read_file(str(dest))
     except OSError:
         return Result(previous, skipped=True)  # unreadable now: the server will say so
-    if len(data) != previous.bytes_out:
+    sums = checksum(data)
+    if len(data) != previous.bytes_out or previous.checksum not in ("", sums):
         return Result(previous, skipped=True)
-    return Result(replace(previous, checksum=checksum(data)), skipped=True)
+    intact = previous.outcome in _JUDGED and strict_problem(data, max_pixels) is None
+    return Result(replace(previous, checksum=sums, intact=intact), skipped=True)
 
 
 def _why(exc: OSError) -> str:

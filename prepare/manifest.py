@@ -1,8 +1,10 @@
 """What earlier runs finished, so that a rerun skips it: DST/.batchwire-prepare.jsonl.
 
 One JSON line per finished file (its relative path, the source's size and mtime_ns when it was
-read, the outcome, bytes in and out, the restart interval, the error if any, and the checksum
-of the bytes written: `pipeline.checksums`, which the server checks every read against),
+read, the outcome, bytes in and out, the restart interval, the error if any, the checksum of the
+bytes written: `pipeline.checksums`, which the server checks every read against, and `intact`:
+whether those bytes pass the strict full decode, which lets the server's decoders read less
+than the whole file; see `pipeline.decode.contract`),
 appended and flushed as each file finishes, so a run killed at any point loses at most the
 files in flight. Each run first appends a header line naming its source ("tree", or "list:"
 and the list file's name) and the folders it mirrors: what a later run needs to remove what
@@ -64,12 +66,17 @@ class Record:
     restart_interval: int
     error: str = ""
     checksum: str = ""  # of the bytes in DST (`pipeline.checksums.checksum`)
+    # Those bytes are a JPEG that passed the strict full decode (None: not judged, as in
+    # manifests from before this field; the server takes that as not intact).
+    intact: bool | None = None
 
     def to_line(self) -> str:
         data = asdict(self)
         for optional in ("error", "checksum"):
             if not data[optional]:
                 del data[optional]
+        if data["intact"] is None:
+            del data["intact"]
         return json.dumps(data, ensure_ascii=False, separators=(",", ":")) + "\n"
 
 

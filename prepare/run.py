@@ -38,10 +38,8 @@ from batchwire.prepare.job import (
 )
 from batchwire.prepare.manifest import (
     CHECKSUMMED,
-    COPIED,
     DONE_OUTCOMES,
     FAILED,
-    REWRITTEN,
     TMP_PREFIX,
     Header,
     Record,
@@ -56,7 +54,7 @@ from batchwire.prepare.source import (
     check_report,
     discover,
 )
-from batchwire.prepare.summary import Summary, problem_line
+from batchwire.prepare.summary import Summary, is_problem, problem_line
 
 IN_FLIGHT_PER_JOB = 4
 
@@ -300,7 +298,7 @@ def _prepare_all(
             record = result.record
             if not result.skipped and record.outcome in DONE_OUTCOMES:
                 writer.append(record)
-            if record.outcome not in (REWRITTEN, COPIED):
+            if is_problem(record):
                 problems += 1
                 if not result.skipped:
                     progress.note(problem_line(record))

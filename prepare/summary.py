@@ -61,8 +61,12 @@ class Summary:
 
     @property
     def problems(self) -> list[Record]:
-        wanted = (CORRUPT, UNVERIFIED, TOO_LARGE, FAILED)
-        return sorted((r for r in self.records if r.outcome in wanted), key=lambda r: r.path)
+        return sorted((r for r in self.records if is_problem(r)), key=lambda r: r.path)
+
+    @property
+    def not_intact(self) -> int:
+        """--checksums-only: JPEGs the strict check refused (each with its error)."""
+        return sum(r.outcome == CHECKSUMMED and bool(r.error) for r in self.records)
 
     def jpeg_bytes(self) -> tuple[int, int]:
         rewritten = [r for r in self.records if r.outcome == REWRITTEN]
@@ -73,7 +77,7 @@ class Summary:
         counts = self.counts
         if counts[FAILED] or self.interrupted:
             return EXIT_INCOMPLETE
-        return EXIT_CORRUPT if counts[CORRUPT] else EXIT_OK
+        return EXIT_CORRUPT if counts[CORRUPT] or self.not_intact else EXIT_OK
 
     def speed(self) -> tuple[int, float, float]:
         """(files this run worked on, files/s, files/s per core)."""
@@ -98,6 +102,7 @@ class Summary:
             "corrupt": counts[CORRUPT],
             "too_large": counts[TOO_LARGE],
             "checksummed": counts[CHECKSUMMED],
+            "intact": sum(r.intact is True for r in self.records),
             "failed": counts[FAILED],
             "skipped": self.skipped,
             "jpeg_bytes_before": before,
@@ -149,6 +154,9 @@ class Summary:
             f"pipeline-prepare --checksums-only: {self.src} -> {self.dst}",
             f"  files seen              {len(self.records):>9}",
             f"  checksummed             {counts[CHECKSUMMED]:>9}",
+            f"  JPEGs intact            {sum(r.intact is True for r in self.records):>9}  "
+            "(strict full decode passed)",
+            f"  corrupt JPEGs           {self.not_intact:>9}  (strict full decode failed)",
             f"  failed (no checksum)    {counts[FAILED]:>9}",
             f"  skipped (done before)   {self.skipped:>9}",
             f"  time {self.seconds:.1f} s for {worked} files: {rate:.1f} files/s, "
@@ -188,6 +196,13 @@ def _listed(title: str, items: list[str]) -> list[str]:
     if len(items) > TEXT_PROBLEMS:
         lines.append(f"  ... and {len(items) - TEXT_PROBLEMS} more")
     return lines
+
+
+def is_problem(record: Record) -> bool:
+    """A problem file: corrupt, unverified, over the cap, failed, or (--checksums-only) a JPEG
+    the strict check refused."""
+    wanted = (CORRUPT, UNVERIFIED, TOO_LARGE, FAILED)
+    return record.outcome in wanted or (record.outcome == CHECKSUMMED and bool(record.error))
 
 
 def problem_line(record: Record) -> str:

@@ -16,6 +16,7 @@ import cv2
 import torch
 from batchwire.common.cores import available_cores
 from batchwire.pipeline.decode.contract import (
+    ROUTE_WHOLE,
     DecodedImage,
     DecodeError,
     DecodeRequest,
@@ -28,13 +29,22 @@ from batchwire.pipeline.decode.whole import choose_dct_scale, decode_pixels
 
 
 def decode_for_crop(
-    data: bytes, header: ImageHeader, box: Box, out_hw: tuple[int, int], *, roi: bool = True
+    data: bytes,
+    header: ImageHeader,
+    box: Box,
+    out_hw: tuple[int, int],
+    *,
+    roi: bool = True,
+    intact: bool = False,
 ) -> DecodedImage:
     """Decode just enough of the image to cut `box` (full-size oriented coords) at `out_hw`.
 
     Returns the decoded, oriented image (possibly DCT-reduced, possibly only the region around
-    the box that the resize reads) and the box re-expressed in it. `roi=False` decodes the
-    whole image (benchmarks and tests compare the two).
+    the box that the resize reads), the box re-expressed in it and the route taken.
+    `roi=False` decodes the whole image (benchmarks and tests compare the two). `intact`
+    (`DecodeRequest.intact`: the bytes are known to pass the strict full decode) lets the ROI
+    decoder enter a restart-marked file at its markers; otherwise it reads the file itself with
+    the tail verified, which rejects whatever the strict full decode rejects.
     """
     y0, x0, y1, x1 = (float(v) for v in box)
     scale = (1, 1)
@@ -42,7 +52,7 @@ def decode_for_crop(
         scale = choose_dct_scale(y1 - y0, x1 - x0, int(out_hw[0]), int(out_hw[1]))
         if roi:
             out = (int(out_hw[0]), int(out_hw[1]))
-            decoded = decode_roi(data, header, (y0, x0, y1, x1), scale, out)
+            decoded = decode_roi(data, header, (y0, x0, y1, x1), scale, out, restarts=intact)
             if decoded is not None:
                 return decoded
     pixels = decode_pixels(data, header, scale)
@@ -50,12 +60,12 @@ def decode_for_crop(
     # this maps the full image extent onto the full decoded extent either way.
     sy = pixels.shape[0] / header.height
     sx = pixels.shape[1] / header.width
-    return DecodedImage(pixels=pixels, box=(y0 * sy, x0 * sx, y1 * sy, x1 * sx))
+    return DecodedImage(pixels, (y0 * sy, x0 * sx, y1 * sy, x1 * sx), ROUTE_WHOLE)
 
 
 def _decode_request(req: DecodeRequest) -> DecodeResult:
     try:
-        decoded = decode_for_crop(req.data, req.header, req.box, req.out_hw)
+        decoded = decode_for_crop(req.data, req.header, req.box, req.out_hw, intact=req.intact)
         image = torch.from_numpy(decoded.pixels)  # inside: whatever it refuses is this image's
     except DecodeError as e:
         return DecodeResult(image=None, box=req.box, error=str(e))
@@ -63,7 +73,7 @@ def _decode_request(req: DecodeRequest) -> DecodeResult:
         return DecodeResult(image=None, box=req.box, error=f"MemoryError: {e}", transient=True)
     except (ValueError, OSError, cv2.error) as e:
         return DecodeResult(image=None, box=req.box, error=f"{type(e).__name__}: {e}")
-    return DecodeResult(image=image, box=decoded.box)
+    return DecodeResult(image=image, box=decoded.box, route=decoded.route)
 
 
 _CHUNKS_PER_THREAD = 4

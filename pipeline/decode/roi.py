@@ -17,7 +17,12 @@ import threading
 from collections.abc import Callable
 
 from batchwire.pipeline.decode.backends import jpeg_failure
-from batchwire.pipeline.decode.contract import DecodedImage, DecodeError
+from batchwire.pipeline.decode.contract import (
+    ROUTE_REGION,
+    ROUTE_RESTART,
+    DecodedImage,
+    DecodeError,
+)
 from batchwire.pipeline.decode.headers import ImageHeader
 from batchwire.pipeline.decode.orientation import apply_orientation, swaps_axes
 from batchwire.pipeline.decode.region import (
@@ -35,11 +40,14 @@ _ROI_SWITCH = "BATCHWIRE_JPEG_ROI"  # "0" turns ROI decoding off (benchmarks, de
 # strict decode does: the region path then checks every byte a full decode reads. Off (only for
 # benchmarks and tests of the trade-off): rows below the crop are never read and damage there is
 # served (the crop's pixels are the intact file's, but the file is bad). Costs ~0.12 CPU ms per
-# ImageNet file (0.75 -> 0.87 ms for a random 224 px crop, 1,000 imagenet-sample files). A file with
-# restart markers that tile its MCU rows (pipeline-prepare) is entered at the markers either way:
-# the intervals under the crop (plus one MCU of context) are decoded strictly and the whole
-# scan's structure (marker order, interval count, EOI) is checked; the other intervals' data is
-# not decoded (pipeline-prepare checked every one when it wrote the file).
+# ImageNet file (0.75 -> 0.87 ms for a random 224 px crop, 1,000 imagenet-sample files).
+# A file with restart markers that tile its MCU rows (pipeline-prepare) is entered at the markers
+# only when `decode_roi(restarts=True)`, i.e. for an `intact` request (contract.py): the
+# intervals under the crop (plus one MCU of context) are decoded strictly and the whole scan's
+# structure is checked, but not the other intervals' data, nor whether the tables still decode
+# them (a one-byte change in a DHT can leave the crop's intervals decodable, to wrong pixels,
+# while the full decode fails). That is sound only for bytes known to pass the strict full
+# decode; any other request reads the file itself, tail verified.
 ROI_VERIFY_TAIL = True
 # The native refusal that is about the decoder, not the data (csrc/jpeg_roi.cpp's wording).
 _NOT_FOR_ROI = "CMYK/YCCK JPEGs are not decoded here"
@@ -67,10 +75,14 @@ def decode_roi(
     box: Box,
     scale: tuple[int, int],
     out_hw: tuple[int, int],
+    *,
+    restarts: bool = False,
 ) -> DecodedImage | None:
     """Decode only what the resize of `box` (full-size oriented coords) to `out_hw` reads, at
     the DCT `scale`; None when ROI decoding is unavailable here, DecodeError when the native
-    decoder refuses the file (corrupt, truncated, unsupported)."""
+    decoder refuses the file (corrupt, truncated, unsupported). `restarts` lets it enter a
+    file at its restart markers: only for bytes known to pass the strict full decode (see
+    `ROI_VERIFY_TAIL`); the result's route says which was allowed."""
     decode = _roi_decoder()
     if decode is None:
         return None
@@ -88,7 +100,7 @@ def decode_roi(
     if want[2] <= want[0] or want[3] <= want[1]:
         return None  # nothing to crop: the whole-image path handles the degenerate box
     try:
-        raw, got, full = decode(data, *want, denom, verify=ROI_VERIFY_TAIL)
+        raw, got, full = decode(data, *want, denom, verify=ROI_VERIFY_TAIL, restarts=restarts)
     except JpegRoiError as e:
         if _NOT_FOR_ROI in str(e):
             return None  # a colour space the whole-image path converts (OpenCV)
@@ -98,4 +110,5 @@ def decode_roi(
         return None
     oy0, ox0, _, _ = displayed_region(header.orientation, scaled_stored, got)
     pixels = apply_orientation(raw, header.orientation)
-    return DecodedImage(pixels=pixels, box=(y0 - oy0, x0 - ox0, y1 - oy0, x1 - ox0))
+    route = ROUTE_RESTART if restarts else ROUTE_REGION
+    return DecodedImage(pixels, (y0 - oy0, x0 - ox0, y1 - oy0, x1 - ox0), route)

@@ -64,3 +64,30 @@ def test_server_counts_and_replaces_clean_bit_flips(tmp_path: Path) -> None:
     assert counters["replaced_total"] == 2, log
     for path in flipped:
         assert f"image {path} (checksum mismatch" in log, log
+
+
+@pytest.mark.timeout(240)
+def test_server_finds_a_manifest_in_a_checksum_dir(tmp_path: Path) -> None:
+    """`pipeline-prepare --checksums-only SRC --manifest-dir DIR` leaves SRC untouched and
+    writes the manifest in DIR (named after SRC); a server given `--checksum-dir DIR` finds
+    it and catches a clean bit flip through it."""
+    plain = tree(tmp_path / "plain", photos(6))
+    sums = tmp_path / "sums"
+    prepare("--checksums-only", str(plain), "--manifest-dir", str(sums))
+    assert not any(p.name.startswith(".batchwire") for p in plain.iterdir())
+    flipped = flip(plain / "class0/img4.jpg")
+    args = (
+        *("--train", str(plain), "--checksum-dir", str(sums)),
+        *("--batch-size", "2", "--image-size", "24", "--output-dtype", "uint8"),
+        *("--workers", "1", "--seed", "3"),
+    )
+    with running_server(*args, env={"BATCHWIRE_CACHE": str(tmp_path / "cache")}) as srv:
+        with RemoteLoader(
+            srv.endpoint, "train", rank=0, world_size=1, with_indices=True, timeout=60
+        ) as loader:
+            seen = [i for _, _, indices in loader for i in indices.tolist() if i >= 0]
+        counters = srv.stats()["counters"]
+        log = srv.log()
+    assert len(seen) == 6, log
+    assert counters["bad_total"] == 1 and counters["replaced_total"] == 1, log
+    assert f"image {flipped} (checksum mismatch" in log, log

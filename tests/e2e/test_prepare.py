@@ -370,6 +370,8 @@ def test_manifest_records_the_checksum_of_every_file_in_dst(tmp_path: Path) -> N
     assert sorted(records) == sorted(files_under(dst))
     for rel, data in files_under(dst).items():
         assert records[rel]["checksum"] == checksum(data), rel
+        # intact: the bytes pass the strict full decode (what lets decoders read less of them)
+        assert records[rel]["intact"] is (records[rel]["outcome"] == "rewritten"), rel
     assert lines[0] == {"source": "tree", "dirs": sorted(lines[0]["dirs"])}
     assert "cherry_empty" in lines[0]["dirs"]
 
@@ -521,7 +523,8 @@ def test_checksums_only(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
     src = odd_tree(tmp_path / "src")
     before = files_under(src)
     report = tmp_path / "r.json"
-    assert main(["--checksums-only", str(src), "--quiet", "--report", str(report)]) == 0
+    # 1: corrupt JPEGs found (the strict check runs on every JPEG; each is still checksummed)
+    assert main(["--checksums-only", str(src), "--quiet", "--report", str(report)]) == 1
     assert files_under(src) == before  # only prepare's own hidden files were added
     added = sorted(p.name for p in src.iterdir() if p.name.startswith(".batchwire-prepare"))
     assert added == [
@@ -534,16 +537,20 @@ def test_checksums_only(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
     assert {rel: records[rel]["checksum"] for rel in before} == {
         rel: checksum(data) for rel, data in before.items()
     }
+    jpegs = {rel for rel, data in before.items() if data.startswith(b"\xff\xd8\xff")}
+    assert {rel for rel in before if records[rel].get("intact")} == jpegs - CORRUPT
+    assert all("not intact" in records[rel]["error"] for rel in CORRUPT)
     data = json.loads(report.read_text())
-    assert data["checksummed"] == len(before) and data["problems"] == []
-    assert main(["--checksums-only", str(src), "--quiet", "--report", str(report)]) == 0
+    assert data["checksummed"] == len(before)
+    assert {p["path"] for p in data["problems"]} == CORRUPT
+    assert main(["--checksums-only", str(src), "--quiet", "--report", str(report)]) == 1
     assert json.loads(report.read_text())["skipped"] == len(before)
     write(src / "apple/444.jpg", b"changed")
-    assert main(["--checksums-only", str(src), "--quiet", "--report", str(report)]) == 0
+    assert main(["--checksums-only", str(src), "--quiet", "--report", str(report)]) == 1
     assert json.loads(report.read_text())["skipped"] == len(before) - 1
     # A manifest folder elsewhere: a file named after SRC, nothing more in SRC.
     sums = tmp_path / "sums"
-    assert main(["--checksums-only", str(src), "--manifest-dir", str(sums), "--quiet"]) == 0
+    assert main(["--checksums-only", str(src), "--manifest-dir", str(sums), "--quiet"]) == 1
     assert (sums / keyed_name(src)).is_file()
     ds = open_dataset(src, cache_dir=tmp_path / "cache", checksum_dirs=[sums])
     assert ds.checksums is not None and ds.checksums.count == len(ds)

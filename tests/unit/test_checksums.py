@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 
 import pytest
+from batchwire.pipeline.augment_plan import AugmentConfig
 from batchwire.pipeline.checksums import (
     CHECKSUMS_MANIFEST,
     PREPARE_MANIFEST,
@@ -23,9 +24,13 @@ from batchwire.pipeline.checksums import (
     read_manifest,
 )
 from batchwire.pipeline.dataset import open_dataset
+from batchwire.pipeline.decode import CpuBatchDecoder
 from batchwire.pipeline.local import LocalLoader
+from batchwire.pipeline.samples import LoadedSample, SampleLoader
 from batchwire.prepare.run import Options, run
 from bitflips import clean_bit_flip, photos
+from corrupt_corpus import strict_rejects
+from dht_damage import dht_damaged, restart_marked
 
 
 def write(path: Path, data: bytes) -> Path:
@@ -166,3 +171,115 @@ def test_local_loader_catches_a_bit_flip_every_decoder_accepts(
     counts = bad_count(root)
     assert counts["bad_total"] == 1 and counts["replaced_total"] == 1
     assert bad_count(root, verify_checksums="off")["bad_total"] == 0  # no decoder sees it
+
+
+# -- the "verified intact" chain ---------------------------------------------------------------
+
+
+def records(manifest: Path) -> dict[str, dict]:
+    lines = [json.loads(text) for text in manifest.read_text().splitlines()]
+    return {r["path"]: r for r in lines if "path" in r}
+
+
+def restart_tree(root: Path, victim: bytes, n: int = 5) -> Path:
+    """Restart-marked JPEGs in two classes (as pipeline-prepare writes them), `victim` as
+    a/victim.jpg."""
+    files = {f"{'ab'[k % 2]}/img{k}.jpg": restart_marked(seed=100 + k) for k in range(n)}
+    return tree(root, {**files, "a/victim.jpg": victim})
+
+
+def load_all(
+    root: Path, cache: Path, verify: str = "auto"
+) -> tuple[SampleLoader, dict[str, LoadedSample]]:
+    """Every sample of the tree once (train crops, one decode thread), by file name."""
+    ds = open_dataset(root, cache_dir=cache, verify_checksums=verify)
+    config = AugmentConfig(image_size=(24, 24), train=True)
+    with CpuBatchDecoder(threads=1) as decoder:
+        loader = SampleLoader(ds, config, seed=0, decoder=decoder, retry_delays=())
+        got = loader.load(0, list(range(len(ds))))
+    return loader, {Path(ds.paths[s.requested]).name: s for s in got}
+
+
+def test_prepare_records_which_files_passed_the_strict_full_decode(tmp_path: Path) -> None:
+    intact, damaged = dht_damaged()
+    src = tree(tmp_path / "src", {"a/good.jpg": intact, "a/dht.jpg": damaged, "b/note.png": b"x"})
+    summary = run(Options(str(src), str(tmp_path / "dst"), jobs=1, quiet=True))
+    assert summary.exit_status == 1  # a corrupt JPEG, copied as it was
+    got = records(tmp_path / "dst" / PREPARE_MANIFEST)
+    assert got["a/good.jpg"]["outcome"] == "rewritten" and got["a/good.jpg"]["intact"] is True
+    assert got["a/dht.jpg"]["outcome"] == "corrupt" and got["a/dht.jpg"]["intact"] is False
+    assert got["b/note.png"]["intact"] is False  # no JPEG: nothing to skip for it
+    assert strict_rejects((tmp_path / "dst/a/good.jpg").read_bytes()) is None
+
+
+def test_checksums_only_runs_the_strict_check_on_every_jpeg(tmp_path: Path) -> None:
+    intact, damaged = dht_damaged()
+    src = tree(tmp_path / "src", {"a/good.jpg": intact, "a/dht.jpg": damaged})
+    summary = run(Options(str(src), None, jobs=1, quiet=True, checksums_only=True))
+    assert summary.exit_status == 1 and [r.path for r in summary.problems] == ["a/dht.jpg"]
+    got = records(src / CHECKSUMS_MANIFEST)
+    assert got["a/good.jpg"]["intact"] is True and "error" not in got["a/good.jpg"]
+    assert got["a/dht.jpg"]["intact"] is False and "not intact" in got["a/dht.jpg"]["error"]
+    assert got["a/dht.jpg"]["checksum"] == checksum(damaged)  # still checked at every read
+
+
+def test_a_rerun_judges_the_files_an_older_manifest_did_not(tmp_path: Path) -> None:
+    """A manifest from before `intact` counts as not known intact; a rerun (which skips the
+    files) reads each file once and records the strict check's verdict on it."""
+    intact, damaged = dht_damaged()
+    src = tree(tmp_path / "src", {"a/good.jpg": intact, "a/dht.jpg": damaged})
+    dst = tmp_path / "dst"
+    run(Options(str(src), str(dst), jobs=1, quiet=True))
+    manifest = dst / PREPARE_MANIFEST
+    old = [json.loads(text) for text in manifest.read_text().splitlines()]
+    for record in old:
+        record.pop("intact", None)
+    manifest.write_text("".join(json.dumps(r) + "\n" for r in old))
+    ds = open_dataset(dst, cache_dir=tmp_path / "cache")
+    assert ds.checksums is not None and not ds.checksums.intact.any()
+    summary = run(Options(str(src), str(dst), jobs=1, quiet=True))
+    assert summary.skipped == 2
+    got = records(manifest)
+    assert got["a/good.jpg"]["intact"] is True and got["a/dht.jpg"]["intact"] is False
+
+
+def test_damaged_bytes_of_a_file_recorded_intact_are_a_checksum_mismatch(tmp_path: Path) -> None:
+    """The restart path would decode the damaged table's crop to wrong pixels; the manifest
+    recorded the intact original, so the bytes read do not match and the sample is replaced
+    before any decoder sees it. The other files, recorded intact, take the restart path."""
+    intact, damaged = dht_damaged()
+    root = restart_tree(tmp_path / "data", intact)
+    assert run(Options(str(root), None, jobs=1, quiet=True, checksums_only=True)).exit_status == 0
+    assert all(r["intact"] for r in records(root / CHECKSUMS_MANIFEST).values())
+    (root / "a/victim.jpg").write_bytes(damaged)
+    loader, got = load_all(root, tmp_path / "cache")
+    assert loader.counts()["bad_total"] == 1 and got["victim.jpg"].replaced
+    assert "checksum mismatch" in next(iter(loader.known_bad.values()))
+    assert {s.route for name, s in got.items() if name != "victim.jpg"} == {"restart"}
+
+
+def test_a_file_recorded_not_intact_takes_the_region_path(tmp_path: Path) -> None:
+    """intact false (or no verdict, as in an older manifest) for a sound file: the CPU decoder
+    reads it itself, tail verified (route "region"); the damaged table recorded as it is (its
+    checksum matches, `intact` false) is refused there, by the decode, and replaced."""
+    _, damaged = dht_damaged()
+    root = restart_tree(tmp_path / "data", damaged)
+    run(Options(str(root), None, jobs=1, quiet=True, checksums_only=True))
+    manifest = root / CHECKSUMS_MANIFEST
+    edited = []
+    for text in manifest.read_text().splitlines():
+        record = json.loads(text)
+        if record.get("path") == "a/img0.jpg":
+            record["intact"] = False
+        if record.get("path") == "b/img1.jpg":
+            del record["intact"]
+        edited.append(json.dumps(record) + "\n")
+    manifest.write_text("".join(edited))
+    loader, got = load_all(root, tmp_path / "cache")
+    assert got["img0.jpg"].route == got["img1.jpg"].route == "region"
+    assert {got[f"img{k}.jpg"].route for k in (2, 3, 4)} == {"restart"}
+    assert got["victim.jpg"].replaced and loader.counts()["bad_total"] == 1
+    reason = next(iter(loader.known_bad.values()))
+    assert "checksum" not in reason and "JPEG" in reason
+    _, unchecked = load_all(root, tmp_path / "cache", verify="off")  # nothing known intact
+    assert {s.route for s in unchecked.values() if not s.replaced} == {"region"}

@@ -4,12 +4,16 @@ The corpus (tests/corrupt_corpus.py) damages one byte of PIL-written files in ev
 decoders treat differently. The reference is the native strict full decode (`check_jpeg`). For
 each file it rejects, in-process:
 - the TurboJPEG whole-image path (`decode_for_crop(roi=False)`, full size and DCT-scaled),
-- the region path (`decode_for_crop(roi=True)` on files without restart layout: the rows below
-  the crop are entropy decoded too), for a val (centre) crop and train crops,
-- the restart path (the same call on restart-marked files) rejects it or serves exactly the
-  intact file's pixels: only the crop's intervals are decoded there, by design (the others are
-  pipeline-prepare's and the checksums' concern), but its structure is checked whole,
-- DALI's CPU backend, through `GpuDecoderBase`'s strict check, where DALI is installed.
+- the region path (`decode_for_crop(roi=True)`, every request not known intact, restart-marked
+  files included: the rows below the crop are entropy decoded too), for a val (centre) crop and
+  train crops,
+- the restart path (`intact=True` on restart-marked files): on this corpus it rejects the file
+  or serves exactly the intact file's pixels: only the crop's intervals are decoded there, by
+  design, but its structure is checked whole. A damaged Huffman table can defeat it (wrong
+  pixels, `dht_damaged`), which is why only bytes known intact (checksum of a file recorded as
+  passing the strict decode) take it,
+- DALI's CPU backend, through `GpuDecoderBase`'s strict check, where DALI is installed, and that
+  check's rule (whole file, unless intact) with a lenient stand-in decoder.
 Header checks (`read_header`) count as the path's rejection: they run first on every path.
 """
 
@@ -17,10 +21,21 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 from batchwire import native
-from batchwire.pipeline.decode import DecodeError, DecodeRequest, decode_for_crop, read_header
+from batchwire.pipeline.decode import (
+    CpuBatchDecoder,
+    DecodeError,
+    DecodeRequest,
+    decode_for_crop,
+    read_header,
+)
 from batchwire.pipeline.decode.backends import arithmetic_frame
+from batchwire.pipeline.decode.contract import DecodeResult
+from batchwire.pipeline.decode.fallback import GpuDecoderBase
+from batchwire.pipeline.decode.restart import narrow_request
 from corrupt_corpus import corpus, strict_rejects
+from dht_damage import CORNER, dht_damaged
 
 if not native.jpeg_roi_available():
     pytest.skip("the native strict decoder does not build here", allow_module_level=True)
@@ -51,11 +66,11 @@ def crops(height: int, width: int) -> list[tuple[float, float, float, float]]:
     ]
 
 
-def served(data: bytes, box, roi: bool, scale_out=OUT):
+def served(data: bytes, box, roi: bool, scale_out=OUT, intact: bool = False):
     """The decoded pixels and box of one path, or None when it refuses the file."""
     try:
         header = read_header(data)
-        got = decode_for_crop(data, header, box, scale_out, roi=roi)
+        got = decode_for_crop(data, header, box, scale_out, roi=roi, intact=intact)
     except (DecodeError, ValueError, OSError):
         return None
     return got
@@ -76,23 +91,32 @@ def test_whole_image_path_rejects_every_file_the_strict_decode_rejects(rejected,
     assert accepted == []
 
 
-def test_region_and_restart_paths_never_serve_a_rejected_files_wrong_pixels(rejected):
-    """Region path: rejected for every crop. Restart path: rejected, or exactly the intact
-    file's pixels (the damage lies in intervals the crop does not read)."""
-    wrong, accepted_region = [], []
+def test_region_path_rejects_every_rejected_file_for_every_crop(rejected):
+    """Requests not known intact (every layout, restart-marked ones included): rejected for
+    every crop."""
+    accepted = []
     for f in rejected:
         header = read_header(f.intact)
         for box in crops(header.height, header.width):
-            got = served(f.data, box, True)
+            if served(f.data, box, True) is not None:
+                accepted.append((f.name, box))
+    assert accepted == []
+
+
+def test_restart_path_never_serves_this_corpus_wrong_pixels(rejected):
+    """Restart path (intact requests): rejected, or exactly the intact file's pixels (the damage
+    lies in intervals the crop does not read)."""
+    wrong = []
+    for f in (f for f in rejected if f.layout.startswith("rst")):
+        header = read_header(f.intact)
+        for box in crops(header.height, header.width):
+            got = served(f.data, box, True, intact=True)
             if got is None:
                 continue
-            if not f.layout.startswith("rst"):
-                accepted_region.append((f.name, box))
-                continue
-            want = decode_for_crop(f.intact, header, box, OUT, roi=True)
+            assert got.route == "restart"
+            want = decode_for_crop(f.intact, header, box, OUT, roi=True, intact=True)
             if got.box != want.box or not np.array_equal(got.pixels, want.pixels):
                 wrong.append((f.name, box))
-    assert accepted_region == []
     assert wrong == []
 
 
@@ -101,12 +125,13 @@ def test_restart_path_rejects_structural_damage_and_damage_it_reads(rejected):
     when its damage breaks the scan's structure, every crop."""
     for f in (f for f in rejected if f.layout.startswith("rst")):
         header = read_header(f.intact)
-        assert served(f.data, (0.0, 0.0, header.height, header.width), True) is None, f.name
+        whole = (0.0, 0.0, header.height, header.width)
+        assert served(f.data, whole, True, intact=True) is None, f.name
         if native.jpeg_roi.restart_layout(f.data)[0] is None and "restart" in (
             strict_rejects(f.data) or ""
         ):
             for box in crops(header.height, header.width):
-                assert served(f.data, box, True) is None, (f.name, box)
+                assert served(f.data, box, True, intact=True) is None, (f.name, box)
 
 
 def test_region_decoder_refuses_arithmetic_frames_for_a_crop_covering_everything(files):
@@ -166,3 +191,88 @@ def test_dali_cpu_backend_rejects_what_the_strict_decode_rejects(rejected):
         r.index for r, res in zip(requests, results, strict=True) if res.image is not None
     ]
     assert served_anyway == []
+
+
+def requests(damaged: bytes, intact: bytes, header, box) -> list[DecodeRequest]:
+    """Index 0 the damaged file, 1 the intact one, neither known intact."""
+    return [DecodeRequest(0, damaged, header, box, OUT), DecodeRequest(1, intact, header, box, OUT)]
+
+
+def test_dht_damage_that_the_restart_path_cannot_see_is_refused_unless_intact():
+    """The restart path decodes only the crop's intervals: with a damaged table they can decode,
+    to wrong pixels, where the full strict decode fails. So it is taken for `intact` requests
+    only (bytes known to pass the strict decode); any other restart-marked file takes the region
+    path, tail verified, which rejects what the strict decode rejects."""
+    intact, damaged = dht_damaged()
+    box = CORNER
+    header = read_header(damaged)
+    assert strict_rejects(damaged) is not None
+    hole = decode_for_crop(damaged, header, box, OUT, intact=True)  # what `intact` must rule out
+    assert hole.route == "restart"
+    with pytest.raises(DecodeError):
+        decode_for_crop(damaged, header, box, OUT)  # not intact: the region path
+    good = decode_for_crop(intact, read_header(intact), box, OUT)
+    assert good.route == "region"
+    assert np.array_equal(
+        good.pixels, decode_for_crop(intact, header, box, OUT, intact=True).pixels
+    )
+    with CpuBatchDecoder(threads=1) as decoder:
+        refused, served_ = decoder.decode_batch(
+            [
+                DecodeRequest(0, damaged, header, box, OUT),
+                DecodeRequest(1, intact, header, box, OUT),
+            ]
+        )
+    assert refused.image is None and refused.error
+    assert served_.image is not None and served_.route == "region"
+
+
+class LenientGpu(GpuDecoderBase):
+    """A stand-in for a GPU library behind `GpuDecoderBase`: it decodes whatever bytes it is
+    handed without any strictness of its own (as nvJPEG and DALI do with much damage: here,
+    the restart path on the bytes given) and keeps the requests it saw."""
+
+    name = "lenient"
+    device = torch.device("cpu")
+    max_batch = 8
+    max_image_pixels = None
+
+    def __init__(self) -> None:
+        self._start_fallback(1)
+        self.seen: list[DecodeRequest] = []
+
+    def _decode_group(self, items, requests, results, rejected) -> None:
+        for i in items:
+            req = requests[i]
+            self.seen.append(req)
+            got = decode_for_crop(req.data, req.header, req.box, req.out_hw, intact=True)
+            results[i] = DecodeResult(torch.from_numpy(got.pixels), got.box)
+
+
+def test_gpu_decoders_strictly_check_the_whole_file_unless_intact():
+    """Not intact: the whole file is strictly checked before it is cut to its crop's intervals
+    (a damaged table passes a check of the cut file), and a refused one goes to the CPU decoder
+    as it was, which refuses it. Intact: no CPU check at all (the GPU decoder sees even bytes
+    falsely called intact: the flag is the only thing that skips the check)."""
+    intact, damaged = dht_damaged()
+    box = CORNER
+    header = read_header(damaged)
+    cut = narrow_request(DecodeRequest(0, damaged, header, box, OUT))
+    assert len(cut.data) < len(damaged) and strict_rejects(cut.data) is None  # the old hole
+    decoder = LenientGpu()
+    try:
+        bad, good = decoder.decode_batch(
+            [
+                DecodeRequest(0, damaged, header, box, OUT),
+                DecodeRequest(1, intact, header, box, OUT),
+            ]
+        )
+        assert bad.image is None and decoder.failures == 1
+        assert good.image is not None
+        (seen,) = decoder.seen  # the damaged file never reached the GPU decoder
+        assert seen.index == 1 and seen.intact and len(seen.data) < len(intact)  # cut down
+        decoder.seen.clear()
+        (lied,) = decoder.decode_batch([DecodeRequest(0, damaged, header, box, OUT, intact=True)])
+        assert lied.image is not None and [r.index for r in decoder.seen] == [0]
+    finally:
+        decoder.close()
