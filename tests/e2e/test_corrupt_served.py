@@ -56,8 +56,16 @@ def write_lists(root: Path) -> tuple[Path, Path, set[int], set[int]]:
 
 def batches(endpoint: str, split: str, epochs: int) -> list[tuple[torch.Tensor, list[int]]]:
     out = []
+    # No next-epoch batches asked ahead: the server's replaced_total must count exactly the
+    # slots served here (a batch produced ahead and never taken would count too).
     with RemoteLoader(
-        endpoint, split, rank=0, world_size=1, with_indices=True, timeout=60
+        endpoint,
+        split,
+        rank=0,
+        world_size=1,
+        with_indices=True,
+        timeout=60,
+        prefetch_next_epoch=False,
     ) as loader:
         for epoch in range(epochs):
             loader.set_epoch(epoch)
