@@ -19,12 +19,15 @@ import enum
 
 import zmq
 from batchwire import wire
+from batchwire.client.errors import ServerUnavailable
 from batchwire.wire import keys as wire_keys
+from batchwire.wire.endpoints import UnresolvableHost, check_resolvable
 from zmq.utils.monitor import recv_monitor_message
 
 _MONITOR_EVENTS = (
     zmq.EVENT_HANDSHAKE_SUCCEEDED
     | zmq.EVENT_DISCONNECTED
+    | zmq.EVENT_CONNECT_RETRIED  # a connect failed (refused: nothing listens) and is retried
     | zmq.EVENT_HANDSHAKE_FAILED_AUTH
     | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
     | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
@@ -54,6 +57,7 @@ class ConnectionEvent(enum.Enum):
 
     CONNECTED = "connected"  # a connection completed its handshake (first time or again)
     DISCONNECTED = "disconnected"  # the connection dropped
+    CONNECT_FAILED = "connect failed"  # an attempt failed (refused; no such ipc path): retried
 
 
 class ServerConnection:
@@ -67,6 +71,10 @@ class ServerConnection:
         keys: wire_keys.ClientKeys | None = None,
     ) -> None:
         self.endpoint = endpoint
+        try:  # a host name nothing resolves: an error now, not a quiet retry for ever
+            check_resolvable(endpoint)
+        except UnresolvableHost as exc:
+            raise ServerUnavailable(endpoint, str(exc)) from None
         #: Why the last handshake failed (a key problem), or None.
         self.handshake_error: str | None = None
         self._sock = ctx.socket(zmq.DEALER)
@@ -128,6 +136,8 @@ class ServerConnection:
                     self.handshake_error = _HANDSHAKE_FAILURES[kind]
             elif kind == zmq.EVENT_DISCONNECTED:
                 events.append(ConnectionEvent.DISCONNECTED)
+            elif kind == zmq.EVENT_CONNECT_RETRIED:
+                events.append(ConnectionEvent.CONNECT_FAILED)
 
     # ------------------------------------------------------------------ sending
 

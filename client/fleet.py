@@ -169,6 +169,9 @@ class Fleet:
         self._no_speculation_in = -1  # an epoch in which a next-epoch hello was refused
         self._started = False
         self._turn = 0  # the server first in line when several have as few outstanding
+        #: Per server: connection attempts that failed (refused: nothing listens there) since
+        #: its last completed connection; says "wrong port" apart from "no answer at all".
+        self.connect_failures = [0] * n
         self._actions: list[Action] = []
 
     # ------------------------------------------------------------------ queries
@@ -228,9 +231,14 @@ class Fleet:
         self._refill(now)
         return self._flush()
 
+    def on_connect_failed(self, server: int) -> None:
+        """A connection attempt to ``server`` failed at once (refused, no such ipc path)."""
+        self.connect_failures[server] += 1
+
     def on_connected(self, server: int) -> list[Action]:
         """The connection to ``server`` completed its handshake (first time or after a restart)."""
         p = self.peers[server]
+        self.connect_failures[server] = 0
         p.connected = p.ever_connected = True
         if p.state is S.DISCONNECTED:
             p.state = S.IDLE
@@ -590,16 +598,52 @@ class Fleet:
                 f"{w.shape} {w.dtype} {w.layout}{'' if more else ' (and it has no data frames)'}"
             )
 
-    def _unavailable(self, now: float) -> ServerUnavailable:
-        """Why the batch the consumer waits for did not come, naming the server most at fault."""
-        p = next(
+    def _blocking_peer(self) -> Peer:
+        """The server most at fault for the batch the consumer waits for."""
+        return next(
             (p for p in self.peers if p.session is None or not p.session.welcomed), self.peers[0]
         )
+
+    def waiting_note(self, now: float, since: float) -> str:
+        """What the loader says while the consumer waits (every few seconds): where, how long,
+        and what that server is doing."""
+        p = self._blocking_peer()
+        if not p.connected:
+            if self.connect_failures[self.peers.index(p)]:
+                doing = "nothing is listening there (connection refused); retrying"
+            elif p.ever_connected:
+                doing = f"the connection was lost {now - p.last_heard:.0f} s ago; reconnecting"
+            else:
+                doing = "no answer yet; connecting"
+        elif p.state is S.REFUSED:
+            doing = f"it refused this loader ({p.refusal}); asking again"
+        elif p.state is S.BACKING_OFF:
+            doing = f"it answered with an error ({p.last_error}); asking again"
+        elif p.session is None or not p.session.welcomed:
+            doing = "connected, waiting for its answer to our hello"
+        else:
+            doing = f"connected, producing batch {self.cursor} of epoch {self.epoch}"
+        others = f" (and {len(self.peers) - 1} other server(s))" if len(self.peers) > 1 else ""
+        return (
+            f"waiting for pipeline-server at {p.endpoint}{others} for {now - since:.0f} s "
+            f"(giving up after {self.timeout:g} s): {doing}"
+        )
+
+    def _unavailable(self, now: float) -> ServerUnavailable:
+        """Why the batch the consumer waits for did not come, naming the server most at fault."""
+        p = self._blocking_peer()
         t = f"{self.timeout:g}"
-        if not p.ever_connected:
+        if not p.ever_connected and self.connect_failures[self.peers.index(p)]:
             msg = (
-                f"no pipeline-server answered at {p.endpoint} within {t} s "
-                f"(is it running? start one with `pipeline-server --bind {p.endpoint}`)"
+                f"no pipeline-server answered at {p.endpoint} within {t} s: nothing is listening "
+                "there, every connection was refused (is the port, or the ipc:// path, right? "
+                "pipeline-server says 'serving ... on ENDPOINT' when it starts)"
+            )
+        elif not p.ever_connected:
+            msg = (
+                f"no pipeline-server answered at {p.endpoint} within {t} s: no answer at all, "
+                "the connection never completed (is the host up, and the port open in its "
+                "firewall? is pipeline-server running there?)"
             )
         elif not p.connected:
             msg = (

@@ -40,6 +40,9 @@ from batchwire.wire.keys import ClientKeys
 log = logging.getLogger(__name__)
 
 _POLL_MS = 100  # longest single poll; bounds how late a reconnect or timeout is noticed
+# While the consumer waits this long or longer for a batch, the loader says so (and again each
+# time this much more has passed): address, seconds waited, and what the server is doing.
+WAIT_SAY_S = 5.0
 
 Stager = CpuStager | CudaStager
 #: A next-epoch batch received ahead: (header, images frame, labels frame).
@@ -221,6 +224,8 @@ class BatchReceiver:
             for event in c.drain_events():
                 if event is ConnectionEvent.CONNECTED:
                     self._carry_out(self.fleet.on_connected(i))
+                elif event is ConnectionEvent.CONNECT_FAILED:
+                    self.fleet.on_connect_failed(i)
                 else:
                     self._carry_out(self.fleet.on_disconnected(i))
             if c.handshake_error is not None:
@@ -231,11 +236,15 @@ class BatchReceiver:
         """Receive until ``done()``; the core raises `ServerUnavailable` after the timeout."""
         start = self._clock()
         deadline = start + self.fleet.timeout
+        say_at = start + WAIT_SAY_S
         while True:
             self._receive_ready()
             if done():
                 return
             self._service(waiting_since=start)
+            if (now := self._clock()) >= say_at:
+                log.warning("%s", self.fleet.waiting_note(now, start))
+                say_at = now + WAIT_SAY_S
             left_ms = int((deadline - self._clock()) * 1000)
             self._poller.poll(min(_POLL_MS, max(1, left_ms)))
 

@@ -96,7 +96,7 @@ class ServerApp:
         self.buffers = BufferPool(self.spec, cap, pin=config.device != "cpu")
         self._bad_files = BadFileTally()  # bad_total: distinct files over all splits
         try:
-            self.socket = RouterSocket(config, self.keys)
+            self.socket = RouterSocket(config, self.keys, self.telemetry.add_handshake_failure)
         except BaseException:
             self._close_decoder()
             if self.keys is not None:
@@ -172,6 +172,7 @@ class ServerApp:
                 f"{threads} decode threads" if threads > 1 else "each decoding its own batch",
                 self.config.prefetch_depth,
             )
+            log.info("%s", self.keys_statement())
             log.info("%s", self.memory_statement())
             if self.config.device != "cpu":
                 bound = gpu_memory_statement(
@@ -186,6 +187,19 @@ class ServerApp:
             self._shutdown()
         log.info("stopped")
         return 0
+
+    def keys_statement(self) -> str:
+        """Whether clients need keys, said at every start (a rejected client sees silence)."""
+        if self.keys is None:
+            plain = "plain sockets, no client keys needed"
+            if self.config.insecure:
+                return f"keys: off ({plain}; --insecure)"
+            return f"keys: off ({plain}: loopback and ipc:// only)"
+        return (
+            f"keys: on (--keys {self.config.keys}): CURVE on every endpoint, "
+            f"{len(self.keys.allowed)} client key(s) admitted; clients without them are "
+            "rejected in the handshake (logged, batchwire_handshake_failures_total)"
+        )
 
     def memory_statement(self) -> str:
         """The host memory the batch buffers can ever hold, said at start (README's formula)."""

@@ -17,6 +17,7 @@ from batchwire.server.config import (
     ServerConfig,
     config_from_toml,
 )
+from batchwire.server.logformat import LOG_FORMATS, formatter
 from batchwire.wire import DTYPES, LAYOUTS, PROTOCOL_VERSION
 from batchwire.wire.version import add_version_argument
 
@@ -296,6 +297,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=str.upper,
         help=f"logging verbosity (default: {_D.log_level})",
     )
+    p.add_argument(
+        "--log-format",
+        choices=list(LOG_FORMATS),
+        help="text lines, or one JSON object per line (time, level, logger, message, "
+        f"exception) for a log collector (default: {_D.log_format})",
+    )
     return p
 
 
@@ -359,11 +366,10 @@ def _raise_descriptor_limit() -> None:
 def main(argv: list[str] | None = None) -> int:
     """Console script `pipeline-server`: run until SIGINT/SIGTERM, exit 0 on a clean stop."""
     config = parse_config(argv)
-    logging.basicConfig(
-        level=config.log_level,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(formatter(config.log_format))
+    logging.basicConfig(level=config.log_level, handlers=[handler])
+    logging.captureWarnings(True)  # warnings too go through the handler (one JSON line each)
     from batchwire.server.app import ServerApp, StartupError  # heavy imports after --help
 
     _limit_intra_op_threads(config)

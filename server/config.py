@@ -85,6 +85,7 @@ class ServerConfig:
     insecure: bool = False  # accept a tcp bind beyond loopback without keys (logged)
     metrics_host: str = "127.0.0.1"
     log_level: str = "INFO"
+    log_format: str = "text"  # "json": one JSON object per line (server/logformat.py)
 
     def __post_init__(self) -> None:
         self.validate()
@@ -162,6 +163,8 @@ class ServerConfig:
             problems.append(f"--max-buffers must be >= 1, got {self.max_buffers}")
         if int(self.max_clients) < 1:
             problems.append(f"--max-clients must be >= 1, got {self.max_clients}")
+        if self.log_format not in ("text", "json"):
+            problems.append(f"--log-format must be text or json, got {self.log_format!r}")
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
             problems.append(f"--metrics-port must be a TCP port, got {self.metrics_port}")
         if not problems:

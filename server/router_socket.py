@@ -15,12 +15,13 @@ import os
 import socket
 import stat
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import zmq
 from batchwire import wire
 from batchwire.server.config import ServerConfig
+from batchwire.server.handshakes import HandshakeFailures, classify
 from batchwire.server.security import owner_only
 from batchwire.server.splits import StartupError
 from batchwire.wire.keys import ServerKeys
@@ -45,7 +46,14 @@ MAX_RECV_PER_TURN = 256  # then do other work: a flood cannot starve sending
 # here: the core notices it takes nothing (core.STALL_S) and TCP_USER_TIMEOUT closes it.
 _HEARTBEAT_IVL_MS = 1000
 _HEARTBEAT_TIMEOUT_MS = 3000
-_PEER_EVENTS = zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_ACCEPT_FAILED
+_HANDSHAKE_FAILED = (
+    zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+    | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+)
+_PEER_EVENTS = (
+    zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_ACCEPT_FAILED | _HANDSHAKE_FAILED
+)
 _LISTEN_BACKLOG = 1024  # the kernel caps it at net.core.somaxconn
 _ACCEPT_FAILED_LOG_S = 10.0  # one warning per this long while accepts fail (e.g. EMFILE)
 
@@ -53,8 +61,16 @@ _ACCEPT_FAILED_LOG_S = 10.0  # one warning per this long while accepts fail (e.g
 class RouterSocket:
     """The bound ROUTER, its monitor, and the peer-to-connection ties (`gone_peers`)."""
 
-    def __init__(self, config: ServerConfig, keys: ServerKeys | None) -> None:
+    def __init__(
+        self,
+        config: ServerConfig,
+        keys: ServerKeys | None,
+        on_handshake_failure: Callable[[str], None] | None = None,
+    ) -> None:
+        """``on_handshake_failure(reason)``: called per rejected handshake (the metric)."""
         self.config = config
+        self.handshake_failures = HandshakeFailures()
+        self._on_handshake_failure = on_handshake_failure
         self.ctx = zmq.Context()
         self.router = self.ctx.socket(zmq.ROUTER)
         self.router.sndhwm = _SNDHWM
@@ -157,7 +173,9 @@ class RouterSocket:
             except Exception:  # not ours to fail on: the monitor format is libzmq's
                 continue
             fd = int(event["value"])
-            if event["event"] == zmq.EVENT_ACCEPT_FAILED:
+            if event["event"] & _HANDSHAKE_FAILED:
+                self._handshake_failed(event["event"], fd, event.get("endpoint", b""))
+            elif event["event"] == zmq.EVENT_ACCEPT_FAILED:
                 self._accept_failed(fd)  # the value is errno here
             elif event["event"] == zmq.EVENT_ACCEPTED:
                 self._fd_open[fd] = True
@@ -176,6 +194,16 @@ class RouterSocket:
     def connections(self) -> int:
         """Connections open now (accepted and not yet closed), by the monitor's events."""
         return sum(self._fd_open.values())
+
+    def _handshake_failed(self, kind: int, value: int, endpoint: bytes | str) -> None:
+        """A peer failed the security handshake (the value is a protocol error code here)."""
+        reason = classify(kind, value)
+        if self._on_handshake_failure is not None:
+            self._on_handshake_failure(reason)
+        where = endpoint.decode(errors="replace") if isinstance(endpoint, bytes) else endpoint
+        line = self.handshake_failures.record(reason, where, time.monotonic())
+        if line is not None:
+            log.warning("%s", line)
 
     def _accept_failed(self, errno_value: int) -> None:
         """libzmq could not accept a connection (out of descriptors?): warn now and then."""

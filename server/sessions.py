@@ -193,6 +193,7 @@ class ClientSession:
             images_per_s=self.meter.rate(now),
             last_seen_s=now - self.last_seen,
             loader=self.loader_stats,
+            job=h.job,
         )
 
 

@@ -19,6 +19,7 @@ from dataclasses import fields, replace
 from typing import Any
 
 from batchwire.common.rates import RateWindow
+from batchwire.server.handshakes import REASONS as HANDSHAKE_REASONS
 from batchwire.server.metrics_http import start_metrics_server
 from batchwire.wire.stats import (
     STATS_VERSION,
@@ -30,7 +31,14 @@ from batchwire.wire.stats import (
     Throughput,
     UnlistedClients,
 )
-from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client import (
+    CollectorRegistry,
+    GCCollector,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+)
+from prometheus_client import Counter as PromCounter
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import generate_latest
 
@@ -85,9 +93,12 @@ _PROM_FALLBACKS = (
     "batchwire_decode_fallbacks_total",
     "Images a GPU decoder handed to the CPU decoder (skipped or refused on the GPU).",
 )
-_CLIENT_LABELS = ("client", "split", "rank")
-# `ClientRow` field -> (Prometheus gauge name, help); data_wait_fraction comes from the
-# client's `LoaderReport`, the rest from the row itself.
+# A client is named by what outlives its connection: the job (hello.job: torchrun's run id,
+# BATCHWIRE_JOB...), split and rank. The connection's id would start new series at every
+# reconnect and restart. Not `job`: Prometheus sets `job` itself on every scraped series (the
+# scrape job) and would rename ours `exported_job`.
+_CLIENT_LABELS = ("train_job", "split", "rank")
+# `ClientRow` field -> (Prometheus gauge name, help).
 _CLIENT_GAUGES = {
     "ready": ("batchwire_client_ready", "Batches ready for a client, waiting for its credits."),
     "ready_capacity": ("batchwire_client_ready_capacity", "Bound of a client's ready queue."),
@@ -96,15 +107,18 @@ _CLIENT_GAUGES = {
         "batchwire_client_in_flight",
         "Batches sent to a client and not yet credited back.",
     ),
-    "images_per_s": (
-        "batchwire_client_images_per_second",
-        "Images sent to a client per second.",
-    ),
-    "data_wait_fraction": (
-        "batchwire_client_data_wait_fraction",
-        "Fraction of wall time the client's trainer waited for data (as it reports).",
-    ),
 }
+# Rates come from counters (PromQL's rate()); the one per client is its stream's batches sent.
+# A new stream (an epoch, a reconnect) starts it at 0 again: rate() treats that as a reset.
+_CLIENT_SENT = (
+    "batchwire_client_sent_batches_total",
+    "Batches sent to a client in its current stream (restarts at 0 with a new stream).",
+)
+# From the client's own report (its LoaderReport): a ratio, 0..1.
+_CLIENT_WAIT = (
+    "batchwire_client_data_wait_ratio",
+    "Share of wall time the client's trainer waited for data (as it reports), 0 to 1.",
+)
 
 
 class MetricsServer:
@@ -181,41 +195,29 @@ def _families(snap: ServerStats, fallbacks: dict[str, int] | None = None) -> Ite
     yield depth
     yield capacity
 
-    throughput = snap.throughput
-    for value, name, doc in (
-        (
-            throughput.images_per_s,
-            "batchwire_images_per_second",
-            "Images sent per second, recent window.",
-        ),
-        (
-            throughput.batches_per_s,
-            "batchwire_batches_per_second",
-            "Batches sent per second, recent.",
-        ),
-        (
-            throughput.bytes_per_s,
-            "batchwire_bytes_per_second",
-            "Bytes sent per second, recent window.",
-        ),
-    ):
-        yield GaugeMetricFamily(name, doc, value=value)
+    # No rate gauges (images, batches, bytes per second): rate(batchwire_images_total[1m]) and
+    # friends give them over any window, where a gauge holds one fixed 5 s window sampled at
+    # scrape times. The stats reply (pipeline-monitor) keeps its rates: it has no PromQL.
     yield GaugeMetricFamily(
         "batchwire_uptime_seconds", "Seconds since the server started.", value=snap.uptime_s
     )
 
-    per_client = {
+    per_client: dict[str, Metric] = {
         key: GaugeMetricFamily(name, doc, labels=list(_CLIENT_LABELS))
         for key, (name, doc) in _CLIENT_GAUGES.items()
     }
-    for client in snap.clients:
-        labels = [client.id, client.split, str(client.rank)]
-        for key in ("ready", "ready_capacity", "credits", "in_flight", "images_per_s"):
-            per_client[key].add_metric(labels, float(getattr(client, key)))
+    sent = CounterMetricFamily(*_CLIENT_SENT, labels=list(_CLIENT_LABELS))
+    wait_ratio = GaugeMetricFamily(*_CLIENT_WAIT, labels=list(_CLIENT_LABELS))
+    for labels, client in _named_clients(snap.clients).items():
+        for key, family in per_client.items():
+            family.add_metric(list(labels), float(getattr(client, key)))
+        sent.add_metric(list(labels), float(client.sent))
         wait = None if client.loader is None else client.loader.data_wait_fraction
         if wait is not None:
-            per_client["data_wait_fraction"].add_metric(labels, wait)
+            wait_ratio.add_metric(list(labels), wait)
     yield from per_client.values()
+    yield sent
+    yield wait_ratio
 
     unlisted = snap.clients_unlisted
     yield GaugeMetricFamily(
@@ -250,6 +252,19 @@ def _families(snap: ServerStats, fallbacks: dict[str, int] | None = None) -> Ite
         )
 
 
+def _named_clients(clients: Sequence[ClientRow]) -> dict[tuple[str, str, str], ClientRow]:
+    """Each client under its labels (job, split, rank). Two sessions of one name (a trainer
+    that reconnected while its old session lingers, two loaders of one rank) would be one
+    series twice, which Prometheus rejects: the most recently heard-from one is kept."""
+    named: dict[tuple[str, str, str], ClientRow] = {}
+    for client in clients:
+        key = (client.job or "", client.split, str(client.rank))
+        kept = named.get(key)
+        if kept is None or client.last_seen_s < kept.last_seen_s:
+            named[key] = client
+    return named
+
+
 class Telemetry:
     """Thread-safe accumulator of everything the server measures about itself.
 
@@ -280,6 +295,21 @@ class Telemetry:
             labelnames=["stage"],
             buckets=LATENCY_BUCKETS_S,
             registry=self.registry,
+        )
+        self._handshakes = PromCounter(
+            "batchwire_handshake_failures",
+            "Connections rejected in the security handshake (--keys), by reason.",
+            labelnames=["reason"],
+            registry=self.registry,
+        )
+        for reason in HANDSHAKE_REASONS:  # every series from the start, at 0
+            self._handshakes.labels(reason=reason)
+        # The process's own figures (resident memory, CPU seconds, open descriptors...) and
+        # the Python runtime's: what prometheus_client's default registry would show.
+        self._runtime = (
+            ProcessCollector(registry=self.registry),
+            PlatformCollector(registry=self.registry),
+            GCCollector(registry=self.registry),
         )
         self._collector: _SnapshotCollector | None = None
 
@@ -317,6 +347,10 @@ class Telemetry:
 
     def add_malformed(self) -> None:
         self._add("malformed_total", 1)
+
+    def add_handshake_failure(self, reason: str) -> None:
+        """Count one connection rejected in the security handshake (`server.handshakes`)."""
+        self._handshakes.labels(reason=reason if reason in HANDSHAKE_REASONS else "other").inc()
 
     def set_fallbacks(self, decoder: str, total: int) -> None:
         """The `decoder`'s total of images decoded on the CPU instead (its `fallbacks`).
@@ -401,7 +435,8 @@ class Telemetry:
     def prometheus_text(self, snapshot_fn: Callable[[], ServerStats] | None = None) -> bytes:
         """The exposition text a scrape would return (no HTTP server needed)."""
         registry = CollectorRegistry()
-        registry.register(self._histogram)
+        for collector in (self._histogram, self._handshakes, *self._runtime):
+            registry.register(collector)
         registry.register(_SnapshotCollector(self, snapshot_fn or (lambda: self.snapshot([], []))))
         return generate_latest(registry)
 

@@ -29,6 +29,7 @@ import logging
 import sys
 from typing import Any
 
+from batchwire.wire.endpoints import UnresolvableHost, check_resolvable
 from batchwire.wire.version import __version__, add_version_argument
 
 from .config import AMP_MODES, OPTIMIZERS, ConfigError, TrainConfig
@@ -149,7 +150,9 @@ def parse_config(argv: list[str] | None = None) -> TrainConfig:
     cfg = TrainConfig(**ns)
     try:
         cfg.validate()
-    except ConfigError as exc:
+        for endpoint in cfg.servers:  # a host name nothing resolves: now, naming DNS
+            check_resolvable(endpoint)
+    except (ConfigError, UnresolvableHost) as exc:
         parser.error(str(exc))
     return cfg
 

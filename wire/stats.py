@@ -208,6 +208,10 @@ class ClientRow(Record):
     images_per_s: float
     last_seen_s: float
     loader: LoaderReport | None
+    #: The hello's job (torchrun's run id, BATCHWIRE_JOB...): with split and rank, the client's
+    #: stable name (Prometheus labels), where ``id`` changes with every connection. Optional so
+    #: that an older server's stats still read.
+    job: str | None = None
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable
 
 import zmq
+from batchwire.wire.endpoints import UnresolvableHost, check_resolvable
 from batchwire.wire.errors import ProtocolError
 from batchwire.wire.keys import ClientKeys
 from batchwire.wire.messages import ErrorReply, StatsReply, StatsRequest, decode_server_message
@@ -49,7 +50,8 @@ _HANDSHAKE_FAILURES = {
     ),
 }
 _MONITOR_EVENTS = (
-    zmq.EVENT_HANDSHAKE_FAILED_AUTH
+    zmq.EVENT_CONNECT_RETRIED  # a connect failed at once (refused): nothing listens there
+    | zmq.EVENT_HANDSHAKE_FAILED_AUTH
     | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
     | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
 )
@@ -90,6 +92,7 @@ class StatsClient:
         self._ctx = zmq.Context() if ctx is None else ctx
         self._sock: zmq.Socket | None = None
         self._monitor: zmq.Socket | None = None
+        self._refused = False  # a connection attempt was refused since the socket opened
 
     def connect(self) -> None:
         """Open the socket now: a malformed endpoint fails here, before any waiting."""
@@ -101,9 +104,16 @@ class StatsClient:
         self.send()
         stats = self.receive(timeout)
         if stats is None:
+            if self._refused:
+                raise StatsTimeout(
+                    f"no answer from {self.endpoint} within {timeout:g} s: nothing is listening "
+                    "there, every connection was refused (is the port, or the ipc:// path, "
+                    "right? pipeline-server says 'serving ... on ENDPOINT' when it starts)"
+                )
             raise StatsTimeout(
-                f"no answer from {self.endpoint} within {timeout:g} s "
-                "(is pipeline-server running there?)"
+                f"no answer from {self.endpoint} within {timeout:g} s: the connection never "
+                "completed, or the server did not answer (is the host up and the port open? "
+                "is pipeline-server running there?)"
             )
         return stats
 
@@ -133,6 +143,10 @@ class StatsClient:
 
     def _socket(self) -> zmq.Socket:
         if self._sock is None:
+            try:  # a host name nothing resolves: say so now (libzmq would retry quietly)
+                check_resolvable(self.endpoint)
+            except UnresolvableHost as exc:
+                raise StatsUnavailable(str(exc)) from None
             sock = self._ctx.socket(zmq.DEALER)
             sock.linger = 0
             if self.keys is not None:
@@ -154,6 +168,9 @@ class StatsClient:
                 kind = recv_monitor_message(self._monitor, zmq.NOBLOCK)["event"]
             except zmq.Again:
                 break
+            if kind == zmq.EVENT_CONNECT_RETRIED:
+                self._refused = True
+                continue
             if failure is None or kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
                 failure = _HANDSHAKE_FAILURES.get(kind, failure)
         if failure is not None:
@@ -163,6 +180,7 @@ class StatsClient:
             )
 
     def _reset(self) -> None:
+        self._refused = False
         if self._sock is not None:
             _close(self._sock, self._monitor)
             self._sock = self._monitor = None

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import re
 import socket
 import urllib.request
+from pathlib import Path
 
 import pytest
 import zmq
@@ -11,11 +14,42 @@ from promtext import parse_metrics
 from rawclient import SERVER_ARGS, RawTrainer, wait_for
 from serverproc import running_server
 
+DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "batchwire.json"
+# Metric names in PromQL: ours and the process collector's (label names and functions differ).
+METRIC_NAME = re.compile(r"\b((?:batchwire|process)_[a-z0-9_]+)\b")
+
 
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def dashboard_metric_names() -> dict[str, set[str]]:
+    """Panel title -> the metric names its PromQL queries (deploy/grafana/batchwire.json)."""
+    board = json.loads(DASHBOARD.read_text())
+    assert board["panels"] and board["uid"] == "batchwire", "a Grafana dashboard model"
+    out: dict[str, set[str]] = {}
+    for panel in board["panels"]:
+        exprs = [t["expr"] for t in panel.get("targets", [])]
+        if panel["type"] == "row":
+            continue
+        assert exprs, f"panel {panel['title']!r} queries nothing"
+        names = {n for e in exprs for n in METRIC_NAME.findall(e)}
+        assert names, f"panel {panel['title']!r}: no batchwire_/process_ metric in {exprs}"
+        out[panel["title"]] = names
+    return out
+
+
+def check_dashboard_queries(scraped: dict[str, float]) -> None:
+    """Every metric a dashboard panel queries is on a real server's page (with a trainer)."""
+    have = {key.split("{", 1)[0] for key in scraped}
+    board = json.loads(DASHBOARD.read_text())
+    for variable in board["templating"]["list"]:  # the server picker's query too
+        assert set(METRIC_NAME.findall(json.dumps(variable))) <= have, variable["name"]
+    for title, names in dashboard_metric_names().items():
+        missing = names - have
+        assert not missing, f"panel {title!r} queries metrics the server does not serve: {missing}"
 
 
 def scrape(port: int) -> dict[str, float]:
@@ -68,14 +102,16 @@ def test_metrics_move_while_a_trainer_consumes(ctx: zmq.Context) -> None:
         ):
             assert counter in second
         assert second["batchwire_uptime_seconds"] > first["batchwire_uptime_seconds"]
-        assert second["batchwire_images_per_second"] > 0
+        assert second["process_resident_memory_bytes"] > 0  # the process collector
 
-        labels = f'client="{trainer.id}",rank="0",split="train"'
+        # A client is named by (job, split, rank), which outlive its connection's id.
+        labels = 'rank="0",split="train",train_job=""'
         assert f"batchwire_client_ready{{{labels}}}" in second
         assert f"batchwire_client_credits{{{labels}}}" in second
-        assert second[f"batchwire_client_images_per_second{{{labels}}}"] > 0
+        assert second[f"batchwire_client_sent_batches_total{{{labels}}}"] >= 6
         # The trainer's own figures travelled with its credits into the server's metrics.
-        assert 0.0 <= second[f"batchwire_client_data_wait_fraction{{{labels}}}"] <= 1.0
+        assert 0.0 <= second[f"batchwire_client_data_wait_ratio{{{labels}}}"] <= 1.0
+        check_dashboard_queries(second)
 
         # Every batch went through the producing stages, each timed into the histogram.
         for stage in ("read", "decode", "augment"):

@@ -34,7 +34,10 @@ def keys(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def keyed_server(keys):
-    with running_server(*small_server_args(seed=2), "--keys", str(keys)) as srv:
+    port = int(free_tcp_endpoint().rsplit(":", 1)[1])
+    args = (*small_server_args(seed=2), "--keys", str(keys), "--metrics-port", str(port))
+    with running_server(*args) as srv:
+        srv.metrics_port = port
         yield srv
 
 
@@ -74,6 +77,38 @@ def test_an_anonymous_loader_and_a_wrong_key_fail_clearly_and_fast(keyed_server,
         pytest.raises(ServerError, match="the server rejected our key"),
     ):
         len(wrong)
+
+
+@pytest.mark.timeout(60)
+def test_the_server_says_keys_are_on_and_logs_and_counts_rejected_handshakes(
+    keyed_server, keys, tmp_path
+):
+    """pipeline-monitor names the key problem as the loader does; the server says at start
+    that keys are on, logs the rejected handshakes and counts them by reason."""
+    monitor = [str(BIN / "pipeline-monitor"), keyed_server.endpoint, "--once", "--timeout", "3"]
+    other = create_keys(tmp_path / "other")
+    shutil.copy(keys / "server.key", other / "server.key")  # right server, our key unknown
+    for extra in ([], ["--keys", str(other)]):
+        proc = subprocess.run([*monitor, *extra], capture_output=True, text=True, timeout=30)
+        assert proc.returncode == 1, proc.stdout
+        err = proc.stderr
+        key_problem = "security handshake failed" in err or "rejected our key" in err
+        assert key_problem and "--keys DIR" in proc.stderr, proc.stderr
+        assert "is pipeline-server running" not in proc.stderr, proc.stderr
+    log = keyed_server.log()
+    assert f"keys: on (--keys {keys})" in log, log
+    assert "in the security handshake (--keys is on): " in log, log
+    url = f"http://127.0.0.1:{keyed_server.metrics_port}/metrics"
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        text = resp.read().decode()
+    counts = {
+        line.split('"')[1]: float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("batchwire_handshake_failures_total{")
+    }
+    # Which reason the server sees for a client without keys depends on who hangs up first.
+    assert set(counts) == {"no_keys", "wrong_server_key", "unauthorized_key", "other"}
+    assert counts["unauthorized_key"] >= 1 and sum(counts.values()) >= 2, counts
 
 
 def test_an_off_host_bind_without_keys_is_refused_with_the_two_ways_out():

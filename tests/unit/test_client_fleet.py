@@ -433,6 +433,35 @@ def test_no_batch_within_the_timeout_raises_server_unavailable_naming_the_server
         never.later(3.0, waiting_since=0.0)
 
 
+def test_refused_connections_and_silence_are_told_apart() -> None:
+    """Nothing listening (every connect refused: a wrong port) is not a host that never
+    answers (down, a firewall dropping packets); neither advises starting a server there."""
+    refused = Shell(1, timeout=2.0)
+    refused.start()
+    refused.fleet.on_connect_failed(0)
+    assert "nothing is listening there (connection refused)" in refused.fleet.waiting_note(1, 0)
+    with pytest.raises(ServerUnavailable, match="nothing is listening there, every connection"):
+        refused.later(3.0, waiting_since=0.0)
+    silent = Shell(1, timeout=2.0)
+    silent.start()
+    assert "no answer yet; connecting" in silent.fleet.waiting_note(1, 0)
+    with pytest.raises(ServerUnavailable, match="the connection never completed") as info:
+        silent.later(3.0, waiting_since=0.0)
+    assert "pipeline-server --bind" not in str(info.value)
+
+
+def test_the_waiting_note_says_where_how_long_and_what_the_server_does() -> None:
+    shell = Shell(1, timeout=60.0)
+    shell.connect()
+    shell.start()
+    note = shell.fleet.waiting_note(5.2, 0.0)
+    assert note.startswith(f"waiting for pipeline-server at {shell.endpoints[0]} for 5 s")
+    assert "(giving up after 60 s): connected, waiting for its answer to our hello" in note
+    streaming_shell = streaming(2)
+    note = streaming_shell.fleet.waiting_note(10.0, 0.0)
+    assert "(and 1 other server(s))" in note and "connected, producing batch 0" in note
+
+
 def test_a_server_that_went_away_is_named_as_such() -> None:
     shell = streaming(1, timeout=2.0)
     shell.carry_out(shell.fleet.on_disconnected(0))

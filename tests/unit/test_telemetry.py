@@ -109,7 +109,49 @@ def test_every_counter_has_a_prometheus_name() -> None:
     """A counter is a `Counters` field, an ``add_*`` here and a Prometheus name: no more."""
     assert tuple(f.name for f in fields(wire.Counters)) == COUNTER_NAMES
     metrics = parse_metrics(Telemetry().prometheus_text().decode())
-    assert len([k for k in metrics if k.endswith("_total")]) == len(COUNTER_NAMES)
+    ours = [k for k in metrics if k.startswith("batchwire_") and k.endswith("_total")]
+    assert len(ours) == len(COUNTER_NAMES)
+
+
+def test_prometheus_follows_the_conventions() -> None:
+    """Rates come from counters (no per-second gauges), fractions are _ratio, the process's
+    own figures are there, and rejected handshakes are counted by reason from the start."""
+    tel = Telemetry()
+    tel.add_handshake_failure("no_keys")
+    tel.add_handshake_failure("something new")  # an unknown reason counts as "other"
+    text = tel.prometheus_text().decode()
+    metrics = parse_metrics(text)
+    assert "_per_second" not in text and "_fraction" not in text
+    for name in ("process_resident_memory_bytes", "process_cpu_seconds_total", "python_info"):
+        assert any(k.split("{")[0] == name for k in metrics), name
+    failures = {
+        k: v for k, v in metrics.items() if k.startswith("batchwire_handshake_failures_total")
+    }
+    assert failures == {
+        'batchwire_handshake_failures_total{reason="no_keys"}': 1,
+        'batchwire_handshake_failures_total{reason="wrong_server_key"}': 0,
+        'batchwire_handshake_failures_total{reason="unauthorized_key"}': 0,
+        'batchwire_handshake_failures_total{reason="other"}': 1,
+    }
+
+
+def test_clients_are_labelled_by_job_split_and_rank_once_each() -> None:
+    """The connection id would start new series at every reconnect; two sessions of one
+    (job, split, rank) would be a duplicate series: the most recently heard-from one is kept."""
+    old = replace(CLIENT, id="aa", job="run7", rank=1, credits=5, last_seen_s=2.0, sent=3)
+    new = replace(CLIENT, id="bb", job="run7", rank=1, credits=1, last_seen_s=0.1, sent=9)
+    other = replace(CLIENT, id="cc", job=None, rank=0, credits=2)
+    metrics = parse_metrics(tel_text(Telemetry(), [old, new, other]))
+    labels = 'rank="1",split="train",train_job="run7"'
+    assert metrics[f"batchwire_client_credits{{{labels}}}"] == 1
+    assert metrics[f"batchwire_client_sent_batches_total{{{labels}}}"] == 9
+    assert metrics['batchwire_client_credits{rank="0",split="train",train_job=""}'] == 2
+    assert len([k for k in metrics if k.startswith("batchwire_client_credits{")]) == 2
+    assert not any('client="' in k for k in metrics)
+
+
+def tel_text(tel: Telemetry, clients: list[wire.ClientRow]) -> str:
+    return tel.prometheus_text(lambda: tel.snapshot(STAGES, clients)).decode()
 
 
 def test_throughput_is_a_sliding_window() -> None:
@@ -231,11 +273,11 @@ def test_serve_prometheus_on_a_free_port_and_stop() -> None:
         assert first["batchwire_bytes_total"] == 4096
         assert first['batchwire_queue_depth{stage="read"}'] == 3
         assert first['batchwire_queue_capacity{stage="augment"}'] == 4
-        labels = 'client="c1",rank="1",split="train"'
+        labels = 'rank="1",split="train",train_job=""'
         assert first[f"batchwire_client_ready{{{labels}}}"] == 3
         assert first[f"batchwire_client_credits{{{labels}}}"] == 2
-        assert first[f"batchwire_client_data_wait_fraction{{{labels}}}"] == 0.25
-        assert first[f"batchwire_client_images_per_second{{{labels}}}"] == 12.5
+        assert first[f"batchwire_client_data_wait_ratio{{{labels}}}"] == 0.25
+        assert first[f"batchwire_client_sent_batches_total{{{labels}}}"] == client.sent
         assert first['batchwire_stage_latency_seconds_count{stage="read"}'] == 1
         assert first["batchwire_uptime_seconds"] >= 0
         for name in (
@@ -244,7 +286,7 @@ def test_serve_prometheus_on_a_free_port_and_stop() -> None:
             "batchwire_bad_samples_total",
             "batchwire_errors_total",
             "batchwire_malformed_messages_total",
-            "batchwire_images_per_second",
+            "process_resident_memory_bytes",
         ):
             assert name in first
         # Gauges are read at scrape time: a change shows on the next scrape.
