@@ -12,6 +12,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+#: Largest label id (4 M classes): ids index a list of class names built from them, so a stray
+#: huge id must be an error naming it, not a memory exhaustion.
+MAX_LABEL = (1 << 22) - 1
 #: Longest class name accepted (the names reach the trainer in the welcome).
 MAX_CLASS_NAME = 256
 
@@ -26,8 +29,8 @@ def parse_label(value: object, where: str) -> int | str:
     if isinstance(value, bool):
         raise LabelError(f"{where}: label must be an integer or a class name, got {value!r}")
     if isinstance(value, int):
-        if value < 0:
-            raise LabelError(f"{where}: label must be >= 0, got {value}")
+        if not 0 <= value <= MAX_LABEL:
+            raise LabelError(f"{where}: label must be 0 to {MAX_LABEL}, got {value}")
         return value
     if isinstance(value, str):
         text = value.strip()
@@ -39,8 +42,8 @@ def parse_label(value: object, where: str) -> int | str:
             if len(text) > MAX_CLASS_NAME or "\0" in text:
                 raise LabelError(f"{where}: class name too long or holding NUL") from None
             return text
-        if number < 0:
-            raise LabelError(f"{where}: label must be >= 0, got {number}")
+        if not 0 <= number <= MAX_LABEL:
+            raise LabelError(f"{where}: label must be 0 to {MAX_LABEL}, got {number}")
         return number
     if isinstance(value, list):
         raise LabelError(
@@ -82,7 +85,11 @@ class LabelTable:
             self._order.append(1)
 
     def extend_ints(self, ids: np.ndarray, where: str) -> None:
-        """Many integer labels at once (already checked >= 0), e.g. a Parquet label column."""
+        """Many integer labels at once, e.g. a Parquet label column."""
+        bad = np.flatnonzero((ids < 0) | (ids > MAX_LABEL))
+        if bad.size:
+            row, value = int(bad[0]), int(ids[bad[0]])
+            raise LabelError(f"{where}: row {row}: label must be 0 to {MAX_LABEL}, got {value}")
         if self._first_name is not None and len(ids):
             raise LabelError(f"{where}: integer labels in a dataset labelled by class names")
         self._first_int = self._first_int or where

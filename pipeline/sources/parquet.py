@@ -25,7 +25,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from batchwire.pipeline.dataset import ImageDataset
 from batchwire.pipeline.sources.labels import LabelTable
 from batchwire.pipeline.sources.locate import Located
@@ -35,6 +34,10 @@ from batchwire.pipeline.storage import LocalStore, Store
 DEFAULT_CACHE_BYTES = 512 << 20
 _LABEL_NAMES = ("label", "labels", "cls", "class")
 _IMAGE_NAMES = ("image", "img", "jpg", "png")
+
+
+#: What pyarrow raises on a damaged file (fuzzed: undecodable names are UnicodeDecodeError).
+_PARQUET_ERRORS = (OSError, ValueError, KeyError, IndexError, TypeError, EOFError)
 
 
 def _pyarrow() -> Any:
@@ -202,8 +205,16 @@ class ParquetReader:
         return pf
 
     def _image_column(self, f: int, rg: int) -> Any:
-        table = self._file(f).read_row_group(rg, columns=[self.image])
-        return table.column(0).combine_chunks()
+        """One row group's image column; a row group pyarrow cannot read is an OSError (its
+        samples are bad samples, replaced), never another exception that would fail a batch."""
+        import pyarrow as pa
+
+        try:
+            table = self._file(f).read_row_group(rg, columns=[self.image])
+            return table.column(0).combine_chunks()
+        except (pa.ArrowException, *_PARQUET_ERRORS) as exc:
+            name = self.located.name(self.located.keys[f])
+            raise OSError(f"{name}: row group {rg} unreadable ({exc})") from None
 
     def __call__(self, i: int) -> bytes:
         g = bisect.bisect_right(self.starts, i) - 1
@@ -240,20 +251,28 @@ def open_parquet(located: Located) -> ImageDataset:
         try:
             pf = pq.ParquetFile(_source(located.store, key, info.size))
             schema = pf.schema_arrow
-            if image is None:
-                image, label, names = _columns(schema, _features(schema), where)
-            elif image not in schema.names or label not in schema.names:
-                raise ValueError(f"{where}: lacks the first file's columns {image!r}, {label!r}")
-            labels = pf.read(columns=[label]).column(0).to_numpy(zero_copy_only=False)
-        except (pa.ArrowException, OSError) as exc:
+            md = pf.metadata
+            rows = [md.row_group(rg).num_rows for rg in range(md.num_row_groups)]
+        except (pa.ArrowException, *_PARQUET_ERRORS) as exc:
             raise ValueError(f"{where}: not a readable Parquet file ({exc})") from None
+        if sum(rows) != md.num_rows or not 0 <= md.num_rows <= info.size:
+            raise ValueError(
+                f"{where}: damaged metadata ({md.num_rows} rows claimed in {info.size} bytes, "
+                f"{sum(rows)} in its row groups)"
+            )
+        if image is None:
+            image, label, names = _columns(schema, _features(schema), where)
+        elif image not in schema.names or label not in schema.names:
+            raise ValueError(f"{where}: lacks the first file's columns {image!r}, {label!r}")
+        try:
+            labels = pf.read(columns=[label]).column(0).to_numpy(zero_copy_only=False)
+        except (pa.ArrowException, *_PARQUET_ERRORS) as exc:
+            raise ValueError(f"{where}: label column {label!r} unreadable ({exc})") from None
+        if len(labels) != md.num_rows:
+            raise ValueError(f"{where}: {len(labels)} labels for {md.num_rows} rows")
         if labels.dtype.kind not in "iu":
             raise ValueError(f"{where}: label column {label!r} has nulls or is not integer")
-        bad = np.flatnonzero(labels < 0)
-        if bad.size:
-            raise ValueError(f"{where}: row {int(bad[0])}: label {int(labels[bad[0]])} < 0")
         table.extend_ints(labels, where)
-        md = pf.metadata
         for rg in range(md.num_row_groups):
             starts.append(total)
             groups.append((f, rg))

@@ -3,7 +3,8 @@ extension) and label as written; built once from the tar headers and cached.
 
 The WebDataset convention: a member `dir/KEY.EXT` belongs to sample `dir/KEY` (the key ends at
 the first dot of the file name, the rest is the extension, lower-cased); a sample's members are
-consecutive. Images are `.jpg`, `.jpeg`, `.png`, `.webp`; the label is `.cls` (an integer in
+consecutive. Images are `.jpg`, `.jpeg`, `.png`, `.webp` (and `.bmp`, `.tif`, `.tiff`, which
+the decoders read too); the label is `.cls` (an integer in
 text) or `.json` with a `label` (or `cls`) entry: an integer or a class name.
 
 Structural faults are found here, once, and the samples they spoil are skipped (the dataset's
@@ -37,7 +38,7 @@ from batchwire.pipeline.storage import LocalStore, ObjectInfo, Store
 
 log = logging.getLogger("batchwire.pipeline")
 
-IMAGE_EXTS = ("jpg", "jpeg", "png", "webp")
+IMAGE_EXTS = ("jpg", "jpeg", "png", "webp", "bmp", "tif", "tiff")
 LABEL_EXTS = ("cls", "json")
 #: Largest image member served (a 64 MiB JPEG is not a photo anyone trains on at this scale).
 MAX_MEMBER_BYTES = 64 << 20

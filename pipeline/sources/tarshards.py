@@ -68,12 +68,17 @@ def _infos(located: Located) -> list[ObjectInfo]:
 def _report(located: Located, indexes: list[ShardIndex], built: int) -> int:
     problems = [p for ix in indexes for p in ix.problems]
     for p in problems[:PROBLEMS_SHOWN]:
-        log.warning("skipped in %s: %s", located.display, p)
+        log.warning("skipped: %s", p)
     if len(problems) > PROBLEMS_SHOWN:
+        log.warning("%s: %d more problems", located.display, len(problems) - PROBLEMS_SHOWN)
+    if problems:
         log.warning(
-            "%s: %d more problems in its shards (each skipped)",
+            "%s: skipped: %d problems in %d shards (samples of a truncated tar, members with no "
+            "extension, duplicate keys, samples with no image or label, images over the size "
+            "cap); the rest is served",
             located.display,
-            len(problems) - PROBLEMS_SHOWN,
+            len(problems),
+            sum(bool(ix.problems) for ix in indexes),
         )
     log.info(
         "%s: %d shards (%d indexed now, %d from the index cache), %d samples, %d skipped",

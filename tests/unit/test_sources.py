@@ -1,0 +1,399 @@
+"""pipeline.sources: every source kind opens as the same ImageDataset as the ImageFolder it was
+made from (names, labels, classes, bytes), kinds are told apart by what the path is, and bad
+input is a clear error naming file and line, or a skipped, named sample."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import logging
+import shutil
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from batchwire.pipeline.dataset import ImageDataset, open_dataset
+from batchwire.pipeline.sources import expand_braces, source_kind, tarindex
+from batchwire.pipeline.sources.labels import LabelError, LabelTable, parse_label
+from batchwire.pipeline.sources.tarshards import MemberCutShort
+from batchwire.pipeline.synthetic import default_dataset
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory) -> Path:
+    """A 40-image ImageFolder (4 per class of the embedded dataset)."""
+    root = tmp_path_factory.mktemp("folder") / "images"
+    src = default_dataset().val_root
+    for cls in sorted(p for p in src.iterdir() if p.is_dir()):
+        (root / cls.name).mkdir(parents=True)
+        for f in sorted(cls.iterdir())[:4]:
+            shutil.copyfile(f, root / cls.name / f.name)
+    return root
+
+
+@pytest.fixture(scope="module")
+def ref(folder) -> ImageDataset:
+    return open_dataset(folder, verify_checksums="off")
+
+
+def _add(t: tarfile.TarFile, name: str, data: bytes) -> None:
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    t.addfile(info, io.BytesIO(data))
+
+
+def write_tar(path: Path, samples: list[tuple[str, list[tuple[str, bytes]]]], fmt=None) -> Path:
+    with tarfile.open(path, "w", format=fmt or tarfile.USTAR_FORMAT) as t:
+        for key, members in samples:
+            for ext, data in members:
+                _add(t, f"{key}.{ext}" if ext else key, data)
+    return path
+
+
+def shard_samples(ds: ImageDataset, idx, label="cls") -> list:
+    out = []
+    for i in idx:
+        lab = (
+            str(int(ds.labels[i])).encode()
+            if label == "cls"
+            else json.dumps({"label": ds.classes[ds.labels[i]]}).encode()
+        )
+        out.append((f"s{i:05d}", [("jpg", ds.read_bytes(i)), (label, lab)]))
+    return out
+
+
+def write_parquet(path: Path, ds: ImageDataset, idx, *, names=True, rows=8) -> Path:
+    table = pa.table(
+        {
+            "image": [{"bytes": ds.read_bytes(i), "path": Path(ds.paths[i]).name} for i in idx],
+            "label": pa.array([int(ds.labels[i]) for i in idx], pa.int64()),
+        }
+    )
+    if names:
+        features = {
+            "image": {"_type": "Image"},
+            "label": {"_type": "ClassLabel", "names": ds.classes},
+        }
+        table = table.replace_schema_metadata(
+            {"huggingface": json.dumps({"info": {"features": features}})}
+        )
+    pq.write_table(table, path, row_group_size=rows)
+    return path
+
+
+def assert_same(got: ImageDataset, ref: ImageDataset) -> None:
+    assert len(got) == len(ref)
+    assert got.classes == ref.classes
+    assert (got.labels == ref.labels).all()
+    for i in range(len(ref)):
+        assert got.read_bytes(i) == ref.read_bytes(i), i
+
+
+# --------------------------------------------------------------------------- kinds
+
+
+def test_kinds_are_told_by_what_the_path_is(tmp_path, folder, ref):
+    tar = write_tar(tmp_path / "a.tar", shard_samples(ref, range(3)))
+    no_suffix = tmp_path / "shard"
+    shutil.copyfile(tar, no_suffix)
+    write_parquet(tmp_path / "p.parquet", ref, range(3))
+    shutil.copyfile(tmp_path / "p.parquet", tmp_path / "p.bin")
+    (tmp_path / "l.txt").write_text(f"{ref.paths[0]} 0\n")
+    (tmp_path / "c.txt").write_text(f"path,label\n{ref.paths[0]},0\n")
+    (tmp_path / "j.txt").write_text(json.dumps({"path": ref.paths[0], "label": 0}) + "\n")
+    (tmp_path / "shards.txt").write_text("a.tar\n")
+    assert source_kind(folder) == "folder"
+    assert source_kind(tar) == "tar"
+    assert source_kind(no_suffix) == "tar"  # ustar magic
+    assert source_kind(tmp_path / "p.bin") == "parquet"  # PAR1
+    assert source_kind(tmp_path / "l.txt") == "list"
+    assert source_kind(tmp_path / "c.txt") == "csv"
+    assert source_kind(tmp_path / "j.txt") == "jsonl"
+    assert source_kind(tmp_path / "shards.txt") == "tar"
+    flat = tmp_path / "flat"
+    flat.mkdir()
+    shutil.copyfile(tar, flat / "x-0.tar")
+    assert source_kind(flat) == "tar"
+    with pytest.raises(FileNotFoundError):
+        source_kind(tmp_path / "missing")
+
+
+def test_brace_patterns():
+    assert expand_braces("d/t-{000..002}.tar") == ["d/t-000.tar", "d/t-001.tar", "d/t-002.tar"]
+    assert expand_braces("s3://b/{a,b}-{0..1}.tar") == [
+        "s3://b/a-0.tar",
+        "s3://b/a-1.tar",
+        "s3://b/b-0.tar",
+        "s3://b/b-1.tar",
+    ]
+    assert expand_braces("plain.tar") == ["plain.tar"]
+    for bad in ("a{1..}.tar", "a{3..1}.tar", "a{0..99999999}.tar", "a{.tar", "a{{0..1}}.tar"):
+        with pytest.raises(ValueError):
+            expand_braces(bad)
+
+
+def test_labels():
+    assert (
+        parse_label("7", "w") == 7
+        and parse_label(3, "w") == 3
+        and parse_label(" tench ", "w") == "tench"
+    )
+    for bad in (-1, "-2", 1 << 40, "99999999999", True, None, 1.5, "", "x" * 300):
+        with pytest.raises(LabelError):
+            parse_label(bad, "here")
+    with pytest.raises(LabelError, match="multi-label"):
+        parse_label([1, 2], "here")
+    t = LabelTable()
+    for name in ("b", "a", "b", "c"):
+        t.add(name, "w")
+    ids, classes = t.resolve()
+    assert classes == ["a", "b", "c"] and ids.tolist() == [1, 0, 1, 2]
+    with pytest.raises(LabelError, match="f.csv:9: integer label 3"):
+        t.add(3, "f.csv:9")
+
+
+# --------------------------------------------------------------------------- manifests
+
+
+def test_csv_with_class_names_is_the_image_folder(tmp_path, folder, ref):
+    path = folder.parent / "names.csv"
+    with path.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["filename", "class", "note"])
+        for p, lab in zip(ref.paths, ref.labels, strict=True):
+            w.writerow([str(Path(p).relative_to(folder.parent)), ref.classes[lab], "meta, quoted"])
+    got = open_dataset(path)
+    assert got.kind == "csv" and got.paths == ref.paths
+    assert_same(got, ref)
+
+
+def test_csv_without_header_ids_and_tsv(tmp_path, folder, ref):
+    """Today's `path,label` CSV (once: "expected 'path label'") and integer labels."""
+    path = folder.parent / "ids.csv"
+    path.write_text("".join(f"{p},{lab}\n" for p, lab in zip(ref.paths, ref.labels, strict=True)))
+    got = open_dataset(path, allow_outside_root=True)
+    assert got.classes == [str(c) for c in range(10)] and (got.labels == ref.labels).all()
+    txt = folder.parent / "ids-named.txt"  # a CSV under another name: sniffed
+    shutil.copyfile(path, txt)
+    assert open_dataset(txt, allow_outside_root=True).kind == "csv"
+    tsv = folder.parent / "ids.tsv"
+    tsv.write_text(
+        "path\tlabel\n"
+        + "".join(
+            f"{Path(p).relative_to(folder.parent)}\t{lab}\n"
+            for p, lab in zip(ref.paths, ref.labels, strict=True)
+        )
+    )
+    assert (open_dataset(tsv).labels == ref.labels).all()
+
+
+def test_jsonl(folder, ref):
+    path = folder.parent / "m.jsonl"
+    path.write_text(
+        "".join(
+            json.dumps(
+                {"path": str(Path(p).relative_to(folder.parent)), "label": ref.classes[lab], "w": 3}
+            )
+            + "\n"
+            for p, lab in zip(ref.paths, ref.labels, strict=True)
+        )
+    )
+    assert_same(open_dataset(path), ref)
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("path,label\na.jpg\n", r"m.csv:2: expected a path and a label"),
+        (
+            "path,label\na.jpg,tench\nb.jpg,3\n",
+            r"m.csv:3: integer label 3 in a dataset labelled by class names",
+        ),
+        ("path,label\na.jpg,-1\n", r"m.csv:2: label must be 0 to 4194303, got -1"),
+        ("file,note\na.jpg,x\n", r"m.csv:1: header .* needs a path column"),
+        ("a.jpg,1\n../up.jpg,2\n", r"m.csv:2: '../up.jpg' is outside the manifest's folder"),
+        ("path,label\n,3\n", r"m.csv:2: empty path"),
+        ("path,label\n", r"m.csv: names no images"),
+        ('path,label\n"a.jpg,1\n', r"m.csv:\d+: "),
+    ],
+)
+def test_csv_errors_name_file_and_line(tmp_path, text, needle):
+    path = tmp_path / "m.csv"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=needle):
+        open_dataset(path)
+
+
+@pytest.mark.parametrize(
+    ("line", "needle"),
+    [
+        ("{not json", "m.jsonl:2: not JSON"),
+        ("[1, 2]", "m.jsonl:2: expected a JSON object"),
+        ('{"path": "a.jpg"}', "m.jsonl:2: needs a path"),
+        ('{"path": "a.jpg", "label": [1, 2]}', "m.jsonl:2: .*multi-label"),
+        ('{"path": 3, "label": 1}', "m.jsonl:2: needs a path"),
+    ],
+)
+def test_jsonl_errors_name_file_and_line(tmp_path, line, needle):
+    path = tmp_path / "m.jsonl"
+    path.write_text('{"path": "ok.jpg", "label": 1}\n' + line + "\n")
+    with pytest.raises(ValueError, match=needle):
+        open_dataset(path)
+
+
+def test_manifest_not_utf8(tmp_path):
+    path = tmp_path / "m.csv"
+    path.write_bytes(b"path,label\n\xff\xfe.jpg,1\n")
+    with pytest.raises(ValueError, match="m.csv: not UTF-8"):
+        open_dataset(path)
+
+
+# --------------------------------------------------------------------------- tar shards
+
+
+def test_tar_shards_are_the_image_folder(tmp_path, ref, caplog):
+    for k in range(3):  # 14 + 13 + 13 samples, in index order
+        idx = range(k * 14, min(40, (k + 1) * 14))
+        write_tar(tmp_path / f"train-{k:02d}.tar", shard_samples(ref, idx))
+    (tmp_path / "classes.txt").write_text("\n".join(ref.classes) + "\n")
+    cache = tmp_path / "cache"
+    with caplog.at_level(logging.INFO, "batchwire.pipeline"):
+        got = open_dataset(str(tmp_path / "train-{00..02}.tar"), cache, verify_checksums="off")
+    assert "3 indexed now, 0 from the index cache" in caplog.text
+    assert got.kind == "tar" and got.paths[0].endswith("train-00.tar:s00000.jpg")
+    assert_same(got, ref)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, "batchwire.pipeline"):
+        again = open_dataset([str(tmp_path / f"train-{k:02d}.tar") for k in range(3)], cache)
+    assert "0 indexed now, 3 from the index cache" in caplog.text
+    assert (again.labels == got.labels).all()
+    # A changed shard is indexed again (its version is in the cache key).
+    write_tar(tmp_path / "train-02.tar", shard_samples(ref, range(28, 35)))
+    caplog.clear()
+    with caplog.at_level(logging.INFO, "batchwire.pipeline"):
+        changed = open_dataset(str(tmp_path / "train-{00..02}.tar"), cache)
+    assert "1 indexed now, 2 from the index cache" in caplog.text and len(changed) == 35
+
+
+def test_tar_json_labels_long_names(tmp_path, ref):
+    """`.json` labels by class name, and names beyond ustar's 100 bytes (GNU and pax)."""
+    for fmt, name in ((tarfile.GNU_FORMAT, "gnu"), (tarfile.PAX_FORMAT, "pax")):
+        samples = [(f"{'d' * 120}/{key}", m) for key, m in shard_samples(ref, range(40), "json")]
+        got = open_dataset(write_tar(tmp_path / f"{name}.tar", samples, fmt), tmp_path / "c")
+        assert_same(got, ref)
+        assert len(got.paths[0]) > 120
+
+
+def test_tar_faults_are_skipped_and_named_once(tmp_path, ref, caplog, monkeypatch):
+    jpg = ref.read_bytes(0)
+    samples = [
+        ("ok0", [("jpg", jpg), ("cls", b"1")]),
+        ("noext", [("", b"x")]),
+        ("ok1", [("jpg", jpg), ("cls", b"2")]),
+        ("dup", [("jpg", jpg), ("jpg", jpg), ("cls", b"1")]),
+        ("textonly", [("txt", b"hello"), ("cls", b"1")]),
+        ("nolabel", [("jpg", jpg)]),
+        ("badlabel", [("jpg", jpg), ("cls", b"-5")]),
+        ("big", [("png", b"\x89PNG" + b"\0" * (len(jpg) + 200)), ("cls", b"1")]),
+        ("ok0", [("jpg", jpg), ("cls", b"3")]),  # the key again, later
+        ("notimage", [("jpg", b"not a jpeg at all"), ("cls", b"0")]),
+        ("cut", [("cls", b"0"), ("jpg", jpg)]),
+    ]
+    path = write_tar(tmp_path / "bad.tar", samples)
+    cut = path.read_bytes()
+    # Cut the last member's data short (and drop the end-of-archive blocks).
+    path.write_bytes(cut[: cut.rfind(jpg[:512]) + 1000])
+    monkeypatch.setattr(tarindex, "MAX_MEMBER_BYTES", len(jpg) + 100)
+    with caplog.at_level(logging.WARNING, "batchwire.pipeline"):
+        got = open_dataset(path, tmp_path / "cache")
+    names = [p.rsplit(":", 1)[1] for p in got.paths]
+    assert names == ["ok0.jpg", "ok1.jpg", "notimage.jpg"] and got.labels.tolist() == [1, 2, 0]
+    text = caplog.text
+    for needle in (
+        "member 'noext' has no extension",
+        "dup: duplicate key: .jpg twice",
+        "textonly: no image member (.txt, .cls",
+        "nolabel: no .cls or .json label",
+        f"big.png: {len(jpg) + 204} bytes, over the {len(jpg) + 100} byte cap",
+        "badlabel.cls: label must be 0 to",
+        "ok0: duplicate key (members not consecutive",
+        "(truncated tar)",
+    ):
+        assert text.count(needle) == 1, (needle, text)
+    assert "skipped: 9 problems in 1 shards" in text
+
+
+def test_tar_mixed_label_kinds_are_an_error(tmp_path, ref):
+    jpg = ref.read_bytes(0)
+    path = write_tar(
+        tmp_path / "m.tar",
+        [
+            ("a", [("jpg", jpg), ("cls", b"1")]),
+            ("b", [("jpg", jpg), ("json", b'{"label": "tench"}')]),
+        ],
+    )
+    with pytest.raises(
+        ValueError, match=r"m.tar:b: class name 'tench' in a dataset labelled by integers"
+    ):
+        open_dataset(path, tmp_path / "c")
+
+
+def test_tar_member_changed_after_indexing_is_the_samples_fault(tmp_path, ref):
+    path = write_tar(tmp_path / "s.tar", shard_samples(ref, range(4)))
+    got = open_dataset(path, tmp_path / "c")
+    path.write_bytes(path.read_bytes()[:2048])
+    with pytest.raises(MemberCutShort) as info:
+        got.read_bytes(3)
+    assert info.value.errno is None  # not transient: a bad sample, replaced
+
+
+def test_tar_without_usable_samples(tmp_path):
+    path = write_tar(tmp_path / "e.tar", [("a", [("txt", b"x")])])
+    with pytest.raises(ValueError, match="no usable samples in 1 shards"):
+        open_dataset(path, tmp_path / "c")
+
+
+# --------------------------------------------------------------------------- parquet
+
+
+def test_parquet_is_the_image_folder(tmp_path, ref):
+    write_parquet(tmp_path / "train-0.parquet", ref, range(25), rows=8)
+    write_parquet(tmp_path / "train-1.parquet", ref, range(25, 40), rows=8)
+    got = open_dataset(tmp_path)
+    assert got.kind == "parquet" and got.paths[0].endswith("train-0.parquet#0")
+    assert_same(got, ref)
+    order = np.random.default_rng(0).permutation(40)
+    assert all(got.read_bytes(int(i)) == ref.read_bytes(int(i)) for i in order)
+    cache = got.reader.cache
+    assert cache.misses == 6 and cache.hits > 0  # 4 + 2 row groups, each read once
+
+
+def test_parquet_without_features_and_small_cache(tmp_path, ref):
+    got = open_dataset(write_parquet(tmp_path / "p.parquet", ref, range(40), names=False, rows=4))
+    assert got.classes == [str(c) for c in range(10)] and (got.labels == ref.labels).all()
+    got.reader.cache.max_bytes = 1  # keeps one row group
+    assert all(got.read_bytes(i) == ref.read_bytes(i) for i in (0, 39, 1, 38))
+    assert len(got.reader.cache._items) == 1
+
+
+def test_parquet_bad_files_name_the_file(tmp_path, ref):
+    bad = tmp_path / "bad.parquet"
+    bad.write_bytes(b"PAR1" + b"\0" * 100)
+    with pytest.raises(ValueError, match="bad.parquet: not a readable Parquet file"):
+        open_dataset(bad)
+    pq.write_table(pa.table({"x": [1, 2]}), tmp_path / "nocol.parquet")
+    with pytest.raises(ValueError, match="nocol.parquet: no image column"):
+        open_dataset(tmp_path / "nocol.parquet")
+    t = pa.table({"image": [{"bytes": b"x", "path": "a"}], "name": ["a"]})
+    pq.write_table(t, tmp_path / "nolabel.parquet")
+    with pytest.raises(ValueError, match="nolabel.parquet: no integer label column"):
+        open_dataset(tmp_path / "nolabel.parquet")
+    image = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+    t = pa.table({"image": pa.array([{"bytes": None, "path": "a.jpg"}], image), "label": [0]})
+    pq.write_table(t, tmp_path / "pathonly.parquet")
+    with pytest.raises(FileNotFoundError, match="path-only image"):
+        open_dataset(tmp_path / "pathonly.parquet").read_bytes(0)
