@@ -7,12 +7,18 @@
             ...
 
 Position semantics (those of torch's DataLoader and torchdata's StatefulDataLoader): every
-``iter(loader)`` starts a fresh pass over the current epoch from batch 0, unless
-`load_state_dict` positioned the loader, in which case that one pass starts at the saved batch
-(a saved position at the epoch's end gives an empty pass). `set_epoch` selects the epoch; with
-the current epoch it keeps a restored position (so "load state, then the usual
-``set_epoch(epoch)`` loop" resumes mid-epoch). A state saved on any rank restores on every rank
-of the same job: ranks move in lockstep, so the position is the same for all.
+``iter(loader)`` starts a fresh pass from batch 0, unless `load_state_dict` positioned the
+loader, in which case that one pass starts at the saved batch (a saved position at the epoch's
+end gives an empty pass). Which epoch: the one `set_epoch` selected; a train loader iterated
+again after a full pass with no `set_epoch` since moves to the next epoch by itself (as a
+DataLoader over a RandomSampler reshuffles on every ``iter()``: Lightning cannot reach
+``set_epoch`` through ``DataLoader(loader, batch_size=None)``); an explicit `set_epoch` always
+decides, and a val loader repeats its epoch. `set_epoch` with the current epoch keeps a
+restored position (so "load state, then the usual ``set_epoch(epoch)`` loop" resumes
+mid-epoch). A state saved on any rank restores on every rank of the same job: ranks move in
+lockstep, so the position is the same for all. A state saved at one world size resumes at
+another (elastic trainers): the rest of that epoch is re-split over the new ranks (see
+`state_dict`).
 
 Frameworks: Lightning finds `set_epoch` through ``loader.sampler`` and Accelerate through the
 dataset of a DataLoader it prepared; `batchwire.client.lightning.RemoteLoaderCallback` covers
@@ -228,7 +234,6 @@ class RemoteLoader(IterableDataset):
         self.epoch = 0
         self.next_batch = 0
         self._positioned = False  # load_state_dict chose where the next pass starts
-        self._repeat_warned = False
         self._epoch_passed = False  # a full pass of `epoch` ended and set_epoch was not called
         self._receiver: BatchReceiver | None = None
         # Batches handed out and not yet recycled, oldest first (at most `hold`).
@@ -313,7 +318,7 @@ class RemoteLoader(IterableDataset):
                 "use DataLoader(loader, batch_size=None, num_workers=0) or iterate it directly"
             )
         refuse_resharding_wrappers()
-        self._warn_if_epoch_repeats()
+        self._advance_if_epoch_passed()
         self.next_batch, self._positioned = self._pass_start(), False
         self._iteration += 1
         return self._iterate(self._iteration)
@@ -486,21 +491,18 @@ class RemoteLoader(IterableDataset):
         """Where the next pass starts: the restored position, else the epoch's first batch."""
         return self.next_batch if self._positioned else 0
 
-    def _warn_if_epoch_repeats(self) -> None:
-        """A train epoch iterated twice without `set_epoch` repeats its order: say so, once."""
-        if not self._epoch_passed or self._positioned or self._repeat_warned:
+    def _advance_if_epoch_passed(self) -> None:
+        """A train epoch passed in full and iterated again without `set_epoch`: the next epoch.
+
+        Each rank iterates once per epoch, so every rank advances alike and they stay in step;
+        a val loader evaluates the same epoch again (the usual thing), and a restored position
+        or an explicit `set_epoch` since the pass decides instead.
+        """
+        if not self._epoch_passed or self._positioned or self.split == "val":
             return
-        if self.split == "val":
-            return  # evaluating the same epoch again is the usual thing
-        self._repeat_warned = True
-        log.warning(
-            "RemoteLoader: epoch %d of split %r iterated again without set_epoch(): same order "
-            "and augmentations as the pass before. Call loader.set_epoch(epoch) every epoch "
-            "(under Lightning with DataLoader(loader, batch_size=None), add "
-            "batchwire.client.lightning.RemoteLoaderCallback())",
-            self.epoch,
-            self.split,
-        )
+        self._epoch_passed = False
+        self.epoch, self.next_batch = self.epoch + 1, 0
+        log.debug("RemoteLoader: split %r moves on to epoch %d by itself", self.split, self.epoch)
 
     def _release_handed(self, keep: int = 0) -> None:
         """Recycle the batches handed out, oldest first, until ``keep`` are left."""

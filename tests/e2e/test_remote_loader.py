@@ -188,9 +188,13 @@ def test_every_iter_is_a_fresh_pass_unless_a_state_positioned_it(server, referen
     ) as loader:
         head = collect(loader, limit=5)
         again = collect(loader)
+        # A full pass ended: iterated again without set_epoch, a train loader would move on to
+        # epoch 1 (test_remote_loader_epochs); an explicit set_epoch keeps epoch 0.
+        loader.set_epoch(0)
         replay = collect(loader, limit=2)
         loader.load_state_dict({**loader.state_dict(), "next_batch": 5})
         positioned = collect(loader)
+        loader.set_epoch(0)
         after = collect(loader, limit=1)  # the restored position served one pass only
     assert_same(head, reference[:5])
     assert_same(again, reference)

@@ -118,7 +118,8 @@ def test_another_epoch_or_a_replay_discards_the_early_stream(servers, fresh):
         wait_for_early_epoch(srv, "train", 1)
         assert_same(epoch_of(loader, 3), fresh[3])  # not the consecutive epoch
         wait_for_early_epoch(srv, "train", 4)
-        assert_same(rest(iter(loader)), fresh[3])  # epoch 3 again, without set_epoch
+        loader.set_epoch(3)  # the same epoch again (without it, the loader moves on to 4)
+        assert_same(rest(iter(loader)), fresh[3])
         assert_same(epoch_of(loader, 0), fresh[0])  # back to an earlier one
 
 
@@ -246,3 +247,57 @@ def test_first_batch_of_the_next_epoch_needs_no_round_trip(tmp_path):
     # The early batch was sent before next() (wait_for_early_epoch): a local hand-out, bounded
     # loosely so a busy CI machine cannot flake it; the ratio is for people reading -s output.
     assert waits[True] < 0.5
+
+
+@pytest.mark.timeout(90)
+def test_a_train_loader_iterated_again_moves_to_the_next_epoch_by_itself(servers, fresh):
+    """Issue 24 item 6: no set_epoch between full passes (Lightning over
+    DataLoader(loader, batch_size=None)) gives epoch 0, then epoch 1 (its early stream used);
+    a pass left early does not advance, an explicit set_epoch decides, val repeats."""
+    srv = servers[0]
+    with loader_for(srv.endpoint) as loader:
+        assert_same(rest(iter(loader)), fresh[0])
+        assert_same(rest(iter(loader)), fresh[1])
+        assert loader.state_dict()["epoch"] == 1
+        take(iter(loader), 2)  # epoch 2, left early: the next pass is epoch 2 again
+        assert loader.state_dict()["epoch"] == 2
+        loader.set_epoch(3)
+        assert_same(rest(iter(loader)), fresh[3])
+    with loader_for(srv.endpoint, "val") as val:
+        first, second = rest(iter(val)), rest(iter(val))
+    assert_same(first, second)
+
+
+@pytest.mark.timeout(120)
+def test_lightning_over_a_dataloader_without_the_callback_gets_a_new_order_each_epoch(
+    servers, fresh
+):
+    """``DataLoader(loader, batch_size=None)`` under Lightning, no RemoteLoaderCallback: Lightning
+    cannot reach set_epoch, the loader moves on by itself: epochs 0 and 1 as fresh loaders'."""
+    L = pytest.importorskip("lightning")
+    from torch.utils.data import DataLoader
+
+    seen: list[torch.Tensor] = []
+
+    class Module(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.zeros(1))
+
+        def training_step(self, batch, _):
+            seen.append(batch[2].clone())
+            return (self.w * batch[0].float().mean()).sum()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.0)
+
+    with loader_for(servers[0].endpoint) as loader:
+        trainer = L.Trainer(
+            max_epochs=2, accelerator="cpu", devices=1, logger=False,
+            enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        )  # fmt: skip
+        trainer.fit(Module(), DataLoader(loader, batch_size=None))
+    n = len(fresh[0])
+    assert len(seen) == 2 * n
+    for epoch, part in ((0, seen[:n]), (1, seen[n:])):
+        assert [t.tolist() for t in part] == [b[2].tolist() for b in fresh[epoch]], epoch
