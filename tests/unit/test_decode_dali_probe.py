@@ -22,7 +22,7 @@ def test_an_old_dali_is_refused_by_the_probe_and_the_decoder(monkeypatch) -> Non
     nvidia_dali = pytest.importorskip("nvidia.dali")
     monkeypatch.setattr(nvidia_dali, "__version__", "1.43.0")
     assert ">= 1.44" in dali.dali_decode_missing("cpu")
-    with pytest.raises(RuntimeError, match=">= 1.44"):
+    with pytest.raises(RuntimeError, match=r">= 1\.44"):
         dali.DaliBatchDecoder("cpu", threads=1)
 
 
