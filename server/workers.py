@@ -131,8 +131,7 @@ class StagePhases:
     """Counts batches per stage (for depths) and times each batch's stages (for latencies).
 
     `report_fallbacks(decoder, total)` takes the decoders' fallback totals
-    (`StageTimingDecoder`); by default the owner of `observe` (the server's `Telemetry`, whose
-    `observe_stage` the server passes) counts them with its `set_fallbacks`.
+    (`StageTimingDecoder`); the server passes its `Telemetry.set_fallbacks`.
     """
 
     def __init__(
@@ -141,9 +140,6 @@ class StagePhases:
         report_fallbacks: Callable[[str, int], None] | None = None,
     ) -> None:
         self._observe = observe
-        if report_fallbacks is None:
-            owner = getattr(observe, "__self__", None)
-            report_fallbacks = getattr(owner, "set_fallbacks", None)
         self.report_fallbacks = report_fallbacks
         self._lock = threading.Lock()
         self.depth = dict.fromkeys(STAGES, 0)

@@ -183,7 +183,7 @@ def test_gpu_decoder_base_counts_every_image_the_cpu_decoded() -> None:
 
 def _telemetry_view(decoder: object, batches: list[list[DecodeRequest]]) -> tuple[object, dict]:
     telemetry = Telemetry()
-    phases = StagePhases(telemetry.observe_stage)  # as the server wires it
+    phases = StagePhases(telemetry.observe_stage, telemetry.set_fallbacks)  # as the server does
     timed = StageTimingDecoder(decoder, phases)  # type: ignore[arg-type]
     for batch in batches:
         phases.begin()
