@@ -17,7 +17,7 @@ import csv
 import io
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -107,6 +107,18 @@ class StoreReader:
 
     def __call__(self, i: int) -> bytes:
         return self.stores[self.store_of[i]].read(self.keys[i])
+
+    def read_many(self, indices: Sequence[int]) -> list[bytes | OSError]:
+        """Several samples, one `Store.read_many` per store (requests kept in flight)."""
+        out: list[bytes | OSError] = [b""] * len(indices)
+        by_store: dict[int, list[int]] = {}
+        for slot, i in enumerate(indices):
+            by_store.setdefault(self.store_of[i], []).append(slot)
+        for store, slots in by_store.items():
+            got = self.stores[store].read_many([self.keys[indices[s]] for s in slots])
+            for s, data in zip(slots, got, strict=True):
+                out[s] = data
+        return out
 
 
 def _text_of(located: Located) -> str:

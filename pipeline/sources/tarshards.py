@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,16 +49,42 @@ class TarReader:
     sizes: np.ndarray  # int64
 
     def __call__(self, i: int) -> bytes:
-        shard = int(self.shard_of[i])
-        start, size = int(self.offsets[i]), int(self.sizes[i])
-        key = self.located.keys[shard]
-        data = self.located.store.read_ranges(key, [(start, start + size)])[0]
-        if len(data) != size:
-            raise MemberCutShort(
-                f"{self.located.name(key)}: member at byte {start} read {len(data)} of {size} "
-                "bytes (the shard changed since it was indexed)"
-            )
-        return data
+        got = self.read_many([i])[0]
+        if isinstance(got, OSError):
+            raise got
+        return got
+
+    def read_many(self, indices: Sequence[int]) -> list[bytes | OSError]:
+        """Several samples, one `read_ranges` per shard they fall in (an object store
+        coalesces the ranges of one shard into few requests); a failed shard read is the
+        error of each of its samples, a short member a `MemberCutShort`."""
+        out: list[bytes | OSError] = [b""] * len(indices)
+        by_shard: dict[int, list[int]] = {}
+        for slot, i in enumerate(indices):
+            by_shard.setdefault(int(self.shard_of[i]), []).append(slot)
+        for shard, slots in by_shard.items():
+            key = self.located.keys[shard]
+            ranges = [
+                (
+                    int(self.offsets[indices[s]]),
+                    int(self.offsets[indices[s]] + self.sizes[indices[s]]),
+                )
+                for s in slots
+            ]
+            try:
+                datas = self.located.store.read_ranges(key, ranges)
+            except OSError as exc:
+                for s in slots:
+                    out[s] = exc
+                continue
+            for s, (start, end), data in zip(slots, ranges, datas, strict=True):
+                if len(data) != end - start:
+                    data = MemberCutShort(
+                        f"{self.located.name(key)}: member at byte {start} read {len(data)} of "
+                        f"{end - start} bytes (the shard changed since it was indexed)"
+                    )
+                out[s] = data
+        return out
 
 
 def _infos(located: Located) -> list[ObjectInfo]:

@@ -397,3 +397,33 @@ def test_parquet_bad_files_name_the_file(tmp_path, ref):
     pq.write_table(t, tmp_path / "pathonly.parquet")
     with pytest.raises(FileNotFoundError, match="path-only image"):
         open_dataset(tmp_path / "pathonly.parquet").read_bytes(0)
+
+
+def test_tar_read_many_coalesces_per_shard(tmp_path, ref):
+    for k in range(2):
+        write_tar(tmp_path / f"t-{k}.tar", shard_samples(ref, range(k * 20, (k + 1) * 20)))
+    got = open_dataset(str(tmp_path / "t-{0..1}.tar"), tmp_path / "c")
+    idx = [39, 0, 21, 5, 5, 20]
+    assert got.reader.read_many(idx) == [ref.read_bytes(i) for i in idx]
+    (tmp_path / "t-1.tar").write_bytes((tmp_path / "t-1.tar").read_bytes()[:4096])
+    many = got.reader.read_many(idx)
+    assert isinstance(many[0], MemberCutShort) and many[1] == ref.read_bytes(0)
+
+
+def test_local_loader_on_shards_equals_the_folder(tmp_path, folder, ref):
+    from batchwire.pipeline.local import LocalLoader
+
+    write_tar(tmp_path / "all.tar", shard_samples(ref, range(40)))
+    (tmp_path / "classes.txt").write_text("\n".join(ref.classes))
+    out = []
+    for data in (folder, tmp_path / "all.tar"):
+        loader = LocalLoader(data, batch_size=8, image_size=32, seed=3, with_indices=True)
+        try:
+            loader.set_epoch(1)
+            out.append([tuple(t.clone() for t in b) for b in loader])
+            assert loader.classes == ref.classes and loader.class_to_idx["circle"] == 1
+        finally:
+            loader.close()
+    for a, b in zip(*out, strict=True):
+        for x, y in zip(a, b, strict=True):
+            assert (x == y).all()
