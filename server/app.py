@@ -12,6 +12,7 @@ through a queue and a wake-up pipe. Nothing here blocks for long: the loop polls
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import math
 import os
@@ -59,6 +60,9 @@ _IDLE_POLL_MS = 250
 STOP_DEADLINE_S = 1.5
 _STOP_LINGER_MS = 300  # of the deadline, for shutdown replies still queued
 _STOP_JOIN_S = 0.3  # of the deadline, for producers to finish the batch they are on
+# /healthz fails once the loop has not turned for this long: it turns at least every
+# _IDLE_POLL_MS and nothing in it blocks, so this is a loop that is stuck, not a busy one.
+LIVENESS_STALE_S = 10.0
 
 
 class ServerApp:
@@ -126,17 +130,73 @@ class ServerApp:
         self._stopped = threading.Event()  # set once shut down
         self._stop_deadline = math.inf
         self._metrics: Callable[[], None] | None = None
+        # SIGTERM with --drain-timeout > 0 asks for a drain first (the loop starts it: the core
+        # is the loop's alone); the HTTP thread reads these and `_heartbeat` without a lock:
+        # single attribute reads and writes, at worst one loop turn stale.
+        self._drain_requested = False
+        self._drain_deadline = math.inf
+        self._drain_started = math.inf
+        self._heartbeat: float | None = None  # monotonic time of the loop's last turn
 
     # ----------------------------------------------------------------------------- lifecycle
 
     def request_stop(self, *_: object) -> None:
         """Ask the loop to shut down (signal handler; safe to call from any thread)."""
-        if not self._stopping:
-            self._stop_deadline = time.monotonic() + STOP_DEADLINE_S
+        now = time.monotonic()
+        self._stop_deadline = min(self._stop_deadline, now + STOP_DEADLINE_S)
         self._stopping = True
         self._stop_requested.set()
+        self._wake()
+
+    def request_drain(self, *_: object) -> None:
+        """SIGTERM: drain for up to --drain-timeout, then stop (`request_stop` at once when
+        it is 0, or when a drain is already under way: a second SIGTERM means now). Safe to
+        call from any thread; the loop starts the drain (`ServerCore.begin_drain`)."""
+        timeout = self.config.drain_timeout
+        if timeout <= 0 or self._drain_requested or self._stopping:
+            self.request_stop()
+            return
+        now = time.monotonic()
+        self._drain_deadline = now + timeout
+        # The watchdog's bound covers the drain and the stop after it.
+        self._stop_deadline = now + timeout + STOP_DEADLINE_S
+        self._drain_requested = True
+        self._stop_requested.set()
+        self._wake()
+
+    def _wake(self) -> None:
         with contextlib.suppress(OSError):  # pipe full (a wake-up is pending anyway) or closed
             os.write(self._wake_w, b"s")
+
+    def health(self, path: str) -> tuple[int, bytes]:
+        """The probes on the metrics port (any thread: reads only single attributes).
+
+        ``/healthz``: alive, the loop turned within `LIVENESS_STALE_S` (a liveness probe
+        restarts a server whose loop is stuck). ``/readyz``: alive, splits open, every
+        producer thread running, and accepting clients (not draining or stopping): a
+        readiness probe takes a draining server out of the Service's DNS name.
+        """
+        now = time.monotonic()
+        beat = self._heartbeat
+        checks: dict[str, bool] = {
+            "loop": beat is not None and now - beat < LIVENESS_STALE_S,
+        }
+        if path == "/readyz":
+            # Producer threads by name: ProducerThreads starts them at construction and a
+            # thread that died (an uncaught error) is gone from the enumeration.
+            running = sum(t.name.startswith("bw-producer-") for t in threading.enumerate())
+            checks["splits"] = bool(self.splits)
+            checks["producers"] = running >= self.producers.n
+            checks["accepting"] = not (self._drain_requested or self._stopping)
+        ok = all(checks.values())
+        body = {
+            "status": "ok" if ok else "fail",
+            "checks": checks,
+            "draining": self._drain_requested and not self._stopping,
+            "stopping": self._stopping,
+            "loop_age_s": None if beat is None else round(now - beat, 3),
+        }
+        return (200 if ok else 503), json.dumps(body).encode() + b"\n"
 
     def run(self, exit_by_deadline: bool = False) -> int:
         """Serve until SIGINT/SIGTERM or `request_stop()`; returns the exit code (0).
@@ -147,7 +207,9 @@ class ServerApp:
         leaves it off: the host process is not ours to end.
         """
         try:
-            signal.signal(signal.SIGTERM, self.request_stop)
+            # SIGTERM (Kubernetes, Slurm, docker stop, systemd) drains; SIGINT (Ctrl-C, an
+            # operator at a terminal) stops at once.
+            signal.signal(signal.SIGTERM, self.request_drain)
             signal.signal(signal.SIGINT, self.request_stop)
         except ValueError:  # not the main thread (embedded use): the caller stops us
             pass
@@ -213,7 +275,11 @@ class ServerApp:
 
     def _stop_watchdog(self) -> None:
         self._stop_requested.wait()
-        if self._stopped.wait(max(0.0, self._stop_deadline - time.monotonic())):
+        # The deadline can move closer (a drain over early, a second signal): look again often.
+        while not self._stopped.wait(min(0.1, max(0.0, self._stop_deadline - time.monotonic()))):
+            if time.monotonic() >= self._stop_deadline:
+                break
+        else:
             return
         busy = [
             t.name
@@ -222,7 +288,7 @@ class ServerApp:
         ]
         log.warning(
             "shutdown not done %.1f s after the stop request (busy threads: %s): exiting now",
-            STOP_DEADLINE_S,
+            STOP_DEADLINE_S + (self.config.drain_timeout if self._drain_requested else 0.0),
             ", ".join(busy) or "none",
         )
         logging.shutdown()
@@ -231,7 +297,7 @@ class ServerApp:
     def _serve_metrics(self, port: int) -> None:
         try:
             self._metrics = self.telemetry.serve_prometheus(
-                port, self.stats_snapshot, host=self.config.metrics_host
+                port, self.stats_snapshot, host=self.config.metrics_host, health=self.health
             )
         except OSError as exc:  # port taken, no permission: a start-up error like a bad --bind
             raise StartupError(f"cannot serve metrics on --metrics-port {port}: {exc}") from None
@@ -273,6 +339,7 @@ class ServerApp:
         poller.register(self._wake_r, zmq.POLLIN)
         poller.register(self.socket.monitor, zmq.POLLIN)
         while not self._stopping:
+            self._heartbeat = time.monotonic()
             # Trackers have no file descriptor: poll them with a timeout that backs off while
             # nothing completes (a stalled client's buffers may stay with ZeroMQ for long).
             timeout = self._tracker_wait_ms if self._in_flight else _IDLE_POLL_MS
@@ -287,6 +354,33 @@ class ServerApp:
             self._collect_results()
             self._release_sent()
             self._carry_out(self.core.tick(time.monotonic()))
+            if self._drain_requested and self._drain_turn():
+                return
+
+    def _drain_turn(self) -> bool:
+        """Start the drain once asked; True once it is over (done, or --drain-timeout)."""
+        now = time.monotonic()
+        if not self.core.draining:
+            self._drain_started = now
+            log.info(
+                "SIGTERM: draining for up to %g s (--drain-timeout)", self.config.drain_timeout
+            )
+            self._carry_out(self.core.begin_drain(now))
+        if self.core.drained(now):
+            log.info("drained in %.2f s", now - self._drain_started)
+        elif now >= self._drain_deadline:
+            log.warning(
+                "drain not done after %g s (--drain-timeout): %d client(s) still owed batches, "
+                "%d batch(es) in production; stopping now (their clients ask other servers)",
+                self.config.drain_timeout,
+                len(self.core.sessions),
+                self.core.jobs_out,
+            )
+        else:
+            return False
+        # What is left is the usual stop, bounded as after a plain stop request.
+        self._stop_deadline = min(self._stop_deadline, now + STOP_DEADLINE_S)
+        return True
 
     def _drain_wakeups(self) -> None:
         try:

@@ -182,8 +182,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--metrics-port",
         type=int,
         metavar="PORT",
-        help="serve Prometheus metrics on http://HOST:PORT/metrics, HOST being --metrics-host "
-        "(default: off)",
+        help="serve Prometheus metrics on http://HOST:PORT/metrics, HOST being --metrics-host, "
+        "and the probes /healthz (the server's loop turns) and /readyz (serving, not "
+        "draining) (default: off)",
     )
 
     batch = p.add_argument_group("batches")
@@ -217,6 +218,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--scale",
         type=_PAIR,
         metavar="LO,HI",
+    net.add_argument(
+        "--drain-timeout",
+        type=float,
+        metavar="SECONDS",
+        help="on SIGTERM, drain for at most this long before stopping: refuse new clients, "
+        "send the batches already in production, tell each client to take the rest to the "
+        "other servers, and answer /readyz with 503; SIGINT, or a second SIGTERM, stops at once; "
+        f"0: stop at once (default: {_D.drain_timeout:g})",
+    )
         help="random-resized-crop area fraction range (default: 0.08,1)",
     )
     aug.add_argument(

@@ -12,7 +12,17 @@ Events                                        Actions (returned, in order)
   on_sent(ticket, now)     ZeroMQ let go        SendBatch(identity, header, slot, labels, ticket)
   on_peer_gone(identity, why, now)              Release(slot)          (a buffer comes back)
   tick(now)    after every turn of the loop     TrimBuffers(keep)      (free idle chunks)
+  begin_drain(now) (SIGTERM: see "Draining")
   shutdown(now)
+
+Draining (`begin_drain`, the shell's SIGTERM with --drain-timeout > 0): no hello is admitted
+any more (a ``transient`` error: the client's fleet backs off, hands the batches it asked of
+us to its other servers and never counts us as a server that refuses it for good); nothing
+new is submitted; each session is sent what is already in production or ready, then told
+`Shutdown` (the client takes back what it asked and was not sent and asks the other servers)
+and dropped. A session whose peer does not read (`not_reading`) is told at once: its batches
+move rather than wait. `drained` says when every session has been told and ZeroMQ holds no
+batch for a peer that reads; the shell bounds the whole by --drain-timeout.
 
 What lives here: admission (splits, --max-clients, world-size agreement per (split, job)),
 each client's session (sessions.py), the buffer budget and fair share (budget.py), credit
@@ -237,6 +247,7 @@ class ServerCore:
                 f"protocol version mismatch: client speaks v{wire.show(exc.peer_version)}, "
                 f"server speaks v{wire.PROTOCOL_VERSION}",
             )
+        self.draining = False  # begin_drain: admit nothing, finish what is under way
         except ProtocolError as exc:
             return self._malformed(identity, str(exc))
         return self.on_message(identity, msg, now)
@@ -351,7 +362,49 @@ class ServerCore:
             actions += self._housekeeping(now)
             self._next_housekeeping = now + HOUSEKEEPING_S
         actions += self._send_ready(now)
-        actions += self._schedule(now)
+        if self.draining:
+            actions += self._drain_step(now)
+        else:
+            actions += self._schedule(now)
+            if self._served_from_window:  # batches ready at once: out this turn, not next
+                self._served_from_window = False
+                actions += self._send_ready(now)
+        return actions
+
+    def begin_drain(self, now: float) -> list[Action]:
+        """Stop admitting and producing; sessions are told `Shutdown` once what they were
+        promised (in production or ready) is sent (see "Draining" in the module doc)."""
+        if not self.draining:
+            self.draining = True
+            log.info(
+                "draining: no new clients; finishing %d batch(es) in production and %d ready "
+                "for %d client(s)",
+                self.jobs_out,
+                self.ready,
+                len(self.sessions),
+            )
+        return self._send_ready(now) + self._drain_step(now)
+
+    def drained(self, now: float) -> bool:
+        """Draining and done: every session told, and ZeroMQ holds no sent batch for a peer
+        that still reads (one that stopped reading is not waited for)."""
+        if not self.draining or self.sessions:
+            return False
+        return all(
+            self.deliveries.waiting(identity, now) > NOT_READING_S
+            for identity in self.deliveries.held_by_peer()
+        )
+
+    def _drain_step(self, now: float) -> list[Action]:
+        """Tell each session whose promised batches are all sent (or whose peer does not
+        read) that the server is going, and drop it."""
+        actions: list[Action] = []
+        for identity, session in list(self.sessions.items()):
+            if session.in_production == 0 and (
+                session.ready == 0 or self.not_reading(session, now)
+            ):
+                actions.append(Reply(identity, wire.Shutdown()))
+                actions += self._drop(identity)
         return actions
 
     def shutdown(self, now: float) -> list[Action]:
@@ -438,6 +491,15 @@ class ServerCore:
             )
         self.sessions[identity] = session
         self._by_serial[session.serial] = session
+        if self.draining:
+            # A new hello ends the peer's previous session (as below): it is not waited for.
+            return self._drop(identity) + self._error(
+                identity,
+                "this server is draining (shutting down): ask the other servers; "
+                "a replacement takes its place",
+                "transient",
+                session=session_no,
+            )
         self.scheduler.add(identity)
         asks = f"batch {hello.batches[0]}" if hello.batches else "nothing yet"
         log.info(

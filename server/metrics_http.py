@@ -1,24 +1,39 @@
-"""The Prometheus endpoint: ``GET /metrics`` and nothing else, on the host asked for.
+"""The metrics port: ``GET /metrics`` (Prometheus) and the probes ``/healthz`` and ``/readyz``.
 
-prometheus_client's own server answers any path with the metrics; ours answers only
-``/metrics`` (404 elsewhere, 405 for anything but GET/HEAD), so a scanner learns nothing from
-other paths, and it binds to ``--metrics-host`` (127.0.0.1 by default), not every interface.
+prometheus_client's own server answers any path with the metrics; ours answers only these
+paths (404 elsewhere, 405 for anything but GET/HEAD), so a scanner learns nothing from other
+paths, and it binds to ``--metrics-host`` (127.0.0.1 by default), not every interface.
+
+The probes live here because a scheduler (a Kubernetes kubelet, a load balancer) already has
+to reach this port to scrape: one port to open, one to protect. Their answers come from a
+``health`` callable the server supplies; it only reads values the loop thread writes (a
+heartbeat time, a draining flag), so a probe never waits on the loop or takes its locks, and
+a loop that is stuck still gets a prompt 503 from ``/healthz``.
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 METRICS_PATH = "/metrics"
+HEALTH_PATHS = ("/healthz", "/readyz")
+
+#: ``health(path)`` -> (HTTP status, body): 200 when the check passes, 503 when it does not.
+HealthCheck = Callable[[str], tuple[int, bytes]]
 
 
 def start_metrics_server(
-    port: int, host: str, registry: CollectorRegistry
+    port: int,
+    host: str,
+    registry: CollectorRegistry,
+    health: HealthCheck | None = None,
 ) -> tuple[ThreadingHTTPServer, threading.Thread]:
-    """Serve ``registry`` at ``http://host:port/metrics`` from a daemon thread."""
+    """Serve ``registry`` at ``http://host:port/metrics`` from a daemon thread, and
+    ``/healthz`` and ``/readyz`` from ``health`` when one is given (404 otherwise)."""
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
@@ -28,13 +43,19 @@ def start_metrics_server(
             self._answer(body=False)
 
         def _answer(self, body: bool) -> None:
-            if self.path.split("?", 1)[0] != METRICS_PATH:
-                self.send_error(404, "only /metrics is served here")
+            path = self.path.split("?", 1)[0]
+            if path == METRICS_PATH:
+                status, payload, kind = 200, generate_latest(registry), CONTENT_TYPE_LATEST
+            elif path in HEALTH_PATHS and health is not None:
+                status, payload = health(path)
+                kind = "application/json"
+            else:
+                self.send_error(404, "only /metrics, /healthz and /readyz are served here")
                 return
-            payload = generate_latest(registry)
-            self.send_response(200)
-            self.send_header("Content-Type", CONTENT_TYPE_LATEST)
+            self.send_response(status)
+            self.send_header("Content-Type", kind)
             self.send_header("Content-Length", str(len(payload)))
+            self.send_header("Cache-Control", "no-store")
             self.end_headers()
             if body:
                 self.wfile.write(payload)

@@ -20,7 +20,7 @@ from typing import Any
 
 from batchwire.common.rates import RateWindow
 from batchwire.server.handshakes import REASONS as HANDSHAKE_REASONS
-from batchwire.server.metrics_http import start_metrics_server
+from batchwire.server.metrics_http import HealthCheck, start_metrics_server
 from batchwire.wire.stats import (
     STATS_VERSION,
     BufferStats,
@@ -127,6 +127,15 @@ class MetricsServer:
     def __init__(self, httpd: Any, thread: threading.Thread, on_stop: Callable[[], None]):
         self._httpd = httpd
         self._thread = thread
+# The same reports, one number per server: the signal an autoscaler scales the fleet on
+# (deploy/kubernetes/base/hpa.yaml). Per-client series cannot drive a HorizontalPodAutoscaler
+# without a recording rule; a mean of the connected trainers can, and it is 0 with none (a
+# fleet with no trainers needs no more servers).
+_TRAINER_WAIT = (
+    "batchwire_trainer_data_wait_ratio",
+    "Mean share of wall time the connected trainers waited for data (their loader reports), "
+    "0 to 1; high means trainers are waiting on data: add servers.",
+)
         self._on_stop = on_stop
         self._stopped = False
         self._lock = threading.Lock()
@@ -234,6 +243,13 @@ def _families(snap: ServerStats, fallbacks: dict[str, int] | None = None) -> Ite
     buffers = snap.buffers
     if buffers is not None:
         for value, name, doc in (
+    yield sharing
+    waits = [
+        c.loader.data_wait_fraction
+        for c in snap.clients
+        if c.loader is not None and c.loader.data_wait_fraction is not None
+    ]
+    yield GaugeMetricFamily(*_TRAINER_WAIT, value=sum(waits) / len(waits) if waits else 0.0)
             (
                 buffers.held,
                 "batchwire_buffers_held",
@@ -458,7 +474,7 @@ class Telemetry:
             self._collector = collector
         self.registry.register(collector)
         try:
-            httpd, thread = start_metrics_server(int(port), host, self.registry)
+            httpd, thread = start_metrics_server(int(port), host, self.registry, health)
         except Exception:
             self._unregister(collector)
             raise
@@ -471,3 +487,5 @@ class Telemetry:
         with self._lock:
             if self._collector is collector:
                 self._collector = None
+        health: HealthCheck | None = None,
+        ``health`` answers the probes ``/healthz`` and ``/readyz`` on the same port.

@@ -1,4 +1,7 @@
-"""SIGTERM stops a real pipeline-server within 2 s, exit code 0, whatever its threads are doing.
+"""SIGTERM with --drain-timeout 0 (SIGINT always) stops a real pipeline-server within 2 s, exit
+code 0, whatever its threads are doing; with a drain (the default), the drain is bounded by
+--drain-timeout whatever its clients and producers do (tests/e2e/test_health.py and
+test_drain.py show a drain that finishes).
 
 Producers busy with huge images (a list file of one 6000 x 6000 PNG, one decode thread: a batch
 takes seconds) are not waited for beyond a short grace: they are daemon threads, and the
@@ -48,6 +51,7 @@ def test_sigterm_exits_within_2s_while_producers_are_busy(huge_images, ctx) -> N
     args = (
         *("--train", str(huge_images), "--batch-size", "16", "--image-size", "32"),
         *("--workers", "1", "--producers", "2", "--metrics-port", "0"),
+        *("--drain-timeout", "0"),
     )
     with running_server(*args) as srv:
         client = RawClient.connect(ctx, srv.endpoint, batches=(0, 1))
@@ -72,7 +76,7 @@ def test_sigterm_exits_within_2s_with_a_client_that_reads_nothing(ctx) -> None:
 
     root = str(default_dataset().val_root)
     args = ("--train", root, "--batch-size", "4", "--image-size", "512", "--workers", "1")
-    with running_server(*args, "--output-dtype", "uint8") as srv:
+    with running_server(*args, "--output-dtype", "uint8", "--drain-timeout", "0") as srv:
         sock = ctx.socket(zmq.DEALER)
         sock.linger = 0
         sock.rcvhwm = 1
@@ -90,3 +94,47 @@ def test_sigterm_exits_within_2s_with_a_client_that_reads_nothing(ctx) -> None:
         code = srv._proc.wait(10)
         assert code == 0 and time.monotonic() - started < 2.0, srv.log()
         stalled.close()
+
+
+@pytest.mark.timeout(120)
+def test_a_drain_is_bounded_by_drain_timeout_while_producers_are_busy(huge_images, ctx) -> None:
+    """Producers that take seconds a batch do not stretch the drain past --drain-timeout: the
+    clients are told at its end (what was not sent moves to other servers) and the process
+    exits 0 within --drain-timeout + 2 s."""
+    args = (
+        *("--train", str(huge_images), "--batch-size", "16", "--image-size", "32"),
+        *("--workers", "1", "--producers", "2", "--drain-timeout", "0.5"),
+    )
+    with running_server(*args) as srv:
+        client = RawClient.connect(ctx, srv.endpoint, batches=(0, 1))
+        client.start()
+        wait_for(lambda: _busy(srv), "a producer to be decoding", 30)
+        started = time.monotonic()
+        srv._proc.send_signal(signal.SIGTERM)
+        code = srv._proc.wait(10)
+        elapsed = time.monotonic() - started
+        assert code == 0, srv.log()
+        assert elapsed < 2.5, (elapsed, srv.log())
+        assert "drain not done after 0.5 s" in srv.log()
+        msg, _ = client.recv(5)
+        assert isinstance(msg, wire.Shutdown), msg
+        client.close()
+
+
+@pytest.mark.timeout(120)
+def test_sigint_stops_at_once_even_with_a_drain_timeout(huge_images, ctx) -> None:
+    """Ctrl-C at a terminal means now: SIGINT never drains."""
+    args = (
+        *("--train", str(huge_images), "--batch-size", "16", "--image-size", "32"),
+        *("--workers", "1", "--producers", "2", "--drain-timeout", "60"),
+    )
+    with running_server(*args) as srv:
+        client = RawClient.connect(ctx, srv.endpoint, batches=(0, 1))
+        client.start()
+        wait_for(lambda: _busy(srv), "a producer to be decoding", 30)
+        started = time.monotonic()
+        srv._proc.send_signal(signal.SIGINT)
+        assert srv._proc.wait(10) == 0, srv.log()
+        assert time.monotonic() - started < 2.0, srv.log()
+        assert "draining" not in srv.log()
+        client.close()

@@ -1,0 +1,121 @@
+"""/healthz and /readyz of a real pipeline-server, over real HTTP, and what SIGTERM does to them.
+
+/healthz answers 200 while the server's loop turns; /readyz answers 200 while the server
+serves and 503 from the moment SIGTERM starts the drain (a Kubernetes readiness probe then
+takes the pod out of the Service's DNS name), while /healthz stays 200 (a liveness probe must
+not kill a draining server). During the drain a new hello is refused as ``transient`` (the
+client asks its other servers); a client mid-stream gets the batches already in production,
+then `shutdown`; the process exits 0.
+
+Slow producers keep the drain open long enough to look at: a list file naming one 16-megapixel
+PNG (a batch of 4 takes about a second to decode on one thread).
+"""
+
+from __future__ import annotations
+
+import signal
+import socket
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import requests
+from batchwire import wire
+from batchwire.wire.raw_client import RawClient
+from rawclient import wait_for
+from serverproc import running_server, small_server_args
+
+cv2 = pytest.importorskip("cv2")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def probe(port: int, path: str) -> tuple[int, dict]:
+    resp = requests.get(f"http://127.0.0.1:{port}{path}", timeout=5)
+    assert resp.headers["Content-Type"] == "application/json"
+    return resp.status_code, resp.json()
+
+
+@pytest.fixture(scope="module")
+def big_images(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("big")
+    side = 4000
+    ramp = (np.arange(side, dtype=np.uint32) * 255 // side).astype(np.uint8)
+    image = np.empty((side, side, 3), np.uint8)
+    image[..., 0] = ramp[None, :]
+    image[..., 1] = ramp[:, None]
+    image[..., 2] = 128
+    assert cv2.imwrite(str(folder / "big.png"), image, [cv2.IMWRITE_PNG_COMPRESSION, 1])
+    listing = folder / "list.txt"
+    listing.write_text("".join(f"big.png {i % 2}\n" for i in range(64)))
+    return listing
+
+
+@pytest.mark.timeout(120)
+def test_probes_answer_on_the_metrics_port_only_where_asked() -> None:
+    port = free_port()
+    with running_server(*small_server_args(seed=1), "--metrics-port", str(port)):
+        code, body = probe(port, "/healthz")
+        assert code == 200 and body["checks"] == {"loop": True} and body["status"] == "ok"
+        code, body = probe(port, "/readyz")
+        assert code == 200, body
+        assert body["checks"] == {
+            "loop": True,
+            "splits": True,
+            "producers": True,
+            "accepting": True,
+        }
+        assert not body["draining"]
+        head = requests.head(f"http://127.0.0.1:{port}/readyz?verbose", timeout=5)
+        assert head.status_code == 200 and head.content == b""
+        assert requests.get(f"http://127.0.0.1:{port}/", timeout=5).status_code == 404
+        assert requests.post(f"http://127.0.0.1:{port}/healthz", timeout=5).status_code == 501
+
+
+@pytest.mark.timeout(120)
+def test_sigterm_drains_readyz_503_healthz_200_batches_in_production_sent(big_images, ctx) -> None:
+    port = free_port()
+    args = (
+        *("--train", str(big_images), "--batch-size", "4", "--image-size", "32"),
+        *("--workers", "1", "--producers", "1", "--prefetch-depth", "2"),
+        *("--metrics-port", str(port), "--drain-timeout", "30"),
+    )
+    with running_server(*args) as srv:
+        client = RawClient.connect(ctx, srv.endpoint, batches=(0, 1, 2, 3))
+        client.start()
+        wait_for(
+            lambda: srv.stats()["clients"] and srv.stats()["clients"][0]["sent"] == 0,
+            "the client's stream",
+            30,
+        )
+        assert probe(port, "/readyz")[0] == 200
+        started = time.monotonic()
+        srv._proc.send_signal(signal.SIGTERM)
+        _, body = wait_for(lambda: (r := probe(port, "/readyz"))[0] == 503 and r, "readyz 503", 10)
+        assert body["draining"] and body["checks"]["accepting"] is False
+        assert probe(port, "/healthz")[0] == 200  # alive: a liveness probe must not kill it
+        late = RawClient.connect(ctx, srv.endpoint, batches=(0,), session=9)
+        late.send(late.hello)
+        msg, _ = late.recv(10)
+        assert isinstance(msg, wire.ErrorReply), msg
+        assert msg.reason == "transient" and "draining" in msg.message
+        got = []
+        while True:
+            msg, _ = client.recv(30)
+            if isinstance(msg, wire.Shutdown):
+                break
+            assert isinstance(msg, wire.BatchHeader), msg
+            got.append(msg.batch_index)
+        # --prefetch-depth 2: batches 0 and 1 were in production at SIGTERM; 2 and 3 never
+        # start (the client asks other servers for them).
+        assert got == [0, 1], srv.log()
+        assert srv._proc.wait(20) == 0, srv.log()
+        assert time.monotonic() - started < 20
+        assert "drained in" in srv.log()
+        late.close()
+        client.close()
