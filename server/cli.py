@@ -179,6 +179,15 @@ def build_parser() -> argparse.ArgumentParser:
         f"(host gone) is dropped at once (default: {_D.client_timeout:g})",
     )
     net.add_argument(
+        "--drain-timeout",
+        type=float,
+        metavar="SECONDS",
+        help="on SIGTERM, drain for at most this long before stopping: refuse new clients, "
+        "send the batches already in production, tell each client to take the rest to the "
+        "other servers, and answer /readyz with 503; SIGINT, or a second SIGTERM, stops at once; "
+        f"0: stop at once (default: {_D.drain_timeout:g})",
+    )
+    net.add_argument(
         "--metrics-port",
         type=int,
         metavar="PORT",
@@ -218,15 +227,6 @@ def build_parser() -> argparse.ArgumentParser:
         "--scale",
         type=_PAIR,
         metavar="LO,HI",
-    net.add_argument(
-        "--drain-timeout",
-        type=float,
-        metavar="SECONDS",
-        help="on SIGTERM, drain for at most this long before stopping: refuse new clients, "
-        "send the batches already in production, tell each client to take the rest to the "
-        "other servers, and answer /readyz with 503; SIGINT, or a second SIGTERM, stops at once; "
-        f"0: stop at once (default: {_D.drain_timeout:g})",
-    )
         help="random-resized-crop area fraction range (default: 0.08,1)",
     )
     aug.add_argument(

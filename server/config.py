@@ -75,6 +75,10 @@ class ServerConfig:
     handshake_timeout: float = 10.0
     # A tcp:// connection whose sent data stays untaken this long is closed (TCP_USER_TIMEOUT).
     stall_timeout: float = 30.0
+    # SIGTERM drains for at most this long (no new clients, what is in production is sent,
+    # clients told to move on) before the usual stop; 0: stop at once, as SIGINT does. 5 s:
+    # far more than a batch in production takes, and within Docker's 10 s stop grace.
+    drain_timeout: float = 5.0
     metrics_port: int | None = None
     allow_outside_root: bool = False
     # Check every file read against its checksum manifest (pipeline/checksums.py): "auto" when
@@ -86,10 +90,6 @@ class ServerConfig:
     metrics_host: str = "127.0.0.1"
     log_level: str = "INFO"
     log_format: str = "text"  # "json": one JSON object per line (server/logformat.py)
-    # SIGTERM drains for at most this long (no new clients, what is in production is sent,
-    # clients told to move on) before the usual stop; 0: stop at once, as SIGINT does. 5 s:
-    # far more than a batch in production takes, and within Docker's 10 s stop grace.
-    drain_timeout: float = 5.0
 
     def __post_init__(self) -> None:
         self.validate()
@@ -163,6 +163,8 @@ class ServerConfig:
             problems.append("--handshake-timeout must be > 0")
         if not self.stall_timeout > 0:
             problems.append("--stall-timeout must be > 0")
+        if not 0 <= self.drain_timeout <= 3600:
+            problems.append(f"--drain-timeout must be 0 to 3600 s, got {self.drain_timeout}")
         if self.max_buffers is not None and int(self.max_buffers) < 1:
             problems.append(f"--max-buffers must be >= 1, got {self.max_buffers}")
         if int(self.max_clients) < 1:
@@ -195,10 +197,6 @@ def config_from_toml(path: str | os.PathLike[str]) -> dict[str, Any]:
         name = key.replace("-", "_")
         if name not in _FIELDS:
             raise ValueError(f"{path}: unknown setting {key!r}; known: {sorted(_FIELDS)}")
-        if not 0 <= self.drain_timeout <= 3600:
-            problems.append(f"--drain-timeout must be 0 to 3600 s, got {self.drain_timeout}")
-        if self.share_window is not None and int(self.share_window) < 0:
-            problems.append(f"--share-window must be >= 0, got {self.share_window}")
         if name in ("bind", "checksum_dirs") and isinstance(value, str):
             value = [value]
         if name in ("scale", "ratio", "mean", "std") and isinstance(value, list):

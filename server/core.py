@@ -230,6 +230,7 @@ class ServerCore:
         self._next_housekeeping = now + HOUSEKEEPING_S
         self._malformed_seen = 0
         self._errors_seen = 0
+        self.draining = False  # begin_drain: admit nothing, finish what is under way
 
     # ------------------------------------------------------------------------- events
 
@@ -247,7 +248,6 @@ class ServerCore:
                 f"protocol version mismatch: client speaks v{wire.show(exc.peer_version)}, "
                 f"server speaks v{wire.PROTOCOL_VERSION}",
             )
-        self.draining = False  # begin_drain: admit nothing, finish what is under way
         except ProtocolError as exc:
             return self._malformed(identity, str(exc))
         return self.on_message(identity, msg, now)
@@ -366,9 +366,6 @@ class ServerCore:
             actions += self._drain_step(now)
         else:
             actions += self._schedule(now)
-            if self._served_from_window:  # batches ready at once: out this turn, not next
-                self._served_from_window = False
-                actions += self._send_ready(now)
         return actions
 
     def begin_drain(self, now: float) -> list[Action]:
@@ -447,6 +444,15 @@ class ServerCore:
 
     def _on_hello(self, identity: bytes, hello: Hello, now: float) -> list[Action]:
         session_no = hello.session
+        if self.draining:
+            # A new hello ends the peer's previous session (as below): it is not waited for.
+            return self._drop(identity) + self._error(
+                identity,
+                "this server is draining (shutting down): ask the other servers; "
+                "a replacement takes its place",
+                "transient",
+                session=session_no,
+            )
         split = self.splits.get(hello.split)
         if split is None:
             return self._error(
@@ -491,15 +497,6 @@ class ServerCore:
             )
         self.sessions[identity] = session
         self._by_serial[session.serial] = session
-        if self.draining:
-            # A new hello ends the peer's previous session (as below): it is not waited for.
-            return self._drop(identity) + self._error(
-                identity,
-                "this server is draining (shutting down): ask the other servers; "
-                "a replacement takes its place",
-                "transient",
-                session=session_no,
-            )
         self.scheduler.add(identity)
         asks = f"batch {hello.batches[0]}" if hello.batches else "nothing yet"
         log.info(

@@ -119,14 +119,6 @@ _CLIENT_WAIT = (
     "batchwire_client_data_wait_ratio",
     "Share of wall time the client's trainer waited for data (as it reports), 0 to 1.",
 )
-
-
-class MetricsServer:
-    """What ``serve_prometheus`` returns: call it to stop; ``port``/``url`` say where it is."""
-
-    def __init__(self, httpd: Any, thread: threading.Thread, on_stop: Callable[[], None]):
-        self._httpd = httpd
-        self._thread = thread
 # The same reports, one number per server: the signal an autoscaler scales the fleet on
 # (deploy/kubernetes/base/hpa.yaml). Per-client series cannot drive a HorizontalPodAutoscaler
 # without a recording rule; a mean of the connected trainers can, and it is 0 with none (a
@@ -136,6 +128,14 @@ _TRAINER_WAIT = (
     "Mean share of wall time the connected trainers waited for data (their loader reports), "
     "0 to 1; high means trainers are waiting on data: add servers.",
 )
+
+
+class MetricsServer:
+    """What ``serve_prometheus`` returns: call it to stop; ``port``/``url`` say where it is."""
+
+    def __init__(self, httpd: Any, thread: threading.Thread, on_stop: Callable[[], None]):
+        self._httpd = httpd
+        self._thread = thread
         self._on_stop = on_stop
         self._stopped = False
         self._lock = threading.Lock()
@@ -227,6 +227,12 @@ def _families(snap: ServerStats, fallbacks: dict[str, int] | None = None) -> Ite
     yield from per_client.values()
     yield sent
     yield wait_ratio
+    waits = [
+        c.loader.data_wait_fraction
+        for c in snap.clients
+        if c.loader is not None and c.loader.data_wait_fraction is not None
+    ]
+    yield GaugeMetricFamily(*_TRAINER_WAIT, value=sum(waits) / len(waits) if waits else 0.0)
 
     unlisted = snap.clients_unlisted
     yield GaugeMetricFamily(
@@ -243,13 +249,6 @@ def _families(snap: ServerStats, fallbacks: dict[str, int] | None = None) -> Ite
     buffers = snap.buffers
     if buffers is not None:
         for value, name, doc in (
-    yield sharing
-    waits = [
-        c.loader.data_wait_fraction
-        for c in snap.clients
-        if c.loader is not None and c.loader.data_wait_fraction is not None
-    ]
-    yield GaugeMetricFamily(*_TRAINER_WAIT, value=sum(waits) / len(waits) if waits else 0.0)
             (
                 buffers.held,
                 "batchwire_buffers_held",
@@ -461,11 +460,13 @@ class Telemetry:
         port: int,
         snapshot_fn: Callable[[], ServerStats],
         host: str = "127.0.0.1",
+        health: HealthCheck | None = None,
     ) -> MetricsServer:
         """Serve ``/metrics`` on ``host:port`` from a daemon thread; returns the stop callable.
 
         ``port=0`` binds a free port; the returned handle's ``port`` and ``url`` tell which.
         Gauges come from ``snapshot_fn()`` called at each scrape, so the server needs no timer.
+        ``health`` answers the probes ``/healthz`` and ``/readyz`` on the same port.
         """
         collector = _SnapshotCollector(self, snapshot_fn)
         with self._lock:
@@ -487,5 +488,3 @@ class Telemetry:
         with self._lock:
             if self._collector is collector:
                 self._collector = None
-        health: HealthCheck | None = None,
-        ``health`` answers the probes ``/healthz`` and ``/readyz`` on the same port.
