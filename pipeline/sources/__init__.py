@@ -57,7 +57,7 @@ def open_source(
     if is_classic(spec):
         return _dataset._open_listing(spec, cache_dir, allow_outside_root)  # type: ignore[arg-type]
     located = locate(spec)
-    if located.kind in ("csv", "jsonl"):
+    if located.kind in ("csv", "jsonl", "namedlist"):
         from batchwire.pipeline.sources.manifest import open_manifest
 
         return open_manifest(located, allow_outside_root=allow_outside_root)

@@ -8,7 +8,8 @@ file's `path label`, a CSV's commas, a JSON line's brace, a bare list of shard n
 given to `--train` is read as shards, not as a list file that "is not UTF-8 text".
 
 Kinds: "folder" and "list" (today's, opened by `pipeline.dataset` unchanged), "csv", "jsonl"
-(manifests), "tar" (WebDataset shards), "parquet" (Hugging Face datasets layout).
+and "namedlist" (manifests; the last a list file whose labels are class names), "tar"
+(WebDataset shards), "parquet" (Hugging Face datasets layout).
 """
 
 from __future__ import annotations
@@ -120,6 +121,8 @@ def sniff_text(head: bytes) -> str:
             return "csv"
         if len(parts) == 1 and _suffix_kind(line) in ("tar", "parquet"):
             return "shardlist"
+        if len(parts) == 2:
+            return "namedlist"  # `path classname`: a list file labelled by class names
         return "list"
     return "list"
 

@@ -76,6 +76,18 @@ def _csv_rows(text: str, where: str, delimiter: str) -> Iterator[_Row]:
         raise ManifestError(f"{where}:{reader.line_num}: not CSV ({exc})") from None
 
 
+def _list_rows(text: str, where: str) -> Iterator[_Row]:
+    """A list file's `path label` lines whose labels are class names (`namedlist`)."""
+    for lineno, raw in enumerate(text.splitlines(), start=1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        parts = line.rsplit(None, 1)
+        if len(parts) != 2:
+            raise ManifestError(f"{where}:{lineno}: expected 'path label', got {raw!r}")
+        yield _Row(lineno, parts[0].strip(), parts[1])
+
+
 def _jsonl_rows(text: str, where: str) -> Iterator[_Row]:
     for lineno, raw in enumerate(text.splitlines(), start=1):
         line = raw.strip()
@@ -166,6 +178,8 @@ def open_manifest(located: Located, *, allow_outside_root: bool = False) -> Imag
     text = _text_of(located)
     if located.kind == "jsonl":
         rows = _jsonl_rows(text, where)
+    elif located.kind == "namedlist":
+        rows = _list_rows(text, where)
     else:
         rows = _csv_rows(text, where, "\t" if where.lower().endswith(".tsv") else ",")
     local = isinstance(located.store, LocalStore)
@@ -220,6 +234,6 @@ def open_manifest(located: Located, *, allow_outside_root: bool = False) -> Imag
         labels=labels,
         classes=classes,
         root=Path(where),
-        kind=located.kind,
+        kind="list" if located.kind == "namedlist" else located.kind,
         reader=reader,
     )

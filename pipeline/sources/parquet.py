@@ -28,6 +28,7 @@ from typing import Any
 from batchwire.pipeline.dataset import ImageDataset
 from batchwire.pipeline.sources.labels import LabelTable
 from batchwire.pipeline.sources.locate import Located
+from batchwire.pipeline.sources.tarindex import MAX_MEMBER_BYTES
 from batchwire.pipeline.storage import LocalStore, Store
 
 #: Bytes of decoded row groups kept per dataset (a few hundred row groups of photos).
@@ -220,13 +221,17 @@ class ParquetReader:
         g = bisect.bisect_right(self.starts, i) - 1
         f, rg = self.groups[g]
         column = self.cache.get((f, rg), lambda: self._image_column(f, rg))
-        value = column[i - self.starts[g]]["bytes"].as_py()
-        if value is None:
-            raise FileNotFoundError(
-                f"{self.located.name(self.located.keys[f])}: row {i - self.starts[g]} of row "
-                f"group {rg} has no image bytes (a path-only image)"
+        where = (
+            f"{self.located.name(self.located.keys[f])}: row {i - self.starts[g]} of row group {rg}"
+        )
+        buf = column[i - self.starts[g]]["bytes"].as_buffer()
+        if buf is None:
+            raise FileNotFoundError(f"{where} has no image bytes (a path-only image)")
+        if buf.size > MAX_MEMBER_BYTES:
+            raise OSError(
+                f"{where}: image of {buf.size} bytes, over the {MAX_MEMBER_BYTES} byte cap"
             )
-        return value
+        return buf.to_pybytes()
 
 
 def open_parquet(located: Located) -> ImageDataset:

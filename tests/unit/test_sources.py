@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from batchwire.pipeline.dataset import ImageDataset, open_dataset
-from batchwire.pipeline.sources import expand_braces, source_kind, tarindex
+from batchwire.pipeline.sources import expand_braces, parquet, source_kind, tarindex
 from batchwire.pipeline.sources.labels import LabelError, LabelTable, parse_label
 from batchwire.pipeline.sources.tarshards import MemberCutShort
 from batchwire.pipeline.synthetic import default_dataset
@@ -152,7 +152,7 @@ def test_labels():
         t.add(name, "w")
     ids, classes = t.resolve()
     assert classes == ["a", "b", "c"] and ids.tolist() == [1, 0, 1, 2]
-    with pytest.raises(LabelError, match="f.csv:9: integer label 3"):
+    with pytest.raises(LabelError, match=r"f\.csv:9: integer label 3"):
         t.add(3, "f.csv:9")
 
 
@@ -189,6 +189,21 @@ def test_csv_without_header_ids_and_tsv(tmp_path, folder, ref):
         )
     )
     assert (open_dataset(tsv).labels == ref.labels).all()
+
+
+def test_list_file_of_class_names(folder, ref):
+    """`path classname` lines (once "label must be an integer, got 'tench'"): names become ids."""
+    path = folder.parent / "names.txt"
+    path.write_text(
+        "# a list file labelled by names\n"
+        + "".join(
+            f"{Path(p).relative_to(folder.parent)} {ref.classes[lab]}\n"
+            for p, lab in zip(ref.paths, ref.labels, strict=True)
+        )
+    )
+    got = open_dataset(path)
+    assert got.kind == "list" and got.paths == ref.paths
+    assert_same(got, ref)
 
 
 def test_jsonl(folder, ref):
@@ -248,7 +263,7 @@ def test_jsonl_errors_name_file_and_line(tmp_path, line, needle):
 def test_manifest_not_utf8(tmp_path):
     path = tmp_path / "m.csv"
     path.write_bytes(b"path,label\n\xff\xfe.jpg,1\n")
-    with pytest.raises(ValueError, match="m.csv: not UTF-8"):
+    with pytest.raises(ValueError, match=r"m\.csv: not UTF-8"):
         open_dataset(path)
 
 
@@ -372,9 +387,13 @@ def test_parquet_is_the_image_folder(tmp_path, ref):
     assert cache.misses == 6 and cache.hits > 0  # 4 + 2 row groups, each read once
 
 
-def test_parquet_without_features_and_small_cache(tmp_path, ref):
+def test_parquet_without_features_and_small_cache(tmp_path, ref, monkeypatch):
     got = open_dataset(write_parquet(tmp_path / "p.parquet", ref, range(40), names=False, rows=4))
     assert got.classes == [str(c) for c in range(10)] and (got.labels == ref.labels).all()
+    monkeypatch.setattr(parquet, "MAX_MEMBER_BYTES", len(ref.read_bytes(39)) - 1)
+    with pytest.raises(OSError, match="byte cap"):
+        got.read_bytes(39)
+    monkeypatch.undo()
     got.reader.cache.max_bytes = 1  # keeps one row group
     assert all(got.read_bytes(i) == ref.read_bytes(i) for i in (0, 39, 1, 38))
     assert len(got.reader.cache._items) == 1
@@ -383,14 +402,14 @@ def test_parquet_without_features_and_small_cache(tmp_path, ref):
 def test_parquet_bad_files_name_the_file(tmp_path, ref):
     bad = tmp_path / "bad.parquet"
     bad.write_bytes(b"PAR1" + b"\0" * 100)
-    with pytest.raises(ValueError, match="bad.parquet: not a readable Parquet file"):
+    with pytest.raises(ValueError, match=r"bad\.parquet: not a readable Parquet file"):
         open_dataset(bad)
     pq.write_table(pa.table({"x": [1, 2]}), tmp_path / "nocol.parquet")
-    with pytest.raises(ValueError, match="nocol.parquet: no image column"):
+    with pytest.raises(ValueError, match=r"nocol\.parquet: no image column"):
         open_dataset(tmp_path / "nocol.parquet")
     t = pa.table({"image": [{"bytes": b"x", "path": "a"}], "name": ["a"]})
     pq.write_table(t, tmp_path / "nolabel.parquet")
-    with pytest.raises(ValueError, match="nolabel.parquet: no integer label column"):
+    with pytest.raises(ValueError, match=r"nolabel\.parquet: no integer label column"):
         open_dataset(tmp_path / "nolabel.parquet")
     image = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
     t = pa.table({"image": pa.array([{"bytes": None, "path": "a.jpg"}], image), "label": [0]})
