@@ -1,38 +1,33 @@
 """``pipeline-monitor ENDPOINT``: watch a running pipeline-server from a terminal.
 
-Live mode redraws the view every ``--interval`` seconds on the terminal's alternate screen (plain
-ANSI, no curses), redraws at once when the terminal is resized, and restores the terminal on
-Ctrl-C or SIGTERM. ``--once`` prints a single snapshot; ``--json`` prints the raw stats instead of
-the view (one JSON object per line when live), for scripts.
+Live mode redraws the view every ``--interval`` seconds on the terminal's alternate screen
+(rich's Live), follows a resized terminal within a quarter of a second, and restores the
+terminal on Ctrl-C or SIGTERM. ``--once`` prints a single snapshot; ``--json`` prints the raw
+stats instead of the view (one JSON object per line when live), for scripts.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
-import select
 import shutil
 import signal
 import sys
 import time
 from collections import deque
-from collections.abc import Callable
 from typing import TextIO
 
 from batchwire.monitor.bottleneck import infer_bottleneck, smooth
-from batchwire.monitor.render import render
+from batchwire.monitor.render import MonitorView, render, text_console
 from batchwire.wire.keys import KeysError, client_keys
 from batchwire.wire.stats import ServerStats
 from batchwire.wire.stats_client import StatsClient, StatsUnavailable
 from batchwire.wire.version import add_version_argument
+from rich.live import Live
 
-ENTER_SCREEN = "\x1b[?1049h\x1b[?25l"  # alternate screen, hide cursor
-LEAVE_SCREEN = "\x1b[?25h\x1b[?1049l"
-HOME = "\x1b[H"
-CLEAR_EOL = "\x1b[K"
-CLEAR_BELOW = "\x1b[J"
+# Redraws per second of the live view: a resized terminal gets a frame of its size this soon.
+LIVE_REFRESH_HZ = 4
 # The live view infers the bottleneck from the queues averaged over this long: one snapshot
 # catches each worker in one stage, a few seconds show where batches really pile up.
 SMOOTH_S = 3.0
@@ -141,76 +136,57 @@ def _run_json_stream(client: StatsClient, args: argparse.Namespace, out: TextIO)
 
 
 def _run_live(client: StatsClient, args: argparse.Namespace, out: TextIO) -> int:
-    tty = out.isatty()
+    """Refresh every --interval. On a terminal: rich's Live on the alternate screen, redrawn at
+    the terminal's size several times a second (a resize shows at once), the terminal restored
+    on exit; otherwise one frame after another, a blank line apart."""
     color = _use_color(out, args.no_color)
-    unicode = _use_unicode(out)
-    state: dict = {"snapshot": None, "error": None, "last_ok": None}
+    view = MonitorView(args.endpoint, _use_unicode(out))
     recent: deque[ServerStats] = deque(maxlen=max(1, round(SMOOTH_S / args.interval)))
+    last_ok: float | None = None
 
-    def draw() -> None:
-        width, height = _terminal_size(out) if tty else (120, None)
-        error = state["error"]
-        if error and state["last_ok"] is not None:
-            error = f"{error}; last answer {time.monotonic() - state['last_ok']:.0f} s ago"
-        bottleneck = infer_bottleneck(smooth(recent)) if recent else None
-        frame = render(
-            state["snapshot"],
-            width,
-            height,
-            endpoint=args.endpoint,
-            error=error,
-            color=color,
-            unicode=unicode,
-            bottleneck=bottleneck,
-        )
-        if tty:
-            body = (CLEAR_EOL + "\r\n").join(frame.split("\n"))
-            out.write(HOME + body + CLEAR_EOL + CLEAR_BELOW)
-        else:
-            out.write(frame + "\n\n")
-        out.flush()
+    def poll() -> None:
+        nonlocal last_ok
+        try:
+            view.snapshot = client.fetch()
+            recent.append(view.snapshot)
+            view.error, last_ok = None, time.monotonic()
+        except StatsUnavailable as exc:
+            view.error = str(exc)
+            if last_ok is not None:
+                view.error += f"; last answer {time.monotonic() - last_ok:.0f} s ago"
+        view.bottleneck = infer_bottleneck(smooth(recent)) if recent else None
 
-    # A resize must wake the sleep between refreshes. The handler only writes a byte to a
-    # pipe the sleep selects on: taking a lock in a signal handler (threading.Event.set) can
-    # deadlock against the same lock held by the interrupted wait.
-    wake_r, wake_w = os.pipe()
-    os.set_blocking(wake_r, False)
-    os.set_blocking(wake_w, False)
+    def sleep_until(started: float) -> None:
+        time.sleep(max(0.0, started + args.interval - time.monotonic()))
 
-    def on_resize(signum: int, frame: object) -> None:
-        with contextlib.suppress(OSError):  # pipe full: a wake-up is pending anyway
-            os.write(wake_w, b"w")
-
-    previous: Callable | int | None = None
-    if tty and hasattr(signal, "SIGWINCH"):
-        previous = signal.signal(signal.SIGWINCH, on_resize)
-    if tty:
-        out.write(ENTER_SCREEN)
-    try:
+    if not out.isatty():
         while True:
             started = time.monotonic()
-            try:
-                state["snapshot"] = client.fetch()
-                recent.append(state["snapshot"])
-                state["error"] = None
-                state["last_ok"] = time.monotonic()
-            except StatsUnavailable as exc:
-                state["error"] = str(exc)
-            draw()
-            # Sleep until the next refresh, but redraw right away when the terminal resizes.
-            while (remaining := started + args.interval - time.monotonic()) > 0:
-                if select.select([wake_r], [], [], remaining)[0]:
-                    with contextlib.suppress(BlockingIOError):
-                        os.read(wake_r, 4096)
-                    draw()
-    finally:
-        if tty:
-            out.write(LEAVE_SCREEN)
+            poll()
+            text = render(
+                view.snapshot,
+                120,
+                endpoint=args.endpoint,
+                error=view.error,
+                color=color,
+                unicode=view.unicode,
+                bottleneck=view.bottleneck,
+            )
+            out.write(text + "\n\n")
             out.flush()
-        if previous is not None:
-            signal.signal(signal.SIGWINCH, previous)
-        os.close(wake_r)
-        os.close(wake_w)
+            sleep_until(started)
+    console = text_console(out, None, color)
+    with Live(view, console=console, screen=True, auto_refresh=False) as live:
+        next_poll = time.monotonic()
+        while True:
+            if time.monotonic() >= next_poll:
+                next_poll = time.monotonic() + args.interval
+                poll()
+            # The terminal's own size, read each redraw: rich would pin an exported COLUMNS or
+            # LINES, and a resize must show at the next redraw.
+            console.size = _terminal_size(out)
+            live.refresh()
+            time.sleep(max(0.0, min(1.0 / LIVE_REFRESH_HZ, next_poll - time.monotonic())))
 
 
 def main(argv: list[str] | None = None) -> int:

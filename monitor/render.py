@@ -1,32 +1,42 @@
-"""Text rendering of a stats snapshot for the terminal: a pure function of (snapshot, size).
+"""The terminal view of a stats snapshot, as rich renderables: a pure function of (snapshot, size).
 
-Lines are built as styled segments and cut to the terminal width by their visible characters,
-so colour codes never get sliced in half and a narrow terminal shows a clipped, not wrapped, view.
+`frame` builds the view for a width and height (rich `Text` lines and a `Table` of clients);
+`render` prints it to text (``--once``, tests), `MonitorView` redraws it at whatever size the
+terminal has (the live view, through `rich.live.Live`). Rich does the terminal work that used to
+be hand-written here: styles and colour codes, cropping lines to the width by their visible
+characters (a narrow terminal shows a clipped, not wrapped, view), the alternate screen.
 Client columns that do not fit are dropped, least useful first.
 """
 
 from __future__ import annotations
 
+import io
+import re
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from batchwire.monitor.bottleneck import Bottleneck, infer_bottleneck, is_full
 from batchwire.wire.stats import ClientRow, ServerStats
+from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
+from rich.padding import Padding
+from rich.table import Table
+from rich.text import Text
 
-# SGR codes; applied only when colour is on.
-BOLD = "1"
-DIM = "2"
-RED = "31"
-GREEN = "32"
-YELLOW = "33"
-CYAN = "36"
+# rich styles
+BOLD = "bold"
+DIM = "dim"
+RED = "red"
+GREEN = "green"
+YELLOW = "yellow"
+CYAN = "cyan"
 
-Segment = tuple[str, str]  # (text, SGR style or "")
-Line = list[Segment]
+# Spaces at the end of a line, before any colour codes that close it: padding, not content.
+_TRAILING_SPACE = re.compile(r" +((?:\x1b\[[0-9;]*m)*)$")
 
 MIN_BAR = 6
 MAX_BAR = 50
+INDENT = 2
 
 
 @dataclass(frozen=True)
@@ -34,21 +44,21 @@ class _Column:
     title: str
     width: int
     priority: int  # 1 = always shown; larger numbers are dropped first when space runs out
-    align: str  # "<" or ">"
+    align: str  # "left" or "right"
 
 
 _CLIENT_COLUMNS = (
-    _Column("client", 12, 1, "<"),
-    _Column("split", 6, 2, "<"),
-    _Column("rank", 5, 1, ">"),
-    _Column("epoch", 5, 4, ">"),
-    _Column("credits", 7, 3, ">"),
-    _Column("ready", 7, 1, ">"),
-    _Column("inflight", 8, 5, ">"),
-    _Column("sent", 8, 6, ">"),
-    _Column("img/s", 8, 2, ">"),
-    _Column("wait", 6, 2, ">"),
-    _Column("seen", 6, 5, ">"),
+    _Column("client", 12, 1, "left"),
+    _Column("split", 6, 2, "left"),
+    _Column("rank", 5, 1, "right"),
+    _Column("epoch", 5, 4, "right"),
+    _Column("credits", 7, 3, "right"),
+    _Column("ready", 7, 1, "right"),
+    _Column("inflight", 8, 5, "right"),
+    _Column("sent", 8, 6, "right"),
+    _Column("img/s", 8, 2, "right"),
+    _Column("wait", 6, 2, "right"),
+    _Column("seen", 6, 5, "right"),
 )
 
 
@@ -76,27 +86,15 @@ def human_duration(seconds: float) -> str:
     return f"{days}d{hours:02d}h"
 
 
-def fit(line: Line, width: int) -> Line:
-    """Cut ``line`` to ``width`` visible characters."""
-    out: Line = []
-    left = max(0, width)
-    for text, style in line:
-        if left <= 0:
-            break
-        out.append((text[:left], style))
-        left -= len(text[:left])
-    return out
+def _line(*parts: tuple[str, str] | str) -> Text:
+    """One line of the view: never wrapped, cropped at the width."""
+    text = Text(no_wrap=True, overflow="crop")
+    for part in parts:
+        text.append(*((part, "") if isinstance(part, str) else part))
+    return text
 
 
-def to_text(line: Line, color: bool) -> str:
-    if not color:
-        return "".join(text for text, _ in line)
-    return "".join(
-        f"\x1b[{style}m{text}\x1b[0m" if style and text else text for text, style in line
-    )
-
-
-def _bar(depth: int, capacity: int, width: int, unicode: bool) -> Line:
+def _bar(depth: int, capacity: int, width: int, unicode: bool) -> list[tuple[str, str]]:
     full_ch, empty_ch = ("█", "░") if unicode else ("#", ".")
     filled = 0 if capacity <= 0 else round(width * min(depth, capacity) / capacity)
     if depth > 0 and filled == 0:
@@ -107,7 +105,7 @@ def _bar(depth: int, capacity: int, width: int, unicode: bool) -> Line:
 
 def _stage_lines(
     snapshot: ServerStats, width: int, unicode: bool, bottleneck: Bottleneck
-) -> list[Line]:
+) -> list[Text]:
     rows: list[tuple[str, int, int, str]] = [
         (s.name, s.depth, s.capacity, f"{s.latency_ms:7.1f} ms") for s in snapshot.stages
     ]
@@ -122,7 +120,7 @@ def _stage_lines(
             )
         )
     if not rows:
-        return [[("  (the server reports no stages)", DIM)]]
+        return [_line(("  (the server reports no stages)", DIM))]
     name_w = max(8, *(len(r[0]) + 1 for r in rows))
     count_w = max(len(f"{r[1]}/{r[2]}") for r in rows) + 1
     tail_w = max(len(r[3]) for r in rows) + 2
@@ -132,18 +130,18 @@ def _stage_lines(
     for name, depth, cap, tail in rows:
         hot = bottleneck.kind == "stage" and bottleneck.stage == name
         lines.append(
-            [
-                ("  ", ""),
-                (f"{name:<{name_w}}", RED + ";" + BOLD if hot else BOLD),
+            _line(
+                "  ",
+                (f"{name:<{name_w}}", f"{BOLD} {RED}" if hot else BOLD),
                 *_bar(depth, cap, bar_w, unicode),
-                (f" {f'{depth}/{cap}':>{count_w}}", ""),
+                f" {f'{depth}/{cap}':>{count_w}}",
                 (f"  {tail}", DIM),
-            ]
+            )
         )
     return lines
 
 
-def _client_cells(c: ClientRow) -> dict[str, Segment]:
+def _client_cells(c: ClientRow) -> dict[str, tuple[str, str]]:
     wait = None if c.loader is None else c.loader.data_wait_fraction
     ready_style = YELLOW if is_full(c.ready, c.ready_capacity) else ""
     wait_cell = (
@@ -166,7 +164,7 @@ def _client_cells(c: ClientRow) -> dict[str, Segment]:
 
 def _client_columns(width: int) -> list[_Column]:
     cols = list(_CLIENT_COLUMNS)
-    while len(cols) > 1 and 2 + sum(c.width + 1 for c in cols) > width:
+    while len(cols) > 1 and INDENT + sum(c.width + 1 for c in cols) > width:
         worst = max(c.priority for c in cols)
         if worst == 1:
             break
@@ -177,24 +175,29 @@ def _client_columns(width: int) -> list[_Column]:
 
 
 def _cell(text: str, col: _Column) -> str:
-    if len(text) > col.width:
-        text = text[: col.width - 1] + "~"
-    return f"{text:{col.align}{col.width}} "
+    return text if len(text) <= col.width else text[: col.width - 1] + "~"
 
 
-def _client_lines(clients: Sequence[ClientRow], width: int) -> list[Line]:
+def _client_table(clients: Sequence[ClientRow], width: int) -> Table:
+    """Header and one row per client: fixed-width columns, one space apart, never wrapped."""
     cols = _client_columns(width)
-    header: Line = [("  ", "")] + [(_cell(c.title, c), BOLD) for c in cols]
-    lines = [header]
+    table = Table(box=None, padding=(0, 1, 0, 0), pad_edge=False, show_edge=False, expand=False)
+    for col in cols:
+        table.add_column(
+            col.title,
+            width=col.width,
+            justify=col.align,  # type: ignore[arg-type]
+            no_wrap=True,
+            overflow="crop",
+            header_style=BOLD,
+        )
     for client in clients:
         cells = _client_cells(client)
-        lines.append(
-            [("  ", "")] + [(_cell(cells[c.title][0], c), cells[c.title][1]) for c in cols]
-        )
-    return lines
+        table.add_row(*(Text(_cell(cells[c.title][0], c), style=cells[c.title][1]) for c in cols))
+    return table
 
 
-def render_lines(
+def frame(
     snapshot: ServerStats | None,
     width: int = 100,
     height: int | None = None,
@@ -203,89 +206,78 @@ def render_lines(
     error: str | None = None,
     unicode: bool = True,
     bottleneck: Bottleneck | None = None,
-) -> list[Line]:
-    """The frame as styled lines, each at most ``width`` visible characters.
+) -> Group:
+    """The view as one rich renderable, each line at most ``width`` visible characters.
 
     ``snapshot`` may be None (nothing received yet); ``error`` shows as a warning line above
     the last good snapshot, so a hiccup does not blank the screen. ``bottleneck`` defaults to
     the one inferred from ``snapshot`` alone (the live view passes one from several).
     """
     width = max(1, int(width))
-    lines: list[Line] = []
-    clock = time.strftime("%H:%M:%S")
-    head: Line = [("batchwire monitor", BOLD), (f"  {endpoint}", CYAN)]
+    parts: list[RenderableType] = []
+    head = _line(("batchwire monitor", BOLD), (f"  {endpoint}", CYAN))
     if snapshot is not None:
-        head.append((f"  up {human_duration(snapshot.uptime_s)}", ""))
-    head.append((f"  {clock}", DIM))
-    lines.append(head)
+        head.append(f"  up {human_duration(snapshot.uptime_s)}")
+    head.append(f"  {time.strftime('%H:%M:%S')}", DIM)
+    parts.append(head)
     if error:
-        lines.append([("! ", RED + ";" + BOLD), (error, RED)])
+        parts.append(_line(("! ", f"{BOLD} {RED}"), (error, RED)))
     if snapshot is None:
-        lines.append([("waiting for the first answer...", DIM)])
-        return [fit(line, width) for line in lines]
+        parts.append(_line(("waiting for the first answer...", DIM)))
+        return Group(*parts)
 
     if bottleneck is None:
         bottleneck = infer_bottleneck(snapshot)
-    style = RED + ";" + BOLD if bottleneck.kind in ("trainers", "stage") else GREEN + ";" + BOLD
-    lines.append(
-        [("bottleneck: ", BOLD), (bottleneck.label, style), (f"  ({bottleneck.reason})", DIM)]
+    style = f"{BOLD} {RED}" if bottleneck.kind in ("trainers", "stage") else f"{BOLD} {GREEN}"
+    parts.append(
+        _line(("bottleneck: ", BOLD), (bottleneck.label, style), (f"  ({bottleneck.reason})", DIM))
     )
-    lines.append([])
-    lines.append([("queues", BOLD)])
-    lines.extend(_stage_lines(snapshot, width, unicode, bottleneck))
-    lines.append([])
+    parts += [_line(), _line(("queues", BOLD))]
+    parts.extend(_stage_lines(snapshot, width, unicode, bottleneck))
+    parts.append(_line())
 
     tp = snapshot.throughput
-    lines.append(
-        [
+    parts.append(
+        _line(
             ("throughput  ", BOLD),
-            (
-                f"{tp.images_per_s:.1f} img/s   "
-                f"{tp.batches_per_s:.2f} batch/s   "
-                f"{human_bytes(tp.bytes_per_s)}/s",
-                "",
-            ),
-        ]
+            f"{tp.images_per_s:.1f} img/s   {tp.batches_per_s:.2f} batch/s   "
+            f"{human_bytes(tp.bytes_per_s)}/s",
+        )
     )
     counters = snapshot.counters
     problems = counters.bad_total + counters.errors_total + counters.malformed_total
-    lines.append(
-        [
-            ("counters    ", BOLD),
-            (
-                f"images {counters.images_total:,}  "
-                f"batches {counters.batches_total:,}  "
-                f"bytes {human_bytes(counters.bytes_total)}  ",
-                "",
-            ),
-            (
-                f"replaced {counters.replaced_total:,}  "
-                f"bad {counters.bad_total:,}  "
-                f"errors {counters.errors_total:,}  "
-                f"malformed {counters.malformed_total:,}",
-                YELLOW if problems else "",
-            ),
-        ]
+    totals = _line(
+        ("counters    ", BOLD),
+        f"images {counters.images_total:,}  batches {counters.batches_total:,}  "
+        f"bytes {human_bytes(counters.bytes_total)}  ",
+        (
+            f"replaced {counters.replaced_total:,}  bad {counters.bad_total:,}  "
+            f"errors {counters.errors_total:,}  malformed {counters.malformed_total:,}",
+            YELLOW if problems else "",
+        ),
     )
     if counters.decode_fallbacks_total:  # a GPU decoder sent images to the CPU: say so
-        lines[-1].append((f"  CPU-decoded fallbacks {counters.decode_fallbacks_total:,}", YELLOW))
-    lines.append([])
+        totals.append(f"  CPU-decoded fallbacks {counters.decode_fallbacks_total:,}", YELLOW)
+    parts += [totals, _line()]
 
-    clients = snapshot.clients
+    clients = list(snapshot.clients)
     unlisted = 0 if snapshot.clients_unlisted is None else snapshot.clients_unlisted.count
     more = f", {unlisted} more not listed" if unlisted else ""
-    lines.append([(f"clients ({len(clients) + unlisted}{more})", BOLD)])
-    if clients:
-        client_lines = _client_lines(clients, width)
-        if height is not None and len(lines) + len(client_lines) > height:
-            # Keep the header row and as many clients as fit, then say how many are hidden.
-            room = max(1, height - len(lines) - 1)
-            hidden = len(client_lines) - room
-            client_lines = [*client_lines[:room], [(f"  ... and {hidden} more", DIM)]]
-        lines.extend(client_lines)
-    else:
-        lines.append([("  (none connected)", DIM)])
-    return [fit(line, width) for line in lines]
+    parts.append(_line((f"clients ({len(clients) + unlisted}{more})", BOLD)))
+    if not clients:
+        parts.append(_line(("  (none connected)", DIM)))
+        return Group(*parts)
+    hidden_line = None
+    if height is not None and len(parts) + 1 + len(clients) > height:
+        # Keep the header row and as many clients as fit, then say how many are hidden.
+        room = max(1, height - len(parts) - 1)
+        shown = max(0, room - 1)
+        hidden_line = _line((f"  ... and {len(clients) + 1 - room} more", DIM))
+        clients = clients[:shown]
+    parts.append(Padding(_client_table(clients, width - INDENT), (0, 0, 0, INDENT)))
+    if hidden_line is not None:
+        parts.append(hidden_line)
+    return Group(*parts)
 
 
 def render(
@@ -299,8 +291,8 @@ def render(
     unicode: bool = True,
     bottleneck: Bottleneck | None = None,
 ) -> str:
-    """The frame as text, one line per row, ANSI colours only when ``color``."""
-    lines = render_lines(
+    """The view as text, one line per row, ANSI colours only when ``color``."""
+    view = frame(
         snapshot,
         width,
         height,
@@ -309,4 +301,51 @@ def render(
         unicode=unicode,
         bottleneck=bottleneck,
     )
-    return "\n".join(to_text(line, color) for line in lines)
+    out = io.StringIO()
+    console = text_console(out, width, color)
+    console.print(view, crop=True, no_wrap=True, overflow="crop")
+    lines = out.getvalue().rstrip("\n").split("\n")
+    return "\n".join(_TRAILING_SPACE.sub(r"\1", line) for line in lines)
+
+
+def text_console(file: io.TextIOBase | object, width: int | None, color: bool) -> Console:
+    """A rich console writing to ``file``: colours only when ``color``, no markup or emoji
+    guessing on the server's strings, ``width`` columns (None: the terminal's)."""
+    return Console(
+        file=file,  # type: ignore[arg-type]
+        width=width,
+        force_terminal=color or None,
+        color_system="standard" if color else None,
+        no_color=not color,
+        highlight=False,
+        markup=False,
+        emoji=False,
+        soft_wrap=False,
+    )
+
+
+class MonitorView:
+    """The live view's renderable: drawn afresh at the console's size each time rich refreshes
+    (so a resized terminal gets a frame of its new size at the next refresh)."""
+
+    def __init__(self, endpoint: str, unicode: bool) -> None:
+        self.endpoint = endpoint
+        self.unicode = unicode
+        self.snapshot: ServerStats | None = None
+        self.error: str | None = None
+        self.bottleneck: Bottleneck | None = None
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        yield from _frame_lines(self, options.max_width, options.height or console.height)
+
+
+def _frame_lines(view: MonitorView, width: int, height: int) -> Iterator[RenderableType]:
+    yield frame(
+        view.snapshot,
+        width,
+        height,
+        endpoint=view.endpoint,
+        error=view.error,
+        unicode=view.unicode,
+        bottleneck=view.bottleneck,
+    )

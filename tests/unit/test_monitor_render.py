@@ -153,3 +153,20 @@ def test_clients_beyond_the_listed_ones_are_counted() -> None:
     )
     snap = dataclasses.replace(SNAP, clients_unlisted=unlisted)
     assert f"clients ({len(SNAP.clients) + 3998}, 3998 more not listed)" in render(snap, 140)
+
+
+def test_the_live_view_draws_at_the_consoles_size() -> None:
+    """`MonitorView` (what rich's Live redraws) fits whatever size the console has now."""
+    import io
+
+    from batchwire.monitor.render import MonitorView
+    from rich.console import Console
+
+    view = MonitorView("tcp://x:1", unicode=True)
+    view.snapshot = SNAP
+    for width in (44, 120):
+        out = io.StringIO()
+        Console(file=out, width=width, height=40, color_system=None).print(view)
+        lines = out.getvalue().splitlines()
+        assert all(len(line) <= width for line in lines)
+        assert sum("62772d743" in line for line in lines) == 2
