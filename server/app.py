@@ -481,6 +481,7 @@ class ServerApp:
             allocated=self.buffers.capacity,
             max=self.buffers.max_buffers,
             batch_bytes=self.spec.nbytes + self.spec.labels_nbytes,
+            window_bytes=self.core.shared.idle * (self.spec.nbytes + self.spec.labels_nbytes),
         )
         return self.telemetry.snapshot(
             stages,

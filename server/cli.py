@@ -154,6 +154,15 @@ def build_parser() -> argparse.ArgumentParser:
         "2 x producers + 16 x prefetch-depth, 8 clients at full work-ahead)",
     )
     net.add_argument(
+        "--share-window",
+        type=int,
+        metavar="N",
+        help="batches kept after they were sent, so jobs of a sweep asking for the same batch "
+        "(same split, epoch and global batch) get the same buffer without producing it again; "
+        "inside --max-buffers (at most a quarter of it, idle ones freed first when buffers are "
+        "short); 0 turns sharing off (default: 16)",
+    )
+    net.add_argument(
         "--handshake-timeout",
         type=float,
         metavar="SECONDS",

@@ -68,6 +68,10 @@ class ServerConfig:
     prefetch_depth: int = 4
     # None: bufpool.default_max_buffers(producers, prefetch_depth) (8 clients at full depth).
     max_buffers: int | None = None
+    # Batches kept after their last send so other sessions asking for the same batch are served
+    # without producing it again (server/sharing.py), inside --max-buffers (at most a quarter);
+    # None: sharing.DEFAULT_WINDOW; 0: no sharing at all (not even of batches in production).
+    share_window: int | None = None
     max_clients: int = 256
     client_timeout: float = 60.0
     # A connection that has not completed the ZeroMQ handshake after this long is closed (a
@@ -165,6 +169,8 @@ class ServerConfig:
             problems.append("--stall-timeout must be > 0")
         if not 0 <= self.drain_timeout <= 3600:
             problems.append(f"--drain-timeout must be 0 to 3600 s, got {self.drain_timeout}")
+        if self.share_window is not None and int(self.share_window) < 0:
+            problems.append(f"--share-window must be >= 0, got {self.share_window}")
         if self.max_buffers is not None and int(self.max_buffers) < 1:
             problems.append(f"--max-buffers must be >= 1, got {self.max_buffers}")
         if int(self.max_clients) < 1:

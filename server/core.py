@@ -27,7 +27,8 @@ batch for a peer that reads; the shell bounds the whole by --drain-timeout.
 What lives here: admission (splits, --max-clients, world-size agreement per (split, job)),
 each client's session (sessions.py), the buffer budget and fair share (budget.py), credit
 limits, round-robin scheduling over the producers, what ZeroMQ still holds per peer
-(delivery.py), and dropping clients that are gone, silent or stalled.
+(delivery.py), shared production (sharing.py: one batch produced once for every session
+asking for it, see "Sharing" below), and dropping clients that are gone, silent or stalled.
 
 Memory bounds, and what bounds them:
 
@@ -45,6 +46,19 @@ Memory bounds, and what bounds them:
   the peer reads, or when its connection closes (ZMTP heartbeats do not help here, libzmq only
   pings between messages; for tcp:// the kernel closes a connection whose peer takes nothing
   for --stall-timeout, TCP_USER_TIMEOUT). Those buffers stay counted until then.
+
+Sharing (`SharedBatches`, --share-window N > 0): a session's next batch is named by
+(split, epoch, global batch); if that batch is in production it joins it, if it is done and
+still referenced or in the window it gets the same buffer at once; otherwise it is produced
+(a session behind the window, a lagging job, simply produces its own and joins again once its
+batches are found). Each session gets its own `SendBatch` (its header, its ticket) of the one
+slot, released when the last reference goes and the window lets it go. Charging, which keeps
+fair share as it was: a session's holding (`_holding`) counts every buffer it references,
+shared or not, so each job's work-ahead and share are what they would be alone; but only a
+batch that needs a buffer (a new production, or an idle window buffer taken back) asks the
+budget (`may_lend`), since joining a buffer already lent costs the cap nothing. The budget
+counts each physical buffer once; idle window buffers are outside it and are freed first when
+a loan would otherwise pass --max-buffers (`SharedBatches.make_room`).
 """
 
 from __future__ import annotations
@@ -62,6 +76,7 @@ from batchwire.server.config import ServerConfig
 from batchwire.server.delivery import Deliveries
 from batchwire.server.jobs import BatchOrder, JobResult
 from batchwire.server.sessions import ClientSession, ReadyBatch, Scheduler
+from batchwire.server.sharing import BatchKey, Production, SharedBatches, window_batches
 from batchwire.wire import (
     BatchHeader,
     BatchSpec,
@@ -222,6 +237,8 @@ class ServerCore:
         self._serial = 0
         self.scheduler = Scheduler()
         self.deliveries = Deliveries()
+        self._served_from_window = False
+        self.shared = SharedBatches(window_batches(config.share_window, budget.max_buffers))
         # Jobs submitted whose result has not come back: one in production and one queued per
         # producer at most, so a job never waits long behind others for a client that left.
         self.jobs_out = 0
@@ -279,43 +296,71 @@ class ServerCore:
         return []
 
     def on_result(self, result: JobResult, now: float) -> list[Action]:
-        """A producer finished (or gave up on) a job."""
+        """A producer finished (or gave up on) a job: every session waiting for it gets it."""
         self.jobs_out -= 1
         order, slot = result.job.order, result.job.slot
-        session = self._by_serial.get(order.session_serial)
-        if result.labels is None or session is None:
+        p = self.shared.get(order.production)
+        waiters = [] if p is None else list(p.waiters)
+        if p is not None:
+            p.waiters.clear()
+        if result.labels is None or p is None:
             self.budget.returned()
             actions: list[Action] = [Release(slot)]
-            if session is None:
-                return actions
-            session.abandoned()
-            if result.reason == "cancelled":
-                return actions
-            kind = (result.error or "").split(":", 1)[0]
-            actions += self._error(
-                session.identity,
-                f"producing {session.hello.split} batch {order.batch_index} failed "
-                f"({kind}, {result.reason}); the server's log has the details",
-                result.reason,
-                session=session.hello.session,
-                detail=f": {result.error}",
-            )
-            return actions + self._drop(session.identity)
-        if result.replaced:
-            self.telemetry.add_replaced(result.replaced)
-        session.completed(
-            order.pos,
-            ReadyBatch(
-                batch_index=order.batch_index,
-                slot=slot,
-                labels=result.labels,
-                indices=list(result.indices),
-                replaced=int(result.replaced),
-                produce_s=result.seconds,
-                done_at=now,
-            ),
+            if p is not None:
+                self.shared.failed(p)
+            for serial, _pos, _k in waiters:
+                session = self._by_serial.get(serial)
+                if session is None:
+                    continue
+                session.abandoned()
+                if result.reason == "cancelled":
+                    continue
+                kind = (result.error or "").split(":", 1)[0]
+                actions += self._error(
+                    session.identity,
+                    f"producing {session.hello.split} batch {order.batch_index} failed "
+                    f"({kind}, {result.reason}); the server's log has the details",
+                    result.reason,
+                    session=session.hello.session,
+                    detail=f": {result.error}",
+                )
+                actions += self._drop(session.identity)
+            return actions
+        self.shared.finished(p, slot)
+        self.telemetry.add_produced()
+        p.labels, p.indices = result.labels, list(result.indices)
+        p.replaced, p.produce_s, p.done_at = int(result.replaced), result.seconds, now
+        for serial, pos, k in waiters:
+            session = self._by_serial.get(serial)
+            if session is None or session.closed:
+                continue
+            p.refs += 1
+            session.completed(pos, self._ready(p, k))
+        if p.refs:
+            return []
+        self.budget.returned()  # nobody waits any more: windowed (idle) or released
+        return [Release(s) for s in self.shared.settle(p)]
+
+    def _ready(self, p: Production, k: int) -> ReadyBatch:
+        """A session's ready batch of production ``p`` (its own batch index ``k``)."""
+        assert p.slot is not None and p.labels is not None
+        return ReadyBatch(
+            batch_index=k,
+            slot=p.slot,
+            labels=p.labels,
+            indices=p.indices,
+            replaced=p.replaced,
+            produce_s=p.produce_s,
+            done_at=p.done_at,
+            production=p.id,
         )
-        return []
+
+    def _unref(self, production: int) -> list[Action]:
+        """A session let go of a shared buffer: back to the budget once nobody holds it."""
+        returned, slots = self.shared.unref(production)
+        if returned:
+            self.budget.returned()
+        return [Release(s) for s in slots]
 
     def on_sent(self, ticket: int, now: float) -> list[Action]:
         """ZeroMQ let go of a sent batch: the peer took it, or its connection closed."""
@@ -328,8 +373,7 @@ class ServerCore:
         current = self.sessions.get(sent.identity)
         if current is not None:
             current.taken_at = now
-        self.budget.returned()
-        return [Release(sent.slot)]
+        return self._unref(sent.production)
 
     def on_peer_gone(self, identity: bytes, why: str, now: float) -> list[Action]:
         """The peer's connection closed (or never answered a heartbeat)."""
@@ -366,6 +410,9 @@ class ServerCore:
             actions += self._drain_step(now)
         else:
             actions += self._schedule(now)
+            if self._served_from_window:  # batches ready at once: out this turn, not next
+                self._served_from_window = False
+                actions += self._send_ready(now)
         return actions
 
     def begin_drain(self, now: float) -> list[Action]:
@@ -579,9 +626,9 @@ class ServerCore:
             return []
         self._by_serial.pop(session.serial, None)
         actions: list[Action] = []
+        self.shared.forget_waiter(session.serial)
         for batch in session.drain():
-            self.budget.returned()
-            actions.append(Release(batch.slot))
+            actions += self._unref(batch.production)
         return actions
 
     # ------------------------------------------------------------------------- housekeeping
@@ -610,6 +657,8 @@ class ServerCore:
                     "client %s asked for no batch for %.0f s: dropped", identity.hex(), timeout
                 )
                 actions += self._drop(identity)
+        if not self.sessions and now - self._buffers_used_at > BUFFERS_IDLE_S:
+            actions += [Release(s) for s in self.shared.flush()]
         actions.append(TrimBuffers(self._buffers_to_keep(now)))
         return actions
 
@@ -630,7 +679,7 @@ class ServerCore:
         if n == 0 or now - self._buffers_used_at > BUFFERS_IDLE_S:
             return 0
         need = 2 * self.config.producers + 2 * self.config.prefetch_depth * n
-        return min(self.budget.max_buffers, need)
+        return min(self.budget.max_buffers, need + self.shared.window)
 
     # ------------------------------------------------------------------------- batches
 
@@ -697,19 +746,48 @@ class ServerCore:
                 return self.budget.held + lending.need < self.budget.shared
         return self.budget.may_lend(holding, lending.share)
 
+    def _key(self, session: ClientSession, k: int) -> BatchKey | None:
+        h = session.hello
+        return self.shared.key(h.split, h.epoch, h.rank, h.world_size, k)
+
+    def _next_production(self, session: ClientSession) -> Production | None:
+        """The production the session's next batch would join (None: produce it anew)."""
+        if not self.shared.enabled:
+            return None
+        return self.shared.find(self._key(session, session.batches[session.next_pos]))
+
+    def _may_take(self, session: ClientSession, lending: Lending, now: float) -> bool:
+        """May the session start its next batch? Joining a buffer already lent costs the
+        budget nothing (only the session's own work-ahead, `has_room`, bounds it); anything
+        else needs a buffer: a producer slot too for a new production, and `may_lend`."""
+        p = self._next_production(session)
+        if not self.shared.costs_a_buffer(p):
+            return not self.not_reading(session, now)
+        if p is None and self.jobs_out >= self.max_jobs:
+            return False
+        return not self.budget.full and self.may_lend(session, lending, now)
+
     def _schedule(self, now: float) -> list[Action]:
-        if self.jobs_out >= self.max_jobs or self.budget.full:
-            return []
         lending = self.lending(now)
         actions: list[Action] = []
-        while self.jobs_out < self.max_jobs:
-            session = self.scheduler.next(self.sessions, lambda s: self.may_lend(s, lending, now))
+        while True:
+            session = self.scheduler.next(self.sessions, lambda s: self._may_take(s, lending, now))
             if session is None:
                 break
+            p = self._next_production(session)
             pos, batch_index = session.take_next()
+            if p is not None:
+                self._join(session, p, pos, batch_index, now)
+                continue
+            key = self._key(session, batch_index)
+            room = self.shared.make_room(self.budget.held, self.budget.max_buffers)
+            actions += [Release(s) for s in room]
             self.budget.lend()
             self.jobs_out += 1
             self._buffers_used_at = now
+            p = self.shared.start(key, session.serial, pos, batch_index)
+            if self.shared.enabled:
+                session.sharing = "lagging" if self.shared.lagging(key) else "solo"
             h = session.hello
             order = BatchOrder(
                 split=h.split,
@@ -719,10 +797,26 @@ class ServerCore:
                 session_serial=session.serial,
                 pos=pos,
                 queued_at=now,
-                cancelled=session.cancelled,
+                cancelled=p.cancelled,
+                production=p.id,
             )
             actions.append(Submit(order))
         return actions
+
+    def _join(self, session: ClientSession, p: Production, pos: int, k: int, now: float) -> None:
+        """The session's batch ``k`` is production ``p``'s: wait for it, or take it now."""
+        session.sharing = "shared"
+        leader = self._by_serial.get(p.leader)
+        if leader is not None and leader is not session:
+            leader.sharing = "shared"
+        if not p.done:
+            p.waiters.append((session.serial, pos, k))
+            return
+        if self.shared.join_done(p):  # an idle window buffer: lent again
+            self.budget.lend()
+            self._buffers_used_at = now
+        session.completed(pos, self._ready(p, k))
+        self._served_from_window = True
 
     def _send_ready(self, now: float) -> list[Action]:
         actions: list[Action] = []
@@ -751,10 +845,19 @@ class ServerCore:
         # Counted before the hand-off: ZeroMQ's I/O thread can deliver the batch before the
         # loop runs again, and a scrape must never show fewer batches than a client received.
         self.telemetry.add_batch(self.spec.batch_size, self.spec.nbytes + self.spec.labels_nbytes)
+        if batch.replaced:  # counted per batch served (a shared batch is served more than once)
+            self.telemetry.add_replaced(batch.replaced)
+        p = self.shared.get(batch.production)
+        if p is not None:
+            p.sends += 1
+            if p.sends > 1:
+                self.telemetry.add_shared()
         self.telemetry.observe_stage("ready", now - batch.done_at)
         session.meter.add(self.spec.batch_size, now)
         session.progress_at = now
-        ticket = self.deliveries.sent(session.identity, batch.slot, session.serial, now)
+        ticket = self.deliveries.sent(
+            session.identity, batch.slot, session.serial, now, production=batch.production
+        )
         return SendBatch(session.identity, header, batch.slot, batch.labels, ticket)
 
     # ------------------------------------------------------------------------- replies

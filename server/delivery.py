@@ -34,6 +34,7 @@ class Sent:
     identity: bytes
     slot: Slot
     session_serial: int
+    production: int = 0  # the `sharing.Production` whose buffer it is
 
 
 class Deliveries:
@@ -47,14 +48,17 @@ class Deliveries:
     def __len__(self) -> int:
         return len(self._sent)
 
-    def sent(self, identity: bytes, slot: Slot, session_serial: int, now: float) -> int:
-        """Count a batch handed to ZeroMQ; returns its ticket."""
+    def sent(
+        self, identity: bytes, slot: Slot, session_serial: int, now: float, production: int = 0
+    ) -> int:
+        """Count a batch handed to ZeroMQ; returns its ticket. Several peers may be sent the
+        same slot (a shared batch): each send has its own ticket."""
         peer = self._peers.setdefault(identity, _Peer())
         if peer.held == 0:
             peer.waiting_since = now
         peer.held += 1
         self._next_ticket += 1
-        self._sent[self._next_ticket] = Sent(identity, slot, session_serial)
+        self._sent[self._next_ticket] = Sent(identity, slot, session_serial, production)
         return self._next_ticket
 
     def done(self, ticket: int, now: float) -> Sent | None:

@@ -34,6 +34,9 @@ class BatchOrder:
     pos: int
     queued_at: float
     cancelled: threading.Event = field(default_factory=threading.Event, compare=False)
+    # The core's `sharing.Production` (one per buffer: several sessions may wait for it; the
+    # session above is the one that asked first).
+    production: int = 0
 
 
 @dataclass(frozen=True)

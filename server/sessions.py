@@ -44,6 +44,7 @@ class ReadyBatch:
     replaced: int
     produce_s: float
     done_at: float
+    production: int = 0  # the core's `sharing.Production`: the slot may be shared
 
 
 class ClientSession:
@@ -92,6 +93,10 @@ class ClientSession:
         # Images sent to this client; the loop thread adds (``meter.add(images, now)``), a stats
         # request or a Prometheus scrape reads, and the window's lock keeps the two apart.
         self.meter = RateWindow(CLIENT_RATE_WINDOW_S)
+        # Its last batch's production (core.py, "Sharing"): "off" (--share-window 0), "solo"
+        # (produced for it alone so far), "shared" (one buffer with another session's batch),
+        # "lagging" (produced again: it asked after the window let the batch go).
+        self.sharing = "off"
 
     @property
     def id(self) -> str:
@@ -194,6 +199,7 @@ class ClientSession:
             last_seen_s=now - self.last_seen,
             loader=self.loader_stats,
             job=h.job,
+            sharing=self.sharing,
         )
 
 

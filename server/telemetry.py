@@ -87,6 +87,14 @@ _PROM_COUNTERS = {
         "batchwire_malformed_messages_total",
         "Malformed or unknown messages received and dropped.",
     ),
+    "batches_produced_total": (
+        "batchwire_batches_produced_total",
+        "Batches produced (decoded and augmented); batches_total / this is the share ratio.",
+    ),
+    "batches_shared_total": (
+        "batchwire_batches_shared_total",
+        "Sends of a batch produced once for several sessions, beyond its first send.",
+    ),
 }
 # Per decoder (label `decoder`), so it is exported by `_families` from the decoders' totals.
 _PROM_FALLBACKS = (
@@ -181,7 +189,7 @@ class _SnapshotCollector:
 def _families(snap: ServerStats, fallbacks: dict[str, int] | None = None) -> Iterable[Metric]:
     for key, (name, doc) in _PROM_COUNTERS.items():
         family = CounterMetricFamily(name, doc)
-        family.add_metric([], float(getattr(snap.counters, key)))
+        family.add_metric([], float(getattr(snap.counters, key) or 0))
         yield family
     if fallbacks:
         family = CounterMetricFamily(*_PROM_FALLBACKS, labels=["decoder"])
@@ -217,7 +225,15 @@ def _families(snap: ServerStats, fallbacks: dict[str, int] | None = None) -> Ite
     }
     sent = CounterMetricFamily(*_CLIENT_SENT, labels=list(_CLIENT_LABELS))
     wait_ratio = GaugeMetricFamily(*_CLIENT_WAIT, labels=list(_CLIENT_LABELS))
+    sharing = GaugeMetricFamily(
+        "batchwire_client_sharing",
+        "1 for a client's shared-production state (off, solo, shared, lagging: produced "
+        "again because it asked after the share window let the batch go).",
+        labels=[*_CLIENT_LABELS, "state"],
+    )
     for labels, client in _named_clients(snap.clients).items():
+        if client.sharing is not None:
+            sharing.add_metric([*labels, client.sharing], 1.0)
         for key, family in per_client.items():
             family.add_metric(list(labels), float(getattr(client, key)))
         sent.add_metric(list(labels), float(client.sent))
@@ -227,6 +243,7 @@ def _families(snap: ServerStats, fallbacks: dict[str, int] | None = None) -> Ite
     yield from per_client.values()
     yield sent
     yield wait_ratio
+    yield sharing
     waits = [
         c.loader.data_wait_fraction
         for c in snap.clients
@@ -257,6 +274,11 @@ def _families(snap: ServerStats, fallbacks: dict[str, int] | None = None) -> Ite
             (buffers.allocated, "batchwire_buffers_allocated", "Batch buffers allocated now."),
             (buffers.max, "batchwire_buffers_max", "Batch buffers at most (--max-buffers)."),
             (buffers.batch_bytes, "batchwire_buffer_bytes", "Bytes of one batch buffer."),
+            (
+                buffers.window_bytes or 0,
+                "batchwire_share_window_bytes",
+                "Bytes of batches kept only to be shared (--share-window).",
+            ),
         ):
             yield GaugeMetricFamily(name, doc, value=float(value))
     if snap.connections is not None:
@@ -353,6 +375,12 @@ class Telemetry:
 
     def add_replaced(self, n: int) -> None:
         self._add("replaced_total", n)
+
+    def add_produced(self) -> None:
+        self._add("batches_produced_total", 1)
+
+    def add_shared(self) -> None:
+        self._add("batches_shared_total", 1)
 
     def add_bad(self, n: int) -> None:
         self._add("bad_total", n)

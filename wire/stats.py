@@ -118,6 +118,11 @@ class Counters(Record):
     #: refused by the strict check or the library): a user sees when "GPU decoding" is the CPU.
     #: Optional so that an older server's stats still read; a server always reports it.
     decode_fallbacks_total: int | None = None
+    #: Batches produced (decoded and augmented), and sends of a batch already sent to another
+    #: session (shared production, --share-window): batches_total / batches_produced_total is
+    #: the share ratio. Optional so that an older server's stats still read.
+    batches_produced_total: int | None = None
+    batches_shared_total: int | None = None
 
 
 @dataclass(frozen=True)
@@ -212,6 +217,9 @@ class ClientRow(Record):
     #: stable name (Prometheus labels), where ``id`` changes with every connection. Optional so
     #: that an older server's stats still read.
     job: str | None = None
+    #: Shared production of its last batch: "off", "solo", "shared" or "lagging" (it asked
+    #: after the share window let the batch go, so it was produced again). Optional.
+    sharing: str | None = None
 
 
 @dataclass(frozen=True)
@@ -236,6 +244,8 @@ class BufferStats(Record):
     allocated: int
     max: int
     batch_bytes: int
+    #: Bytes of batch buffers kept only for sharing (the share window's idle ones). Optional.
+    window_bytes: int | None = None
 
 
 @dataclass(frozen=True)

@@ -76,7 +76,11 @@ class Server:
 
     def __post_init__(self) -> None:
         self.clock = FakeClock(1000.0)
-        settings = dict(batch_size=BATCH, image_size=8, producers=3, prefetch_depth=4)
+        # Sharing off unless a test turns it on (test_sharing_core.py): these scenes give
+        # several clients the same batches and are about scheduling each one's own.
+        settings = dict(
+            batch_size=BATCH, image_size=8, producers=3, prefetch_depth=4, share_window=0
+        )
         self.cfg = ServerConfig(**{**settings, **self.config})
         self.budget = BufferBudget(self.max_buffers, self.reserve)
         self.core = ServerCore(

@@ -125,5 +125,7 @@ def test_row_is_the_stats_schema_row_with_the_last_loader_report():
         images_per_s=0.0,
         last_seen_s=2.0,
         loader=LoaderReport(data_wait_fraction=0.5),
+        job="",
+        sharing="off",
     )
     assert ClientRow.from_map(row.to_map()) == row

@@ -63,6 +63,8 @@ def test_snapshot_schema_and_counters() -> None:
         bad_total=2,
         errors_total=1,
         malformed_total=2,
+        batches_produced_total=0,
+        batches_shared_total=0,
     )
     assert [s.name for s in snap.stages] == ["read", "decode", "augment"]
     assert all(isinstance(s.latency_ms, float) for s in snap.stages)

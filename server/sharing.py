@@ -1,0 +1,234 @@
+"""Shared production: one batch produced once for every session that asks for it.
+
+The determinism contract makes a batch a pure function of (split, seed, epoch, rank,
+world_size, batch index), and the sampler's layout makes it a function of (split, epoch,
+global batch g) with g = k * world_size + rank (pipeline/sampler.py: global batch g takes
+slots [g*B, (g+1)*B) of the epoch's order, whatever the world size). The seed and the batch
+size are the server's, so on one server `BatchKey(split, epoch, g)` names the batch's bytes:
+two jobs of world size 1, or a job of world size 1 and one of world size 2 (its rank r batch k
+is the first's batch 2k + r), ask for the same buffer. Only the header differs per session
+(session id, batch index), and the core builds it per send.
+
+A `Production` is one buffer's life: in production (sessions waiting on it: `waiters`), then
+done and referenced (`refs`: each session's ready batch or sent batch ZeroMQ still holds), and
+possibly kept in the window of recently produced batches after its last reference went, so a
+session that asks shortly after is served without producing again. The window is bounded in
+batches (--share-window); its idle buffers (no reference) are not counted by the
+`BufferBudget` (they are no one's work-ahead) but they count against --max-buffers: when the
+core needs a buffer and lent + idle reach the cap, the oldest idle one goes first
+(`make_room`), so the window only ever lives in the slack of the cap.
+
+Pure bookkeeping, loop thread only, no I/O: it returns the slots to release; the core turns
+them into `Release` actions.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from batchwire.server.bufpool import Slot
+
+#: (split, epoch, global batch index g = k * world_size + rank)
+BatchKey = tuple[str, int, int]
+
+#: (split, epoch) pairs whose produced batches are remembered, to tell a lagging session.
+_SEEN_EPOCHS = 8
+
+#: The default --share-window in batches (bounded by a quarter of --max-buffers): jobs that
+#: start together drift apart by a few batches (their work-ahead, --prefetch-depth), a
+#: follower catches up at once (its batches cost nothing), so a few times the depth suffices.
+DEFAULT_WINDOW = 16
+
+
+def window_batches(requested: int | None, max_buffers: int) -> int:
+    """The window's bound in batches: ``requested`` (None: `DEFAULT_WINDOW`), at most a
+    quarter of --max-buffers so the window never crowds the trainers' work-ahead out."""
+    want = DEFAULT_WINDOW if requested is None else max(0, int(requested))
+    return min(want, max_buffers // 4)
+
+
+@dataclass(eq=False)
+class Production:
+    """One produced (or being produced) batch buffer and who holds it."""
+
+    id: int
+    key: BatchKey | None  # None: not shareable (sharing off)
+    leader: int  # serial of the session that asked first
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    waiters: list[tuple[int, int, int]] = field(default_factory=list)  # (serial, pos, k)
+    done: bool = False
+    slot: Slot | None = None
+    labels: np.ndarray | None = None
+    indices: list[int] = field(default_factory=list)
+    replaced: int = 0
+    produce_s: float = 0.0
+    done_at: float = 0.0
+    refs: int = 0  # ready or sent batches of sessions that point at this buffer
+    windowed: bool = False
+    sends: int = 0
+
+
+class SharedBatches:
+    """Productions by id and by key, and the window of recently produced ones."""
+
+    def __init__(self, window: int) -> None:
+        self.window = max(0, int(window))
+        self._by_id: dict[int, Production] = {}
+        self._by_key: dict[BatchKey, Production] = {}
+        self._recent: OrderedDict[int, Production] = OrderedDict()  # done, windowed, by age
+        self.idle = 0  # windowed productions nobody references: buffers held for the window
+        self._seen: OrderedDict[tuple[str, int], set[int]] = OrderedDict()
+        self._next_id = 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.window > 0
+
+    def key(self, split: str, epoch: int, rank: int, world_size: int, k: int) -> BatchKey | None:
+        """The batch's name on this server, or None when sharing is off."""
+        if not self.enabled:
+            return None
+        return (split, int(epoch), int(k) * int(world_size) + int(rank))
+
+    def find(self, key: BatchKey | None) -> Production | None:
+        """A production of ``key`` a session may join: in production and not cancelled, or
+        done and still held or windowed."""
+        if key is None:
+            return None
+        p = self._by_key.get(key)
+        if p is None or (not p.done and p.cancelled.is_set()):
+            return None
+        return p
+
+    def costs_a_buffer(self, p: Production | None) -> bool:
+        """Would joining ``p`` (None: producing anew) take a buffer from the budget?"""
+        return p is None or (p.done and p.refs == 0)
+
+    def lagging(self, key: BatchKey | None) -> bool:
+        """Was this batch produced before and let go: the session asking fell behind?"""
+        if key is None:
+            return False
+        seen = self._seen.get((key[0], key[1]))
+        return seen is not None and key[2] in seen
+
+    # ---------------------------------------------------------------- life of a production
+
+    def start(self, key: BatchKey | None, serial: int, pos: int, k: int) -> Production:
+        self._next_id += 1
+        p = Production(self._next_id, key, serial)
+        p.waiters.append((serial, pos, k))
+        self._by_id[p.id] = p
+        if key is not None:
+            self._by_key[key] = p
+        return p
+
+    def get(self, production_id: int) -> Production | None:
+        return self._by_id.get(production_id)
+
+    def in_production(self) -> list[Production]:
+        return [p for p in self._by_id.values() if not p.done]
+
+    def forget_waiter(self, serial: int) -> None:
+        """A session closed: it waits for nothing any more; a production nobody waits for is
+        cancelled (skipped if it has not started)."""
+        for p in self.in_production():
+            if any(w[0] == serial for w in p.waiters):
+                p.waiters = [w for w in p.waiters if w[0] != serial]
+                if not p.waiters:
+                    p.cancelled.set()
+
+    def failed(self, p: Production) -> None:
+        """A production that gave up: forgotten (the caller releases its slot)."""
+        self._remove(p)
+
+    def finished(self, p: Production, slot: Slot) -> None:
+        """A production succeeded: its slot now holds the batch."""
+        p.done = True
+        p.slot = slot
+        p.cancelled.set()  # nothing to cancel any more; `find` ignores it once done
+        if p.key is not None:
+            split, epoch, g = p.key
+            seen = self._seen.get((split, epoch))
+            if seen is None:
+                seen = self._seen[(split, epoch)] = set()
+                while len(self._seen) > _SEEN_EPOCHS:
+                    self._seen.popitem(last=False)
+            seen.add(g)
+            self._recent[p.id] = p
+            p.windowed = True
+
+    def join_done(self, p: Production) -> bool:
+        """A session takes a reference to a done production; True when that took the buffer
+        out of the window's idle ones (the caller lends it from the budget)."""
+        p.refs += 1
+        if p.refs == 1 and p.windowed:
+            self.idle -= 1
+            return True
+        return False
+
+    def settle(self, p: Production) -> list[Slot]:
+        """After the references of a done production changed: one nobody references stays
+        as an idle window buffer or is released; then the window is trimmed to its bound.
+        Returns the slots to release (the caller has returned their budget count)."""
+        out: list[Slot] = []
+        if p.refs == 0:
+            if p.windowed:
+                self.idle += 1
+            else:
+                out.append(self._remove(p))
+        while len(self._recent) > self.window:
+            _, old = self._recent.popitem(last=False)
+            old.windowed = False
+            if old.refs == 0:
+                self.idle -= 1
+                out.append(self._remove(old))
+        return out
+
+    def unref(self, production_id: int) -> tuple[bool, list[Slot]]:
+        """A session let go of its reference (sent and taken, or dropped unsent). Returns
+        whether the budget gets a buffer back (the last reference went) and the slots to
+        release."""
+        p = self._by_id.get(production_id)
+        if p is None or p.refs <= 0:
+            return False, []
+        p.refs -= 1
+        if p.refs:
+            return False, []
+        return True, self.settle(p)
+
+    def make_room(self, lent: int, cap: int) -> list[Slot]:
+        """Free idle window buffers, oldest first, until ``lent`` plus idle is below ``cap``
+        (the core is about to lend one more)."""
+        out: list[Slot] = []
+        for pid in list(self._recent):
+            if lent + self.idle < cap:
+                break
+            p = self._recent[pid]
+            if p.refs == 0:
+                del self._recent[pid]
+                p.windowed = False
+                self.idle -= 1
+                out.append(self._remove(p))
+        return out
+
+    def flush(self) -> list[Slot]:
+        """Release every idle window buffer (nobody has asked for a batch for long)."""
+        return self.make_room(0, 0)
+
+    def _remove(self, p: Production) -> Slot:
+        self._by_id.pop(p.id, None)
+        if p.key is not None and self._by_key.get(p.key) is p:
+            del self._by_key[p.key]
+        self._recent.pop(p.id, None)
+        return p.slot  # type: ignore[return-value]
+
+    @property
+    def windowed_count(self) -> int:
+        """Batches in the window (idle or still referenced)."""
+        return len(self._recent)
