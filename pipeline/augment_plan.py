@@ -127,6 +127,9 @@ class AugmentConfig:
     std: tuple[float, float, float] = (0.229, 0.224, 0.225)
     output_dtype: str = "float32"
     layout: str = "nchw"
+    # A user transform (`pipeline.transforms`): "module:callable", "file.py:callable" or the
+    # callable itself; it replaces the crop/flip/jitter/normalise above for this split.
+    transform: Any = None
 
     def __post_init__(self) -> None:
         size = self.image_size
@@ -175,6 +178,11 @@ class AugmentConfig:
             )
         if self.layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}, got {self.layout!r}")
+        t = self.transform
+        if t is not None and not callable(t) and not (isinstance(t, str) and ":" in t):
+            raise ValueError(
+                f"transform must be 'module:callable', 'file.py:callable' or a callable, got {t!r}"
+            )
 
     @property
     def has_jitter(self) -> bool:

@@ -18,7 +18,8 @@ from batchwire.pipeline.augment_plan import AugmentConfig
 from batchwire.pipeline.dataset import ImageDataset
 from batchwire.pipeline.decode import DEFAULT_MAX_PIXELS, BatchDecoder
 from batchwire.pipeline.sampler import PADDING_INDEX, PADDING_LABEL, BatchPlan
-from batchwire.pipeline.samples import SampleLoader
+from batchwire.pipeline.samples import LoadedSample, SampleLoader
+from batchwire.pipeline.transforms import TransformError, TransformRunner, transform_seeds
 from batchwire.wire import BatchSpec
 
 log = logging.getLogger("batchwire.pipeline")
@@ -71,12 +72,22 @@ class BatchProducer:
             self.augment_name = "reference" if fallback else "native"
         else:
             self.augment_name, self._augment = getattr(augment, "__name__", "custom"), augment
+        # A user transform replaces the fused op (pipeline/transforms.py); ValueError here, at
+        # start, when it does not import.
+        self.transform: TransformRunner | None = None
+        if config.transform is not None:
+            self.transform = TransformRunner(config.transform, config.image_size)
+            self.augment_name = f"transform {self.transform.name}"
         self._mean = torch.tensor(config.mean, dtype=torch.float32)
         self._std = torch.tensor(config.std, dtype=torch.float32)
 
     def counts(self) -> dict[str, int]:
-        """Bad-input counters (`bad_total`, `replaced_total`) of the sample loader."""
-        return self.samples.counts()
+        """Bad-input counters (`bad_total`, `replaced_total`) of the sample loader, and
+        `transform_errors_total` (samples a user transform failed on) with a transform."""
+        counts = self.samples.counts()
+        if self.transform is not None:
+            counts["transform_errors_total"] = self.transform.errors_total
+        return counts
 
     def output_spec(self, batch_size: int) -> BatchSpec:
         """What `produce` writes for a batch of ``batch_size`` (the wire's description)."""
@@ -92,6 +103,9 @@ class BatchProducer:
                 f"{list(out.shape)} {out.dtype}"
             )
         samples = self.samples.load(plan.epoch, plan.indices)
+        if self.transform is not None:
+            samples = self._transform_into(plan.epoch, samples, out)
+            return self._meta(plan, samples)
         device = out.device
         non_blocking = device.type == "cuda"
         images = [
@@ -104,7 +118,36 @@ class BatchProducer:
         flips = torch.tensor([s.plan.flip for s in samples], dtype=torch.bool)
         jitter = torch.tensor([s.plan.jitter for s in samples], dtype=torch.float32)
         self._augment(images, boxes, flips, jitter, self._mean, self._std, out)
+        return self._meta(plan, samples)
 
+    def _transform_into(
+        self, epoch: int, samples: list[LoadedSample], out: torch.Tensor
+    ) -> list[LoadedSample]:
+        """Run the user transform on each sample into its slot of ``out``; a sample it fails
+        on is counted, logged and replaced by its next substitute (transformed in turn)."""
+        assert self.transform is not None
+        seeds = transform_seeds(self.seed, epoch, [s.index for s in samples])
+        done = list(samples)
+        for i, sample in enumerate(samples):
+            seed = seeds[i]
+            while True:
+                try:
+                    self.transform.apply(sample.image, seed, out[i])
+                    break
+                except TransformError as exc:
+                    self.transform.record_error(exc, f"{self.dataset.paths[sample.index]}")
+                    if sample.attempt >= self.samples.max_attempts:
+                        raise RuntimeError(
+                            f"{exc}; it failed on sample {sample.requested} and "
+                            f"{sample.attempt} substitutes in a row"
+                        ) from exc
+                    sample = self.samples.substitute(epoch, sample)
+                    seed = transform_seeds(self.seed, epoch, [sample.index])[0]
+            done[i] = sample
+        return done
+
+    def _meta(self, plan: BatchPlan, samples: list[LoadedSample]) -> BatchMeta:
+        n = len(plan.indices)
         valid = np.asarray(plan.valid, dtype=bool)
         replaced = np.fromiter((s.replaced for s in samples), dtype=bool, count=n)
         labels = np.fromiter((s.label for s in samples), dtype=np.int64, count=n)

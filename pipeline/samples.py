@@ -130,6 +130,7 @@ class LoadedSample:
     label: int
     replaced: bool
     route: str = ""
+    attempt: int = 0  # `PlannedSample.attempt`: where `requested`'s substitute sequence is
 
 
 def substitute_candidates(seed: int, index: int, count: int, num_samples: int) -> np.ndarray:
@@ -359,10 +360,21 @@ class SampleLoader:
         out: list[LoadedSample | None] = [None] * len(planned)
         todo = list(enumerate(planned))
         out_hw = self.config.image_size
+        # A user transform decides the crop itself: it gets the whole image at full size.
+        whole = self.config.transform is not None
         tries = 0
         while todo:
             requests = [
                 DecodeRequest(p.index, p.data, p.header, p.plan.box, out_hw, p.intact)
+                if not whole
+                else DecodeRequest(
+                    p.index,
+                    p.data,
+                    p.header,
+                    (0.0, 0.0, float(p.header.height), float(p.header.width)),
+                    (p.header.height, p.header.width),
+                    p.intact,
+                )
                 for _, p in todo
             ]
             results = self.decoder.decode_batch(requests)
@@ -388,6 +400,7 @@ class SampleLoader:
                     label=p.label,
                     replaced=p.replaced,
                     route=r.route,
+                    attempt=p.attempt,
                 )
             if again_as_is:
                 if tries == len(self.retry_delays):
@@ -416,6 +429,14 @@ class SampleLoader:
     def load(self, epoch: int, indices: Sequence[int]) -> list[LoadedSample]:
         """`read_and_plan` then `decode`: one LoadedSample per index, in order."""
         return self.decode(epoch, self.read_and_plan(epoch, indices))
+
+    def substitute(self, epoch: int, sample: LoadedSample) -> LoadedSample:
+        """The next substitute of ``sample.requested`` after ``sample``, decoded: for a sample
+        that decoded but could not be used (a user transform failed on it). The sample is not
+        marked bad (the failure may be this epoch's draws, not the file)."""
+        after = [sample.attempt + 1]
+        planned = self.read_and_plan(epoch, [sample.requested], start_attempts=after)
+        return self.decode(epoch, planned)[0]
 
 
 def probe(

@@ -222,12 +222,12 @@ class ServerApp:
                 self._serve_metrics(self.config.metrics_port)
             threads = self.config.decode_threads()
             log.info(
-                "serving %s on %s: batch %d, %dpx, %s %s, %d producers, %s, "
+                "serving %s on %s: batch %d, %s px, %s %s, %d producers, %s, "
                 "work-ahead %d per client",
                 "/".join(self.splits),
                 ", ".join(self.endpoints),
                 self.config.batch_size,
-                self.config.image_size,
+                "x".join(map(str, self.config.image_hw)),
                 self.spec.dtype,
                 self.spec.layout,
                 self.config.producers,

@@ -47,6 +47,20 @@ _PAIR = _numbers("LO,HI")
 _RGB = _numbers("R,G,B")
 
 
+def _image_size(text: str) -> int | tuple[int, int]:
+    """--image-size: PX (square) or H,W."""
+    parts = text.replace(",", " ").split()
+    try:
+        sizes = [int(v) for v in parts]
+    except ValueError:
+        sizes = []
+    if len(sizes) == 1:
+        return sizes[0]
+    if len(sizes) == 2:
+        return (sizes[0], sizes[1])
+    raise argparse.ArgumentTypeError(f"expected PX or H,W integers, got {text!r}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """All options default to 'not given', so a TOML file's values apply unless overridden."""
     p = argparse.ArgumentParser(
@@ -211,9 +225,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     batch.add_argument(
         "--image-size",
-        type=int,
-        metavar="PX",
-        help=f"output height and width (default: {_D.image_size})",
+        type=_image_size,
+        metavar="PX|H,W",
+        help=f"output size: PX (square) or H,W (default: {_D.image_size})",
     )
     batch.add_argument(
         "--seed", type=int, help=f"seed of shuffling and augmentation (default: {_D.seed})"
@@ -275,6 +289,19 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="F",
         help="val split: resize the shorter side to size/F, then centre crop "
         f"(default: {_D.val_crop_fraction:g})",
+    )
+
+    aug.add_argument(
+        "--transform",
+        metavar="MODULE:CALLABLE",
+        help="train split: run this Python callable(image, generator) on each decoded image "
+        "instead of the built-in augmentation (module:callable or file.py:callable; it runs in "
+        "this process: your own code only; README 'Your own transforms and views')",
+    )
+    aug.add_argument(
+        "--val-transform",
+        metavar="MODULE:CALLABLE",
+        help="val split: the same, in place of the centre crop (default: the centre crop)",
     )
 
     work = p.add_argument_group("compute")

@@ -29,7 +29,7 @@ DEFAULT_BIND = "tcp://127.0.0.1:5555"
 # so the two cannot drift apart; `ServerConfig.augment` hands them over by name and
 # AugmentConfig validates them (one validation, one message).
 _AUGMENT = AugmentConfig(image_size=224, train=True)
-_PER_SPLIT = ("image_size", "train")  # set by the server per split, not copied by name
+_PER_SPLIT = ("image_size", "train", "transform")  # set per split, not copied by name
 
 
 @dataclass
@@ -40,7 +40,8 @@ class ServerConfig:
     val: str | None = None
     bind: list[str] = field(default_factory=lambda: [DEFAULT_BIND])
     batch_size: int = 64
-    image_size: int = 224
+    # One int (square) or (height, width): `--image-size 224` or `--image-size 160,224`.
+    image_size: int | tuple[int, int] = 224
     seed: int = 0
     workers: int | None = None  # --workers; None: `decode_threads` decides
     # Three batches in production keep two cores busy across batch boundaries (the Python
@@ -62,6 +63,11 @@ class ServerConfig:
     mean: tuple[float, float, float] = _AUGMENT.mean
     std: tuple[float, float, float] = _AUGMENT.std
     val_crop_fraction: float = _AUGMENT.val_crop_fraction
+    # The operator's own transforms (pipeline/transforms.py), "module:callable" or
+    # "file.py:callable", instead of the fused op: `transform` for train, `val_transform` for
+    # val (None: the built-in augmentation). They import and run code in this process.
+    transform: str | None = None
+    val_transform: str | None = None
     decoder: str = "auto"
     device: str = "cpu"
     max_pixels: int = 89_478_485
@@ -105,8 +111,16 @@ class ServerConfig:
             for f in fields(AugmentConfig)
             if f.name in _FIELDS and f.name not in _PER_SPLIT
         }
-        size = (self.image_size, self.image_size)
-        return AugmentConfig(image_size=size, train=train, **shared)
+        transform = self.transform if train else self.val_transform
+        return AugmentConfig(image_size=self.image_hw, train=train, transform=transform, **shared)
+
+    @property
+    def image_hw(self) -> tuple[int, int]:
+        """--image-size as (height, width)."""
+        size = self.image_size
+        if isinstance(size, (tuple, list)):
+            return (int(size[0]), int(size[1]))
+        return (int(size), int(size))
 
     def decode_threads(self) -> int:
         """Threads of the decoder's own pool: --workers where given. By default the cores,
@@ -144,7 +158,14 @@ class ServerConfig:
                 )
         if int(self.seed) < 0:
             problems.append(f"--seed must be >= 0, got {self.seed}")
-        for name in ("batch_size", "image_size", "workers", "producers", "prefetch_depth"):
+        size = self.image_size
+        if isinstance(size, (tuple, list)) and (
+            len(size) != 2 or any(isinstance(v, bool) or not isinstance(v, int) for v in size)
+        ):
+            problems.append(f"--image-size must be PX or H,W integers, got {size!r}")
+        elif min(self.image_hw) < 1:
+            problems.append(f"--image-size must be >= 1, got {size!r}")
+        for name in ("batch_size", "workers", "producers", "prefetch_depth"):
             if getattr(self, name) is not None and int(getattr(self, name)) < 1:
                 flag = "--" + name.replace("_", "-")
                 problems.append(f"{flag} must be >= 1, got {getattr(self, name)}")
@@ -207,6 +228,8 @@ def config_from_toml(path: str | os.PathLike[str]) -> dict[str, Any]:
             value = [value]
         if name in ("scale", "ratio", "mean", "std") and isinstance(value, list):
             value = tuple(float(v) for v in value)
+        if name == "image_size" and isinstance(value, list):
+            value = tuple(value)
         if name in ("train", "val") and value is not None:
             value = str(Path(value).expanduser())
         out[name] = value

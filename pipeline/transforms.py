@@ -1,0 +1,280 @@
+"""User transforms: the operator's own Python code in place of the fused augment op.
+
+`--transform module:callable` (or ``path/to/file.py:callable``; the TOML key ``transform``; the
+``transform=`` argument of `LocalLoader`, which also takes the callable itself) names a function
+
+    callable(image: torch.Tensor, generator: torch.Generator) -> torch.Tensor
+
+called on each decoded sample in the producer threads. ``image`` is the whole decoded image,
+HWC uint8 RGB, at full resolution (no crop-region decode and no DCT reduction: the transform
+decides the crop, so the decoder cannot know which part or scale it will read). ``generator``
+is a CPU `torch.Generator` seeded from (seed, epoch, sample index) through the pipeline's
+counter-based draws (`augment_plan.draw_uniforms` on `TRANSFORM_STREAM`), so a sample's output
+depends on nothing else: any server, thread count or resume point produces the same bytes, as
+long as the transform draws its randomness from ``generator`` only. It returns a CHW tensor of
+the configured output size; the server casts it to the output dtype (a float result into uint8
+is rounded half to even and clamped to [0, 255]) and writes it in the output layout. The server
+applies no normalisation to a transform's output: the values it returns are the values sent.
+
+A transform that raises, or returns the wrong shape, on a sample is counted
+(`transform_errors_total`) and logged (the traceback once per distinct error), and the sample
+is replaced like a corrupt file (its next substitute, transformed in turn); it never stops a
+producer. The failure is not remembered as a bad file: it may depend on the epoch's draws, and a
+server that had not seen it must pick the same sample for the same (seed, epoch, index).
+
+torchvision v2 transforms draw from torch's global RNG; `torchvision_v2` adapts one.
+
+Security: `--transform` imports and runs arbitrary code in the server process. It is the
+operator's code, given on the server's command line or config file; clients can never name one.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import logging
+import random
+import sys
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from batchwire.pipeline.augment_plan import draw_uniforms
+
+log = logging.getLogger("batchwire.pipeline")
+
+#: `draw_uniforms` stream of the transforms' generator seeds ("XFRM"): the augmentation plan's
+#: draws (stream 0) and the substitutes' keep their values.
+TRANSFORM_STREAM = 0x5846524D
+#: Distinct errors logged with a traceback; past that only counted (and logged at debug).
+MAX_LOGGED_ERRORS = 64
+
+Transform = Callable[[torch.Tensor, torch.Generator], torch.Tensor]
+
+
+def transform_seeds(seed: int, epoch: int, indices: Sequence[int], view: int = 0) -> list[int]:
+    """The generator seed of each sample: 53 random bits of (seed, epoch, index, view).
+
+    View v draws on stream ``TRANSFORM_STREAM + v``; view 0 is the single-view case.
+    """
+    u = draw_uniforms(
+        seed, epoch, np.asarray(indices, dtype=np.int64), 1, stream=TRANSFORM_STREAM + int(view)
+    )
+    return [int(x) for x in (u[:, 0] * float(1 << 53)).astype(np.int64).tolist()]
+
+
+def sample_generator(seed: int) -> torch.Generator:
+    """A CPU generator in the state ``manual_seed(seed)`` leaves it."""
+    g = torch.Generator()
+    g.manual_seed(int(seed))
+    return g
+
+
+def transform_name(fn: Any) -> str:
+    """A readable name for logs and errors (module.qualname, else the repr)."""
+    name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None)
+    module = getattr(fn, "__module__", None)
+    if name is None:
+        return type(fn).__name__
+    return f"{module}.{name}" if module and module != "builtins" else str(name)
+
+
+def load_transform(spec: str | Transform) -> Transform:
+    """Resolve ``module:attr`` (``attr`` may be dotted) or ``file.py:attr`` to a callable.
+
+    ValueError naming the spec when it does not import or is not callable (the server turns it
+    into a start-up error, before any client connects). A callable is returned as it is.
+    """
+    if callable(spec):
+        return spec
+    if not isinstance(spec, str) or spec.count(":") != 1:
+        raise ValueError(f"transform must be 'module:callable' or 'file.py:callable', got {spec!r}")
+    where, attr = spec.split(":")
+    if not where or not attr:
+        raise ValueError(f"transform must be 'module:callable' or 'file.py:callable', got {spec!r}")
+    try:
+        if where.endswith(".py"):
+            path = Path(where).expanduser().resolve()
+            name = f"batchwire_user_transform_{abs(hash(str(path)))}"
+            module_spec = importlib.util.spec_from_file_location(name, path)
+            if module_spec is None or module_spec.loader is None:
+                raise ImportError(f"cannot load {path}")
+            module = importlib.util.module_from_spec(module_spec)
+            sys.modules[name] = module
+            module_spec.loader.exec_module(module)
+        else:
+            module = importlib.import_module(where)
+    except Exception as exc:  # the user's module: any error at import is a setup problem
+        raise ValueError(f"transform {spec!r}: cannot import {where}: {exc!r}") from exc
+    obj: Any = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise ValueError(f"transform {spec!r}: {where} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise ValueError(f"transform {spec!r}: {attr} is a {type(obj).__name__}, not callable")
+    return obj
+
+
+class TransformError(Exception):
+    """A transform raised or returned something the server cannot send (wrong shape, type)."""
+
+
+class TransformRunner:
+    """Applies one transform to samples, writing into a batch; counts and logs its failures.
+
+    Thread-safe: several producer threads call `apply` at once (the counters take a lock; the
+    transform itself is the user's, called concurrently unless it is an adapter that locks).
+    """
+
+    def __init__(self, transform: str | Transform, out_hw: tuple[int, int]) -> None:
+        self.fn = load_transform(transform)
+        self.name = transform_name(self.fn) if callable(transform) else str(transform)
+        self.out_hw = (int(out_hw[0]), int(out_hw[1]))
+        self.errors_total = 0
+        self._seen: set[tuple[str, str]] = set()
+        self._lock = threading.Lock()
+
+    def apply(self, image: torch.Tensor, seed: int, out: torch.Tensor) -> None:
+        """Transform ``image`` (HWC uint8) with a generator of ``seed`` into ``out`` ([3, H, W]
+        view of the batch); TransformError when the transform fails (nothing useful written)."""
+        try:
+            result = self.fn(image, sample_generator(seed))
+        except Exception as exc:
+            raise TransformError(
+                f"transform {self.name} raised {type(exc).__name__}: {exc}"
+            ) from exc
+        h, w = self.out_hw
+        if not isinstance(result, torch.Tensor):
+            raise TransformError(
+                f"transform {self.name} returned a {type(result).__name__}, expected a "
+                f"[3, {h}, {w}] tensor"
+            )
+        if tuple(result.shape) != (3, h, w):
+            raise TransformError(
+                f"transform {self.name} returned shape {list(result.shape)}, expected [3, {h}, {w}]"
+            )
+        if out.dtype == torch.uint8 and result.is_floating_point():
+            result = result.round().clamp_(0, 255)
+        out.copy_(result)
+
+    def record_error(self, exc: TransformError, where: str) -> None:
+        """Count one failure; log its traceback the first time this error is seen."""
+        cause = exc.__cause__ or exc
+        key = (type(cause).__name__, str(exc))
+        with self._lock:
+            self.errors_total += 1
+            first = key not in self._seen and len(self._seen) < MAX_LOGGED_ERRORS
+            if first:
+                self._seen.add(key)
+        if first:
+            log.warning("%s on %s: replacing the sample", exc, where, exc_info=cause)
+        else:
+            log.debug("%s on %s: replacing the sample", exc, where)
+
+
+# ---------------------------------------------------------------------------------------------
+# torchvision v2 (and any transform that draws from torch's global RNG)
+
+#: Held while a global-RNG transform runs: the global generator is one per process.
+GLOBAL_RNG_LOCK = threading.Lock()
+
+
+def torchvision_v2(t: Callable[[torch.Tensor], torch.Tensor]) -> Transform:
+    """Adapt a torchvision-v2-style transform ``t(chw_uint8) -> chw`` to ``(image, generator)``.
+
+    v2 transforms draw their parameters from torch's global RNG (and a few v1 ones from Python's
+    `random`), which every thread shares. The adapter makes each call deterministic: under a
+    process-wide lock it forks the global CPU RNG (`torch.random.fork_rng`) and Python's
+    `random` state, seeds both with the sample's seed (``generator.initial_seed()``, itself a
+    function of (seed, epoch, sample)), runs ``t`` and restores both states. Inside the lock no
+    other adapter touches the global RNG, so the draws ``t`` makes are exactly the sequence that
+    seed yields, whichever thread or server runs it; the states are restored, so code outside
+    is undisturbed. The cost: adapted transforms run one at a time per process (plain
+    ``(image, generator)`` transforms do not lock). Requires ``t`` to take a CHW tensor (v2
+    transforms do) and to run its random draws on the CPU generator.
+    """
+
+    def run(image: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        chw = image.permute(2, 0, 1)
+        seed = generator.initial_seed()
+        with GLOBAL_RNG_LOCK, torch.random.fork_rng(devices=[]):
+            state = random.getstate()
+            try:
+                torch.manual_seed(seed)
+                random.seed(seed)
+                return t(chw)
+            finally:
+                random.setstate(state)
+
+    run.__name__ = run.__qualname__ = f"torchvision_v2({transform_name(t)})"
+    return run
+
+
+# ---------------------------------------------------------------------------------------------
+# An example in plain torch: what the fused op does, as a user transform would write it
+
+
+class RandomResizedCropFlip:
+    """torchvision's RandomResizedCrop + RandomHorizontalFlip (+ optional normalisation) in
+    plain torch, drawing from the sample's generator: the reference user transform (tests, the
+    bench's "the fused op in Python" row, and a template to copy).
+
+    Returns float [3, H, W] pixels in [0, 255] (the server rounds them for uint8 output), or
+    ``(x / 255 - mean) / std`` when ``mean`` and ``std`` are given (for float output).
+    """
+
+    def __init__(
+        self,
+        size: int | tuple[int, int],
+        scale: tuple[float, float] = (0.08, 1.0),
+        ratio: tuple[float, float] = (3.0 / 4.0, 4.0 / 3.0),
+        flip_prob: float = 0.5,
+        mean: tuple[float, float, float] | None = None,
+        std: tuple[float, float, float] | None = None,
+    ) -> None:
+        self.size = (size, size) if isinstance(size, int) else (int(size[0]), int(size[1]))
+        self.scale = scale
+        self.ratio = ratio
+        self.flip_prob = flip_prob
+        self.mean = None if mean is None else torch.tensor(mean).view(3, 1, 1) * 255.0
+        self.std = None if std is None else torch.tensor(std).view(3, 1, 1) * 255.0
+
+    def box(self, height: int, width: int, g: torch.Generator) -> tuple[int, int, int, int]:
+        """(top, left, h, w) as RandomResizedCrop.get_params, drawn from ``g``."""
+        import math
+
+        area = height * width
+        log_lo, log_hi = math.log(self.ratio[0]), math.log(self.ratio[1])
+        for _ in range(10):
+            target = area * float(torch.empty(1).uniform_(*self.scale, generator=g))
+            aspect = math.exp(float(torch.empty(1).uniform_(log_lo, log_hi, generator=g)))
+            w = round(math.sqrt(target * aspect))
+            h = round(math.sqrt(target / aspect))
+            if 0 < w <= width and 0 < h <= height:
+                top = int(torch.randint(0, height - h + 1, (1,), generator=g))
+                left = int(torch.randint(0, width - w + 1, (1,), generator=g))
+                return top, left, h, w
+        in_ratio = width / height
+        if in_ratio < self.ratio[0]:
+            w, h = width, round(width / self.ratio[0])
+        elif in_ratio > self.ratio[1]:
+            h, w = height, round(height * self.ratio[1])
+        else:
+            h, w = height, width
+        return (height - h) // 2, (width - w) // 2, h, w
+
+    def __call__(self, image: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        top, left, h, w = self.box(int(image.shape[0]), int(image.shape[1]), generator)
+        crop = image[top : top + h, left : left + w].permute(2, 0, 1).unsqueeze(0).float()
+        out = torch.nn.functional.interpolate(
+            crop, size=self.size, mode="bilinear", align_corners=False, antialias=True
+        )[0]
+        if float(torch.rand(1, generator=generator)) < self.flip_prob:
+            out = out.flip(-1)
+        if self.mean is not None and self.std is not None:
+            out = (out - self.mean) / self.std
+        return out
