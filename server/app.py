@@ -477,7 +477,8 @@ class ServerApp:
         ]
         rows, unlisted = self.core.client_rows(now)
         buffers = BufferStats(
-            held=self.buffers.held,
+            # In use: the share window's idle buffers are not (they are window_bytes).
+            held=max(0, self.buffers.held - self.core.shared.idle),
             allocated=self.buffers.capacity,
             max=self.buffers.max_buffers,
             batch_bytes=self.spec.nbytes + self.spec.labels_nbytes,
