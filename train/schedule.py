@@ -1,41 +1,36 @@
-"""Per-optimizer-step learning-rate schedules: linear warm-up, then cosine or one-cycle.
+"""Per-optimizer-step learning-rate schedules, built from torch's own schedulers.
 
-Both are a `LambdaLR` over a picklable multiplier object, so the scheduler's `state_dict()` is
-plain numbers that `torch.load(weights_only=True)` accepts, and a resumed run rebuilt with the
-same arguments continues on exactly the same curve.
+- cosine: `LinearLR` warm-up from 0.1 x lr to lr over `warmup_steps`, then `CosineAnnealingLR`
+  down to 0 at `total_steps` (chained by `SequentialLR`; no warm-up: the cosine alone).
+- onecycle: `OneCycleLR` (Smith's one cycle): from lr / 25 up to lr over the warm-up (at least
+  30% of training when no warm-up is given), then down to lr / 1e4, both halves cosine;
+  momentum is left alone (the optimizer's setting holds throughout).
 
-- cosine: warm-up from `warmup_start` x lr to lr over `warmup_steps`, then half a cosine down to
-  `final_fraction` x lr at `total_steps`.
-- onecycle: Smith's one-cycle shape, linear up from lr / 25 to lr over the warm-up (at least
-  30% of training when no warm-up is given), then cosine down to lr / 1e4.
+Each scheduler carries ``curve`` (its kind and lengths; plain values, so it travels in
+``state_dict()`` and `torch.load(weights_only=True)` accepts it): a resumed run rebuilt with the
+same arguments restores the saved state and continues on exactly the same curve, and one whose
+curve changed (another world size or --accum-steps changes the steps per epoch) is told apart
+by `resume_schedule`.
 """
 
 from __future__ import annotations
 
-import math
 import warnings
-from dataclasses import dataclass
+from typing import Any
 
 import torch
+from torch.optim.lr_scheduler import (
+    CosineAnnealingLR,
+    LinearLR,
+    LRScheduler,
+    OneCycleLR,
+    SequentialLR,
+)
 
 SCHEDULES = ("cosine", "onecycle")
-
-
-@dataclass(frozen=True)
-class WarmupCosine:
-    """lr multiplier at step s: linear warm-up, then cosine from 1 to `final` (held after)."""
-
-    warmup_steps: int
-    total_steps: int
-    start: float
-    final: float
-
-    def __call__(self, step: int) -> float:
-        if step < self.warmup_steps:
-            return self.start + (1.0 - self.start) * step / self.warmup_steps
-        span = max(1, self.total_steps - self.warmup_steps)
-        progress = min(1.0, (step - self.warmup_steps) / span)
-        return self.final + (1.0 - self.final) * 0.5 * (1.0 + math.cos(math.pi * progress))
+WARMUP_START = 0.1  # cosine: the warm-up starts at this fraction of the peak lr
+ONECYCLE_START = 1 / 25  # onecycle: from lr / 25 ...
+ONECYCLE_END = 1e-4  # ... to lr / 1e4
 
 
 def build_scheduler(
@@ -44,37 +39,61 @@ def build_scheduler(
     *,
     total_steps: int,
     warmup_steps: int,
-) -> torch.optim.lr_scheduler.LambdaLR:
+) -> LRScheduler:
     """A per-step scheduler of `kind` ("cosine" or "onecycle") over `total_steps` steps."""
     if kind not in SCHEDULES:
         raise ValueError(f"unknown schedule {kind!r}; choose one of {', '.join(SCHEDULES)}")
     if total_steps < 1:
         raise ValueError(f"total_steps must be >= 1, got {total_steps}")
     warmup_steps = max(0, min(warmup_steps, total_steps))
+    scheduler: LRScheduler
     if kind == "cosine":
-        fn = WarmupCosine(warmup_steps, total_steps, start=0.1, final=0.0)
+        decay = CosineAnnealingLR(optimizer, T_max=max(1, total_steps - warmup_steps), eta_min=0.0)
+        if warmup_steps == 0:
+            scheduler = decay
+        else:
+            warm = LinearLR(
+                optimizer, start_factor=WARMUP_START, end_factor=1.0, total_iters=warmup_steps
+            )
+            scheduler = SequentialLR(optimizer, [warm, decay], milestones=[warmup_steps])
     else:
         peak = warmup_steps or max(1, round(0.3 * total_steps))
-        fn = WarmupCosine(peak, total_steps, start=1.0 / 25.0, final=1e-4)
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, fn)
+        # OneCycleLR peaks at step pct_start x steps - 1 and refuses a step past its last: one
+        # step of margin, so the run's last optimizer step never ends training with an error.
+        steps = total_steps + 1
+        scheduler = OneCycleLR(
+            optimizer,
+            max_lr=[group["lr"] for group in optimizer.param_groups],
+            total_steps=steps,
+            pct_start=min(1.0, (peak + 1) / steps),
+            anneal_strategy="cos",
+            cycle_momentum=False,
+            div_factor=1 / ONECYCLE_START,
+            final_div_factor=ONECYCLE_START / ONECYCLE_END,
+        )
+    scheduler.curve = {  # type: ignore[attr-defined]
+        "kind": kind,
+        "total_steps": total_steps,
+        "warmup_steps": warmup_steps,
+    }
+    return scheduler
 
 
-def resume_schedule(
-    scheduler: torch.optim.lr_scheduler.LambdaLR, saved: dict, position: int
-) -> bool:
+def resume_schedule(scheduler: LRScheduler, saved: dict[str, Any], position: int) -> bool:
     """Continue `scheduler` from a checkpoint's scheduler state; True if it was restored as is.
 
-    A checkpoint stores its curve (steps per epoch, epochs, warm-up) with its position. When
-    the resumed run's curve differs (another world size or --accum-steps changes the steps per
+    A checkpoint stores its curve (``curve``: kind, steps, warm-up) with its position. When the
+    resumed run's curve differs (another world size or --accum-steps changes the steps per
     epoch; another --epochs or --warmup-epochs), loading the saved state would put the old
     curve back, ending the decay too early or never. Then the run keeps its own curve and
-    starts it at `position`, the optimizer steps already taken in this run's units.
+    starts it at `position`, the optimizer steps already taken in this run's units (stepped
+    there: the chained schedulers compute each step from the last, a few microseconds each).
     """
-    if saved.get("lr_lambdas") == scheduler.state_dict().get("lr_lambdas"):
+    if saved.get("curve") == getattr(scheduler, "curve", None):
         scheduler.load_state_dict(saved)
         return True
-    scheduler.last_epoch = position - 1
     with warnings.catch_warnings():  # "step() before optimizer.step()": on purpose, to seek
         warnings.simplefilter("ignore", UserWarning)
-        scheduler.step()
+        for _ in range(position):
+            scheduler.step()
     return False
