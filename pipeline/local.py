@@ -133,7 +133,8 @@ class LocalLoader:
     are produced (default: the decoder's device); an index-less "cuda" (and a GPU decoder's
     default device) is this rank's GPU: the one `torch.cuda.set_device` chose, else
     LOCAL_RANK's. Extra keyword arguments are `AugmentConfig` fields (scale, ratio, flip_prob,
-    brightness, ..., output_dtype, layout).
+    brightness, ..., output_dtype, layout, and `transform`: a user transform, "module:callable"
+    or the callable itself, as the server's --transform; pipeline/transforms.py).
     """
 
     def __init__(
