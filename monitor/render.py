@@ -258,6 +258,18 @@ def frame(
     )
     if counters.decode_fallbacks_total:  # a GPU decoder sent images to the CPU: say so
         totals.append(f"  CPU-decoded fallbacks {counters.decode_fallbacks_total:,}", YELLOW)
+    if counters.batches_produced_total:  # shared production (--share-window): one line
+        states = [c.sharing for c in snapshot.clients]
+        window = 0 if snapshot.buffers is None else snapshot.buffers.window_bytes or 0
+        parts += [totals]
+        totals = _line(
+            ("sharing     ", BOLD),
+            f"produced {counters.batches_produced_total:,}  share ratio "
+            f"{counters.batches_total / counters.batches_produced_total:.2f}  "
+            f"window {human_bytes(window)}  clients: {states.count('shared')} shared, "
+            f"{states.count('solo')} solo, ",
+            (f"{states.count('lagging')} lagging", YELLOW if "lagging" in states else ""),
+        )
     parts += [totals, _line()]
 
     clients = list(snapshot.clients)

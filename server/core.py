@@ -657,7 +657,7 @@ class ServerCore:
                     "client %s asked for no batch for %.0f s: dropped", identity.hex(), timeout
                 )
                 actions += self._drop(identity)
-        if not self.sessions and now - self._buffers_used_at > BUFFERS_IDLE_S:
+        if not self.sessions:  # nobody left to share with: the memory goes back now
             actions += [Release(s) for s in self.shared.flush()]
         actions.append(TrimBuffers(self._buffers_to_keep(now)))
         return actions

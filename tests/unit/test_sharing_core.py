@@ -186,3 +186,14 @@ def test_releases_when_a_session_drops_while_waiting_for_a_shared_batch() -> Non
     assert s.budget.held == 0
     s.send(b"b", Bye())
     assert not [a for a in s.tick() if isinstance(a, Release)]
+
+
+def test_the_window_is_emptied_once_no_client_is_left() -> None:
+    s = _server()
+    s.hello(b"a", batches=(0, 1))
+    s.turn(readers=(b"a",))
+    assert s.core.shared.idle == 2 and s.released == []
+    s.send(b"a", Bye())
+    s.tick(1.0)  # housekeeping
+    assert len(s.released) == 2 and s.core.shared.idle == 0
+    assert s.trims[-1] == 0
