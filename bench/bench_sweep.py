@@ -1,0 +1,150 @@
+"""A sweep on one server: N jobs reading the same epochs together, their aggregate images/s.
+
+    python -m batchwire.bench.bench_sweep [--data DIR] [--batch-size 64] [--image-size 224]
+        [--epochs 2] [--jobs 1,2,4,8]
+
+Each job is a `RemoteLoader` in its own process (a trainer that only receives uint8 batches),
+all started together against one `pipeline-server` (a fresh one per row). The aggregate rate is
+the images every job received while all of them ran (from the last job's first batch to the
+first job's last batch: loader processes take seconds to start on a small machine).
+Shared production (--share-window) lets N jobs of the same recipe cost one pass of decoding;
+the ideal is N x one job's rate while the trainers themselves keep up (on a small machine they
+share the cores with the server: each receives, checks and digests its batches).
+
+Rows: 1, 2, 4, 8 jobs of world size 1; a mixed sweep (jobs of world sizes 1, 1, 2 and 4: eight
+loader processes; one server serves one batch size, so a sweep over batch sizes needs a server
+per batch size and shares nothing between them); one job with the default window and with
+--share-window 0 (what sharing costs when nothing is shared), alternated twice.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+
+from batchwire.bench.data import resolve_data
+from batchwire.common.launcher import PipelineServer
+
+DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "imagenet-sample"
+
+_JOB = textwrap.dedent(
+    """
+    import json, sys, time
+    from batchwire.client import RemoteLoader
+    ep, job, rank, ws, epochs = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:6])
+    loader = RemoteLoader(ep, "train", rank=rank, world_size=ws, device="cpu", job=job,
+                          timeout=120.0)
+    times, sizes = [], []
+    for epoch in range(epochs):
+        loader.set_epoch(epoch)
+        for batch, _labels in loader:
+            times.append(time.time())
+            sizes.append(batch.shape[0])
+    loader.close()
+    print(json.dumps({"times": times, "sizes": sizes}))
+    """
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m batchwire.bench.bench_sweep", description=__doc__.split("\n\n")[0]
+    )
+    default = str(DEFAULT_DATA) if DEFAULT_DATA.is_dir() else None
+    p.add_argument("--data", default=default, help="images (default: ../shared/imagenet-sample)")
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--image-size", type=int, default=224)
+    p.add_argument("--epochs", type=int, default=4, help="epochs each job reads")
+    p.add_argument("--jobs", default="1,2,4,8", help="job counts of the world-size-1 rows")
+    return p
+
+
+def run_sweep(endpoint: str, ranks: list[tuple[str, int, int]], epochs: int) -> tuple[int, float]:
+    """Start every (job, rank, world_size) loader together; (images, aggregate images/s)."""
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _JOB, endpoint, job, str(rank), str(ws), str(epochs)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for job, rank, ws in ranks
+    ]
+    results = []
+    for proc in procs:
+        out, _ = proc.communicate(timeout=900)
+        if proc.returncode:
+            raise SystemExit(f"a job failed (exit {proc.returncode})")
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    images = sum(sum(r["sizes"]) for r in results)
+    # While every job runs: from the last job's first batch to the first job's last (the
+    # processes start seconds apart on a small machine, importing torch).
+    start = max(r["times"][0] for r in results)
+    end = min(r["times"][-1] for r in results)
+    inside = sum(
+        n for r in results for t, n in zip(r["times"], r["sizes"], strict=True) if start < t <= end
+    )
+    return images, inside / max(end - start, 1e-9)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    data = resolve_data(args.data)
+    base = [
+        *("--train", data.server_train, "--allow-outside-root"),
+        *("--batch-size", str(args.batch_size), "--image-size", str(args.image_size)),
+        *("--output-dtype", "uint8"),
+    ]
+
+    def row(name: str, ranks: list[tuple[str, int, int]], *extra: str) -> float:
+        with (
+            tempfile.TemporaryDirectory() as tmp,
+            PipelineServer([*base, *extra], log_path=Path(tmp) / "server.log") as srv,
+        ):
+            images, rate = run_sweep(srv.endpoint, ranks, args.epochs)
+            c = srv_counters(srv.endpoint)
+        produced, sent = c.get("batches_produced_total") or 0, c.get("batches_total") or 0
+        ratio = sent / produced if produced else 0.0
+        print(
+            f"  {name:<34} {rate:8.0f} img/s  ({images} images; {produced} batches produced, "
+            f"{sent} sent, share ratio {ratio:.2f})",
+            flush=True,
+        )
+        return rate
+
+    print(
+        f"{len(data.paths)} images from {data.shown}; batch {args.batch_size}, "
+        f"{args.image_size} px, uint8, {args.epochs} epochs per job; one server, each job a "
+        "RemoteLoader process",
+        flush=True,
+    )
+    rates: dict[str, float] = {}
+    for n in (int(v) for v in args.jobs.split(",")):
+        rates[f"{n} jobs"] = row(f"{n} job(s) of world size 1", [(f"j{i}", 0, 1) for i in range(n)])
+    mixed = [("a", 0, 1), ("b", 0, 1), *(("c", r, 2) for r in range(2))]
+    mixed += [("d", r, 4) for r in range(4)]
+    rates["mixed"] = row("mixed: world sizes 1, 1, 2, 4", mixed)
+    on, off = [], []
+    for _ in range(2):
+        on.append(row("1 job, sharing on (default window)", [("solo", 0, 1)]))
+        off.append(row("1 job, --share-window 0", [("solo", 0, 1)], "--share-window", "0"))
+    one = rates.get("1 jobs") or max(on)
+    for name, rate in rates.items():
+        print(f"  {name:<10} {rate / one:5.2f} x one job")
+    cost = 1 - max(on) / max(off)
+    print(f"  sharing on vs off, one job (best of 2 each): {100 * cost:+.1f} % slower")
+    return 0
+
+
+def srv_counters(endpoint: str) -> dict[str, int]:
+    from batchwire.wire.stats_client import fetch_stats
+
+    return fetch_stats(endpoint, timeout=10.0).counters.to_map()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
