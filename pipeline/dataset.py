@@ -83,6 +83,17 @@ class ImageDataset:
 
         return read_file(self.paths[int(i)])
 
+    def read_many(self, indices: Sequence[int]) -> list[bytes | OSError] | None:
+        """The bytes of several samples read together (an object store keeps many requests
+        in flight: `pipeline.storage`), a failed one as its OSError; None when the source
+        reads one sample at a time (local files: the sample loader reads each on the
+        decoder's threads). A source offers it through `reader.read_many`."""
+        many = getattr(self.reader, "read_many", None)
+        if many is None:
+            return None
+        n = len(self.paths)
+        return many([int(i) % n for i in indices])
+
     def checksum_problem(self, i: int, data: bytes) -> str | None:
         """Why `data` is not what the checksum manifest recorded for sample `i`, or None (also
         when there is no manifest or no record for it)."""
@@ -188,6 +199,11 @@ def _open_listing(
     from batchwire.pipeline import sources  # lazy: sources build on this module
 
     if not sources.is_classic(path):
+        from batchwire.pipeline.storage.listing import open_bucket_dataset
+
+        in_bucket = open_bucket_dataset(path, cache_dir)  # an ImageFolder or list file there
+        if in_bucket is not None:
+            return in_bucket
         return sources.open_source(path, cache_dir, allow_outside_root=allow_outside_root)
     p = Path(path).expanduser()
     if not p.exists():

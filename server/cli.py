@@ -84,7 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
     data.add_argument(
         "--train",
         metavar="PATH",
-        help="training split: an ImageFolder root or a list file "
+        help="training split: an ImageFolder root or a list file, local or in a bucket "
+        "(s3://bucket/prefix, s3://bucket/prefix/train.txt) "
         "(default: the embedded dataset's train split)",
     )
     data.add_argument(
@@ -114,6 +115,35 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DIR",
         help="also look for checksum manifests here (pipeline-prepare --checksums-only "
         "--manifest-dir DIR); repeatable",
+    )
+    store = p.add_argument_group(
+        "object storage (--train/--val s3://, gs://, az://; credentials and endpoint from the "
+        "environment: AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL...)"
+    )
+    store.add_argument(
+        "--cache-dir",
+        metavar="DIR",
+        help="keep objects fetched from the store in DIR, so later epochs read them from local "
+        "disk (least recently used evicted past --cache-size; safe against a crash)",
+    )
+    store.add_argument(
+        "--cache-size",
+        metavar="BYTES",
+        help="bound of --cache-dir: bytes, or with K, M, G, T (e.g. 200G)",
+    )
+    store.add_argument(
+        "--store-concurrency",
+        type=int,
+        metavar="N",
+        help="object-store requests in flight per store: a batch's samples are read together "
+        f"(default: {_D.store_concurrency})",
+    )
+    store.add_argument(
+        "--listing-ttl",
+        type=float,
+        metavar="SECONDS",
+        help="reuse a bucket prefix's cached listing for this long; 0 lists it at every start "
+        f"(default: {_D.listing_ttl:g})",
     )
     data.add_argument("--config", metavar="FILE.toml", help="read settings from a TOML file")
     sec = p.add_argument_group("security")

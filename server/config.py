@@ -17,6 +17,13 @@ from batchwire.common.devices import parse_device
 from batchwire.pipeline.augment_plan import AugmentConfig
 from batchwire.pipeline.checksums import VERIFY_MODES
 from batchwire.pipeline.decode.select import DECODERS
+from batchwire.pipeline.storage.cache import parse_size
+from batchwire.pipeline.storage.options import (
+    DEFAULT_CONCURRENCY,
+    DEFAULT_LISTING_TTL_S,
+    StoreOptions,
+)
+from batchwire.pipeline.storage.urls import is_url
 from batchwire.wire import MAX_PREFETCH, BatchSpec
 
 if sys.version_info >= (3, 11):
@@ -95,6 +102,13 @@ class ServerConfig:
     # one is found beside the data or in a checksum_dirs folder, "on" requires one, "off".
     verify_checksums: str = "auto"
     checksum_dirs: list[str] = field(default_factory=list)
+    # Object stores (pipeline/storage): a bounded local cache of fetched objects (both or
+    # neither; the size in bytes or "20G"), requests in flight per store, and how long a
+    # bucket's cached listing is reused (seconds; 0: list at every start).
+    cache_dir: str | None = None
+    cache_size: int | str | None = None
+    store_concurrency: int = DEFAULT_CONCURRENCY
+    listing_ttl: float = DEFAULT_LISTING_TTL_S
     keys: str | None = None  # a `pipeline-keys` folder: CURVE on every endpoint
     insecure: bool = False  # accept a tcp bind beyond loopback without keys (logged)
     metrics_host: str = "127.0.0.1"
@@ -121,6 +135,20 @@ class ServerConfig:
         if isinstance(size, (tuple, list)):
             return (int(size[0]), int(size[1]))
         return (int(size), int(size))
+
+    def store_options(self) -> StoreOptions:
+        """How object stores are read (`pipeline.storage.StoreOptions`), from the flags."""
+        size = self.cache_size
+        try:
+            size = parse_size(size) if size is not None else None
+        except ValueError as exc:
+            raise ValueError(f"--cache-size: {exc}") from None
+        return StoreOptions(
+            concurrency=int(self.store_concurrency),
+            cache_dir=None if self.cache_dir is None else str(Path(self.cache_dir).expanduser()),
+            cache_size=size,
+            listing_ttl_s=float(self.listing_ttl),
+        )
 
     def decode_threads(self) -> int:
         """Threads of the decoder's own pool: --workers where given. By default the cores,
@@ -198,6 +226,10 @@ class ServerConfig:
             problems.append(f"--max-clients must be >= 1, got {self.max_clients}")
         if self.log_format not in ("text", "json"):
             problems.append(f"--log-format must be text or json, got {self.log_format!r}")
+        try:
+            self.store_options()
+        except ValueError as exc:
+            problems.append(str(exc))
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
             problems.append(f"--metrics-port must be a TCP port, got {self.metrics_port}")
         if not problems:
@@ -230,7 +262,7 @@ def config_from_toml(path: str | os.PathLike[str]) -> dict[str, Any]:
             value = tuple(float(v) for v in value)
         if name == "image_size" and isinstance(value, list):
             value = tuple(value)
-        if name in ("train", "val") and value is not None:
+        if name in ("train", "val") and value is not None and not is_url(value):
             value = str(Path(value).expanduser())
         out[name] = value
     return out

@@ -10,6 +10,7 @@ from batchwire.pipeline.decode.contract import BatchDecoder
 from batchwire.pipeline.decode.restart import restart_share
 from batchwire.pipeline.decode.select import make_decoder as select_decoder
 from batchwire.pipeline.split import Split, build_split
+from batchwire.pipeline.storage import redact_url, set_default_options
 from batchwire.server.config import ServerConfig
 
 log = logging.getLogger("batchwire.server")
@@ -95,10 +96,12 @@ def class_mismatch(train: ImageDataset, val: ImageDataset) -> str | None:
 def open_splits(config: ServerConfig, decoder: Any) -> dict[str, Split]:
     """Open every split's dataset and build its producer; StartupError on unusable data."""
     splits: dict[str, Split] = {}
-    for name, root in data_roots(config).items():
+    set_default_options(config.store_options())  # every store opened below reads with them
+    for name, given in data_roots(config).items():
+        root = redact_url(given)  # what logs and errors show: never a credential
         try:
             dataset = open_dataset(
-                root,
+                given,
                 allow_outside_root=config.allow_outside_root,
                 verify_checksums=config.verify_checksums,
                 checksum_dirs=config.checksum_dirs,

@@ -49,3 +49,12 @@ class Store(Protocol):
         """Whole objects, concurrently where the store allows; a failed one is its error (the
         others are still returned), so one bad sample does not fail a batch."""
         ...
+
+    def read_ranges_many(
+        self, requests: Sequence[tuple[str, Sequence[tuple[int, int]]]]
+    ) -> list[list[bytes] | OSError]:
+        """`read_ranges` of several objects at once, e.g. the members of one batch spread over
+        several tar shards or Parquet files: `(key, ranges)` per object, concurrently where the
+        store allows (object stores: up to their concurrency in flight, each object's ranges
+        coalesced); a failed object is its error, the others still returned."""
+        ...

@@ -60,6 +60,26 @@ class LocalStore:
         finally:
             os.close(fd)
 
+    @property
+    def namespace(self) -> str:
+        """What tells these objects apart from another store's (for caches keyed by object)."""
+        return f"file://{self.root}"
+
+    def where(self, key: str) -> str:
+        """The path of `key`, for messages."""
+        return os.path.join(self.root, key)
+
+    def read_ranges_many(
+        self, requests: Sequence[tuple[str, Sequence[tuple[int, int]]]]
+    ) -> list[list[bytes] | OSError]:
+        out: list[list[bytes] | OSError] = []
+        for key, ranges in requests:
+            try:
+                out.append(self.read_ranges(key, ranges))
+            except OSError as exc:
+                out.append(exc)
+        return out
+
     def read_many(self, keys: Sequence[str]) -> list[bytes | OSError]:
         out: list[bytes | OSError] = []
         for key in keys:

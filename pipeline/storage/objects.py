@@ -1,0 +1,310 @@
+"""`ObjectStore`: S3, GCS and Azure buckets as a `Store`, over obstore (Rust `object_store`).
+
+Why obstore (bench/RESULTS.md, "Object storage"): one API for the three clouds; requests run
+on a Rust runtime with the GIL released, so decoding threads keep running while reads wait;
+and it costs the client about a third of s3fs's CPU per object here. Credentials, region and
+endpoint come from the standard environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY,
+AWS_SESSION_TOKEN, AWS_REGION, AWS_ENDPOINT_URL, AWS_ALLOW_HTTP=true; GOOGLE_*, AZURE_*) or an
+instance role, as obstore reads them: exporting them is all a user does.
+
+Latency, not bandwidth, is what an object store costs a sample loader: 10-50 ms a request
+against ~2 ms of decode. So `read_many` keeps up to `concurrency` GETs in flight (async
+requests on a private event-loop thread, one semaphore per store, shared by every caller),
+and `read_ranges` asks for all ranges of one object in one call (obstore coalesces ranges
+that lie close together into one request). A single `read` is a plain blocking GET (the
+GIL released while it waits).
+
+Errors leave here as the `OSError`s the sample loader already handles (`errors.to_os_error`):
+transient after obstore's own retries (`StoreOptions`), or the object's (missing, forbidden).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+from collections.abc import Awaitable, Coroutine, Sequence
+from datetime import timedelta
+from typing import Any, TypeVar
+
+from batchwire.pipeline.storage.base import ObjectInfo
+from batchwire.pipeline.storage.errors import describe, to_os_error
+from batchwire.pipeline.storage.options import StoreOptions
+from batchwire.pipeline.storage.urls import StoreURL, parse_url, redact_url
+
+log = logging.getLogger("batchwire.pipeline")
+
+T = TypeVar("T")
+_ENDPOINT_ENV = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_ENDPOINT")
+
+
+# Client settings obstore reads from the environment only when it is given no client options
+# at all: passing our timeouts would drop them, so they are carried over (AWS_ALLOW_HTTP=true
+# for an S3-compatible store over plain http above all).
+_ENV_CLIENT_KEYS = ("allow_http", "allow_invalid_certificates", "proxy_url", "proxy_excludes")
+_ENV_PREFIX = {"s3": "AWS", "s3a": "AWS", "gs": "GOOGLE"}
+_TRUE = ("1", "true", "yes", "on")
+
+
+def _client_options(options: StoreOptions, scheme: str = "s3") -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "timeout": timedelta(seconds=options.timeout_s),
+        "connect_timeout": timedelta(seconds=options.connect_timeout_s),
+    }
+    prefix = _ENV_PREFIX.get(scheme, "AZURE")
+    for key in _ENV_CLIENT_KEYS:
+        value = os.environ.get(f"{prefix}_{key.upper()}")
+        if value is None:
+            continue
+        out[key] = value.strip().lower() in _TRUE if key.startswith("allow_") else value
+    return out
+
+
+def _retry_config(options: StoreOptions) -> dict[str, Any]:
+    return {
+        "max_retries": int(options.max_retries),
+        "retry_timeout": timedelta(seconds=options.retry_timeout_s),
+        "backoff": {
+            "init_backoff": timedelta(milliseconds=100),
+            "max_backoff": timedelta(seconds=options.backoff_max_s),
+            "base": 2,
+        },
+    }
+
+
+class _LoopThread:
+    """A private asyncio loop on a daemon thread: `run(coro)` from any thread, blocking.
+
+    obstore's async calls need a running loop; keeping one per store (rather than
+    `asyncio.run` per call) costs nothing per call and lets one semaphore bound every
+    caller's requests together."""
+
+    def __init__(self, name: str) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
+        self._thread.start()
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+
+    def close(self) -> None:
+        if self.loop.is_running():
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(5)
+
+
+class ObjectStore:
+    """Objects under `scheme://bucket/prefix`; keys are relative to the prefix.
+
+    Counters (`counters()`): `requests` (GET calls made: a `read_ranges` is one), `objects`
+    (whole objects and range sets returned), `bytes`, `errors` (reads that failed after
+    retries). They tell a cache's effect from the outside (a second epoch served from a
+    `CachedStore` adds none)."""
+
+    def __init__(self, url: str, options: StoreOptions | None = None) -> None:
+        from obstore.store import from_url
+
+        self.url: StoreURL = parse_url(url)
+        self.options = options or StoreOptions()
+        try:
+            self._store = from_url(
+                self.url.root,
+                client_options=_client_options(self.options, self.url.scheme),
+                retry_config=_retry_config(self.options),
+            )
+        except Exception as exc:  # obstore's configuration errors: bad env values, bad URL
+            raise ValueError(
+                f"{self.display}: cannot configure the store: {describe(exc)}"
+            ) from None
+        self._loop: _LoopThread | None = None
+        self._loop_lock = threading.Lock()
+        self._sem: asyncio.Semaphore | None = None
+        self._lock = threading.Lock()
+        self._counts = {"requests": 0, "objects": 0, "bytes": 0, "errors": 0}
+
+    # -- identity ---------------------------------------------------------------------------
+
+    @property
+    def display(self) -> str:
+        return self.url.root
+
+    @property
+    def namespace(self) -> str:
+        """What tells this store's objects apart from another's with the same keys: the URL
+        and the endpoint (no credentials), for caches keyed by object."""
+        endpoint = next((os.environ[n] for n in _ENDPOINT_ENV if os.environ.get(n)), "")
+        return f"{self.display}|{redact_url(endpoint)}"
+
+    def where(self, key: str) -> str:
+        """The URL of `key`, for messages."""
+        return self.url.child(key)
+
+    def __repr__(self) -> str:
+        return f"ObjectStore({self.display!r})"
+
+    # -- counters ---------------------------------------------------------------------------
+
+    def _count(self, requests: int, objects: int, nbytes: int, errors: int) -> None:
+        with self._lock:
+            c = self._counts
+            c["requests"] += requests
+            c["objects"] += objects
+            c["bytes"] += nbytes
+            c["errors"] += errors
+
+    def counters(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._counts)
+
+    # -- blocking calls ---------------------------------------------------------------------
+
+    def _fail(self, exc: BaseException, key: str) -> OSError:
+        self._count(0, 0, 0, 1)
+        return to_os_error(exc, self.where(key))
+
+    def list(self, prefix: str = "") -> list[ObjectInfo]:
+        import obstore
+
+        out: list[ObjectInfo] = []
+        try:
+            for chunk in obstore.list(self._store, prefix=prefix or None, chunk_size=1000):
+                for meta in chunk:
+                    version = meta.get("e_tag") or f"{meta['size']}-{meta['last_modified']}"
+                    out.append(ObjectInfo(meta["path"], int(meta["size"]), str(version)))
+        except Exception as exc:
+            raise self._fail(exc, prefix) from None
+        out.sort(key=lambda o: o.key)
+        return out
+
+    def list_top(self, prefix: str = "") -> tuple[list[str], list[ObjectInfo]]:
+        """One level under `prefix` (a folder listing: '/' as the delimiter): the
+        sub-prefixes (without their trailing '/') and the objects there, in one request per
+        1,000 entries; what tells an ImageFolder (class prefixes) from a prefix of shards."""
+        import obstore
+
+        try:
+            got = obstore.list_with_delimiter(self._store, prefix=prefix or None)
+        except Exception as exc:
+            raise self._fail(exc, prefix) from None
+        prefixes = sorted(p.rstrip("/") for p in got["common_prefixes"])
+        objects = [
+            ObjectInfo(m["path"], int(m["size"]), str(m.get("e_tag") or m["size"]))
+            for m in got["objects"]
+        ]
+        return prefixes, sorted(objects, key=lambda o: o.key)
+
+    def head(self, key: str) -> ObjectInfo:
+        import obstore
+
+        try:
+            meta = obstore.head(self._store, key)
+        except Exception as exc:
+            raise self._fail(exc, key) from None
+        version = meta.get("e_tag") or f"{meta['size']}-{meta['last_modified']}"
+        return ObjectInfo(key, int(meta["size"]), str(version))
+
+    def read(self, key: str) -> bytes:
+        import obstore
+
+        try:
+            data = bytes(obstore.get(self._store, key).bytes())
+        except Exception as exc:
+            raise self._fail(exc, key) from None
+        self._count(1, 1, len(data), 0)
+        return data
+
+    def read_ranges(self, key: str, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
+        import obstore
+
+        if not ranges:
+            return []
+        starts = [int(s) for s, _ in ranges]
+        ends = [max(int(s), int(e)) for s, e in ranges]
+        try:
+            parts = obstore.get_ranges(self._store, key, starts=starts, ends=ends)
+        except Exception as exc:
+            raise self._fail(exc, key) from None
+        out = [bytes(p) for p in parts]
+        self._count(1, 1, sum(len(p) for p in out), 0)
+        return out
+
+    # -- concurrent calls -------------------------------------------------------------------
+
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        with self._loop_lock:
+            if self._loop is None:
+                self._loop = _LoopThread(f"store-{self.url.bucket}")
+        return self._loop.run(coro)
+
+    async def _bounded(self, make: Awaitable[T]) -> T:
+        if self._sem is None:  # created on the loop's thread, once
+            self._sem = asyncio.Semaphore(int(self.options.concurrency))
+        async with self._sem:
+            return await make
+
+    async def _get_one(self, key: str) -> bytes | OSError:
+        import obstore
+
+        async def fetch() -> bytes:
+            result = await obstore.get_async(self._store, key)
+            return bytes(await result.bytes_async())
+
+        try:
+            data = await self._bounded(fetch())
+        except Exception as exc:
+            return self._fail(exc, key)
+        self._count(1, 1, len(data), 0)
+        return data
+
+    async def _ranges_one(
+        self, key: str, ranges: Sequence[tuple[int, int]]
+    ) -> list[bytes] | OSError:
+        import obstore
+
+        if not ranges:
+            return []
+        starts = [int(s) for s, _ in ranges]
+        ends = [max(int(s), int(e)) for s, e in ranges]
+        try:
+            parts = await self._bounded(
+                obstore.get_ranges_async(self._store, key, starts=starts, ends=ends)
+            )
+        except Exception as exc:
+            return self._fail(exc, key)
+        out = [bytes(p) for p in parts]
+        self._count(1, 1, sum(len(p) for p in out), 0)
+        return out
+
+    def read_many(self, keys: Sequence[str]) -> list[bytes | OSError]:
+        if not keys:
+            return []
+        if len(keys) == 1:
+            try:
+                return [self.read(keys[0])]
+            except OSError as exc:
+                return [exc]
+
+        async def gather() -> list[bytes | OSError]:
+            return list(await asyncio.gather(*(self._get_one(k) for k in keys)))
+
+        return self._run(gather())
+
+    def read_ranges_many(
+        self, requests: Sequence[tuple[str, Sequence[tuple[int, int]]]]
+    ) -> list[list[bytes] | OSError]:
+        if not requests:
+            return []
+
+        async def gather() -> list[list[bytes] | OSError]:
+            return list(await asyncio.gather(*(self._ranges_one(k, r) for k, r in requests)))
+
+        return self._run(gather())
+
+    def close(self) -> None:
+        """Stop the event-loop thread (a later concurrent read starts another)."""
+        with self._loop_lock:
+            if self._loop is not None:
+                self._loop.close()
+                self._loop = None
+                self._sem = None
