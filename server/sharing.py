@@ -18,6 +18,12 @@ batches (--share-window); its idle buffers (no reference) are not counted by the
 core needs a buffer and lent + idle reach the cap, the oldest idle one goes first
 (`make_room`), so the window only ever lives in the slack of the cap.
 
+Why batches and not samples (the issue's per-sample cache): on one server, seed, batch size and
+augmentation are fixed, so a job of another world size reads the same global batches and shares
+them whole, zero-copy; assembling batches from cached samples would only pay off between batch
+sizes, which one server does not serve (the hello carries none), and for a lone job it would
+cost a copy per sample for nothing.
+
 Pure bookkeeping, loop thread only, no I/O: it returns the slots to release; the core turns
 them into `Release` actions.
 """

@@ -53,7 +53,7 @@ def run_jobs(jobs: list[Callable[[], list[str]]]) -> list[list[str]]:
     def run(i: int) -> None:
         try:
             results[i] = jobs[i]()
-        except BaseException as exc:  # noqa: BLE001 - re-raised below
+        except BaseException as exc:  # re-raised below, in the test thread
             results[i] = exc
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(len(jobs))]
@@ -80,9 +80,7 @@ def solo():
         ref = {
             "train": digests(ep, "train", (0, 1), job="solo"),
             "val": digests(ep, "val", (0,), job="solo"),
-            "ws2": [
-                digests(ep, "train", (0,), rank=r, world_size=2, job="solo2") for r in (0, 1)
-            ],
+            "ws2": [digests(ep, "train", (0,), rank=r, world_size=2, job="solo2") for r in (0, 1)],
         }
         c = counters(srv)
         assert c["batches_shared_total"] == 0  # next-epoch batches asked ahead: produced, unsent
@@ -101,8 +99,8 @@ def test_jobs_of_a_sweep_get_their_solo_streams_produced_once(solo, shared, jobs
     ep = shared.endpoint
 
     def job(i: int) -> Callable[[], list[str]]:
-        return lambda: digests(ep, "train", (0, 1), job=f"j{i}") + digests(
-            ep, "val", (0,), job=f"j{i}"
+        return lambda: (
+            digests(ep, "train", (0, 1), job=f"j{i}") + digests(ep, "val", (0,), job=f"j{i}")
         )
 
     streams = run_jobs([job(i) for i in range(jobs)])
