@@ -55,35 +55,43 @@ class TarReader:
         return got
 
     def read_many(self, indices: Sequence[int]) -> list[bytes | OSError]:
-        """Several samples, one `read_ranges` per shard they fall in (an object store
-        coalesces the ranges of one shard into few requests); a failed shard read is the
-        error of each of its samples, a short member a `MemberCutShort`."""
+        """Several samples, their ranges grouped by shard: one `read_ranges` per shard, all
+        shards at once where the store has `read_ranges_many` (an object store keeps them in
+        flight together); a failed shard read is the error of each of its samples, a short
+        member a `MemberCutShort`."""
+        store = self.located.store
         out: list[bytes | OSError] = [b""] * len(indices)
         by_shard: dict[int, list[int]] = {}
         for slot, i in enumerate(indices):
             by_shard.setdefault(int(self.shard_of[i]), []).append(slot)
+        requests = []
         for shard, slots in by_shard.items():
-            key = self.located.keys[shard]
+            starts = [int(self.offsets[indices[s]]) for s in slots]
             ranges = [
-                (
-                    int(self.offsets[indices[s]]),
-                    int(self.offsets[indices[s]] + self.sizes[indices[s]]),
-                )
-                for s in slots
+                (a, a + int(self.sizes[indices[s]])) for a, s in zip(starts, slots, strict=True)
             ]
-            try:
-                datas = self.located.store.read_ranges(key, ranges)
-            except OSError as exc:
-                for s in slots:
-                    out[s] = exc
-                continue
-            for s, (start, end), data in zip(slots, ranges, datas, strict=True):
-                if len(data) != end - start:
-                    data = MemberCutShort(
-                        f"{self.located.name(key)}: member at byte {start} read {len(data)} of "
-                        f"{end - start} bytes (the shard changed since it was indexed)"
+            requests.append((self.located.keys[shard], ranges))
+        many = getattr(store, "read_ranges_many", None)
+        if callable(many):
+            results = many(requests)
+        else:
+            results = []
+            for key, ranges in requests:
+                try:
+                    results.append(store.read_ranges(key, ranges))
+                except OSError as exc:
+                    results.append(exc)
+        for slots, (key, ranges), got in zip(by_shard.values(), requests, results, strict=True):
+            for n, (s, (start, end)) in enumerate(zip(slots, ranges, strict=True)):
+                if isinstance(got, OSError):
+                    out[s] = got
+                elif len(got[n]) != end - start:
+                    out[s] = MemberCutShort(
+                        f"{self.located.name(key)}: member at byte {start} read {len(got[n])} "
+                        f"of {end - start} bytes (the shard changed since it was indexed)"
                     )
-                out[s] = data
+                else:
+                    out[s] = got[n]
         return out
 
 
