@@ -59,14 +59,20 @@ def _names(names: list[str]) -> str:
     return f"[{shown}{f', ... {more} more' if more > 0 else ''}]"
 
 
+def _ids_only(dataset: ImageDataset) -> bool:
+    """True when the dataset's class names are just its label ids, "0" to "N-1"."""
+    return dataset.kind == "list" or dataset.classes == [str(i) for i in range(dataset.num_classes)]
+
+
 def class_mismatch(train: ImageDataset, val: ImageDataset) -> str | None:
     """Why ``val``'s labels would not mean ``train``'s classes, or None when they do.
 
-    Label ids index the class list, so two ImageFolders must have the same class names in the
-    same order. A list file's classes are its label ids: there every val label must be a class
-    of train's (a val list may lack images of some classes).
+    Label ids index the class list, so two named class lists (ImageFolders, manifests or shards
+    labelled by names) must have the same names in the same order. Where a split's classes are
+    only its label ids ("0".."N-1": a list file, or any source with integer labels), every val
+    label must be a class of train's (a val split may lack images of some classes).
     """
-    if train.kind == "list" or val.kind == "list":
+    if _ids_only(train) or _ids_only(val):
         if val.num_classes > train.num_classes:
             return (
                 f"val has label ids up to {val.num_classes - 1}, train has "

@@ -85,6 +85,11 @@ def test_class_mismatch_rules() -> None:
     listed = _dataset(["0", "1"], [0, 1], kind="list")
     assert class_mismatch(train, listed) is None
     assert "label ids up to 3" in class_mismatch(train, _dataset(list("0123"), [3], "list"))
+    # Any source whose classes are only its integer ids (a tar or CSV with integer labels): the
+    # same rule as a list file, whatever its kind.
+    ids = _dataset(["0", "1", "2"], [0, 2], kind="tar")
+    assert class_mismatch(ids, _dataset(["0", "1"], [1], kind="csv")) is None
+    assert "label ids up to 3" in class_mismatch(ids, _dataset(list("0123"), [3], "parquet"))
 
 
 @pytest.mark.timeout(120)
