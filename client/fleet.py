@@ -18,12 +18,24 @@ the reorder buffer), `DropEarly` (discard them). Errors the user must see are ra
 
 Who produces what: any server can produce any batch, so nothing is split up front. The loader
 keeps at most ``budget`` batches asked for or waiting in the reorder buffer, and whenever one
-is free it asks the streaming server with the fewest batches outstanding for the lowest batch
-nobody has been asked for (`UnaskedBatches`): a fast server comes back for more sooner and so
-produces more, a slow one gets fewer, and a server whose session ends (lost, silent, an error,
-a refusal) has what it owed taken back and handed to the others. A server that refuses a hello
-(its client limit, another world size) is left out and asked again later with back-off; only
-when every server refuses is that the user's error.
+is free it takes the lowest batch nobody has been asked for (`UnaskedBatches`) and asks its
+*preferred* server: the one of highest rendezvous weight for (split, epoch, world size, rank,
+batch) among the servers in the assignment (`rendezvous`), so the jobs of a sweep ask the same
+server for the same batch and it produces that batch once for all (shared production). Only
+when that server is streaming with ``cap`` batches outstanding already (slow: 1.5 times its even
+share), or is not
+streaming (lost, refusing, not welcomed yet), does the batch go to the streaming server with
+the fewest outstanding: a slow server gets fewer, and a server whose session ends (lost,
+silent, an error, a refusal) has what it owed taken back and handed to the others. A server
+that refuses a hello (its client limit, another world size) is left out and asked again later
+with back-off; only when every server refuses is that the user's error.
+
+Servers come and go (`on_endpoints`, from DNS discovery in the shell): a new endpoint gets a
+`Connect` and joins the assignment once welcomed; one that left is *retiring*: asked for
+nothing more, it delivers what it owes (or, lost meanwhile, has it taken back, as any lost
+server), then it is REMOVED with a `Disconnect`. Leaving is not a fault: nothing is retried
+and nothing raised. Peers keep their index for life (actions name servers by index), so a
+server that comes back is a new peer.
 
 Next epoch early: once every batch of the epoch has been asked for, a server owing nothing is
 sent the next epoch's hello with ``share`` of its batches (SPECULATING), so it produces them
@@ -52,6 +64,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from batchwire import wire
+from batchwire.client import rendezvous
 from batchwire.client.errors import ProtocolError, ServerError, ServerUnavailable
 from batchwire.client.session import WAITING, Peer, Session, SessionState
 from batchwire.client.unasked import UnaskedBatches
@@ -70,6 +83,9 @@ ERRORS_BEFORE_RAISING = 3
 ERROR_BACKOFF_S = 0.25
 BACKOFF_MAX_S = 4.0  # transient errors and refusals: the longest wait between hellos
 _PER_SERVER = 4  # the least budget per server when a loader has several
+# A batch whose preferred server was sent a hello this recently waits for its welcome rather
+# than going to another server (bounded: a server that does not answer is passed over then).
+WELCOME_GRACE_S = 0.5
 
 
 # ---------------------------------------------------------------------- actions
@@ -105,7 +121,24 @@ class DropEarly:
     server: int
 
 
-Action = SendHello | SendCredit | AdoptEarly | DropEarly
+@dataclass(frozen=True)
+class Connect:
+    """Open a connection to ``endpoint``, server ``server`` from now on (it joined the fleet)."""
+
+    server: int
+    endpoint: str
+
+
+@dataclass(frozen=True)
+class Disconnect:
+    """Close server ``server``'s connection for good (it left the fleet and owes nothing);
+    ``bye``: it still holds a session of ours, say bye first so it frees its buffers."""
+
+    server: int
+    bye: bool
+
+
+Action = SendHello | SendCredit | AdoptEarly | DropEarly | Connect | Disconnect
 
 
 class Verdict(Enum):
@@ -144,18 +177,14 @@ class Fleet:
         self.timeout = float(timeout)
         self.heartbeat = float(heartbeat)
         self.speculate = bool(speculate)
-        n = len(endpoints)
-        #: Batches asked for and not yet handed out (in flight or in the reorder buffer). With
-        #: several servers at least 4 each: a server with fewer outstanding idles its producers
-        #: while a slower one holds the batch the consumer waits for (bench_fleet: 0.75 of the
-        #: two servers' summed rate with 2 each, 0.97 with 4 each).
-        self.budget = prefetch if n == 1 else max(prefetch, _PER_SERVER * n)
-        #: Next-epoch batches one server may be asked for ahead of time.
-        self.share = max(1, self.budget // n)
-        self.peers = [
-            Peer(i, ep, self.heartbeat, last_heard=now, prev_heard=now)
-            for i, ep in enumerate(endpoints)
-        ]
+        self.prefetch = int(prefetch)
+        #: The most `budget` may grow to as servers join (the shell's staging slots); None: any.
+        self.max_budget: int | None = None
+        self.budget = self.share = 0
+        self.peers: list[Peer] = []
+        for ep in endpoints:
+            self._add_peer(ep, now)
+        self._size_budget()
         self._session_ids = itertools.count(first_session)
         self.welcome: wire.Welcome | None = None
         self.epoch = -1
@@ -169,9 +198,9 @@ class Fleet:
         self._no_speculation_in = -1  # an epoch in which a next-epoch hello was refused
         self._started = False
         self._turn = 0  # the server first in line when several have as few outstanding
-        #: Per server: connection attempts that failed (refused: nothing listens there) since
-        #: its last completed connection; says "wrong port" apart from "no answer at all".
-        self.connect_failures = [0] * n
+        #: A resumed pass's first sample in the epoch order (0: the epoch's own batches); part
+        #: of each batch's rendezvous key, since such a pass's batch k is another batch.
+        self.pass_start = 0
         self._actions: list[Action] = []
 
     # ------------------------------------------------------------------ queries
@@ -231,14 +260,37 @@ class Fleet:
         self._refill(now)
         return self._flush()
 
+    def on_endpoints(self, endpoints: Sequence[str], now: float) -> list[Action]:
+        """The fleet is now ``endpoints`` (DNS discovery): new ones are connected to, the
+        others retire (they deliver what they owe, are asked nothing more, then disconnect)."""
+        wanted = list(dict.fromkeys(endpoints))
+        if not wanted:
+            raise ValueError("a fleet needs at least one server (keep the old ones instead)")
+        here = {p.endpoint: p for p in self.peers if p.state is not S.REMOVED}
+        for p in here.values():
+            leaving = p.endpoint not in wanted
+            if leaving and not p.retiring:
+                log.info("pipeline-server at %s left the fleet; draining it", p.endpoint)
+            elif not leaving and p.retiring:
+                log.info("pipeline-server at %s is back in the fleet", p.endpoint)
+            p.retiring = leaving
+        for ep in wanted:
+            if ep not in here:
+                log.info("pipeline-server at %s joined the fleet", ep)
+                p = self._add_peer(ep, now)
+                self._actions.append(Connect(p.index, ep))
+        self._size_budget()
+        self._service(now)
+        return self._flush()
+
     def on_connect_failed(self, server: int) -> None:
         """A connection attempt to ``server`` failed at once (refused, no such ipc path)."""
-        self.connect_failures[server] += 1
+        self.peers[server].connect_failures += 1
 
     def on_connected(self, server: int) -> list[Action]:
         """The connection to ``server`` completed its handshake (first time or after a restart)."""
         p = self.peers[server]
-        self.connect_failures[server] = 0
+        p.connect_failures = 0
         p.connected = p.ever_connected = True
         if p.state is S.DISCONNECTED:
             p.state = S.IDLE
@@ -248,7 +300,7 @@ class Fleet:
     def on_disconnected(self, server: int) -> list[Action]:
         """The connection to ``server`` dropped: its session ends, its batches are taken back."""
         p = self.peers[server]
-        if p.connected:
+        if p.connected and not p.retiring:
             log.warning("lost pipeline-server at %s; will re-send hello", p.endpoint)
         p.connected = False
         self._end_session(p)
@@ -264,6 +316,7 @@ class Fleet:
             self._on_welcome(p, msg, now)
         elif isinstance(msg, wire.ErrorReply):
             self._on_error(p, msg, now)
+            self._refill(now)  # batches that waited for its welcome go to the others
         elif isinstance(msg, wire.Shutdown):
             log.warning("pipeline-server at %s is shutting down; waiting for it", p.endpoint)
             self._end_session(p)
@@ -343,8 +396,53 @@ class Fleet:
     # ------------------------------------------------------------------ sessions
 
     def _flush(self) -> list[Action]:
+        self._remove_retired()
         actions, self._actions = self._actions, []
         return actions
+
+    def _add_peer(self, endpoint: str, now: float) -> Peer:
+        p = Peer(len(self.peers), endpoint, self.heartbeat, last_heard=now, prev_heard=now)
+        self.peers.append(p)
+        return p
+
+    def _members(self) -> list[Peer]:
+        """The servers of the fleet now (not removed, not retiring)."""
+        return [p for p in self.peers if p.in_fleet()]
+
+    def _size_budget(self) -> None:
+        """Budget and next-epoch share for the servers in the fleet now.
+
+        With several servers at least 4 each: a server with fewer outstanding idles its
+        producers while a slower one holds the batch the consumer waits for (bench_fleet: 0.75
+        of the two servers' summed rate with 2 each, 0.97 with 4 each). A fleet that grows
+        stops at `max_budget` (the shell's staging slots); one that shrinks keeps its budget:
+        batches already received beyond the cursor may fill a smaller one, and the batch the
+        consumer waits for could then never be asked.
+        """
+        n = max(1, len(self._members()))
+        budget = self.prefetch if n == 1 else max(self.prefetch, _PER_SERVER * n)
+        if self.max_budget is not None:
+            budget = min(budget, max(self.max_budget, self.prefetch))
+        self.budget = max(self.budget, budget)
+        #: Next-epoch batches one server may be asked for ahead of time.
+        self.share = max(1, self.budget // n)
+
+    def _remove_retired(self) -> None:
+        """A retiring server that owes no batch of this epoch is done: its connection closes.
+
+        What it owes a next epoch (early batches) is given back to that epoch's unasked ones.
+        """
+        for p in self.peers:
+            if not p.retiring or p.state is S.REMOVED:
+                continue
+            if p.state is S.STREAMING and p.session is not None and p.session.pending:
+                continue  # still delivering
+            bye = p.connected and p.session is not None
+            self._end_session(p)
+            p.state, p.retiring, p.connected = S.REMOVED, False, False
+            self._actions.append(Disconnect(p.index, bye))
+            log.info("pipeline-server at %s drained; disconnected", p.endpoint)
+            self._size_budget()
 
     def _hello(self, p: Peer, epoch: int, batches: list[int], now: float) -> None:
         hello = wire.Hello(
@@ -407,7 +505,7 @@ class Fleet:
         for p in self.peers:
             if p.state in WAITING and now >= p.retry_at:
                 p.state = p.at_rest()
-            if p.state is S.IDLE and self._started:
+            if p.state is S.IDLE and self._started and not p.retiring:
                 if not self.unasked and self.welcome is not None:
                     self._speculate(p, now)  # nothing of this epoch left to ask for
                 if p.state is S.IDLE:
@@ -440,8 +538,10 @@ class Fleet:
         return len(self.held) + pending
 
     def _refill(self, now: float) -> None:
-        """Ask for the lowest unasked batches while the budget allows, fewest-outstanding first."""
-        takers = [p for p in self.peers if p.state is S.STREAMING]
+        """Ask for the lowest unasked batches while the budget allows: each of its preferred
+        server (rendezvous), unless that one is slow or not streaming; then fewest outstanding
+        first."""
+        takers = [p for p in self.peers if p.state is S.STREAMING and not p.retiring]
         if self.unasked and not takers:
             # Lost batches came back, but every live server is busy with the next epoch.
             for p in self.peers:
@@ -451,18 +551,29 @@ class Fleet:
         free = self.budget - self._in_use()
         asks: dict[int, list[int]] = {}
         n = len(self.peers)
+        candidates = [(p.endpoint, p) for p in self.peers if p.assignable()]
+        # Slow: 1.5 times its even share of the budget outstanding (not less: at an epoch's
+        # start the whole budget is asked at once, and hashing spreads batches unevenly).
+        cap = max(1, -(-3 * self.budget // (2 * max(1, len(candidates)))))
+
+        def outstanding(p: Peer) -> int:
+            return p.outstanding() + len(asks.get(p.index, ()))
+
         while free > 0 and self.unasked and takers:
-            # Fewest outstanding first; ties go round the servers, so a consumer slower than
-            # its servers still spreads the epoch over all of them.
-            p = min(
-                takers,
-                key=lambda p: (
-                    p.outstanding() + len(asks.get(p.index, ())),
-                    (p.index - self._turn) % n,
-                ),
-            )
-            self._turn = p.index + 1
-            asks.setdefault(p.index, []).append(self.unasked.take())
+            k = self.unasked.take()
+            p = self.preferred(k, candidates)
+            if p is not None and p.state is S.HELLO_SENT and now - p.last_sent < WELCOME_GRACE_S:
+                # Its welcome is due any moment (at an epoch's start every server is asked at
+                # once): wait for it rather than send the batch elsewhere; after the grace a
+                # later tick gives it to another server.
+                self.unasked.give_back([k])
+                break
+            if p is None or p.state is not S.STREAMING or outstanding(p) >= cap:
+                # Fewest outstanding first; ties go round the servers, so a consumer slower
+                # than its servers still spreads the epoch over all of them.
+                p = min(takers, key=lambda p: (outstanding(p), (p.index - self._turn) % n))
+                self._turn = p.index + 1
+            asks.setdefault(p.index, []).append(k)
             free -= 1
         for i, batches in asks.items():
             p = self.peers[i]
@@ -473,6 +584,13 @@ class Fleet:
         if not self.unasked:
             for p in self.peers:
                 self._speculate(p, now)
+
+    def preferred(self, k: int, candidates: list[tuple[str, Peer]]) -> Peer | None:
+        """Batch ``k``'s preferred server among ``candidates`` ((endpoint, peer) pairs)."""
+        key = rendezvous.batch_key(
+            self.split, self.epoch, self.world_size, self.rank, k, self.pass_start
+        )
+        return rendezvous.preferred(key, candidates)
 
     def _speculate(self, p: Peer, now: float) -> None:
         """Start ``p`` on the next epoch once nothing of this one is left to ask for.
@@ -489,7 +607,9 @@ class Fleet:
             or not self.unasked_next
         ):
             return
-        if not (p.state is S.IDLE or (p.state is S.STREAMING and not p.outstanding())):
+        if p.retiring or not (
+            p.state is S.IDLE or (p.state is S.STREAMING and not p.outstanding())
+        ):
             return
         batches = [self.unasked_next.take() for _ in range(self.share) if self.unasked_next]
         self._hello(p, self.epoch + 1, batches, now)
@@ -568,8 +688,9 @@ class Fleet:
         p.refusal = p.last_error = message
         delay = min(BACKOFF_MAX_S, ERROR_BACKOFF_S * 2 ** (p.refusal_streak - 1))
         self._back_off(p, S.REFUSED, delay, now)
-        if all(q.state is S.REFUSED for q in self.peers):
-            raise ServerError.refused_by_all({q.endpoint: q.refusal or "" for q in self.peers})
+        members = self._members() or [p]
+        if all(q.state is S.REFUSED for q in members):
+            raise ServerError.refused_by_all({q.endpoint: q.refusal or "" for q in members})
         log.log(
             logging.WARNING if p.refusal_streak == 1 else logging.DEBUG,
             "pipeline-server at %s refused this loader: %s; the other servers serve its "
@@ -600,16 +721,16 @@ class Fleet:
 
     def _blocking_peer(self) -> Peer:
         """The server most at fault for the batch the consumer waits for."""
-        return next(
-            (p for p in self.peers if p.session is None or not p.session.welcomed), self.peers[0]
-        )
+        members = self._members() or [p for p in self.peers if p.state is not S.REMOVED]
+        members = members or self.peers
+        return next((p for p in members if p.session is None or not p.session.welcomed), members[0])
 
     def waiting_note(self, now: float, since: float) -> str:
         """What the loader says while the consumer waits (every few seconds): where, how long,
         and what that server is doing."""
         p = self._blocking_peer()
         if not p.connected:
-            if self.connect_failures[self.peers.index(p)]:
+            if p.connect_failures:
                 doing = "nothing is listening there (connection refused); retrying"
             elif p.ever_connected:
                 doing = f"the connection was lost {now - p.last_heard:.0f} s ago; reconnecting"
@@ -623,7 +744,8 @@ class Fleet:
             doing = "connected, waiting for its answer to our hello"
         else:
             doing = f"connected, producing batch {self.cursor} of epoch {self.epoch}"
-        others = f" (and {len(self.peers) - 1} other server(s))" if len(self.peers) > 1 else ""
+        n = len(self._members())
+        others = f" (and {n - 1} other server(s))" if n > 1 else ""
         return (
             f"waiting for pipeline-server at {p.endpoint}{others} for {now - since:.0f} s "
             f"(giving up after {self.timeout:g} s): {doing}"
@@ -633,7 +755,7 @@ class Fleet:
         """Why the batch the consumer waits for did not come, naming the server most at fault."""
         p = self._blocking_peer()
         t = f"{self.timeout:g}"
-        if not p.ever_connected and self.connect_failures[self.peers.index(p)]:
+        if not p.ever_connected and p.connect_failures:
             msg = (
                 f"no pipeline-server answered at {p.endpoint} within {t} s: nothing is listening "
                 "there, every connection was refused (is the port, or the ipc:// path, right? "
@@ -665,7 +787,7 @@ class Fleet:
                 f"pipeline-server at {p.endpoint} is connected but sent no batch for {t} s "
                 f"(waiting for batch {self.cursor} of epoch {self.epoch}, split {self.split!r})"
             )
-        others = [o for o in self.peers if o is not p]
+        others = [o for o in self._members() if o is not p]
         if others:
             msg += f"; nor did {', '.join(o.endpoint for o in others)} deliver it"
             refusals = [f"{o.endpoint} refused: {o.refusal}" for o in others if o.refusal]

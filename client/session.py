@@ -15,6 +15,8 @@ States of one server (`Peer.state`), and how they move:
     any session --error reply--> BACKING_OFF --retry_at--> IDLE
     HELLO_SENT --refusal--> REFUSED --retry_at--> IDLE
     any --shutdown--> DRAINING --disconnected--> DISCONNECTED
+    any --its endpoint left the fleet (DNS)--> retiring: no new batches; once it owes none
+        (delivered, or taken back when lost) --> REMOVED (its connection is closed, for good)
 
 The connection itself (`Peer.connected`) is a fact about the socket, kept beside the state:
 BACKING_OFF and REFUSED wait out their time whether or not the server is connected meanwhile.
@@ -38,6 +40,7 @@ class SessionState(enum.Enum):
     BACKING_OFF = "backing off"  # an error reply ended the session: no hello before retry_at
     REFUSED = "refused"  # it refused our hello: out of the assignment until retry_at
     DRAINING = "draining"  # it said shutdown: no hello until the old process has gone
+    REMOVED = "removed"  # left the fleet (its DNS record went): connection closed, never used
 
 
 #: States that wait for ``retry_at`` before the next hello.
@@ -87,6 +90,11 @@ class Peer:
     transient_streak: int = 0
     #: Refused hellos in a row (reset by a welcome): they set the back-off.
     refusal_streak: int = 0
+    #: Its endpoint left the fleet (`Fleet.on_endpoints`): it delivers what it owes, is asked
+    #: for nothing more, then is REMOVED. Not a fault: nothing is retried or reported.
+    retiring: bool = False
+    #: Connection attempts that failed at once (refused) since its last completed one.
+    connect_failures: int = 0
 
     def owes(self) -> bool:
         """Does its session of the current epoch owe a welcome or batches?"""
@@ -97,6 +105,19 @@ class Peer:
     def outstanding(self) -> int:
         """Batches asked of its session and not received yet."""
         return 0 if self.session is None else len(self.session.pending)
+
+    def in_fleet(self) -> bool:
+        """Is it one of the loader's servers now (not removed, not on its way out)?"""
+        return self.state is not SessionState.REMOVED and not self.retiring
+
+    def assignable(self) -> bool:
+        """May batches prefer it (`rendezvous`)? Connected, in the fleet, not refusing, not
+        backing off, not shutting down."""
+        return (
+            self.connected
+            and self.in_fleet()
+            and self.state not in (*WAITING, SessionState.DRAINING, SessionState.DISCONNECTED)
+        )
 
     def at_rest(self) -> SessionState:
         """The state of a server without a session: IDLE if connected, else DISCONNECTED."""

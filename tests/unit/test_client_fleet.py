@@ -18,6 +18,8 @@ from batchwire.client.fleet import (
     ERRORS_BEFORE_RAISING,
     Action,
     AdoptEarly,
+    Connect,
+    Disconnect,
     DropEarly,
     Fleet,
     SendCredit,
@@ -66,6 +68,7 @@ class Shell:
         self.held: set[int] = set()  # the reorder buffer
         self.early: dict[int, list[int]] = {}  # next-epoch batches kept per server
         self.handed: list[int] = []
+        self.closed: list[int] = []  # servers whose connection the core closed (Disconnect)
 
     # -------------------------------------------------------------- the receiver's side
 
@@ -82,6 +85,11 @@ class Shell:
                 self.held.update(self.early.pop(a.server))
             elif isinstance(a, DropEarly):
                 self.early.pop(a.server)
+            elif isinstance(a, Connect):
+                assert a.server == len(self.endpoints)
+                self.endpoints.append(a.endpoint)
+            elif isinstance(a, Disconnect):
+                self.closed.append(a.server)
 
     def connect(self, *servers: int) -> None:
         for i in servers or range(len(self.endpoints)):
@@ -187,27 +195,46 @@ def test_a_hello_waits_for_the_connection_and_the_welcome_brings_credits() -> No
     assert shell.fleet.num_batches == NUM_BATCHES
 
 
+def preferred(shell: Shell, k: int) -> int:
+    """Batch ``k``'s preferred server (rendezvous hashing, see test_rendezvous.py)."""
+    peers = [(p.endpoint, p) for p in shell.fleet.peers if p.assignable()]
+    p = shell.fleet.preferred(k, peers)
+    assert p is not None
+    return p.index
+
+
 def test_batches_are_spread_over_servers_and_handed_out_once_in_order() -> None:
     shell = streaming(2)
     assert shell.fleet.budget == 8  # at least 4 per server
-    assert shell.asked(0) == list(range(8))  # welcomed first: the whole budget
-    shell.serve(0, 2)
-    shell.take(), shell.take()
-    assert shell.asked(1) == [8, 9]  # fewest outstanding first
-    shell.serve(1)
-    assert shell.fleet.cursor == 2 and shell.held == {2, 3, 4, 5, 6, 7, 8, 9} - set(shell.asked(0))
+    # Each batch of the budget is asked of its preferred server (both welcome at once).
+    assert sorted(shell.asked(0) + shell.asked(1)) == list(range(8))
+    for i in (0, 1):
+        assert shell.asked(i) == [k for k in range(8) if preferred(shell, k) == i]
+    assert shell.asked(0) and shell.asked(1)
     assert shell.run_epoch([1, 0]) == list(range(NUM_BATCHES))
+
+
+def test_a_batch_waits_briefly_for_its_preferred_servers_welcome_then_goes_on() -> None:
+    shell = Shell(2)
+    shell.connect()
+    shell.start()
+    shell.welcome(0)
+    mine = [k for k in range(8) if preferred(shell, k) == 0]
+    first_other = min(k for k in range(8) if preferred(shell, k) == 1)
+    assert shell.asked(0) == [k for k in mine if k < first_other]
+    shell.later(0.6)  # server 1 has not welcomed within the grace: server 0 takes the budget
+    assert shell.asked(0) == list(range(8))
+    assert shell.run_epoch([0]) == list(range(NUM_BATCHES))
 
 
 def test_a_lost_servers_batches_go_to_the_others() -> None:
     shell = streaming(2)
-    shell.serve(0, 2)
-    shell.take(), shell.take()
-    assert shell.asked(1) == [8, 9]
+    owed = shell.asked(1)
+    assert owed
     shell.carry_out(shell.fleet.on_disconnected(1))
     assert shell.state(1) is S.DISCONNECTED
     shell.tick()
-    assert shell.asked(0) == [2, 3, 4, 5, 6, 7, 8, 9]  # 8 and 9 taken back
+    assert sorted(shell.asked(0)) == list(range(8))  # its batches taken back
     assert shell.run_epoch([0]) == list(range(NUM_BATCHES))
     assert len(shell.hellos(1)) == 1  # nothing is sent to a server without a connection
 
@@ -401,9 +428,7 @@ def test_the_same_error_after_the_welcome_raises_after_a_few_backed_off_tries() 
 
 def test_silence_while_owing_batches_ends_the_session_and_doubles_the_heartbeat() -> None:
     shell = streaming(2, timeout=30.0)
-    shell.serve(0, 2)
-    shell.take(), shell.take()
-    assert shell.asked(1) == [8, 9]
+    assert shell.asked(0) and shell.asked(1)
     shell.later(0.9, waiting_since=0.0)
     assert shell.state(1) is S.STREAMING
     shell.later(0.2, waiting_since=0.0)  # 1.1 s without a word from either
@@ -415,6 +440,7 @@ def test_silence_while_owing_batches_ends_the_session_and_doubles_the_heartbeat(
 
 def test_a_server_owing_nothing_may_stay_silent() -> None:
     shell = streaming(2)
+    shell.serve(0), shell.serve(1)  # the budget is in the reorder buffer: nothing owed
     shell.later(5.0, waiting_since=0.0)
     assert shell.state(1) is S.STREAMING and len(shell.hellos(1)) == 1
 
@@ -550,3 +576,90 @@ def test_a_resumed_position_ends_the_early_sessions() -> None:
     # A resumed position re-asks for the current epoch: every early session ends.
     shell.start(0, NUM_BATCHES - 2)
     assert all(shell.state(i) is S.HELLO_SENT for i in (0, 1))
+
+
+# ---------------------------------------------------------------------- servers joining and leaving
+
+
+def test_a_server_joining_the_fleet_is_connected_and_gets_its_batches() -> None:
+    total = 40
+    shell = Shell(2)
+    shell.connect()
+    shell.start()
+    for i in (0, 1):
+        shell.welcomed.add(shell.session(i))
+        shell.reply(i, welcome_for(shell.session(i), num_batches=total))
+    new = "tcp://server-2:5555"
+    shell.carry_out(shell.fleet.on_endpoints([*shell.endpoints, new], shell.clock()))
+    assert Connect(2, new) in shell.log and shell.fleet.budget == 12
+    assert shell.state(2) is S.DISCONNECTED
+    shell.connect(2)
+    shell.tick()
+    shell.welcomed.add(shell.session(2))
+    shell.reply(2, welcome_for(shell.session(2), num_batches=total))
+    assert shell.state(2) is S.STREAMING
+    while shell.fleet.cursor < total:
+        for i in (0, 1, 2):
+            shell.serve(i)
+        while shell.fleet.cursor in shell.held:
+            shell.take()
+    assert shell.handed == list(range(total))
+    got = [k for a in shell.log if isinstance(a, SendCredit) and a.server == 2 for k in a.batches]
+    assert len(got) >= total // 5, got
+
+
+def test_a_server_leaving_the_fleet_delivers_what_it_owes_then_is_disconnected() -> None:
+    """Drained, not a fault: asked for nothing more, no new hello, closed once it owes none."""
+    shell = streaming(2)
+    owed = shell.asked(1)
+    assert owed
+    shell.carry_out(shell.fleet.on_endpoints(shell.endpoints[:1], shell.clock()))
+    assert shell.closed == [] and shell.fleet.peers[1].retiring
+    assert shell.fleet.budget == 8  # never shrinks (batches beyond the cursor may fill it)
+    shell.serve(1, len(owed) - 1)
+    assert shell.closed == []
+    shell.serve(1)  # the last batch it owed
+    assert shell.closed == [1] and shell.state(1) is S.REMOVED
+    assert Disconnect(1, bye=True) in shell.log
+    credits = [
+        k for a in shell.log if isinstance(a, SendCredit) and a.server == 1 for k in a.batches
+    ]
+    assert len(shell.hellos(1)) == 1 and credits == owed  # nothing asked of it after it left
+    assert shell.run_epoch([0]) == list(range(NUM_BATCHES))
+    shell.later(10.0)
+    assert len(shell.hellos(1)) == 1  # never asked again
+
+
+def test_a_leaving_server_lost_meanwhile_has_its_batches_taken_back() -> None:
+    shell = streaming(2)
+    assert shell.asked(1)
+    shell.carry_out(shell.fleet.on_endpoints(shell.endpoints[:1], shell.clock()))
+    shell.carry_out(shell.fleet.on_disconnected(1))
+    assert shell.closed == [1] and Disconnect(1, bye=False) in shell.log
+    shell.tick()
+    assert shell.run_epoch([0]) == list(range(NUM_BATCHES))
+
+
+def test_a_server_back_in_the_fleet_before_it_drained_stays_and_one_removed_comes_back_new() -> (
+    None
+):
+    shell = streaming(2)
+    eps = list(shell.endpoints)
+    shell.carry_out(shell.fleet.on_endpoints(eps[:1], shell.clock()))
+    shell.carry_out(shell.fleet.on_endpoints(eps, shell.clock()))
+    assert not shell.fleet.peers[1].retiring and shell.closed == []
+    shell.carry_out(shell.fleet.on_endpoints(eps[:1], shell.clock()))
+    shell.serve(1)
+    assert shell.closed == [1]
+    shell.carry_out(shell.fleet.on_endpoints(eps, shell.clock()))
+    assert shell.log[-1] == Connect(2, eps[1])  # a new peer: index 2, same endpoint
+    shell.connect(2)
+    shell.tick()
+    shell.welcome(2)
+    assert shell.run_epoch([0, 2]) == list(range(NUM_BATCHES))
+
+
+def test_a_fleet_never_becomes_empty() -> None:
+    shell = streaming(1)
+    with pytest.raises(ValueError, match="at least one server"):
+        shell.fleet.on_endpoints([], shell.clock())
