@@ -1,0 +1,319 @@
+"""Object storage: the client libraries, and the server on a bucket against a local folder.
+
+    python -m batchwire.bench.bench_storage [--dir ../shared/imagenet-sample] [--latency-ms 20]
+        [--json out.json] [--samples-patch /tmp/storage-samples.patch-applied-copy.py]
+
+A real S3 store on this machine (SeaweedFS, `weed` from the dev extra, started as the tests
+start it: tests/objectstore.py) holds the same JPEGs as a local ImageFolder. Rows:
+
+- `client`: GETs/s and client CPU per object for the JPEGs, one at a time and 64 in flight,
+  for obstore (what `pipeline.storage.ObjectStore` uses) and fsspec/s3fs (the older
+  convention, when installed: `pip install s3fs`), against the same store in the same run;
+- `server`: a real `pipeline-server` fed to a RemoteLoader, epoch 1 timed (epoch 0 warms up):
+  images/s and CPU ms per image of the server and of the `weed` process, and the store's GETs
+  (its own Prometheus counter): local folder, bucket on loopback, bucket behind
+  `--latency-ms` (a TCP proxy in this process holding every chunk for half of it each way:
+  `tc netem` needs the kernel's sch_netem, absent here), and the bucket with `--cache-dir`
+  (epoch 1 must make zero GETs).
+
+Every figure is one run on a shared machine: compare rows of the same run only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_DIR = REPO.parent / "shared" / "imagenet-sample"
+BUCKET = "bench"
+
+
+def _seaweed() -> Any:
+    """tests/objectstore.py's SeaweedS3 (the bench runs from a checkout)."""
+    sys.path.insert(0, str(REPO / "tests"))
+    from objectstore import SeaweedS3
+
+    return SeaweedS3
+
+
+def proc_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process `pid` (all its threads), from /proc."""
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        fields = f.read().rsplit(b")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+# -- latency ----------------------------------------------------------------------------------
+
+
+class DelayProxy:
+    """127.0.0.1:port -> target, every chunk forwarded `delay_s` after it arrived (in order):
+    each direction gets that much latency, bandwidth is untouched."""
+
+    def __init__(self, target: tuple[str, int], delay_s: float) -> None:
+        self.target, self.delay_s = target, delay_s
+        self.loop = asyncio.new_event_loop()
+        self.port = 0
+        ready = threading.Event()
+        threading.Thread(target=self._run, args=(ready,), daemon=True).start()
+        ready.wait(10)
+
+    def _run(self, ready: threading.Event) -> None:
+        asyncio.set_event_loop(self.loop)
+        server = self.loop.run_until_complete(asyncio.start_server(self._conn, "127.0.0.1", 0))
+        self.port = server.sockets[0].getsockname()[1]
+        ready.set()
+        self.loop.run_forever()
+
+    async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        queue: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue()
+
+        async def send() -> None:
+            while True:
+                due, chunk = await queue.get()
+                if not chunk:
+                    break
+                wait = due - self.loop.time()
+                if wait > 0:
+                    await asyncio.sleep(wait)
+                writer.write(chunk)
+                await writer.drain()
+            writer.close()
+
+        sender = asyncio.ensure_future(send())
+        try:
+            while chunk := await reader.read(1 << 16):
+                queue.put_nowait((self.loop.time() + self.delay_s, chunk))
+        except ConnectionError:
+            pass
+        queue.put_nowait((0.0, b""))
+        await sender
+
+    async def _conn(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            up_r, up_w = await asyncio.open_connection(*self.target)
+        except OSError:
+            writer.close()
+            return
+        await asyncio.gather(
+            self._pump(reader, up_w), self._pump(up_r, writer), return_exceptions=True
+        )
+
+
+# -- client libraries -------------------------------------------------------------------------
+
+
+def _time(fn: Callable[[], int]) -> tuple[int, float, float]:
+    cpu0, t0 = time.process_time(), time.perf_counter()
+    n = fn()
+    return n, time.perf_counter() - t0, time.process_time() - cpu0
+
+
+def client_rows(store: Any, keys: list[str], concurrency: int) -> list[dict[str, Any]]:
+    """GETs/s and client CPU ms per object, each library on the same objects."""
+    import obstore
+    from batchwire.pipeline.storage import StoreOptions
+    from batchwire.pipeline.storage.objects import ObjectStore
+
+    rows = []
+    ours = ObjectStore(f"s3://{BUCKET}/photos", StoreOptions(concurrency=concurrency))
+    raw = ours._store
+
+    def obstore_seq() -> int:
+        return sum(len(bytes(obstore.get(raw, k).bytes())) > 0 for k in keys)
+
+    def obstore_conc() -> int:
+        return sum(isinstance(b, bytes) for b in ours.read_many(keys))
+
+    cases: list[tuple[str, str, Callable[[], int]]] = [
+        ("obstore", "sequential", obstore_seq),
+        ("obstore", f"{concurrency} in flight", obstore_conc),
+    ]
+    try:
+        import s3fs
+    except ImportError:
+        s3fs = None
+    if s3fs is not None:
+        fs = s3fs.S3FileSystem(
+            key=store.env()["AWS_ACCESS_KEY_ID"],
+            secret=store.env()["AWS_SECRET_ACCESS_KEY"],
+            client_kwargs={"endpoint_url": store.endpoint, "region_name": "us-east-1"},
+            max_concurrency=concurrency,
+        )
+        paths = [f"{BUCKET}/photos/{k}" for k in keys]
+
+        def s3fs_seq() -> int:
+            return sum(len(fs.cat_file(p)) > 0 for p in paths)
+
+        def s3fs_conc() -> int:
+            got = fs.cat(paths, batch_size=concurrency, on_error="return")
+            return sum(isinstance(v, bytes) for v in got.values())
+
+        cases += [("s3fs", "sequential", s3fs_seq), ("s3fs", f"{concurrency} in flight", s3fs_conc)]
+    for lib, mode, fn in cases:
+        fn()  # warm: connections, credentials
+        weed0 = proc_cpu_s(store.proc.pid)
+        n, wall, cpu = _time(fn)
+        weed = proc_cpu_s(store.proc.pid) - weed0
+        row = {
+            "row": "client",
+            "library": lib,
+            "mode": mode,
+            "objects": n,
+            "gets_per_s": round(n / wall, 1),
+            "client_cpu_ms_per_object": round(1e3 * cpu / n, 3),
+            "store_cpu_ms_per_object": round(1e3 * weed / n, 3),
+        }
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    ours.close()
+    return rows
+
+
+# -- the server --------------------------------------------------------------------------------
+
+
+@contextmanager
+def server(train: str, env: dict[str, str], extra: list[str], patched: str | None) -> Iterator[Any]:
+    """A `pipeline-server` (optionally with a patched pipeline/samples.py loaded first)."""
+    from batchwire.common.launcher import PipelineServer
+
+    class Server(PipelineServer):
+        @property
+        def command(self) -> list[str]:  # type: ignore[override]
+            base = super().command
+            if patched is None:
+                return base
+            shim = (
+                "import importlib.util as u, sys; "
+                f"s = u.spec_from_file_location('batchwire.pipeline.samples', {patched!r}); "
+                "m = u.module_from_spec(s); sys.modules[s.name] = m; s.loader.exec_module(m); "
+                "from batchwire.server.cli import main; sys.argv[0] = 'pipeline-server'; "
+                "sys.exit(main())"
+            )
+            return [sys.executable, "-c", shim, *base[base.index("--bind") :]]
+
+    args = [
+        *("--train", train, "--batch-size", "50", "--image-size", "224"),
+        *("--output-dtype", "uint8", "--log-level", "WARNING", "--listing-ttl", "0", *extra),
+    ]
+    with tempfile.TemporaryDirectory(prefix="bw-bench-") as tmp:
+        srv = Server(args, f"ipc://{tmp}/s.sock", env=env, log_path=Path(tmp) / "server.log")
+        srv.start(180)
+        try:
+            yield srv
+        except Exception as exc:
+            raise RuntimeError(f"{exc}\n{srv.log(tail_chars=3000)}") from exc
+        finally:
+            srv.stop(grace=15.0)
+
+
+def epoch_images(endpoint: str, epoch: int) -> int:
+    from batchwire.client import RemoteLoader
+
+    with RemoteLoader(
+        endpoint, "train", rank=0, world_size=1, device="cpu", timeout=300,
+        prefetch_next_epoch=False,
+    ) as loader:  # fmt: skip
+        loader.set_epoch(epoch)
+        return sum(int(images.shape[0]) for images, _ in loader)
+
+
+def server_row(
+    name: str, train: str, store: Any, env: dict[str, str], extra: list[str], patched: str | None
+) -> dict[str, Any]:
+    with server(train, env, extra, patched) as srv:
+        epoch_images(srv.endpoint, 0)  # warm-up (and fills a cache)
+        gets0, weed0 = store.s3_requests("GET"), proc_cpu_s(store.proc.pid)
+        cpu0, t0 = proc_cpu_s(srv.pid), time.perf_counter()
+        n = epoch_images(srv.endpoint, 1)
+        wall = time.perf_counter() - t0
+        cpu = proc_cpu_s(srv.pid) - cpu0
+        weed, gets = proc_cpu_s(store.proc.pid) - weed0, store.s3_requests("GET") - gets0
+    row = {
+        "row": "server",
+        "source": name,
+        "images": n,
+        "images_per_s": round(n / wall, 1),
+        "server_cpu_ms_per_img": round(1e3 * cpu / n, 2),
+        "store_cpu_ms_per_img": round(1e3 * weed / n, 3),
+        "store_gets_epoch1": gets,
+        "samples_patch": patched is not None,
+    }
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def image_folder(src: Path, dst: Path, classes: int = 10) -> Path:
+    """An ImageFolder of `src`'s JPEGs (symlinks), `classes` classes round-robin."""
+    files = sorted(p for p in src.iterdir() if p.suffix.lower() in (".jpg", ".jpeg"))
+    for k, path in enumerate(files):
+        cls = dst / f"class{k % classes}"
+        cls.mkdir(parents=True, exist_ok=True)
+        (cls / path.name).symlink_to(path.resolve())
+    return dst
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m batchwire.bench.bench_storage")
+    parser.add_argument("--dir", type=Path, default=DEFAULT_DIR, help="a folder of JPEGs")
+    parser.add_argument("--latency-ms", type=float, default=20.0, help="round trip added")
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--skip-client", action="store_true")
+    parser.add_argument("--skip-server", action="store_true")
+    parser.add_argument(
+        "--samples-patch",
+        metavar="FILE.py",
+        help="also run the latency row with this pipeline/samples.py (a patched copy)",
+    )
+    parser.add_argument("--json", type=Path, help="write the rows here")
+    args = parser.parse_args(argv)
+
+    tmp = Path(tempfile.mkdtemp(prefix="bw-bench-storage-"))
+    store = _seaweed()(tmp / "weed")
+    rows: list[dict[str, Any]] = []
+    try:
+        store.start()
+        folder = image_folder(args.dir, tmp / "photos")
+        count = store.upload_folder(folder, BUCKET, "photos")
+        print(f"{count} objects in s3://{BUCKET}/photos ({store.endpoint})", flush=True)
+        env = store.env()
+        os.environ.update(env)  # this process's own clients
+        keys = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_symlink())
+        if not args.skip_client:
+            rows += client_rows(store, keys, args.concurrency)
+        if not args.skip_server:
+            url = f"s3://{BUCKET}/photos"
+            rows.append(server_row("local folder", str(folder), store, env, [], None))
+            rows.append(server_row("s3 folder, loopback", url, store, env, [], None))
+            proxy = DelayProxy(("127.0.0.1", store.ports["s3"]), args.latency_ms / 2e3)
+            slow = {**env, "AWS_ENDPOINT_URL": f"http://127.0.0.1:{proxy.port}"}
+            name = f"s3 folder, +{args.latency_ms:g} ms"
+            rows.append(server_row(name, url, store, slow, [], None))
+            if args.samples_patch:
+                rows.append(server_row(name, url, store, slow, [], args.samples_patch))
+            cache = ["--cache-dir", str(tmp / "cache"), "--cache-size", "2G"]
+            rows.append(server_row(f"{name}, --cache-dir", url, store, slow, cache, None))
+    finally:
+        store.kill()
+        store.remove_sockets()
+        shutil.rmtree(tmp, ignore_errors=True)
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

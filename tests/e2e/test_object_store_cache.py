@@ -1,0 +1,107 @@
+"""The local object cache (--cache-dir, --cache-size): a second epoch reads nothing from the
+store (counted by the store itself) and gives the same batches; a process killed while writing
+entries leaves none that is torn or wrong."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from batchwire.client import RemoteLoader
+from batchwire.pipeline.storage import LocalStore
+from batchwire.pipeline.storage.cache import CachedStore, _read_entry
+from batchwire.pipeline.synthetic import default_dataset
+from objectstore import seaweed  # noqa: F401  (the fixture)
+from serverproc import running_server
+
+
+def _epoch(endpoint: str, epoch: int) -> list[tuple[torch.Tensor, ...]]:
+    loader = RemoteLoader(
+        endpoint, "train", rank=0, world_size=1, device="cpu", with_indices=True, timeout=60,
+        prefetch_next_epoch=False,  # epoch 1's batches only once epoch 0 is done
+    )  # fmt: skip
+    loader.set_epoch(epoch)
+    try:
+        return [tuple(t.clone() for t in b) for b in loader]
+    finally:
+        loader.close()
+
+
+def test_second_epoch_reads_nothing_from_the_store(seaweed, tmp_path):  # noqa: F811
+    local = default_dataset().val_root  # 400 images: batches of 16 take every one each epoch
+    seaweed.upload_folder(local, "cached", "val")
+    args = (
+        *("--batch-size", "16", "--image-size", "32", "--seed", "3", "--workers", "1"),
+        *("--listing-ttl", "0"),
+    )
+    cache = ("--cache-dir", str(tmp_path / "cache"), "--cache-size", "64M")
+    with (
+        running_server("--train", str(local), *args) as a,
+        running_server("--train", "s3://cached/val", *args, *cache, env=seaweed.env()) as b,
+    ):
+        first = _epoch(b.endpoint, 0)
+        gets = seaweed.s3_requests("GET")
+        second = _epoch(b.endpoint, 1)
+        assert seaweed.s3_requests("GET") == gets, "epoch 1 read from the store"
+        for epoch, got in ((0, first), (1, second)):
+            want = _epoch(a.endpoint, epoch)
+            assert len(want) == len(got) == 25
+            for x, y in zip(want, got, strict=True):
+                assert all(torch.equal(p, q) for p, q in zip(x, y, strict=True))
+        assert b.stats()["counters"]["bad_total"] == 0
+    entries = [p for p in (tmp_path / "cache").rglob("*") if p.is_file()]
+    assert len(entries) == 400
+    # A restarted server finds its cache: once it has listed the prefix, no read of an object.
+    with running_server("--train", "s3://cached/val", *args, *cache, env=seaweed.env()) as c:
+        gets = seaweed.s3_requests("GET")
+        _epoch(c.endpoint, 2)
+        assert seaweed.s3_requests("GET") == gets
+
+
+_WRITER = """
+import itertools, sys
+from batchwire.pipeline.storage import LocalStore
+from batchwire.pipeline.storage.cache import CachedStore
+round_ = [0]
+src, root = LocalStore(sys.argv[1]), sys.argv[2]
+store = CachedStore(src, root, 1 << 30, versions=lambda k: str(round_[0]))
+print("ready", flush=True)
+for r in itertools.count():  # a new version of every object each round: writes never stop
+    round_[0] = r
+    for i in range(12):
+        store.read(f"{i}.bin")
+"""
+
+
+@pytest.mark.parametrize("delay", [0.05, 0.13, 0.31])
+def test_a_kill_mid_write_leaves_no_torn_entry(tmp_path, delay):
+    """A child writes 4 MB entries in a loop (each write takes a while) and is SIGKILLed at
+    some point of one: every entry under its final name is whole and right, and a new cache
+    over the folder serves every object correctly."""
+    src = tmp_path / "objects"
+    src.mkdir()
+    for i in range(12):
+        (src / f"{i}.bin").write_bytes(os.urandom(4 << 20))
+    root = tmp_path / "cache"
+    child = subprocess.Popen(
+        [sys.executable, "-c", _WRITER, str(src), str(root)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "ready"
+        time.sleep(delay)
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait(10)
+    entries = [p for p in root.rglob("*") if p.is_file() and not p.name.endswith(".tmp")]
+    assert entries, "killed before any entry was written: the test proves nothing"
+    for path in entries:
+        assert _read_entry(path) is not None, f"torn entry {path}"
+    cache = CachedStore(LocalStore(src), root, 1 << 30, versions=lambda key: "0")
+    for i in range(12):  # round 0's entries where written, fetched again where not
+        assert cache.read(f"{i}.bin") == (src / f"{i}.bin").read_bytes()
+    assert cache.counters()["corrupt"] == 0 and cache.counters()["hits"] > 0
