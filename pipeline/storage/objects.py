@@ -2,7 +2,8 @@
 
 Why obstore (bench/RESULTS.md, "Object storage"): one API for the three clouds; requests run
 on a Rust runtime with the GIL released, so decoding threads keep running while reads wait;
-and it costs the client about a third of s3fs's CPU per object here. Credentials, region and
+and it costs the client 0.2 ms of CPU per object against s3fs's 1.8 ms (1,766 GETs/s against
+207 with 64 in flight, same store, same run). Credentials, region and
 endpoint come from the standard environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY,
 AWS_SESSION_TOKEN, AWS_REGION, AWS_ENDPOINT_URL, AWS_ALLOW_HTTP=true; GOOGLE_*, AZURE_*) or an
 instance role, as obstore reads them: exporting them is all a user does.
