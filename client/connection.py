@@ -80,6 +80,7 @@ class ServerConnection:
         self._sock = ctx.socket(zmq.DEALER)
         self._sock.linger = 0
         self._sock.immediate = True
+        self._sock.ipv6 = endpoint.startswith("tcp://[")  # an AAAA record's address
         self._sock.rcvtimeo = 0  # every receive below is preceded by a poll
         # Reconnect quickly after a restart; back off to at most 1 s while the server is gone.
         self._sock.reconnect_ivl = 100

@@ -33,6 +33,7 @@ import zmq
 from batchwire import wire
 from batchwire.client import fleet as core
 from batchwire.client.connection import ConnectionEvent, ServerConnection
+from batchwire.client.discovery import Discovery, Resolve
 from batchwire.client.errors import ProtocolError, ServerError
 from batchwire.client.staging import CpuStager, CudaStager, Staged
 from batchwire.wire.keys import ClientKeys
@@ -82,8 +83,16 @@ class BatchReceiver:
         job: str = "",
         keys: ClientKeys | None = None,
         clock: Callable[[], float] = time.monotonic,
+        resolve: Resolve | None = None,
     ) -> None:
         self._clock = clock
+        # dns+tcp:// names stand for every server they resolve to (a ServerUnavailable naming
+        # DNS if one has none now); re-resolved on a thread, the changes go to the core.
+        self._discovery: Discovery | None = None
+        if any(e.startswith("dns+tcp://") for e in endpoints):
+            self._discovery = Discovery(endpoints, resolve=resolve)
+            endpoints = self._discovery.initial()
+        self._keys = keys
         self.fleet = core.Fleet(
             endpoints,
             split=split,
@@ -102,19 +111,20 @@ class BatchReceiver:
         self._make_stager = make_stager
         self._stats = stats
         self._ctx = zmq.Context()
-        self.conns: list[ServerConnection] = []
+        #: One connection per server of the core, by its index; None once it left the fleet.
+        self.conns: list[ServerConnection | None] = []
+        self._poller = zmq.Poller()
         try:
-            for ep in endpoints:
-                self.conns.append(ServerConnection(self._ctx, ep, keys))
+            for i, ep in enumerate(endpoints):
+                self._open(i, ep)
         except BaseException:
             for c in self.conns:
-                c.close()
+                if c is not None:
+                    c.close()
             self._ctx.term()
             raise
-        self._poller = zmq.Poller()
-        for c in self.conns:
-            self._poller.register(c.socket, zmq.POLLIN)
-            self._poller.register(c.monitor, zmq.POLLIN)
+        if self._discovery is not None:
+            self._discovery.start()
         self.stager: Stager | None = None
         self.held: dict[int, Arrived] = {}
         self._early: dict[int, list[EarlyFrames]] = {}
@@ -182,27 +192,56 @@ class BatchReceiver:
             return
         self._closed = True
         try:
+            if self._discovery is not None:
+                self._discovery.close()
             self._discard_held()
             if self.stager is not None:
                 self.stager.close()
         finally:
             self._early.clear()
             for i, c in enumerate(self.conns):
+                if c is None:
+                    continue
                 peer = self.fleet.peers[i]
                 c.close(say_bye=peer.connected and self.fleet.has_session(i))
             self._ctx.term()
+
+    # ------------------------------------------------------------------ connections
+
+    def _open(self, server: int, endpoint: str) -> None:
+        """Connect to server ``server`` (its index in the core) at ``endpoint``."""
+        assert server == len(self.conns), "servers are connected in the core's order"
+        c = ServerConnection(self._ctx, endpoint, self._keys)
+        self.conns.append(c)
+        self._poller.register(c.socket, zmq.POLLIN)
+        self._poller.register(c.monitor, zmq.POLLIN)
+
+    def _close_one(self, server: int, bye: bool) -> None:
+        """Close server ``server``'s connection for good (it left the fleet)."""
+        c = self.conns[server]
+        if c is None:
+            return
+        self.conns[server] = None
+        self._poller.unregister(c.socket)
+        self._poller.unregister(c.monitor)
+        c.close(say_bye=bye)
+
+    def _conn(self, server: int) -> ServerConnection:
+        c = self.conns[server]
+        assert c is not None, f"server {server} left the fleet: the core sends it nothing"
+        return c
 
     # ------------------------------------------------------------------ carrying out the core
 
     def _carry_out(self, actions: list[core.Action]) -> None:
         for action in actions:
             if isinstance(action, core.SendHello):
-                if not self.conns[action.server].send(action.hello.pack()):
+                if not self._conn(action.server).send(action.hello.pack()):
                     self._carry_out(self.fleet.on_send_failed(action))
             elif isinstance(action, core.SendCredit):
                 # Every asked-for batch is one credit, so the loader's stats ride on credits.
                 credit = wire.Credit(batches=action.batches, stats=self._stats())
-                if not self.conns[action.server].send(credit.pack()):
+                if not self._conn(action.server).send(credit.pack()):
                     self._carry_out(self.fleet.on_send_failed(action))
             elif isinstance(action, core.AdoptEarly):
                 assert self.stager is not None
@@ -211,6 +250,11 @@ class BatchReceiver:
                     self.held[h.batch_index] = Arrived(h, staged, action.server)
             elif isinstance(action, core.DropEarly):
                 self._early.pop(action.server, None)
+            elif isinstance(action, core.Connect):
+                self._open(action.server, action.endpoint)
+            elif isinstance(action, core.Disconnect):
+                self._early.pop(action.server, None)
+                self._close_one(action.server, action.bye)
 
     def _discard_held(self) -> None:
         for arrived in self.held.values():
@@ -219,8 +263,10 @@ class BatchReceiver:
         self.held.clear()
 
     def _service(self, waiting_since: float | None = None) -> None:
-        """Connection events to the core, then its tick."""
+        """Connection events and the fleet's changes (DNS) to the core, then its tick."""
         for i, c in enumerate(self.conns):
+            if c is None:
+                continue
             for event in c.drain_events():
                 if event is ConnectionEvent.CONNECTED:
                     self._carry_out(self.fleet.on_connected(i))
@@ -228,8 +274,12 @@ class BatchReceiver:
                     self.fleet.on_connect_failed(i)
                 else:
                     self._carry_out(self.fleet.on_disconnected(i))
+                    if self._discovery is not None:
+                        self._discovery.kick()  # replaced at another address, perhaps
             if c.handshake_error is not None:
                 raise ServerError(c.endpoint, c.handshake_error)
+        if self._discovery is not None and (endpoints := self._discovery.take()) is not None:
+            self._carry_out(self.fleet.on_endpoints(endpoints, self._clock()))
         self._carry_out(self.fleet.tick(self._clock(), waiting_since))
 
     def _wait(self, done: Callable[[], bool]) -> None:
@@ -252,7 +302,12 @@ class BatchReceiver:
 
     def _receive_ready(self) -> None:
         for i, c in enumerate(self.conns):
-            while c.socket.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            # The list may grow, or a server leave, while its batches are carried out.
+            while (
+                c is not None
+                and self.conns[i] is c
+                and c.socket.getsockopt(zmq.EVENTS) & zmq.POLLIN
+            ):
                 self._receive_one(i, c)
 
     def _receive_one(self, i: int, c: ServerConnection) -> None:
@@ -274,8 +329,11 @@ class BatchReceiver:
         ):
             # The stager first: if it refuses this server's batches (e.g. normalize_on_device
             # on a float wire), the loader stays unwelcomed and says so again, not something
-            # else.
+            # else. Its slots bound the budget from now on, however many servers join.
+            self.slots_needed = self.fleet.budget + 2
             self.stager = self._make_stager(msg, self.slots_needed)
+            if isinstance(self.stager, CudaStager):
+                self.fleet.max_budget = self.fleet.budget
         self._carry_out(self.fleet.on_message(i, msg, now))
 
     def _receive_batch(
