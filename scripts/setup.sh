@@ -32,6 +32,13 @@ if ! command -v jpegtran >/dev/null && [ "$(id -u)" = 0 ]; then
     || echo "setup: jpegtran (libjpeg-turbo-progs) not installed; its tests will skip" >&2
 fi
 
+# dnsmasq: the real DNS server of the dns+tcp:// discovery tests (tests/e2e/test_discovery.py;
+# the binary only, no system service). Optional: those tests skip, saying so, without it.
+if ! command -v dnsmasq >/dev/null && [ ! -x /usr/sbin/dnsmasq ] && [ "$(id -u)" = 0 ]; then
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq dnsmasq-base >/dev/null 2>&1 \
+    || echo "setup: dnsmasq (dnsmasq-base) not installed; the DNS discovery tests will skip" >&2
+fi
+
 stamp="$VENV/.batchwire-installed"
 want="$(sha1sum pyproject.toml | cut -c1-40) $EXTRAS $TORCH_SPEC"
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
