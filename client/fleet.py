@@ -198,9 +198,11 @@ class Fleet:
         self._no_speculation_in = -1  # an epoch in which a next-epoch hello was refused
         self._started = False
         self._turn = 0  # the server first in line when several have as few outstanding
-        #: A resumed pass's first sample in the epoch order (0: the epoch's own batches); part
-        #: of each batch's rendezvous key, since such a pass's batch k is another batch.
+        #: A resumed pass's first sample in the epoch order (0: the epoch's own batches) and
+        #: the world size the epoch was started at (elastic trainers, `wire.Hello`); part of
+        #: each batch's rendezvous key, since such a pass's batch k is another batch.
         self.pass_start = 0
+        self.pass_world = 0
         self._actions: list[Action] = []
 
     # ------------------------------------------------------------------ queries
@@ -209,9 +211,15 @@ class Fleet:
     def num_batches(self) -> int | None:
         return None if self.welcome is None else self.welcome.num_batches
 
-    def is_at(self, epoch: int, cursor: int) -> bool:
-        """Was the loader started at ``(epoch, cursor)`` and has it handed out nothing since?"""
-        return self._started and epoch == self.epoch and cursor == self.cursor
+    def is_at(self, epoch: int, cursor: int, resume: tuple[int, int] = (0, 0)) -> bool:
+        """Was the loader started at ``(epoch, cursor)`` (of the pass ``resume``) and has it
+        handed out nothing since?"""
+        return (
+            self._started
+            and epoch == self.epoch
+            and cursor == self.cursor
+            and resume == (self.pass_start, self.pass_world)
+        )
 
     def is_current(self, server: int, session: int) -> bool:
         """Is ``session`` server ``server``'s open session? (Its welcome is then news.)"""
@@ -224,14 +232,22 @@ class Fleet:
 
     # ------------------------------------------------------------------ events
 
-    def start(self, epoch: int, cursor: int, now: float) -> list[Action]:
+    def start(
+        self, epoch: int, cursor: int, now: float, resume: tuple[int, int] = (0, 0)
+    ) -> list[Action]:
         """Iterate ``epoch`` from batch ``cursor``; a no-op if already there.
 
-        The receiver empties its reorder buffer first. The next epoch from its start adopts
-        the early sessions; any other position ends every session and asks afresh.
+        ``resume`` = (start sample, epoch world size): a pass resumed at another world size
+        (`wire.Hello.start_sample`); (0, 0) is the epoch's own batches. The receiver empties
+        its reorder buffer first. The next epoch from its start adopts the early sessions; any
+        other position ends every session and asks afresh; another pass also forgets the
+        welcome (its length differs).
         """
-        if self.is_at(epoch, cursor):
+        if self.is_at(epoch, cursor, resume):
             return []
+        if resume != (self.pass_start, self.pass_world):
+            self.pass_start, self.pass_world = resume
+            self.welcome = None
         adopt = cursor == 0 and epoch == self.epoch + 1 and self.welcome is not None
         self.held.clear()
         if adopt:
@@ -453,6 +469,9 @@ class Fleet:
             batches=tuple(batches),
             session=next(self._session_ids),
             job=self.job,
+            # Only this epoch's hellos are of a resumed pass; the next epoch is a whole one.
+            start_sample=self.pass_start if epoch == self.epoch else 0,
+            epoch_world_size=self.pass_world if epoch == self.epoch else 0,
         )
         p.session = Session(hello.session, epoch, deque(batches))
         p.state = S.HELLO_SENT if epoch == self.epoch else S.SPECULATING
@@ -600,6 +619,7 @@ class Fleet:
         """
         if (
             not self.speculate
+            or self.pass_start  # this pass's welcome does not say the next epoch's length
             or self.welcome is None
             or self.epoch < 0
             or self._no_speculation_in == self.epoch

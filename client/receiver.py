@@ -145,12 +145,13 @@ class BatchReceiver:
         """Batches received ahead of the consumer."""
         return len(self.held)
 
-    def start(self, epoch: int, cursor: int) -> None:
-        """(Re)start at ``(epoch, cursor)``; a no-op if already there."""
-        if self.fleet.is_at(epoch, cursor):
+    def start(self, epoch: int, cursor: int, resume: tuple[int, int] = (0, 0)) -> None:
+        """(Re)start at ``(epoch, cursor)`` of the pass ``resume`` (`fleet.Fleet.start`); a
+        no-op if already there."""
+        if self.fleet.is_at(epoch, cursor, resume):
             return
         self._discard_held()
-        self._carry_out(self.fleet.start(epoch, cursor, self._clock()))
+        self._carry_out(self.fleet.start(epoch, cursor, self._clock(), resume))
         self._service()
 
     def wait_welcome(self) -> wire.Welcome:

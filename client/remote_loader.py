@@ -244,6 +244,9 @@ class RemoteLoader(IterableDataset):
         # A restored mid-epoch position's epoch shape and world size: checked at the next welcome.
         self._resume_shape: dict[str, int] | None = None
         self._resume_world: int | None = None
+        #: The pass of `epoch` being served: (first sample in the epoch order, world size the
+        #: epoch was started at); (0, 0): the epoch's own batches. Elastic resume sets it.
+        self._pass: tuple[int, int] = (0, 0)
 
     # ------------------------------------------------------------------ public API
 
@@ -272,6 +275,7 @@ class RemoteLoader(IterableDataset):
         self._epoch_passed = False
         if epoch != self.epoch:
             self.epoch, self.next_batch, self._positioned = epoch, 0, False
+            self._pass = (0, 0)
 
     def __len__(self) -> int:
         """This rank's number of batches per epoch (asks the server on first use)."""
@@ -284,7 +288,7 @@ class RemoteLoader(IterableDataset):
         """
         receiver = self._connect()
         if receiver.welcome is None:
-            receiver.start(self.epoch, self._pass_start())
+            receiver.start(self.epoch, self._pass_start(), self._pass)
             receiver.wait_welcome()
         assert receiver.welcome is not None
         return receiver.welcome
@@ -333,6 +337,14 @@ class RemoteLoader(IterableDataset):
         Once connected it also records the epoch's shape (``epoch_shape``: batches per epoch,
         batch size, samples): a position means nothing against a server restarted with other data or
         another batch size, and resuming there would repeat or skip samples.
+
+        Elastic trainers: ``start_sample`` and ``epoch_world_size`` say which pass of the epoch
+        this is (0 and ``world_size`` for the epoch's own batches). The global position is
+        ``start_sample + next_batch * world_size * batch_size`` samples of the epoch order:
+        every rank has consumed ``next_batch`` batches (ranks step in lockstep: a checkpoint
+        is taken at a step all ranks reached, so rank 0's state, which frameworks save, holds
+        for all). Restored at another world size, the rest of the epoch from there is split
+        over the new ranks (`load_state_dict`).
         """
         rank, world_size = self._placement or resolve_rank(self._rank_arg, self._world_size_arg)
         state: dict[str, Any] = {
@@ -341,6 +353,8 @@ class RemoteLoader(IterableDataset):
             "split": self.split,
             "rank": rank,  # informative: any rank's state restores on every rank
             "world_size": world_size,
+            "start_sample": self._pass[0],
+            "epoch_world_size": self._pass[1] or world_size,
         }
         welcome = None if self._receiver is None else self._receiver.welcome
         if welcome is not None:
@@ -353,9 +367,15 @@ class RemoteLoader(IterableDataset):
         """Start the next pass at ``state``'s position.
 
         The state may come from any rank (a framework's checkpoint often holds rank 0's only):
-        all ranks of a job stand at the same batch. Split and world size must match; the
-        epoch's shape (batches per epoch, batch size, samples) is checked against the next
-        welcome. States saved before ``epoch_shape`` was named so carry it as ``stream``.
+        all ranks of a job stand at the same batch. The split must match; the epoch's shape
+        (batches per epoch, batch size, samples) is checked against the next welcome. States
+        saved before ``epoch_shape`` was named so carry it as ``stream``.
+
+        Another world size (elastic trainers): the next pass serves the rest of the epoch:
+        the samples after the saved global position (see `state_dict`), split over this
+        loader's ranks, its last round padded (index -1, label -100) so that every sample of
+        the epoch is served exactly once; each sample's augmentation is unchanged. Its order
+        is a pure function of (seed, epoch, saved world size, position, new world size).
         """
         missing = [k for k in _STATE_KEYS if k not in state]
         if missing:
@@ -364,15 +384,46 @@ class RemoteLoader(IterableDataset):
             raise ValueError(
                 f"state is for split {state['split']!r}, this loader serves {self.split!r}"
             )
-        self._check_world_size(int(state["world_size"]))
+        saved_world = int(state["world_size"])
         epoch, nxt = int(state["epoch"]), int(state["next_batch"])
         if epoch < 0 or nxt < 0:
             raise ValueError(f"invalid RemoteLoader state position: epoch {epoch}, batch {nxt}")
-        self.epoch, self.next_batch, self._positioned = epoch, nxt, True
-        self._epoch_passed = False
         shape = state.get("epoch_shape", state.get("stream"))
-        self._resume_shape = dict(shape) if isinstance(shape, dict) else {}
-        self._resume_world = int(state["world_size"])
+        shape = dict(shape) if isinstance(shape, dict) else {}
+        start = int(state.get("start_sample", 0))
+        epoch_world = int(state.get("epoch_world_size", saved_world))
+        self.epoch, self._epoch_passed = epoch, False
+        if start == 0 and saved_world == self._current_world_size(saved_world):
+            # The epoch's own batches at the same world size: resume at the saved batch.
+            self.next_batch, self._positioned, self._pass = nxt, True, (0, 0)
+            self._resume_shape, self._resume_world = shape, saved_world
+            return
+        if nxt and "batch_size" not in shape:
+            raise ValueError(
+                "cannot resume this state at another world size: it does not record the batch "
+                "size (saved before the loader first connected)"
+            )
+        if nxt >= shape.get("num_batches", nxt + 1):  # the pass was over: the epoch is done
+            self.next_batch, self._positioned, self._pass = nxt, False, (0, 0)
+            self._epoch_passed = True  # the next pass is the next epoch (or set_epoch's)
+            self._resume_shape = self._resume_world = None
+            return
+        position = start + nxt * saved_world * int(shape.get("batch_size", 0))
+        self.next_batch, self._positioned = 0, True
+        self._pass = (position, epoch_world) if position else (0, 0)
+        # Another pass: its length differs; batch size and samples must still match.
+        self._resume_shape = {k: v for k, v in shape.items() if k != "num_batches"}
+        self._resume_world = None
+
+    def _current_world_size(self, default: int) -> int:
+        """This loader's world size if it can be known now (argument, torch.distributed,
+        the environment), else ``default``."""
+        if self._placement is not None:
+            return self._placement[1]
+        try:
+            return resolve_rank(self._rank_arg, self._world_size_arg)[1]
+        except ValueError:
+            return default
 
     def close(self) -> None:
         """Leave the servers (bye) and free sockets and buffers; the loader reconnects if used."""
@@ -471,7 +522,7 @@ class RemoteLoader(IterableDataset):
     def _check_resumed_shape(self, welcome: wire.Welcome | None) -> None:
         """A mid-epoch position restored by `load_state_dict` must meet epochs of the same shape."""
         expected = self._resume_shape
-        if expected is None or welcome is None or self.next_batch == 0:
+        if expected is None or welcome is None or (self.next_batch == 0 and self._pass == (0, 0)):
             self._resume_shape = self._resume_world = None
             return
         # On a refusal the restored state stays: asked again, the loader says the same.
@@ -501,7 +552,7 @@ class RemoteLoader(IterableDataset):
         if not self._epoch_passed or self._positioned or self.split == "val":
             return
         self._epoch_passed = False
-        self.epoch, self.next_batch = self.epoch + 1, 0
+        self.epoch, self.next_batch, self._pass = self.epoch + 1, 0, (0, 0)
         log.debug("RemoteLoader: split %r moves on to epoch %d by itself", self.split, self.epoch)
 
     def _release_handed(self, keep: int = 0) -> None:
@@ -517,7 +568,7 @@ class RemoteLoader(IterableDataset):
         self._release_handed()
         total = receiver.num_batches
         if total is None or self.next_batch < total:
-            receiver.start(self.epoch, self.next_batch)
+            receiver.start(self.epoch, self.next_batch, self._pass)
         if receiver.welcome is None:
             receiver.wait_welcome()
         total = len(self)

@@ -12,6 +12,7 @@ region of the epoch, so a validation epoch's padding lands only in the last roun
 
 from __future__ import annotations
 
+import copy
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator
@@ -100,8 +101,38 @@ class ShardSampler:
         else:
             self.num_batches = -(-self.num_samples // per_round)
 
+        #: A resumed pass (`resumed`): slots [start, stop) of the epoch order, padded.
+        self.start, self.stop = 0, None
         self._orders: OrderedDict[int, np.ndarray] = OrderedDict()
         self._lock = threading.Lock()
+
+    def epoch_stop(self, epoch_world_size: int) -> int:
+        """Where the epoch's samples end in its order when it was started at
+        ``epoch_world_size`` ranks (train drops the last incomplete round, val keeps all)."""
+        per_round = self.batch_size * _check_int("epoch_world_size", epoch_world_size, 1)
+        return (self.num_samples // per_round) * per_round if self.drop_last else self.num_samples
+
+    def resumed(self, start: int, epoch_world_size: int = 0) -> ShardSampler:
+        """This rank's sampler for the rest of an epoch resumed at another world size.
+
+        Elastic trainers: the epoch was started at ``epoch_world_size`` ranks (0: this
+        sampler's), whose rounds fix its samples: slots ``[0, stop)`` of the epoch order. Its
+        first ``start`` slots were consumed; the rest, ``[start, stop)``, is cut into rounds of
+        ``batch_size * world_size`` as usual (global batch g = k * world_size + rank) and the
+        last round padded (index -1, label -100: `PADDING_INDEX`, `PADDING_LABEL`), so every
+        remaining sample is served exactly once and every rank has the same number of batches.
+        The order is a pure function of (seed, epoch, epoch_world_size, start, world_size);
+        each sample's augmentation depends on (seed, epoch, sample) only.
+        """
+        stop = self.epoch_stop(epoch_world_size or self.world_size)
+        start = _check_int("start", start, 0)
+        if start >= stop:
+            raise ValueError(f"resume at sample {start}: the epoch has {stop} samples")
+        out = copy.copy(self)
+        out._orders, out._lock = OrderedDict(), threading.Lock()
+        out.start, out.stop = start, stop
+        out.num_batches = -(-(stop - start) // (self.batch_size * self.world_size))
+        return out
 
     def __len__(self) -> int:
         return self.num_batches
@@ -149,8 +180,9 @@ class ShardSampler:
             )
         order = self.epoch_order(epoch)
         g = batch_index * self.world_size + self.rank
-        slots = np.arange(g * self.batch_size, (g + 1) * self.batch_size, dtype=np.int64)
-        valid = slots < self.num_samples
+        first = self.start + g * self.batch_size
+        slots = np.arange(first, first + self.batch_size, dtype=np.int64)
+        valid = slots < (self.num_samples if self.stop is None else self.stop)
         # Padding repeats real samples so every slot can be produced the same way.
         indices = order[slots % self.num_samples]
         return BatchPlan(epoch=int(epoch), batch_index=batch_index, indices=indices, valid=valid)

@@ -528,6 +528,8 @@ class ServerCore:
             sampler = split.sampler(
                 self.config.batch_size, self.config.seed, hello.rank, hello.world_size
             )
+            if hello.start_sample:  # the rest of an epoch resumed at another world size
+                sampler = sampler.resumed(hello.start_sample, hello.epoch_world_size)
         except ValueError as exc:
             return actions + self._error(
                 identity, f"cannot serve this hello: {exc}", session=session_no
@@ -748,6 +750,8 @@ class ServerCore:
 
     def _key(self, session: ClientSession, k: int) -> BatchKey | None:
         h = session.hello
+        if h.start_sample:  # a resumed pass (elastic): its batch k is not the epoch's: unshared
+            return None
         return self.shared.key(h.split, h.epoch, h.rank, h.world_size, k)
 
     def _next_production(self, session: ClientSession) -> Production | None:

@@ -148,6 +148,11 @@ class Hello(_Message):
     can hand any batch to any of its servers and take back a lost server's batches. ``job``
     names the training job (torchrun's run id): world sizes must agree within a job only.
     ``session`` is chosen by the client and echoed on every batch so stale frames can be dropped.
+
+    ``start_sample`` > 0: a resumed pass (elastic trainers: a checkpoint of another world size):
+    its batches take slots ``[start_sample, stop)`` of the epoch order, where ``stop`` is the
+    end of the epoch's samples at ``epoch_world_size`` (0: ``world_size``), split over this
+    hello's ranks (`ShardSampler.resumed`). Absent (0) on the wire otherwise.
     """
 
     TYPE: ClassVar[str] = "hello"
@@ -158,10 +163,14 @@ class Hello(_Message):
     batches: tuple[int, ...]
     session: int
     job: str = ""
+    start_sample: int = 0
+    epoch_world_size: int = 0
 
     def to_map(self) -> dict[str, Any]:
         m = super().to_map()
         m["batches"] = list(self.batches)
+        if not self.start_sample:  # the usual pass: the map older servers know
+            del m["start_sample"], m["epoch_world_size"]
         return m
 
     @classmethod
@@ -181,6 +190,8 @@ class Hello(_Message):
             batches=_batch_list(d),
             session=_int(d, "session"),
             job=job,
+            start_sample=_int(d, "start_sample", 0) if "start_sample" in d else 0,
+            epoch_world_size=_int(d, "epoch_world_size", 0) if "epoch_world_size" in d else 0,
         )
 
 

@@ -292,6 +292,7 @@ def test_cpu_batches_are_never_overwritten_while_referenced(server, reference):
     kw.update(mean=mean.flatten().tolist(), std=std.flatten().tolist())
     with RemoteLoader(server.endpoint, "train", **kw) as loader:
         kept = [images for images, _ in loader]  # whole batches, no clone
+        loader.set_epoch(0)  # the same epoch again (else the loader moves on by itself)
         views = [images[1:3] for images, _ in loader]  # only views of each batch survive
         for images, _ in loader:  # the usual loop: nothing kept
             del images
@@ -358,12 +359,18 @@ def test_no_server_raises_naming_the_endpoint_within_the_timeout():
     loader.close()
 
 
-def test_state_dict_of_another_split_or_world_is_refused_but_any_rank_restores():
+def test_state_dict_of_another_split_is_refused_but_any_rank_and_world_restores():
     loader = RemoteLoader("tcp://127.0.0.1:9", "train", rank=1, world_size=2, device="cpu")
     state = loader.state_dict()
-    assert state == {"epoch": 0, "next_batch": 0, "split": "train", "rank": 1, "world_size": 2}
-    with pytest.raises(ValueError, match="world_size"):
-        loader.load_state_dict({**state, "world_size": 4})
+    assert state == {
+        "epoch": 0, "next_batch": 0, "split": "train", "rank": 1, "world_size": 2,
+        "start_sample": 0, "epoch_world_size": 2,
+    }  # fmt: skip
+    # Another world size resumes (elastic, tests/e2e/test_elastic.py); mid-epoch it needs the
+    # batch size, recorded once the loader has connected.
+    loader.load_state_dict({**state, "world_size": 4})
+    with pytest.raises(ValueError, match="batch size"):
+        loader.load_state_dict({**state, "world_size": 4, "next_batch": 3})
     with pytest.raises(ValueError, match="split"):
         loader.load_state_dict({**state, "split": "val"})
     with pytest.raises(ValueError, match="missing"):
