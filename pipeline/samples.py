@@ -21,6 +21,16 @@ two steps: `read_and_plan` (read bytes, parse headers, plan augmentation; the re
 decoder's threads) and `decode` (pixels of the whole batch in one `BatchDecoder.decode_batch`
 call, which lets GPU decoders batch); a file that fails to decode is replaced then by reading
 and planning its next substitute.
+
+Object stores answer a request in 10-50 ms: read one by one on the decoder's few threads, a
+batch would wait for its samples in turn. So where the dataset reads many samples at once
+(`ImageDataset.read_many`: a bucket keeps up to `--store-concurrency` requests in flight),
+`read_and_plan` first fetches every requested sample of the batch in one call, and each sample
+then starts from its fetched bytes; a fetched error goes the usual way (a transient one is
+retried by reading that sample again, any other makes it bad). With several producers (the
+default is three) one batch's fetch is in flight while the others decode, so the reads hide
+behind decoding. Local files have no batched read (`read_many` is None) and keep the
+per-sample reads on the decoder's threads, unchanged.
 """
 
 from __future__ import annotations
@@ -250,12 +260,25 @@ class SampleLoader:
 
     # -- steps -------------------------------------------------------------------------------
 
-    def _read(self, index: int) -> tuple[bytes, ImageHeader, bool] | str:
+    def _read(
+        self, index: int, fetched: bytes | OSError | None = None
+    ) -> tuple[bytes, ImageHeader, bool] | str:
         """Bytes, header and intact verdict (`PlannedSample.intact`) of one file, or the reason
-        it is unusable; TransientReadError when reading kept failing transiently."""
+        it is unusable; TransientReadError when reading kept failing transiently. `fetched`:
+        the file's bytes (or the error) from a batched read, used as the first try."""
+        first: list[bytes | OSError | None] = [fetched]
+
+        def read() -> bytes:
+            got, first[0] = first[0], None
+            if got is None:
+                return self.dataset.read_bytes(index)
+            if isinstance(got, OSError):
+                raise got  # transient: counted and read again after a pause; else the file's
+            return got
+
         try:
             data = _retrying(
-                lambda: self.dataset.read_bytes(index),
+                read,
                 f"reading {self.dataset.paths[index]}",
                 self.retry_delays,
                 self._sleep,
@@ -274,12 +297,13 @@ class SampleLoader:
             return f"cannot read: {e.strerror or e}"
 
     def _next_readable(
-        self, requested: int, attempt: int
+        self, requested: int, attempt: int, fetched: bytes | OSError | None = None
     ) -> tuple[int, int, bytes, ImageHeader, bool]:
         """The first usable file at or after `attempt` in `requested`'s substitute sequence.
 
         Returns (index, attempt, data, header, intact); raises UnreadableDatasetError after
-        `max_attempts` unusable candidates in a row.
+        `max_attempts` unusable candidates in a row. `fetched`: what a batched read got for
+        the candidate at `attempt` (substitutes after it are read one by one: they are rare).
         """
         n = len(self.dataset)
         # Substitutes are drawn only once the requested file turned out bad: drawing them
@@ -294,10 +318,11 @@ class SampleLoader:
                     candidates = substitute_candidates(self.seed, requested, self.max_attempts, n)
                 index = int(candidates[attempt - 1])
             if not self._is_bad(index):
-                got = self._read(index)
+                got = self._read(index, fetched)
                 if not isinstance(got, str):
                     return index, attempt, *got
                 self._mark_bad(index, got)
+            fetched = None
             attempt += 1
         with self._lock:
             bad = len(self._bad)
@@ -313,15 +338,18 @@ class SampleLoader:
         """Read and plan each index (substituting unreadable files).
 
         Files are read on the decoder's threads when it offers `map` (CpuBatchDecoder does):
-        reading and header parsing release the GIL for most of their time.
+        reading and header parsing release the GIL for most of their time. Where the dataset
+        reads many samples at once (an object store), the batch's samples are fetched together
+        first (module doc).
         """
         jobs = [
             (int(r), 0 if start_attempts is None else int(start_attempts[k]))
             for k, r in enumerate(indices)
         ]
+        fetched = self._fetch(jobs)
 
         def find(job: tuple[int, int]) -> tuple[int, int, int, bytes, ImageHeader, bool]:
-            return (job[0], *self._next_readable(*job))
+            return (job[0], *self._next_readable(*job, fetched.get(job)))
 
         mapper = getattr(self.decoder, "map", None)
         found = mapper(find, jobs) if callable(mapper) else [find(j) for j in jobs]
@@ -350,6 +378,34 @@ class SampleLoader:
                 found, plans, strict=True
             )
         ]
+
+    def _fetch(self, jobs: Sequence[tuple[int, int]]) -> dict[tuple[int, int], bytes | OSError]:
+        """The first candidates of `jobs` ((requested, attempt) pairs) read in one batched
+        call where the dataset has one (`ImageDataset.read_many`); {} where it has not (local
+        files) or for candidates already known bad."""
+        read_many = getattr(self.dataset, "read_many", None)
+        if read_many is None or not jobs:
+            return {}
+        n = len(self.dataset)
+        wanted: dict[tuple[int, int], int] = {}
+        for requested, attempt in jobs:
+            if attempt == 0:
+                index = requested
+            elif attempt <= self.max_attempts and n >= 2:
+                subs = substitute_candidates(self.seed, requested, self.max_attempts, n)
+                index = int(subs[attempt - 1])
+            else:
+                continue
+            if not self._is_bad(index):
+                wanted[(requested, attempt)] = index
+        if not wanted:
+            return {}
+        unique = sorted(set(wanted.values()))
+        got = read_many(unique)
+        if got is None:  # the source reads one sample at a time
+            return {}
+        by_index = dict(zip(unique, got, strict=True))
+        return {job: by_index[index] for job, index in wanted.items()}
 
     def decode(self, epoch: int, planned: Sequence[PlannedSample]) -> list[LoadedSample]:
         """Decode planned samples; files that fail to decode are replaced (and re-decoded).

@@ -81,7 +81,7 @@ class ServerApp:
             raise StartupError(f"--keys {config.keys}: {exc}") from None
         self.telemetry = Telemetry()
         self.decoder = make_decoder(config)
-        self.phases = StagePhases(self.telemetry.observe_stage)
+        self.phases = StagePhases(self.telemetry.observe_stage, self.telemetry.set_fallbacks)
         try:
             self.splits: dict[str, Split] = open_splits(
                 config, StageTimingDecoder(self.decoder, self.phases)
