@@ -301,7 +301,11 @@ def test_stats_stay_small_with_hundreds_of_clients(ctx) -> None:
         try:
             for n in range(300):
                 identity = n.to_bytes(2, "big") + b"\xfe" * 253
-                c = RawClient.connect(ctx, srv.endpoint, identity=identity, batches=(), session=1)
+                # Each its own job: Prometheus labels a client by (train_job, split, rank), so
+                # distinct jobs make 256 distinct per-client series.
+                c = RawClient.connect(
+                    ctx, srv.endpoint, identity=identity, batches=(), session=1, job=f"job{n}"
+                )
                 c.send(c.hello)
                 clients.append(c)
             for c in clients:
