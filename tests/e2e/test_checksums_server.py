@@ -12,10 +12,20 @@ from pathlib import Path
 
 import pytest
 from batchwire.client.remote_loader import RemoteLoader
+from batchwire.native.build import cache_root
 from bitflips import clean_bit_flip, photos
 from serverproc import running_server
 
 PREPARE = Path(sys.executable).with_name("pipeline-prepare")
+
+
+def fresh_cache(tmp_path: Path) -> dict[str, str]:
+    """A server environment with its own dataset-index cache, but this checkout's native build
+    (a fresh BATCHWIRE_CACHE alone would recompile the extension in the server: ~30 s)."""
+    return {
+        "BATCHWIRE_CACHE": str(tmp_path / "cache"),
+        "BATCHWIRE_NATIVE_CACHE": str(cache_root()),
+    }
 
 
 def prepare(*args: str) -> None:
@@ -50,8 +60,7 @@ def test_server_counts_and_replaces_clean_bit_flips(tmp_path: Path) -> None:
         *("--batch-size", "2", "--image-size", "24", "--output-dtype", "uint8"),
         *("--workers", "1", "--seed", "3"),
     )
-    env = {"BATCHWIRE_CACHE": str(tmp_path / "cache")}
-    with running_server(*args, env=env) as srv:
+    with running_server(*args, env=fresh_cache(tmp_path)) as srv:
         for split in ("train", "val"):
             with RemoteLoader(
                 srv.endpoint, split, rank=0, world_size=1, with_indices=True, timeout=60
@@ -81,7 +90,7 @@ def test_server_finds_a_manifest_in_a_checksum_dir(tmp_path: Path) -> None:
         *("--batch-size", "2", "--image-size", "24", "--output-dtype", "uint8"),
         *("--workers", "1", "--seed", "3"),
     )
-    with running_server(*args, env={"BATCHWIRE_CACHE": str(tmp_path / "cache")}) as srv:
+    with running_server(*args, env=fresh_cache(tmp_path)) as srv:
         with RemoteLoader(
             srv.endpoint, "train", rank=0, world_size=1, with_indices=True, timeout=60
         ) as loader:
