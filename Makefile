@@ -21,13 +21,13 @@ demo: native
 TEST_WORKERS ?= 4
 test: native
 	@$(PY) -m ruff check .
-	@$(PY) -m pytest -q -p no:cacheprovider tests/unit
+	@$(PY) -m pytest -q -p no:cacheprovider -n 2 tests/unit
 	@$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile tests/e2e
 
 # The unit tier and lint only: under a minute, for every edit.
 test-fast: native
 	@$(PY) -m ruff check .
-	@$(PY) -m pytest -q -p no:cacheprovider tests/unit
+	@$(PY) -m pytest -q -p no:cacheprovider -n 2 tests/unit
 
 # The CUDA build of the native op in .venv-cuda (CUDA torch, nvcc), no GPU needed: compiles,
 # links and loads it and runs the native CPU tests through it. Not part of `make test`.
