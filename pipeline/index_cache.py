@@ -123,12 +123,18 @@ def index_file(root: str | os.PathLike[str], cache_dir: str | os.PathLike[str]) 
     return Path(cache_dir) / "index" / f"{key}.npz"
 
 
-def _blob(strings: list[str]) -> np.ndarray:
+def pack_strings(strings: list[str]) -> np.ndarray:
+    """NUL-joined UTF-8 (surrogateescape) bytes of `strings`, as a uint8 array for np.savez.
+
+    Shared by every .npz cache (folder index, shard index, store listing) so the string
+    tables all round-trip non-UTF-8 names the same way.
+    """
     data = "\0".join(strings).encode(_ENC, _ERRORS)
     return np.frombuffer(data, dtype=np.uint8)
 
 
-def _unblob(arr: np.ndarray, count: int) -> list[str]:
+def unpack_strings(arr: np.ndarray, count: int) -> list[str]:
+    """Inverse of `pack_strings`; ValueError when the table does not hold `count` strings."""
     if count == 0:
         return []
     out = arr.tobytes().decode(_ENC, _ERRORS).split("\0")
@@ -147,12 +153,12 @@ def save_index(index: FolderIndex, cache_dir: str | os.PathLike[str]) -> Path:
             np.savez(
                 f,
                 version=np.array([_FORMAT_VERSION], dtype=np.int64),
-                root=_blob([index.root]),
-                classes=_blob(index.classes),
+                root=pack_strings([index.root]),
+                classes=pack_strings(index.classes),
                 num_classes=np.array([len(index.classes)], dtype=np.int64),
-                dirs=_blob(index.dirs),
+                dirs=pack_strings(index.dirs),
                 dir_mtimes=index.dir_mtimes,
-                paths=_blob(index.rel_paths),
+                paths=pack_strings(index.rel_paths),
                 labels=index.labels,
             )
         os.replace(tmp, target)
@@ -182,13 +188,13 @@ def load_index(
         with np.load(path, allow_pickle=False) as z:
             if int(z["version"][0]) != _FORMAT_VERSION:
                 return None
-            if _unblob(z["root"], 1)[0] != root_s:
+            if unpack_strings(z["root"], 1)[0] != root_s:
                 return None  # hash collision or a moved cache: never trust it
             dirs_arr, mtimes = z["dirs"], z["dir_mtimes"]
-            dirs = _unblob(dirs_arr, len(mtimes))
+            dirs = unpack_strings(dirs_arr, len(mtimes))
             index = FolderIndex(
                 root=root_s,
-                classes=_unblob(z["classes"], int(z["num_classes"][0])),
+                classes=unpack_strings(z["classes"], int(z["num_classes"][0])),
                 rel_paths=[],
                 labels=z["labels"],
                 dirs=dirs,
@@ -196,7 +202,7 @@ def load_index(
             )
             if not _still_valid(index):
                 return None
-            index.rel_paths = _unblob(z["paths"], len(index.labels))
+            index.rel_paths = unpack_strings(z["paths"], len(index.labels))
     except FileNotFoundError:
         return None
     except (OSError, ValueError, KeyError, zipfile.BadZipFile) as exc:

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from batchwire.pipeline.index_cache import pack_strings, unpack_strings
 from batchwire.pipeline.sources.labels import LabelError, parse_label
 from batchwire.pipeline.sources.tarheaders import BLOCK, Listing, Member, ReadAt, list_members
 from batchwire.pipeline.storage import LocalStore, ObjectInfo, Store
@@ -209,19 +210,6 @@ def index_file(cache_dir: str | os.PathLike[str], store: Store, info: ObjectInfo
     return Path(cache_dir) / "index" / "shards" / f"{digest}.npz"
 
 
-def _blob(strings: list[str]) -> np.ndarray:
-    return np.frombuffer("\0".join(strings).encode(_ENC, _ERRORS), dtype=np.uint8)
-
-
-def _unblob(arr: np.ndarray, count: int) -> list[str]:
-    if count == 0:
-        return []
-    out = arr.tobytes().decode(_ENC, _ERRORS).split("\0")
-    if len(out) != count:
-        raise ValueError(f"corrupt string table: {len(out)} entries, expected {count}")
-    return out
-
-
 def save(path: Path, index: ShardIndex) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=path.stem, suffix=".tmp", dir=path.parent)
@@ -230,13 +218,13 @@ def save(path: Path, index: ShardIndex) -> None:
             np.savez(
                 f,
                 counts=np.array([len(index), len(index.problems)], dtype=np.int64),
-                keys=_blob(index.keys),
-                exts=_blob(index.exts),
+                keys=pack_strings(index.keys),
+                exts=pack_strings(index.exts),
                 offsets=index.offsets,
                 sizes=index.sizes,
-                label_text=_blob(index.label_text),
+                label_text=pack_strings(index.label_text),
                 label_is_name=index.label_is_name,
-                problems=_blob(index.problems),
+                problems=pack_strings(index.problems),
             )
         os.replace(tmp, path)
     except BaseException:
@@ -249,13 +237,13 @@ def load(path: Path) -> ShardIndex | None:
         with np.load(path, allow_pickle=False) as z:
             n, p = (int(v) for v in z["counts"])
             index = ShardIndex(
-                keys=_unblob(z["keys"], n),
-                exts=_unblob(z["exts"], n),
+                keys=unpack_strings(z["keys"], n),
+                exts=unpack_strings(z["exts"], n),
                 offsets=z["offsets"],
                 sizes=z["sizes"],
-                label_text=_unblob(z["label_text"], n),
+                label_text=unpack_strings(z["label_text"], n),
                 label_is_name=z["label_is_name"],
-                problems=_unblob(z["problems"], p),
+                problems=unpack_strings(z["problems"], p),
             )
         if not (len(index.offsets) == len(index.sizes) == len(index.label_is_name) == n):
             raise ValueError("arrays of different lengths")

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from batchwire.pipeline.index_cache import IMAGE_EXTENSIONS
+from batchwire.pipeline.index_cache import IMAGE_EXTENSIONS, pack_strings, unpack_strings
 from batchwire.pipeline.storage.base import ObjectInfo, Store
 from batchwire.pipeline.storage.errors import CredentialsError
 from batchwire.pipeline.storage.options import StoreOptions, default_options
@@ -99,19 +99,6 @@ def listing_file(namespace: str, cache_dir: str | os.PathLike[str]) -> Path:
     return Path(cache_dir) / "index" / f"store-{key}.npz"
 
 
-def _blob(strings: list[str]) -> np.ndarray:
-    return np.frombuffer("\0".join(strings).encode(_ENC, _ERRORS), dtype=np.uint8)
-
-
-def _unblob(arr: np.ndarray, count: int) -> list[str]:
-    if count == 0:
-        return []
-    out = arr.tobytes().decode(_ENC, _ERRORS).split("\0")
-    if len(out) != count:
-        raise ValueError(f"corrupt string table: {len(out)} entries, expected {count}")
-    return out
-
-
 def save_listing(listing: StoreListing, namespace: str, cache_dir: str | os.PathLike[str]) -> None:
     """Write atomically (temp file + rename); a failure costs a warning."""
     target = listing_file(namespace, cache_dir)
@@ -126,12 +113,12 @@ def save_listing(listing: StoreListing, namespace: str, cache_dir: str | os.Path
             np.savez(
                 f,
                 version=np.array([_FORMAT_VERSION], dtype=np.int64),
-                namespace=_blob([namespace]),
+                namespace=pack_strings([namespace]),
                 listed_at=np.array([listing.listed_at], dtype=np.float64),
-                classes=_blob(listing.classes),
+                classes=pack_strings(listing.classes),
                 num_classes=np.array([len(listing.classes)], dtype=np.int64),
-                keys=_blob(listing.keys),
-                versions=_blob(listing.versions),
+                keys=pack_strings(listing.keys),
+                versions=pack_strings(listing.versions),
                 labels=listing.labels,
             )
         os.replace(tmp, target)
@@ -151,17 +138,17 @@ def load_listing(
         with np.load(path, allow_pickle=False) as z:
             if int(z["version"][0]) != _FORMAT_VERSION:
                 return None
-            if _unblob(z["namespace"], 1)[0] != namespace:
+            if unpack_strings(z["namespace"], 1)[0] != namespace:
                 return None
             listed_at = float(z["listed_at"][0])
             if not 0 <= time.time() - listed_at < ttl_s:
                 return None
             labels = z["labels"]
             return StoreListing(
-                classes=_unblob(z["classes"], int(z["num_classes"][0])),
-                keys=_unblob(z["keys"], len(labels)),
+                classes=unpack_strings(z["classes"], int(z["num_classes"][0])),
+                keys=unpack_strings(z["keys"], len(labels)),
                 labels=labels,
-                versions=_unblob(z["versions"], len(labels)),
+                versions=unpack_strings(z["versions"], len(labels)),
                 listed_at=listed_at,
             )
     except FileNotFoundError:
