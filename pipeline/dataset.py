@@ -24,6 +24,7 @@ import numpy as np
 from batchwire.pipeline import paths as _paths
 from batchwire.pipeline.checksums import Checksums, Verdict, load_checksums
 from batchwire.pipeline.index_cache import IMAGE_EXTENSIONS, cached_folder_index
+from batchwire.pipeline.listfile import confined_path, parse_list_line
 
 __all__ = ["IMAGE_EXTENSIONS", "ImageDataset", "open_dataset", "read_list_file"]
 
@@ -126,28 +127,12 @@ def read_list_file(
     except UnicodeDecodeError as exc:
         raise ValueError(f"{list_path}: list file is not UTF-8 text ({exc})") from None
     for lineno, raw in enumerate(text.splitlines(), start=1):
-        line = raw.strip()
-        if not line or line.startswith("#"):
+        parsed = parse_list_line(raw, f"{list_path}:{lineno}")
+        if parsed is None:
             continue
-        parts = line.rsplit(None, 1)
-        if len(parts) != 2:
-            raise ValueError(
-                f"{list_path}:{lineno}: expected 'path label', got {raw!r} (no label field)"
-            )
-        rel, label_s = parts
-        try:
-            label = int(label_s)
-        except ValueError:
-            raise ValueError(
-                f"{list_path}:{lineno}: label must be an integer, got {label_s!r} in {raw!r}"
-            ) from None
-        if label < 0:
-            raise ValueError(f"{list_path}:{lineno}: label must be >= 0, got {label}")
-        p = rel.strip()
-        path = os.path.normpath(p if os.path.isabs(p) else os.path.join(base, p))
-        if not allow_outside_root and (
-            os.path.isabs(p) or os.path.commonpath([path, str(base)]) != str(base)
-        ):
+        p, label = parsed
+        path = confined_path(base, p, allow_outside_root)
+        if path is None:
             raise ValueError(
                 f"{list_path}:{lineno}: {p!r} is outside the list file's folder {base} "
                 "(absolute, or climbing out with '..'); move the list file next to the "

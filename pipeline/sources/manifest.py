@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from batchwire.pipeline.dataset import ImageDataset
+from batchwire.pipeline.listfile import confined_path
 from batchwire.pipeline.sources.labels import LabelError, LabelTable, parse_label
 from batchwire.pipeline.sources.locate import Located, is_url
 from batchwire.pipeline.storage import LocalStore, Store
@@ -146,10 +147,8 @@ def _text_of(located: Located) -> str:
 
 
 def _local_path(base: Path, entry: str, where: str, allow_outside_root: bool) -> str:
-    path = os.path.normpath(entry if os.path.isabs(entry) else os.path.join(base, entry))
-    if not allow_outside_root and (
-        os.path.isabs(entry) or os.path.commonpath([path, str(base)]) != str(base)
-    ):
+    path = confined_path(base, entry, allow_outside_root)
+    if path is None:
         raise ManifestError(
             f"{where}: {entry!r} is outside the manifest's folder {base} (absolute, or "
             "climbing out with '..'); move the manifest next to the images, or allow it "

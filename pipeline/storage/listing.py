@@ -38,6 +38,7 @@ from typing import Any
 
 import numpy as np
 from batchwire.pipeline.index_cache import IMAGE_EXTENSIONS, pack_strings, unpack_strings
+from batchwire.pipeline.listfile import parse_list_line
 from batchwire.pipeline.storage.base import ObjectInfo, Store
 from batchwire.pipeline.storage.errors import CredentialsError
 from batchwire.pipeline.storage.options import StoreOptions, default_options
@@ -167,21 +168,10 @@ def parse_list_text(text: str, where: str) -> tuple[list[str], np.ndarray]:
     keys: list[str] = []
     labels: list[int] = []
     for lineno, raw in enumerate(text.splitlines(), start=1):
-        line = raw.strip()
-        if not line or line.startswith("#"):
+        parsed = parse_list_line(raw, f"{where}:{lineno}", no_label="no label")
+        if parsed is None:
             continue
-        parts = line.rsplit(None, 1)
-        if len(parts) != 2:
-            raise ValueError(f"{where}:{lineno}: expected 'path label', got {raw!r} (no label)")
-        rel, label_s = parts[0].strip(), parts[1]
-        try:
-            label = int(label_s)
-        except ValueError:
-            raise ValueError(
-                f"{where}:{lineno}: label must be an integer, got {label_s!r} in {raw!r}"
-            ) from None
-        if label < 0:
-            raise ValueError(f"{where}:{lineno}: label must be >= 0, got {label}")
+        rel, label = parsed
         key = os.path.normpath(rel).replace(os.sep, "/") if rel else rel
         if rel.startswith("/") or key == ".." or key.startswith("../") or key in ("", "."):
             raise ValueError(

@@ -1,0 +1,50 @@
+"""Pieces of the `path label` list-file syntax shared by every reader of it.
+
+A local list file (`dataset.read_list_file`), a list file in a bucket
+(`storage.listing.parse_list_text`) and a manifest (`sources.manifest`) must accept the same
+lines and confine entries the same way; each reader keeps its own error type and wording.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def parse_list_line(
+    raw: str, where: str, *, no_label: str = "no label field"
+) -> tuple[str, int] | None:
+    """One `path label` line -> (path, label), or None for a blank line or a `#` comment.
+
+    The label is the last whitespace-separated field, so paths may contain spaces. `where`
+    (`file:line`) starts the ValueError raised for a missing, non-integer or negative label;
+    `no_label` is the note the missing-label error ends with.
+    """
+    line = raw.strip()
+    if not line or line.startswith("#"):
+        return None
+    parts = line.rsplit(None, 1)
+    if len(parts) != 2:
+        raise ValueError(f"{where}: expected 'path label', got {raw!r} ({no_label})")
+    rel, label_s = parts[0].strip(), parts[1]
+    try:
+        label = int(label_s)
+    except ValueError:
+        raise ValueError(f"{where}: label must be an integer, got {label_s!r} in {raw!r}") from None
+    if label < 0:
+        raise ValueError(f"{where}: label must be >= 0, got {label}")
+    return rel, label
+
+
+def confined_path(base: Path, entry: str, allow_outside_root: bool) -> str | None:
+    """`entry` resolved against `base` (normalized), or None when it escapes `base`.
+
+    An entry escapes when it is absolute or climbs out with '..'; `allow_outside_root`
+    accepts both. Symlinks are not resolved: links inside the folder may point anywhere.
+    """
+    path = os.path.normpath(entry if os.path.isabs(entry) else os.path.join(base, entry))
+    if not allow_outside_root and (
+        os.path.isabs(entry) or os.path.commonpath([path, str(base)]) != str(base)
+    ):
+        return None
+    return path
