@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
+from typing import Protocol
 
 from batchwire.common.cores import available_cores
 from batchwire.pipeline.decode import DEFAULT_MAX_PIXELS
@@ -120,28 +122,22 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.shards is not None:
         return _shards_main(args)
-    try:
-        options = Options(
-            src=args.src,
-            dst=args.dst,
-            max_pixels=args.max_pixels or None,
-            checksums_only=args.checksums_only,
-            manifest_dir=args.manifest_dir,
-            jobs=args.jobs,
-            restart_interval=restart_setting(args.restart_interval),
-            quiet=args.quiet,
-            report=args.report,
-            fsync=args.fsync,
+    return _finish(
+        lambda: run(
+            Options(
+                src=args.src,
+                dst=args.dst,
+                max_pixels=args.max_pixels or None,
+                checksums_only=args.checksums_only,
+                manifest_dir=args.manifest_dir,
+                jobs=args.jobs,
+                restart_interval=restart_setting(args.restart_interval),
+                quiet=args.quiet,
+                report=args.report,
+                fsync=args.fsync,
+            )
         )
-        summary = run(options)
-    except UsageError as exc:
-        print(f"pipeline-prepare: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except OSError as exc:
-        print(f"pipeline-prepare: error: {exc}", file=sys.stderr)
-        return EXIT_INCOMPLETE
-    print(summary.text())
-    return summary.exit_status
+    )
 
 
 def _shards_main(args: argparse.Namespace) -> int:
@@ -149,10 +145,10 @@ def _shards_main(args: argparse.Namespace) -> int:
     samples unreadable, named)."""
     from batchwire.prepare.shards import parse_size, write_shards
 
-    try:
+    def work() -> _Summary:
         if args.dst is None or args.checksums_only:
             raise UsageError("--shards takes SRC and DST (not --checksums-only)")
-        summary = write_shards(
+        return write_shards(
             args.src,
             args.dst,
             parse_size(args.shards),
@@ -160,6 +156,22 @@ def _shards_main(args: argparse.Namespace) -> int:
             jobs=args.jobs,
             progress=None if args.quiet else sys.stderr,
         )
+
+    return _finish(work)
+
+
+class _Summary(Protocol):
+    @property
+    def exit_status(self) -> int: ...
+
+    def text(self) -> str: ...
+
+
+def _finish(work: Callable[[], _Summary]) -> int:
+    """Run `work`, print its summary, return its exit status: how both modes (copy and
+    `--shards`) end. A usage error exits 2 and an OSError 3, each as one line on stderr."""
+    try:
+        summary = work()
     except UsageError as exc:
         print(f"pipeline-prepare: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
