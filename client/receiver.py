@@ -121,7 +121,7 @@ class BatchReceiver:
             for c in self.conns:
                 if c is not None:
                     c.close()
-            self._ctx.destroy(linger=0)
+            self._ctx.term()
             raise
         if self._discovery is not None:
             self._discovery.start()
@@ -205,9 +205,7 @@ class BatchReceiver:
                     continue
                 peer = self.fleet.peers[i]
                 c.close(say_bye=peer.connected and self.fleet.has_session(i))
-            # destroy, not term: a Ctrl-C that lands inside a connection's close leaves a socket
-            # open, which `term` would wait on forever; closed ones keep their bye's linger.
-            self._ctx.destroy(linger=0)
+            self._ctx.term()
 
     # ------------------------------------------------------------------ connections
 

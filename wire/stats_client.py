@@ -133,9 +133,7 @@ class StatsClient:
     def close(self) -> None:
         self._reset()
         if self._own_ctx:
-            # destroy, not term: a Ctrl-C that lands between creating a socket and recording
-            # it (or halfway through closing one) leaves a socket `term` would wait on forever.
-            self._ctx.destroy(linger=0)
+            self._ctx.term()
 
     def __enter__(self) -> StatsClient:
         return self
