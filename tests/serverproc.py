@@ -23,6 +23,7 @@ quiet kill, a zmq context for raw sockets, and the handy argument sets below.
 
 from __future__ import annotations
 
+import signal
 import tempfile
 from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -157,3 +158,11 @@ def small_server_args(*, seed: int, root: str | None = None, val: bool = False) 
         *("--batch-size", "16", "--image-size", "32", "--output-dtype", "uint8"),
         *("--workers", "1", "--seed", str(seed)),
     )
+
+
+def default_sigint() -> None:
+    """`preexec_fn` for a child a test will Ctrl-C: SIGINT back to its default.
+
+    A test runner started in the background by a shell without job control inherits SIGINT
+    ignored, and Python keeps an inherited SIG_IGN: the child would never see the Ctrl-C."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

@@ -16,7 +16,7 @@ import subprocess
 import sys
 
 import pytest
-from serverproc import free_tcp_endpoint
+from serverproc import default_sigint, free_tcp_endpoint
 
 EPOCH = re.compile(r"^epoch (\d+): val top1=([\d.]+)% top5=([\d.]+)% data-wait=([\d.]+)%", re.M)
 
@@ -80,6 +80,7 @@ def test_ctrl_c_stops_trainer_and_server() -> None:
     proc = subprocess.Popen(
         _demo(endpoint, "--epochs", "50", "--ranks", "1", "--log-every", "1"),
         env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        preexec_fn=default_sigint,
     )  # fmt: skip
     seen = []
     try:

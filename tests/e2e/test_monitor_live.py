@@ -29,7 +29,7 @@ import zmq
 from batchwire import wire
 from batchwire.monitor.bottleneck import infer_bottleneck
 from rawclient import PREFETCH_DEPTH, SERVER_ARGS, RawTrainer, wait_for
-from serverproc import ServerProcess, free_tcp_endpoint, running_server
+from serverproc import ServerProcess, default_sigint, free_tcp_endpoint, running_server
 
 _MONITOR = Path(sys.executable).parent / "pipeline-monitor"
 MONITOR = [str(_MONITOR)] if _MONITOR.exists() else [sys.executable, "-m", "batchwire.monitor.cli"]
@@ -141,6 +141,7 @@ def test_live_json_is_one_snapshot_per_line(server: ServerProcess) -> None:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=default_sigint,
     )
     try:
         snaps = [json.loads(proc.stdout.readline()) for _ in range(3)]
@@ -190,6 +191,7 @@ def _controlling_tty() -> None:
     so ^C typed into the pty becomes SIGINT exactly as in a real terminal."""
     os.setsid()
     fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+    default_sigint()
 
 
 class PtyReader:
