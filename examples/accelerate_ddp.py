@@ -68,6 +68,9 @@ def main() -> None:
         loss_sum, correct, seen = accelerator.reduce(totals, reduction="sum").tolist()
         loss, accuracy = loss_sum / max(seen, 1), 100 * correct / max(seen, 1)
         accelerator.print(f"epoch {epoch}: train loss {loss:.4f}, accuracy {accuracy:.1f}%")
+    # Destroys the process group: a rank that exits with gloo's threads still running can abort
+    # ("terminate called without an active exception").
+    accelerator.end_training()
 
 
 if __name__ == "__main__":
