@@ -13,11 +13,10 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-import torch
-from batchwire.client import RemoteLoader
 from batchwire.pipeline.dataset import open_dataset
 from batchwire.pipeline.synthetic import default_dataset
 from serverproc import running_server
+from test_sources_identity import assert_identical, epoch, loader
 
 # The SeaweedFS fixture (tests/objectstore.py) comes with the object-store backend.
 seaweed = pytest.importorskip("objectstore", reason="needs tests/objectstore.py").seaweed
@@ -75,28 +74,6 @@ def args(source: str) -> tuple[str, ...]:
     )
 
 
-def loader(endpoint: str, split: str) -> RemoteLoader:
-    return RemoteLoader(
-        endpoint, split, rank=0, world_size=1, device="cpu", with_indices=True, timeout=60
-    )
-
-
-def epoch(endpoint: str, split: str, n: int) -> list[tuple[torch.Tensor, ...]]:
-    ld = loader(endpoint, split)
-    ld.set_epoch(n)
-    try:
-        return [tuple(t.clone() for t in b) for b in ld]
-    finally:
-        ld.close()
-
-
-def same(want, got, what: str) -> None:
-    assert len(want) == len(got) > 0, what
-    for k, (x, y) in enumerate(zip(want, got, strict=True)):
-        for tx, ty in zip(x, y, strict=True):
-            assert torch.equal(tx, ty), f"{what}: batch {k}"
-
-
 def test_shards_and_parquet_on_s3_serve_the_local_batches(seaweed, data, tmp_path):
     # The default cache folder (not a fresh one): it holds the built native extension, and
     # shard indexes are keyed by the store, key and ETag, so sharing it is safe.
@@ -108,7 +85,9 @@ def test_shards_and_parquet_on_s3_serve_the_local_batches(seaweed, data, tmp_pat
     for kind in ("s3-shards", "s3-parquet"):
         with running_server(*args(data[kind]), env=env) as srv:
             for (split, n), batches in want.items():
-                same(batches, epoch(srv.endpoint, split, n), f"{kind} {split} epoch {n}")
+                assert_identical(
+                    batches, epoch(srv.endpoint, split, n), f"{kind} {split} epoch {n}"
+                )
             ld = loader(srv.endpoint, "val")
             try:
                 assert ld.classes == sorted(ld.classes) and len(ld.classes) == 4, kind
@@ -128,7 +107,7 @@ def test_shards_and_parquet_on_s3_serve_the_local_batches(seaweed, data, tmp_pat
                     tail = [tuple(t.clone() for t in b) for b in resumed]
                 finally:
                     resumed.close()
-                same(want[("train", 1)], head + tail, "resumed from S3 shards")
+                assert_identical(want[("train", 1)], head + tail, "resumed from S3 shards")
 
 
 def test_a_prefix_of_shards_opens_as_shards(seaweed, data, tmp_path, monkeypatch):
