@@ -63,7 +63,13 @@ def test_server_counts_and_replaces_clean_bit_flips(tmp_path: Path) -> None:
     with running_server(*args, env=fresh_cache(tmp_path)) as srv:
         for split in ("train", "val"):
             with RemoteLoader(
-                srv.endpoint, split, rank=0, world_size=1, with_indices=True, timeout=60
+                srv.endpoint,
+                split,
+                rank=0,
+                world_size=1,
+                with_indices=True,
+                timeout=60,
+                prefetch_next_epoch=False,  # replaced_total counts only what is served here
             ) as loader:
                 seen = [i for _, _, indices in loader for i in indices.tolist() if i >= 0]
             assert len(seen) == 6  # 6 files, batches of 2: every slot served
