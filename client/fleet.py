@@ -819,4 +819,6 @@ class Fleet:
 
 
 def _welcome_key(w: wire.Welcome) -> tuple:
-    return (w.num_batches, w.num_samples, tuple(w.shape), w.dtype, w.layout, w.num_classes)
+    """What must match across a loader's servers: batches differing in any of it would mix."""
+    shape = (w.num_batches, w.num_samples, tuple(w.shape), w.dtype, w.layout, w.num_classes)
+    return (*shape, tuple(w.classes))

@@ -8,6 +8,8 @@ real server processes (tests/e2e/test_client_fleet_e2e.py and the RemoteLoader s
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import wirefakes
 from batchwire import wire
@@ -284,6 +286,16 @@ def test_a_server_unlike_the_first_is_a_protocol_error() -> None:
     shell.welcome(0)
     with pytest.raises(ProtocolError, match="unlike the first server"):
         shell.reply(1, welcome_for(shell.session(1), num_batches=5))
+
+
+def test_a_server_with_other_class_names_is_a_protocol_error() -> None:
+    shell = Shell(2)
+    shell.connect()
+    shell.start()
+    shell.welcome(0)
+    renamed = dataclasses.replace(welcome_for(shell.session(1)), classes=["ant", "bee", "cat"])
+    with pytest.raises(ProtocolError, match="unlike the first server"):
+        shell.reply(1, renamed)
 
 
 def test_a_failed_send_is_undone_and_tried_again() -> None:
