@@ -10,9 +10,14 @@ so the same batches as SRC. Class names, when SRC has names (folders, a manifest
 Parquet's ClassLabel), go in `DST/classes.txt`, one per line in id order: batchwire's tar
 source reads it back.
 
+DST is a folder or an object-store prefix (`s3://bucket/prefix`, credentials from the
+environment as for reading): shards go out through `pipeline.storage` (`Store.open_writer`),
+streamed (a multipart upload on a bucket, parts uploaded while the next are written).
+
 Deterministic: samples in SRC's index order, every tar header fixed (mtime 0, uid/gid 0, mode
-0444, ustar), so the same SRC gives the same bytes. Each shard is written to a temporary name
-and renamed when complete, so DST never holds a torn shard under a final name. Bytes are not
+0444, ustar), so the same SRC gives the same bytes, in a folder or a bucket. A shard is visible
+only when complete (a folder: a hidden temporary renamed into place; a bucket: the upload
+completes at once or not at all), so DST never holds a torn shard under a final name. Bytes are not
 rewritten (`pipeline-prepare SRC DST` first, then `--shards` on DST, gives shards of
 restart-marked JPEGs). An unreadable sample is left out, counted and named (exit status 3).
 """
@@ -20,7 +25,6 @@ restart-marked JPEGs). An unreadable sample is left out, counted and named (exit
 from __future__ import annotations
 
 import io
-import os
 import re
 import tarfile
 import time
@@ -31,6 +35,8 @@ from pathlib import Path
 from typing import TextIO
 
 from batchwire.pipeline.dataset import ImageDataset
+from batchwire.pipeline.storage import LocalStore, ObjectWriter, Store, StoreOptions, open_store
+from batchwire.pipeline.storage.urls import is_url, redact_url
 from batchwire.prepare.source import UsageError
 
 CLASSES_NAME = "classes.txt"
@@ -119,13 +125,13 @@ def _member(name: str, data: bytes) -> tuple[tarfile.TarInfo, io.BytesIO]:
 
 
 class _ShardWriter:
-    """Size-bounded shards, each written under a temporary name and renamed when closed."""
+    """Size-bounded shards, each streamed to a `Store.open_writer` (visible when complete)."""
 
-    def __init__(self, dst: Path, prefix: str, max_bytes: int) -> None:
-        self.dst, self.prefix, self.max_bytes = dst, prefix, max_bytes
+    def __init__(self, store: Store, prefix: str, max_bytes: int) -> None:
+        self.store, self.prefix, self.max_bytes = store, prefix, max_bytes
         self.names: list[str] = []
         self._tar: tarfile.TarFile | None = None
-        self._path: Path | None = None
+        self._out: ObjectWriter | None = None
         self._size = 0
         self.total = 0
 
@@ -135,9 +141,9 @@ class _ShardWriter:
             self.close()
         if self._tar is None:
             name = f"{self.prefix}-{len(self.names):06d}.tar"
-            self._path = self.dst / name
+            self._out = self.store.open_writer(name)
             self._tar = tarfile.open(  # noqa: SIM115 (closed by close(), across add calls)
-                self._path.with_name(f".{name}.tmp"), "w", format=tarfile.USTAR_FORMAT
+                fileobj=self._out, mode="w", format=tarfile.USTAR_FORMAT
             )
             self.names.append(name)
             self._size = 0
@@ -146,21 +152,20 @@ class _ShardWriter:
         self._size += need
 
     def close(self, complete: bool = True) -> None:
-        """Finish the open shard (renamed to its final name), or drop it (`complete` False:
-        the run failed part way, and a torn shard must not look like a whole one)."""
-        if self._tar is None or self._path is None:
+        """Finish the open shard (committed under its final name), or drop it (`complete`
+        False: the run failed part way, and a torn shard must not look like a whole one)."""
+        if self._tar is None or self._out is None:
             return
-        tmp = self._path.with_name(f".{self._path.name}.tmp")
+        tar, out = self._tar, self._out
+        self._tar, self._out = None, None
         try:
-            self._tar.close()
             if complete:
-                self.total += tmp.stat().st_size
-                os.replace(tmp, self._path)
+                tar.close()  # the end blocks, into the writer
+                self.total += out.commit()
         finally:
             if not complete:
-                tmp.unlink(missing_ok=True)
+                out.abort()
                 self.names.pop()
-            self._tar, self._path = None, None
 
 
 def _reads(dataset: ImageDataset, jobs: int) -> Iterator[tuple[int, bytes | OSError]]:
@@ -200,16 +205,15 @@ def write_shards(
         dataset = open_dataset(src, allow_outside_root=allow_outside_root, verify_checksums="off")
     except (OSError, ValueError) as exc:
         raise UsageError(f"SRC {src}: {exc}") from None
-    out = Path(dst).expanduser().resolve()
-    out.mkdir(parents=True, exist_ok=True)
-    existing = sorted(out.glob(f"{prefix}-[0-9]*.tar"))
+    store = _destination(dst)
+    existing = _existing_shards(store, prefix)
     if existing:
         raise UsageError(
-            f"DST {out} already holds {len(existing)} shards named {prefix}-NNNNNN.tar: remove "
-            "them or choose another DST or --shard-prefix"
+            f"DST {store.display} already holds {len(existing)} shards named "
+            f"{prefix}-NNNNNN.tar: remove them or choose another DST or --shard-prefix"
         )
-    summary = ShardSummary(src, str(out))
-    writer = _ShardWriter(out, prefix, max_bytes)
+    summary = ShardSummary(src, store.display)
+    writer = _ShardWriter(store, prefix, max_bytes)
     try:
         for i, got in _reads(dataset, jobs):
             if isinstance(got, OSError):
@@ -228,9 +232,37 @@ def write_shards(
         raise
     writer.close()
     if any(c != str(k) for k, c in enumerate(dataset.classes)):
-        tmp = out / f".{CLASSES_NAME}.tmp"
-        tmp.write_text("".join(f"{c}\n" for c in dataset.classes), encoding="utf-8")
-        os.replace(tmp, out / CLASSES_NAME)
+        store.put(CLASSES_NAME, "".join(f"{c}\n" for c in dataset.classes).encode("utf-8"))
     summary.shards, summary.bytes = writer.names, writer.total
     summary.seconds = time.monotonic() - started
     return summary
+
+
+def _destination(dst: str) -> Store:
+    """DST's store: a folder (created) or an object-store prefix. UsageError for a URL that
+    cannot be opened (credentials in it, an unknown scheme) or a folder that cannot be made."""
+    if is_url(dst) and not dst.lower().startswith("file://"):
+        try:
+            # Plain reads and writes: no local cache in front of a destination.
+            return open_store(dst, StoreOptions())
+        except ValueError as exc:
+            raise UsageError(f"DST {redact_url(dst)}: {exc}") from None
+    path = Path(dst[len("file://") :] if dst.lower().startswith("file://") else dst)
+    out = path.expanduser().resolve()
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"DST {out}: cannot create the folder: {exc.strerror or exc}") from None
+    return LocalStore(out)
+
+
+def _existing_shards(store: Store, prefix: str) -> list[str]:
+    """Keys of shards named PREFIX-NNNNNN.tar directly under DST. UsageError when DST cannot
+    be listed (no credentials, no bucket, access denied: nothing is written)."""
+    shard = re.compile(rf"^{re.escape(prefix)}-[0-9]+\.tar$")
+    try:
+        list_top = getattr(store, "list_top", None)  # a bucket: one level, not the subtree
+        listed = list_top("")[1] if callable(list_top) else store.list(f"{prefix}-")
+    except OSError as exc:
+        raise UsageError(f"DST {store.display}: cannot list it: {exc.strerror or exc}") from None
+    return [o.key for o in listed if shard.match(o.key)]

@@ -2,7 +2,9 @@
 
 One small interface, `Store`, for every source kind (ImageFolder trees, list files, manifests,
 WebDataset tar shards, Parquet): sources name objects by keys relative to the store's root and
-read whole objects or byte ranges of them, several at once where the store can coalesce them.
+read whole objects or byte ranges of them, several at once where the store can coalesce them,
+and write whole objects atomically (`put`; `open_writer` streams a large one, visible only
+once committed: `pipeline-prepare --shards` writes its shards so, to a folder or a bucket).
 `LocalStore` reads a folder through `decode.files.read_file` (regular files only);
 `ObjectStore` (objects.py, over obstore) reads `s3://`, `gs://` and `az://` buckets, and
 `CachedStore` (cache.py) keeps what any store returned on local disk, bounded. `open_store`
@@ -19,7 +21,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from batchwire.pipeline.storage.base import ObjectInfo, Store
+from batchwire.pipeline.storage.base import ObjectInfo, ObjectWriter, Store
 from batchwire.pipeline.storage.local import LocalStore
 from batchwire.pipeline.storage.options import StoreOptions, default_options, set_default_options
 from batchwire.pipeline.storage.urls import is_url, parse_url, redact_url
@@ -60,6 +62,7 @@ def open_store_dataset(
 __all__ = [
     "LocalStore",
     "ObjectInfo",
+    "ObjectWriter",
     "Store",
     "StoreOptions",
     "default_options",

@@ -1,9 +1,11 @@
-"""The `Store` protocol: list, read and range-read objects under one root."""
+"""The `Store` protocol: list, read and range-read objects under one root, and write whole
+objects atomically (`put`, `open_writer`)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from types import TracebackType
 from typing import Protocol, runtime_checkable
 
 
@@ -16,6 +18,35 @@ class ObjectInfo:
     key: str
     size: int
     version: str
+
+
+@runtime_checkable
+class ObjectWriter(Protocol):
+    """One object being written (`Store.open_writer`): `write` appends, `tell` is the bytes
+    written so far, `commit` makes the object visible under its key whole, `abort` drops it.
+    Nothing is visible under the key before `commit` returns (a local file is a hidden
+    temporary renamed into place; an object store's upload completes at once or not at all), so
+    a reader never sees a torn object. As a context manager: `abort` on an exception, and on
+    a clean exit without `commit` (committing is always explicit)."""
+
+    def write(self, data: bytes | memoryview) -> int: ...
+
+    def tell(self) -> int: ...
+
+    def commit(self) -> int:
+        """Finish the object; returns its size. OSError when it could not be stored."""
+        ...
+
+    def abort(self) -> None: ...
+
+    def __enter__(self) -> ObjectWriter: ...
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None: ...
 
 
 @runtime_checkable
@@ -57,4 +88,13 @@ class Store(Protocol):
         several tar shards or Parquet files: `(key, ranges)` per object, concurrently where the
         store allows (object stores: up to their concurrency in flight, each object's ranges
         coalesced); a failed object is its error, the others still returned."""
+        ...
+
+    def put(self, key: str, data: bytes) -> None:
+        """Write a whole (small) object atomically, replacing any object under `key`."""
+        ...
+
+    def open_writer(self, key: str) -> ObjectWriter:
+        """A streaming writer of one object (a tar shard of any size): see `ObjectWriter`.
+        An object store uploads it in parts while it is written (memory stays bounded)."""
         ...

@@ -38,7 +38,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import xxhash
-from batchwire.pipeline.storage.base import ObjectInfo, Store
+from batchwire.pipeline.storage.base import ObjectInfo, ObjectWriter, Store
 
 log = logging.getLogger("batchwire.pipeline")
 
@@ -108,6 +108,14 @@ class CachedStore:
 
     def head(self, key: str) -> ObjectInfo:
         return self.inner.head(key)
+
+    def put(self, key: str, data: bytes) -> None:
+        """Written through to the store, not kept: the cache holds what was read (an entry's
+        name carries the object's version when known, so a rewritten object is fetched again)."""
+        self.inner.put(key, data)
+
+    def open_writer(self, key: str) -> ObjectWriter:
+        return self.inner.open_writer(key)
 
     def read(self, key: str) -> bytes:
         name = self._name(key, None)

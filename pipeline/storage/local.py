@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
 from collections.abc import Sequence
 from pathlib import Path
+from types import TracebackType
+from typing import BinaryIO
 
 from batchwire.pipeline.decode.files import read_file
 from batchwire.pipeline.storage.base import ObjectInfo
@@ -80,6 +84,18 @@ class LocalStore:
                 out.append(exc)
         return out
 
+    # -- writes -------------------------------------------------------------------------------
+
+    def put(self, key: str, data: bytes) -> None:
+        with self.open_writer(key) as w:
+            w.write(data)
+            w.commit()
+
+    def open_writer(self, key: str) -> LocalWriter:
+        """A hidden temporary beside `key`'s path (folders created), renamed into place by
+        `commit`: the file appears whole or not at all."""
+        return LocalWriter(self.path(key))
+
     def read_many(self, keys: Sequence[str]) -> list[bytes | OSError]:
         out: list[bytes | OSError] = []
         for key in keys:
@@ -88,3 +104,63 @@ class LocalStore:
             except OSError as exc:
                 out.append(exc)
         return out
+
+
+class LocalWriter:
+    """`Store.open_writer` of a `LocalStore`: `.NAME.PID.THREAD.tmp` in the target's folder
+    (a dot name: a folder scan skips it), renamed onto the target by `commit`."""
+
+    def __init__(self, path: str, fsync: bool = False) -> None:
+        self.path = path
+        folder, name = os.path.split(path)
+        os.makedirs(folder, exist_ok=True)
+        self.tmp = os.path.join(folder, f".{name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        self._fsync = fsync
+        self._file: BinaryIO | None = open(self.tmp, "wb")  # noqa: SIM115 (commit/abort close it)
+        self._size = 0
+
+    def write(self, data: bytes | memoryview) -> int:
+        if self._file is None:
+            raise ValueError(f"{self.path}: writer already committed or aborted")
+        n = self._file.write(data)
+        self._size += n
+        return n
+
+    def tell(self) -> int:
+        return self._size
+
+    def commit(self) -> int:
+        if self._file is None:
+            raise ValueError(f"{self.path}: writer already committed or aborted")
+        f, self._file = self._file, None
+        try:
+            if self._fsync:
+                f.flush()
+                os.fsync(f.fileno())
+            f.close()
+            os.replace(self.tmp, self.path)
+        except BaseException:
+            f.close()
+            with contextlib.suppress(OSError):
+                os.unlink(self.tmp)
+            raise
+        return self._size
+
+    def abort(self) -> None:
+        if self._file is None:
+            return
+        f, self._file = self._file, None
+        f.close()
+        with contextlib.suppress(OSError):
+            os.unlink(self.tmp)
+
+    def __enter__(self) -> LocalWriter:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.abort()  # a no-op after commit

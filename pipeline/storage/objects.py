@@ -17,6 +17,13 @@ GIL released while it waits).
 
 Errors leave here as the `OSError`s the sample loader already handles (`errors.to_os_error`):
 transient after obstore's own retries (`StoreOptions`), or the object's (missing, forbidden).
+
+Writes (`pipeline-prepare --shards` to `s3://...`, checksum manifests): `put` is one PUT;
+`open_writer` streams an object of any size as a multipart upload (obstore's `put` fed from a
+bounded queue on an upload thread: parts go up while the next ones are written, memory stays at
+a few parts). Either way S3 makes the object visible only when the upload completes: a writer
+aborted, or a process killed mid-shard, leaves nothing under the key (an abandoned multipart
+upload's parts are the store's to expire: a bucket lifecycle rule).
 """
 
 from __future__ import annotations
@@ -24,9 +31,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import queue
 import threading
-from collections.abc import Awaitable, Coroutine, Sequence
+from collections.abc import Awaitable, Coroutine, Iterator, Sequence
 from datetime import timedelta
+from types import TracebackType
 from typing import Any, TypeVar
 
 from batchwire.pipeline.storage.base import ObjectInfo
@@ -168,9 +177,14 @@ class ObjectStore:
         import obstore
 
         out: list[ObjectInfo] = []
+        # obstore lists whole path segments ("a/b" lists "a/b/..."): list the folder the
+        # prefix ends in, keep the keys that start with it (the contract: a string prefix).
+        folder = prefix if prefix.endswith("/") else prefix.rpartition("/")[0]
         try:
-            for chunk in obstore.list(self._store, prefix=prefix or None, chunk_size=1000):
+            for chunk in obstore.list(self._store, prefix=folder or None, chunk_size=1000):
                 for meta in chunk:
+                    if not meta["path"].startswith(prefix):
+                        continue
                     version = meta.get("e_tag") or f"{meta['size']}-{meta['last_modified']}"
                     out.append(ObjectInfo(meta["path"], int(meta["size"]), str(version)))
         except Exception as exc:
@@ -302,6 +316,19 @@ class ObjectStore:
 
         return self._run(gather())
 
+    # -- writes ---------------------------------------------------------------------------------
+
+    def put(self, key: str, data: bytes) -> None:
+        import obstore
+
+        try:
+            obstore.put(self._store, key, data, use_multipart=False)
+        except Exception as exc:
+            raise self._fail(exc, key) from None
+
+    def open_writer(self, key: str) -> UploadWriter:
+        return UploadWriter(self, key)
+
     def close(self) -> None:
         """Stop the event-loop thread (a later concurrent read starts another)."""
         with self._loop_lock:
@@ -309,3 +336,143 @@ class ObjectStore:
                 self._loop.close()
                 self._loop = None
                 self._sem = None
+
+
+#: Bytes per part of a streamed upload (S3 needs >= 5 MiB but for the last part), parts queued
+#: ahead of the upload and uploaded at once: memory of one writer <= about 7 parts (56 MiB).
+PART_BYTES = 8 << 20
+_QUEUED_PARTS = 2
+_PARTS_IN_FLIGHT = 4
+_END = object()
+
+
+class _Aborted(Exception):
+    """Raised into obstore's upload by the part iterator: the upload fails, nothing visible."""
+
+
+class UploadWriter:
+    """`ObjectStore.open_writer`: bytes gathered into parts; the first full part starts
+    `obstore.put` on an upload thread, fed by a bounded queue (a slow store slows `write`
+    rather than filling memory). `commit` ends the stream and waits for the upload to
+    complete: only then is the object visible. An object smaller than one part is one plain
+    PUT at `commit`. `abort` makes the part iterator raise, so obstore fails (and aborts) the
+    multipart upload. Errors are the store's `OSError`s (`errors.to_os_error`): the object's
+    URL and the store's answer, never a credential."""
+
+    def __init__(self, store: ObjectStore, key: str) -> None:
+        self.store, self.key = store, key
+        self._buf = bytearray()
+        self._size = 0
+        self._queue: queue.Queue[object] = queue.Queue(maxsize=_QUEUED_PARTS)
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self._done = False
+
+    # -- the upload thread ----------------------------------------------------------------------
+
+    def _parts(self) -> Iterator[bytes]:
+        while True:
+            item = self._queue.get()
+            if item is _END:
+                return
+            if not isinstance(item, bytes):
+                raise _Aborted()
+            yield item
+
+    def _upload(self) -> None:
+        import obstore
+
+        try:
+            obstore.put(
+                self.store._store,
+                self.key,
+                self._parts(),
+                use_multipart=True,
+                chunk_size=PART_BYTES,
+                max_concurrency=_PARTS_IN_FLIGHT,
+            )
+        except BaseException as exc:  # reported by the writing thread
+            self._error = exc
+
+    def _send(self, item: object) -> None:
+        """Queue a part (or the end), raising the upload's error once it has failed."""
+        assert self._thread is not None
+        while True:
+            if self._error is not None or not self._thread.is_alive():
+                self._raise_failure()
+            try:
+                self._queue.put(item, timeout=0.2)
+                return
+            except queue.Full:
+                continue
+
+    def _raise_failure(self) -> None:
+        self._done = True
+        exc = self._error or OSError("the upload ended early")
+        raise self.store._fail(exc, self.key) from None
+
+    # -- the writer -----------------------------------------------------------------------------
+
+    def write(self, data: bytes | memoryview) -> int:
+        if self._done:
+            raise ValueError(f"{self.store.where(self.key)}: writer already committed or aborted")
+        n = len(data)
+        self._buf += data
+        self._size += n
+        while len(self._buf) >= PART_BYTES:
+            part = bytes(self._buf[:PART_BYTES])
+            del self._buf[:PART_BYTES]
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._upload, name=f"upload-{self.store.url.bucket}", daemon=True
+                )
+                self._thread.start()
+            self._send(part)
+        return n
+
+    def tell(self) -> int:
+        return self._size
+
+    def commit(self) -> int:
+        if self._done:
+            raise ValueError(f"{self.store.where(self.key)}: writer already committed or aborted")
+        if self._thread is None:  # smaller than a part: one PUT
+            self._done = True
+            self.store.put(self.key, bytes(self._buf))
+            self._buf = bytearray()
+            return self._size
+        if self._buf:
+            self._send(bytes(self._buf))
+            self._buf = bytearray()
+        self._send(_END)
+        self._thread.join()
+        self._done = True
+        if self._error is not None:
+            self._raise_failure()
+        return self._size
+
+    def abort(self) -> None:
+        if self._done:
+            return
+        self._done = True
+        self._buf = bytearray()
+        if self._thread is None:
+            return
+        while self._thread.is_alive():
+            try:
+                self._queue.put(None, timeout=0.2)  # not bytes: the iterator raises
+                break
+            except queue.Full:
+                continue
+        self._thread.join(60)
+
+    def __enter__(self) -> UploadWriter:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.abort()  # a no-op after commit

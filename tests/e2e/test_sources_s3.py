@@ -1,18 +1,24 @@
 """Tar shards and Parquet on a real S3 object store (SeaweedFS, tests/objectstore.py) serve the
 batches their local ImageFolder serves, byte for byte (train epochs 0 and 1, val; uint8), and a
-mid-epoch resume from S3 shards gives exactly the rest of the epoch."""
+mid-epoch resume from S3 shards gives exactly the rest of the epoch. `pipeline-prepare
+--shards` writes its shards straight to the bucket: the bytes of the local run, read back by
+the `webdataset` library itself (presigned URLs, its own curl reader) and served."""
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
+from datetime import timedelta
 from pathlib import Path
 
+import obstore
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import webdataset as wds
 from batchwire.pipeline.dataset import open_dataset
 from batchwire.pipeline.synthetic import default_dataset
 from serverproc import running_server
@@ -74,14 +80,19 @@ def args(source: str) -> tuple[str, ...]:
     )
 
 
-def test_shards_and_parquet_on_s3_serve_the_local_batches(seaweed, data, tmp_path):
+@pytest.fixture(scope="module")
+def want(data) -> dict:
+    """The local ImageFolder's batches: (split, epoch) -> batches."""
+    with running_server(*args(data["folder"])) as ref:
+        return {
+            (s, e): epoch(ref.endpoint, s, e) for s, e in (("train", 0), ("train", 1), ("val", 0))
+        }
+
+
+def test_shards_and_parquet_on_s3_serve_the_local_batches(seaweed, data, want, tmp_path):
     # The default cache folder (not a fresh one): it holds the built native extension, and
     # shard indexes are keyed by the store, key and ETag, so sharing it is safe.
     env = seaweed.env()
-    with running_server(*args(data["folder"])) as ref:
-        want = {
-            (s, e): epoch(ref.endpoint, s, e) for s, e in (("train", 0), ("train", 1), ("val", 0))
-        }
     for kind in ("s3-shards", "s3-parquet"):
         with running_server(*args(data[kind]), env=env) as srv:
             for (split, n), batches in want.items():
@@ -121,3 +132,53 @@ def test_a_prefix_of_shards_opens_as_shards(seaweed, data, tmp_path, monkeypatch
     assert got.reader.read_many(list(range(len(got)))) == [
         local.read_bytes(i) for i in range(len(local))
     ]
+
+
+def prepare_to(dst: str, src: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [str(PREPARE), src, dst, "--shards", "150KB", "--quiet"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **env},
+    )
+
+
+def test_prepare_writes_shards_to_s3(seaweed, data, want):
+    """`pipeline-prepare FOLDER s3://bucket/made --shards 150KB`: the local run's shards, byte
+    for byte, that `webdataset` reads back sample for sample and a server serves as the
+    folder; a second run refuses to overwrite them; no credential in any output."""
+    env = seaweed.env()
+    folder = data["folder"]
+    dst = f"s3://{BUCKET}/made"
+    done = prepare_to(dst, folder, env)
+    ds = open_dataset(folder, verify_checksums="off")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"{len(ds)} samples from {folder}" in done.stdout and dst in done.stdout
+    local = sorted((Path(folder).parent / "shards").glob("train-*.tar"))
+    client = seaweed.client(BUCKET)
+    keys = sorted(m["path"] for chunk in obstore.list(client, prefix="made/") for m in chunk)
+    names = [f"made/train-{k:06d}.tar" for k in range(len(local))]
+    assert keys == ["made/classes.txt", *names]
+    for path, key in zip(local, names, strict=True):
+        assert bytes(obstore.get(client, key).bytes()) == path.read_bytes(), key
+    assert bytes(obstore.get(client, "made/classes.txt").bytes()).decode().split() == ds.classes
+
+    # An independent reader: webdataset over presigned http URLs (its curl handler).
+    urls = [str(obstore.sign(client, "GET", key, timedelta(minutes=10))) for key in names]
+    samples = list(wds.WebDataset(urls, shardshuffle=False))
+    assert [s["__key__"] for s in samples] == [f"{i:09d}" for i in range(len(ds))]
+    for i, s in enumerate(samples):
+        assert s["jpg"] == ds.read_bytes(i) and int(s["cls"]) == int(ds.labels[i]), i
+
+    with running_server(*args(dst), env=env) as srv:
+        for (split, n), batches in want.items():
+            assert_identical(batches, epoch(srv.endpoint, split, n), f"{dst} {split} epoch {n}")
+        assert srv.stats()["counters"]["bad_total"] == 0
+        log = srv.log()
+    again = prepare_to(dst, folder, env)
+    assert again.returncode == 2, again.stdout + again.stderr
+    assert f"DST {dst} already holds {len(names)} shards" in again.stderr
+    secret = env["AWS_SECRET_ACCESS_KEY"]
+    for text in (done.stdout, done.stderr, again.stdout, again.stderr, log):
+        assert secret not in text

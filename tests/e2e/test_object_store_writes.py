@@ -1,0 +1,79 @@
+"""Writes through the `Store` interface on a real S3 store (SeaweedFS, `objectstore.py`) and
+a local folder: `put` and the streaming `open_writer` (a multipart upload past one part), the
+object visible only once committed, nothing at all after an abort, and errors that name the
+URL but never the secret key."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from batchwire.pipeline.storage import LocalStore, open_store
+from batchwire.pipeline.storage.objects import PART_BYTES
+from objectstore import ADMIN_KEY, seaweed  # noqa: F401  (the fixture)
+
+BUCKET = "writes"
+
+
+@pytest.fixture
+def s3_env(seaweed, monkeypatch):  # noqa: F811
+    for name, value in seaweed.env().items():
+        monkeypatch.setenv(name, value)
+    seaweed.put(BUCKET, "probe", b"x")  # the bucket exists (created on first put)
+    return seaweed
+
+
+def _stores(tmp_path):
+    yield "local", LocalStore(tmp_path / "out")
+    yield "s3", open_store(f"s3://{BUCKET}/w")
+
+
+def test_put_and_a_streamed_multipart_object(s3_env, tmp_path):
+    big = os.urandom(PART_BYTES * 2 + 12345)  # three parts: a real multipart upload
+    for kind, store in _stores(tmp_path):
+        store.put("a/small.txt", b"hello")
+        assert store.read("a/small.txt") == b"hello", kind
+        with store.open_writer("shard.tar") as w:
+            for start in range(0, len(big), 1 << 20):
+                w.write(big[start : start + (1 << 20)])
+                with pytest.raises(FileNotFoundError):
+                    store.head("shard.tar")  # nothing visible before the commit
+            assert w.tell() == len(big)
+            assert w.commit() == len(big)
+        assert store.head("shard.tar").size == len(big), kind
+        assert store.read("shard.tar") == big, kind
+        with store.open_writer("empty.bin") as w:
+            assert w.commit() == 0
+        assert store.read("empty.bin") == b"", kind
+
+
+def test_an_aborted_writer_leaves_nothing(s3_env, tmp_path):
+    for kind, store in _stores(tmp_path):
+        for size in (1000, PART_BYTES + 1000):  # a single PUT, a started multipart upload
+            key = f"torn-{size}.tar"
+            with pytest.raises(RuntimeError, match="boom"), store.open_writer(key) as w:
+                w.write(os.urandom(size))
+                raise RuntimeError("boom")
+            with pytest.raises(FileNotFoundError):
+                store.head(key)
+            assert [o.key for o in store.list("torn")] == [], kind
+            with store.open_writer(key) as w:
+                w.write(b"abc")
+                # a clean exit without commit is an abort too: committing is explicit
+            with pytest.raises(FileNotFoundError):
+                store.head(key)
+    assert not [p for p in (tmp_path / "out").rglob("*") if p.name.endswith(".tmp")]
+
+
+def test_write_errors_name_the_url_never_the_secret(seaweed, monkeypatch):  # noqa: F811
+    env = seaweed.env("reader")  # may read bucket `open` only: writes are refused (403)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    store = open_store(f"s3://{BUCKET}/denied")
+    for big in (False, True):
+        with pytest.raises(PermissionError) as got, store.open_writer("x.tar") as w:
+            w.write(os.urandom(PART_BYTES * 2 if big else 10))
+            w.commit()
+        text = str(got.value)
+        assert f"s3://{BUCKET}/denied/x.tar" in text, text
+        assert env["AWS_SECRET_ACCESS_KEY"] not in text and ADMIN_KEY[1] not in text
