@@ -731,12 +731,16 @@ class Fleet:
             and h.layout == w.layout
             and h.shape[1:] == w.shape[1:]
             and h.shape[0] <= w.shape[0]
+            and h.views == w.views
         )
         if not ok:
+            views = f" views {h.views}" if h.views else ""
+            promised = f" views {w.views}" if w.views else ""
             raise ProtocolError(
                 f"pipeline-server at {p.endpoint}: batch {h.batch_index} is "
-                f"{h.shape} {h.dtype} {h.layout}, but its welcome promised "
-                f"{w.shape} {w.dtype} {w.layout}{'' if more else ' (and it has no data frames)'}"
+                f"{h.shape}{views} {h.dtype} {h.layout}, but its welcome promised "
+                f"{w.shape}{promised} {w.dtype} {w.layout}"
+                f"{'' if more else ' (and it has no data frames)'}"
             )
 
     def _blocking_peer(self) -> Peer:
@@ -821,4 +825,4 @@ class Fleet:
 def _welcome_key(w: wire.Welcome) -> tuple:
     """What must match across a loader's servers: batches differing in any of it would mix."""
     shape = (w.num_batches, w.num_samples, tuple(w.shape), w.dtype, w.layout, w.num_classes)
-    return (*shape, tuple(w.classes))
+    return (*shape, tuple(w.classes), tuple(map(tuple, w.views)))

@@ -13,6 +13,10 @@ finished every kernel the training step queued on it): a `common.cuda_events.Han
 views the ZeroMQ frame it arrived in, and keeps it alive), and normalisation, when the batch is
 handed out, straight into a recycled output buffer (see `ring.RecycledBuffers`).
 
+Multi-view batches (`BatchSpec.views`) arrive as one frame holding the views back to back: one
+slot, one copy, and ``Staged.images`` is the list of the views' tensors (``views_list[k]`` is
+``[B, 3, Hk, Wk]``); normalisation runs per view, each into its own output (and scratch).
+
 Both take a batch either received into a slot (``acquire``, ``recv_into``, ``stage``: the
 CUDA path, whose slots are pinned) or as ZeroMQ frames (``stage_frames``: the CPU path, and
 batches of the next epoch that arrived early).
@@ -20,7 +24,9 @@ batches of the next epoch that arrived early).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import zmq
@@ -40,13 +46,25 @@ class BatchFormat:
     mean: tuple[float, float, float]
     std: tuple[float, float, float]
 
-    def output(self, device: torch.device | str = "cpu") -> torch.Tensor:
-        """A full normalised batch in the wire's layout, on ``device``."""
-        return self.spec.empty(dtype=self.out_dtype, device=device)
+    def output(self, device: torch.device | str = "cpu", view: int = 0) -> torch.Tensor:
+        """A full normalised batch (of view ``view``) in the wire's layout, on ``device``."""
+        return self.spec.view_specs[view].empty(dtype=self.out_dtype, device=device)
 
-    def scratch(self, device: torch.device | str = "cpu") -> torch.Tensor:
+    def scratch(self, device: torch.device | str = "cpu", view: int = 0) -> torch.Tensor:
         """float32 working memory for a normalisation into another float dtype."""
-        return self.spec.empty(dtype=torch.float32, device=device)
+        return self.spec.view_specs[view].empty(dtype=torch.float32, device=device)
+
+    @property
+    def num_views(self) -> int:
+        return len(self.spec.view_specs)
+
+
+def _as_views(images: torch.Tensor | list[torch.Tensor]) -> list[torch.Tensor]:
+    return images if isinstance(images, list) else [images]
+
+
+def _like(images: torch.Tensor | list[torch.Tensor], views: list[torch.Tensor]) -> Any:
+    return views if isinstance(images, list) else views[0]
 
 
 @dataclass(eq=False)
@@ -54,7 +72,7 @@ class Staged:
     """A received batch on its way to the consumer."""
 
     slot: HostSlot | None  # None on the CPU path
-    images: torch.Tensor
+    images: Any  # a tensor, or a list of one per view (multi-view)
     labels: torch.Tensor
     #: CPU: ``images`` is still the uint8 wire batch, normalised when handed out.
     normalize_pending: bool = False
@@ -80,12 +98,15 @@ class CpuStager:
     def __init__(self, fmt: BatchFormat, outputs: int) -> None:
         self.fmt = fmt
         self._affine = Affine.from_stats(fmt.mean, fmt.std, torch.device("cpu"))
-        self._outputs: RecycledBuffers | None = None
-        self._scratch: torch.Tensor | None = None
+        self._outputs: list[RecycledBuffers] = []
+        self._scratch: list[torch.Tensor | None] = [None] * fmt.num_views
         if fmt.normalize:
-            self._outputs = RecycledBuffers(fmt.output, outputs)
+            self._outputs = [
+                RecycledBuffers(functools.partial(fmt.output, "cpu", k), outputs)
+                for k in range(fmt.num_views)
+            ]
             if fmt.out_dtype != torch.float32:  # never handed out: reused every batch
-                self._scratch = fmt.scratch()
+                self._scratch = [fmt.scratch("cpu", k) for k in range(fmt.num_views)]
 
     def stage_frames(
         self, header: wire.BatchHeader, images: zmq.Frame, labels: zmq.Frame
@@ -101,11 +122,15 @@ class CpuStager:
         only the batches handed out hold output buffers."""
         if not staged.normalize_pending:
             return
-        assert self._outputs is not None
-        b = staged.images.shape[0]
-        out = self._outputs.take()[:b]  # a fresh view: it is what keeps the buffer taken
-        scratch = None if self._scratch is None else self._scratch[:b]
-        staged.images = normalize_uint8(staged.images, self._affine, out, scratch)
+        assert self._outputs
+        done = []
+        for k, raw in enumerate(_as_views(staged.images)):
+            b = raw.shape[0]
+            out = self._outputs[k].take()[:b]  # a fresh view: it is what keeps the buffer taken
+            scratch = self._scratch[k]
+            scratch = None if scratch is None else scratch[:b]
+            done.append(normalize_uint8(raw, self._affine, out, scratch))
+        staged.images = _like(staged.images, done)
         staged.normalize_pending = False
 
     def release(self, staged: Staged) -> None:
@@ -122,7 +147,7 @@ class CpuStager:
 class _DeviceHalf:
     images: torch.Tensor  # uint8 [capacity] on the device
     labels: torch.Tensor  # int64 [B] on the device
-    out: torch.Tensor | None  # normalised [B, 3, H, W] when normalising
+    out: list[torch.Tensor] | None  # normalised [B, 3, H, W] per view when normalising
     #: ``ready``: recorded on the side stream after the copy (and normalise); ``freed``: on the
     #: stream the batch was handed out to, when it is released (common/cuda_events.py).
     hand: HandOff
@@ -148,14 +173,14 @@ class CudaStager:
             # Pinned only for a real GPU copy (the CPU-side tests drive this class on "cpu").
             self.ring = SlotRing(slots, fmt.spec.nbytes, b, pin=device.type == "cuda")
             self._affine = Affine.from_stats(fmt.mean, fmt.std, device)
-            self._scratch: torch.Tensor | None = None
+            self._scratch: list[torch.Tensor] | None = None
             for slot in self.ring.slots:
                 out = None
                 if fmt.normalize:
-                    out = fmt.output(device)
+                    out = [fmt.output(device, k) for k in range(fmt.num_views)]
                     if fmt.out_dtype != torch.float32 and self._scratch is None:
                         # Used by the side stream only, one batch at a time.
-                        self._scratch = fmt.scratch(device)
+                        self._scratch = [fmt.scratch(device, k) for k in range(fmt.num_views)]
                 slot.device = _DeviceHalf(
                     images=torch.empty(fmt.spec.nbytes, dtype=torch.uint8, device=device),
                     labels=torch.empty(b, dtype=torch.int64, device=device),
@@ -181,8 +206,11 @@ class CudaStager:
             images = header.spec.view_bytes(dev.images)
             if self.fmt.normalize:
                 assert dev.out is not None
-                scratch = None if self._scratch is None else self._scratch[:b]
-                images = normalize_uint8(images, self._affine, dev.out[:b], scratch)
+                done = []
+                for k, raw in enumerate(_as_views(images)):
+                    scratch = None if self._scratch is None else self._scratch[k][:b]
+                    done.append(normalize_uint8(raw, self._affine, dev.out[k][:b], scratch))
+                images = _like(images, done)
             dev.hand.written(self.copy_stream)
         return Staged(slot, images, dev.labels[:b])
 

@@ -16,6 +16,11 @@ Layout of a training sample's uniform draws (`draw_uniforms(..., n=NUM_DRAWS)`),
 
 Draw j of a sample never depends on how many draws were requested, so other consumers may use
 draws past NUM_DRAWS (or another `stream`) without disturbing these.
+
+Multi-view crops (`AugmentConfig.views`, `--views 2x224:0.4-1.0,6x96:0.05-0.4`): view k of a
+sample has its own draws, the same layout on stream ``VIEW_STREAM + k``, so it depends on
+(seed, epoch, index, k) only; its crop uses the view's scale range (ratio, flip and jitter
+settings are the config's). Without views nothing changes: stream 0, as always.
 """
 
 from __future__ import annotations
@@ -36,6 +41,9 @@ RRC_ATTEMPTS = 10
 FLIP_DRAW = 4 * RRC_ATTEMPTS
 JITTER_DRAW = FLIP_DRAW + 1
 NUM_DRAWS = JITTER_DRAW + 4
+
+#: View k of a multi-view config draws on stream VIEW_STREAM + k ("VIEW" + k).
+VIEW_STREAM = 0x56494557 << 8
 
 Jitter = tuple[float, float, float, float]
 IDENTITY_JITTER: Jitter = (1.0, 1.0, 1.0, 0.0)
@@ -103,6 +111,81 @@ def _pair(name: str, value: Any, kind: type) -> tuple:
 
 
 @dataclass(frozen=True)
+class View:
+    """One crop of a multi-view config: output ``size`` (height, width) and the random-resized
+    crop's ``scale`` range."""
+
+    size: tuple[int, int]
+    scale: tuple[float, float]
+
+    def spelling(self) -> str:
+        h, w = self.size
+        px = f"{h}" if h == w else f"{h}x{w}"
+        return f"{px}:{self.scale[0]:g}-{self.scale[1]:g}"
+
+
+_VIEWS_HELP = (
+    "expected COUNTxSIZE:LO-HI[,COUNTxSIZE:LO-HI...], SIZE = PX or HxW, 0 < LO <= HI <= 1, "
+    "e.g. 2x224:0.4-1.0,6x96:0.05-0.4"
+)
+
+
+def parse_views(text: str) -> tuple[View, ...]:
+    """``"2x224:0.4-1.0,6x96:0.05-0.4"`` -> 8 `View`s, in order (ValueError naming the part)."""
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError(f"views: empty; {_VIEWS_HELP}")
+    views: list[View] = []
+    for part in text.split(","):
+        item = part.strip()
+        try:
+            head, scale = item.split(":")
+            count, *size = head.lower().split("x")
+            lo, hi = (float(v) for v in scale.split("-"))
+            n = int(count)
+            if len(size) == 1:
+                hw = (int(size[0]), int(size[0]))
+            elif len(size) == 2:
+                hw = (int(size[0]), int(size[1]))
+            else:
+                raise ValueError
+        except ValueError:
+            raise ValueError(f"views: cannot read {item!r}; {_VIEWS_HELP}") from None
+        if n < 1 or min(hw) < 1:
+            raise ValueError(f"views: {item!r}: count and size must be >= 1")
+        if not (0.0 < lo <= hi <= 1.0):
+            raise ValueError(f"views: {item!r}: scale must satisfy 0 < LO <= HI <= 1")
+        views += [View(hw, (lo, hi))] * n
+    return tuple(views)
+
+
+def format_views(views: Sequence[View]) -> str:
+    """The `--views` spelling of ``views`` (consecutive equal views grouped)."""
+    parts: list[str] = []
+    i = 0
+    while i < len(views):
+        j = i
+        while j < len(views) and views[j] == views[i]:
+            j += 1
+        parts.append(f"{j - i}x{views[i].spelling()}")
+        i = j
+    return ",".join(parts)
+
+
+def _views(value: Any) -> tuple[View, ...]:
+    if value is None or value == "" or value == ():
+        return ()
+    if isinstance(value, str):
+        return parse_views(value)
+    out = []
+    for v in value:
+        if isinstance(v, View):
+            out.append(v)
+        else:
+            raise ValueError(f"views must be a --views spelling or View objects, got {value!r}")
+    return tuple(out)
+
+
+@dataclass(frozen=True)
 class AugmentConfig:
     """How to turn a decoded image into a training or validation sample.
 
@@ -111,6 +194,11 @@ class AugmentConfig:
     [max(0, 1 - b), 1 + b] for brightness/contrast/saturation, hue shift in [-hue, hue] turns),
     applied in that fixed order (ColorJitter shuffles it per image).
     Val: resize the shorter side to `size / val_crop_fraction`, centre crop, nothing random.
+
+    `views` (multi-view crops for self-supervised training): a `--views` spelling or `View`s;
+    each sample then yields one crop per view (train: view k's own draws and scale range;
+    val: the centre crop at view k's size), and `batch_spec` is multi-view. ``image_size`` is
+    then unused by the op (the views say their sizes). Not with a `transform`.
     """
 
     image_size: tuple[int, int]
@@ -130,6 +218,7 @@ class AugmentConfig:
     # A user transform (`pipeline.transforms`): "module:callable", "file.py:callable" or the
     # callable itself; it replaces the crop/flip/jitter/normalise above for this split.
     transform: Any = None
+    views: Any = ()
 
     def __post_init__(self) -> None:
         size = self.image_size
@@ -183,6 +272,10 @@ class AugmentConfig:
             raise ValueError(
                 f"transform must be 'module:callable', 'file.py:callable' or a callable, got {t!r}"
             )
+        views = _views(self.views)
+        if views and t is not None:
+            raise ValueError("views cannot be combined with a user transform")
+        object.__setattr__(self, "views", views)
 
     @property
     def has_jitter(self) -> bool:
@@ -190,6 +283,10 @@ class AugmentConfig:
 
     def batch_spec(self, batch_size: int) -> BatchSpec:
         """The batches this augmentation writes: the wire's one description of a batch."""
+        if self.views:
+            sizes = tuple(v.size for v in self.views)
+            h, w = sizes[0]
+            return BatchSpec(batch_size, h, w, self.output_dtype, self.layout, sizes)
         h, w = self.image_size
         return BatchSpec(batch_size, h, w, self.output_dtype, self.layout)
 
@@ -332,12 +429,21 @@ def plan_arrays(
     indices: Any,
     heights: Any,
     widths: Any,
+    *,
+    view: int | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Plans for a batch as arrays: boxes float32 [N, 4], flips bool [N], jitter float32 [N, 4].
 
     This is the form `batchwire.native.augment_batch` takes. `heights`/`widths` are the
-    full-size, EXIF-oriented image sizes.
+    full-size, EXIF-oriented image sizes. `view`: the plan of view ``view`` of a multi-view
+    config (its size, its scale, its draws on stream ``VIEW_STREAM + view``).
     """
+    stream, scale, out_hw = 0, config.scale, config.image_size
+    if view is not None:
+        if not 0 <= view < len(config.views):
+            raise ValueError(f"view {view} out of range: the config has {len(config.views)}")
+        v = config.views[view]
+        stream, scale, out_hw = VIEW_STREAM + view, v.scale, v.size
     idx = np.asarray(indices, dtype=np.int64).reshape(-1)
     hs = np.asarray(heights, dtype=np.int64).reshape(-1)
     ws = np.asarray(widths, dtype=np.int64).reshape(-1)
@@ -349,14 +455,14 @@ def plan_arrays(
     if hs.size and (hs.min() < 1 or ws.min() < 1):
         raise ValueError("image heights and widths must be >= 1")
     n = idx.shape[0]
-    out_h, out_w = config.image_size
+    out_h, out_w = out_hw
     jitter = np.tile(np.array(IDENTITY_JITTER, dtype=np.float32), (n, 1))
     if not config.train:
         boxes = _center_arrays(hs, ws, out_h, out_w, config.val_crop_fraction)
         return boxes.astype(np.float32), np.zeros(n, dtype=bool), jitter
 
-    u = draw_uniforms(seed, epoch, idx, NUM_DRAWS)
-    boxes = _rrc_arrays(u, hs, ws, config.scale, config.ratio)
+    u = draw_uniforms(seed, epoch, idx, NUM_DRAWS, stream=stream)
+    boxes = _rrc_arrays(u, hs, ws, scale, config.ratio)
     flips = u[:, FLIP_DRAW] < config.flip_prob
     for col, name in enumerate(("brightness", "contrast", "saturation")):
         b = getattr(config, name)
@@ -375,9 +481,11 @@ def plan_samples(
     indices: Any,
     heights: Any,
     widths: Any,
+    *,
+    view: int | None = None,
 ) -> list[SamplePlan]:
     """Vectorised `plan_sample` over a batch; same results as planning one by one."""
-    boxes, flips, jitter = plan_arrays(config, seed, epoch, indices, heights, widths)
+    boxes, flips, jitter = plan_arrays(config, seed, epoch, indices, heights, widths, view=view)
     # float32 -> float via tolist keeps the exact float32 values the arrays carry.
     return [
         SamplePlan(box=tuple(b), flip=bool(f), jitter=tuple(j))

@@ -148,7 +148,11 @@ class BufferRing:
         *,
         device: str | torch.device = "cpu",
     ) -> BufferRing:
-        """A ring of full batches as ``spec`` describes them (shape, dtype and layout)."""
+        """A ring of full batches as ``spec`` describes them (shape, dtype and layout). A
+        multi-view spec's buffers are flat uint8 of ``spec.nbytes`` (its views back to back:
+        `BatchSpec.view_bytes` gives the view tensors)."""
+        if spec.multi_view:
+            return cls(count, (spec.nbytes,), torch.uint8, pin=pin, device=device)
         return cls(count, spec.shape, spec.torch_dtype, spec.memory_format, pin, device=device)
 
     def __len__(self) -> int:

@@ -134,7 +134,10 @@ class LocalLoader:
     default device) is this rank's GPU: the one `torch.cuda.set_device` chose, else
     LOCAL_RANK's. Extra keyword arguments are `AugmentConfig` fields (scale, ratio, flip_prob,
     brightness, ..., output_dtype, layout, and `transform`: a user transform, "module:callable"
-    or the callable itself, as the server's --transform; pipeline/transforms.py).
+    or the callable itself, as the server's --transform; pipeline/transforms.py; `views`:
+    multi-view crops, the server's --views spelling, e.g. "2x224:0.4-1.0,6x96:0.05-0.4").
+    With views each batch is `(views_list, labels[, indices])`, views_list[k] `[B, 3, Hk, Wk]`
+    in the order given, exactly what a server with the same --views sends.
     """
 
     def __init__(
@@ -183,6 +186,7 @@ class LocalLoader:
             self.device = where
             self._order: _CudaOrder | None = None
             spec = self.producer.output_spec(self.batch_size)
+            self.spec = spec
             if where.type == "cuda":
                 # Stream first (it opens this device's context), then the buffers, all with
                 # the device current: nothing lands on GPU 0 of a run on another GPU.
@@ -255,10 +259,15 @@ class LocalLoader:
                 if self._order is not None:
                     self._order.hand_out(self._index[buf.data_ptr()])
                 if self.copy:
-                    images = buf.clone(memory_format=self.config.memory_format)
+                    images = self._images(buf)
+                    if isinstance(images, list):
+                        images = [v.clone(memory_format=self.config.memory_format) for v in images]
+                    else:
+                        images = images.clone(memory_format=self.config.memory_format)
                     self._give_back(buf)
                 else:
-                    images = held = buf
+                    held = buf
+                    images = self._images(buf)
                 yield self._output(images, meta)
         finally:
             stop.set()
@@ -276,7 +285,11 @@ class LocalLoader:
             self._order.give_back(self._index[buf.data_ptr()])
         self.ring.release(buf)
 
-    def _output(self, images: torch.Tensor, meta: BatchMeta) -> tuple[torch.Tensor, ...]:
+    def _images(self, buf: torch.Tensor) -> Any:
+        """A ring buffer as the batch: itself, or its views' tensors (multi-view)."""
+        return self.spec.view_bytes(buf) if self.spec.multi_view else buf
+
+    def _output(self, images: Any, meta: BatchMeta) -> tuple[Any, ...]:
         labels = torch.from_numpy(meta.labels)
         if self.with_indices:
             return images, labels, torch.from_numpy(meta.indices)
@@ -306,10 +319,10 @@ class LocalLoader:
     def _produce(self, plan: Any, buf: torch.Tensor) -> BatchMeta:
         order = self._order
         if order is None:
-            return self.producer.produce(plan, buf)
+            return self.producer.produce(plan, self._images(buf))
         i = self._index[buf.data_ptr()]
         with torch.cuda.device(order.device), torch.cuda.stream(order.stream):
             order.before_produce(i)
-            meta = self.producer.produce(plan, buf)
+            meta = self.producer.produce(plan, self._images(buf))
             order.produced(i)
         return meta

@@ -93,20 +93,29 @@ class BatchProducer:
         """What `produce` writes for a batch of ``batch_size`` (the wire's description)."""
         return self.config.batch_spec(batch_size)
 
-    def produce(self, plan: BatchPlan, out: torch.Tensor) -> BatchMeta:
-        """Fill `out` ([B, 3, H, W], config dtype, any memory format) with batch `plan`."""
+    def produce(self, plan: BatchPlan, out: torch.Tensor | list[torch.Tensor]) -> BatchMeta:
+        """Fill `out` ([B, 3, H, W], config dtype, any memory format) with batch `plan`.
+
+        Multi-view configs: `out` is a list of one such tensor per view (`BatchSpec.view_bytes`
+        of one buffer gives it); each sample is decoded once and the fused op runs once per
+        view, over the whole batch, with that view's boxes, flips and jitter.
+        """
         n = len(plan.indices)
         expected = self.output_spec(n)
-        if list(out.shape) != expected.shape or out.dtype != expected.torch_dtype:
+        outs = out if isinstance(out, (list, tuple)) else [out]
+        if len(outs) != len(expected.view_specs) or any(
+            list(o.shape) != e.shape or o.dtype != e.torch_dtype
+            for o, e in zip(outs, expected.view_specs, strict=False)
+        ):
+            got = [f"{list(o.shape)} {o.dtype}" for o in outs]
             raise ValueError(
-                f"out must be {expected.shape} {expected.torch_dtype}, got "
-                f"{list(out.shape)} {out.dtype}"
+                f"out must be {expected.view_shapes} {expected.torch_dtype}, got {got}"
             )
         samples = self.samples.load(plan.epoch, plan.indices)
         if self.transform is not None:
             samples = self._transform_into(plan.epoch, samples, out)
             return self._meta(plan, samples)
-        device = out.device
+        device = outs[0].device
         non_blocking = device.type == "cuda"
         images = [
             s.image if s.image.device == device else s.image.to(device, non_blocking=non_blocking)
@@ -114,10 +123,17 @@ class BatchProducer:
         ]
         # The parameters stay on the host whatever the device: the op reads them there, and
         # device copies would cost a host synchronisation each.
-        boxes = torch.tensor([s.box for s in samples], dtype=torch.float32)
-        flips = torch.tensor([s.plan.flip for s in samples], dtype=torch.bool)
-        jitter = torch.tensor([s.plan.jitter for s in samples], dtype=torch.float32)
-        self._augment(images, boxes, flips, jitter, self._mean, self._std, out)
+        if not self.config.views:
+            boxes = torch.tensor([s.box for s in samples], dtype=torch.float32)
+            flips = torch.tensor([s.plan.flip for s in samples], dtype=torch.bool)
+            jitter = torch.tensor([s.plan.jitter for s in samples], dtype=torch.float32)
+            self._augment(images, boxes, flips, jitter, self._mean, self._std, outs[0])
+            return self._meta(plan, samples)
+        for k, view_out in enumerate(outs):
+            boxes = torch.tensor([s.views[k][1] for s in samples], dtype=torch.float32)
+            flips = torch.tensor([s.views[k][0].flip for s in samples], dtype=torch.bool)
+            jitter = torch.tensor([s.views[k][0].jitter for s in samples], dtype=torch.float32)
+            self._augment(images, boxes, flips, jitter, self._mean, self._std, view_out)
         return self._meta(plan, samples)
 
     def _transform_into(

@@ -31,6 +31,14 @@ retried by reading that sample again, any other makes it bad). With several prod
 default is three) one batch's fetch is in flight while the others decode, so the reads hide
 behind decoding. Local files have no batched read (`read_many` is None) and keep the
 per-sample reads on the decoder's threads, unchanged.
+
+Multi-view configs (`AugmentConfig.views`): each sample is read and decoded ONCE, and every
+view is planned (`PlannedSample.views`, view k on its own draws). The decoder is then asked for
+the whole image at full size (as for a user transform), not for the union of the views' crops:
+the views of a DINO-style set cover most of the image anyway (a global view alone takes up to
+all of it), so a region decode would save little, and DCT scaling could not serve a 224 px view
+and a 96 px view of different boxes at once without a per-view scale. The fused op then runs
+once per view on the same decoded image (`BatchProducer.produce`).
 """
 
 from __future__ import annotations
@@ -124,6 +132,7 @@ class PlannedSample:
     replaced: bool
     attempt: int
     intact: bool = False
+    views: tuple[SamplePlan, ...] = ()  # multi-view configs: one plan per view
 
 
 @dataclass(frozen=True)
@@ -141,6 +150,8 @@ class LoadedSample:
     replaced: bool
     route: str = ""
     attempt: int = 0  # `PlannedSample.attempt`: where `requested`'s substitute sequence is
+    # Multi-view configs: (plan, box in the decoded image's coords) per view, in order.
+    views: tuple[tuple[SamplePlan, Box], ...] = ()
 
 
 def substitute_candidates(seed: int, index: int, count: int, num_samples: int) -> np.ndarray:
@@ -361,6 +372,21 @@ class SampleLoader:
             [f[4].height for f in found],
             [f[4].width for f in found],
         )
+        view_plans: list[tuple[SamplePlan, ...]] = [()] * len(found)
+        if self.config.views:
+            per_view = [
+                plan_samples(
+                    self.config,
+                    self.seed,
+                    epoch,
+                    [f[1] for f in found],
+                    [f[4].height for f in found],
+                    [f[4].width for f in found],
+                    view=k,
+                )
+                for k in range(len(self.config.views))
+            ]
+            view_plans = [tuple(v[i] for v in per_view) for i in range(len(found))]
         labels = self.dataset.labels
         return [
             PlannedSample(
@@ -373,9 +399,10 @@ class SampleLoader:
                 replaced=attempt > 0,
                 attempt=attempt,
                 intact=intact,
+                views=views,
             )
-            for (requested, index, attempt, data, header, intact), plan in zip(
-                found, plans, strict=True
+            for (requested, index, attempt, data, header, intact), plan, views in zip(
+                found, plans, view_plans, strict=True
             )
         ]
 
@@ -416,8 +443,9 @@ class SampleLoader:
         out: list[LoadedSample | None] = [None] * len(planned)
         todo = list(enumerate(planned))
         out_hw = self.config.image_size
-        # A user transform decides the crop itself: it gets the whole image at full size.
-        whole = self.config.transform is not None
+        # A user transform decides the crop itself: it gets the whole image at full size; so
+        # do the views of a multi-view config (module doc).
+        whole = self.config.transform is not None or bool(self.config.views)
         tries = 0
         while todo:
             requests = [
@@ -457,6 +485,7 @@ class SampleLoader:
                     replaced=p.replaced,
                     route=r.route,
                     attempt=p.attempt,
+                    views=_view_boxes(p, r.box),
                 )
             if again_as_is:
                 if tries == len(self.retry_delays):
@@ -493,6 +522,22 @@ class SampleLoader:
         after = [sample.attempt + 1]
         planned = self.read_and_plan(epoch, [sample.requested], start_attempts=after)
         return self.decode(epoch, planned)[0]
+
+
+def _view_boxes(p: PlannedSample, decoded: Box) -> tuple[tuple[SamplePlan, Box], ...]:
+    """Each view's plan with its box mapped from full-size coords into the decoded image's
+    (``decoded``: where the whole image lies in it; the identity when decoded at full size)."""
+    if not p.views:
+        return ()
+    h, w = p.header.height, p.header.width
+    y0, x0, y1, x1 = (float(v) for v in decoded)
+    sy, sx = (y1 - y0) / h, (x1 - x0) / w
+    if (y0, x0, sy, sx) == (0.0, 0.0, 1.0, 1.0):
+        return tuple((v, tuple(float(c) for c in v.box)) for v in p.views)
+    return tuple(
+        (v, (y0 + v.box[0] * sy, x0 + v.box[1] * sx, y0 + v.box[2] * sy, x0 + v.box[3] * sx))
+        for v in p.views
+    )
 
 
 def probe(

@@ -227,7 +227,11 @@ class ServerApp:
                 "/".join(self.splits),
                 ", ".join(self.endpoints),
                 self.config.batch_size,
-                "x".join(map(str, self.config.image_hw)),
+                (
+                    "x".join(map(str, self.config.image_hw))
+                    if not self.spec.multi_view
+                    else "views " + "+".join(f"{h}x{w}" for h, w in self.spec.views) + " =",
+                ),
                 self.spec.dtype,
                 self.spec.layout,
                 self.config.producers,

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from batchwire.common.cores import available_cores
+from batchwire.pipeline.augment_plan import parse_views
 from batchwire.server.config import (
     DECODERS,
     DEFAULT_BIND,
@@ -59,6 +60,15 @@ def _image_size(text: str) -> int | tuple[int, int]:
     if len(sizes) == 2:
         return (sizes[0], sizes[1])
     raise argparse.ArgumentTypeError(f"expected PX or H,W integers, got {text!r}")
+
+
+def _views(text: str) -> str:
+    """--views: checked here (a clear usage error, exit 2), kept as spelled."""
+    try:
+        parse_views(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("views: ")) from None
+    return text
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -273,6 +283,17 @@ def build_parser() -> argparse.ArgumentParser:
         "--layout",
         choices=list(LAYOUTS),
         help=f"memory layout; nhwc = torch.channels_last (default: {_D.layout})",
+    )
+
+    batch.add_argument(
+        "--views",
+        type=_views,
+        metavar="COUNTxSIZE:LO-HI,...",
+        help="multi-view crops (self-supervised training, DINO/SimCLR): COUNT crops of SIZE "
+        "(PX or HxW) with random-resized-crop scale LO-HI per group, e.g. "
+        "2x224:0.4-1.0,6x96:0.05-0.4; each sample is decoded once, each view cropped on its own "
+        "draws, and a batch is the list of the views' batches (replaces --image-size and "
+        "--scale; default: one view)",
     )
 
     aug = p.add_argument_group("augmentation (train split; torchvision's defaults)")

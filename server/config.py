@@ -70,6 +70,9 @@ class ServerConfig:
     mean: tuple[float, float, float] = _AUGMENT.mean
     std: tuple[float, float, float] = _AUGMENT.std
     val_crop_fraction: float = _AUGMENT.val_crop_fraction
+    # Multi-view crops, the --views spelling ("2x224:0.4-1.0,6x96:0.05-0.4"; TOML: the same
+    # string); None: one view of --image-size. AugmentConfig.views parses and checks it.
+    views: str | None = None
     # The operator's own transforms (pipeline/transforms.py), "module:callable" or
     # "file.py:callable", instead of the fused op: `transform` for train, `val_transform` for
     # val (None: the built-in augmentation). They import and run code in this process.

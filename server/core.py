@@ -572,6 +572,7 @@ class ServerCore:
             std=list(split.std),
             num_classes=split.num_classes,
             classes=welcome_classes(list(split.classes)),
+            views=[list(v) for v in self.spec.views],
         )
         return [*actions, Reply(identity, welcome)]
 
@@ -845,6 +846,7 @@ class ServerCore:
             indices=batch.indices,
             replaced=batch.replaced,
             nbytes=self.spec.nbytes,
+            views=[list(v) for v in self.spec.views],
         )
         # Counted before the hand-off: ZeroMQ's I/O thread can deliver the batch before the
         # loop runs again, and a scrape must never show fewer batches than a client received.

@@ -281,7 +281,8 @@ class ProducerThreads:
             plan = order.sampler.plan(order.epoch, order.batch_index)
             out = job.slot.tensor
             if self.device == "cpu":
-                meta = self.producers[order.split].produce(plan, out)
+                views = self.spec.view_bytes(out) if self.spec.multi_view else out
+                meta = self.producers[order.split].produce(plan, views)
             else:
                 meta = self._produce_on_device(order.split, plan, out)
         except Exception as exc:  # travels to the loop as data; it tells the client
@@ -312,11 +313,18 @@ class ProducerThreads:
         """
         local = self._local
         if getattr(local, "device_out", None) is None:
-            local.device_out = self.spec.empty(device=self.device)
+            if self.spec.multi_view:  # the views back to back, as the host buffer holds them
+                local.device_out = torch.empty(
+                    self.spec.nbytes, dtype=torch.uint8, device=self.device
+                )
+            else:
+                local.device_out = self.spec.empty(device=self.device)
             local.cuda_stream = torch.cuda.Stream(device=self.device)
             local.copied = BufferFence()
         with torch.cuda.stream(local.cuda_stream):
-            meta = self.producers[split].produce(plan, local.device_out)
+            out = local.device_out
+            views = self.spec.view_bytes(out) if self.spec.multi_view else out
+            meta = self.producers[split].produce(plan, views)
             host_out.copy_(local.device_out, non_blocking=True)
             local.copied.record(local.cuda_stream)
         # The loop sends host_out next, and this worker's next batch rewrites device_out.

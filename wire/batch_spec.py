@@ -1,6 +1,7 @@
 """The output formats: one table of what a batch is, on the wire and in memory.
 
-`BatchSpec` is the single source of truth for a batch's shape, dtype, layout and byte size. The
+`BatchSpec` is the single source of truth for a batch's shape, dtype, layout and byte size
+(multi-view batches included: `BatchSpec.views`). The
 server derives it once from its config and uses it for its buffer pool, the producer's check and
 every welcome and batch header; the client rebuilds it from the welcome and stages into it. To
 add an output option, extend `DTYPES` or `LAYOUTS` here and the augment op; nothing else in the
@@ -32,6 +33,8 @@ DTYPES: dict[str, tuple[str | None, int]] = {
     "float32": ("float32", 4),
 }
 CHANNELS = 3
+#: Most views (crops per sample) a multi-view batch may carry.
+MAX_VIEWS = 64
 #: A padded (validation) slot repeats a real sample; user-facing, its index is PADDING_INDEX (never
 #: a dataset index) and its label PADDING_LABEL (cross-entropy's default ``ignore_index``).
 PADDING_INDEX = -1
@@ -85,6 +88,14 @@ def images_nbytes(shape: list[int] | tuple[int, ...], dtype: str) -> int:
 class BatchSpec:
     """One full batch: ``[batch_size, 3, height, width]`` of ``dtype`` in ``layout``.
 
+    Multi-view (several crops per sample, e.g. DINO's 2 global + 6 local views): ``views`` lists
+    every view's ``(height, width)`` in order, the first being ``(height, width)``; the batch is
+    then one list of ``[batch_size, 3, Hk, Wk]`` tensors, travelling as one images frame that
+    holds the views back to back (view k at the sum of the earlier views' bytes), so one buffer,
+    one tracked send and one header describe it, as for one view. ``nbytes`` counts all views
+    (the server's memory budget and the client's slots size from it). ``views == ()``: the
+    usual single-image batch (``view_bytes`` a tensor, not a list).
+
     Raises `ProtocolError` (a ValueError) for a dtype, layout or size the wire cannot carry.
     """
 
@@ -93,6 +104,7 @@ class BatchSpec:
     width: int
     dtype: str
     layout: str = "nchw"
+    views: tuple[tuple[int, int], ...] = ()
 
     def __post_init__(self) -> None:
         _dtype_entry(self.dtype)
@@ -104,24 +116,66 @@ class BatchSpec:
                 raise ProtocolError(f"batch {name} must be an integer >= 1, got {value!r}")
         if self.batch_size > MAX_BATCH_SIZE:
             raise ProtocolError(f"batch_size {self.batch_size} exceeds {MAX_BATCH_SIZE}")
+        if self.views:
+            views = tuple(tuple(v) for v in self.views)
+            if len(views) > MAX_VIEWS or any(
+                len(v) != 2
+                or any(isinstance(x, bool) or not isinstance(x, int) or x < 1 for x in v)
+                for v in views
+            ):
+                raise ProtocolError(
+                    f"views must be 1 to {MAX_VIEWS} (height, width) pairs of integers >= 1, "
+                    f"got {list(self.views)!r}"
+                )
+            if views[0] != (self.height, self.width):
+                raise ProtocolError(
+                    f"the first view {views[0]} must be the batch's {(self.height, self.width)}"
+                )
+            object.__setattr__(self, "views", views)
 
     @classmethod
-    def from_shape(cls, shape: list[int] | tuple[int, ...], dtype: str, layout: str) -> BatchSpec:
-        """The spec of a logical ``[B, 3, H, W]`` shape (as headers and welcomes carry it)."""
+    def from_shape(
+        cls,
+        shape: list[int] | tuple[int, ...],
+        dtype: str,
+        layout: str,
+        views: list[list[int]] | tuple[tuple[int, int], ...] = (),
+    ) -> BatchSpec:
+        """The spec of a logical ``[B, 3, H, W]`` shape (as headers and welcomes carry it);
+        ``views``: every view's ``[H, W]`` for a multi-view batch (the first is ``shape``'s)."""
         b, c, h, w = (int(s) for s in shape)
         if c != CHANNELS:
             raise ProtocolError(f"batches have {CHANNELS} channels, got shape {list(shape)}")
-        return cls(b, h, w, dtype, layout)
+        return cls(b, h, w, dtype, layout, tuple(tuple(v) for v in views))  # type: ignore[misc]
 
     @property
     def shape(self) -> list[int]:
-        """The logical shape, ``[B, 3, H, W]`` whatever the layout."""
+        """The logical shape, ``[B, 3, H, W]`` whatever the layout (the first view's)."""
         return [self.batch_size, CHANNELS, self.height, self.width]
 
     @property
+    def multi_view(self) -> bool:
+        return bool(self.views)
+
+    @property
+    def view_specs(self) -> list[BatchSpec]:
+        """One single-view spec per view (``[self]`` for a single-view batch)."""
+        if not self.views:
+            return [self]
+        return [BatchSpec(self.batch_size, h, w, self.dtype, self.layout) for h, w in self.views]
+
+    @property
+    def view_shapes(self) -> list[list[int]]:
+        """Every view's logical shape, in order."""
+        return [v.shape for v in self.view_specs]
+
+    def with_batch_size(self, batch_size: int) -> BatchSpec:
+        return BatchSpec(batch_size, self.height, self.width, self.dtype, self.layout, self.views)
+
+    @property
     def nbytes(self) -> int:
-        """Bytes of the images frame."""
-        return images_nbytes(self.shape, self.dtype)
+        """Bytes of the images frame (all views)."""
+        return sum(images_nbytes(s, self.dtype) for s in self.view_shapes)
 
     @property
     def labels_nbytes(self) -> int:
@@ -139,9 +193,13 @@ class BatchSpec:
 
     def empty(
         self, *, dtype: torch.dtype | None = None, device: Any = "cpu", pin: bool = False
-    ) -> torch.Tensor:
-        """A tensor of this shape in this layout (``dtype`` overrides the wire's, e.g. float)."""
+    ) -> Any:
+        """A tensor of this shape in this layout (``dtype`` overrides the wire's, e.g. float);
+        a list of them, one per view, for a multi-view spec."""
         import torch
+
+        if self.views:
+            return [v.empty(dtype=dtype, device=device, pin=pin) for v in self.view_specs]
 
         return torch.empty(
             self.shape,
@@ -151,8 +209,17 @@ class BatchSpec:
             pin_memory=pin,
         )
 
-    def check(self, t: torch.Tensor) -> None:
-        """Raise ValueError unless ``t`` is a batch of this spec (any batch size up to ours)."""
+    def check(self, t: Any) -> None:
+        """Raise ValueError unless ``t`` is a batch of this spec (any batch size up to ours);
+        a multi-view spec checks a list of one tensor per view."""
+        if self.views:
+            if not isinstance(t, (list, tuple)) or len(t) != len(self.views):
+                raise ValueError(
+                    f"a {len(self.views)}-view batch must be a list of as many tensors"
+                )
+            for view, spec in zip(t, self.view_specs, strict=True):
+                spec.check(view)
+            return
         if t.dim() != 4 or list(t.shape[1:]) != self.shape[1:] or t.shape[0] > self.batch_size:
             raise ValueError(f"batch of shape {list(t.shape)} does not fit {self.shape}")
         if t.dtype != self.torch_dtype:
@@ -160,13 +227,21 @@ class BatchSpec:
         if not t.is_contiguous(memory_format=self.memory_format):
             raise ValueError(f"batch with strides {t.stride()} is not dense {self.layout}")
 
-    def view_bytes(self, flat: torch.Tensor, batch_size: int | None = None) -> torch.Tensor:
+    def view_bytes(self, flat: torch.Tensor, batch_size: int | None = None) -> Any:
         """View the first bytes of ``flat`` (uint8) as a logical ``[B, 3, H, W]`` batch.
 
         ``layout="nhwc"`` bytes become a channels_last tensor (same logical shape, NHWC
-        strides), so consumers never see the wire layout except through the strides.
+        strides), so consumers never see the wire layout except through the strides. A
+        multi-view spec gives a list of tensors, one per view, over consecutive bytes.
         """
         b = self.batch_size if batch_size is None else batch_size
+        if self.views:
+            out, offset = [], 0
+            for v in self.view_specs:
+                n = images_nbytes((b, CHANNELS, v.height, v.width), self.dtype)
+                out.append(v.view_bytes(flat[offset : offset + n], b))
+                offset += n
+            return out
         c, h, w = CHANNELS, self.height, self.width
         typed = flat[: images_nbytes((b, c, h, w), self.dtype)].view(self.torch_dtype)
         if self.layout == "nhwc":

@@ -17,7 +17,13 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
-from batchwire.wire.batch_spec import DTYPES, LAYOUTS, MAX_BATCH_SIZE, BatchSpec, images_nbytes
+from batchwire.wire.batch_spec import (
+    DTYPES,
+    LAYOUTS,
+    MAX_BATCH_SIZE,
+    MAX_VIEWS,
+    BatchSpec,
+)
 from batchwire.wire.errors import PROTOCOL_VERSION, ProtocolError, show
 from batchwire.wire.frames import (
     LABELS_DTYPE,
@@ -117,6 +123,34 @@ def _shape(d: Mapping[str, Any]) -> list[int]:
     if not (1 <= b <= MAX_BATCH_SIZE and c == 3 and h >= 1 and w >= 1):
         raise ProtocolError(f"field 'shape' must be [B, 3, H, W] with B, H, W >= 1, got {shape}")
     return shape
+
+
+def _views(d: Mapping[str, Any], shape: list[int]) -> list[list[int]]:
+    """A welcome's or header's ``views`` (absent: a single-view batch): every view's [H, W],
+    the first being ``shape``'s."""
+    value = d.get("views", [])
+    if (
+        not isinstance(value, list)
+        or len(value) > MAX_VIEWS
+        or any(
+            not isinstance(v, list)
+            or len(v) != 2
+            or any(isinstance(x, bool) or not isinstance(x, int) or x < 1 for x in v)
+            for v in value
+        )
+    ):
+        raise ProtocolError(
+            f"field 'views' must be a list of at most {MAX_VIEWS} [H, W] pairs, got {show(value)}"
+        )
+    if value and value[0] != shape[2:]:
+        raise ProtocolError(f"field 'views' starts with {value[0]}, 'shape' says {shape[2:]}")
+    return [list(v) for v in value]
+
+
+def _drop_single_view(m: dict[str, Any]) -> dict[str, Any]:
+    if not m.get("views"):  # a single-view batch: the map older peers know
+        m.pop("views", None)
+    return m
 
 
 # --------------------------------------------------------------------------- messages
@@ -250,11 +284,16 @@ class Welcome(_Message):
     # Class names, label id order (torchvision's `classes`); empty from older servers, and for
     # lists beyond the bounds above (`welcome_classes`).
     classes: list[str] = field(default_factory=list)
+    # Multi-view batches: every view's [H, W] in order (`BatchSpec.views`); [] for one view.
+    views: list[list[int]] = field(default_factory=list)
+
+    def to_map(self) -> dict[str, Any]:
+        return _drop_single_view(super().to_map())
 
     @property
     def spec(self) -> BatchSpec:
         """What a full batch of this stream is."""
-        return BatchSpec.from_shape(self.shape, self.dtype, self.layout)
+        return BatchSpec.from_shape(self.shape, self.dtype, self.layout, self.views)
 
     @classmethod
     def from_map(cls, d: Mapping[str, Any]) -> Welcome:
@@ -264,18 +303,20 @@ class Welcome(_Message):
                 f"field 'classes' names {len(classes)} classes, 'num_classes' says "
                 f"{show(d.get('num_classes'))}"
             )
+        shape = _shape(d)
         return cls(
             session=_int(d, "session"),
             num_batches=_int(d, "num_batches", 0),
             num_samples=_int(d, "num_samples", 0),
             batch_size=_int(d, "batch_size", 1, MAX_BATCH_SIZE),
-            shape=_shape(d),
+            shape=shape,
             dtype=_str(d, "dtype", tuple(DTYPES)),
             layout=_str(d, "layout", LAYOUTS),
             mean=_float_list(d, "mean", 3),
             std=_float_list(d, "std", 3),
             num_classes=_int(d, "num_classes", 0),
             classes=classes,
+            views=_views(d, shape),
         )
 
 
@@ -360,6 +401,10 @@ class BatchHeader(_Message):
     indices: list[int] = field(default_factory=list)
     replaced: int = 0
     nbytes: int = 0
+    views: list[list[int]] = field(default_factory=list)  # as `Welcome.views`
+
+    def to_map(self) -> dict[str, Any]:
+        return _drop_single_view(super().to_map())
 
     @property
     def batch_size(self) -> int:
@@ -372,17 +417,20 @@ class BatchHeader(_Message):
     @property
     def spec(self) -> BatchSpec:
         """This batch's format (its batch size may be below the stream's)."""
-        return BatchSpec.from_shape(self.shape, self.dtype, self.layout)
+        return BatchSpec.from_shape(self.shape, self.dtype, self.layout, self.views)
 
     @classmethod
     def from_map(cls, d: Mapping[str, Any]) -> BatchHeader:
         shape = _shape(d)
         dtype = _str(d, "dtype", tuple(DTYPES))
         nbytes = _int(d, "nbytes", 0)
-        if nbytes != images_nbytes(shape, dtype):
+        views = _views(d, shape)
+        layout = _str(d, "layout", LAYOUTS)
+        want = BatchSpec.from_shape(shape, dtype, layout, views).nbytes
+        if nbytes != want:
+            what = f"views {views}" if views else f"shape {shape}"
             raise ProtocolError(
-                f"field 'nbytes' ({nbytes}) does not match shape {shape} of {dtype} "
-                f"({images_nbytes(shape, dtype)})"
+                f"field 'nbytes' ({nbytes}) does not match {what} of {dtype} ({want})"
             )
         indices = _int_list(d, "indices", shape[0])
         return cls(
@@ -392,10 +440,11 @@ class BatchHeader(_Message):
             batch_index=_int(d, "batch_index", 0),
             shape=shape,
             dtype=dtype,
-            layout=_str(d, "layout", LAYOUTS),
+            layout=layout,
             indices=indices,
             replaced=_int(d, "replaced", 0),
             nbytes=nbytes,
+            views=views,
         )
 
 

@@ -296,7 +296,7 @@ def test_cpu_batches_are_never_overwritten_while_referenced(server, reference):
         views = [images[1:3] for images, _ in loader]  # only views of each batch survive
         for images, _ in loader:  # the usual loop: nothing kept
             del images
-        pool = loader._receiver.stager._outputs  # white-box: the recycling really happens
+        pool = loader._receiver.stager._outputs[0]  # white-box: recycling really happens
     for k, (batch, view) in enumerate(zip(kept, views, strict=True)):
         assert torch.equal(batch, expected[k]), f"kept batch {k} was overwritten"
         assert torch.equal(view, expected[k][1:3]), f"view of batch {k} was overwritten"
