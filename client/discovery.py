@@ -9,122 +9,37 @@ whose record went away drains. This module is the shell's part: the core never r
 Resolution runs on a thread of its own: a DNS server that is slow to answer must not stall
 the consumer's thread, which only picks the latest answer up (`Discovery.take`).
 
-Which resolver: the system's (``getaddrinfo``: /etc/hosts, nsswitch, the search domains of a
-pod's resolv.conf), unless ``BATCHWIRE_DNS_SERVER=HOST[:PORT]`` names a DNS server to ask
-directly (dnspython; for tests with a private dnsmasq, and setups whose fleet name lives on a
-server the system resolver does not ask). A name with no records when the loader starts is an
-error naming DNS; one that later resolves to nothing (a DNS hiccup, every pod restarting) keeps
-the servers the loader has, and says so once.
+Parsing a name and asking the resolver (the system's, or ``$BATCHWIRE_DNS_SERVER`` through
+dnspython) is `batchwire.wire.dns`, shared with ``pipeline-monitor``; this module adds the
+loader's policy. A name with no records when the loader starts is an error naming DNS
+(`ServerUnavailable`); one that later resolves to nothing (a DNS hiccup, every pod restarting)
+keeps the servers the loader has, and says so once.
 """
 
 from __future__ import annotations
 
-import ipaddress
 import logging
-import os
-import socket
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from batchwire.client.errors import ServerUnavailable
+from batchwire.wire.dns import (
+    DNS_TIMEOUT_S,
+    DnsError,
+    Resolve,
+    default_resolver,
+    is_dns_endpoint,
+    lookup_failure,
+    parse_dns_endpoint,
+    resolve_dns_endpoint,
+)
 
 log = logging.getLogger(__name__)
 
-__all__ = [
-    "SCHEME",
-    "Discovery",
-    "DnsError",
-    "is_dns_endpoint",
-    "parse_dns_endpoint",
-    "resolve_dns_endpoint",
-]
+# Resolve is re-exported: the receiver's ``resolve=`` (tests inject one) has this type.
+__all__ = ["RESOLVE_EVERY_S", "Discovery", "Resolve"]
 
-SCHEME = "dns+tcp://"
 RESOLVE_EVERY_S = 5.0
-DNS_TIMEOUT_S = 2.0
-DNS_SERVER_ENV = "BATCHWIRE_DNS_SERVER"
-
-#: (name, port) -> addresses; injectable for tests of the shell.
-Resolve = Callable[[str, int], list[str]]
-
-
-class DnsError(ValueError):
-    """A dns+tcp:// name that cannot be resolved (no such name, no records, no answer)."""
-
-
-def is_dns_endpoint(endpoint: str) -> bool:
-    return endpoint.startswith(SCHEME)
-
-
-def parse_dns_endpoint(endpoint: str) -> tuple[str, int]:
-    """``dns+tcp://NAME:PORT`` -> (NAME, PORT); ValueError for anything else."""
-    if not is_dns_endpoint(endpoint):
-        raise ValueError(f"not a {SCHEME}NAME:PORT endpoint: {endpoint!r}")
-    name, colon, port = endpoint[len(SCHEME) :].rpartition(":")
-    if not colon or not name or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"{endpoint!r}: expected {SCHEME}NAME:PORT, e.g. {SCHEME}data.svc:5555")
-    return name.strip("[]"), int(port)
-
-
-def tcp_endpoint(address: str, port: int) -> str:
-    """The tcp:// endpoint of one resolved address (IPv6 in brackets)."""
-    ip = ipaddress.ip_address(address)
-    return f"tcp://[{ip}]:{port}" if ip.version == 6 else f"tcp://{ip}:{port}"
-
-
-def system_resolve(name: str, port: int) -> list[str]:
-    """Every address of ``name`` by the system resolver (A and AAAA, via getaddrinfo)."""
-    try:
-        infos = socket.getaddrinfo(name, port, type=socket.SOCK_STREAM)
-    except socket.gaierror as exc:
-        raise DnsError(exc.strerror or str(exc)) from None
-    except UnicodeError as exc:
-        raise DnsError(str(exc)) from None
-    return sorted({str(info[4][0]).split("%")[0] for info in infos})
-
-
-def dnspython_resolver(server: str) -> Resolve:
-    """A resolver asking ``server`` (``HOST[:PORT]``, port 53 by default) for A and AAAA."""
-    import dns.exception
-    import dns.resolver
-
-    host, _, port = server.rpartition(":") if server.count(":") == 1 else (server, "", "")
-    resolver = dns.resolver.Resolver(configure=False)
-    resolver.nameservers = [host or server]
-    resolver.port = int(port) if port else 53
-    resolver.lifetime = DNS_TIMEOUT_S
-
-    def resolve(name: str, _port: int) -> list[str]:
-        addresses: set[str] = set()
-        errors: list[str] = []
-        for rdtype in ("A", "AAAA"):
-            try:
-                answer = resolver.resolve(name, rdtype, search=False)
-            except (dns.resolver.NoAnswer, dns.resolver.NXDOMAIN):
-                continue
-            except dns.exception.DNSException as exc:
-                errors.append(f"{rdtype}: {exc}")
-                continue
-            addresses.update(r.to_text() for r in answer)
-        if not addresses and errors:
-            raise DnsError(f"asking {server}: {'; '.join(errors)}")
-        return sorted(addresses)
-
-    return resolve
-
-
-def default_resolver() -> Resolve:
-    server = os.environ.get(DNS_SERVER_ENV, "").strip()
-    return dnspython_resolver(server) if server else system_resolve
-
-
-def resolve_dns_endpoint(endpoint: str, resolve: Resolve | None = None) -> list[str]:
-    """The tcp:// endpoints ``endpoint`` (dns+tcp://) stands for now; `DnsError` if none."""
-    name, port = parse_dns_endpoint(endpoint)
-    addresses = (resolve or default_resolver())(name, port)
-    if not addresses:
-        raise DnsError("the name has no A or AAAA records")
-    return [tcp_endpoint(a, port) for a in addresses]
 
 
 class Discovery:
@@ -163,11 +78,7 @@ class Discovery:
             try:
                 self._per_name[name] = resolve_dns_endpoint(name, self._resolve)
             except DnsError as exc:
-                raise ServerUnavailable(
-                    name,
-                    f"cannot find the servers of {name}: DNS lookup failed ({exc}); check the "
-                    f"name (a Kubernetes headless Service's name, say), or ${DNS_SERVER_ENV}",
-                ) from None
+                raise ServerUnavailable(name, lookup_failure(name, exc)) from None
         return self.current()
 
     def current(self) -> list[str]:

@@ -4,6 +4,12 @@ Live mode redraws the view every ``--interval`` seconds on the terminal's altern
 (rich's Live), follows a resized terminal within a quarter of a second, and restores the
 terminal on Ctrl-C or SIGTERM. ``--once`` prints a single snapshot; ``--json`` prints the raw
 stats instead of the view (one JSON object per line when live), for scripts.
+
+A fleet name, ``dns+tcp://NAME:PORT`` (every A/AAAA record of NAME a server, as a RemoteLoader
+reads it), is re-resolved at every refresh and shows every server (`monitor.fleet`): one view
+per server, stacked, under the fleet's totals; ``--json`` prints one object per refresh with one
+entry per server. A name with no records exits 2 naming DNS; a server that does not answer is
+shown as such while the others still show; ``--keys`` applies to every server.
 """
 
 from __future__ import annotations
@@ -19,8 +25,16 @@ from collections import deque
 from typing import TextIO
 
 from batchwire.monitor.bottleneck import infer_bottleneck, smooth
-from batchwire.monitor.render import MonitorView, render, text_console
-from batchwire.wire.keys import KeysError, client_keys
+from batchwire.monitor.fleet import FleetPoller, FleetSnapshot, FleetWatch
+from batchwire.monitor.render import (
+    FleetMonitorView,
+    MonitorView,
+    render,
+    render_fleet,
+    text_console,
+)
+from batchwire.wire.dns import DnsError, is_dns_endpoint, lookup_failure
+from batchwire.wire.keys import ClientKeys, KeysError, client_keys
 from batchwire.wire.stats import ServerStats
 from batchwire.wire.stats_client import StatsClient, StatsUnavailable
 from batchwire.wire.version import add_version_argument
@@ -44,13 +58,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "endpoint",
         metavar="ENDPOINT",
-        help="the server's ZeroMQ endpoint, e.g. tcp://127.0.0.1:5555",
+        help="the server's ZeroMQ endpoint, e.g. tcp://127.0.0.1:5555, or a fleet: "
+        "dns+tcp://NAME:PORT (every A/AAAA record of NAME a server)",
     )
     parser.add_argument("--once", action="store_true", help="print one snapshot and exit")
     parser.add_argument(
         "--keys",
         default=None,
-        help="keys folder of a server started with --keys (default: $BATCHWIRE_KEYS)",
+        help="keys folder of a server started with --keys (default: $BATCHWIRE_KEYS); "
+        "for a fleet, of every server",
     )
     parser.add_argument(
         "--json",
@@ -202,6 +218,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeysError as exc:
         print(f"pipeline-monitor: {exc}", file=sys.stderr)
         return 2
+    if is_dns_endpoint(args.endpoint):
+        return _main_fleet(args, keys, out)
     client = StatsClient(args.endpoint, args.timeout, keys=keys)
     try:
         client.connect()
@@ -218,12 +236,103 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 0
     except BrokenPipeError:
-        # The reader went away (`| head`): stop quietly, and keep Python from complaining
-        # about the unflushable stdout at exit.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
+        return _reader_gone()
     finally:
         client.close()
+
+
+def _reader_gone() -> int:
+    """The reader went away (`| head`): stop quietly, and keep Python from complaining about
+    the unflushable stdout at exit."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 0
+
+
+def _main_fleet(args: argparse.Namespace, keys: ClientKeys | None, out: TextIO) -> int:
+    """``dns+tcp://NAME:PORT``: resolve now (no records: exit 2 naming DNS), then as for one
+    server, every server of the name at every refresh."""
+    try:
+        poller = FleetPoller(args.endpoint, args.timeout, keys=keys)
+    except ValueError as exc:  # a malformed name or $BATCHWIRE_DNS_SERVER
+        print(f"pipeline-monitor: {exc}", file=sys.stderr)
+        return 2
+    try:
+        poller.initial()
+    except DnsError as exc:
+        print(f"pipeline-monitor: {lookup_failure(args.endpoint, exc)}", file=sys.stderr)
+        return 2
+    try:
+        if args.once:
+            return _fleet_once(poller, args, out)
+        if args.json:
+            return _fleet_json_stream(poller, args, out)
+        return _fleet_live(poller, args, out)
+    except KeyboardInterrupt:
+        return 0
+    except BrokenPipeError:
+        return _reader_gone()
+    finally:
+        poller.close()
+
+
+def _fleet_once(poller: FleetPoller, args: argparse.Namespace, out: TextIO) -> int:
+    """Every server once (the name was just resolved): 0 if any answered, else 1; the view (or
+    JSON) shows each server's answer or error either way."""
+    fleet = poller.poll(resolve=False)
+    if args.json:
+        out.write(json.dumps(fleet.to_map()) + "\n")
+    else:
+        width = _terminal_size(out)[0] if out.isatty() else 120
+        color, unicode = _use_color(out, args.no_color), _use_unicode(out)
+        text = render_fleet(fleet, width, color=color, unicode=unicode, waiting=False)
+        out.write(text + "\n")
+    out.flush()
+    if fleet.totals.answering:
+        return 0
+    print(f"pipeline-monitor: no server of {args.endpoint} answered", file=sys.stderr)
+    return 1
+
+
+def _fleet_json_stream(poller: FleetPoller, args: argparse.Namespace, out: TextIO) -> int:
+    """One JSON object per interval, one entry per server (an error in place of stats)."""
+    first = True  # the name was just resolved
+    while True:
+        started = time.monotonic()
+        out.write(json.dumps(poller.poll(resolve=not first).to_map()) + "\n")
+        out.flush()
+        first = False
+        time.sleep(max(0.0, started + args.interval - time.monotonic()))
+
+
+def _fleet_live(poller: FleetPoller, args: argparse.Namespace, out: TextIO) -> int:
+    """As `_run_live`, for every server of the fleet, the name re-resolved at each refresh."""
+    color, unicode = _use_color(out, args.no_color), _use_unicode(out)
+    watch = FleetWatch(round(SMOOTH_S / args.interval))
+    first = True  # the name was just resolved
+
+    def poll() -> FleetSnapshot:
+        nonlocal first
+        fleet = watch.update(poller.poll(resolve=not first))
+        first = False
+        return fleet
+
+    if not out.isatty():
+        while True:
+            started = time.monotonic()
+            out.write(render_fleet(poll(), 120, color=color, unicode=unicode) + "\n\n")
+            out.flush()
+            time.sleep(max(0.0, started + args.interval - time.monotonic()))
+    view = FleetMonitorView(poll(), unicode)
+    console = text_console(out, None, color)
+    with Live(view, console=console, screen=True, auto_refresh=False) as live:
+        next_poll = time.monotonic() + args.interval
+        while True:
+            if time.monotonic() >= next_poll:
+                next_poll = time.monotonic() + args.interval
+                view.fleet = poll()
+            console.size = _terminal_size(out)  # as in _run_live: the terminal's own size
+            live.refresh()
+            time.sleep(max(0.0, min(1.0 / LIVE_REFRESH_HZ, next_poll - time.monotonic())))
 
 
 if __name__ == "__main__":

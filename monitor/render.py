@@ -5,7 +5,9 @@
 terminal has (the live view, through `rich.live.Live`). Rich does the terminal work that used to
 be hand-written here: styles and colour codes, cropping lines to the width by their visible
 characters (a narrow terminal shows a clipped, not wrapped, view), the alternate screen.
-Client columns that do not fit are dropped, least useful first.
+Client columns that do not fit are dropped, least useful first. A fleet (``dns+tcp://``) is
+`fleet_frame`: its totals, then one `frame` per server, stacked (`render_fleet`,
+`FleetMonitorView`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from batchwire.monitor.bottleneck import Bottleneck, infer_bottleneck, is_full
+from batchwire.monitor.fleet import FleetSnapshot
 from batchwire.wire.stats import ClientRow, ServerStats
 from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
 from rich.padding import Padding
@@ -197,6 +200,18 @@ def _client_table(clients: Sequence[ClientRow], width: int) -> Table:
     return table
 
 
+def _head(title: str, endpoint: str, snapshot: ServerStats | None) -> Text:
+    head = _line((title, BOLD), (f"  {endpoint}", CYAN))
+    if snapshot is not None:
+        head.append(f"  up {human_duration(snapshot.uptime_s)}")
+    head.append(f"  {time.strftime('%H:%M:%S')}", DIM)
+    return head
+
+
+def _error_line(error: str) -> Text:
+    return _line(("! ", f"{BOLD} {RED}"), (error, RED))
+
+
 def frame(
     snapshot: ServerStats | None,
     width: int = 100,
@@ -206,24 +221,23 @@ def frame(
     error: str | None = None,
     unicode: bool = True,
     bottleneck: Bottleneck | None = None,
+    title: str = "batchwire monitor",
+    waiting: bool = True,
 ) -> Group:
     """The view as one rich renderable, each line at most ``width`` visible characters.
 
-    ``snapshot`` may be None (nothing received yet); ``error`` shows as a warning line above
-    the last good snapshot, so a hiccup does not blank the screen. ``bottleneck`` defaults to
-    the one inferred from ``snapshot`` alone (the live view passes one from several).
+    ``snapshot`` may be None (nothing received yet: "waiting for the first answer" unless not
+    ``waiting``); ``error`` shows as a warning line above the last good snapshot, so a hiccup
+    does not blank the screen. ``bottleneck`` defaults to the one inferred from ``snapshot``
+    alone (the live view passes one from several). ``title`` begins the first line.
     """
     width = max(1, int(width))
-    parts: list[RenderableType] = []
-    head = _line(("batchwire monitor", BOLD), (f"  {endpoint}", CYAN))
-    if snapshot is not None:
-        head.append(f"  up {human_duration(snapshot.uptime_s)}")
-    head.append(f"  {time.strftime('%H:%M:%S')}", DIM)
-    parts.append(head)
+    parts: list[RenderableType] = [_head(title, endpoint, snapshot)]
     if error:
-        parts.append(_line(("! ", f"{BOLD} {RED}"), (error, RED)))
+        parts.append(_error_line(error))
     if snapshot is None:
-        parts.append(_line(("waiting for the first answer...", DIM)))
+        if waiting:
+            parts.append(_line(("waiting for the first answer...", DIM)))
         return Group(*parts)
 
     if bottleneck is None:
@@ -313,6 +327,79 @@ def render(
         unicode=unicode,
         bottleneck=bottleneck,
     )
+    return _text(view, width, color)
+
+
+def fleet_frame(
+    fleet: FleetSnapshot,
+    width: int = 100,
+    height: int | None = None,
+    *,
+    unicode: bool = True,
+    waiting: bool = True,
+) -> Group:
+    """A fleet's view (``dns+tcp://NAME:PORT``): a head with the fleet's totals, then every
+    server's own view (`frame`), stacked in address order; a server that did not answer shows
+    its error (above its last good snapshot, if any). Each server gets an even share of
+    ``height`` for its client table."""
+    width = max(1, int(width))
+    totals = fleet.totals
+    servers = f"{totals.servers} server{'s' if totals.servers != 1 else ''}"
+    parts: list[RenderableType] = [
+        _line(
+            ("batchwire monitor", BOLD),
+            (f"  {fleet.name}", CYAN),
+            f"  {servers}, ",
+            (
+                f"{totals.answering} answering",
+                "" if totals.answering == totals.servers else f"{BOLD} {YELLOW}",
+            ),
+            (f"  {time.strftime('%H:%M:%S')}", DIM),
+        ),
+        _line(
+            ("fleet total ", BOLD),
+            f"{totals.images_per_s:.1f} img/s   {totals.batches_per_s:.2f} batch/s   "
+            f"{human_bytes(totals.bytes_per_s)}/s   {totals.clients} clients",
+            ("  (summed over the servers that answered)", DIM),
+        ),
+    ]
+    if fleet.dns_error:
+        parts.append(_error_line(fleet.dns_error))
+    rule = _line(("─" if unicode else "-") * width, DIM)
+    n = max(1, len(fleet.servers))
+    each = None if height is None else max(1, (height - len(parts)) // n - 1)
+    for view in fleet.servers:
+        parts.append(rule)
+        parts.append(
+            frame(
+                view.stats,
+                width,
+                each,
+                endpoint=view.endpoint,
+                error=view.error,
+                unicode=unicode,
+                bottleneck=view.bottleneck,
+                title="server",
+                waiting=waiting,
+            )
+        )
+    return Group(*parts)
+
+
+def render_fleet(
+    fleet: FleetSnapshot,
+    width: int = 100,
+    height: int | None = None,
+    *,
+    color: bool = False,
+    unicode: bool = True,
+    waiting: bool = True,
+) -> str:
+    """`fleet_frame` as text, ANSI colours only when ``color``."""
+    return _text(fleet_frame(fleet, width, height, unicode=unicode, waiting=waiting), width, color)
+
+
+def _text(view: RenderableType, width: int, color: bool) -> str:
     out = io.StringIO()
     console = text_console(out, width, color)
     console.print(view, crop=True, no_wrap=True, overflow="crop")
@@ -361,3 +448,16 @@ def _frame_lines(view: MonitorView, width: int, height: int) -> Iterator[Rendera
         unicode=view.unicode,
         bottleneck=view.bottleneck,
     )
+
+
+class FleetMonitorView:
+    """The live view of a fleet: `fleet_frame` of the latest refresh at the console's size."""
+
+    def __init__(self, fleet: FleetSnapshot, unicode: bool) -> None:
+        self.fleet = fleet
+        self.unicode = unicode
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        yield fleet_frame(
+            self.fleet, options.max_width, options.height or console.height, unicode=self.unicode
+        )

@@ -16,22 +16,18 @@ bit-identical to a single server's.
 
 from __future__ import annotations
 
-import os
-import shutil
-import signal
-import socket
+import json
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
 import torch
+from batchwire.bench.bench_fleet import DNSMASQ, Dnsmasq, free_port
 from batchwire.client import RemoteLoader, ServerUnavailable, discovery
+from batchwire.wire import dns as wire_dns
 from serverproc import running_server, small_server_args
+from test_monitor_live import MONITOR, check_schema
 
-DNSMASQ = shutil.which("dnsmasq") or (
-    "/usr/sbin/dnsmasq" if Path("/usr/sbin/dnsmasq").exists() else None
-)
 pytestmark = pytest.mark.skipif(
     DNSMASQ is None, reason="dnsmasq is not installed (scripts/setup.sh installs dnsmasq-base)"
 )
@@ -39,75 +35,12 @@ NAME = "fleet.test"
 HOSTS = ("127.0.0.2", "127.0.0.3", "127.0.0.4")
 
 
-def free_port(hosts: tuple[str, ...], kind: int = socket.SOCK_STREAM) -> int:
-    """A port free on every one of ``hosts`` a moment ago."""
-    for _ in range(50):
-        with socket.socket(socket.AF_INET, kind) as s:
-            s.bind((hosts[0], 0))
-            port = s.getsockname()[1]
-        try:
-            for h in hosts[1:]:
-                with socket.socket(socket.AF_INET, kind) as s:
-                    s.bind((h, port))
-        except OSError:
-            continue
-        return port
-    raise RuntimeError("no common free port")
-
-
-class Dns:
-    """A dnsmasq answering for ``NAME`` from a hosts file the test rewrites (SIGHUP rereads)."""
-
-    def __init__(self, folder: Path) -> None:
-        self.hosts = folder / "hosts"
-        self.hosts.write_text(f"127.0.0.1 {NAME}\n")  # to see it answer (no SIGHUP before)
-        self.port = free_port(("127.0.0.1",), socket.SOCK_DGRAM)
-        self.proc = subprocess.Popen(
-            [
-                str(DNSMASQ), "--keep-in-foreground", "--conf-file=/dev/null", "--no-resolv",
-                "--no-hosts", f"--addn-hosts={self.hosts}", "--listen-address=127.0.0.1",
-                "--bind-interfaces", f"--port={self.port}", "--pid-file=", "--local-ttl=0",
-                *(["--user=root"] if os.geteuid() == 0 else []),
-                f"--log-facility={folder / 'dnsmasq.log'}",
-            ],
-        )  # fmt: skip
-        self.server = f"127.0.0.1:{self.port}"
-        resolve = discovery.dnspython_resolver(self.server)
-        deadline = time.monotonic() + 10
-        while True:  # answering?
-            try:
-                if resolve(NAME, 1):
-                    break
-            except discovery.DnsError:
-                pass
-            assert self.proc.poll() is None and time.monotonic() < deadline, "dnsmasq did not start"
-            time.sleep(0.05)
-
-    def set(self, *addresses: str) -> None:
-        """Make ``NAME`` resolve to ``addresses`` (none: no records); returns once it does."""
-        self.hosts.write_text("".join(f"{a} {NAME}\n" for a in addresses))
-        self.proc.send_signal(signal.SIGHUP)
-        resolve = discovery.dnspython_resolver(self.server)
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                now = resolve(NAME, 1)
-            except discovery.DnsError:
-                now = []
-            if sorted(now) == sorted(addresses):
-                return
-            assert time.monotonic() < deadline, f"dnsmasq still says {now}"
-            time.sleep(0.02)
-
-    def close(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(5)
-
-
 @pytest.fixture
 def dns(tmp_path, monkeypatch):
-    d = Dns(tmp_path)
-    monkeypatch.setenv(discovery.DNS_SERVER_ENV, d.server)
+    """A dnsmasq answering for ``NAME`` (`bench_fleet.Dnsmasq`, shared with ``--grow``),
+    asked by this process's loaders and by the children it starts."""
+    d = Dnsmasq(tmp_path, NAME)
+    monkeypatch.setenv(wire_dns.DNS_SERVER_ENV, d.server)
     monkeypatch.setattr(discovery, "RESOLVE_EVERY_S", 0.3)
     try:
         yield d
@@ -200,3 +133,115 @@ def test_a_dns_name_without_records_is_an_error_naming_dns(dns):
     with pytest.raises(ServerUnavailable, match="DNS lookup failed"):
         next(iter(loader))
     loader.close()
+
+
+# pipeline-monitor over the same kind of name: every server, re-resolved at each refresh.
+
+
+def run_monitor(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([*MONITOR, *args], capture_output=True, text=True, timeout=timeout)
+
+
+def json_lines(proc: subprocess.Popen, until, what: str, limit: int = 60) -> dict:
+    """Read the live monitor's JSON lines until ``until(doc)``; at most ``limit`` lines."""
+    for _ in range(limit):
+        line = proc.stdout.readline()
+        assert line, f"the monitor ended before {what}: {proc.stderr.read()}"
+        doc = json.loads(line)
+        if until(doc):
+            return doc
+    raise AssertionError(f"no {what} in {limit} refreshes; the last: {doc}")
+
+
+@pytest.mark.timeout(150)
+def test_the_monitor_shows_every_server_of_a_dns_name(dns):
+    args = small_server_args(seed=9)
+    port = free_port(HOSTS)
+    eps = [f"tcp://{h}:{port}" for h in HOSTS]
+    fleet = f"dns+tcp://{NAME}:{port}"
+    with (
+        running_server(*args, endpoint=eps[0]) as a,
+        running_server(*args, endpoint=eps[1]) as b,
+        running_server(*args, endpoint=eps[2]),
+    ):
+        dns.set(HOSTS[0], HOSTS[1])
+        kw = dict(rank=0, world_size=1, device="cpu", timeout=30.0)
+        with RemoteLoader(fleet, "train", **kw) as loader:
+            batches_of = iter(loader)
+            for _ in range(4):
+                next(batches_of)
+            deadline = time.monotonic() + 20
+            while not (a.stats()["clients"] and b.stats()["clients"]):  # each has our session
+                assert time.monotonic() < deadline, "the loader has no session on each server"
+                time.sleep(0.1)
+
+            # --once --json: one entry per server, each the server's stats as it sent them.
+            done = run_monitor(fleet, "--once", "--json")
+            assert done.returncode == 0, done.stderr
+            doc = json.loads(done.stdout)
+            assert doc["fleet"] == fleet and doc["dns_error"] is None
+            assert [s["endpoint"] for s in doc["servers"]] == eps[:2]
+            for entry in doc["servers"]:
+                assert entry["error"] is None, entry["error"]
+                check_schema(entry["stats"])
+                assert [c["split"] for c in entry["stats"]["clients"]] == ["train"]
+            assert doc["total"]["servers"] == doc["total"]["answering"] == 2
+            assert doc["total"]["clients"] == 2  # our loader, once on each server
+
+            # The view: both stacked under the fleet's totals.
+            done = run_monitor(fleet, "--once")
+            assert done.returncode == 0, done.stderr
+            lines = done.stdout.splitlines()
+            assert fleet in lines[0] and "2 servers, 2 answering" in lines[0], done.stdout
+            assert lines[1].startswith("fleet total ") and "2 clients" in lines[1]
+            heads = [line.split()[1] for line in lines if line.startswith("server  tcp://")]
+            assert heads == eps[:2]
+
+        # Live --json: a third server joins the name and shows up; one killed shows as not
+        # answering while the others still show.
+        proc = subprocess.Popen(
+            [*MONITOR, fleet, "--json", "--interval", "0.3", "--timeout", "1"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            first = json_lines(proc, lambda d: True, "a first refresh")
+            assert [s["endpoint"] for s in first["servers"]] == eps[:2]
+            dns.set(*HOSTS)
+
+            def all_three(doc: dict) -> bool:
+                return [s["endpoint"] for s in doc["servers"]] == eps and all(
+                    s["stats"] is not None for s in doc["servers"]
+                )
+
+            json_lines(proc, all_three, "the third server")
+            b.kill()
+
+            def b_silent(doc: dict) -> bool:
+                return doc["servers"][1]["stats"] is None
+
+            doc = json_lines(proc, b_silent, "the killed server shown as not answering")
+            entry = doc["servers"][1]
+            assert entry["endpoint"] == eps[1]
+            assert f"no answer from {eps[1]} within 1 s" in entry["error"]
+            assert [s["stats"] is not None for s in doc["servers"]] == [True, False, True]
+            assert doc["total"]["servers"] == 3 and doc["total"]["answering"] == 2
+            proc.terminate()
+            assert proc.wait(timeout=15) == 0, proc.stderr.read()
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        b.start()  # running_server's clean exit stops it again
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("mode", [["--once"], ["--json"]])
+def test_the_monitor_exits_2_naming_dns_for_a_name_without_records(dns, mode):
+    dns.set()  # no records
+    fleet = f"dns+tcp://{NAME}:5555"
+    done = run_monitor(fleet, *mode)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert f"cannot find the servers of {fleet}: DNS lookup failed" in done.stderr, done.stderr
+    assert done.stdout == ""
