@@ -26,6 +26,20 @@ dataset (`keyed_name`). Where several apply, the newer manifest wins for a path 
 A manifest that cannot be read, or lines of it that make no sense, are never fatal with
 `verify="auto"` (a warning, those lines skipped); with `verify="on"` no usable manifest at all
 is an error (`ChecksumManifestError`).
+
+Samples that are not whole files (`SampleKeys`, from the dataset's reader): a tar shard's
+member is recorded as "SHARD:MEMBER" (`train-000003.tar:000000042.jpg`), a Parquet row as
+"FILE#ROW" (`train-00000.parquet#17`), an object of a bucket ImageFolder or list file by its key;
+SHARD and FILE are keys relative to the folder or prefix holding them, and the checksum is over
+the image bytes as the reader returns them (the member's data, the row's `bytes`). The
+manifests live in that folder or prefix (the same two names, read and written through the
+dataset's `pipeline.storage.Store`, so `s3://` too) or in a `--checksum-dir` folder under
+`keyed_name(folder)`. A record also keeps the size of the shard or file it was read from and
+the member's offset: a shard rewritten since (another size, the member elsewhere) no longer
+matches its records, which are then dropped (its samples read unchecked, logged once per
+shard) rather than calling every sample of a re-made shard damaged. Damage in place (a flipped
+bit, bytes overwritten) changes neither, so it is caught, which a version check (mtime, ETag:
+changed by the damage too) could not do.
 """
 
 from __future__ import annotations
@@ -37,9 +51,13 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import xxhash
+
+if TYPE_CHECKING:
+    from batchwire.pipeline.storage.base import Store
 
 log = logging.getLogger("batchwire.pipeline")
 
@@ -83,10 +101,12 @@ def dataset_folder(root: Path, kind: str) -> Path:
 
 def keyed_name(dataset_path: str | os.PathLike[str]) -> str:
     """A manifest's name in a shared folder: the dataset's name and a hash of its absolute,
-    resolved path (an ImageFolder root or a list file), so one folder holds many datasets'."""
-    resolved = os.path.realpath(dataset_path)
+    resolved path (an ImageFolder root or a list file; a URL as it is written), so one folder
+    holds many datasets'."""
+    text = os.fspath(dataset_path)
+    resolved = text.rstrip("/") if "://" in text else os.path.realpath(text)
     key = hashlib.sha256(resolved.encode("utf-8", "surrogateescape")).hexdigest()[:16]
-    return f"{Path(resolved).name}-{key}{KEYED_SUFFIX}"
+    return f"{resolved.rpartition('/')[2] or 'root'}-{key}{KEYED_SUFFIX}"
 
 
 def manifest_paths(
@@ -106,11 +126,27 @@ def manifest_paths(
 class Entry:
     """One file's recorded size and checksum value, and whether the file passed the strict
     full decode when it was recorded (`"intact": true`; absent, as in older manifests: not
-    known, so False)."""
+    known, so False). A sample inside a shard or Parquet file also records that object's size
+    and the member's offset (-1: not recorded)."""
 
     size: int
     value: int
     intact: bool = False
+    object_size: int = -1
+    offset: int = -1
+
+
+@dataclass(frozen=True)
+class SampleKeys:
+    """How a dataset whose samples are not local files names them in a manifest (the module
+    doc): `keys[i]` is sample i's record path, `object_sizes[i]` the size now of the shard or
+    file holding it and `offsets[i]` where in it (-1: a whole object). Manifests are looked for
+    at `store`'s root (`display`: how it is shown)."""
+
+    store: Store
+    keys: list[str]
+    object_sizes: np.ndarray  # int64
+    offsets: np.ndarray  # int64
 
 
 @dataclass(frozen=True)
@@ -145,6 +181,11 @@ def read_manifest(path: Path, max_bytes: int) -> ManifestRead:
     raw = read_file(path)
     if len(raw) > max_bytes:  # grew since
         raise ValueError(f"more than {max_bytes} bytes for this dataset")
+    return parse_manifest(raw)
+
+
+def parse_manifest(raw: bytes) -> ManifestRead:
+    """`read_manifest` of bytes already read (a manifest in an object store)."""
     entries: dict[str, Entry] = {}
     skipped = 0
     for line in raw.decode("utf-8", "surrogateescape").splitlines():
@@ -171,9 +212,16 @@ def _entry(data: dict) -> Entry | None:
         return None
     value = parse_checksum(data["checksum"])
     written = data.get("bytes_out", data.get("size"))
-    if value is None or not isinstance(written, int) or isinstance(written, bool) or written < 0:
+    if value is None or not _count(written):
         return None
-    return Entry(written, value, data.get("intact") is True)
+    where = [data.get(name, -1) for name in ("object_size", "offset")]
+    if not all(v == -1 or _count(v) for v in where):
+        return None
+    return Entry(written, value, data.get("intact") is True, int(where[0]), int(where[1]))
+
+
+def _count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 class Checksums:
@@ -229,18 +277,29 @@ class Checksums:
 
 def load_checksums(
     paths: Sequence[str],
-    root: Path,
+    root: Path | str,
     kind: str,
     *,
     verify: str = "auto",
     manifest_dirs: Sequence[str | os.PathLike[str]] = (),
+    sample_keys: SampleKeys | None = None,
 ) -> Checksums | None:
     """The checksums of the dataset whose absolute file paths are `paths` (see the module
     doc), or None when there are none to check (`verify` "off", or "auto" and none found).
+    `sample_keys`: the dataset's samples are not local files (tar members, Parquet rows,
+    objects): their manifests are found through its store (`load_sample_checksums`).
     Raises ChecksumManifestError for `verify="on"` without a usable manifest."""
     if verify not in VERIFY_MODES:
         raise ValueError(f"verify must be one of {VERIFY_MODES}, got {verify!r}")
     if verify == "off":
+        return None
+    if sample_keys is not None:
+        return load_sample_checksums(sample_keys, verify=verify, manifest_dirs=manifest_dirs)
+    if not isinstance(root, Path):  # a URL with no sample keys (a manifest naming URLs)
+        if verify == "on":
+            raise ChecksumManifestError(
+                f"{root}: checksum manifests are not supported for this kind of dataset"
+            )
         return None
     max_bytes = max(MAX_BYTES_FLOOR, MAX_BYTES_PER_FILE * len(paths))
     merged: dict[str, Entry] = {}
@@ -316,3 +375,103 @@ def _looked_for(
 
 def _reason(exc: BaseException) -> str:
     return getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+
+
+# -- samples that are not local files (tar members, Parquet rows, objects) ----------------
+
+
+def sample_manifests(
+    sample_keys: SampleKeys, manifest_dirs: Sequence[str | os.PathLike[str]] = ()
+) -> list[tuple[str, Store | None, str]]:
+    """Where a manifest of these samples may be, in the order read (later ones win):
+    (shown as, store or None for a local path, key or path)."""
+    store = sample_keys.store
+    root = store.display.rstrip("/")
+    out: list[tuple[str, Store | None, str]] = [
+        (f"{root}/{name}", store, name) for name in (PREPARE_MANIFEST, CHECKSUMS_MANIFEST)
+    ]
+    for d in manifest_dirs:
+        path = Path(d).expanduser() / keyed_name(root)
+        out.append((str(path), None, str(path)))
+    return out
+
+
+def load_sample_checksums(
+    sample_keys: SampleKeys,
+    *,
+    verify: str = "auto",
+    manifest_dirs: Sequence[str | os.PathLike[str]] = (),
+) -> Checksums | None:
+    """`load_checksums` for samples named by `SampleKeys` (the module doc): manifests at the
+    store's root (read through it: a bucket too) and in `manifest_dirs`; records of a shard or
+    file whose size or member offset changed since are dropped (logged once per object)."""
+    n = len(sample_keys.keys)
+    max_bytes = max(MAX_BYTES_FLOOR, MAX_BYTES_PER_FILE * n)
+    merged: dict[str, Entry] = {}
+    sources: list[str] = []
+    for shown, store, key in sample_manifests(sample_keys, manifest_dirs):
+        try:
+            if store is None:
+                got = read_manifest(Path(key), max_bytes)
+            else:
+                size = store.head(key).size
+                if size > max_bytes:
+                    raise ValueError(f"{size} bytes, more than {max_bytes} for this dataset")
+                got = parse_manifest(store.read(key))
+        except FileNotFoundError:
+            continue
+        except (OSError, ValueError) as exc:
+            log.warning("checksum manifest %s not used: %s", shown, _reason(exc))
+            continue
+        if got.skipped:
+            log.warning(
+                "checksum manifest %s: %d lines that are not checksummed records skipped",
+                shown,
+                got.skipped,
+            )
+        if got.entries:
+            merged.update(got.entries)
+            sources.append(shown)
+    display = sample_keys.store.display
+    if not merged:
+        if verify == "on":
+            looked = ", ".join(s for s, _, _ in sample_manifests(sample_keys, manifest_dirs))
+            raise ChecksumManifestError(
+                f"no usable checksum manifest for {display} (looked for {looked}); write one "
+                "with `pipeline-prepare --checksums-only`"
+            )
+        return None
+    sizes = np.full(n, -1, dtype=np.int64)
+    values = np.zeros(n, dtype=np.uint64)
+    intact = np.zeros(n, dtype=bool)
+    changed: dict[str, int] = {}
+    for i, key in enumerate(sample_keys.keys):
+        entry = merged.get(key)
+        if entry is None:
+            continue
+        moved = (entry.object_size >= 0 and entry.object_size != sample_keys.object_sizes[i]) or (
+            entry.offset >= 0 and entry.offset != sample_keys.offsets[i]
+        )
+        if moved:
+            holder = key.rpartition(":")[0] or key.rpartition("#")[0] or key
+            changed[holder] = changed.get(holder, 0) + 1
+            continue
+        sizes[i], values[i], intact[i] = entry.size, entry.value, entry.intact
+    for holder, count in changed.items():
+        log.warning(
+            "%s/%s changed since its checksums were recorded (another size, or members "
+            "moved): its %d recorded samples are read unchecked; rerun `pipeline-prepare "
+            "--checksums-only` if it was rewritten on purpose",
+            display.rstrip("/"),
+            holder,
+            count,
+        )
+    checksums = Checksums(sizes, values, sources, intact)
+    log.info(
+        "%s: checking %d of %d samples against the checksums in %s",
+        display,
+        checksums.count,
+        n,
+        " and ".join(sources),
+    )
+    return checksums

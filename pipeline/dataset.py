@@ -16,6 +16,7 @@ one (`checksums`): the sample loader checks each file's bytes against it as it r
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,17 +27,32 @@ from batchwire.pipeline.checksums import Checksums, Verdict, load_checksums
 from batchwire.pipeline.index_cache import IMAGE_EXTENSIONS, cached_folder_index
 from batchwire.pipeline.listfile import confined_path, parse_list_line
 
-__all__ = ["IMAGE_EXTENSIONS", "ImageDataset", "open_dataset", "read_list_file"]
+__all__ = ["IMAGE_EXTENSIONS", "ImageDataset", "dataset_root", "open_dataset", "read_list_file"]
+
+_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+
+
+def dataset_root(location: str | os.PathLike[str]) -> Path | str:
+    """What `ImageDataset.root` holds for a location: a URL (`s3://bucket/prefix`) stays the
+    string it is (a `Path` would fold its `//` into `s3:/bucket`), anything else is a Path."""
+    text = os.fspath(location)
+    if _URL.match(text):
+        return text
+    return Path(text)
 
 
 @dataclass
 class ImageDataset:
-    """Absolute file paths with int64 labels, and the class names the labels index."""
+    """Absolute file paths with int64 labels, and the class names the labels index.
+
+    `root` is where the dataset is, as logs, errors and stats show it: a local Path (an
+    ImageFolder's root, a list file, a shard or Parquet file), or the URL string of an
+    object-store dataset (never a credential: sources build it from the redacted URL)."""
 
     paths: list[str]
     labels: np.ndarray
     classes: list[str]
-    root: Path
+    root: Path | str
     kind: str = "folder"  # "folder", "list", or a `pipeline.sources` kind ("csv", "tar", ...)
     from_cache: bool = False  # the ImageFolder listing came from the index cache
     checksums: Checksums | None = None  # recorded checksums (pipeline.checksums), if any
@@ -46,6 +62,8 @@ class ImageDataset:
     reader: Callable[[int], bytes] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
+        if not isinstance(self.root, (Path, str)):
+            self.root = dataset_root(self.root)
         self.labels = np.ascontiguousarray(self.labels, dtype=np.int64)
         if len(self.paths) != len(self.labels):
             raise ValueError(f"{len(self.paths)} paths but {len(self.labels)} labels")
@@ -158,17 +176,20 @@ def open_dataset(
     `cache_dir` is where ImageFolder listings are cached (default `paths.cache_dir()`).
     `allow_outside_root`: a list file may name files outside its folder (see `read_list_file`).
     `verify_checksums`: "auto" checks files against a checksum manifest when one is found
-    (beside the data, or in one of `checksum_dirs`: `pipeline.checksums`), "on" requires one
+    (beside the data, or in one of `checksum_dirs`: `pipeline.checksums`; for tar shards,
+    Parquet and bucket datasets, per sample through the dataset's store), "on" requires one
     (`ChecksumManifestError`, a ValueError, without), "off" never checks.
     Raises FileNotFoundError for a missing path and ValueError for an empty or malformed one.
     """
     dataset = _open_listing(path, cache_dir, allow_outside_root)
+    keys = getattr(dataset.reader, "sample_keys", None)  # tar members, Parquet rows, objects
     dataset.checksums = load_checksums(
         dataset.paths,
         dataset.root,
         dataset.kind,
         verify=verify_checksums,
         manifest_dirs=checksum_dirs,
+        sample_keys=keys() if callable(keys) and verify_checksums != "off" else None,
     )
     return dataset
 

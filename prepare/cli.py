@@ -38,18 +38,25 @@ def parser() -> argparse.ArgumentParser:
         ),
     )
     add_version_argument(p)
-    p.add_argument("src", metavar="SRC", help="an ImageFolder tree (any folder) or a list file")
+    p.add_argument(
+        "src",
+        metavar="SRC",
+        help="an ImageFolder tree (any folder) or a list file; with --shards or "
+        "--checksums-only also tar shards, Parquet or a dataset in a bucket (s3://...)",
+    )
     p.add_argument(
         "dst",
         metavar="DST",
         nargs="?",
-        help="the output folder (created; outside SRC); not with --checksums-only",
+        help="the output folder (created; outside SRC), or with --shards also a bucket "
+        "prefix (s3://bucket/prefix); not with --checksums-only",
     )
     p.add_argument(
         "--checksums-only",
         action="store_true",
         help="rewrite nothing: only record a checksum of every file of SRC in a manifest "
-        "(SRC/.batchwire-prepare-checksums.jsonl, or in --manifest-dir), which pipeline-server "
+        "(SRC/.batchwire-prepare-checksums.jsonl, or in --manifest-dir; for tar shards, Parquet "
+        "and bucket datasets one per sample, beside the shards or files), which pipeline-server "
         "checks every read against, and whether each JPEG passes the strict full decode "
         "(only those may be decoded by their crop's restart intervals; corrupt ones are listed)",
     )
@@ -122,6 +129,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.shards is not None:
         return _shards_main(args)
+    if args.checksums_only and args.dst is None:
+        from batchwire.pipeline.sources import is_classic
+
+        if not is_classic(args.src):  # tar shards, Parquet, a bucket: checksums per sample
+            return _sample_sums_main(args)
     return _finish(
         lambda: run(
             Options(
@@ -158,6 +170,21 @@ def _shards_main(args: argparse.Namespace) -> int:
         )
 
     return _finish(work)
+
+
+def _sample_sums_main(args: argparse.Namespace) -> int:
+    """`--checksums-only` of tar shards, Parquet or a bucket dataset (prepare.samplesums)."""
+    from batchwire.prepare.samplesums import checksum_samples
+
+    return _finish(
+        lambda: checksum_samples(
+            args.src,
+            manifest_dir=args.manifest_dir,
+            jobs=args.jobs,
+            max_pixels=args.max_pixels or None,
+            progress=None if args.quiet else sys.stderr,
+        )
+    )
 
 
 class _Summary(Protocol):

@@ -21,7 +21,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from batchwire.pipeline.dataset import ImageDataset
+from batchwire.pipeline.dataset import ImageDataset, dataset_root
 from batchwire.pipeline.listfile import confined_path
 from batchwire.pipeline.sources.labels import LabelError, LabelTable, parse_label
 from batchwire.pipeline.sources.locate import Located, is_url
@@ -232,7 +232,7 @@ def open_manifest(located: Located, *, allow_outside_root: bool = False) -> Imag
         paths=paths,
         labels=labels,
         classes=classes,
-        root=Path(where),
+        root=dataset_root(where),
         kind="list" if located.kind == "namedlist" else located.kind,
         reader=reader,
     )

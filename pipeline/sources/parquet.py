@@ -22,10 +22,11 @@ import json
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from batchwire.pipeline.dataset import ImageDataset
+import numpy as np
+from batchwire.pipeline.checksums import SampleKeys
+from batchwire.pipeline.dataset import ImageDataset, dataset_root
 from batchwire.pipeline.sources.labels import LabelTable
 from batchwire.pipeline.sources.locate import Located
 from batchwire.pipeline.sources.tarindex import MAX_MEMBER_BYTES
@@ -188,6 +189,7 @@ class ParquetReader:
     image: str
     starts: list[int]  # first global row of each (file, row group), in order
     groups: list[tuple[int, int]]  # (file, row group) in that order
+    total: int = 0  # rows in all
     cache: RowGroupCache = field(default_factory=RowGroupCache)
     _local: threading.local = field(default_factory=threading.local)
 
@@ -216,6 +218,23 @@ class ParquetReader:
         except (pa.ArrowException, *_PARQUET_ERRORS) as exc:
             name = self.located.name(self.located.keys[f])
             raise OSError(f"{name}: row group {rg} unreadable ({exc})") from None
+
+    def sample_keys(self) -> SampleKeys:
+        """Checksum-manifest names ("FILE#ROW", ROW within its file) with each file's size
+        (`pipeline.checksums`)."""
+        keys: list[str] = []
+        sizes: list[int] = []
+        first: dict[int, int] = {}
+        for g, (f, _rg) in enumerate(self.groups):
+            first.setdefault(f, self.starts[g])
+            end = self.starts[g + 1] if g + 1 < len(self.starts) else self.total
+            base = first[f]
+            keys.extend(f"{self.located.keys[f]}#{r - base}" for r in range(self.starts[g], end))
+            sizes.extend([self.sizes[f]] * (end - self.starts[g]))
+        n = len(keys)
+        return SampleKeys(
+            self.located.store, keys, np.asarray(sizes, np.int64), np.full(n, -1, np.int64)
+        )
 
     def __call__(self, i: int) -> bytes:
         g = bisect.bisect_right(self.starts, i) - 1
@@ -289,12 +308,12 @@ def open_parquet(located: Located) -> ImageDataset:
         raise ValueError(f"{located.display}: no rows")
     ids, classes = table.resolve(names)
     assert image is not None
-    reader = ParquetReader(located, metadata, sizes, image, starts, groups)
+    reader = ParquetReader(located, metadata, sizes, image, starts, groups, total)
     return ImageDataset(
         paths=paths,
         labels=ids,
         classes=classes,
-        root=Path(located.name(located.keys[0])),
+        root=dataset_root(located.name(located.keys[0])),
         kind="parquet",
         reader=reader,
     )

@@ -17,10 +17,10 @@ import os
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
-from batchwire.pipeline.dataset import ImageDataset
+from batchwire.pipeline.checksums import SampleKeys
+from batchwire.pipeline.dataset import ImageDataset, dataset_root
 from batchwire.pipeline.sources.labels import LabelTable
 from batchwire.pipeline.sources.locate import Located
 from batchwire.pipeline.sources.tarindex import ShardIndex, cached_index
@@ -47,6 +47,20 @@ class TarReader:
     shard_of: np.ndarray  # int32 per sample
     offsets: np.ndarray  # int64
     sizes: np.ndarray  # int64
+    members: list[str] | None = None  # per sample: its image member's name in its shard
+    shard_sizes: np.ndarray | None = None  # int64 per shard, as indexed
+
+    def sample_keys(self) -> SampleKeys:
+        """Checksum-manifest names ("SHARD:MEMBER"), with each shard's size and the member's
+        offset (`pipeline.checksums`: what tells a rewritten shard from a damaged one)."""
+        assert self.members is not None and self.shard_sizes is not None
+        keys = self.located.keys
+        return SampleKeys(
+            self.located.store,
+            [f"{keys[s]}:{m}" for s, m in zip(self.shard_of.tolist(), self.members, strict=True)],
+            self.shard_sizes[self.shard_of],
+            self.offsets,
+        )
 
     def __call__(self, i: int) -> bytes:
         got = self.read_many([i])[0]
@@ -158,6 +172,7 @@ def open_tar(located: Located, cache_dir: str | os.PathLike[str]) -> ImageDatase
     skipped = _report(located, indexes, sum(not cached for _, cached in got))
     table = LabelTable()
     names: list[str] = []
+    members: list[str] = []
     for k, ix in enumerate(indexes):
         shard = located.name(located.keys[k])
         for key, ext, text, is_name in zip(
@@ -166,6 +181,7 @@ def open_tar(located: Located, cache_dir: str | os.PathLike[str]) -> ImageDatase
             where = f"{shard}:{key}"
             table.add(text if is_name else int(text), where)
             names.append(f"{where}.{ext}")
+            members.append(f"{key}.{ext}")
     if not names:
         raise ValueError(
             f"{located.display}: no usable samples in {len(indexes)} shards ({skipped} skipped; "
@@ -178,12 +194,14 @@ def open_tar(located: Located, cache_dir: str | os.PathLike[str]) -> ImageDatase
         np.concatenate([np.full(len(ix), k, np.int32) for k, ix in enumerate(indexes)]),
         np.concatenate([ix.offsets for ix in indexes]),
         np.concatenate([ix.sizes for ix in indexes]),
+        members,
+        np.asarray([info.size for info in infos], dtype=np.int64),
     )
     return ImageDataset(
         paths=names,
         labels=labels,
         classes=classes,
-        root=Path(located.name(located.keys[0])),
+        root=dataset_root(located.name(located.keys[0])),
         kind="tar",
         reader=reader,
     )

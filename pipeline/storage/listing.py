@@ -257,6 +257,15 @@ class ObjectReader:
     def __call__(self, i: int) -> bytes:
         return self.store.read(self.keys[i])
 
+    def sample_keys(self) -> Any:  # pipeline.checksums.SampleKeys
+        """Checksum-manifest names: the objects' keys (whole objects: no offsets)."""
+        from batchwire.pipeline.checksums import SampleKeys
+
+        n = len(self.keys)
+        return SampleKeys(
+            self.store, list(self.keys), np.full(n, -1, np.int64), np.full(n, -1, np.int64)
+        )
+
     def read_many(self, indices: Sequence[int]) -> list[bytes | OSError]:
         return self.store.read_many([self.keys[int(i)] for i in indices])
 
@@ -358,7 +367,7 @@ def open_store_dataset(
         paths=[f"{folder}/{k}" for k in keys],
         labels=labels,
         classes=list(classes),
-        root=Path(shown),  # as `pipeline.sources` does for URLs (shown "s3:/b/p")
+        root=shown,  # the URL as a string (a Path would show "s3:/b/p")
         kind=kind,
         from_cache=from_cache,
         reader=ObjectReader(store, list(keys)),

@@ -1,19 +1,25 @@
 """A real pipeline-server catches a bit flip that every decoder accepts, through the checksums
 pipeline-prepare recorded: train on a prepared tree (DST's manifest), val on a tree given
 only `pipeline-prepare --checksums-only` (the manifest beside it). Each flipped file is counted
-bad once, logged as a checksum mismatch and replaced; every slot is still served.
+bad once, logged as a checksum mismatch and replaced; every slot is still served. The same for
+a member of a WebDataset tar shard, in a folder and in a real S3 bucket (SeaweedFS), checksummed
+per sample by `pipeline-prepare --checksums-only SHARDS`.
 """
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
 
+import obstore
 import pytest
 from batchwire.client.remote_loader import RemoteLoader
 from batchwire.native.build import cache_root
+from batchwire.pipeline.dataset import open_dataset
 from bitflips import clean_bit_flip, photos
+from objectstore import seaweed  # noqa: F401  (the fixture)
 from serverproc import running_server
 
 PREPARE = Path(sys.executable).with_name("pipeline-prepare")
@@ -106,3 +112,70 @@ def test_server_finds_a_manifest_in_a_checksum_dir(tmp_path: Path) -> None:
     assert len(seen) == 6, log
     assert counters["bad_total"] == 1 and counters["replaced_total"] == 1, log
     assert f"image {flipped} (checksum mismatch" in log, log
+
+
+def flip_member(shards: Path, index: int) -> tuple[str, int]:
+    """A clean bit flip in sample `index`'s image member, in place (the shard keeps its size
+    and its members their offsets: damage, not a rewrite); (its shard's name, sample index)."""
+    ds = open_dataset(shards, verify_checksums="off")
+    reader = ds.reader
+    shard = shards / reader.located.keys[int(reader.shard_of[index])]
+    start, size = int(reader.offsets[index]), int(reader.sizes[index])
+    data = shard.read_bytes()
+    flipped = clean_bit_flip(data[start : start + size])
+    assert len(flipped) == size
+    shard.write_bytes(data[:start] + flipped + data[start + size :])
+    return shard.name, index
+
+
+@pytest.mark.timeout(300)
+def test_server_catches_a_flipped_tar_member_local_and_s3(tmp_path: Path, seaweed) -> None:  # noqa: F811
+    """train: shards in a folder; val: the same shards in a bucket, checksummed there by
+    `pipeline-prepare --checksums-only s3://...` (the manifest written into the bucket). One
+    member of each flipped in place; `--verify-checksums on` counts each bad once, names it
+    (SHARD:MEMBER) as a checksum mismatch and replaces it; every slot is served."""
+    src = tree(tmp_path / "src", photos(6))
+    local, remote = tmp_path / "shards", tmp_path / "shards-s3"
+    for out in (local, remote):
+        prepare(str(src), str(out), "--shards", "100KB")
+    assert len(list(local.glob("train-*.tar"))) >= 2
+    prepare("--checksums-only", str(local))
+    env = seaweed.env()
+    seaweed.upload_folder(remote, "sums", "shards")
+    done = subprocess.run(
+        [str(PREPARE), "--checksums-only", "s3://sums/shards", "--quiet", "--jobs", "1"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **env},
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "6 samples of s3://sums/shards checksummed (6 intact JPEGs" in done.stdout
+    shard_l, k_l = flip_member(local, 2)
+    shard_r, k_r = flip_member(remote, 4)
+    obstore.put(seaweed.client("sums"), f"shards/{shard_r}", (remote / shard_r).read_bytes())
+    args = (
+        *("--train", str(local), "--val", "s3://sums/shards", "--verify-checksums", "on"),
+        *("--batch-size", "2", "--image-size", "24", "--output-dtype", "uint8"),
+        *("--workers", "1", "--seed", "3"),
+    )
+    with running_server(*args, env={**fresh_cache(tmp_path), **env}) as srv:
+        for split in ("train", "val"):
+            with RemoteLoader(
+                srv.endpoint,
+                split,
+                rank=0,
+                world_size=1,
+                with_indices=True,
+                timeout=60,
+                prefetch_next_epoch=False,
+            ) as loader:
+                seen = [i for _, _, indices in loader for i in indices.tolist() if i >= 0]
+            assert len(seen) == 6
+        counters = srv.stats()["counters"]
+        log = srv.log()
+    assert counters["bad_total"] == 2, log
+    assert counters["replaced_total"] == 2, log
+    assert f"image {local / shard_l}:{k_l:09d}.jpg (checksum mismatch" in log, log
+    assert f"image s3://sums/shards/{shard_r}:{k_r:09d}.jpg (checksum mismatch" in log, log
+    assert env["AWS_SECRET_ACCESS_KEY"] not in log + done.stdout + done.stderr

@@ -91,6 +91,9 @@ def test_bucket_folder_opens_as_the_local_folder(seaweed, s3_folder, local_root,
     got = remote.read_many(range(len(remote)))
     assert got == [local.read_bytes(i) for i in range(len(local))]
     assert not remote.from_cache and again.from_cache
+    # The location as logs and stats show it: the URL itself (a Path would print "s3:/data").
+    assert remote.root == s3_folder and isinstance(remote.root, str)
+    assert f"folder '{s3_folder}'" in repr(remote)
 
 
 @pytest.mark.parametrize("dtype", ["uint8", "float16"])

@@ -128,6 +128,11 @@ def test_a_prefix_of_shards_opens_as_shards(seaweed, data, tmp_path, monkeypatch
     local = open_dataset(data["folder"], verify_checksums="off")
     got = open_dataset(data["s3-shards-prefix"], tmp_path / "cache", verify_checksums="off")
     assert got.kind == "tar" and got.classes == local.classes
+    # Shown as the URL, not a Path's "s3:/sources/..." (logs, errors, stats).
+    assert got.root == f"{data['s3-shards-prefix']}/train-000000.tar"
+    assert "'s3://sources/shards/train-000000.tar'" in repr(got)
+    pq_ds = open_dataset(data["s3-parquet"], tmp_path / "cache", verify_checksums="off")
+    assert pq_ds.root == data["s3-parquet"] and "s3://" in repr(pq_ds)
     assert (got.labels == local.labels).all()
     assert got.reader.read_many(list(range(len(got)))) == [
         local.read_bytes(i) for i in range(len(local))
