@@ -104,7 +104,9 @@ class StatsClient:
         self.send()
         stats = self.receive(timeout)
         if stats is None:
-            if self._refused:
+            refused = self._refused
+            self._reset()  # the late answer to this request must not pass for the next one's
+            if refused:
                 raise StatsTimeout(
                     f"no answer from {self.endpoint} within {timeout:g} s: nothing is listening "
                     "there, every connection was refused (is the port, or the ipc:// path, "

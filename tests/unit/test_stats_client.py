@@ -4,6 +4,7 @@ told apart by its exception."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -103,6 +104,22 @@ def test_silence_is_a_timeout(ctx: zmq.Context) -> None:
     ):
         fetch_stats(endpoint, 0.2, ctx=ctx)
     assert isinstance(info.value, TimeoutError)
+
+
+def test_a_late_answer_never_passes_for_the_next_requests(ctx: zmq.Context) -> None:
+    """The first answer comes after the client gave up: the next fetch gets its own answer."""
+    answers = iter([(0.6, 111.0), (0.0, 222.0)])
+
+    def answer() -> bytes:
+        delay, uptime = next(answers)
+        time.sleep(delay)
+        return wire.StatsReply(dataclasses.replace(STATS, uptime_s=uptime)).pack()
+
+    with fake_server(ctx, answer) as endpoint, StatsClient(endpoint, 5.0, ctx=ctx) as client:
+        with pytest.raises(StatsTimeout):
+            client.fetch(timeout=0.3)
+        time.sleep(0.5)  # the late answer to the first request has arrived by now
+        assert client.fetch().uptime_s == 222.0
 
 
 def test_a_malformed_endpoint_fails_at_connect() -> None:
