@@ -14,6 +14,8 @@ Server, client, monitor, trainer, benchmarks and tests all speak through this pa
 - `stats`: the Stats schema (`ServerStats` and its parts, `LoaderReport`), typed and checked;
   `stats_client`: the one way to ask a server for it (`fetch_stats`, `StatsClient`);
 - `keys`: CURVE keys (`pipeline-keys`), the client's and the server's side of them;
+- `dns`: ``dns+tcp://NAME:PORT`` fleet names, parsed and looked up (the loader's discovery thread
+  and the monitor both read them);
 - `raw_client`: a client reduced to the wire, for tests, benchmarks and debugging.
 
 It imports nothing else of batchwire, so a change to the wire is a change here and in the two

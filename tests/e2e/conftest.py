@@ -12,12 +12,12 @@ import pytest
 
 LONGEST_FIRST = (
     "test_frameworks.py",  # 72 s: Lightning, Accelerate and torchrun, 2 ranks each
+    "test_discovery.py",  # 49 s, mostly waiting on DNS re-resolves and servers
     "test_prepared_identity.py",  # 33 s
     "test_demo.py",  # 29 s
     "test_train.py",  # 25 s
     "test_object_store.py",  # 25 s (+ a SeaweedFS start)
     "test_fleet.py",  # 24 s
-    "test_discovery.py",  # 9 s CPU, 22 s of waiting on DNS and servers
     "test_sources_identity.py",  # 20 s
     "test_remote_loader_epochs.py",  # 18 s
     "test_native_lock.py",  # 17 s: a real build
