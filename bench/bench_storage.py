@@ -14,7 +14,12 @@ start it: tests/objectstore.py) holds the same JPEGs as a local ImageFolder. Row
   (its own Prometheus counter): local folder, bucket on loopback, bucket behind
   `--latency-ms` (a TCP proxy in this process holding every chunk for half of it each way:
   `tc netem` needs the kernel's sch_netem, absent here), and the bucket with `--cache-dir`
-  (epoch 1 must make zero GETs).
+  (epoch 1 must make zero GETs);
+- `--formats`: the same JPEGs as WebDataset tar shards (`pipeline-prepare --shards 16MB`,
+  written straight to the bucket and to a local folder) and as one Parquet file (row groups of
+  100, `datasets`' default for images): local, loopback and behind `--latency-ms` rows, epoch 0
+  (cold: every byte fetched) and epoch 1 both timed (`--skip-folder` leaves out the S3
+  ImageFolder rows).
 
 Every figure is one run on a shared machine: compare rows of the same run only.
 """
@@ -235,7 +240,9 @@ def server_row(
     name: str, train: str, store: Any, env: dict[str, str], extra: list[str], patched: str | None
 ) -> dict[str, Any]:
     with server(train, env, extra, patched) as srv:
-        epoch_images(srv.endpoint, 0)  # warm-up (and fills a cache)
+        cpu0, t0 = proc_cpu_s(srv.pid), time.perf_counter()
+        n0 = epoch_images(srv.endpoint, 0)  # warm-up (and fills a cache)
+        wall0, cpu_0 = time.perf_counter() - t0, proc_cpu_s(srv.pid) - cpu0
         gets0, weed0 = store.s3_requests("GET"), proc_cpu_s(store.proc.pid)
         cpu0, t0 = proc_cpu_s(srv.pid), time.perf_counter()
         n = epoch_images(srv.endpoint, 1)
@@ -250,6 +257,8 @@ def server_row(
         "server_cpu_ms_per_img": round(1e3 * cpu / n, 2),
         "store_cpu_ms_per_img": round(1e3 * weed / n, 3),
         "store_gets_epoch1": gets,
+        "epoch0_images_per_s": round(n0 / wall0, 1),
+        "epoch0_server_cpu_ms_per_img": round(1e3 * cpu_0 / n0, 2),
         "samples_patch": patched is not None,
     }
     print(json.dumps(row), flush=True)
@@ -266,6 +275,38 @@ def image_folder(src: Path, dst: Path, classes: int = 10) -> Path:
     return dst
 
 
+def make_formats(folder: Path, out: Path, store: Any) -> dict[str, str]:
+    """The ImageFolder as tar shards (written by `pipeline-prepare --shards`' code to the
+    bucket and to `out`) and as one Parquet file (uploaded): name -> --train argument."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from batchwire.pipeline.dataset import open_dataset
+    from batchwire.prepare.shards import write_shards
+
+    t0 = time.perf_counter()
+    remote = write_shards(str(folder), f"s3://{BUCKET}/shards", 16_000_000, jobs=4)
+    print(f"{len(remote.shards)} shards to s3 in {time.perf_counter() - t0:.1f} s", flush=True)
+    local = write_shards(str(folder), str(out / "shards"), 16_000_000, jobs=4)
+    last = len(local.shards) - 1
+    ds = open_dataset(folder, verify_checksums="off")
+    features = {"image": {"_type": "Image"}, "label": {"_type": "ClassLabel", "names": ds.classes}}
+    table = pa.table(
+        {
+            "image": [{"bytes": ds.read_bytes(i), "path": None} for i in range(len(ds))],
+            "label": pa.array(ds.labels.tolist(), pa.int64()),
+        }
+    ).replace_schema_metadata({"huggingface": json.dumps({"info": {"features": features}})})
+    (out / "pq").mkdir(parents=True, exist_ok=True)
+    pq.write_table(table, out / "pq" / "train.parquet", row_group_size=100)
+    store.upload_folder(out / "pq", BUCKET, "pq")
+    return {
+        "local shards": str(out / "shards" / f"train-{{000000..{last:06d}}}.tar"),
+        "s3 shards": f"s3://{BUCKET}/shards/train-{{000000..{last:06d}}}.tar",
+        "local parquet": str(out / "pq" / "train.parquet"),
+        "s3 parquet": f"s3://{BUCKET}/pq/train.parquet",
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m batchwire.bench.bench_storage")
     parser.add_argument("--dir", type=Path, default=DEFAULT_DIR, help="a folder of JPEGs")
@@ -273,6 +314,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--skip-client", action="store_true")
     parser.add_argument("--skip-server", action="store_true")
+    parser.add_argument("--skip-folder", action="store_true", help="no S3 ImageFolder rows")
+    parser.add_argument("--formats", action="store_true", help="tar shard and Parquet rows")
     parser.add_argument(
         "--samples-patch",
         metavar="FILE.py",
@@ -297,9 +340,22 @@ def main(argv: list[str] | None = None) -> int:
         if not args.skip_server:
             url = f"s3://{BUCKET}/photos"
             rows.append(server_row("local folder", str(folder), store, env, [], None))
-            rows.append(server_row("s3 folder, loopback", url, store, env, [], None))
             proxy = DelayProxy(("127.0.0.1", store.ports["s3"]), args.latency_ms / 2e3)
             slow = {**env, "AWS_ENDPOINT_URL": f"http://127.0.0.1:{proxy.port}"}
+            if args.formats:
+                made = make_formats(folder, tmp / "formats", store)
+                lat = f"+{args.latency_ms:g} ms"
+                for name, train, row_env in (
+                    ("local shards", made["local shards"], env),
+                    ("s3 shards, loopback", made["s3 shards"], env),
+                    (f"s3 shards, {lat}", made["s3 shards"], slow),
+                    ("local parquet", made["local parquet"], env),
+                    ("s3 parquet, loopback", made["s3 parquet"], env),
+                    (f"s3 parquet, {lat}", made["s3 parquet"], slow),
+                ):
+                    rows.append(server_row(name, train, store, row_env, [], None))
+        if not args.skip_server and not args.skip_folder:
+            rows.append(server_row("s3 folder, loopback", url, store, env, [], None))
             name = f"s3 folder, +{args.latency_ms:g} ms"
             rows.append(server_row(name, url, store, slow, [], None))
             if args.samples_patch:
