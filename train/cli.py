@@ -33,7 +33,12 @@ from batchwire.wire.endpoints import UnresolvableHost, check_resolvable
 from batchwire.wire.version import __version__, add_version_argument
 
 from .config import AMP_MODES, OPTIMIZERS, ConfigError, TrainConfig
-from .distributed import DistContext, init_distributed, shutdown_distributed
+from .distributed import (
+    DistContext,
+    exit_after_distributed,
+    init_distributed,
+    shutdown_distributed,
+)
 from .loop import EpochResult, Trainer
 from .models import MODEL_NAMES
 from .schedule import SCHEDULES
@@ -277,6 +282,12 @@ def run(cfg: TrainConfig) -> list[EpochResult]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    code = _train(argv)
+    exit_after_distributed(code)  # a DDP rank: torch's gloo threads must not see the teardown
+    return code
+
+
+def _train(argv: list[str] | None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     cfg = parse_config(argv)
     from batchwire.client import ServerError

@@ -7,7 +7,9 @@ quick CPU run). The backend follows the device: NCCL for CUDA, gloo otherwise.
 
 from __future__ import annotations
 
+import logging
 import os
+import sys
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -105,9 +107,33 @@ def _restart_scoped_store(rank: int, world_size: int, timeout: timedelta) -> dis
     return dist.PrefixStore(f"batchwire/attempt-{restart}", store)
 
 
+_group_destroyed = False
+
+
 def shutdown_distributed() -> None:
+    global _group_destroyed
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+        _group_destroyed = True
+
+
+def exit_after_distributed(code: int) -> None:
+    """End the process now with ``code`` if it ran a process group, skipping interpreter teardown.
+
+    torch (2.13) keeps a gloo group that DDP wrapped alive past ``destroy_process_group()``: its
+    worker threads are still running when the interpreter finalizes, and one that releases the
+    last collective's tensor then has to take the GIL, is ended by CPython inside C++ code and
+    aborts the rank ("terminate called without an active exception", SIGABRT, exit -6) after a
+    run that finished. It happens on a loaded host (twice in our CI). Everything of the run is
+    written and closed by now (checkpoints renamed into place, logs flushed), so leaving with
+    ``os._exit`` loses nothing. A process without a group returns normally.
+    """
+    if not _group_destroyed:
+        return
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def all_reduce_sum(t: torch.Tensor, ctx: DistContext) -> torch.Tensor:
