@@ -111,7 +111,7 @@ def _records(
                 yield from chunk
 
 
-def _previous(text: bytes) -> dict[str, str]:
+def previous_records(text: bytes) -> dict[str, str]:
     """path -> line of an existing manifest's checksummed records (to keep others')."""
     out: dict[str, str] = {}
     for line in text.decode("utf-8", "surrogateescape").splitlines():
@@ -174,7 +174,7 @@ def checksum_samples(
             old = (place / keyed_name(folder)).read_bytes()
         except FileNotFoundError:
             old = b""
-    kept = _previous(old[: max(MAX_BYTES_FLOOR, 4096 * len(dataset))])
+    kept = previous_records(old[: max(MAX_BYTES_FLOOR, 4096 * len(dataset))])
     summary = SampleSumsSummary(redact_url(src), shown)
     lines: list[str] = [json.dumps({"source": f"{dataset.kind}:{folder}"}) + "\n"]
     for i, got, error in _records(dataset, keys, jobs, max_pixels):

@@ -19,12 +19,21 @@ Deterministic: samples in SRC's index order, every tar header fixed (mtime 0, ui
 only when complete (a folder: a hidden temporary renamed into place; a bucket: the upload
 completes at once or not at all), so DST never holds a torn shard under a final name. Bytes are not
 rewritten (`pipeline-prepare SRC DST` first, then `--shards` on DST, gives shards of
-restart-marked JPEGs). An unreadable sample is left out, counted and named (exit status 3).
+restart-marked JPEGs). An unreadable sample is left out, counted and named (exit status 3),
+and so is one whose bytes no longer match SRC's checksum manifest (damaged since recorded).
+
+Checksums: every image member written is recorded in `DST/.batchwire-prepare-checksums.jsonl`
+(`pipeline.checksums`: "SHARD:MEMBER", its size, XXH3-64, the shard's size and the member's
+offset; records of other prefixes' shards already there are kept), so a server checks every
+member it reads against the bytes written. A member is recorded `intact` when SRC's manifest
+said so of its bytes (shards of a `pipeline-prepare`d tree keep the restart-interval crops);
+`pipeline-prepare --checksums-only DST` judges them all afresh.
 """
 
 from __future__ import annotations
 
 import io
+import json
 import re
 import tarfile
 import time
@@ -34,6 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
+from batchwire.pipeline.checksums import CHECKSUMS_MANIFEST, checksum
 from batchwire.pipeline.dataset import ImageDataset
 from batchwire.pipeline.storage import LocalStore, ObjectWriter, Store, StoreOptions, open_store
 from batchwire.pipeline.storage.urls import is_url, redact_url
@@ -134,8 +144,11 @@ class _ShardWriter:
         self._out: ObjectWriter | None = None
         self._size = 0
         self.total = 0
+        self.records: list[dict] = []  # checksum records of committed shards
+        self._pending: list[dict] = []  # of the open shard (its size is known at commit)
 
-    def add(self, key: str, members: list[tuple[str, bytes]]) -> None:
+    def add(self, key: str, members: list[tuple[str, bytes]], intact: bool = False) -> None:
+        """Append one sample; its first member (the image) gets a checksum record."""
         need = sum(512 + (len(d) + 511) // 512 * 512 for _, d in members)
         if self._tar is not None and self._size + need + 1024 > self.max_bytes:
             self.close()
@@ -147,8 +160,19 @@ class _ShardWriter:
             )
             self.names.append(name)
             self._size = 0
-        for ext, data in members:
+        for n, (ext, data) in enumerate(members):
+            at = self._tar.offset + tarfile.BLOCKSIZE  # a ustar header is one block
             self._tar.addfile(*_member(f"{key}.{ext}", data))
+            if n == 0:
+                self._pending.append(
+                    {
+                        "path": f"{self.names[-1]}:{key}.{ext}",
+                        "size": len(data),
+                        "checksum": checksum(data),
+                        "intact": intact,
+                        "offset": at,
+                    }
+                )
         self._size += need
 
     def close(self, complete: bool = True) -> None:
@@ -158,10 +182,13 @@ class _ShardWriter:
             return
         tar, out = self._tar, self._out
         self._tar, self._out = None, None
+        pending, self._pending = self._pending, []
         try:
             if complete:
                 tar.close()  # the end blocks, into the writer
-                self.total += out.commit()
+                size = out.commit()
+                self.total += size
+                self.records += [{**r, "object_size": size} for r in pending]
         finally:
             if not complete:
                 out.abort()
@@ -202,9 +229,11 @@ def write_shards(
         raise UsageError(f"--shard-prefix {prefix!r}: letters, digits, '_', '-', '.' only")
     started = time.monotonic()
     try:
-        dataset = open_dataset(src, allow_outside_root=allow_outside_root, verify_checksums="off")
+        # SRC's own checksums, when it has a manifest: damaged bytes are not copied on, and
+        # the intact verdict of sound ones carries over to the members.
+        dataset = open_dataset(src, allow_outside_root=allow_outside_root, verify_checksums="auto")
     except (OSError, ValueError) as exc:
-        raise UsageError(f"SRC {src}: {exc}") from None
+        raise UsageError(f"SRC {redact_url(src)}: {exc}") from None
     store = _destination(dst)
     existing = _existing_shards(store, prefix)
     if existing:
@@ -212,18 +241,22 @@ def write_shards(
             f"DST {store.display} already holds {len(existing)} shards named "
             f"{prefix}-NNNNNN.tar: remove them or choose another DST or --shard-prefix"
         )
-    summary = ShardSummary(src, store.display)
+    summary = ShardSummary(redact_url(src), store.display)
     writer = _ShardWriter(store, prefix, max_bytes)
     try:
         for i, got in _reads(dataset, jobs):
             if isinstance(got, OSError):
                 summary.unreadable.append((dataset.paths[i], got.strerror or str(got)))
                 continue
+            verdict = dataset.checksum_verdict(i, got)
+            if verdict.problem is not None:
+                summary.unreadable.append((dataset.paths[i], verdict.problem))
+                continue
             members = [
                 (image_ext(got, dataset.paths[i]), got),
                 ("cls", str(int(dataset.labels[i])).encode()),
             ]
-            writer.add(f"{i:0{KEY_DIGITS}d}", members)
+            writer.add(f"{i:0{KEY_DIGITS}d}", members, verdict.intact)
             summary.samples += 1
             if progress is not None and summary.samples % 10000 == 0:
                 print(f"{summary.samples} of {len(dataset)} samples", file=progress, flush=True)
@@ -233,6 +266,7 @@ def write_shards(
     writer.close()
     if any(c != str(k) for k, c in enumerate(dataset.classes)):
         store.put(CLASSES_NAME, "".join(f"{c}\n" for c in dataset.classes).encode("utf-8"))
+    _write_checksums(store, writer.records)
     summary.shards, summary.bytes = writer.names, writer.total
     summary.seconds = time.monotonic() - started
     return summary
@@ -266,3 +300,22 @@ def _existing_shards(store: Store, prefix: str) -> list[str]:
     except OSError as exc:
         raise UsageError(f"DST {store.display}: cannot list it: {exc.strerror or exc}") from None
     return [o.key for o in listed if shard.match(o.key)]
+
+
+def _write_checksums(store: Store, records: list[dict]) -> None:
+    """The members' records in DST's checksum manifest, after those already there for other
+    shards (another prefix's), written atomically through the store."""
+    from batchwire.prepare.samplesums import previous_records
+
+    try:
+        old = store.read(CHECKSUMS_MANIFEST)
+    except FileNotFoundError:
+        old = b""
+    kept = previous_records(old)
+    for r in records:
+        kept.pop(r["path"], None)
+    lines = [json.dumps({"source": "shards"}) + "\n"]
+    lines += [line + "\n" for line in kept.values()]
+    lines += [json.dumps(r, separators=(",", ":")) + "\n" for r in records]
+    lines.append(json.dumps({"finished": True}) + "\n")
+    store.put(CHECKSUMS_MANIFEST, "".join(lines).encode("utf-8", "surrogateescape"))

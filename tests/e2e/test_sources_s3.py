@@ -164,7 +164,7 @@ def test_prepare_writes_shards_to_s3(seaweed, data, want):
     client = seaweed.client(BUCKET)
     keys = sorted(m["path"] for chunk in obstore.list(client, prefix="made/") for m in chunk)
     names = [f"made/train-{k:06d}.tar" for k in range(len(local))]
-    assert keys == ["made/classes.txt", *names]
+    assert keys == ["made/.batchwire-prepare-checksums.jsonl", "made/classes.txt", *names]
     for path, key in zip(local, names, strict=True):
         assert bytes(obstore.get(client, key).bytes()) == path.read_bytes(), key
     assert bytes(obstore.get(client, "made/classes.txt").bytes()).decode().split() == ds.classes
@@ -181,6 +181,8 @@ def test_prepare_writes_shards_to_s3(seaweed, data, want):
             assert_identical(batches, epoch(srv.endpoint, split, n), f"{dst} {split} epoch {n}")
         assert srv.stats()["counters"]["bad_total"] == 0
         log = srv.log()
+    # The members' checksums written beside the shards, found there and checked every read.
+    assert f"{dst}: checking {len(ds)} of {len(ds)} samples against the checksums" in log, log
     again = prepare_to(dst, folder, env)
     assert again.returncode == 2, again.stdout + again.stderr
     assert f"DST {dst} already holds {len(names)} shards" in again.stderr

@@ -16,6 +16,7 @@ import pytest
 from batchwire.pipeline.checksums import CHECKSUMS_MANIFEST, ChecksumManifestError, keyed_name
 from batchwire.pipeline.dataset import open_dataset
 from batchwire.prepare.cli import main as prepare_main
+from batchwire.prepare.run import Options, run
 from batchwire.prepare.shards import write_shards
 from bitflips import photos
 
@@ -107,3 +108,47 @@ def test_parquet_rows_and_a_checksum_dir(folder: Path, tmp_path: Path) -> None:
     ds = open_dataset(path, verify_checksums="on", checksum_dirs=[dirs])
     bad = [i for i in range(len(ds)) if ds.checksum_problem(i, ds.read_bytes(i))]
     assert bad == [4]
+
+
+def records(folder: Path) -> dict[str, dict]:
+    lines = (folder / CHECKSUMS_MANIFEST).read_text().splitlines()
+    return {r["path"]: r for r in map(json.loads, lines) if "path" in r}
+
+
+def test_shards_come_with_checksums_and_inherit_intact(folder: Path, tmp_path: Path) -> None:
+    """`--shards` records every member it writes (what `--checksums-only` would, offsets and
+    shard sizes included); a member is intact when SRC's manifest said so (a prepared tree),
+    not otherwise; a SRC file damaged since its manifest is not copied on."""
+    plain = tmp_path / "plain"
+    write_shards(str(folder), str(plain), 64 << 10, jobs=1)
+    written = records(plain)
+    assert len(written) == 8 and not any(r["intact"] for r in written.values())
+    assert sums(str(plain)) == 0  # the same records, judged afresh (all intact)
+    judged = records(plain)
+    assert written.keys() == judged.keys()
+    for key, r in written.items():
+        assert {**r, "intact": True} == {k: v for k, v in judged[key].items() if k != "outcome"}
+    ds = open_dataset(plain, verify_checksums="on")
+    assert ds.checksums is not None and ds.checksums.count == 8
+
+    prepared = tmp_path / "prepared"
+    run(Options(src=str(folder), dst=str(prepared), jobs=1, quiet=True))
+    victim = sorted(prepared.rglob("*.jpg"))[3]
+    damage(victim, victim.stat().st_size // 2)
+    out = tmp_path / "from-prepared"
+    summary = write_shards(str(prepared), str(out), 64 << 10, jobs=1)
+    assert summary.samples == 7 and summary.exit_status == 3
+    assert "checksum mismatch" in summary.text() and victim.name in summary.text()
+    got = records(out)
+    assert len(got) == 7 and all(r["intact"] for r in got.values())
+    ds = open_dataset(out, verify_checksums="on")
+    assert all(ds.checksum_verdict(i, ds.read_bytes(i)).intact for i in range(len(ds)))
+
+
+def test_dataset_root_keeps_urls() -> None:
+    from batchwire.pipeline.dataset import ImageDataset, dataset_root
+
+    assert dataset_root("s3://bucket/a/b.tar") == "s3://bucket/a/b.tar"
+    assert dataset_root("/data/x") == Path("/data/x")
+    ds = ImageDataset(["s3://b/k.jpg"], [0], ["c"], root="s3://b")  # type: ignore[arg-type]
+    assert ds.root == "s3://b" and "'s3://b'" in repr(ds)
