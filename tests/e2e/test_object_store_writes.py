@@ -6,11 +6,17 @@ URL but never the secret key."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from batchwire.pipeline.storage import LocalStore, open_store
 from batchwire.pipeline.storage.objects import PART_BYTES
+from bitflips import photos
 from objectstore import ADMIN_KEY, seaweed  # noqa: F401  (the fixture)
+
+PREPARE = Path(sys.executable).with_name("pipeline-prepare")
 
 BUCKET = "writes"
 
@@ -41,6 +47,7 @@ def test_put_and_a_streamed_multipart_object(s3_env, tmp_path):
             assert w.tell() == len(big)
             assert w.commit() == len(big)
         assert store.head("shard.tar").size == len(big), kind
+        assert [o.key for o in store.list("sh")] == ["shard.tar"], kind  # a string prefix
         assert store.read("shard.tar") == big, kind
         with store.open_writer("empty.bin") as w:
             assert w.commit() == 0
@@ -77,3 +84,43 @@ def test_write_errors_name_the_url_never_the_secret(seaweed, monkeypatch):  # no
         text = str(got.value)
         assert f"s3://{BUCKET}/denied/x.tar" in text, text
         assert env["AWS_SECRET_ACCESS_KEY"] not in text and ADMIN_KEY[1] not in text
+
+
+def test_prepare_shards_to_a_bucket_it_may_not_write(seaweed, tmp_path):  # noqa: F811
+    """`pipeline-prepare SRC s3://... --shards`: a refused write (the reader identity may list
+    bucket `open` but not write it) ends the run with exit 3 naming the shard's URL, leaves no
+    shard, and shows no credential; a URL with credentials in it is refused (exit 2)."""
+    src = tmp_path / "src"
+    for rel, data in photos(4).items():
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        (src / rel).write_bytes(data)
+    seaweed.put("open", "existing.txt", b"x")
+    env = {**os.environ, **seaweed.env("reader")}
+
+    def prepare(dst: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [str(PREPARE), str(src), dst, "--shards", "1GB", "--quiet"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=env,
+        )
+
+    done = prepare("s3://open/shards")
+    out = done.stdout + done.stderr
+    assert done.returncode == 3, out
+    assert "s3://open/shards/train-000000.tar: access denied" in out, out
+    assert keys_in(seaweed, "open") == ["existing.txt"]
+    bad = prepare(f"s3://{ADMIN_KEY[0]}:{ADMIN_KEY[1]}@open/shards")
+    assert bad.returncode == 2 and "credentials in the URL are not accepted" in bad.stderr
+    for text in (out, bad.stdout + bad.stderr):
+        assert (
+            ADMIN_KEY[1] not in text and seaweed.env("reader")["AWS_SECRET_ACCESS_KEY"] not in text
+        )
+
+
+def keys_in(store, bucket: str) -> list[str]:
+    """Every key in `bucket`, listed by the test's own client."""
+    import obstore
+
+    return sorted(m["path"] for chunk in obstore.list(store.client(bucket)) for m in chunk)
