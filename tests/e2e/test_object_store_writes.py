@@ -124,3 +124,28 @@ def keys_in(store, bucket: str) -> list[str]:
     import obstore
 
     return sorted(m["path"] for chunk in obstore.list(store.client(bucket)) for m in chunk)
+
+
+def test_checksums_only_of_a_bucket_folder(s3_env, tmp_path):
+    """`pipeline-prepare --checksums-only s3://bucket/prefix` (an ImageFolder in a bucket):
+    the manifest goes into the bucket beside the classes (not taken for a sample), every
+    object is checked at open with `verify_checksums="on"`, and an object overwritten with
+    other bytes since is a checksum mismatch."""
+    from batchwire.pipeline.checksums import CHECKSUMS_MANIFEST
+    from batchwire.pipeline.dataset import open_dataset
+    from batchwire.prepare.cli import main as prepare_main
+
+    files = photos(4)
+    for rel, data in files.items():
+        s3_env.put(BUCKET, f"folder/{rel}", data)
+    url = f"s3://{BUCKET}/folder"
+    assert prepare_main(["--checksums-only", url, "--quiet", "--jobs", "1"]) == 0
+    assert f"folder/{CHECKSUMS_MANIFEST}" in keys_in(s3_env, BUCKET)
+    ds = open_dataset(url, tmp_path / "cache", verify_checksums="on")
+    assert len(ds) == 4 and ds.checksums is not None and ds.checksums.count == 4
+    assert all(ds.checksum_verdict(i, ds.read_bytes(i)).intact for i in range(4))
+    first = sorted(files)[0]
+    s3_env.put(BUCKET, f"folder/{first}", files[sorted(files)[1]])  # other bytes
+    again = open_dataset(url, tmp_path / "cache2", verify_checksums="on")
+    problems = [again.checksum_problem(i, again.read_bytes(i)) for i in range(4)]
+    assert [i for i, p in enumerate(problems) if p] == [again.paths.index(f"{url}/{first}")]
