@@ -385,7 +385,9 @@ def sample_manifests(
 ) -> list[tuple[str, Store | None, str]]:
     """Where a manifest of these samples may be, in the order read (later ones win):
     (shown as, store or None for a local path, key or path)."""
-    store = sample_keys.store
+    from batchwire.pipeline.storage.cache import uncached
+
+    store = uncached(sample_keys.store)  # a manifest is read fresh, never from a local cache
     root = store.display.rstrip("/")
     out: list[tuple[str, Store | None, str]] = [
         (f"{root}/{name}", store, name) for name in (PREPARE_MANIFEST, CHECKSUMS_MANIFEST)

@@ -35,6 +35,7 @@ from batchwire.pipeline.checksums import (
 from batchwire.pipeline.dataset import ImageDataset
 from batchwire.pipeline.decode import DEFAULT_MAX_PIXELS
 from batchwire.pipeline.storage import LocalStore
+from batchwire.pipeline.storage.cache import uncached
 from batchwire.pipeline.storage.urls import redact_url
 from batchwire.prepare.job import _checksummed
 from batchwire.prepare.manifest import CHECKSUMMED
@@ -147,7 +148,7 @@ def checksum_samples(
             "ImageFolder, a list file, tar shards or Parquet (local or in a bucket)"
         )
     keys: SampleKeys = make_keys()
-    store = keys.store
+    store = uncached(keys.store)
     folder = store.display.rstrip("/")
     if manifest_dir is None:
         target, shown = None, f"{folder}/{CHECKSUMS_MANIFEST}"

@@ -268,10 +268,12 @@ def open_parquet(located: Located) -> ImageDataset:
     image = label = None
     names: list[str] | None = None
     paths: list[str] = []
+    versions: dict[str, str] = {}
     total = 0
     for f, key in enumerate(located.keys):
         where = located.name(key)
         info = located.store.head(key)
+        versions[key] = info.version
         try:
             pf = pq.ParquetFile(_source(located.store, key, info.size))
             schema = pf.schema_arrow
@@ -306,6 +308,9 @@ def open_parquet(located: Located) -> ImageDataset:
         sizes.append(info.size)
     if total == 0:
         raise ValueError(f"{located.display}: no rows")
+    pin = getattr(located.store, "pin_versions", None)
+    if callable(pin):  # a local cache: entries keyed by the versions read now
+        pin(versions)
     ids, classes = table.resolve(names)
     assert image is not None
     reader = ParquetReader(located, metadata, sizes, image, starts, groups, total)

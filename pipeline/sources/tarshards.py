@@ -110,8 +110,14 @@ class TarReader:
 
 
 def _infos(located: Located) -> list[ObjectInfo]:
+    """Each shard's size and version; a local cache in front of a bucket keys its entries of
+    these shards by them (a shard rewritten since is not served from older entries)."""
     with ThreadPoolExecutor(min(_INDEX_THREADS, len(located.keys))) as pool:
-        return list(pool.map(located.store.head, located.keys))
+        infos = list(pool.map(located.store.head, located.keys))
+    pin = getattr(located.store, "pin_versions", None)
+    if callable(pin):
+        pin({info.key: info.version for info in infos})
+    return infos
 
 
 def _report(located: Located, indexes: list[ShardIndex], built: int) -> int:

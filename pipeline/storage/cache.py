@@ -89,6 +89,20 @@ class CachedStore:
         self.root.mkdir(parents=True, exist_ok=True)
         self._rebuild()
 
+    def pin_versions(self, versions: dict[str, str]) -> None:
+        """Key entries of these objects by the versions given (ETags or size and mtime, as
+        the source read them at open), so an object rewritten since is fetched again rather
+        than served from an older entry: what tar shards and Parquet files call once they
+        have looked their objects up. Merged with any lookup given at construction."""
+        before = self._versions
+        pinned = dict(versions)
+
+        def lookup(key: str) -> str | None:
+            got = pinned.get(key)
+            return got if got is not None or before is None else before(key)
+
+        self._versions = lookup
+
     # -- Store -------------------------------------------------------------------------------
 
     @property
@@ -324,3 +338,9 @@ def _read_entry(path: Path) -> bytes | None:
     if magic != _MAGIC or len(data) != length or xxhash.xxh3_64_intdigest(data) != digest:
         return None
     return data
+
+
+def uncached(store: Store) -> Store:
+    """The store under a `CachedStore` (`store` itself otherwise): for objects that must be
+    read fresh every time, such as a checksum manifest rewritten in place."""
+    return store.inner if isinstance(store, CachedStore) else store

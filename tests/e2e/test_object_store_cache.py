@@ -105,3 +105,45 @@ def test_a_kill_mid_write_leaves_no_torn_entry(tmp_path, delay):
     for i in range(12):  # round 0's entries where written, fetched again where not
         assert cache.read(f"{i}.bin") == (src / f"{i}.bin").read_bytes()
     assert cache.counters()["corrupt"] == 0 and cache.counters()["hits"] > 0
+
+
+def test_a_shard_rewritten_in_the_bucket_is_not_served_from_the_cache(
+    seaweed, tmp_path, monkeypatch
+):  # noqa: F811, E501
+    """Tar shards behind the local cache: a shard overwritten in place in the bucket (same
+    size and members, one byte changed: a new ETag) is fetched again at the next open, not
+    served from the entries of its old version, so its checksum manifest catches the change."""
+    from batchwire.pipeline.dataset import open_dataset
+    from batchwire.pipeline.storage import StoreOptions, set_default_options
+    from batchwire.prepare.shards import write_shards
+    from bitflips import photos
+
+    for name, value in seaweed.env().items():
+        monkeypatch.setenv(name, value)
+    src = tmp_path / "src"
+    for rel, data in photos(4).items():
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        (src / rel).write_bytes(data)
+    url = "s3://cachedshards/s"
+    seaweed.put("cachedshards", "other.txt", b"x")  # the bucket exists (created on first put)
+    write_shards(str(src), url, 1 << 30, jobs=1)  # one shard, with its checksums
+    options = StoreOptions(cache_dir=str(tmp_path / "cache"), cache_size=64 << 20)
+    set_default_options(options)
+    try:
+        first = open_dataset(url, tmp_path / "index", verify_checksums="on")
+        before = [first.read_bytes(i) for i in range(len(first))]
+        assert first.reader.located.store.counters()["misses"] > 0  # entries now cached
+        shard = seaweed.client("cachedshards")
+        import obstore
+
+        data = bytearray(obstore.get(shard, "s/train-000000.tar").bytes())
+        at = int(first.reader.offsets[2]) + 100
+        data[at] ^= 0x01
+        obstore.put(shard, "s/train-000000.tar", bytes(data))
+        again = open_dataset(url, tmp_path / "index", verify_checksums="on")
+        after = [again.read_bytes(i) for i in range(len(again))]
+    finally:
+        set_default_options(StoreOptions())
+    assert after[2] != before[2] and after[:2] == before[:2] and after[3:] == before[3:]
+    problems = [again.checksum_problem(i, after[i]) for i in range(len(after))]
+    assert [i for i, p in enumerate(problems) if p] == [2]
