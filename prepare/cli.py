@@ -183,6 +183,7 @@ def _sample_sums_main(args: argparse.Namespace) -> int:
             jobs=args.jobs,
             max_pixels=args.max_pixels or None,
             progress=None if args.quiet else sys.stderr,
+            report=args.report,
         )
     )
 

@@ -21,7 +21,7 @@ import json
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TextIO
 
@@ -132,8 +132,10 @@ def checksum_samples(
     jobs: int = 8,
     max_pixels: int | None = DEFAULT_MAX_PIXELS,
     progress: TextIO | None = None,
+    report: str | None = None,
 ) -> SampleSumsSummary:
-    """Write the checksum manifest of SRC's samples (see the module doc)."""
+    """Write the checksum manifest of SRC's samples (see the module doc); `report`: also the
+    summary as JSON in that file."""
     from batchwire.pipeline.dataset import open_dataset
 
     started = time.monotonic()
@@ -202,6 +204,12 @@ def checksum_samples(
     except OSError as exc:
         raise UsageError(f"cannot write the manifest {shown}: {exc.strerror or exc}") from None
     summary.seconds = time.monotonic() - started
+    if report is not None:
+        doc = {**asdict(summary), "exit_status": summary.exit_status}
+        try:
+            Path(report).expanduser().write_text(json.dumps(doc, indent=1) + "\n")
+        except OSError as exc:
+            raise UsageError(f"cannot write --report {report}: {exc.strerror or exc}") from None
     return summary
 
 

@@ -96,7 +96,10 @@ def test_parquet_rows_and_a_checksum_dir(folder: Path, tmp_path: Path) -> None:
     )
     pq.write_table(table, path, row_group_size=3, compression="none")
     dirs = tmp_path / "sums"
-    assert sums(str(path), "--manifest-dir", str(dirs)) == 0
+    report = tmp_path / "report.json"
+    assert sums(str(path), "--manifest-dir", str(dirs), "--report", str(report)) == 0
+    doc = json.loads(report.read_text())
+    assert doc["samples"] == doc["intact"] == 8 and doc["exit_status"] == 0
     assert (dirs / keyed_name(str(pdir))).is_file() and not (pdir / CHECKSUMS_MANIFEST).exists()
     with pytest.raises(ChecksumManifestError):
         open_dataset(path, verify_checksums="on")  # not told where the manifest is

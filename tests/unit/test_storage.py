@@ -203,3 +203,33 @@ def test_cache_is_keyed_by_the_objects_version(objects, tmp_path):
     assert cache.read("0.bin") == old  # same version: the cached copy
     version["0.bin"] = "etag-2"
     assert cache.read("0.bin") == b"rewritten"  # a listing with a new ETag: fetched again
+
+
+def test_pinned_versions_key_ranges_too(objects, tmp_path):
+    cache = CachedStore(objects, tmp_path / "cache", 1 << 20)
+    cache.pin_versions({"0.bin": "v1"})
+    old = cache.read_ranges("0.bin", [(0, 9)])
+    (objects.root / "0.bin").write_bytes(b"rewritten" + os.urandom(991))
+    assert cache.read_ranges("0.bin", [(0, 9)]) == old  # same version: the cached range
+    cache.pin_versions({"0.bin": "v2"})  # opened again, the shard's HEAD saw a new version
+    assert cache.read_ranges("0.bin", [(0, 9)]) == [b"rewritten"]
+
+
+def test_local_writes_appear_whole_or_not_at_all(tmp_path):
+    store = LocalStore(tmp_path / "out")
+    store.put("a/b.txt", b"hello")
+    assert store.read("a/b.txt") == b"hello"
+    with store.open_writer("s.tar") as w:
+        w.write(b"x" * 1000)
+        assert w.tell() == 1000 and not (tmp_path / "out" / "s.tar").exists()
+        assert w.commit() == 1000
+    assert store.head("s.tar").size == 1000
+    with pytest.raises(RuntimeError), store.open_writer("torn.tar") as w:
+        w.write(b"y" * 10)
+        raise RuntimeError
+    with store.open_writer("uncommitted.tar") as w:
+        w.write(b"z")
+    assert sorted(o.key for o in store.list()) == ["a/b.txt", "s.tar"]  # no temporaries left
+    assert [o.key for o in store.list("s")] == ["s.tar"]
+    with pytest.raises(PermissionError):
+        store.open_writer("../escape.tar")
