@@ -203,6 +203,10 @@ class Fleet:
         #: each batch's rendezvous key, since such a pass's batch k is another batch.
         self.pass_start = 0
         self.pass_world = 0
+        #: The output size this loader's hellos ask for (progressive resizing; None: the
+        #: servers' --image-size), and the one the next `start` applies (`wire.Hello`).
+        self.image_size: tuple[int, int] | None = None
+        self.next_image_size: tuple[int, int] | None = None
         self._actions: list[Action] = []
 
     # ------------------------------------------------------------------ queries
@@ -243,10 +247,14 @@ class Fleet:
         other position ends every session and asks afresh; another pass also forgets the
         welcome (its length differs).
         """
-        if self.is_at(epoch, cursor, resume):
+        resize = self.next_image_size != self.image_size
+        if self.is_at(epoch, cursor, resume) and not resize:
             return []
         if resume != (self.pass_start, self.pass_world):
             self.pass_start, self.pass_world = resume
+            self.welcome = None
+        if resize:  # another output size: new welcomes (another shape), no early batches
+            self.image_size = self.next_image_size
             self.welcome = None
         adopt = cursor == 0 and epoch == self.epoch + 1 and self.welcome is not None
         self.held.clear()
@@ -472,6 +480,7 @@ class Fleet:
             # Only this epoch's hellos are of a resumed pass; the next epoch is a whole one.
             start_sample=self.pass_start if epoch == self.epoch else 0,
             epoch_world_size=self.pass_world if epoch == self.epoch else 0,
+            image_size=self.image_size,
         )
         p.session = Session(hello.session, epoch, deque(batches))
         p.state = S.HELLO_SENT if epoch == self.epoch else S.SPECULATING
@@ -623,6 +632,7 @@ class Fleet:
             or self.welcome is None
             or self.epoch < 0
             or self._no_speculation_in == self.epoch
+            or self.next_image_size != self.image_size  # the next epoch asks another size
             or self.unasked
             or not self.unasked_next
         ):

@@ -141,16 +141,36 @@ class BatchReceiver:
         return self.fleet.num_batches
 
     @property
+    def image_size(self) -> tuple[int, int] | None:
+        """The output size the current sessions ask for (None: the servers')."""
+        return self.fleet.image_size
+
+    @property
     def depth(self) -> int:
         """Batches received ahead of the consumer."""
         return len(self.held)
 
-    def start(self, epoch: int, cursor: int, resume: tuple[int, int] = (0, 0)) -> None:
-        """(Re)start at ``(epoch, cursor)`` of the pass ``resume`` (`fleet.Fleet.start`); a
-        no-op if already there."""
-        if self.fleet.is_at(epoch, cursor, resume):
+    def start(
+        self,
+        epoch: int,
+        cursor: int,
+        resume: tuple[int, int] = (0, 0),
+        image_size: tuple[int, int] | None = None,
+    ) -> None:
+        """(Re)start at ``(epoch, cursor)`` of the pass ``resume`` (`fleet.Fleet.start`) at
+        output size ``image_size`` (None: the servers'); a no-op if already there.
+
+        Another output size than the last start's (progressive resizing) ends every session
+        and builds the stager again from the next welcome (its slots and outputs have the
+        batch's size); the loader has released every batch it handed out by then."""
+        resize = image_size != self.fleet.image_size
+        self.fleet.next_image_size = image_size
+        if self.fleet.is_at(epoch, cursor, resume) and not resize:
             return
         self._discard_held()
+        if resize and self.stager is not None:
+            self.stager.close()
+            self.stager = None
         self._carry_out(self.fleet.start(epoch, cursor, self._clock(), resume))
         self._service()
 

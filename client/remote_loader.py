@@ -171,6 +171,13 @@ class RemoteLoader(IterableDataset):
             default: the current stream at each hand-out. Must be on the loader's device.
         hold: CUDA only: how many of the latest batches handed out stay valid (see the
             module's docstring); each costs one device slot (and one pinned host slot).
+        image_size: the output size to ask the servers for, PX or (H, W) (progressive
+            resizing: change it between epochs with `set_image_size`); None: the servers'
+            --image-size. A server refuses a size beyond its --max-image-size.
+
+    Multi-view servers (``pipeline-server --views``): each step yields ``(views_list, labels)``
+    (``views_list[k]`` is ``[B, 3, Hk, Wk]``, the views in the order the server lists them);
+    normalize_on_device applies to each view.
     """
 
     def __init__(
@@ -195,8 +202,10 @@ class RemoteLoader(IterableDataset):
         keys: str | os.PathLike[str] | None = None,
         stream: torch.cuda.Stream | None = None,
         hold: int = 2,
+        image_size: int | tuple[int, int] | None = None,
     ) -> None:
         super().__init__()
+        self._image_size = _image_size(image_size)
         eps = [endpoints] if isinstance(endpoints, str) else list(endpoints)
         if not eps or not all(isinstance(e, str) and "://" in e for e in eps):
             raise ValueError(f"endpoints must be 'tcp://host:port' style strings, got {endpoints}")
@@ -277,6 +286,21 @@ class RemoteLoader(IterableDataset):
             self.epoch, self.next_batch, self._positioned = epoch, 0, False
             self._pass = (0, 0)
 
+    @property
+    def image_size(self) -> tuple[int, int] | None:
+        """The output size asked of the servers (None: theirs)."""
+        return self._image_size
+
+    def set_image_size(self, image_size: int | tuple[int, int] | None) -> None:
+        """Ask for batches of ``image_size`` (PX or (H, W); None: the servers' --image-size)
+        from the next pass on (the next ``iter(loader)``, usually the next epoch): progressive
+        resizing without restarting the servers. A pass under way keeps its size. Batches at a
+        size are those a server started at that size sends (train crops do not depend on
+        the output size); a server refuses a size beyond its --max-image-size."""
+        self._image_size = _image_size(image_size)
+        if self._receiver is not None:  # no next-epoch batches asked early at the old size
+            self._receiver.fleet.next_image_size = self._image_size
+
     def __len__(self) -> int:
         """This rank's number of batches per epoch (asks the server on first use)."""
         return self.server_info().num_batches
@@ -288,7 +312,7 @@ class RemoteLoader(IterableDataset):
         """
         receiver = self._connect()
         if receiver.welcome is None:
-            receiver.start(self.epoch, self._pass_start(), self._pass)
+            receiver.start(self.epoch, self._pass_start(), self._pass, self._image_size)
             receiver.wait_welcome()
         assert receiver.welcome is not None
         return receiver.welcome
@@ -356,6 +380,8 @@ class RemoteLoader(IterableDataset):
             "start_sample": self._pass[0],
             "epoch_world_size": self._pass[1] or world_size,
         }
+        if self._image_size is not None:
+            state["image_size"] = list(self._image_size)
         welcome = None if self._receiver is None else self._receiver.welcome
         if welcome is not None:
             state["epoch_shape"] = _epoch_shape(welcome)
@@ -386,6 +412,8 @@ class RemoteLoader(IterableDataset):
             )
         saved_world = int(state["world_size"])
         epoch, nxt = int(state["epoch"]), int(state["next_batch"])
+        if "image_size" in state:  # the size the saved pass was trained at (progressive)
+            self._image_size = _image_size(state["image_size"])
         if epoch < 0 or nxt < 0:
             raise ValueError(f"invalid RemoteLoader state position: epoch {epoch}, batch {nxt}")
         shape = state.get("epoch_shape", state.get("stream"))
@@ -567,8 +595,8 @@ class RemoteLoader(IterableDataset):
         # The last batches of an earlier pass were valid until now (see the module's docstring).
         self._release_handed()
         total = receiver.num_batches
-        if total is None or self.next_batch < total:
-            receiver.start(self.epoch, self.next_batch, self._pass)
+        if total is None or self.next_batch < total or self._image_size != receiver.image_size:
+            receiver.start(self.epoch, self.next_batch, self._pass, self._image_size)
         if receiver.welcome is None:
             receiver.wait_welcome()
         total = len(self)
@@ -626,6 +654,27 @@ class _EpochSetter:
         loader = self._loader()
         if loader is not None:
             loader.set_epoch(epoch)
+
+
+def _image_size(size: Any) -> tuple[int, int] | None:
+    """RemoteLoader's ``image_size``: None, PX or (H, W) of positive integers."""
+    if size is None:
+        return None
+    pair = (
+        (size, size)
+        if isinstance(size, int)
+        else tuple(size)
+        if isinstance(size, (list, tuple))
+        else ()
+    )
+    if len(pair) != 2 or any(
+        isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= wire.MAX_IMAGE_SIDE
+        for v in pair
+    ):
+        raise ValueError(
+            f"image_size must be PX or (height, width) positive integers, got {size!r}"
+        )
+    return (pair[0], pair[1])
 
 
 def _epoch_shape(welcome: wire.Welcome) -> dict[str, int]:

@@ -7,7 +7,9 @@ production allocates no batch-sized memory.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -78,6 +80,8 @@ class BatchProducer:
         if config.transform is not None:
             self.transform = TransformRunner(config.transform, config.image_size)
             self.augment_name = f"transform {self.transform.name}"
+        self._sized: dict[tuple[int, int], AugmentConfig] = {}
+        self._sized_lock = threading.Lock()
         self._mean = torch.tensor(config.mean, dtype=torch.float32)
         self._std = torch.tensor(config.std, dtype=torch.float32)
 
@@ -93,15 +97,40 @@ class BatchProducer:
         """What `produce` writes for a batch of ``batch_size`` (the wire's description)."""
         return self.config.batch_spec(batch_size)
 
-    def produce(self, plan: BatchPlan, out: torch.Tensor | list[torch.Tensor]) -> BatchMeta:
+    def config_at(self, image_size: tuple[int, int] | None) -> AugmentConfig:
+        """The config producing batches at output size ``image_size`` (None: the config's
+        own): progressive resizing. Train crops do not depend on the output size (the same
+        boxes, flips and jitter at any size), val centre crops do (planned at that size)."""
+        if image_size is None or tuple(image_size) == self.config.image_size:
+            return self.config
+        size = (int(image_size[0]), int(image_size[1]))
+        with self._sized_lock:
+            config = self._sized.get(size)
+            if config is None:
+                if self.transform is not None or self.config.views:
+                    raise ValueError(
+                        "a user transform or multi-view config has a fixed output size"
+                    )
+                config = self._sized[size] = dataclasses.replace(self.config, image_size=size)
+            return config
+
+    def produce(
+        self,
+        plan: BatchPlan,
+        out: torch.Tensor | list[torch.Tensor],
+        *,
+        image_size: tuple[int, int] | None = None,
+    ) -> BatchMeta:
         """Fill `out` ([B, 3, H, W], config dtype, any memory format) with batch `plan`.
 
         Multi-view configs: `out` is a list of one such tensor per view (`BatchSpec.view_bytes`
         of one buffer gives it); each sample is decoded once and the fused op runs once per
-        view, over the whole batch, with that view's boxes, flips and jitter.
+        view, over the whole batch, with that view's boxes, flips and jitter. ``image_size``:
+        produce at that output size instead of the config's (`config_at`).
         """
         n = len(plan.indices)
-        expected = self.output_spec(n)
+        config = self.config_at(image_size)
+        expected = config.batch_spec(n)
         outs = out if isinstance(out, (list, tuple)) else [out]
         if len(outs) != len(expected.view_specs) or any(
             list(o.shape) != e.shape or o.dtype != e.torch_dtype
@@ -111,7 +140,7 @@ class BatchProducer:
             raise ValueError(
                 f"out must be {expected.view_shapes} {expected.torch_dtype}, got {got}"
             )
-        samples = self.samples.load(plan.epoch, plan.indices)
+        samples = self.samples.load(plan.epoch, plan.indices, config=config)
         if self.transform is not None:
             samples = self._transform_into(plan.epoch, samples, out)
             return self._meta(plan, samples)

@@ -344,15 +344,22 @@ class SampleLoader:
         )
 
     def read_and_plan(
-        self, epoch: int, indices: Sequence[int], *, start_attempts: Sequence[int] | None = None
+        self,
+        epoch: int,
+        indices: Sequence[int],
+        *,
+        start_attempts: Sequence[int] | None = None,
+        config: AugmentConfig | None = None,
     ) -> list[PlannedSample]:
         """Read and plan each index (substituting unreadable files).
 
         Files are read on the decoder's threads when it offers `map` (CpuBatchDecoder does):
         reading and header parsing release the GIL for most of their time. Where the dataset
         reads many samples at once (an object store), the batch's samples are fetched together
-        first (module doc).
+        first (module doc). ``config``: plan with it instead of the loader's (the same config
+        at another output size: `BatchProducer.config_at`).
         """
+        config = config or self.config
         jobs = [
             (int(r), 0 if start_attempts is None else int(start_attempts[k]))
             for k, r in enumerate(indices)
@@ -365,7 +372,7 @@ class SampleLoader:
         mapper = getattr(self.decoder, "map", None)
         found = mapper(find, jobs) if callable(mapper) else [find(j) for j in jobs]
         plans = plan_samples(
-            self.config,
+            config,
             self.seed,
             epoch,
             [f[1] for f in found],
@@ -373,10 +380,10 @@ class SampleLoader:
             [f[4].width for f in found],
         )
         view_plans: list[tuple[SamplePlan, ...]] = [()] * len(found)
-        if self.config.views:
+        if config.views:
             per_view = [
                 plan_samples(
-                    self.config,
+                    config,
                     self.seed,
                     epoch,
                     [f[1] for f in found],
@@ -384,7 +391,7 @@ class SampleLoader:
                     [f[4].width for f in found],
                     view=k,
                 )
-                for k in range(len(self.config.views))
+                for k in range(len(config.views))
             ]
             view_plans = [tuple(v[i] for v in per_view) for i in range(len(found))]
         labels = self.dataset.labels
@@ -434,18 +441,26 @@ class SampleLoader:
         by_index = dict(zip(unique, got, strict=True))
         return {job: by_index[index] for job, index in wanted.items()}
 
-    def decode(self, epoch: int, planned: Sequence[PlannedSample]) -> list[LoadedSample]:
+    def decode(
+        self,
+        epoch: int,
+        planned: Sequence[PlannedSample],
+        *,
+        config: AugmentConfig | None = None,
+    ) -> list[LoadedSample]:
         """Decode planned samples; files that fail to decode are replaced (and re-decoded).
 
         A transient failure (`DecodeResult.transient`, out of memory) is decoded again after
         `retry_delays`; TransientReadError when it persists (the file is not marked bad).
+        ``config``: as `read_and_plan`'s (the one the samples were planned with).
         """
+        config = config or self.config
         out: list[LoadedSample | None] = [None] * len(planned)
         todo = list(enumerate(planned))
-        out_hw = self.config.image_size
+        out_hw = config.image_size
         # A user transform decides the crop itself: it gets the whole image at full size; so
         # do the views of a multi-view config (module doc).
-        whole = self.config.transform is not None or bool(self.config.views)
+        whole = config.transform is not None or bool(config.views)
         tries = 0
         while todo:
             requests = [
@@ -502,6 +517,7 @@ class SampleLoader:
                 epoch,
                 [p.requested for _, p in retry],
                 start_attempts=[p.attempt + 1 for _, p in retry],
+                config=config,
             )
             todo = again_as_is + [(slot, p) for (slot, _), p in zip(retry, again, strict=True)]
         loaded = [s for s in out if s is not None]
@@ -511,9 +527,13 @@ class SampleLoader:
                 self.replaced_total += replaced
         return loaded
 
-    def load(self, epoch: int, indices: Sequence[int]) -> list[LoadedSample]:
-        """`read_and_plan` then `decode`: one LoadedSample per index, in order."""
-        return self.decode(epoch, self.read_and_plan(epoch, indices))
+    def load(
+        self, epoch: int, indices: Sequence[int], *, config: AugmentConfig | None = None
+    ) -> list[LoadedSample]:
+        """`read_and_plan` then `decode`: one LoadedSample per index, in order (``config``:
+        another output size's, `BatchProducer.config_at`)."""
+        planned = self.read_and_plan(epoch, indices, config=config)
+        return self.decode(epoch, planned, config=config)
 
     def substitute(self, epoch: int, sample: LoadedSample) -> LoadedSample:
         """The next substitute of ``sample.requested`` after ``sample``, decoded: for a sample

@@ -92,12 +92,17 @@ class ServerApp:
         except BaseException:
             self._close_decoder()
             raise
-        # Every split writes the same batches (one image size, dtype and layout): one spec.
+        # Every split writes the same batches (one image size, dtype and layout): one spec;
+        # a client may ask for another output size up to --max-image-size (`capacity`, what
+        # a buffer holds; flat buffers then, each batch in its first bytes).
         self.spec = config.batch_spec()
+        self.capacity = config.capacity_spec()
         cap = config.buffer_cap
         # Pinned only where a GPU copy reads them (a --device cuda server's device-to-host
         # copies): a CPU server on a training node must not open a CUDA context on GPU 0.
-        self.buffers = BufferPool(self.spec, cap, pin=config.device != "cpu")
+        self.buffers = BufferPool(
+            self.capacity, cap, pin=config.device != "cpu", flat=self.capacity != self.spec
+        )
         self._bad_files = BadFileTally()  # bad_total: distinct files over all splits
         try:
             self.socket = RouterSocket(config, self.keys, self.telemetry.add_handshake_failure)
@@ -112,7 +117,13 @@ class ServerApp:
         os.set_blocking(self._wake_w, False)
         producers = {name: s.producer for name, s in self.splits.items()}
         self.producers = ProducerThreads(
-            producers, config.producers, self.phases, self._wake_w, self.spec, config.device
+            producers,
+            config.producers,
+            self.phases,
+            self._wake_w,
+            self.spec,
+            config.device,
+            capacity=self.capacity,
         )
         self.core = ServerCore(
             config,
@@ -227,11 +238,7 @@ class ServerApp:
                 "/".join(self.splits),
                 ", ".join(self.endpoints),
                 self.config.batch_size,
-                (
-                    "x".join(map(str, self.config.image_hw))
-                    if not self.spec.multi_view
-                    else "views " + "+".join(f"{h}x{w}" for h, w in self.spec.views) + " =",
-                ),
+                self._size_text(),
                 self.spec.dtype,
                 self.spec.layout,
                 self.config.producers,
@@ -245,7 +252,7 @@ class ServerApp:
                     self.config.producers,
                     getattr(self.decoder, "max_batch", self.config.batch_size),
                     getattr(self.decoder, "max_image_pixels", None),
-                    self.spec.nbytes,
+                    self.capacity.nbytes,
                 )
                 log.info("%s", bound)
             self._loop()
@@ -253,6 +260,17 @@ class ServerApp:
             self._shutdown()
         log.info("stopped")
         return 0
+
+    def _size_text(self) -> str:
+        """The output size(s) for the start line: "224x224", "224x224 (clients may ask up to
+        320x320)" or "views 224x224+224x224+96x96+...": the px that follows reads right."""
+        if self.spec.multi_view:
+            return "views " + "+".join(f"{h}x{w}" for h, w in self.spec.views)
+        size = "x".join(map(str, self.config.image_hw))
+        if self.capacity != self.spec:
+            most = "x".join(map(str, self.config.max_image_hw))
+            return f"{size} (clients may ask up to {most})"
+        return size
 
     def keys_statement(self) -> str:
         """Whether clients need keys, said at every start (a rejected client sees silence)."""
@@ -272,7 +290,7 @@ class ServerApp:
         budget = self.core.budget
         return host_memory_statement(
             budget.max_buffers,
-            self.spec.nbytes + self.spec.labels_nbytes,
+            self.capacity.nbytes + self.capacity.labels_nbytes,
             budget.reserve,
             self.config.max_clients,
         )
@@ -436,7 +454,8 @@ class ServerApp:
         """Do what the core said, in its order."""
         for action in actions:
             if isinstance(action, SendBatch):
-                images = tensor_bytes(action.slot.tensor)
+                # A flat buffer (--max-image-size, --views) sends its batch's bytes only.
+                images = tensor_bytes(action.slot.tensor)[: action.header.nbytes]
                 tracker = self.socket.send_batch(
                     action.identity, action.header, images, action.labels
                 )
@@ -485,8 +504,9 @@ class ServerApp:
             held=max(0, self.buffers.held - self.core.shared.idle),
             allocated=self.buffers.capacity,
             max=self.buffers.max_buffers,
-            batch_bytes=self.spec.nbytes + self.spec.labels_nbytes,
-            window_bytes=self.core.shared.idle * (self.spec.nbytes + self.spec.labels_nbytes),
+            batch_bytes=self.capacity.nbytes + self.capacity.labels_nbytes,
+            window_bytes=self.core.shared.idle
+            * (self.capacity.nbytes + self.capacity.labels_nbytes),
         )
         return self.telemetry.snapshot(
             stages,

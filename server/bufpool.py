@@ -48,7 +48,11 @@ class Slot:
 
 class BufferPool:
     """Hands out batch tensors of one `BatchSpec`, at most ``max_buffers`` of them, allocated
-    ``chunk`` at a time."""
+    ``chunk`` at a time.
+
+    ``flat``: each buffer is ``spec.nbytes`` of uint8 (``spec`` the largest batch: a server
+    with --max-image-size writes smaller batches into their first bytes); a multi-view spec's
+    buffers are always flat (its views back to back)."""
 
     def __init__(
         self,
@@ -56,10 +60,12 @@ class BufferPool:
         max_buffers: int,
         chunk: int = CHUNK,
         pin: bool | None = None,
+        flat: bool = False,
     ) -> None:
         if max_buffers < 1:
             raise ValueError(f"max_buffers must be >= 1, got {max_buffers}")
         self.spec = spec
+        self.flat = flat or spec.multi_view
         self.max_buffers = int(max_buffers)
         self.chunk = chunk
         self.pin = pin
@@ -89,9 +95,12 @@ class BufferPool:
         room = self.max_buffers - self.capacity
         count = min(self.chunk, room)
         if self._pinned():  # fill the power of two the pinned allocator rounds the block to
-            span = buffer_span(self.spec.shape, self.spec.torch_dtype)
+            span = buffer_span((self.spec.nbytes,), torch.uint8)
             count = pinned_ring_size(count, span, room)
-        ring = BufferRing.for_spec(count, self.spec, self.pin)
+        if self.flat:
+            ring = BufferRing(count, (self.spec.nbytes,), torch.uint8, pin=self.pin)
+        else:
+            ring = BufferRing.for_spec(count, self.spec, self.pin)
         self._rings.append(ring)
         self.peak = max(self.peak, self.capacity)
         log.debug(

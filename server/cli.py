@@ -270,6 +270,14 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"output size: PX (square) or H,W (default: {_D.image_size})",
     )
     batch.add_argument(
+        "--max-image-size",
+        type=_image_size,
+        metavar="PX|H,W",
+        help="largest output size a client may ask for (progressive resizing: "
+        "RemoteLoader(image_size=...) / set_image_size); batch buffers are sized for it, a "
+        "larger ask is refused (default: --image-size)",
+    )
+    batch.add_argument(
         "--seed", type=int, help=f"seed of shuffling and augmentation (default: {_D.seed})"
     )
     batch.add_argument(

@@ -49,6 +49,9 @@ class ServerConfig:
     batch_size: int = 64
     # One int (square) or (height, width): `--image-size 224` or `--image-size 160,224`.
     image_size: int | tuple[int, int] = 224
+    # The largest output size a client may ask for (progressive resizing: `Hello.image_size`),
+    # PX or (height, width); buffers are sized for it. None: --image-size (no larger asks).
+    max_image_size: int | tuple[int, int] | None = None
     seed: int = 0
     workers: int | None = None  # --workers; None: `decode_threads` decides
     # Three batches in production keep two cores busy across batch boundaries (the Python
@@ -134,10 +137,21 @@ class ServerConfig:
     @property
     def image_hw(self) -> tuple[int, int]:
         """--image-size as (height, width)."""
-        size = self.image_size
-        if isinstance(size, (tuple, list)):
-            return (int(size[0]), int(size[1]))
-        return (int(size), int(size))
+        return _hw(self.image_size)
+
+    @property
+    def max_image_hw(self) -> tuple[int, int]:
+        """--max-image-size as (height, width) (default: --image-size)."""
+        return self.image_hw if self.max_image_size is None else _hw(self.max_image_size)
+
+    def capacity_spec(self) -> BatchSpec:
+        """The largest batch this server may send (what a batch buffer holds): the batch spec
+        at --max-image-size (multi-view: the views' own)."""
+        spec = self.batch_spec()
+        if spec.multi_view or self.max_image_hw == self.image_hw:
+            return spec
+        h, w = self.max_image_hw
+        return BatchSpec(spec.batch_size, h, w, spec.dtype, spec.layout)
 
     def store_options(self) -> StoreOptions:
         """How object stores are read (`pipeline.storage.StoreOptions`), from the flags."""
@@ -196,6 +210,21 @@ class ServerConfig:
             problems.append(f"--image-size must be PX or H,W integers, got {size!r}")
         elif min(self.image_hw) < 1:
             problems.append(f"--image-size must be >= 1, got {size!r}")
+        most = self.max_image_size
+        if most is not None:
+            if isinstance(most, (tuple, list)) and (
+                len(most) != 2 or any(isinstance(v, bool) or not isinstance(v, int) for v in most)
+            ):
+                problems.append(f"--max-image-size must be PX or H,W integers, got {most!r}")
+            elif self.views:
+                problems.append(
+                    "--max-image-size does not go with --views (the views fix their sizes)"
+                )
+            elif any(m < s for m, s in zip(self.max_image_hw, self.image_hw, strict=True)):
+                problems.append(
+                    f"--max-image-size {most!r} must be at least --image-size {size!r} "
+                    "in height and width"
+                )
         for name in ("batch_size", "workers", "producers", "prefetch_depth"):
             if getattr(self, name) is not None and int(getattr(self, name)) < 1:
                 flag = "--" + name.replace("_", "-")
@@ -247,6 +276,12 @@ class ServerConfig:
 _FIELDS = {f.name: f for f in fields(ServerConfig)}
 
 
+def _hw(size: Any) -> tuple[int, int]:
+    if isinstance(size, (tuple, list)):
+        return (int(size[0]), int(size[1]))
+    return (int(size), int(size))
+
+
 def config_from_toml(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Read a TOML file of server settings into ``{field: value}``; unknown keys are an error."""
     with open(path, "rb") as fh:
@@ -263,7 +298,7 @@ def config_from_toml(path: str | os.PathLike[str]) -> dict[str, Any]:
             value = [value]
         if name in ("scale", "ratio", "mean", "std") and isinstance(value, list):
             value = tuple(float(v) for v in value)
-        if name == "image_size" and isinstance(value, list):
+        if name in ("image_size", "max_image_size") and isinstance(value, list):
             value = tuple(value)
         if name in ("train", "val") and value is not None and not is_url(value):
             value = str(Path(value).expanduser())

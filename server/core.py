@@ -534,10 +534,16 @@ class ServerCore:
             return actions + self._error(
                 identity, f"cannot serve this hello: {exc}", session=session_no
             )
+        spec = self._spec_for(hello)
+        if isinstance(spec, str):
+            return actions + self._error(
+                identity, f"cannot serve this hello: {spec}", session=session_no
+            )
         self._serial += 1
         session = ClientSession(
             identity, hello, sampler, self.config.prefetch_depth, now, serial=self._serial
         )
+        session.spec = spec
         session.taken_at = taken_at
         refused = session.ask(hello.batches, now)
         if refused is not None:
@@ -549,13 +555,14 @@ class ServerCore:
         self.scheduler.add(identity)
         asks = f"batch {hello.batches[0]}" if hello.batches else "nothing yet"
         log.info(
-            "client %s%s: %s epoch %d rank %d/%d, asks for %s (%d asked, %d in the epoch)",
+            "client %s%s: %s epoch %d rank %d/%d%s, asks for %s (%d asked, %d in the epoch)",
             identity.hex(),
             f" (job {wire.show(hello.job)})" if hello.job else "",
             hello.split,
             hello.epoch,
             hello.rank,
             hello.world_size,
+            "" if spec is self.spec else f" at {spec.height}x{spec.width}",
             asks,
             len(hello.batches),
             sampler.num_batches,
@@ -564,17 +571,47 @@ class ServerCore:
             session=hello.session,
             num_batches=sampler.num_batches,
             num_samples=split.num_samples,
-            batch_size=self.spec.batch_size,
-            shape=self.spec.shape,
-            dtype=self.spec.dtype,
-            layout=self.spec.layout,
+            batch_size=spec.batch_size,
+            shape=spec.shape,
+            dtype=spec.dtype,
+            layout=spec.layout,
             mean=list(split.mean),
             std=list(split.std),
             num_classes=split.num_classes,
             classes=welcome_classes(list(split.classes)),
-            views=[list(v) for v in self.spec.views],
+            views=[list(v) for v in spec.views],
         )
         return [*actions, Reply(identity, welcome)]
+
+    def _spec_for(self, hello: Hello) -> BatchSpec | str:
+        """The spec of a hello's stream: the server's, or at the output size it asks for
+        (progressive resizing); a string says why that size cannot be served."""
+        size = hello.image_size
+        if size is None or (size == (self.spec.height, self.spec.width) and not self.spec.views):
+            return self.spec
+        h, w = size
+        if self.spec.multi_view:
+            return (
+                f"image_size {h}x{w} asked, but this server serves multi-view batches "
+                "(--views): their sizes are the views'"
+            )
+        transform = self.config.transform if hello.split == "train" else self.config.val_transform
+        if transform is not None:
+            return (
+                f"image_size {h}x{w} asked, but this server's {hello.split} split runs a user "
+                "transform (--transform): its output size is the transform's"
+            )
+        most = self.config.max_image_hw
+        if h > most[0] or w > most[1]:
+            return (
+                f"image_size {h}x{w} is larger than this server's --max-image-size "
+                f"{most[0]}x{most[1]} (its batch buffers are sized for that); restart it with "
+                "a larger --max-image-size, or ask for a smaller size"
+            )
+        return BatchSpec(self.spec.batch_size, h, w, self.spec.dtype, self.spec.layout)
+
+    def _spec(self, session: ClientSession) -> BatchSpec:
+        return session.spec if session.spec is not None else self.spec
 
     def _world_size_holder(self, identity: bytes, hello: Hello, now: float) -> ClientSession | None:
         """Another live session of the same split and job at another world size, if any."""
@@ -753,7 +790,9 @@ class ServerCore:
         h = session.hello
         if h.start_sample:  # a resumed pass (elastic): its batch k is not the epoch's: unshared
             return None
-        return self.shared.key(h.split, h.epoch, h.rank, h.world_size, k)
+        spec = self._spec(session)
+        size = None if spec is self.spec else (spec.height, spec.width)
+        return self.shared.key(h.split, h.epoch, h.rank, h.world_size, k, size)
 
     def _next_production(self, session: ClientSession) -> Production | None:
         """The production the session's next batch would join (None: produce it anew)."""
@@ -804,6 +843,7 @@ class ServerCore:
                 queued_at=now,
                 cancelled=p.cancelled,
                 production=p.id,
+                spec=None if session.spec is self.spec else session.spec,
             )
             actions.append(Submit(order))
         return actions
@@ -835,22 +875,23 @@ class ServerCore:
 
     def _send(self, session: ClientSession, batch: ReadyBatch, now: float) -> SendBatch:
         h = session.hello
+        spec = self._spec(session)
         header = BatchHeader(
             session=h.session,
             split=h.split,
             epoch=h.epoch,
             batch_index=batch.batch_index,
-            shape=self.spec.shape,
-            dtype=self.spec.dtype,
-            layout=self.spec.layout,
+            shape=spec.shape,
+            dtype=spec.dtype,
+            layout=spec.layout,
             indices=batch.indices,
             replaced=batch.replaced,
-            nbytes=self.spec.nbytes,
-            views=[list(v) for v in self.spec.views],
+            nbytes=spec.nbytes,
+            views=[list(v) for v in spec.views],
         )
         # Counted before the hand-off: ZeroMQ's I/O thread can deliver the batch before the
         # loop runs again, and a scrape must never show fewer batches than a client received.
-        self.telemetry.add_batch(self.spec.batch_size, self.spec.nbytes + self.spec.labels_nbytes)
+        self.telemetry.add_batch(spec.batch_size, spec.nbytes + spec.labels_nbytes)
         if batch.replaced:  # counted per batch served (a shared batch is served more than once)
             self.telemetry.add_replaced(batch.replaced)
         p = self.shared.get(batch.production)
@@ -859,7 +900,7 @@ class ServerCore:
             if p.sends > 1:
                 self.telemetry.add_shared()
         self.telemetry.observe_stage("ready", now - batch.done_at)
-        session.meter.add(self.spec.batch_size, now)
+        session.meter.add(spec.batch_size, now)
         session.progress_at = now
         ticket = self.deliveries.sent(
             session.identity, batch.slot, session.serial, now, production=batch.production

@@ -19,6 +19,7 @@ from batchwire.pipeline.sampler import ShardSampler
 
 if TYPE_CHECKING:
     from batchwire.server.bufpool import Slot
+    from batchwire.wire import BatchSpec
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,9 @@ class BatchOrder:
     # The core's `sharing.Production` (one per buffer: several sessions may wait for it; the
     # session above is the one that asked first).
     production: int = 0
+    # What to write (the session's spec: the output size its hello asked for); None: the
+    # server's own.
+    spec: BatchSpec | None = None
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ from batchwire.wire import MAX_PREFETCH, ClientRow, Hello, LoaderReport, show
 
 if TYPE_CHECKING:
     from batchwire.server.bufpool import Slot
+    from batchwire.wire import BatchSpec
 
 # The per-client figure of the stats row: as the server's own throughput, over a few seconds.
 CLIENT_RATE_WINDOW_S = 5.0
@@ -68,6 +69,9 @@ class ClientSession:
         self.identity = identity
         self.hello = hello
         self.sampler = sampler
+        # What this stream's batches are (set by the core at admission: the server's spec, or
+        # the output size the hello asked for).
+        self.spec: BatchSpec | None = None
         self.num_batches = sampler.num_batches
         self.prefetch_depth = prefetch_depth
         self.serial = serial

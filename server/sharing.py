@@ -40,8 +40,9 @@ import numpy as np
 if TYPE_CHECKING:
     from batchwire.server.bufpool import Slot
 
-#: (split, epoch, global batch index g = k * world_size + rank)
-BatchKey = tuple[str, int, int]
+#: (split, epoch, global batch index g = k * world_size + rank, output (H, W) or None for the
+#: server's --image-size): progressive resizing makes the size part of what a batch is.
+BatchKey = tuple[str, int, int, tuple[int, int] | None]
 
 #: (split, epoch) pairs whose produced batches are remembered, to tell a lagging session.
 _SEEN_EPOCHS = 8
@@ -89,18 +90,27 @@ class SharedBatches:
         self._by_key: dict[BatchKey, Production] = {}
         self._recent: OrderedDict[int, Production] = OrderedDict()  # done, windowed, by age
         self.idle = 0  # windowed productions nobody references: buffers held for the window
-        self._seen: OrderedDict[tuple[str, int], set[int]] = OrderedDict()
+        self._seen: OrderedDict[tuple[str, int], set[tuple]] = OrderedDict()
         self._next_id = 0
 
     @property
     def enabled(self) -> bool:
         return self.window > 0
 
-    def key(self, split: str, epoch: int, rank: int, world_size: int, k: int) -> BatchKey | None:
-        """The batch's name on this server, or None when sharing is off."""
+    def key(
+        self,
+        split: str,
+        epoch: int,
+        rank: int,
+        world_size: int,
+        k: int,
+        size: tuple[int, int] | None = None,
+    ) -> BatchKey | None:
+        """The batch's name on this server, or None when sharing is off (``size``: the output
+        size a session asked for, None for the server's own)."""
         if not self.enabled:
             return None
-        return (split, int(epoch), int(k) * int(world_size) + int(rank))
+        return (split, int(epoch), int(k) * int(world_size) + int(rank), size)
 
     def find(self, key: BatchKey | None) -> Production | None:
         """A production of ``key`` a session may join: in production and not cancelled, or
@@ -121,7 +131,7 @@ class SharedBatches:
         if key is None:
             return False
         seen = self._seen.get((key[0], key[1]))
-        return seen is not None and key[2] in seen
+        return seen is not None and key[2:] in seen
 
     # ---------------------------------------------------------------- life of a production
 
@@ -159,13 +169,13 @@ class SharedBatches:
         p.slot = slot
         p.cancelled.set()  # nothing to cancel any more; `find` ignores it once done
         if p.key is not None:
-            split, epoch, g = p.key
+            split, epoch = p.key[0], p.key[1]
             seen = self._seen.get((split, epoch))
             if seen is None:
                 seen = self._seen[(split, epoch)] = set()
                 while len(self._seen) > _SEEN_EPOCHS:
                     self._seen.popitem(last=False)
-            seen.add(g)
+            seen.add(p.key[2:])
             self._recent[p.id] = p
             p.windowed = True
 

@@ -40,7 +40,7 @@ from batchwire.pipeline.decode.contract import BatchDecoder, DecodeRequest, Deco
 from batchwire.pipeline.decode.files import is_transient
 from batchwire.pipeline.producer import BatchMeta, BatchProducer
 from batchwire.pipeline.samples import TransientReadError
-from batchwire.server.jobs import Job, JobResult
+from batchwire.server.jobs import BatchOrder, Job, JobResult
 from batchwire.wire import BatchSpec
 
 if TYPE_CHECKING:
@@ -208,6 +208,20 @@ class StageTimingDecoder:
             self._report_fallbacks()
 
 
+def _batch_in(spec: BatchSpec, buffer: torch.Tensor) -> torch.Tensor | list[torch.Tensor]:
+    """What `BatchProducer.produce` writes for ``spec`` in a batch buffer: the buffer itself
+    (shaped as the server's batches), or views of a flat uint8 buffer's first bytes (a
+    multi-view batch's tensors, or a batch smaller than the buffer: progressive resizing)."""
+    flat = buffer.dim() == 1 and buffer.dtype == torch.uint8 and buffer.numel() >= spec.nbytes
+    return spec.view_bytes(buffer) if flat else buffer
+
+
+def _sized(order: BatchOrder) -> dict[str, tuple[int, int]]:
+    """`BatchProducer.produce`'s ``image_size`` for an order with a spec of its own."""
+    spec = order.spec
+    return {} if spec is None else {"image_size": (spec.height, spec.width)}
+
+
 class ProducerThreads:
     """``n`` producer threads fed by a job queue; results come back via `results`.
 
@@ -225,10 +239,13 @@ class ProducerThreads:
         spec: BatchSpec,
         device: str = "cpu",
         on_broken_cuda: Callable[[str], None] = exit_for_broken_cuda,
+        capacity: BatchSpec | None = None,
     ) -> None:
         self.producers = producers  # split -> BatchProducer
         self.on_broken_cuda = on_broken_cuda  # a sticky CUDA error's reason; exits by default
-        self.spec = spec  # what every batch is: the device buffer is allocated from it
+        self.spec = spec  # the server's batches (an order without a spec of its own)
+        # The largest batch (--max-image-size): the device buffer is allocated from it.
+        self.capacity = capacity or spec
         self.device = device
         self.n = n
         self.phases = phases
@@ -279,12 +296,14 @@ class ProducerThreads:
         self.phases.begin()
         try:
             plan = order.sampler.plan(order.epoch, order.batch_index)
-            out = job.slot.tensor
+            spec = order.spec or self.spec
             if self.device == "cpu":
-                views = self.spec.view_bytes(out) if self.spec.multi_view else out
-                meta = self.producers[order.split].produce(plan, views)
+                out = _batch_in(spec, job.slot.tensor)
+                meta = self.producers[order.split].produce(plan, out, **_sized(order))
             else:
-                meta = self._produce_on_device(order.split, plan, out)
+                meta = self._produce_on_device(
+                    order.split, plan, spec, job.slot.tensor, _sized(order)
+                )
         except Exception as exc:  # travels to the loop as data; it tells the client
             log.exception("producing %s batch %d failed", order.split, order.batch_index)
             broken = sticky_cuda_error(exc)
@@ -305,27 +324,35 @@ class ProducerThreads:
             replaced=int(meta.replaced),
         )
 
-    def _produce_on_device(self, split: str, plan: BatchPlan, host_out: torch.Tensor) -> BatchMeta:
+    def _produce_on_device(
+        self, split: str, plan: BatchPlan, spec: BatchSpec, host_out: torch.Tensor, sized: dict
+    ) -> BatchMeta:
         """Augment into this worker's device buffer, then copy into the pinned host buffer.
 
         Each worker has its own CUDA stream, so one batch's device-to-host copy overlaps the
-        other worker's decode and augment; the worker waits for its copy (not the loop).
+        other worker's decode and augment; the worker waits for its copy (not the loop). A
+        flat host buffer (multi-view, or buffers sized for --max-image-size) gets a flat
+        device buffer of the same capacity, and only the batch's bytes are copied.
         """
         local = self._local
+        flat = host_out.dim() == 1
         if getattr(local, "device_out", None) is None:
-            if self.spec.multi_view:  # the views back to back, as the host buffer holds them
+            if flat:
                 local.device_out = torch.empty(
-                    self.spec.nbytes, dtype=torch.uint8, device=self.device
+                    self.capacity.nbytes, dtype=torch.uint8, device=self.device
                 )
             else:
                 local.device_out = self.spec.empty(device=self.device)
             local.cuda_stream = torch.cuda.Stream(device=self.device)
             local.copied = BufferFence()
         with torch.cuda.stream(local.cuda_stream):
-            out = local.device_out
-            views = self.spec.view_bytes(out) if self.spec.multi_view else out
-            meta = self.producers[split].produce(plan, views)
-            host_out.copy_(local.device_out, non_blocking=True)
+            out = _batch_in(spec, local.device_out)
+            meta = self.producers[split].produce(plan, out, **sized)
+            if flat:
+                n = spec.nbytes
+                host_out[:n].copy_(local.device_out[:n], non_blocking=True)
+            else:
+                host_out.copy_(local.device_out, non_blocking=True)
             local.copied.record(local.cuda_stream)
         # The loop sends host_out next, and this worker's next batch rewrites device_out.
         local.copied.synchronize()

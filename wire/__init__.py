@@ -51,6 +51,7 @@ from batchwire.wire.frames import (
 )
 from batchwire.wire.messages import (
     ERROR_REASONS,
+    MAX_IMAGE_SIDE,
     MAX_JOB_LEN,
     MAX_PREFETCH,
     BatchHeader,
@@ -88,6 +89,7 @@ __all__ = [
     "MAX_ARRAY_LEN",
     "MAX_BATCH_SIZE",
     "MAX_CLIENT_FRAME_BYTES",
+    "MAX_IMAGE_SIDE",
     "MAX_JOB_LEN",
     "MAX_MAP_LEN",
     "MAX_PREFETCH",

@@ -37,6 +37,8 @@ from batchwire.wire.stats import ServerStats
 #: Largest credit window (batches listed and not yet received) a client may ask of a server;
 #: the server's own --prefetch-depth bounds what it produces and holds for a client.
 MAX_PREFETCH = 256
+#: Largest output side a hello may ask for (`Hello.image_size`).
+MAX_IMAGE_SIDE = 16384
 #: Longest job name in a hello.
 MAX_JOB_LEN = 256
 #: Bounds of `Welcome.classes` (ImageNet-21k's 21,841 names fit; a welcome stays well under the
@@ -147,6 +149,25 @@ def _views(d: Mapping[str, Any], shape: list[int]) -> list[list[int]]:
     return [list(v) for v in value]
 
 
+def _image_size(d: Mapping[str, Any]) -> tuple[int, int] | None:
+    """A hello's ``image_size``: absent/nil, or [H, W] of integers in 1..MAX_IMAGE_SIDE."""
+    value = d.get("image_size")
+    if value is None:
+        return None
+    if (
+        not isinstance(value, list)
+        or len(value) != 2
+        or any(
+            isinstance(x, bool) or not isinstance(x, int) or not 1 <= x <= MAX_IMAGE_SIDE
+            for x in value
+        )
+    ):
+        raise ProtocolError(
+            f"field 'image_size' must be [H, W] integers in 1..{MAX_IMAGE_SIDE}, got {show(value)}"
+        )
+    return (value[0], value[1])
+
+
 def _drop_single_view(m: dict[str, Any]) -> dict[str, Any]:
     if not m.get("views"):  # a single-view batch: the map older peers know
         m.pop("views", None)
@@ -187,6 +208,10 @@ class Hello(_Message):
     its batches take slots ``[start_sample, stop)`` of the epoch order, where ``stop`` is the
     end of the epoch's samples at ``epoch_world_size`` (0: ``world_size``), split over this
     hello's ranks (`ShardSampler.resumed`). Absent (0) on the wire otherwise.
+
+    ``image_size`` ([H, W]): produce this stream's batches at that output size instead of the
+    server's --image-size (progressive resizing; the server refuses a size beyond its
+    --max-image-size). Absent (None) on the wire otherwise.
     """
 
     TYPE: ClassVar[str] = "hello"
@@ -199,12 +224,17 @@ class Hello(_Message):
     job: str = ""
     start_sample: int = 0
     epoch_world_size: int = 0
+    image_size: tuple[int, int] | None = None
 
     def to_map(self) -> dict[str, Any]:
         m = super().to_map()
         m["batches"] = list(self.batches)
         if not self.start_sample:  # the usual pass: the map older servers know
             del m["start_sample"], m["epoch_world_size"]
+        if self.image_size is None:
+            del m["image_size"]
+        else:
+            m["image_size"] = list(self.image_size)
         return m
 
     @classmethod
@@ -226,6 +256,7 @@ class Hello(_Message):
             job=job,
             start_sample=_int(d, "start_sample", 0) if "start_sample" in d else 0,
             epoch_world_size=_int(d, "epoch_world_size", 0) if "epoch_world_size" in d else 0,
+            image_size=_image_size(d),
         )
 
 

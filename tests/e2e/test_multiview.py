@@ -134,7 +134,7 @@ def test_the_memory_statement_counts_every_view():
     ) as srv:
         stats = srv.stats()
         log = srv.log()
-    assert "views 32x32+32x32+16x16+16x16+16x16" in log, log
+    assert "views 32x32+32x32+16x16+16x16+16x16 px" in log, log
     assert stats["buffers"]["batch_bytes"] == per_batch, stats["buffers"]
 
 

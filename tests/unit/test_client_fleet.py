@@ -582,6 +582,32 @@ def test_no_speculation_when_turned_off() -> None:
     assert all(h.epoch == 0 for h in shell.hellos(0))
 
 
+def test_another_image_size_drops_what_came_early_and_asks_at_that_size() -> None:
+    shell = speculated()
+    shell.welcome()
+    shell.serve(0)
+    while shell.fleet.cursor < NUM_BATCHES:
+        shell.take()
+    shell.fleet.next_image_size = (48, 48)  # progressive resizing: the next epoch at 48 px
+    shell.start(1, 0)
+    assert DropEarly(0) in shell.log and shell.early == {} and shell.fleet.adopted == 0
+    assert shell.fleet.welcome is None  # the new size's welcome says the new shape
+    for i in (0, 1):
+        assert shell.hellos(i)[-1].epoch == 1 and shell.hellos(i)[-1].image_size == (48, 48)
+
+
+def test_a_pending_image_size_asks_nothing_of_the_next_epoch_early() -> None:
+    shell = streaming(2)
+    shell.fleet.next_image_size = (16, 16)
+    for i in (0, 1):
+        shell.serve(i)
+    while shell.fleet.cursor < NUM_BATCHES - 4:
+        shell.take()
+        for i in (0, 1):
+            shell.serve(i)
+    assert all(h.epoch == 0 for i in (0, 1) for h in shell.hellos(i))
+
+
 def test_a_resumed_position_ends_the_early_sessions() -> None:
     shell = speculated()  # both servers on epoch 1, batches 8..11 of epoch 0 still owed
     assert shell.fleet.cursor == NUM_BATCHES - 4
