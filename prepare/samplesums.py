@@ -11,19 +11,20 @@ prefix holding the shards: a bucket too) or, with `--manifest-dir DIR`, in DIR u
 run does not name (the val shards beside the train shards) are kept.
 
 Exit status: 0 every sample checksummed; 1 corrupt JPEGs found (listed, checksummed, not
-intact); 2 the command cannot run (SRC unreadable as a dataset, the manifest's place not
-writable); 3 some samples could not be read (listed; rerun to finish).
+intact); 2 the command cannot run (SRC unreadable as a dataset, --manifest-dir not usable);
+3 some samples could not be read (listed; rerun to finish), or the manifest not written.
 """
 
 from __future__ import annotations
 
 import json
+import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TextIO
+from typing import IO, TextIO
 
 from batchwire.pipeline.checksums import (
     CHECKSUMS_MANIFEST,
@@ -34,7 +35,7 @@ from batchwire.pipeline.checksums import (
 )
 from batchwire.pipeline.dataset import ImageDataset
 from batchwire.pipeline.decode import DEFAULT_MAX_PIXELS
-from batchwire.pipeline.storage import LocalStore
+from batchwire.pipeline.storage import LocalStore, Store
 from batchwire.pipeline.storage.cache import uncached
 from batchwire.pipeline.storage.urls import redact_url
 from batchwire.prepare.job import _checksummed
@@ -112,6 +113,29 @@ def _records(
                 yield from chunk
 
 
+def record_line(record: dict) -> bytes:
+    return (json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n").encode(
+        "utf-8", "surrogateescape"
+    )
+
+
+def write_manifest(
+    store: Store, key: str, source: str, kept: Iterable[str], spool: IO[bytes]
+) -> None:
+    """A manifest at `key` of `store`, streamed and atomic (`Store.open_writer`): a header
+    line, the `kept` lines of other samples, this run's records from `spool` (JSON lines on
+    local disk), a `finished` line. OSError naming the manifest when it cannot be written."""
+    with store.open_writer(key) as out:
+        out.write(record_line({"source": source}))
+        for line in kept:
+            out.write(line.encode("utf-8", "surrogateescape") + b"\n")
+        spool.seek(0)
+        while chunk := spool.read(1 << 20):
+            out.write(chunk)
+        out.write(record_line({"finished": True}))
+        out.commit()
+
+
 def previous_records(text: bytes) -> dict[str, str]:
     """path -> line of an existing manifest's checksummed records (to keep others')."""
     out: dict[str, str] = {}
@@ -179,30 +203,25 @@ def checksum_samples(
             old = b""
     kept = previous_records(old[: max(MAX_BYTES_FLOOR, 4096 * len(dataset))])
     summary = SampleSumsSummary(redact_url(src), shown)
-    lines: list[str] = [json.dumps({"source": f"{dataset.kind}:{folder}"}) + "\n"]
-    for i, got, error in _records(dataset, keys, jobs, max_pixels):
-        if isinstance(got, OSError):
-            summary.unreadable.append((dataset.paths[i], got.strerror or str(got)))
-            continue
-        kept.pop(got["path"], None)
-        lines.append(json.dumps(got, ensure_ascii=False, separators=(",", ":")) + "\n")
-        summary.samples += 1
-        summary.intact += bool(got["intact"])
-        if error:
-            summary.corrupt.append((dataset.paths[i], error))
-        if progress is not None and summary.samples % 10000 == 0:
-            print(f"{summary.samples} of {len(dataset)} samples", file=progress, flush=True)
-    summary.kept = len(kept)
-    lines[1:1] = [line + "\n" for line in kept.values()]
-    lines.append(json.dumps({"finished": True}) + "\n")
-    data = "".join(lines).encode("utf-8", "surrogateescape")
-    try:
+    with tempfile.TemporaryFile() as spool:  # records on local disk, not in memory
+        for i, got, error in _records(dataset, keys, jobs, max_pixels):
+            if isinstance(got, OSError):
+                summary.unreadable.append((dataset.paths[i], got.strerror or str(got)))
+                continue
+            kept.pop(got["path"], None)
+            spool.write(record_line(got))
+            summary.samples += 1
+            summary.intact += bool(got["intact"])
+            if error:
+                summary.corrupt.append((dataset.paths[i], error))
+            if progress is not None and summary.samples % 10000 == 0:
+                print(f"{summary.samples} of {len(dataset)} samples", file=progress, flush=True)
+        summary.kept = len(kept)
+        source = f"{dataset.kind}:{folder}"
         if target is None:
-            store.put(CHECKSUMS_MANIFEST, data)
+            write_manifest(store, CHECKSUMS_MANIFEST, source, kept.values(), spool)
         else:
-            target.put(keyed_name(folder), data)
-    except OSError as exc:
-        raise UsageError(f"cannot write the manifest {shown}: {exc.strerror or exc}") from None
+            write_manifest(target, keyed_name(folder), source, kept.values(), spool)
     summary.seconds = time.monotonic() - started
     if report is not None:
         doc = {**asdict(summary), "exit_status": summary.exit_status}

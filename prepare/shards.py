@@ -33,20 +33,21 @@ said so of its bytes (shards of a `pipeline-prepare`d tree keep the restart-inte
 from __future__ import annotations
 
 import io
-import json
 import re
 import tarfile
+import tempfile
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TextIO
+from typing import IO, TextIO
 
 from batchwire.pipeline.checksums import CHECKSUMS_MANIFEST, checksum
 from batchwire.pipeline.dataset import ImageDataset
 from batchwire.pipeline.storage import LocalStore, ObjectWriter, Store, StoreOptions, open_store
 from batchwire.pipeline.storage.urls import is_url, redact_url
+from batchwire.prepare.samplesums import previous_records, record_line, write_manifest
 from batchwire.prepare.source import UsageError
 
 CLASSES_NAME = "classes.txt"
@@ -144,8 +145,11 @@ class _ShardWriter:
         self._out: ObjectWriter | None = None
         self._size = 0
         self.total = 0
-        self.records: list[dict] = []  # checksum records of committed shards
-        self._pending: list[dict] = []  # of the open shard (its size is known at commit)
+        # Checksum records of committed shards, as JSON lines on local disk (ImageNet: ~200
+        # MB of them); those of the open shard wait for its size, known at commit.
+        self.records: IO[bytes] = tempfile.TemporaryFile()  # noqa: SIM115 (closed by the caller)
+        self.recorded: set[str] = set()
+        self._pending: list[dict] = []
 
     def add(self, key: str, members: list[tuple[str, bytes]], intact: bool = False) -> None:
         """Append one sample; its first member (the image) gets a checksum record."""
@@ -188,7 +192,9 @@ class _ShardWriter:
                 tar.close()  # the end blocks, into the writer
                 size = out.commit()
                 self.total += size
-                self.records += [{**r, "object_size": size} for r in pending]
+                for r in pending:
+                    self.records.write(record_line({**r, "object_size": size}))
+                    self.recorded.add(r["path"])
         finally:
             if not complete:
                 out.abort()
@@ -266,7 +272,10 @@ def write_shards(
     writer.close()
     if any(c != str(k) for k, c in enumerate(dataset.classes)):
         store.put(CLASSES_NAME, "".join(f"{c}\n" for c in dataset.classes).encode("utf-8"))
-    _write_checksums(store, writer.records)
+    try:
+        _write_checksums(store, writer)
+    finally:
+        writer.records.close()
     summary.shards, summary.bytes = writer.names, writer.total
     summary.seconds = time.monotonic() - started
     return summary
@@ -302,20 +311,14 @@ def _existing_shards(store: Store, prefix: str) -> list[str]:
     return [o.key for o in listed if shard.match(o.key)]
 
 
-def _write_checksums(store: Store, records: list[dict]) -> None:
+def _write_checksums(store: Store, writer: _ShardWriter) -> None:
     """The members' records in DST's checksum manifest, after those already there for other
     shards (another prefix's), written atomically through the store."""
-    from batchwire.prepare.samplesums import previous_records
-
     try:
         old = store.read(CHECKSUMS_MANIFEST)
     except FileNotFoundError:
         old = b""
     kept = previous_records(old)
-    for r in records:
-        kept.pop(r["path"], None)
-    lines = [json.dumps({"source": "shards"}) + "\n"]
-    lines += [line + "\n" for line in kept.values()]
-    lines += [json.dumps(r, separators=(",", ":")) + "\n" for r in records]
-    lines.append(json.dumps({"finished": True}) + "\n")
-    store.put(CHECKSUMS_MANIFEST, "".join(lines).encode("utf-8", "surrogateescape"))
+    for path in writer.recorded:
+        kept.pop(path, None)
+    write_manifest(store, CHECKSUMS_MANIFEST, "shards", kept.values(), writer.records)
