@@ -104,6 +104,10 @@ class ServerApp:
             self.capacity, cap, pin=config.device != "cpu", flat=self.capacity != self.spec
         )
         self._bad_files = BadFileTally()  # bad_total: distinct files over all splits
+        # The splits' user transforms: their error totals feed transform_errors_total.
+        self._transforms = [
+            s.producer.transform for s in self.splits.values() if s.producer.transform is not None
+        ]
         try:
             self.socket = RouterSocket(config, self.keys, self.telemetry.add_handshake_failure)
         except BaseException:
@@ -430,6 +434,8 @@ class ServerApp:
             new_bad = self._bad_files.update(s.samples for s in self.splits.values())
             if new_bad:
                 self.telemetry.add_bad(new_bad)
+            if self._transforms:
+                self.telemetry.set_transform_errors(sum(t.errors_total for t in self._transforms))
             self._carry_out(self.core.on_result(result, time.monotonic()))
 
     def _release_sent(self) -> None:

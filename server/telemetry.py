@@ -95,6 +95,10 @@ _PROM_COUNTERS = {
         "batchwire_batches_shared_total",
         "Sends of a batch produced once for several sessions, beyond its first send.",
     ),
+    "transform_errors_total": (
+        "batchwire_transform_errors_total",
+        "Samples a user transform (--transform) failed on, each replaced by a substitute.",
+    ),
 }
 # Per decoder (label `decoder`), so it is exported by `_families` from the decoders' totals.
 _PROM_FALLBACKS = (
@@ -403,6 +407,13 @@ class Telemetry:
         with self._lock:
             self._fallbacks[decoder] = max(self._fallbacks.get(decoder, 0), int(total))
             self._counters["decode_fallbacks_total"] = sum(self._fallbacks.values())
+
+    def set_transform_errors(self, total: int) -> None:
+        """The user transforms' total of failed samples (`TransformRunner.errors_total`,
+        summed over splits). A total, not an increment, as `set_fallbacks`; never goes down."""
+        with self._lock:
+            now = self._counters["transform_errors_total"]
+            self._counters["transform_errors_total"] = max(now, int(total))
 
     def fallbacks_by_decoder(self) -> dict[str, int]:
         with self._lock:

@@ -123,6 +123,10 @@ class Counters(Record):
     #: the share ratio. Optional so that an older server's stats still read.
     batches_produced_total: int | None = None
     batches_shared_total: int | None = None
+    #: Samples a user transform (--transform/--val-transform) raised on or returned the wrong
+    #: shape for, each replaced by a substitute (0 without transforms). Optional: an older
+    #: server's stats still read.
+    transform_errors_total: int | None = None
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,8 @@ servers, exact mid-epoch resume, a sample the transform fails on replaced with t
 
 from __future__ import annotations
 
+import socket
+import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +15,7 @@ from batchwire.pipeline.dataset import open_dataset
 from batchwire.pipeline.sampler import ShardSampler
 from batchwire.pipeline.synthetic import default_dataset
 from batchwire.pipeline.transforms import transform_seeds
+from promtext import parse_metrics
 from serverproc import running_server, small_server_args
 
 USER = Path(__file__).resolve().parent / "test_transforms_user.py"
@@ -41,7 +44,11 @@ def test_transform_identical_across_servers_resume_and_a_failing_sample() -> Non
     victim = int(order[2])
     env = {"BW_TEST_FAIL_SEED": str(transform_seeds(SEED, 0, [victim])[0])}
     args = (*small_server_args(seed=SEED, root=root), "--transform", f"{USER}:fails_on_seed")
-    with running_server(*args, env=env) as a, running_server(*args, env=env) as b:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    metrics_args = ("--metrics-port", str(port))
+    with running_server(*args, *metrics_args, env=env) as a, running_server(*args, env=env) as b:
         with loader_for(a.endpoint) as la:
             first = epoch_of(la, 0)
         with loader_for(b.endpoint) as lb:
@@ -49,6 +56,8 @@ def test_transform_identical_across_servers_resume_and_a_failing_sample() -> Non
             resumed = epoch_of(lb, 0, start=3)
         stats = a.stats()
         log = a.log()
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
+            metrics = parse_metrics(resp.read().decode())
     assert len(first) == n // 16
     for k, (x, y) in enumerate(zip(first, second, strict=True)):
         assert x[0].shape == (16, 3, 32, 32) and x[0].dtype == torch.uint8
@@ -57,6 +66,9 @@ def test_transform_identical_across_servers_resume_and_a_failing_sample() -> Non
         assert all(torch.equal(p, q) for p, q in zip(x, y, strict=True))
     assert int(first[2][2][2]) == victim  # the slot keeps its requested index ...
     assert stats["counters"]["replaced_total"] >= 1  # ... its pixels are a substitute's
+    # The one failure, counted (the stats map and Prometheus); server b failed it twice.
+    assert stats["counters"]["transform_errors_total"] == 1
+    assert metrics["batchwire_transform_errors_total"] == 1.0
     warned = [line for line in log.splitlines() if "replacing the sample" in line]
     assert len(warned) == 1 and "fails_on_seed" in warned[0], log
     assert log.count("Traceback") == 1

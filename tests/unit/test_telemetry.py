@@ -65,6 +65,7 @@ def test_snapshot_schema_and_counters() -> None:
         malformed_total=2,
         batches_produced_total=0,
         batches_shared_total=0,
+        transform_errors_total=0,
     )
     assert [s.name for s in snap.stages] == ["read", "decode", "augment"]
     assert all(isinstance(s.latency_ms, float) for s in snap.stages)
@@ -113,6 +114,16 @@ def test_every_counter_has_a_prometheus_name() -> None:
     metrics = parse_metrics(Telemetry().prometheus_text().decode())
     ours = [k for k in metrics if k.startswith("batchwire_") and k.endswith("_total")]
     assert len(ours) == len(COUNTER_NAMES)
+
+
+def test_transform_errors_are_a_total_that_never_goes_down() -> None:
+    tel = Telemetry()
+    assert tel.snapshot([], []).counters.transform_errors_total == 0
+    tel.set_transform_errors(3)
+    tel.set_transform_errors(2)  # a stale read of the total: ignored
+    assert tel.snapshot([], []).counters.transform_errors_total == 3
+    metrics = parse_metrics(tel.prometheus_text().decode())
+    assert metrics["batchwire_transform_errors_total"] == 3.0
 
 
 def test_prometheus_follows_the_conventions() -> None:
