@@ -112,6 +112,22 @@ def test_two_servers_agree_and_a_mid_epoch_resume_is_exact(servers, local_epoch)
 
 
 @pytest.mark.timeout(120)
+def test_two_jobs_share_the_multi_view_batches_of_one_server(servers, local_epoch):
+    srv = servers[1]
+    before = srv.stats()["counters"]["batches_shared_total"]
+    with loader_for(srv.endpoint, job="a") as a, loader_for(srv.endpoint, job="b") as b:
+        a.set_epoch(1)
+        b.set_epoch(1)
+        pairs = [
+            (([v.clone() for v in x[0]], x[1].clone(), x[2].clone()), y)
+            for x, y in zip(a, b, strict=True)
+        ]
+    assert_same([p[0] for p in pairs], local_epoch)
+    assert_same([p[1] for p in pairs], local_epoch)
+    assert srv.stats()["counters"]["batches_shared_total"] > before
+
+
+@pytest.mark.timeout(120)
 def test_normalize_on_device_applies_per_view(servers, local_epoch):
     with loader_for(servers[0].endpoint, normalize_on_device=True) as loader:
         loader.set_epoch(1)

@@ -129,6 +129,33 @@ def receive(stager: CudaStager, k: int, fill: int):
     return stager.stage(slot, header)
 
 
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
+def test_a_multi_view_batch_is_one_slot_normalised_view_by_view(
+    cuda: FakeCuda, out_dtype: torch.dtype
+) -> None:
+    views = ((H, W), (3, 2))
+    spec = wire.BatchSpec(B, H, W, "uint8", "nchw", views)
+    fmt = BatchFormat(spec, True, out_dtype, (0.5, 0.5, 0.5), (0.25, 0.25, 0.25))
+    stager = CudaStager(fmt, CPU, 2)
+    assert stager.ring.slots[0].images.numel() >= spec.nbytes == B * 3 * (H * W + 3 * 2)
+    header = wire.BatchHeader(
+        1, "train", 0, 0, spec.shape, "uint8", "nchw", [0, 1], 0, spec.nbytes, [[H, W], [3, 2]]
+    )
+    raw = torch.randint(0, 256, (spec.nbytes,), dtype=torch.uint8)
+    slot = stager.acquire(header)
+    slot.images_buffer(spec.nbytes)[:] = raw.numpy().tobytes()
+    slot.labels_buffer(B)[:] = torch.arange(B, dtype=torch.int64).numpy().tobytes()
+    staged = stager.stage(slot, header)
+    assert isinstance(staged.images, list) and len(staged.images) == 2
+    for got, want in zip(staged.images, spec.view_bytes(raw), strict=True):
+        assert got.shape == want.shape and got.dtype == out_dtype
+        expected = ((want.float() / 255 - 0.5) / 0.25).to(out_dtype)
+        torch.testing.assert_close(got, expected, atol=1e-2, rtol=1e-2)
+    stager.hand_out(staged)
+    stager.release(staged)
+    stager.close()
+
+
 def test_stager_creates_its_stream_and_events_with_the_device_current(cuda: FakeCuda) -> None:
     stager = make_stager()
     side = cuda.ops("new_stream", stager.copy_stream)
