@@ -13,6 +13,8 @@ from __future__ import annotations
 import pytest
 import torch
 from batchwire.client import RemoteLoader, ServerError
+from batchwire.pipeline.local import LocalLoader
+from batchwire.pipeline.synthetic import default_dataset
 from serverproc import running_server, small_server_args
 
 SEED = 7
@@ -66,6 +68,13 @@ def reference(small, big):
         e0 = epoch_of(at32, 0)
     with loader_for(big.endpoint, prefetch_next_epoch=False) as at48:
         e1 = epoch_of(at48, 1)
+    # "small"'s buffers are flat (sized for 48 px): its own size's batches are still those
+    # of the pipeline itself (LocalLoader: shaped buffers, no server).
+    root = str(default_dataset().val_root)
+    with LocalLoader(
+        root, batch_size=B, image_size=32, seed=SEED, output_dtype="uint8", with_indices=True
+    ) as local:
+        assert_same(take(local), e0)
     return e0, e1
 
 
