@@ -108,8 +108,10 @@ def test_a_kill_mid_write_leaves_no_torn_entry(tmp_path, delay):
 
 
 def test_a_shard_rewritten_in_the_bucket_is_not_served_from_the_cache(
-    seaweed, tmp_path, monkeypatch
-):  # noqa: F811, E501
+    seaweed,  # noqa: F811  (the fixture)
+    tmp_path,
+    monkeypatch,
+):
     """Tar shards behind the local cache: a shard overwritten in place in the bucket (same
     size and members, one byte changed: a new ETag) is fetched again at the next open, not
     served from the entries of its old version, so its checksum manifest catches the change."""
