@@ -86,6 +86,12 @@ _PER_SERVER = 4  # the least budget per server when a loader has several
 # A batch whose preferred server was sent a hello this recently waits for its welcome rather
 # than going to another server (bounded: a server that does not answer is passed over then).
 WELCOME_GRACE_S = 0.5
+# Slow: a server whose pace (seconds between its batches while it owes some, smoothed with
+# PACE_SMOOTHING) is SLOW_PACE_FACTOR times the fastest streaming server's is asked for at most
+# one batch, one the consumer needs late; the batches that prefer it go to the others. Sharing
+# holds between servers of like pace; a stalled or CPU-starved server no longer stalls the loader.
+SLOW_PACE_FACTOR = 4.0
+PACE_SMOOTHING = 0.25
 
 
 # ---------------------------------------------------------------------- actions
@@ -386,6 +392,7 @@ class Fleet:
         # waits a few times that, so a server that is merely slow is not restarted in a loop.
         gap = p.last_heard - max(p.last_sent, p.prev_heard)
         p.heartbeat = max(self.heartbeat, min(p.heartbeat, 4 * gap))
+        p.pace = gap if p.pace == 0.0 else p.pace + PACE_SMOOTHING * (gap - p.pace)
         if not self.unasked:
             self._speculate(p, now)
         return Verdict.DELIVER, self._flush()
@@ -579,27 +586,40 @@ class Fleet:
         free = self.budget - self._in_use()
         asks: dict[int, list[int]] = {}
         n = len(self.peers)
-        candidates = [(p.endpoint, p) for p in self.peers if p.assignable()]
-        # Slow: 1.5 times its even share of the budget outstanding (not less: at an epoch's
-        # start the whole budget is asked at once, and hashing spreads batches unevenly).
+        candidates = self._candidates()
+        # Room: 1.5 times its even share of the budget outstanding (not less: at an epoch's
+        # start the whole budget is asked at once, and hashing spreads batches unevenly); a
+        # slow server (SLOW_PACE_FACTOR) is asked as `takes` says.
         cap = max(1, -(-3 * self.budget // (2 * max(1, len(candidates)))))
+        fastest = min((p.pace for p in takers if p.pace > 0.0), default=0.0)
 
         def outstanding(p: Peer) -> int:
             return p.outstanding() + len(asks.get(p.index, ()))
 
+        def slow(p: Peer) -> bool:
+            return p.pace > SLOW_PACE_FACTOR * fastest > 0.0
+
+        def takes(p: Peer, k: int) -> bool:
+            """Does ``p``, batch ``k``'s preferred server, get it? Not past its room; a slow
+            one holds one batch, and only one the consumer needs late (batches come in order:
+            one it needs soon would stall it while the others idle), so it stays measured."""
+            if slow(p):
+                return outstanding(p) == 0 and k >= self.cursor + self.budget // 2
+            return outstanding(p) < cap
+
         while free > 0 and self.unasked and takers:
             k = self.unasked.take()
             p = self.preferred(k, candidates)
-            if p is not None and p.state is S.HELLO_SENT and now - p.last_sent < WELCOME_GRACE_S:
+            if p is not None and self._welcome_due(p, now):
                 # Its welcome is due any moment (at an epoch's start every server is asked at
-                # once): wait for it rather than send the batch elsewhere; after the grace a
-                # later tick gives it to another server.
+                # once, and connections complete one by one): wait for it rather than send the
+                # batch elsewhere; after the grace a later tick gives it to another server.
                 self.unasked.give_back([k])
                 break
-            if p is None or p.state is not S.STREAMING or outstanding(p) >= cap:
-                # Fewest outstanding first; ties go round the servers, so a consumer slower
-                # than its servers still spreads the epoch over all of them.
-                p = min(takers, key=lambda p: (outstanding(p), (p.index - self._turn) % n))
+            if p is None or p.state is not S.STREAMING or not takes(p, k):
+                # Fewest outstanding first, slow servers last; ties go round the servers, so a
+                # consumer slower than its servers still spreads the epoch over all of them.
+                p = min(takers, key=lambda p: (slow(p), outstanding(p), (p.index - self._turn) % n))
                 self._turn = p.index + 1
             asks.setdefault(p.index, []).append(k)
             free -= 1
@@ -613,12 +633,28 @@ class Fleet:
             for p in self.peers:
                 self._speculate(p, now)
 
-    def preferred(self, k: int, candidates: list[tuple[str, Peer]]) -> Peer | None:
-        """Batch ``k``'s preferred server among ``candidates`` ((endpoint, peer) pairs)."""
-        key = rendezvous.batch_key(
-            self.split, self.epoch, self.world_size, self.rank, k, self.pass_start
-        )
+    def preferred(
+        self, k: int, candidates: list[tuple[str, Peer]], epoch: int | None = None
+    ) -> Peer | None:
+        """Batch ``k`` (of ``epoch``, default this one)'s preferred server among
+        ``candidates`` ((endpoint, peer) pairs). The next epoch is a whole pass (start 0)."""
+        e = self.epoch if epoch is None else epoch
+        start = self.pass_start if e == self.epoch else 0
+        key = rendezvous.batch_key(self.split, e, self.world_size, self.rank, k, start)
         return rendezvous.preferred(key, candidates)
+
+    def _candidates(self) -> list[tuple[str, Peer]]:
+        """The servers batches may prefer: the assignable ones, and those whose first
+        connection is still under way (else the first server to answer a loader that just
+        started would be every batch's preferred one, unlike in the other jobs of a sweep)."""
+        return [(p.endpoint, p) for p in self.peers if p.assignable() or _connecting(p)]
+
+    def _welcome_due(self, p: Peer, now: float) -> bool:
+        """Is ``p`` about to stream? Its hello was sent less than `WELCOME_GRACE_S` ago, or
+        it joined (the loader started, or DNS added it) that recently and is still connecting."""
+        if p.state is S.HELLO_SENT:
+            return now - p.last_sent < WELCOME_GRACE_S
+        return _connecting(p) and now - p.last_heard < WELCOME_GRACE_S
 
     def _speculate(self, p: Peer, now: float) -> None:
         """Start ``p`` on the next epoch once nothing of this one is left to ask for.
@@ -641,7 +677,22 @@ class Fleet:
             p.state is S.IDLE or (p.state is S.STREAMING and not p.outstanding())
         ):
             return
-        batches = [self.unasked_next.take() for _ in range(self.share) if self.unasked_next]
+        # The lowest next-epoch batches that prefer ``p`` (as `_refill` will ask them once that
+        # epoch starts): the jobs of a sweep then ask the same server for each one, whichever
+        # of their servers runs out of work first.
+        candidates = self._candidates()
+        n = max(1, len(candidates))
+        batches: list[int] = []
+        others: list[int] = []
+        looked_at = 0  # bounded: a few shares' worth, so a tick never walks a whole epoch
+        while self.unasked_next and len(batches) < self.share and looked_at < 4 * self.share * n:
+            looked_at += 1
+            k = self.unasked_next.take()
+            mine = self.preferred(k, candidates, self.epoch + 1) is p
+            (batches if mine else others).append(k)
+        self.unasked_next.give_back(others)
+        if not batches:
+            return  # nothing of the next epoch prefers it
         self._hello(p, self.epoch + 1, batches, now)
 
     # ------------------------------------------------------------------ replies
@@ -830,6 +881,16 @@ class Fleet:
         if p.last_error:
             msg += f"; its last error: {p.last_error}"
         return ServerUnavailable(p.endpoint, msg)
+
+
+def _connecting(p: Peer) -> bool:
+    """Is ``p``'s first connection under way (never connected, no attempt refused yet)?"""
+    return (
+        p.state is S.DISCONNECTED
+        and not p.ever_connected
+        and not p.connect_failures
+        and p.in_fleet()
+    )
 
 
 def _welcome_key(w: wire.Welcome) -> tuple:

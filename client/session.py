@@ -95,6 +95,9 @@ class Peer:
     retiring: bool = False
     #: Connection attempts that failed at once (refused) since its last completed one.
     connect_failures: int = 0
+    #: Seconds between its batches while it owed some, smoothed (0: none received yet); the
+    #: fleet asks little of a server much slower than the fastest (`fleet.SLOW_PACE_FACTOR`).
+    pace: float = 0.0
 
     def owes(self) -> bool:
         """Does its session of the current epoch owe a welcome or batches?"""

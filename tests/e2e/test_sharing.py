@@ -109,9 +109,10 @@ def test_jobs_of_a_sweep_get_their_solo_streams_produced_once(solo, shared, jobs
     for stream in streams:
         assert stream == solo["train"] + solo["val"]
     c = counters(shared)
-    # Each batch produced once (next-epoch batches asked ahead are counted too: at most a
-    # loader's prefetch of epoch 2 per job, produced once as well).
-    assert 3 * NUM_BATCHES <= c["batches_produced_total"] <= 3 * NUM_BATCHES + 4
+    # Each batch produced once. Next-epoch batches asked ahead are counted too: a loader's
+    # prefetch of epoch 2 (4) per job, shared unless a job closed its train loader, cancelling
+    # the ones in production, before the next job asked (seen under load in CI-like runs).
+    assert 3 * NUM_BATCHES <= c["batches_produced_total"] <= 3 * NUM_BATCHES + 4 * jobs
     assert c["batches_total"] >= jobs * 3 * NUM_BATCHES
     assert c["batches_shared_total"] >= (jobs - 1) * 3 * NUM_BATCHES
 

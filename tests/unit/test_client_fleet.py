@@ -13,7 +13,7 @@ import dataclasses
 import pytest
 import wirefakes
 from batchwire import wire
-from batchwire.client import ProtocolError, ServerError, ServerUnavailable
+from batchwire.client import ProtocolError, ServerError, ServerUnavailable, rendezvous
 from batchwire.client.fleet import (
     BACKOFF_MAX_S,
     ERROR_BACKOFF_S,
@@ -554,12 +554,13 @@ def test_another_start_drops_what_came_early() -> None:
 def test_an_early_session_too_old_to_trust_is_replaced_on_adoption() -> None:
     shell = speculated()
     shell.welcome()
+    (early,) = [h for h in shell.hellos(0) if h.epoch == 1]
     shell.serve(0, 2)
     while shell.fleet.cursor < NUM_BATCHES:
         shell.take()
     shell.clock.t += shell.fleet.ahead_max_age + 1
     shell.start(1, 0)
-    assert shell.held == {4, 5}  # what arrived (server 0 was asked 4..7) is used
+    assert shell.held == set(early.batches[:2])  # what arrived is used
     assert all(h.epoch == 1 and h.batches == () for h in (shell.hellos(0)[-1], shell.hellos(1)[-1]))
 
 
@@ -701,3 +702,49 @@ def test_a_fleet_never_becomes_empty() -> None:
     shell = streaming(1)
     with pytest.raises(ValueError, match="at least one server"):
         shell.fleet.on_endpoints([], shell.clock())
+
+
+def preferred_of_all(shell: Shell, k: int, epoch: int = 0) -> int:
+    """Batch k's preferred server among every server of the loader, connected or not."""
+    key = rendezvous.batch_key("train", epoch, 1, 0, k)
+    return rendezvous.preferred(key, [(ep, i) for i, ep in enumerate(shell.endpoints)])
+
+
+def test_a_batch_waits_briefly_for_its_preferred_server_to_connect() -> None:
+    """At a loader's start connections complete one by one: the first server to welcome does
+    not become every batch's preferred one (the other jobs of a sweep would ask elsewhere)."""
+    shell = Shell(2)
+    shell.start()
+    shell.connect(0)
+    shell.tick()
+    shell.welcome(0)
+    mine = [k for k in range(8) if preferred_of_all(shell, k) == 0]
+    first_other = min(k for k in range(8) if preferred_of_all(shell, k) == 1)
+    assert shell.asked(0) == [k for k in mine if k < first_other]
+    shell.connect(1)
+    shell.tick()
+    shell.welcome(1)
+    for i in (0, 1):
+        assert shell.asked(i) == [k for k in range(8) if preferred_of_all(shell, k) == i]
+    assert shell.run_epoch([0, 1]) == list(range(NUM_BATCHES))
+
+
+def test_a_server_that_never_connects_is_waited_for_only_briefly() -> None:
+    shell = Shell(2)
+    shell.start()
+    shell.connect(0)
+    shell.tick()
+    shell.welcome(0)
+    assert shell.state(1) is S.DISCONNECTED
+    shell.later(0.6)  # server 1 never answered within the grace: server 0 takes the budget
+    assert shell.asked(0) == list(range(8))
+    assert shell.run_epoch([0]) == list(range(NUM_BATCHES))
+
+
+def test_next_epoch_batches_asked_early_go_to_their_preferred_server() -> None:
+    shell = speculated()
+    for i in (0, 1):
+        (early,) = [h for h in shell.hellos(i) if h.epoch == 1]
+        assert early.batches and all(preferred_of_all(shell, k, 1) == i for k in early.batches)
+        mine = [k for k in range(NUM_BATCHES) if preferred_of_all(shell, k, 1) == i]
+        assert list(early.batches) == mine[: shell.fleet.share]  # its lowest, share of them
