@@ -11,6 +11,7 @@ from batchwire.client.errors import (
     ServerUnavailable,
     VersionMismatch,
 )
+from batchwire.client.labels import multi_hot
 from batchwire.client.remote_loader import RemoteLoader
 
 __all__ = [
@@ -20,4 +21,5 @@ __all__ = [
     "ServerError",
     "ServerUnavailable",
     "VersionMismatch",
+    "multi_hot",
 ]

@@ -385,7 +385,7 @@ class BatchReceiver:
         slot = stager.acquire(h)
         size, more = c.recv_into(slot.images_buffer(h.nbytes))
         self._check_frames(c, h, size, more, "images")
-        size, more = c.recv_into(slot.labels_buffer(h.batch_size))
+        size, more = c.recv_into(slot.labels_buffer(h.labels_nbytes // 8))
         self._check_frames(c, h, size, more, "labels")
         return stager.stage(slot, h)
 

@@ -121,6 +121,7 @@ def _make_stager(
         out_dtype=dtype,
         mean=mean or tuple(welcome.mean) or IMAGENET_MEAN,
         std=std or tuple(welcome.std) or IMAGENET_STD,
+        label_width=welcome.label_width,
     )
     if device.type == "cuda":
         # The receiver's ``slots`` count one batch handed out; the others of `hold` come on top.

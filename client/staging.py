@@ -45,6 +45,11 @@ class BatchFormat:
     out_dtype: torch.dtype
     mean: tuple[float, float, float]
     std: tuple[float, float, float]
+    label_width: int = 0  # K of a multi-label stream's [B, K] labels; 0: [B]
+
+    @property
+    def labels_per_sample(self) -> int:
+        return max(self.label_width, 1)
 
     def output(self, device: torch.device | str = "cpu", view: int = 0) -> torch.Tensor:
         """A full normalised batch (of view ``view``) in the wire's layout, on ``device``."""
@@ -73,7 +78,7 @@ class Staged:
 
     slot: HostSlot | None  # None on the CPU path
     images: Any  # a tensor, or a list of one per view (multi-view)
-    labels: torch.Tensor
+    labels: torch.Tensor  # int64 [B], or [B, K] for a multi-label stream
     #: CPU: ``images`` is still the uint8 wire batch, normalised when handed out.
     normalize_pending: bool = False
 
@@ -113,7 +118,9 @@ class CpuStager:
     ) -> Staged:
         spec = header.spec
         raw = spec.view_bytes(frame_tensor(images, spec.torch_dtype))
-        own = torch.from_numpy(wire.labels_from_frame(labels.buffer, header.batch_size))
+        own = torch.from_numpy(
+            wire.labels_from_frame(labels.buffer, header.batch_size, width=header.label_width)
+        )
         return Staged(None, raw, own, normalize_pending=self.fmt.normalize)
 
     def hand_out(self, staged: Staged, stream: object = None) -> None:
@@ -146,7 +153,7 @@ class CpuStager:
 @dataclass(eq=False)
 class _DeviceHalf:
     images: torch.Tensor  # uint8 [capacity] on the device
-    labels: torch.Tensor  # int64 [B] on the device
+    labels: torch.Tensor  # int64 [B * K] on the device (K = 1 unless multi-label)
     out: list[torch.Tensor] | None  # normalised [B, 3, H, W] per view when normalising
     #: ``ready``: recorded on the side stream after the copy (and normalise); ``freed``: on the
     #: stream the batch was handed out to, when it is released (common/cuda_events.py).
@@ -168,10 +175,11 @@ class CudaStager:
         self.fmt = fmt
         self.device = device
         b = fmt.spec.batch_size
+        k = fmt.labels_per_sample
         with torch.cuda.device(device):
             self.copy_stream = torch.cuda.Stream(device)
             # Pinned only for a real GPU copy (the CPU-side tests drive this class on "cpu").
-            self.ring = SlotRing(slots, fmt.spec.nbytes, b, pin=device.type == "cuda")
+            self.ring = SlotRing(slots, fmt.spec.nbytes, b * k, pin=device.type == "cuda")
             self._affine = Affine.from_stats(fmt.mean, fmt.std, device)
             self._scratch: list[torch.Tensor] | None = None
             for slot in self.ring.slots:
@@ -183,7 +191,7 @@ class CudaStager:
                         self._scratch = [fmt.scratch(device, k) for k in range(fmt.num_views)]
                 slot.device = _DeviceHalf(
                     images=torch.empty(fmt.spec.nbytes, dtype=torch.uint8, device=device),
-                    labels=torch.empty(b, dtype=torch.int64, device=device),
+                    labels=torch.empty(b * k, dtype=torch.int64, device=device),
                     out=out,
                     hand=HandOff(),
                 )
@@ -197,12 +205,14 @@ class CudaStager:
     def stage(self, slot: HostSlot, header: wire.BatchHeader) -> Staged:
         dev: _DeviceHalf = slot.device
         b = header.batch_size
+        w = header.label_width
+        n = b * max(w, 1)  # labels in the frame
         nbytes = header.nbytes
-        wire.labels_from_frame(slot.labels_buffer(b), b, out=slot.labels[:b].numpy())
+        wire.labels_from_frame(slot.labels_buffer(n), b, out=slot.labels[:n].numpy(), width=w)
         with torch.cuda.device(self.device), torch.cuda.stream(self.copy_stream):
             dev.hand.before_write(self.copy_stream)  # the consumer's last kernels on it come first
             dev.images[:nbytes].copy_(slot.images[:nbytes], non_blocking=True)
-            dev.labels[:b].copy_(slot.labels[:b], non_blocking=True)
+            dev.labels[:n].copy_(slot.labels[:n], non_blocking=True)
             images = header.spec.view_bytes(dev.images)
             if self.fmt.normalize:
                 assert dev.out is not None
@@ -212,7 +222,8 @@ class CudaStager:
                     done.append(normalize_uint8(raw, self._affine, dev.out[k][:b], scratch))
                 images = _like(images, done)
             dev.hand.written(self.copy_stream)
-        return Staged(slot, images, dev.labels[:b])
+        labels = dev.labels[:n].view(b, w) if w else dev.labels[:b]
+        return Staged(slot, images, labels)
 
     def stage_frames(
         self, header: wire.BatchHeader, images: zmq.Frame, labels: zmq.Frame
@@ -220,7 +231,7 @@ class CudaStager:
         """A batch that arrived as frames (ahead of its epoch): copied into a pinned slot."""
         slot = self.acquire(header)
         slot.images_buffer(header.nbytes)[:] = images.buffer
-        slot.labels_buffer(header.batch_size)[:] = labels.buffer
+        slot.labels_buffer(header.labels_nbytes // 8)[:] = labels.buffer
         return self.stage(slot, header)
 
     def consumer_stream(self, stream: torch.cuda.Stream | None = None) -> torch.cuda.Stream:

@@ -20,6 +20,7 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from batchwire.pipeline import paths as _paths
@@ -60,6 +61,12 @@ class ImageDataset:
     # How sample i's bytes are read when they are not the file `paths[i]` (a tar member, a
     # Parquet row, an object): `pipeline.sources`; `paths[i]` then only names the sample.
     reader: Callable[[int], bytes] | None = field(default=None, repr=False)
+    # Multi-label sources (a manifest with lists of labels): int64 [N, K], each sample's label
+    # ids in the order written then -1 (`sources.labels.NO_LABEL`); `labels` holds the first.
+    # None for single-label datasets (what every batch then carries is `labels`, [B]).
+    label_rows: np.ndarray | None = field(default=None, repr=False)
+    # Per-sample metadata (a manifest's other columns: `sources.metadata`), None without.
+    metadata: list[dict[str, Any] | None] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.root, (Path, str)):
@@ -67,6 +74,12 @@ class ImageDataset:
         self.labels = np.ascontiguousarray(self.labels, dtype=np.int64)
         if len(self.paths) != len(self.labels):
             raise ValueError(f"{len(self.paths)} paths but {len(self.labels)} labels")
+        if self.label_rows is not None:
+            self.label_rows = np.ascontiguousarray(self.label_rows, dtype=np.int64)
+            if self.label_rows.ndim != 2 or len(self.label_rows) != len(self.paths):
+                raise ValueError(f"label_rows must be [{len(self.paths)}, K]")
+        if self.metadata is not None and len(self.metadata) != len(self.paths):
+            raise ValueError(f"{len(self.paths)} paths but {len(self.metadata)} metadata rows")
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -81,10 +94,28 @@ class ImageDataset:
     def num_classes(self) -> int:
         return len(self.classes)
 
+    @property
+    def label_width(self) -> int:
+        """K of a multi-label dataset's [B, K] label batches; 0 for single labels ([B])."""
+        return 0 if self.label_rows is None else int(self.label_rows.shape[1])
+
+    def batch_labels(
+        self, sources: np.ndarray, labels: np.ndarray, valid: np.ndarray
+    ) -> np.ndarray:
+        """A batch's labels: `labels` ([B], padded slots already PADDING_LABEL) as they are for
+        a single-label dataset; for a multi-label one the rows of `sources` (the samples whose
+        pixels the batch holds), a padded slot's row all PADDING_LABEL."""
+        if self.label_rows is None:
+            return labels
+        rows = self.label_rows[np.asarray(sources, dtype=np.int64)]
+        rows[~np.asarray(valid, dtype=bool)] = labels[~np.asarray(valid, dtype=bool)][:, None]
+        return rows
+
     def class_counts(self) -> np.ndarray:
-        """Images per class (int64 [num_classes])."""
+        """Images per class (int64 [num_classes]; multi-label: images having each class)."""
         if self._counts is None:
-            self._counts = np.bincount(self.labels, minlength=self.num_classes).astype(np.int64)
+            ids = self.labels if self.label_rows is None else self.label_rows[self.label_rows >= 0]
+            self._counts = np.bincount(ids, minlength=self.num_classes).astype(np.int64)
         return self._counts
 
     def read_bytes(self, i: int) -> bytes:

@@ -197,14 +197,16 @@ class BatchProducer:
         replaced = np.fromiter((s.replaced for s in samples), dtype=bool, count=n)
         labels = np.fromiter((s.label for s in samples), dtype=np.int64, count=n)
         labels[~valid] = PADDING_LABEL
+        sources = np.fromiter((s.index for s in samples), dtype=np.int64, count=n)
+        multi = getattr(self.dataset, "batch_labels", None)  # ImageDataset: multi-label rows
         return BatchMeta(
             epoch=int(plan.epoch),
             batch_index=int(plan.batch_index),
-            labels=labels,
+            labels=labels if multi is None else multi(sources, labels, valid),  # [B, K]
             indices=np.where(
                 valid, np.asarray(plan.indices, dtype=np.int64), np.int64(PADDING_INDEX)
             ),
             valid=valid,
-            sources=np.fromiter((s.index for s in samples), dtype=np.int64, count=n),
+            sources=sources,
             replaced=int((replaced & valid).sum()),
         )

@@ -188,6 +188,7 @@ class SplitInfo:
     std: tuple[float, ...]
     sampler: Callable[[int, int, int, int], ShardSampler]  # (batch, seed, rank, world_size)
     classes: tuple[str, ...] = ()  # names in label id order (the welcome's `classes`)
+    label_width: int = 0  # K of a multi-label split's [B, K] labels (the welcome's), else 0
 
     @classmethod
     def of(cls, split: Split) -> SplitInfo:
@@ -199,6 +200,7 @@ class SplitInfo:
             std=tuple(split.augment.std),
             sampler=split.sampler,
             classes=tuple(split.dataset.classes),
+            label_width=getattr(split.dataset, "label_width", 0),
         )
 
 
@@ -580,6 +582,7 @@ class ServerCore:
             num_classes=split.num_classes,
             classes=welcome_classes(list(split.classes)),
             views=[list(v) for v in spec.views],
+            label_width=split.label_width,
         )
         return [*actions, Reply(identity, welcome)]
 
@@ -888,10 +891,11 @@ class ServerCore:
             replaced=batch.replaced,
             nbytes=spec.nbytes,
             views=[list(v) for v in spec.views],
+            label_width=self.splits[h.split].label_width,
         )
         # Counted before the hand-off: ZeroMQ's I/O thread can deliver the batch before the
         # loop runs again, and a scrape must never show fewer batches than a client received.
-        self.telemetry.add_batch(spec.batch_size, spec.nbytes + spec.labels_nbytes)
+        self.telemetry.add_batch(spec.batch_size, spec.nbytes + header.labels_nbytes)
         if batch.replaced:  # counted per batch served (a shared batch is served more than once)
             self.telemetry.add_replaced(batch.replaced)
         p = self.shared.get(batch.production)

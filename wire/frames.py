@@ -24,6 +24,8 @@ MAX_MAP_LEN = 256
 MAX_STR_LEN = 64 * 1024
 #: Labels travel as raw little-endian int64, whatever the host order.
 LABELS_DTYPE = np.dtype("<i8")
+#: Most labels per sample of a multi-label stream (`Welcome.label_width`, K of [B, K]).
+MAX_LABEL_WIDTH = 1024
 
 
 def pack(msg: Mapping[str, Any]) -> bytes:
@@ -71,9 +73,13 @@ def labels_to_frame(labels: np.ndarray) -> np.ndarray:
 
 
 def labels_from_frame(
-    buf: bytes | memoryview, batch_size: int, out: np.ndarray | None = None
+    buf: bytes | memoryview, batch_size: int, out: np.ndarray | None = None, width: int = 0
 ) -> np.ndarray:
     """The labels frame (``batch_size`` little-endian int64) as native-order int64 labels.
+
+    ``width`` K > 0 (a multi-label stream, `Welcome.label_width`): the frame holds
+    ``batch_size x K`` int64, returned as [B, K] (each row the sample's ids, then -1; a padded
+    slot's row all PADDING_LABEL); ``out`` is then flat (``batch_size * K``) or [B, K].
 
     The one decoder of the labels frame, for every receiver. `out` None: a new, writable array
     of its own (the frame's memory may go). `out` given (``batch_size`` int64, possibly the very
@@ -82,10 +88,14 @@ def labels_from_frame(
     the wrong size is a `ProtocolError`.
     """
     view = memoryview(buf)
-    expected = batch_size * LABELS_DTYPE.itemsize
+    expected = batch_size * max(width, 1) * LABELS_DTYPE.itemsize
     if view.nbytes != expected:
         raise ProtocolError(f"labels frame has {view.nbytes} bytes, expected {expected}")
     raw = np.frombuffer(view.cast("B"), dtype=LABELS_DTYPE)
+    if width:
+        raw = raw.reshape(batch_size, width)
+        if out is not None:
+            out = out.reshape(batch_size, width)  # a view of a flat out (contiguous)
     if out is None:
         return raw.astype(np.int64)
     if out.ctypes.data != raw.ctypes.data or out.dtype != raw.dtype:  # not already in place

@@ -28,6 +28,7 @@ from batchwire.wire.errors import PROTOCOL_VERSION, ProtocolError, show
 from batchwire.wire.frames import (
     LABELS_DTYPE,
     MAX_CLIENT_FRAME_BYTES,
+    MAX_LABEL_WIDTH,
     MAX_SERVER_FRAME_BYTES,
     pack,
     unpack_frame,
@@ -166,6 +167,16 @@ def _image_size(d: Mapping[str, Any]) -> tuple[int, int] | None:
             f"field 'image_size' must be [H, W] integers in 1..{MAX_IMAGE_SIDE}, got {show(value)}"
         )
     return (value[0], value[1])
+
+
+def _drop_single_label(m: dict[str, Any]) -> dict[str, Any]:
+    if not m.get("label_width"):  # one label per sample: the map older peers know
+        m.pop("label_width", None)
+    return m
+
+
+def _label_width(d: Mapping[str, Any]) -> int:
+    return _int(d, "label_width", 0, MAX_LABEL_WIDTH) if "label_width" in d else 0
 
 
 def _drop_single_view(m: dict[str, Any]) -> dict[str, Any]:
@@ -317,9 +328,12 @@ class Welcome(_Message):
     classes: list[str] = field(default_factory=list)
     # Multi-view batches: every view's [H, W] in order (`BatchSpec.views`); [] for one view.
     views: list[list[int]] = field(default_factory=list)
+    # Multi-label datasets: K of the [B, K] label batches (ids, -1 padded); 0 (absent on the
+    # wire): one label per sample, [B].
+    label_width: int = 0
 
     def to_map(self) -> dict[str, Any]:
-        return _drop_single_view(super().to_map())
+        return _drop_single_label(_drop_single_view(super().to_map()))
 
     @property
     def spec(self) -> BatchSpec:
@@ -348,6 +362,7 @@ class Welcome(_Message):
             num_classes=_int(d, "num_classes", 0),
             classes=classes,
             views=_views(d, shape),
+            label_width=_label_width(d),
         )
 
 
@@ -433,9 +448,10 @@ class BatchHeader(_Message):
     replaced: int = 0
     nbytes: int = 0
     views: list[list[int]] = field(default_factory=list)  # as `Welcome.views`
+    label_width: int = 0  # as `Welcome.label_width`: the labels frame is [B, K] when > 0
 
     def to_map(self) -> dict[str, Any]:
-        return _drop_single_view(super().to_map())
+        return _drop_single_label(_drop_single_view(super().to_map()))
 
     @property
     def batch_size(self) -> int:
@@ -443,7 +459,7 @@ class BatchHeader(_Message):
 
     @property
     def labels_nbytes(self) -> int:
-        return self.shape[0] * LABELS_DTYPE.itemsize
+        return self.shape[0] * max(self.label_width, 1) * LABELS_DTYPE.itemsize
 
     @property
     def spec(self) -> BatchSpec:
@@ -476,6 +492,7 @@ class BatchHeader(_Message):
             replaced=_int(d, "replaced", 0),
             nbytes=nbytes,
             views=views,
+            label_width=_label_width(d),
         )
 
 

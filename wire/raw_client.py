@@ -97,7 +97,7 @@ class RawClient:
                 images, labels = rest
                 if len(images) != msg.nbytes:
                     raise AssertionError(f"images frame of {len(images)} bytes, not {msg.nbytes}")
-                return msg, images, labels_from_frame(labels, msg.batch_size)
+                return msg, images, labels_from_frame(labels, msg.batch_size, width=msg.label_width)
 
     def stats(self, timeout: float = 20.0) -> ServerStats:
         """Ask over this client's own socket (so the server counts it as heard from); other

@@ -4,6 +4,10 @@ A source's labels are all integers (ids, and its classes are their names "0" .. 
 class names (sorted names give ids, as torchvision's ImageFolder does, so a CSV of names and an
 ImageFolder of the same classes give the same ids). A mix is an error naming where it happened:
 "3" meaning class 3 in one row and "tench" a name in the next is a dataset bug, not a choice.
+
+Multi-label: a sample's label may be a list of labels (`parse_labels`; ids or names, the same
+rule over all of them). A source with any list is multi-label: `LabelTable.resolve_rows` gives
+an int64 [N, K] table, K the largest count, short rows padded with `NO_LABEL` (-1).
 """
 
 from __future__ import annotations
@@ -17,6 +21,10 @@ import numpy as np
 MAX_LABEL = (1 << 22) - 1
 #: Longest class name accepted (the names reach the trainer in the welcome).
 MAX_CLASS_NAME = 256
+#: Most labels one sample may have (a multi-label row): the wire carries [B, K] int64.
+MAX_LABELS_PER_SAMPLE = 1024
+#: What fills a multi-label row after its labels (never a class id).
+NO_LABEL = -1
 
 
 class LabelError(ValueError):
@@ -46,12 +54,38 @@ def parse_label(value: object, where: str) -> int | str:
             raise LabelError(f"{where}: label must be 0 to {MAX_LABEL}, got {number}")
         return number
     if isinstance(value, list):
-        raise LabelError(
-            f"{where}: a list of labels (multi-label) is not served yet: give one label per sample"
-        )
+        raise LabelError(f"{where}: a list of labels where one label is expected")
     raise LabelError(
         f"{where}: label must be an integer or a class name, got {type(value).__name__}"
     )
+
+
+def parse_labels(value: object, where: str) -> int | str | list[int | str]:
+    """A sample's label as written: one label (`parse_label`), or a list of them (multi-label:
+    a JSON array; in a CSV cell, a JSON array or names / ids separated by `|`). An empty list,
+    a non-label member or more than `MAX_LABELS_PER_SAMPLE` labels is a `LabelError`."""
+    if isinstance(value, str):
+        text = value.strip()
+        if text.startswith("["):
+            import json
+
+            try:
+                value = json.loads(text)
+            except ValueError as exc:
+                raise LabelError(f"{where}: label list is not a JSON array ({exc})") from None
+            if not isinstance(value, list):
+                raise LabelError(f"{where}: label list is not a JSON array")
+        elif "|" in text:
+            value = text.split("|")
+    if not isinstance(value, list):
+        return parse_label(value, where)
+    if not value:
+        raise LabelError(f"{where}: empty list of labels (give at least one)")
+    if len(value) > MAX_LABELS_PER_SAMPLE:
+        raise LabelError(
+            f"{where}: {len(value)} labels, more than the {MAX_LABELS_PER_SAMPLE} a sample may have"
+        )
+    return [parse_label(v, f"{where}: label {k}") for k, v in enumerate(value)]
 
 
 @dataclass
@@ -63,8 +97,25 @@ class LabelTable:
     _order: list[int] = field(default_factory=list)  # 0: next int, 1: next name
     _first_int: str | None = None
     _first_name: str | None = None
+    _counts: list[int] = field(default_factory=list)  # labels per sample
+    _multi: bool = False  # some sample had a list of labels
 
-    def add(self, label: int | str, where: str) -> None:
+    def add(self, label: int | str | list[int | str], where: str) -> None:
+        """One sample's label, or its list of labels (multi-label)."""
+        if isinstance(label, list):
+            for one in label:
+                self._add_one(one, where)
+            self._counts.append(len(label))
+            self._multi = True
+            return
+        self._add_one(label, where)
+        self._counts.append(1)
+
+    @property
+    def multi_label(self) -> bool:
+        return self._multi
+
+    def _add_one(self, label: int | str, where: str) -> None:
         if isinstance(label, int):
             if self._first_name is not None:
                 raise LabelError(
@@ -95,9 +146,10 @@ class LabelTable:
         self._first_int = self._first_int or where
         self._ints.extend(int(v) for v in ids.tolist())
         self._order.extend([0] * len(ids))
+        self._counts.extend([1] * len(ids))
 
     def __len__(self) -> int:
-        return len(self._order)
+        return len(self._counts)
 
     def resolve(self, names: list[str] | None = None) -> tuple[np.ndarray, list[str]]:
         """(int64 ids, class names). `names`: class names known from elsewhere (Parquet
@@ -112,3 +164,20 @@ class LabelTable:
         if names is not None and len(names) >= count:
             return ids, list(names)
         return ids, [str(c) for c in range(count)]
+
+    def resolve_rows(
+        self, names: list[str] | None = None
+    ) -> tuple[np.ndarray, np.ndarray | None, list[str]]:
+        """(int64 [N] ids, int64 [N, K] rows or None, class names): `resolve`, and for a
+        multi-label source each sample's ids in the order written, padded with `NO_LABEL` to
+        K, the largest count; [N] then holds each sample's first label."""
+        flat, classes = self.resolve(names)
+        if not self._multi:
+            return flat, None, classes
+        counts = np.asarray(self._counts, dtype=np.int64)
+        width = int(counts.max())
+        starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
+        rows = np.full((len(counts), width), NO_LABEL, dtype=np.int64)
+        col = np.arange(len(flat), dtype=np.int64) - np.repeat(starts, counts)
+        rows[np.repeat(np.arange(len(counts)), counts), col] = flat
+        return flat[starts], rows, classes

@@ -3,12 +3,15 @@
 CSV: a header row naming the columns (a path column: `path`, `file`, `filename`, `image`,
 `image_path` or `url`; a label column: `label`, `class`, `cls`, `category` or `target`), or no
 header and then `path,label` first; `.tsv` is tab-separated. JSON lines: one object per line
-with the same keys. Other columns or keys are per-sample metadata (read, not yet delivered).
+with the same keys. Other columns or keys are per-sample metadata (`metadata.py`: JSON-able
+scalars, bounded, checked here at start; `ImageDataset.metadata`).
 
 A label is an integer id or a class name (sorted names give ids, as an ImageFolder does:
-`labels.LabelTable`). Relative paths are relative to the manifest's folder (on an object store:
-keys beside it); as in a list file, a local entry may not leave that folder unless
-`allow_outside_root`. A malformed row is an error naming the file and line.
+`labels.LabelTable`), or a list of them (multi-label: a JSON array; in a CSV cell also names or
+ids separated by `|`), which makes the dataset's labels an [N, K] table (`label_rows`).
+Relative paths are relative to the manifest's folder (on an object store: keys beside it); as
+in a list file, a local entry may not leave that folder unless `allow_outside_root`. A
+malformed row is an error naming the file and line.
 """
 
 from __future__ import annotations
@@ -23,8 +26,9 @@ from pathlib import Path
 
 from batchwire.pipeline.dataset import ImageDataset, dataset_root
 from batchwire.pipeline.listfile import confined_path
-from batchwire.pipeline.sources.labels import LabelError, LabelTable, parse_label
+from batchwire.pipeline.sources.labels import LabelError, LabelTable, parse_labels
 from batchwire.pipeline.sources.locate import Located, is_url
+from batchwire.pipeline.sources.metadata import MetadataError, check_metadata
 from batchwire.pipeline.storage import LocalStore, Store
 
 PATH_COLUMNS = ("path", "file", "filename", "image", "image_path", "url")
@@ -42,6 +46,7 @@ class _Row:
     line: int
     path: str
     label: object
+    meta: dict[str, object] | None = None
 
 
 def _pick(names: list[str], wanted: tuple[str, ...]) -> int | None:
@@ -52,6 +57,7 @@ def _pick(names: list[str], wanted: tuple[str, ...]) -> int | None:
 def _csv_rows(text: str, where: str, delimiter: str) -> Iterator[_Row]:
     reader = csv.reader(io.StringIO(text), delimiter=delimiter)
     path_col, label_col, first = 0, 1, True
+    names: list[str] = []
     try:
         for row in reader:
             if not row or not "".join(row).strip() or row[0].lstrip().startswith("#"):
@@ -67,12 +73,18 @@ def _csv_rows(text: str, where: str, delimiter: str) -> Iterator[_Row]:
                             f"({', '.join(LABEL_COLUMNS)})"
                         )
                     path_col, label_col = p, lab
+                    names = [n.strip() for n in row]
                     continue
             if len(row) <= max(path_col, label_col):
                 raise ManifestError(
                     f"{where}:{reader.line_num}: expected a path and a label, got {row!r}"
                 )
-            yield _Row(reader.line_num, row[path_col].strip(), row[label_col])
+            meta = {
+                n: row[c]
+                for c, n in enumerate(names[: len(row)])
+                if c not in (path_col, label_col) and n
+            }
+            yield _Row(reader.line_num, row[path_col].strip(), row[label_col], meta or None)
     except csv.Error as exc:
         raise ManifestError(f"{where}:{reader.line_num}: not CSV ({exc})") from None
 
@@ -107,7 +119,8 @@ def _jsonl_rows(text: str, where: str) -> Iterator[_Row]:
                 f"{where}:{lineno}: needs a path ({', '.join(PATH_COLUMNS)}) string and a "
                 f"label ({', '.join(LABEL_COLUMNS)})"
             )
-        yield _Row(lineno, doc[keys[p]].strip(), doc[keys[lab]])
+        meta = {k: v for k, v in doc.items() if k not in (keys[p], keys[lab])}
+        yield _Row(lineno, doc[keys[p]].strip(), doc[keys[lab]], meta or None)
 
 
 @dataclass
@@ -190,13 +203,15 @@ def open_manifest(located: Located, *, allow_outside_root: bool = False) -> Imag
     store_index: dict[str, Store] = {}
     store_of: list[int] = []
     keys: list[str] = []
+    metadata: list[dict[str, object] | None] = []
     for row in rows:
         at = f"{where}:{row.line}"
         if not row.path:
             raise ManifestError(f"{at}: empty path")
         try:
-            table.add(parse_label(row.label, at), at)
-        except LabelError as exc:
+            table.add(parse_labels(row.label, at), at)
+            metadata.append(None if row.meta is None else check_metadata(row.meta, at))
+        except (LabelError, MetadataError) as exc:
             raise ManifestError(str(exc)) from None
         if is_url(row.path):
             store, key = _url_store(row.path, store_index)
@@ -220,7 +235,7 @@ def open_manifest(located: Located, *, allow_outside_root: bool = False) -> Imag
             paths.append(located.name(key))
     if not paths:
         raise ManifestError(f"{where}: names no images")
-    labels, classes = table.resolve()
+    labels, label_rows, classes = table.resolve_rows()
     reader = None
     if any(s >= 0 for s in store_of):
         if any(s < 0 for s in store_of):
@@ -235,4 +250,6 @@ def open_manifest(located: Located, *, allow_outside_root: bool = False) -> Imag
         root=dataset_root(where),
         kind="list" if located.kind == "namedlist" else located.kind,
         reader=reader,
+        label_rows=label_rows,
+        metadata=metadata if any(m is not None for m in metadata) else None,
     )

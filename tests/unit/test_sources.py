@@ -145,7 +145,7 @@ def test_labels():
     for bad in (-1, "-2", 1 << 40, "99999999999", True, None, 1.5, "", "x" * 300):
         with pytest.raises(LabelError):
             parse_label(bad, "here")
-    with pytest.raises(LabelError, match="multi-label"):
+    with pytest.raises(LabelError, match="a list of labels where one label is expected"):
         parse_label([1, 2], "here")
     t = LabelTable()
     for name in ("b", "a", "b", "c"):
@@ -249,7 +249,8 @@ def test_csv_errors_name_file_and_line(tmp_path, text, needle):
         ("{not json", "m.jsonl:2: not JSON"),
         ("[1, 2]", "m.jsonl:2: expected a JSON object"),
         ('{"path": "a.jpg"}', "m.jsonl:2: needs a path"),
-        ('{"path": "a.jpg", "label": [1, 2]}', "m.jsonl:2: .*multi-label"),
+        ('{"path": "a.jpg", "label": [1, "b"]}', "m.jsonl:2: class name 'b' in a dataset"),
+        ('{"path": "a.jpg", "label": []}', "m.jsonl:2: empty list of labels"),
         ('{"path": 3, "label": 1}', "m.jsonl:2: needs a path"),
     ],
 )

@@ -1,0 +1,83 @@
+"""Per-sample metadata of a manifest: the columns (CSV) or keys (JSON lines) other than the
+path and the label, passed through to the trainer (`RemoteLoader(..., with_metadata=True)`).
+
+A sample's metadata is a flat map of string keys to JSON-able scalars (str, int, float, bool,
+None: a CSV cell is the string written); nested values are refused. It travels msgpacked in the
+batch header, so it is bounded: `MAX_SAMPLE_METADATA_BYTES` per sample, checked here when the
+manifest is read (an error naming the file and line at start, never a silent truncation), and
+`MAX_BATCH_METADATA_BYTES` per batch (`check_batch_metadata`, at the server's start).
+"""
+
+from __future__ import annotations
+
+import math
+
+import msgpack
+
+#: Largest msgpacked metadata of one sample.
+MAX_SAMPLE_METADATA_BYTES = 4096
+#: Largest msgpacked metadata of one batch (a batch header must stay far below the wire's
+#: 8 MiB frame limit, `wire.frames.MAX_SERVER_FRAME_BYTES`).
+MAX_BATCH_METADATA_BYTES = 4 * 1024 * 1024
+#: Longest metadata key, and most keys per sample.
+MAX_KEY_LEN = 256
+MAX_KEYS = 64
+
+Scalar = str | int | float | bool | None
+
+
+class MetadataError(ValueError):
+    """Metadata that cannot travel; the message names where."""
+
+
+def check_metadata(meta: dict[str, object], where: str) -> dict[str, Scalar]:
+    """`meta` if every key is a short string and every value a JSON-able scalar, its msgpack
+    within `MAX_SAMPLE_METADATA_BYTES`; a `MetadataError` naming `where` otherwise."""
+    if len(meta) > MAX_KEYS:
+        raise MetadataError(f"{where}: {len(meta)} metadata fields, more than {MAX_KEYS}")
+    for key, value in meta.items():
+        if not isinstance(key, str) or not key or len(key) > MAX_KEY_LEN:
+            raise MetadataError(f"{where}: metadata key must be 1 to {MAX_KEY_LEN} characters")
+        if value is not None and not isinstance(value, (str, int, float, bool)):
+            raise MetadataError(
+                f"{where}: metadata {key!r} is a {type(value).__name__}; only strings, numbers, "
+                "true/false and null travel (no nested values)"
+            )
+        if (
+            isinstance(value, int)
+            and not isinstance(value, bool)
+            and not -(1 << 63) <= value < (1 << 64)
+        ):
+            raise MetadataError(f"{where}: metadata {key!r} is an integer beyond 64 bits")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise MetadataError(f"{where}: metadata {key!r} is {value} (not finite JSON)")
+    size = len(pack_metadata([meta]))
+    if size > MAX_SAMPLE_METADATA_BYTES:
+        raise MetadataError(
+            f"{where}: metadata of {size} bytes, more than the {MAX_SAMPLE_METADATA_BYTES} a "
+            "sample may carry"
+        )
+    return meta  # type: ignore[return-value]
+
+
+def pack_metadata(rows: list[dict[str, Scalar] | None]) -> bytes:
+    """A batch's metadata (None for a sample without) as msgpack."""
+    return msgpack.packb(rows, use_bin_type=True)
+
+
+def metadata_bytes(meta: dict[str, Scalar] | None) -> int:
+    return len(pack_metadata([meta])) - 1  # less the array header of one
+
+
+def check_batch_metadata(
+    metadata: list[dict[str, Scalar] | None], batch_size: int, where: str
+) -> None:
+    """A `MetadataError` when the largest `batch_size` samples' metadata could pass
+    `MAX_BATCH_METADATA_BYTES` (checked at start: any batch may hold them)."""
+    sizes = sorted((metadata_bytes(m) for m in metadata), reverse=True)[:batch_size]
+    total = sum(sizes)
+    if total > MAX_BATCH_METADATA_BYTES:
+        raise MetadataError(
+            f"{where}: a batch of {batch_size} could carry {total} bytes of metadata, more "
+            f"than {MAX_BATCH_METADATA_BYTES}; drop metadata columns or use a smaller batch"
+        )
