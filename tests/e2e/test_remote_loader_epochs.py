@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from batchwire.client import RemoteLoader
+from batchwire.client import RemoteLoader, rendezvous
 from serverproc import running_server, running_servers, small_server_args
 
 B = 16  # small_server_args serves batches of 16
@@ -170,8 +170,14 @@ def test_two_servers_start_the_next_epoch_early_in_order(servers, fresh):
         new = hellos(srv, "train", 1)[len(before[srv.endpoint]) :]
         assert len(new) == 1, f"epoch 1 was asked of {srv.endpoint} {len(new)} times: {new}"
         firsts += new
-    share = 8 // 2  # the budget (4 per server) over the servers: what one early hello asks for
-    assert sorted(firsts) == [0, share], firsts
+    # Each early hello asks for the lowest next-epoch batches that prefer its server.
+    endpoints = [(srv.endpoint, srv.endpoint) for srv in servers]
+    preferred = [
+        rendezvous.preferred(rendezvous.batch_key("train", 1, 1, 0, k), endpoints)
+        for k in range(len(fresh[1]))
+    ]
+    lowest = [preferred.index(srv.endpoint) for srv in servers]
+    assert sorted(firsts) == sorted(lowest), (firsts, lowest)
 
 
 @pytest.mark.timeout(120)
