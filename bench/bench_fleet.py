@@ -112,6 +112,20 @@ def free_port(hosts: tuple[str, ...], kind: int = socket.SOCK_STREAM) -> int:
     raise RuntimeError("no common free port")
 
 
+def _free_dns_port() -> int:
+    """A port free for both UDP and TCP on 127.0.0.1: dnsmasq binds both, and exits at once
+    when the TCP one is taken (a UDP-only check let a test's dnsmasq fail to start)."""
+    for _ in range(50):
+        port = free_port(("127.0.0.1",), socket.SOCK_DGRAM)
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                s.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        return port
+    raise RuntimeError("no port free for both UDP and TCP")
+
+
 class Dnsmasq:
     """A private dnsmasq on 127.0.0.1 answering for ``name`` from a hosts file that `set`
     rewrites (SIGHUP rereads it; TTL 0, so every lookup sees the file as it is). Ask it with
@@ -123,7 +137,7 @@ class Dnsmasq:
         self.name = name
         self.hosts = folder / "hosts"
         self.hosts.write_text(f"127.0.0.1 {name}\n")  # to see it answer (no SIGHUP before)
-        self.port = free_port(("127.0.0.1",), socket.SOCK_DGRAM)
+        self.port = _free_dns_port()
         self.proc = subprocess.Popen(
             [
                 DNSMASQ, "--keep-in-foreground", "--conf-file=/dev/null", "--no-resolv",
