@@ -213,6 +213,8 @@ class Fleet:
         #: servers' --image-size), and the one the next `start` applies (`wire.Hello`).
         self.image_size: tuple[int, int] | None = None
         self.next_image_size: tuple[int, int] | None = None
+        #: Ask for the samples' metadata in batch headers (`RemoteLoader(with_metadata=True)`).
+        self.metadata = False
         self._actions: list[Action] = []
 
     # ------------------------------------------------------------------ queries
@@ -488,6 +490,7 @@ class Fleet:
             start_sample=self.pass_start if epoch == self.epoch else 0,
             epoch_world_size=self.pass_world if epoch == self.epoch else 0,
             image_size=self.image_size,
+            metadata=self.metadata,
         )
         p.session = Session(hello.session, epoch, deque(batches))
         p.state = S.HELLO_SENT if epoch == self.epoch else S.SPECULATING

@@ -96,6 +96,13 @@ _STATE_KEYS = ("epoch", "next_batch", "split", "rank", "world_size")
 _CPU_OUTPUT_BUFFERS = 4
 
 
+def _metadata_of(header: wire.BatchHeader) -> list[dict[str, Any] | None]:
+    """A batch's per-sample metadata (None each from a server that sent none)."""
+    if header.metadata is None:
+        return [None] * header.batch_size
+    return list(header.metadata)
+
+
 def _make_stager(
     welcome: wire.Welcome,
     slots: int,
@@ -148,6 +155,10 @@ class RemoteLoader(IterableDataset):
         device: ``"cpu"``, ``"cuda"``, ``"cuda:N"``; None picks CUDA when available; ``"cuda"``
             is this process's GPU (``LOCAL_RANK``'s unless `torch.cuda.set_device` chose one).
         with_indices: yield ``(images, labels, indices)``; padding slots have index -1.
+        with_metadata: yield one more element, the batch's metadata: a list of one dict per
+            sample (a CSV / JSON-lines manifest's columns or keys other than path and label;
+            None for a padding slot, and for every sample of a dataset without metadata). Asked
+            of the servers in the hello: off, nothing extra travels.
         normalize_on_device: convert a uint8 wire to ``dtype`` with ``(x/255 - mean)/std`` on
             the device. With a float wire (already normalised by the server) this is an error,
             raised when the server's welcome says so.
@@ -192,6 +203,7 @@ class RemoteLoader(IterableDataset):
         timeout: float = 60.0,
         device: str | torch.device | None = None,
         with_indices: bool = False,
+        with_metadata: bool = False,
         normalize_on_device: bool = False,
         mean: Sequence[float] | None = None,
         std: Sequence[float] | None = None,
@@ -229,6 +241,7 @@ class RemoteLoader(IterableDataset):
         self.timeout = float(timeout)
         self.heartbeat = float(heartbeat)
         self.with_indices = bool(with_indices)
+        self.with_metadata = bool(with_metadata)
         self.normalize_on_device = bool(normalize_on_device)
         self.mean = None if mean is None else tuple(float(v) for v in mean)
         self.std = None if std is None else tuple(float(v) for v in std)
@@ -521,6 +534,7 @@ class RemoteLoader(IterableDataset):
                 ),
                 stats=self._stats.as_dict if self._stats is not None else lambda: None,
             )
+            self._receiver.fleet.metadata = self.with_metadata
             # Sockets and the context must close even if the user never calls close(); the
             # receiver holds no reference back to the loader, so the loader can be collected.
             self._finalizer = weakref.finalize(self, self._receiver.close)
@@ -632,8 +646,9 @@ class RemoteLoader(IterableDataset):
 
     def _output(self, arrived: Arrived) -> tuple[torch.Tensor, ...]:
         staged: Staged = arrived.staged
+        extra = (_metadata_of(arrived.header),) if self.with_metadata else ()
         if not self.with_indices:
-            return staged.images, staged.labels
+            return staged.images, staged.labels, *extra
         indices = torch.tensor(arrived.header.indices, dtype=torch.int64)
         if self.device is not None and self.device.type == "cuda":
             # From pinned memory the copy is queued, not waited for: a pageable copy would make
@@ -642,7 +657,7 @@ class RemoteLoader(IterableDataset):
             assert self._receiver is not None
             with torch.cuda.stream(self._receiver.consumer_stream(self.cuda_stream)):
                 indices = indices.pin_memory().to(self.device, non_blocking=True)
-        return staged.images, staged.labels, indices
+        return staged.images, staged.labels, indices, *extra
 
 
 class _EpochSetter:

@@ -189,6 +189,13 @@ class SplitInfo:
     sampler: Callable[[int, int, int, int], ShardSampler]  # (batch, seed, rank, world_size)
     classes: tuple[str, ...] = ()  # names in label id order (the welcome's `classes`)
     label_width: int = 0  # K of a multi-label split's [B, K] labels (the welcome's), else 0
+    #: Per-sample metadata of the split's dataset (a manifest's other columns), or None.
+    metadata: Sequence[dict | None] | None = None
+
+    def batch_metadata(self, indices: Sequence[int]) -> list[dict | None]:
+        """The metadata of a batch's samples by index (None for padding, -1)."""
+        rows = self.metadata
+        return [None if rows is None or i < 0 else rows[i] for i in indices]
 
     @classmethod
     def of(cls, split: Split) -> SplitInfo:
@@ -201,6 +208,7 @@ class SplitInfo:
             sampler=split.sampler,
             classes=tuple(split.dataset.classes),
             label_width=getattr(split.dataset, "label_width", 0),
+            metadata=getattr(split.dataset, "metadata", None),
         )
 
 
@@ -892,6 +900,7 @@ class ServerCore:
             nbytes=spec.nbytes,
             views=[list(v) for v in spec.views],
             label_width=self.splits[h.split].label_width,
+            metadata=self.splits[h.split].batch_metadata(batch.indices) if h.metadata else None,
         )
         # Counted before the hand-off: ZeroMQ's I/O thread can deliver the batch before the
         # loop runs again, and a scrape must never show fewer batches than a client received.

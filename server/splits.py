@@ -9,6 +9,7 @@ from batchwire.pipeline.dataset import ImageDataset, open_dataset
 from batchwire.pipeline.decode.contract import BatchDecoder
 from batchwire.pipeline.decode.restart import restart_share
 from batchwire.pipeline.decode.select import make_decoder as select_decoder
+from batchwire.pipeline.sources.metadata import MetadataError, check_batch_metadata
 from batchwire.pipeline.split import Split, build_split
 from batchwire.pipeline.storage import redact_url, set_default_options
 from batchwire.server.config import ServerConfig
@@ -122,6 +123,12 @@ def open_splits(config: ServerConfig, decoder: Any) -> dict[str, Split]:
                     f"would name other classes than the model learnt. Give --{name} the same "
                     "class folders as --train"
                 )
+        if dataset.metadata is not None:  # any batch must carry its samples' metadata
+            largest = max(int(config.batch_size), int(getattr(config, "max_batch_size", 0) or 0))
+            try:
+                check_batch_metadata(dataset.metadata, largest, root)
+            except MetadataError as exc:
+                raise StartupError(f"--{name} {exc}") from None
         augment = config.augment(train=(name == "train"))
         try:
             split = build_split(

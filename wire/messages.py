@@ -172,7 +172,28 @@ def _image_size(d: Mapping[str, Any]) -> tuple[int, int] | None:
 def _drop_single_label(m: dict[str, Any]) -> dict[str, Any]:
     if not m.get("label_width"):  # one label per sample: the map older peers know
         m.pop("label_width", None)
+    if "metadata" in m and m["metadata"] is None:  # a header without (not asked for)
+        del m["metadata"]
     return m
+
+
+def _metadata(d: Mapping[str, Any], batch_size: int) -> list[dict[str, Any] | None] | None:
+    """A header's per-sample metadata: None (not sent), or one flat map of JSON-able scalars
+    (or None) per sample."""
+    value = d.get("metadata")
+    if value is None:
+        return None
+    if not isinstance(value, list) or len(value) != batch_size:
+        raise ProtocolError(f"field 'metadata' must be a list of {batch_size} maps or nulls")
+    for row in value:
+        if row is not None and (
+            not isinstance(row, dict)
+            or any(
+                v is not None and not isinstance(v, (str, int, float, bool)) for v in row.values()
+            )
+        ):
+            raise ProtocolError("field 'metadata' holds a value that is not a flat map of scalars")
+    return value
 
 
 def _label_width(d: Mapping[str, Any]) -> int:
@@ -236,12 +257,15 @@ class Hello(_Message):
     start_sample: int = 0
     epoch_world_size: int = 0
     image_size: tuple[int, int] | None = None
+    metadata: bool = False  # batch headers carry the samples' metadata (`with_metadata`)
 
     def to_map(self) -> dict[str, Any]:
         m = super().to_map()
         m["batches"] = list(self.batches)
         if not self.start_sample:  # the usual pass: the map older servers know
             del m["start_sample"], m["epoch_world_size"]
+        if not self.metadata:  # absent unless asked: the map older servers know
+            del m["metadata"]
         if self.image_size is None:
             del m["image_size"]
         else:
@@ -268,6 +292,7 @@ class Hello(_Message):
             start_sample=_int(d, "start_sample", 0) if "start_sample" in d else 0,
             epoch_world_size=_int(d, "epoch_world_size", 0) if "epoch_world_size" in d else 0,
             image_size=_image_size(d),
+            metadata=d.get("metadata", False) is True,
         )
 
 
@@ -449,6 +474,8 @@ class BatchHeader(_Message):
     nbytes: int = 0
     views: list[list[int]] = field(default_factory=list)  # as `Welcome.views`
     label_width: int = 0  # as `Welcome.label_width`: the labels frame is [B, K] when > 0
+    # Per-sample metadata (a manifest's other columns), only for hellos that asked for it.
+    metadata: list[dict[str, Any] | None] | None = None
 
     def to_map(self) -> dict[str, Any]:
         return _drop_single_label(_drop_single_view(super().to_map()))
@@ -493,6 +520,7 @@ class BatchHeader(_Message):
             nbytes=nbytes,
             views=views,
             label_width=_label_width(d),
+            metadata=_metadata(d, shape[0]),
         )
 
 

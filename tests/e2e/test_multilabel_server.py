@@ -1,8 +1,9 @@
 """Multi-label manifests served by a real `pipeline-server` (issue 21): a CSV labelled by lists
 of class names and a JSON-lines one by lists of ids, both with metadata columns / keys. What
 `RemoteLoader` yields: labels int64 [B, K], each row the manifest's labels of the sample its
-index names (ids of the sorted names, then -1), every sample once an epoch, a padded val slot's
-row all -100, a mid-epoch resume exact; a bad manifest ends the server with exit 2 naming the
+index names (ids of the sorted names, then -1), and with_metadata=True the manifest's other
+columns / keys of that sample; every sample once an epoch, a padded val slot's row all -100 and
+its metadata None, a mid-epoch resume exact; a bad manifest ends the server with exit 2 naming the
 file and line. Single-label manifests are unchanged ([B], no new wire field):
 test_sources_identity.py and test_multilabel.py's message tests."""
 
@@ -69,19 +70,26 @@ def _want_row(k: int, width: int) -> list[int]:
     return ids + [-1] * (width - len(ids))
 
 
-def _batches(loader) -> list[tuple[torch.Tensor, ...]]:
-    return [tuple(t.clone() for t in b) for b in loader]
+def _batches(loader) -> list[tuple]:
+    return [tuple(t.clone() if isinstance(t, torch.Tensor) else t for t in b) for b in loader]
 
 
-def _check(batches, width: int) -> list[int]:
+def _meta_of(kind: str, k: int) -> dict:
+    """Sample k's metadata as the manifest writes it (a CSV cell is its text)."""
+    return {"site": f"s{k % 3}", "weight": str(k)} if kind == "csv" else {"id": k, "ok": k % 2 == 0}
+
+
+def _check(batches, width: int, kind: str) -> list[int]:
     seen = []
-    for _, labels, indices in batches:
+    for _, labels, indices, metadata in batches:
         assert labels.dtype == torch.int64 and labels.shape == (len(indices), width)
-        for row, i in zip(labels.tolist(), indices.tolist(), strict=True):
+        assert isinstance(metadata, list) and len(metadata) == len(indices)
+        for row, i, meta in zip(labels.tolist(), indices.tolist(), metadata, strict=True):
             if i == -1:
-                assert row == [-100] * width  # a padded val slot
+                assert row == [-100] * width and meta is None  # a padded val slot
             else:
                 assert row == _want_row(i, width), (i, row)
+                assert meta == _meta_of(kind, i), (i, meta)
                 seen.append(i)
     return seen
 
@@ -91,23 +99,25 @@ def _check(batches, width: int) -> list[int]:
 def test_multilabel_rows_epoch_exact_and_resume(manifests, kind):
     with running_server(*_args(manifests[kind])) as srv:
         loader = RemoteLoader(
-            srv.endpoint, "train", rank=0, world_size=1, device="cpu", with_indices=True, timeout=60
-        )
+            srv.endpoint, "train", rank=0, world_size=1, device="cpu", with_indices=True,
+            with_metadata=True, timeout=60,
+        )  # fmt: skip
         try:
             assert loader.classes == (NAMES if kind == "csv" else [str(i) for i in range(5)])
             epoch0 = _batches(loader)
-            seen = _check(epoch0, 4)
+            seen = _check(epoch0, 4, kind)
             assert len(epoch0) == N // 8 and len(seen) == len(set(seen)) == N // 8 * 8
             loader.set_epoch(1)
             epoch1 = _batches(loader)
-            assert sorted(_check(epoch1, 4)) != seen  # another shuffle, the same rows
+            assert _check(epoch1, 4, kind) != seen  # another shuffle, the same rows
             # mid-epoch resume of epoch 0 at batch 2: the very same batches
             state = loader.state_dict()
             loader.load_state_dict({**state, "epoch": 0, "next_batch": 2})
             resumed = _batches(loader)
             assert len(resumed) == len(epoch0) - 2
             for a, b in zip(resumed, epoch0[2:], strict=True):
-                assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+                assert all(torch.equal(x, y) for x, y in zip(a[:3], b[:3], strict=True))
+                assert a[3] == b[3]
             hot = multi_hot(epoch0[0][1], len(loader.classes))
             assert hot.sum(1).tolist() == [len(set(_labels_of(i))) for i in epoch0[0][2].tolist()]
         finally:
@@ -116,16 +126,23 @@ def test_multilabel_rows_epoch_exact_and_resume(manifests, kind):
         for rank in range(3):
             val = RemoteLoader(
                 srv.endpoint, "val", rank=rank, world_size=3, device="cpu", with_indices=True,
-                timeout=60,
+                with_metadata=True, timeout=60,
             )  # fmt: skip
             try:
                 batches = _batches(val)
             finally:
                 val.close()
-            got = _check(batches, 4)
+            got = _check(batches, 4, kind)
             padded += sum(int((b[2] == -1).sum()) for b in batches)
             assert len(got) == len(set(got))
         assert padded == 48 - N
+        # Without with_metadata: (images, labels) as ever, and no metadata in the headers.
+        plain = RemoteLoader(srv.endpoint, "train", world_size=1, rank=0, device="cpu", timeout=60)
+        try:
+            first = next(iter(plain))
+            assert len(first) == 2 and first[1].shape == (8, 4)
+        finally:
+            plain.close()
 
 
 @pytest.mark.timeout(120)

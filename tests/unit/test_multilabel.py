@@ -301,3 +301,26 @@ def test_labels_and_metadata_parsers_survive_any_input(tmp_path):
             assert path.name in str(exc), exc
             continue
         assert len(ds) >= 1 and (ds.labels >= 0).all()
+
+
+def test_metadata_messages():
+    hello = wire.Hello(split="train", rank=0, world_size=1, epoch=0, batches=(0,), session=1)
+    assert "metadata" not in hello.to_map()  # not asked: the map older servers know
+    asked = wire.Hello.from_map(
+        wire.Hello(
+            split="train", rank=0, world_size=1, epoch=0, batches=(0,), session=1, metadata=True
+        ).to_map()
+    )
+    assert asked.metadata is True
+    h = dict(
+        session=1, split="val", epoch=0, batch_index=0, shape=[2, 3, 8, 8], dtype="uint8",
+        layout="nchw", indices=[0, -1], nbytes=2 * 3 * 64,
+    )  # fmt: skip
+    assert "metadata" not in wire.BatchHeader(**h).to_map()
+    rows = [{"a": 1, "b": None, "c": "x", "d": 1.5, "e": True}, None]
+    packed = wire.BatchHeader(**h, metadata=rows).pack()
+    back = wire.BatchHeader.from_map(wire.unpack_frame(packed, wire.MAX_SERVER_FRAME_BYTES))
+    assert back.metadata == rows
+    for bad in ([{"a": 1}], [{"a": [1]}, None], "x", [1, None]):
+        with pytest.raises(wire.ProtocolError, match="metadata"):
+            wire.BatchHeader.from_map({**wire.BatchHeader(**h).to_map(), "metadata": bad})
