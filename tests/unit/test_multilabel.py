@@ -324,3 +324,55 @@ def test_metadata_messages():
     for bad in ([{"a": 1}], [{"a": [1]}, None], "x", [1, None]):
         with pytest.raises(wire.ProtocolError, match="metadata"):
             wire.BatchHeader.from_map({**wire.BatchHeader(**h).to_map(), "metadata": bad})
+
+
+class _Noop:
+    def __init__(self, *args, **kwargs) -> None:
+        pass
+
+    def __getattr__(self, name):
+        return lambda *a, **k: None
+
+
+@pytest.mark.parametrize("width", [0, 3])
+def test_stagers_yield_b_or_b_by_k_labels(monkeypatch, width):
+    """The CPU stager (frames) and the CUDA stager (its pinned-slot path, driven on the CPU
+    with torch.cuda's streams and events as no-ops) give [B] or [B, K] labels, as sent."""
+    import contextlib
+
+    from batchwire.client.staging import BatchFormat, CpuStager, CudaStager
+
+    for name in ("Stream", "Event"):
+        monkeypatch.setattr(torch.cuda, name, _Noop)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda *a: _Noop())
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "device", lambda d: contextlib.nullcontext())
+    b = 2
+    spec = wire.BatchSpec(b, 4, 5, "uint8", "nchw")
+    header = wire.BatchHeader(
+        1, "val", 0, 0, spec.shape, "uint8", "nchw", [3, -1], 0, spec.nbytes, label_width=width
+    )
+    labels = np.array([[4, 1, -1], [wire.PADDING_LABEL] * 3])
+    if not width:
+        labels = labels[:, 0]
+    frame = wire.labels_to_frame(labels).tobytes()
+    images = bytes(range(spec.nbytes))
+
+    class Frame:
+        def __init__(self, data: bytes) -> None:
+            self.buffer = memoryview(bytearray(data))
+
+    fmt = BatchFormat(spec, False, torch.float32, (0.5,) * 3, (0.25,) * 3, label_width=width)
+    cpu = CpuStager(fmt, 2).stage_frames(header, Frame(images), Frame(frame))
+    assert cpu.labels.tolist() == labels.tolist()
+    stager = CudaStager(fmt, torch.device("cpu"), 2)
+    for _ in range(3):  # slots reused
+        slot = stager.acquire(header)
+        slot.images_buffer(header.nbytes)[:] = images
+        slot.labels_buffer(header.labels_nbytes // 8)[:] = frame
+        staged = stager.stage(slot, header)
+        assert staged.labels.tolist() == labels.tolist()
+        assert bytes(staged.images.flatten().numpy()) == images
+        stager.discard(staged)
+    early = stager.stage_frames(header, Frame(images), Frame(frame))  # arrived ahead
+    assert early.labels.tolist() == labels.tolist()
