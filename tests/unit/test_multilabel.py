@@ -376,3 +376,37 @@ def test_stagers_yield_b_or_b_by_k_labels(monkeypatch, width):
         stager.discard(staged)
     early = stager.stage_frames(header, Frame(images), Frame(frame))  # arrived ahead
     assert early.labels.tolist() == labels.tolist()
+
+
+def test_local_loader_yields_multilabel_rows(images):
+    """LocalLoader (the same producer in-process): [B, K] rows of the manifest by index, val
+    padding rows all PADDING_LABEL."""
+    from batchwire.pipeline.local import LocalLoader
+
+    root = Path(images[0]).parent
+    path = root / "local.jsonl"
+    want = {k: [k % 4, (k + 1) % 4][: 1 + k % 2] for k in range(len(images))}
+    path.write_text(
+        "".join(
+            json.dumps({"path": Path(p).name, "label": want[k]}) + "\n"
+            for k, p in enumerate(images)
+        )
+    )
+    for split, world in (("train", 1), ("val", 5)):
+        loader = LocalLoader(
+            str(path), split=split, batch_size=3, image_size=16, world_size=world,
+            with_indices=True, threads=1, output_dtype="uint8", verify_checksums="off",
+        )  # fmt: skip
+        try:
+            seen = []
+            for _, labels, indices in loader:
+                assert labels.shape == (3, 2)
+                for row, i in zip(labels.tolist(), indices.tolist(), strict=True):
+                    if i < 0:
+                        assert row == [wire.PADDING_LABEL] * 2
+                    else:
+                        assert row == want[i] + [-1] * (2 - len(want[i]))
+                        seen.append(i)
+            assert len(seen) == len(set(seen)) > 0
+        finally:
+            loader.close()
