@@ -215,6 +215,8 @@ class Fleet:
         self.next_image_size: tuple[int, int] | None = None
         #: Ask for the samples' metadata in batch headers (`RemoteLoader(with_metadata=True)`).
         self.metadata = False
+        #: The batch size this loader's hellos ask for (None: the servers' --batch-size).
+        self.batch_size: int | None = None
         self._actions: list[Action] = []
 
     # ------------------------------------------------------------------ queries
@@ -491,6 +493,7 @@ class Fleet:
             epoch_world_size=self.pass_world if epoch == self.epoch else 0,
             image_size=self.image_size,
             metadata=self.metadata,
+            batch_size=self.batch_size,
         )
         p.session = Session(hello.session, epoch, deque(batches))
         p.state = S.HELLO_SENT if epoch == self.epoch else S.SPECULATING

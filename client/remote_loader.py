@@ -88,6 +88,7 @@ from batchwire.client.placement import check_rank, default_job, resolve_device, 
 from batchwire.client.receiver import Arrived, BatchReceiver
 from batchwire.client.staging import BatchFormat, CpuStager, CudaStager, Staged
 from batchwire.wire.keys import client_keys
+from batchwire.wire.messages import MAX_BATCH_SIZE
 from torch.utils.data import IterableDataset, get_worker_info
 
 log = logging.getLogger(__name__)
@@ -186,6 +187,9 @@ class RemoteLoader(IterableDataset):
         image_size: the output size to ask the servers for, PX or (H, W) (progressive
             resizing: change it between epochs with `set_image_size`); None: the servers'
             --image-size. A server refuses a size beyond its --max-image-size.
+        batch_size: images per batch to ask the servers for (jobs of a sweep with different
+            batch sizes on one server); None: the servers' --batch-size. A server refuses a
+            batch size beyond its --max-batch-size. Recorded by `state_dict`.
 
     Multi-view servers (``pipeline-server --views``): each step yields ``(views_list, labels)``
     (``views_list[k]`` is ``[B, 3, Hk, Wk]``, the views in the order the server lists them);
@@ -216,9 +220,11 @@ class RemoteLoader(IterableDataset):
         stream: torch.cuda.Stream | None = None,
         hold: int = 2,
         image_size: int | tuple[int, int] | None = None,
+        batch_size: int | None = None,
     ) -> None:
         super().__init__()
         self._image_size = _image_size(image_size)
+        self._batch_size = _batch_size(batch_size)
         eps = [endpoints] if isinstance(endpoints, str) else list(endpoints)
         if not eps or not all(isinstance(e, str) and "://" in e for e in eps):
             raise ValueError(f"endpoints must be 'tcp://host:port' style strings, got {endpoints}")
@@ -396,6 +402,8 @@ class RemoteLoader(IterableDataset):
         }
         if self._image_size is not None:
             state["image_size"] = list(self._image_size)
+        if self._batch_size is not None:
+            state["batch_size"] = self._batch_size
         welcome = None if self._receiver is None else self._receiver.welcome
         if welcome is not None:
             state["epoch_shape"] = _epoch_shape(welcome)
@@ -428,6 +436,10 @@ class RemoteLoader(IterableDataset):
         epoch, nxt = int(state["epoch"]), int(state["next_batch"])
         if "image_size" in state:  # the size the saved pass was trained at (progressive)
             self._image_size = _image_size(state["image_size"])
+        if state.get("batch_size") is not None:  # the batch size the saved pass asked for
+            self._batch_size = _batch_size(state["batch_size"])
+            if self._receiver is not None:
+                self._receiver.fleet.batch_size = self._batch_size
         if epoch < 0 or nxt < 0:
             raise ValueError(f"invalid RemoteLoader state position: epoch {epoch}, batch {nxt}")
         shape = state.get("epoch_shape", state.get("stream"))
@@ -534,6 +546,7 @@ class RemoteLoader(IterableDataset):
                 ),
                 stats=self._stats.as_dict if self._stats is not None else lambda: None,
             )
+            self._receiver.fleet.batch_size = self._batch_size
             self._receiver.fleet.metadata = self.with_metadata
             # Sockets and the context must close even if the user never calls close(); the
             # receiver holds no reference back to the loader, so the loader can be collected.
@@ -670,6 +683,15 @@ class _EpochSetter:
         loader = self._loader()
         if loader is not None:
             loader.set_epoch(epoch)
+
+
+def _batch_size(size: Any) -> int | None:
+    """RemoteLoader's ``batch_size``: None or a positive integer."""
+    if size is None:
+        return None
+    if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= MAX_BATCH_SIZE:
+        raise ValueError(f"batch_size must be an integer in 1..{MAX_BATCH_SIZE}, got {size!r}")
+    return size
 
 
 def _image_size(size: Any) -> tuple[int, int] | None:

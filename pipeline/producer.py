@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
 import numpy as np
@@ -19,6 +19,7 @@ from batchwire import native
 from batchwire.pipeline.augment_plan import AugmentConfig
 from batchwire.pipeline.dataset import ImageDataset
 from batchwire.pipeline.decode import DEFAULT_MAX_PIXELS, BatchDecoder
+from batchwire.pipeline.sample_window import MIN_REUSE, WAIT_S, SampleEntry, SampleWindow
 from batchwire.pipeline.sampler import PADDING_INDEX, PADDING_LABEL, BatchPlan
 from batchwire.pipeline.samples import LoadedSample, SampleLoader
 from batchwire.pipeline.transforms import TransformError, TransformRunner, transform_seeds
@@ -120,16 +121,33 @@ class BatchProducer:
         out: torch.Tensor | list[torch.Tensor],
         *,
         image_size: tuple[int, int] | None = None,
+        reuse: tuple[SampleWindow, Hashable] | None = None,
     ) -> BatchMeta:
         """Fill `out` ([B, 3, H, W], config dtype, any memory format) with batch `plan`.
 
         Multi-view configs: `out` is a list of one such tensor per view (`BatchSpec.view_bytes`
         of one buffer gives it); each sample is decoded once and the fused op runs once per
         view, over the whole batch, with that view's boxes, flips and jitter. ``image_size``:
-        produce at that output size instead of the config's (`config_at`).
+        produce at that output size instead of the config's (`config_at`). ``reuse``: a
+        `SampleWindow` and this output's key there (split, size, dtype, layout): samples of
+        the batch in the window are copied instead of produced, those produced are published
+        (pipeline/sample_window.py; single-view, no user transform, CPU tensors only).
         """
-        n = len(plan.indices)
         config = self.config_at(image_size)
+        if (
+            reuse is not None
+            and self.transform is None
+            and not self.config.views
+            and isinstance(out, torch.Tensor)
+            and out.device.type == "cpu"
+        ):
+            return self._produce_reusing(plan, out, config, *reuse)
+        return self._produce(plan, out, config)
+
+    def _produce(
+        self, plan: BatchPlan, out: torch.Tensor | list[torch.Tensor], config: AugmentConfig
+    ) -> BatchMeta:
+        n = len(plan.indices)
         expected = config.batch_spec(n)
         outs = out if isinstance(out, (list, tuple)) else [out]
         if len(outs) != len(expected.view_specs) or any(
@@ -164,6 +182,117 @@ class BatchProducer:
             jitter = torch.tensor([s.views[k][0].jitter for s in samples], dtype=torch.float32)
             self._augment(images, boxes, flips, jitter, self._mean, self._std, view_out)
         return self._meta(plan, samples)
+
+    def _produce_reusing(
+        self,
+        plan: BatchPlan,
+        out: torch.Tensor,
+        config: AugmentConfig,
+        window: SampleWindow,
+        prefix: Hashable,
+    ) -> BatchMeta:
+        """`produce` through the sample window (module doc of pipeline/sample_window.py)."""
+        n = len(plan.indices)
+        expected = config.batch_spec(n)
+        if list(out.shape) != expected.shape or out.dtype != expected.torch_dtype:
+            raise ValueError(
+                f"out must be {expected.shape} {expected.torch_dtype}, "
+                f"got {list(out.shape)} {out.dtype}"
+            )
+        indices = [int(i) for i in plan.indices]
+        unique = list(dict.fromkeys(indices))
+        keys = {i: (prefix, int(plan.epoch), i) for i in unique}
+        found, mine, theirs = window.claim(keys.values())
+        entries: dict[int, SampleEntry] = {k[2]: e for k, e in found.items()}
+        mine_idx = [k[2] for k in mine]
+        if len(found) + len(theirs) < MIN_REUSE * len(unique):
+            # Too little to reuse: produce the batch whole, and publish what was claimed.
+            try:
+                meta = self._produce(plan, out, config)
+            except BaseException:
+                window.abandon(mine)
+                raise
+            first = {i: pos for pos, i in reversed(list(enumerate(indices)))}
+            for key in mine:
+                pos = first[key[2]]
+                window.publish(
+                    key,
+                    SampleEntry(
+                        out[pos].clone(),
+                        int(meta.labels[pos]) if meta.valid[pos] else self._label(meta, pos),
+                        int(meta.sources[pos]),
+                        bool(meta.sources[pos] != indices[pos]),
+                    ),
+                )
+            window.count(0, len(unique))
+            return meta
+        made = 0
+        try:
+            made += self._make(plan, mine_idx, config, entries, window, keys)
+        finally:
+            window.abandon(mine)  # no-op for the published ones
+        late: list[int] = []
+        for key, event in theirs.items():
+            event.wait(WAIT_S)
+            entry = window.get(key)
+            if entry is None:  # gave up, or already out of the window: made here
+                late.append(key[2])
+            else:
+                entries[key[2]] = entry
+        if late:
+            made += self._make(plan, late, config, entries, None, keys)
+        for pos, i in enumerate(indices):
+            out[pos].copy_(entries[i].image)
+        window.count(len(unique) - made, made)
+        valid = np.asarray(plan.valid, dtype=bool)
+        labels = np.fromiter((entries[i].label for i in indices), dtype=np.int64, count=n)
+        labels[~valid] = PADDING_LABEL
+        replaced = np.fromiter((entries[i].replaced for i in indices), dtype=bool, count=n)
+        return BatchMeta(
+            epoch=int(plan.epoch),
+            batch_index=int(plan.batch_index),
+            labels=labels,
+            indices=np.where(
+                valid, np.asarray(plan.indices, dtype=np.int64), np.int64(PADDING_INDEX)
+            ),
+            valid=valid,
+            sources=np.fromiter((entries[i].source for i in indices), dtype=np.int64, count=n),
+            replaced=int((replaced & valid).sum()),
+        )
+
+    def _make(
+        self,
+        plan: BatchPlan,
+        todo: list[int],
+        config: AugmentConfig,
+        entries: dict[int, SampleEntry],
+        window: SampleWindow | None,
+        keys: dict[int, Hashable],
+    ) -> int:
+        """Produce samples ``todo`` as a batch of their own into a scratch tensor; each into
+        ``entries`` and, with a window, published there. Returns how many."""
+        if not todo:
+            return 0
+        sub = BatchPlan(
+            epoch=plan.epoch,
+            batch_index=plan.batch_index,
+            indices=np.asarray(todo, dtype=np.int64),
+            valid=np.ones(len(todo), dtype=bool),
+        )
+        scratch = config.batch_spec(len(todo)).empty()
+        meta = self._produce(sub, scratch, config)
+        for j, i in enumerate(todo):
+            entry = SampleEntry(
+                scratch[j], int(meta.labels[j]), int(meta.sources[j]), int(meta.sources[j]) != i
+            )
+            entries[i] = entry
+            if window is not None:
+                window.publish(keys[i], entry)
+        return len(todo)
+
+    def _label(self, meta: BatchMeta, pos: int) -> int:
+        """The label of a padding slot's pixels (its source's: padding repeats a sample)."""
+        return int(self.dataset.labels[int(meta.sources[pos])])
 
     def _transform_into(
         self, epoch: int, samples: list[LoadedSample], out: torch.Tensor

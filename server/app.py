@@ -23,6 +23,7 @@ from collections import deque
 from collections.abc import Callable
 
 import zmq
+from batchwire.pipeline.sample_window import SampleWindow
 from batchwire.pipeline.samples import BadFileTally
 from batchwire.pipeline.split import Split
 from batchwire.server.budget import BufferBudget
@@ -43,6 +44,7 @@ from batchwire.server.jobs import Job
 from batchwire.server.memory import gpu_memory_statement, host_memory_statement
 from batchwire.server.router_socket import RouterSocket, check_ipc_endpoint
 from batchwire.server.security import bind_policy
+from batchwire.server.sharing import sample_window_batches
 from batchwire.server.splits import StartupError, make_decoder, open_splits
 from batchwire.server.telemetry import Telemetry
 from batchwire.server.workers import ProducerThreads, StagePhases, StageTimingDecoder
@@ -98,6 +100,11 @@ class ServerApp:
         self.spec = config.batch_spec()
         self.capacity = config.capacity_spec()
         cap = config.buffer_cap
+        # Samples shared across batch sizes (pipeline/sample_window.py): its bytes are taken out
+        # of --max-buffers (as that many batches of the largest size), so the bound holds.
+        window = sample_window_batches(config, cap)
+        cap -= window
+        self.samples = SampleWindow(window * self.capacity.nbytes) if window else None
         # Pinned only where a GPU copy reads them (a --device cuda server's device-to-host
         # copies): a CPU server on a training node must not open a CUDA context on GPU 0.
         self.buffers = BufferPool(
@@ -128,6 +135,7 @@ class ServerApp:
             self.spec,
             config.device,
             capacity=self.capacity,
+            samples=self.samples,
         )
         self.core = ServerCore(
             config,
@@ -436,6 +444,8 @@ class ServerApp:
                 self.telemetry.add_bad(new_bad)
             if self._transforms:
                 self.telemetry.set_transform_errors(sum(t.errors_total for t in self._transforms))
+            if self.samples is not None:
+                self.telemetry.set_samples(self.samples.reused_total)
             self._carry_out(self.core.on_result(result, time.monotonic()))
 
     def _release_sent(self) -> None:
@@ -477,6 +487,8 @@ class ServerApp:
                 self.socket.reply(action.identity, StatsReply(self.stats_snapshot()))
             elif isinstance(action, TrimBuffers) and self.buffers.capacity:
                 self.buffers.trim(action.keep)
+                if action.keep == 0 and self.samples is not None:  # nobody left to share with
+                    self.samples.clear()
 
     # ----------------------------------------------------------------------------- stats
 

@@ -264,6 +264,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--batch-size", type=int, metavar="B", help=f"images per batch (default: {_D.batch_size})"
     )
     batch.add_argument(
+        "--max-batch-size",
+        type=int,
+        metavar="B",
+        help="largest batch size a client may ask for (RemoteLoader(batch_size=...): jobs of a "
+        "sweep with different batch sizes on one server); batch buffers are sized for it, a "
+        "larger ask is refused (default: --batch-size)",
+    )
+    batch.add_argument(
         "--image-size",
         type=_image_size,
         metavar="PX|H,W",

@@ -47,6 +47,9 @@ class ServerConfig:
     val: str | None = None
     bind: list[str] = field(default_factory=lambda: [DEFAULT_BIND])
     batch_size: int = 64
+    # The largest batch size a client may ask for (`Hello.batch_size`: jobs of a sweep with
+    # different batch sizes on one server); buffers are sized for it. None: --batch-size.
+    max_batch_size: int | None = None
     # One int (square) or (height, width): `--image-size 224` or `--image-size 160,224`.
     image_size: int | tuple[int, int] = 224
     # The largest output size a client may ask for (progressive resizing: `Hello.image_size`),
@@ -144,14 +147,22 @@ class ServerConfig:
         """--max-image-size as (height, width) (default: --image-size)."""
         return self.image_hw if self.max_image_size is None else _hw(self.max_image_size)
 
+    @property
+    def batch_size_cap(self) -> int:
+        """--max-batch-size (default: --batch-size)."""
+        return int(self.batch_size if self.max_batch_size is None else self.max_batch_size)
+
     def capacity_spec(self) -> BatchSpec:
         """The largest batch this server may send (what a batch buffer holds): the batch spec
-        at --max-image-size (multi-view: the views' own)."""
+        at --max-image-size and --max-batch-size (multi-view: the views' own)."""
         spec = self.batch_spec()
-        if spec.multi_view or self.max_image_hw == self.image_hw:
+        most = self.batch_size_cap
+        if spec.multi_view:
+            return spec if most == spec.batch_size else self.augment(train=True).batch_spec(most)
+        if self.max_image_hw == self.image_hw and most == spec.batch_size:
             return spec
         h, w = self.max_image_hw
-        return BatchSpec(spec.batch_size, h, w, spec.dtype, spec.layout)
+        return BatchSpec(most, h, w, spec.dtype, spec.layout)
 
     def store_options(self) -> StoreOptions:
         """How object stores are read (`pipeline.storage.StoreOptions`), from the flags."""
@@ -225,6 +236,11 @@ class ServerConfig:
                     f"--max-image-size {most!r} must be at least --image-size {size!r} "
                     "in height and width"
                 )
+        if self.max_batch_size is not None and int(self.max_batch_size) < int(self.batch_size):
+            problems.append(
+                f"--max-batch-size {self.max_batch_size} must be at least --batch-size "
+                f"{self.batch_size}"
+            )
         for name in ("batch_size", "workers", "producers", "prefetch_depth"):
             if getattr(self, name) is not None and int(getattr(self, name)) < 1:
                 flag = "--" + name.replace("_", "-")

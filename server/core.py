@@ -63,6 +63,7 @@ a loan would otherwise pass --max-buffers (`SharedBatches.make_room`).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -337,7 +338,7 @@ class ServerCore:
                 actions += self._drop(session.identity)
             return actions
         self.shared.finished(p, slot)
-        self.telemetry.add_produced()
+        self.telemetry.add_produced((order.spec or self.spec).batch_size)
         p.labels, p.indices = result.labels, list(result.indices)
         p.replaced, p.produce_s, p.done_at = int(result.replaced), result.seconds, now
         for serial, pos, k in waiters:
@@ -534,20 +535,18 @@ class ServerCore:
         previous = self.sessions.get(identity)
         taken_at = None if previous is None else previous.taken_at
         actions = self._drop(identity)
-        try:  # e.g. more ranks x batch than the split has samples: this client's problem alone
-            sampler = split.sampler(
-                self.config.batch_size, self.config.seed, hello.rank, hello.world_size
+        spec = self._spec_for(hello)
+        if isinstance(spec, str):
+            return actions + self._error(
+                identity, f"cannot serve this hello: {spec}", session=session_no
             )
+        try:  # e.g. more ranks x batch than the split has samples: this client's problem alone
+            sampler = split.sampler(spec.batch_size, self.config.seed, hello.rank, hello.world_size)
             if hello.start_sample:  # the rest of an epoch resumed at another world size
                 sampler = sampler.resumed(hello.start_sample, hello.epoch_world_size)
         except ValueError as exc:
             return actions + self._error(
                 identity, f"cannot serve this hello: {exc}", session=session_no
-            )
-        spec = self._spec_for(hello)
-        if isinstance(spec, str):
-            return actions + self._error(
-                identity, f"cannot serve this hello: {spec}", session=session_no
             )
         self._serial += 1
         session = ClientSession(
@@ -572,7 +571,7 @@ class ServerCore:
             hello.epoch,
             hello.rank,
             hello.world_size,
-            "" if spec is self.spec else f" at {spec.height}x{spec.width}",
+            _stream_text(spec, self.spec),
             asks,
             len(hello.batches),
             sampler.num_batches,
@@ -595,11 +594,22 @@ class ServerCore:
         return [*actions, Reply(identity, welcome)]
 
     def _spec_for(self, hello: Hello) -> BatchSpec | str:
-        """The spec of a hello's stream: the server's, or at the output size it asks for
-        (progressive resizing); a string says why that size cannot be served."""
+        """The spec of a hello's stream: the server's, or at the batch size and output size it
+        asks for (a sweep's batch sizes, progressive resizing); a string says why that cannot
+        be served."""
+        batch = self.spec.batch_size if hello.batch_size is None else hello.batch_size
+        most_batch = self.config.batch_size_cap
+        if batch > most_batch:
+            return (
+                f"batch_size {batch} is larger than this server's --max-batch-size {most_batch} "
+                "(its batch buffers are sized for that); restart it with a larger "
+                "--max-batch-size, or ask for a smaller batch size"
+            )
         size = hello.image_size
         if size is None or (size == (self.spec.height, self.spec.width) and not self.spec.views):
-            return self.spec
+            if batch == self.spec.batch_size:
+                return self.spec
+            return dataclasses.replace(self.spec, batch_size=batch)
         h, w = size
         if self.spec.multi_view:
             return (
@@ -619,7 +629,7 @@ class ServerCore:
                 f"{most[0]}x{most[1]} (its batch buffers are sized for that); restart it with "
                 "a larger --max-image-size, or ask for a smaller size"
             )
-        return BatchSpec(self.spec.batch_size, h, w, self.spec.dtype, self.spec.layout)
+        return BatchSpec(batch, h, w, self.spec.dtype, self.spec.layout)
 
     def _spec(self, session: ClientSession) -> BatchSpec:
         return session.spec if session.spec is not None else self.spec
@@ -802,7 +812,7 @@ class ServerCore:
         if h.start_sample:  # a resumed pass (elastic): its batch k is not the epoch's: unshared
             return None
         spec = self._spec(session)
-        size = None if spec is self.spec else (spec.height, spec.width)
+        size = None if spec is self.spec else (spec.batch_size, spec.height, spec.width)
         return self.shared.key(h.split, h.epoch, h.rank, h.world_size, k, size)
 
     def _next_production(self, session: ClientSession) -> Production | None:
@@ -855,6 +865,7 @@ class ServerCore:
                 cancelled=p.cancelled,
                 production=p.id,
                 spec=None if session.spec is self.spec else session.spec,
+                share_samples=self.shared.enabled,
             )
             actions.append(Submit(order))
         return actions
@@ -959,6 +970,16 @@ class ServerCore:
             log.debug("malformed message from %s: %s", identity.hex(), message)
         self.telemetry.add_malformed()
         return [Reply(identity, ErrorReply(f"malformed message: {message}", "bad-request"))]
+
+
+def _stream_text(spec: BatchSpec, server: BatchSpec) -> str:
+    """How a session's stream differs from the server's, for its admission log line."""
+    text = ""
+    if (spec.height, spec.width) != (server.height, server.width):
+        text += f" at {spec.height}x{spec.width}"
+    if spec.batch_size != server.batch_size:
+        text += f" in batches of {spec.batch_size}"
+    return text
 
 
 def clip(message: str) -> str:

@@ -38,9 +38,14 @@ class BatchOrder:
     # The core's `sharing.Production` (one per buffer: several sessions may wait for it; the
     # session above is the one that asked first).
     production: int = 0
-    # What to write (the session's spec: the output size its hello asked for); None: the
-    # server's own.
+    # What to write (the session's spec: the batch size and output size its hello asked for);
+    # None: the server's own.
     spec: BatchSpec | None = None
+    # Go through the producers' sample window where there is one (pipeline/sample_window.py:
+    # a server taking several batch sizes): sharing is on. Every batch publishes its samples
+    # then, since a job of another batch size may ask for them a moment later (its hello may
+    # come after this batch was ordered).
+    share_samples: bool = False
 
 
 @dataclass(frozen=True)

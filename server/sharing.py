@@ -39,10 +39,12 @@ import numpy as np
 
 if TYPE_CHECKING:
     from batchwire.server.bufpool import Slot
+    from batchwire.server.config import ServerConfig
 
-#: (split, epoch, global batch index g = k * world_size + rank, output (H, W) or None for the
-#: server's --image-size): progressive resizing makes the size part of what a batch is.
-BatchKey = tuple[str, int, int, tuple[int, int] | None]
+#: (split, epoch, global batch index g = k * world_size + rank, (batch size, H, W) or None for
+#: the server's --batch-size and --image-size): a session's batch size and output size
+#: (sweeps, progressive resizing) are part of what a batch is.
+BatchKey = tuple[str, int, int, tuple[int, int, int] | None]
 
 #: (split, epoch) pairs whose produced batches are remembered, to tell a lagging session.
 _SEEN_EPOCHS = 8
@@ -58,6 +60,23 @@ def window_batches(requested: int | None, max_buffers: int) -> int:
     quarter of --max-buffers so the window never crowds the trainers' work-ahead out."""
     want = DEFAULT_WINDOW if requested is None else max(0, int(requested))
     return min(want, max_buffers // 4)
+
+
+def sample_window_batches(config: ServerConfig, max_buffers: int) -> int:
+    """The sample window's bound, in batches of the largest size (`capacity_spec`): half the
+    batch window's bound, and only on a server that expects a mix of batch sizes (--max-batch-size
+    above --batch-size), decodes on the CPU, and writes single-view batches with the fused op
+    (pipeline/sample_window.py says why not otherwise); 0: no sample window. The server takes
+    these batches' bytes out of --max-buffers (server/app.py), so the memory bound stays."""
+    if (
+        config.batch_size_cap == config.batch_size
+        or config.device != "cpu"
+        or config.views
+        or config.transform
+        or config.val_transform
+    ):
+        return 0
+    return window_batches(config.share_window, max_buffers) // 2
 
 
 @dataclass(eq=False)
@@ -104,10 +123,10 @@ class SharedBatches:
         rank: int,
         world_size: int,
         k: int,
-        size: tuple[int, int] | None = None,
+        size: tuple[int, int, int] | None = None,
     ) -> BatchKey | None:
-        """The batch's name on this server, or None when sharing is off (``size``: the output
-        size a session asked for, None for the server's own)."""
+        """The batch's name on this server, or None when sharing is off (``size``: the batch
+        size and output size a session asked for, None for the server's own)."""
         if not self.enabled:
             return None
         return (split, int(epoch), int(k) * int(world_size) + int(rank), size)

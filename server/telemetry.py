@@ -95,6 +95,15 @@ _PROM_COUNTERS = {
         "batchwire_batches_shared_total",
         "Sends of a batch produced once for several sessions, beyond its first send.",
     ),
+    "samples_produced_total": (
+        "batchwire_samples_produced_total",
+        "Samples decoded and augmented: the produced batches' samples less those reused.",
+    ),
+    "samples_reused_total": (
+        "batchwire_samples_reused_total",
+        "Samples copied from the sample window into a batch of another batch size instead of "
+        "produced again (sweeps mixing batch sizes).",
+    ),
     "transform_errors_total": (
         "batchwire_transform_errors_total",
         "Samples a user transform (--transform) failed on, each replaced by a substitute.",
@@ -321,6 +330,7 @@ class Telemetry:
         # decode_fallbacks_total only once a decoder reported (None before: no decoder yet).
         self._counters = dict.fromkeys(COUNTER_NAMES, 0)
         del self._counters["decode_fallbacks_total"]
+        self._batch_images = 0  # samples of the produced batches (samples_produced_total)
         self._fallbacks: dict[str, int] = {}  # decoder name -> its images decoded on the CPU
         # Columns: batches, images, bytes sent. Its age counts from the server's start, so a
         # server that has sent nothing yet reports a true 0.
@@ -380,8 +390,12 @@ class Telemetry:
     def add_replaced(self, n: int) -> None:
         self._add("replaced_total", n)
 
-    def add_produced(self) -> None:
-        self._add("batches_produced_total", 1)
+    def add_produced(self, images: int = 0) -> None:
+        """One batch produced, of ``images`` samples (some may have been reused: the
+        snapshot's samples_produced_total subtracts samples_reused_total)."""
+        with self._lock:
+            self._counters["batches_produced_total"] += 1
+            self._batch_images += int(images)
 
     def add_shared(self) -> None:
         self._add("batches_shared_total", 1)
@@ -414,6 +428,13 @@ class Telemetry:
         with self._lock:
             now = self._counters["transform_errors_total"]
             self._counters["transform_errors_total"] = max(now, int(total))
+
+    def set_samples(self, reused: int) -> None:
+        """The sample window's total of reused samples (`SampleWindow.reused_total`); a
+        total, not an increment, as `set_fallbacks`; never goes down."""
+        with self._lock:
+            now = self._counters["samples_reused_total"]
+            self._counters["samples_reused_total"] = max(now, int(reused))
 
     def fallbacks_by_decoder(self) -> dict[str, int]:
         with self._lock:
@@ -464,6 +485,9 @@ class Telemetry:
         now = self._clock()
         with self._lock:
             counters = dict(self._counters)
+            counters["samples_produced_total"] = max(
+                0, self._batch_images - counters["samples_reused_total"]
+            )
             batches_s, images_s, bytes_s = self._sent.rates()
         return ServerStats(
             v=STATS_VERSION,

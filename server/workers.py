@@ -39,6 +39,7 @@ from batchwire.common.cuda_events import BufferFence
 from batchwire.pipeline.decode.contract import BatchDecoder, DecodeRequest, DecodeResult
 from batchwire.pipeline.decode.files import is_transient
 from batchwire.pipeline.producer import BatchMeta, BatchProducer
+from batchwire.pipeline.sample_window import SampleWindow
 from batchwire.pipeline.samples import TransientReadError
 from batchwire.server.jobs import BatchOrder, Job, JobResult
 from batchwire.wire import BatchSpec
@@ -240,8 +241,11 @@ class ProducerThreads:
         device: str = "cpu",
         on_broken_cuda: Callable[[str], None] = exit_for_broken_cuda,
         capacity: BatchSpec | None = None,
+        samples: SampleWindow | None = None,
     ) -> None:
         self.producers = producers  # split -> BatchProducer
+        # Samples of recent batches for orders that mix batch sizes (`BatchOrder.share_samples`).
+        self.samples = samples
         self.on_broken_cuda = on_broken_cuda  # a sticky CUDA error's reason; exits by default
         self.spec = spec  # the server's batches (an order without a spec of its own)
         # The largest batch (--max-image-size): the device buffer is allocated from it.
@@ -299,7 +303,11 @@ class ProducerThreads:
             spec = order.spec or self.spec
             if self.device == "cpu":
                 out = _batch_in(spec, job.slot.tensor)
-                meta = self.producers[order.split].produce(plan, out, **_sized(order))
+                kw: dict = dict(_sized(order))
+                if order.share_samples and self.samples is not None:
+                    key = (order.split, spec.height, spec.width, spec.dtype, spec.layout)
+                    kw["reuse"] = (self.samples, key)
+                meta = self.producers[order.split].produce(plan, out, **kw)
             else:
                 meta = self._produce_on_device(
                     order.split, plan, spec, job.slot.tensor, _sized(order)

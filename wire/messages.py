@@ -244,6 +244,10 @@ class Hello(_Message):
     ``image_size`` ([H, W]): produce this stream's batches at that output size instead of the
     server's --image-size (progressive resizing; the server refuses a size beyond its
     --max-image-size). Absent (None) on the wire otherwise.
+
+    ``batch_size``: images per batch of this stream instead of the server's --batch-size
+    (jobs of a sweep with different batch sizes on one server; the server refuses more than
+    its --max-batch-size). Absent (None) on the wire otherwise.
     """
 
     TYPE: ClassVar[str] = "hello"
@@ -258,10 +262,13 @@ class Hello(_Message):
     epoch_world_size: int = 0
     image_size: tuple[int, int] | None = None
     metadata: bool = False  # batch headers carry the samples' metadata (`with_metadata`)
+    batch_size: int | None = None
 
     def to_map(self) -> dict[str, Any]:
         m = super().to_map()
         m["batches"] = list(self.batches)
+        if self.batch_size is None:
+            del m["batch_size"]
         if not self.start_sample:  # the usual pass: the map older servers know
             del m["start_sample"], m["epoch_world_size"]
         if not self.metadata:  # absent unless asked: the map older servers know
@@ -293,6 +300,9 @@ class Hello(_Message):
             epoch_world_size=_int(d, "epoch_world_size", 0) if "epoch_world_size" in d else 0,
             image_size=_image_size(d),
             metadata=d.get("metadata", False) is True,
+            batch_size=(
+                None if d.get("batch_size") is None else _int(d, "batch_size", 1, MAX_BATCH_SIZE)
+            ),
         )
 
 

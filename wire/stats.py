@@ -127,6 +127,12 @@ class Counters(Record):
     #: shape for, each replaced by a substitute (0 without transforms). Optional: an older
     #: server's stats still read.
     transform_errors_total: int | None = None
+    #: Samples copied from the server's sample window into a batch of another batch size
+    #: instead of produced again (sweeps mixing batch sizes). Optional: an older server's
+    #: stats still read.
+    samples_reused_total: int | None = None
+    #: Samples decoded and augmented (the produced batches' samples less those reused).
+    samples_produced_total: int | None = None
 
 
 @dataclass(frozen=True)

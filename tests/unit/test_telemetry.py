@@ -66,6 +66,8 @@ def test_snapshot_schema_and_counters() -> None:
         batches_produced_total=0,
         batches_shared_total=0,
         transform_errors_total=0,
+        samples_reused_total=0,
+        samples_produced_total=0,
     )
     assert [s.name for s in snap.stages] == ["read", "decode", "augment"]
     assert all(isinstance(s.latency_ms, float) for s in snap.stages)
