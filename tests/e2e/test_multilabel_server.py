@@ -23,6 +23,8 @@ from batchwire.client import RemoteLoader, multi_hot
 from batchwire.pipeline.synthetic import default_dataset
 from serverproc import free_tcp_endpoint, running_server
 
+seaweed = pytest.importorskip("objectstore", reason="needs tests/objectstore.py").seaweed
+
 BIN = Path(sys.executable).parent
 N = 44  # images: 5 train batches of 8 (4 dropped); val over 3 ranks pads 4 slots
 NAMES = ["apple", "bird", "car", "dog", "egg"]
@@ -58,7 +60,7 @@ def manifests(tmp_path_factory) -> dict[str, Path]:
     return {"csv": root / "names.csv", "jsonl": root / "ids.jsonl"}
 
 
-def _args(manifest: Path) -> tuple[str, ...]:
+def _args(manifest: Path | str) -> tuple[str, ...]:
     return (
         "--train", str(manifest), "--val", str(manifest), "--batch-size", "8",
         "--image-size", "32", "--output-dtype", "uint8", "--workers", "1", "--seed", "3",
@@ -178,3 +180,22 @@ def test_bad_multilabel_manifest_exits_2_naming_file_and_line(manifests, suffix,
     )  # fmt: skip
     assert done.returncode == 2, done.stdout
     assert needle in done.stdout, done.stdout
+
+
+@pytest.mark.timeout(180)
+def test_multilabel_manifest_in_a_bucket(manifests, seaweed):
+    """The JSON-lines manifest and its images in an S3 bucket (SeaweedFS): the same rows and
+    metadata, by index."""
+    root = manifests["jsonl"].parent
+    seaweed.upload_folder(root / "img", "multilabel", "data/img")
+    seaweed.put("multilabel", "data/ids.jsonl", manifests["jsonl"].read_bytes())
+    with running_server(*_args("s3://multilabel/data/ids.jsonl"), env=seaweed.env()) as srv:
+        loader = RemoteLoader(
+            srv.endpoint, "train", rank=0, world_size=1, device="cpu", with_indices=True,
+            with_metadata=True, timeout=60,
+        )  # fmt: skip
+        try:
+            batches = _batches(loader)
+        finally:
+            loader.close()
+    assert len(_check(batches, 4, "jsonl")) == N // 8 * 8
