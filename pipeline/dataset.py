@@ -66,7 +66,8 @@ class ImageDataset:
     # None for single-label datasets (what every batch then carries is `labels`, [B]).
     label_rows: np.ndarray | None = field(default=None, repr=False)
     # Per-sample metadata (a manifest's other columns: `sources.metadata`), None without.
-    metadata: list[dict[str, Any] | None] | None = field(default=None, repr=False)
+    # Kept msgpacked (`sources.metadata.PackedMetadata`): `metadata[i]` is sample i's dict.
+    metadata: Sequence[dict[str, Any] | None] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.root, (Path, str)):

@@ -28,7 +28,7 @@ from batchwire.pipeline.dataset import ImageDataset, dataset_root
 from batchwire.pipeline.listfile import confined_path
 from batchwire.pipeline.sources.labels import LabelError, LabelTable, parse_labels
 from batchwire.pipeline.sources.locate import Located, is_url
-from batchwire.pipeline.sources.metadata import MetadataError, check_metadata
+from batchwire.pipeline.sources.metadata import MetadataError, PackedMetadata, check_metadata
 from batchwire.pipeline.storage import LocalStore, Store
 
 PATH_COLUMNS = ("path", "file", "filename", "image", "image_path", "url")
@@ -251,5 +251,5 @@ def open_manifest(located: Located, *, allow_outside_root: bool = False) -> Imag
         kind="list" if located.kind == "namedlist" else located.kind,
         reader=reader,
         label_rows=label_rows,
-        metadata=metadata if any(m is not None for m in metadata) else None,
+        metadata=PackedMetadata(metadata) if any(m is not None for m in metadata) else None,
     )

@@ -11,6 +11,7 @@ manifest is read (an error naming the file and line at start, never a silent tru
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import msgpack
 
@@ -69,12 +70,39 @@ def metadata_bytes(meta: dict[str, Scalar] | None) -> int:
     return len(pack_metadata([meta])) - 1  # less the array header of one
 
 
+class PackedMetadata(Sequence):
+    """A dataset's per-sample metadata kept msgpacked, one bytes object per sample (a dict per
+    sample would cost a server holding a million-row manifest hundreds of MB for a column no
+    trainer may ask for); `[i]` unpacks sample i's dict (None for a sample without)."""
+
+    def __init__(self, rows: list[dict[str, Scalar] | None]) -> None:
+        self._packed = [None if m is None else msgpack.packb(m, use_bin_type=True) for m in rows]
+
+    def __len__(self) -> int:
+        return len(self._packed)
+
+    def __getitem__(self, i):  # type: ignore[override]
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(len(self)))]
+        raw = self._packed[i]
+        return None if raw is None else msgpack.unpackb(raw, raw=False)
+
+    def nbytes(self, i: int) -> int:
+        """Sample i's msgpacked size (1 for None, as msgpack's nil)."""
+        raw = self._packed[i]
+        return 1 if raw is None else len(raw)
+
+
 def check_batch_metadata(
-    metadata: list[dict[str, Scalar] | None], batch_size: int, where: str
+    metadata: Sequence[dict[str, Scalar] | None], batch_size: int, where: str
 ) -> None:
     """A `MetadataError` when the largest `batch_size` samples' metadata could pass
     `MAX_BATCH_METADATA_BYTES` (checked at start: any batch may hold them)."""
-    sizes = sorted((metadata_bytes(m) for m in metadata), reverse=True)[:batch_size]
+    if isinstance(metadata, PackedMetadata):
+        every = (metadata.nbytes(i) for i in range(len(metadata)))
+    else:
+        every = (metadata_bytes(m) for m in metadata)
+    sizes = sorted(every, reverse=True)[:batch_size]
     total = sum(sizes)
     if total > MAX_BATCH_METADATA_BYTES:
         raise MetadataError(

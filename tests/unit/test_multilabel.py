@@ -26,6 +26,7 @@ from batchwire.pipeline.sources.labels import (
 from batchwire.pipeline.sources.metadata import (
     MAX_SAMPLE_METADATA_BYTES,
     MetadataError,
+    PackedMetadata,
     check_batch_metadata,
     check_metadata,
 )
@@ -186,6 +187,11 @@ def test_metadata_bounds():
     check_batch_metadata(big, 100, "w")
     with pytest.raises(MetadataError, match="a batch of 2000 could carry"):
         check_batch_metadata(big, 2000, "w")
+    packed = PackedMetadata(big)  # what datasets keep: the same sizes, the same dicts back
+    assert packed[7] == big[7] and len(packed) == 2000
+    check_batch_metadata(packed, 100, "w")
+    with pytest.raises(MetadataError, match="a batch of 2000 could carry"):
+        check_batch_metadata(packed, 2000, "w")
 
 
 def test_batch_labels_pad_rows_with_padding_label():
