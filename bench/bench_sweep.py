@@ -4,7 +4,8 @@
         [--epochs 2] [--jobs 1,2,4,8]
 
 Each job is a `RemoteLoader` in its own process (a trainer that only receives uint8 batches),
-all started together against one `pipeline-server` (a fresh one per row). The aggregate rate is
+all started together against one `pipeline-server` (a fresh one per row): each connects and is
+welcomed, then all start reading at once (as a sweep's jobs do once set up). The aggregate rate is
 the images every job received while all of them ran (from the last job's first batch to the
 first job's last batch: loader processes take seconds to start on a small machine).
 Shared production (--share-window) lets N jobs of the same recipe cost one pass of decoding;
@@ -12,9 +13,16 @@ the ideal is N x one job's rate while the trainers themselves keep up (on a smal
 share the cores with the server: each receives, checks and digests its batches).
 
 Rows: 1, 2, 4, 8 jobs of world size 1; a mixed sweep (jobs of world sizes 1, 1, 2 and 4: eight
-loader processes; one server serves one batch size, so a sweep over batch sizes needs a server
-per batch size and shares nothing between them); one job with the default window and with
---share-window 0 (what sharing costs when nothing is shared), alternated twice.
+loader processes, one batch size); one job with the default window and with --share-window 0
+(what sharing costs when nothing is shared), alternated twice.
+
+``--rows batch-sizes`` (issue 23's mixed sweep): a server with --max-batch-size 2 x --batch-size
+serves jobs of world sizes 1, 1, 2 and 4 with batch sizes B, 2B, 2B and B (eight loader
+processes; rounds of B, 2B, 4B, 4B samples, so no job's epoch is a single round on a small
+data set): the 2-rank job's batches are the 2B job's, the 4-rank job's the B job's (shared
+whole), and the B and 2B families share samples (the sample window). Rows: one
+job alone (world size 1, batch B) on the same server settings, then the mixed sweep, with the
+samples produced and reused.
 """
 
 from __future__ import annotations
@@ -36,9 +44,12 @@ _JOB = textwrap.dedent(
     """
     import json, sys, time
     from batchwire.client import RemoteLoader
-    ep, job, rank, ws, epochs = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:6])
+    ep, job, rank, ws, epochs, bs = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:7])
     loader = RemoteLoader(ep, "train", rank=rank, world_size=ws, device="cpu", job=job,
-                          timeout=120.0)
+                          timeout=120.0, batch_size=bs or None)
+    loader.server_info()  # connected and welcomed: wait for the others (see run_sweep)
+    print("ready", flush=True)
+    sys.stdin.readline()
     times, sizes = [], []
     for epoch in range(epochs):
         loader.set_epoch(epoch)
@@ -61,19 +72,47 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--image-size", type=int, default=224)
     p.add_argument("--epochs", type=int, default=4, help="epochs each job reads")
     p.add_argument("--jobs", default="1,2,4,8", help="job counts of the world-size-1 rows")
+    p.add_argument(
+        "--rows",
+        choices=("world-sizes", "batch-sizes"),
+        default="world-sizes",
+        help="world-sizes: the rows above; batch-sizes: the mixed sweep of batch sizes B and 2B",
+    )
+    p.add_argument(
+        "--server-args",
+        default="",
+        help="more pipeline-server options for every row "
+        "(e.g. '--max-buffers 128 --share-window 32')",
+    )
     return p
 
 
-def run_sweep(endpoint: str, ranks: list[tuple[str, int, int]], epochs: int) -> tuple[int, float]:
-    """Start every (job, rank, world_size) loader together; (images, aggregate images/s)."""
+#: (job, rank, world size, batch size: 0 for the server's) of a loader process.
+Rank = tuple[str, int, int, int]
+
+
+def run_sweep(endpoint: str, ranks: list[Rank], epochs: int) -> tuple[int, float]:
+    """Start every (job, rank, world_size, batch size) loader together; (images, aggregate
+    images/s)."""
     procs = [
         subprocess.Popen(
-            [sys.executable, "-c", _JOB, endpoint, job, str(rank), str(ws), str(epochs)],
+            [sys.executable, "-c", _JOB, endpoint, job, str(rank), str(ws), str(epochs), str(bs)],
+            stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
         )
-        for job, rank, ws in ranks
+        for job, rank, ws, bs in ranks
     ]
+    # Every loader imported torch and was welcomed before any reads: on a small machine the
+    # processes take seconds to start, and a job started that late is outside the windows.
+    for proc in procs:
+        assert proc.stdout is not None
+        if proc.stdout.readline().strip() != "ready":
+            raise SystemExit(f"a job failed to start (exit {proc.wait()})")
+    for proc in procs:
+        assert proc.stdin is not None
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
     results = []
     for proc in procs:
         out, _ = proc.communicate(timeout=900)
@@ -100,7 +139,11 @@ def main(argv: list[str] | None = None) -> int:
         *("--output-dtype", "uint8"),
     ]
 
-    def row(name: str, ranks: list[tuple[str, int, int]], *extra: str) -> float:
+    if args.rows == "batch-sizes":
+        base += ["--max-batch-size", str(2 * args.batch_size)]
+    base += args.server_args.split()
+
+    def row(name: str, ranks: list[Rank], *extra: str) -> float:
         with (
             tempfile.TemporaryDirectory() as tmp,
             PipelineServer([*base, *extra], log_path=Path(tmp) / "server.log") as srv,
@@ -109,9 +152,15 @@ def main(argv: list[str] | None = None) -> int:
             c = srv_counters(srv.endpoint)
         produced, sent = c.get("batches_produced_total") or 0, c.get("batches_total") or 0
         ratio = sent / produced if produced else 0.0
+        samples = ""
+        if c.get("samples_produced_total") is not None:
+            samples = (
+                f"; samples {c['samples_produced_total']} produced, "
+                f"{c.get('samples_reused_total') or 0} reused"
+            )
         print(
             f"  {name:<34} {rate:8.0f} img/s  ({images} images; {produced} batches produced, "
-            f"{sent} sent, share ratio {ratio:.2f})",
+            f"{sent} sent, share ratio {ratio:.2f}{samples})",
             flush=True,
         )
         return rate
@@ -123,15 +172,25 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
     rates: dict[str, float] = {}
+    if args.rows == "batch-sizes":
+        b, b2 = args.batch_size, 2 * args.batch_size
+        one = row(f"1 job alone (batch {b})", [("solo", 0, 1, b)])
+        mixed_b = [("a", 0, 1, b), ("b", 0, 1, b2), *(("c", r, 2, b2) for r in range(2))]
+        mixed_b += [("d", r, 4, b) for r in range(4)]
+        rate = row(f"world sizes 1, 1, 2, 4; batch {b}, {b2}, {b2}, {b}", mixed_b)
+        print(f"  mixed batch sizes {rate / one:5.2f} x one job")
+        return 0
     for n in (int(v) for v in args.jobs.split(",")):
-        rates[f"{n} jobs"] = row(f"{n} job(s) of world size 1", [(f"j{i}", 0, 1) for i in range(n)])
-    mixed = [("a", 0, 1), ("b", 0, 1), *(("c", r, 2) for r in range(2))]
-    mixed += [("d", r, 4) for r in range(4)]
+        rates[f"{n} jobs"] = row(
+            f"{n} job(s) of world size 1", [(f"j{i}", 0, 1, 0) for i in range(n)]
+        )
+    mixed = [("a", 0, 1, 0), ("b", 0, 1, 0), *(("c", r, 2, 0) for r in range(2))]
+    mixed += [("d", r, 4, 0) for r in range(4)]
     rates["mixed"] = row("mixed: world sizes 1, 1, 2, 4", mixed)
     on, off = [], []
     for _ in range(2):
-        on.append(row("1 job, sharing on (default window)", [("solo", 0, 1)]))
-        off.append(row("1 job, --share-window 0", [("solo", 0, 1)], "--share-window", "0"))
+        on.append(row("1 job, sharing on (default window)", [("solo", 0, 1, 0)]))
+        off.append(row("1 job, --share-window 0", [("solo", 0, 1, 0)], "--share-window", "0"))
     one = rates.get("1 jobs") or max(on)
     for name, rate in rates.items():
         print(f"  {name:<10} {rate / one:5.2f} x one job")

@@ -19,7 +19,7 @@ from batchwire import native
 from batchwire.pipeline.augment_plan import AugmentConfig
 from batchwire.pipeline.dataset import ImageDataset
 from batchwire.pipeline.decode import DEFAULT_MAX_PIXELS, BatchDecoder
-from batchwire.pipeline.sample_window import MIN_REUSE, WAIT_S, SampleEntry, SampleWindow
+from batchwire.pipeline.sample_window import CHUNK, WAIT_S, SampleEntry, SampleWindow
 from batchwire.pipeline.sampler import PADDING_INDEX, PADDING_LABEL, BatchPlan
 from batchwire.pipeline.samples import LoadedSample, SampleLoader
 from batchwire.pipeline.transforms import TransformError, TransformRunner, transform_seeds
@@ -200,50 +200,35 @@ class BatchProducer:
                 f"got {list(out.shape)} {out.dtype}"
             )
         indices = [int(i) for i in plan.indices]
-        unique = list(dict.fromkeys(indices))
-        keys = {i: (prefix, int(plan.epoch), i) for i in unique}
-        found, mine, theirs = window.claim(keys.values())
-        entries: dict[int, SampleEntry] = {k[2]: e for k, e in found.items()}
-        mine_idx = [k[2] for k in mine]
-        if len(found) + len(theirs) < MIN_REUSE * len(unique):
-            # Too little to reuse: produce the batch whole, and publish what was claimed.
-            try:
-                meta = self._produce(plan, out, config)
-            except BaseException:
-                window.abandon(mine)
-                raise
-            first = {i: pos for pos, i in reversed(list(enumerate(indices)))}
-            for key in mine:
-                pos = first[key[2]]
-                window.publish(
-                    key,
-                    SampleEntry(
-                        out[pos].clone(),
-                        int(meta.labels[pos]) if meta.valid[pos] else self._label(meta, pos),
-                        int(meta.sources[pos]),
-                        bool(meta.sources[pos] != indices[pos]),
-                    ),
-                )
-            window.count(0, len(unique))
-            return meta
-        made = 0
-        try:
-            made += self._make(plan, mine_idx, config, entries, window, keys)
-        finally:
-            window.abandon(mine)  # no-op for the published ones
-        late: list[int] = []
-        for key, event in theirs.items():
-            event.wait(WAIT_S)
-            entry = window.get(key)
-            if entry is None:  # gave up, or already out of the window: made here
-                late.append(key[2])
-            else:
+        keys = {i: (prefix, int(plan.epoch), i) for i in dict.fromkeys(indices)}
+        entries: dict[int, SampleEntry] = {}
+        need = dict(keys)  # index -> key, not yet in `entries`
+        made = reused = 0
+        while need:
+            for key, entry in window.found(need.values()).items():
                 entries[key[2]] = entry
-        if late:
-            made += self._make(plan, late, config, entries, None, keys)
+                del need[key[2]]
+                reused += 1
+            if not need:
+                break
+            taken = window.take(need.values(), CHUNK)
+            if taken:
+                try:
+                    self._make(plan, [k[2] for k in taken], config, entries, window, keys)
+                except BaseException:
+                    window.abandon(taken)
+                    raise
+                for key in taken:
+                    need.pop(key[2], None)
+                made += len(taken)
+                continue
+            # All that is missing is being made by other producers: wait for one of them.
+            events = window.events(need.values())
+            if events:
+                events[0].wait(WAIT_S)
         for pos, i in enumerate(indices):
             out[pos].copy_(entries[i].image)
-        window.count(len(unique) - made, made)
+        window.count(reused, made)
         valid = np.asarray(plan.valid, dtype=bool)
         labels = np.fromiter((entries[i].label for i in indices), dtype=np.int64, count=n)
         labels[~valid] = PADDING_LABEL
@@ -289,10 +274,6 @@ class BatchProducer:
             if window is not None:
                 window.publish(keys[i], entry)
         return len(todo)
-
-    def _label(self, meta: BatchMeta, pos: int) -> int:
-        """The label of a padding slot's pixels (its source's: padding repeats a sample)."""
-        return int(self.dataset.labels[int(meta.sources[pos])])
 
     def _transform_into(
         self, epoch: int, samples: list[LoadedSample], out: torch.Tensor

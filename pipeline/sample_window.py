@@ -12,23 +12,26 @@ repeats a real sample.
 
 Jobs of a sweep with different batch sizes (32 and 64, or 64 and 128 at world sizes 1, 2, 4)
 read the same epoch order, cut differently: batch k of 64 is batches 2k and 2k+1 of 32. Batches
-do not match, samples do. `BatchProducer.produce` with a window (`reuse`) claims the samples of
-its batch: those in the window are copied, those another producer is making are waited for
-(after making its own, so two producers never wait on each other), the rest are decoded as a
-smaller batch and published for the others.
+do not match, samples do. `BatchProducer.produce` with a window (`reuse`) assembles its batch:
+samples in the window are copied; of the missing ones it takes up to `CHUNK` that nobody is
+making (`take`), makes them as one small batch into a scratch tensor and publishes them, and
+again, until every sample is found or being made by another producer; then it waits for those
+(a producer waits only when all it lacks is being made by producers that are making, never
+waiting while holding samples, so no deadlock and no producer idles while work is left). Two
+producers on overlapping batches thus split the missing samples between them chunk by chunk.
 
-Cost: publishing copies each produced sample once (a clone of its bytes) and assembling copies
-each reused one into the batch. Measured on the 2-core CPU machine: one 224x224 uint8 sample
-(147 KiB) copies in about 10-20 us, against 3-6 ms to read, decode and augment it: a reused
-sample costs well under 1 % of producing it. Assembling costs more than it saves when few of a
-batch's samples are there (the scratch batch and the copies buy little, and the waits may
-stall a producer): with less than `MIN_REUSE` of the batch found or in production, the batch is
-produced whole (and published). On a `--device cuda` server decoding and augmenting are on the
-GPU and the batch's host copy is the cost, so the server does not use the window there; nor for
-multi-view batches or user transforms. The server has a window only when told to expect a mix
-of batch sizes (--max-batch-size above --batch-size); there every batch publishes its samples,
-since a job of another batch size may ask for them a moment later: a lone job on such a server
-pays one copy per sample for that insurance (the figure above), elsewhere nothing.
+Cost: every sample of a batch through the window is copied once into the batch (a made one
+from its scratch chunk, which the window keeps as is: no second copy to publish it). Measured on
+the 2-core CPU machine (2026-11-25, loaded): one 224x224 uint8 sample (147 KiB) copies in 15-20
+us, against about 6 ms of a core to read, decode and augment it (bench_sweep: ~300-430 images/s
+on 2 cores): under 0.5 %, whether the sample was reused or made. Assembling would cost more than
+it saves where a sample is cheap to make and dear to copy: on a `--device cuda` server decoding
+and augmenting are on the GPU and the batch's host copy is the cost, so the server does not use
+the window there; nor for multi-view batches or user transforms (not per-sample bytes of one
+output). The server has a window only when told to expect a mix of batch sizes
+(--max-batch-size above --batch-size); there every batch goes through it, since a job of another
+batch size may ask for its samples a moment later: a lone job on such a server pays the copy
+above, elsewhere nothing.
 
 Bounded in bytes (`max_bytes`, the server sizes it from --share-window and charges it to
 --max-buffers: server/app.py); oldest entries go first. A job lagging by more than the window
@@ -44,10 +47,12 @@ from dataclasses import dataclass
 
 import torch
 
-#: Produce the batch whole when less than this fraction of its samples can be reused.
-MIN_REUSE = 0.25
-#: How long a producer waits for a sample another producer claimed before making it itself.
-WAIT_S = 60.0
+#: Samples a producer takes (and makes as one small batch) at a time: producers assembling
+#: overlapping batches split the missing samples between them chunk by chunk.
+CHUNK = 16
+#: How long a producer waits at most for samples another producer is making before it looks
+#: again (they are published chunk by chunk; a failed batch abandons its chunk at once).
+WAIT_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -77,30 +82,38 @@ class SampleWindow:
         self.reused_total = 0  # samples copied from the window instead of produced
         self.produced_total = 0  # samples produced by batches that used the window
 
-    def claim(
-        self, keys: Iterable[Hashable]
-    ) -> tuple[dict[Hashable, SampleEntry], list[Hashable], dict[Hashable, threading.Event]]:
-        """Sort ``keys`` (distinct) into: in the window (returned, marked recent), claimed now
-        by the caller (it must `publish` or `abandon` each), and in production elsewhere (an
-        event set when that producer published or gave up)."""
-        found: dict[Hashable, SampleEntry] = {}
-        mine: list[Hashable] = []
-        theirs: dict[Hashable, threading.Event] = {}
+    def take(self, keys: Iterable[Hashable], limit: int) -> list[Hashable]:
+        """Up to ``limit`` of ``keys`` that are neither in the window nor being made: the
+        caller makes them now and must `publish` or `abandon` each."""
+        out: list[Hashable] = []
+        with self._lock:
+            for key in keys:
+                if len(out) >= limit:
+                    break
+                if key in self._entries or key in self._pending:
+                    continue
+                self._pending[key] = threading.Event()
+                out.append(key)
+        return out
+
+    def found(self, keys: Iterable[Hashable]) -> dict[Hashable, SampleEntry]:
+        """The entries of ``keys`` in the window (marked recent)."""
+        out: dict[Hashable, SampleEntry] = {}
         with self._lock:
             for key in keys:
                 entry = self._entries.get(key)
                 if entry is not None:
                     self._entries.move_to_end(key)
-                    found[key] = entry
-                elif key in self._pending:
-                    theirs[key] = self._pending[key]
-                else:
-                    self._pending[key] = threading.Event()
-                    mine.append(key)
-        return found, mine, theirs
+                    out[key] = entry
+        return out
+
+    def events(self, keys: Iterable[Hashable]) -> list[threading.Event]:
+        """The events of ``keys`` being made by other producers."""
+        with self._lock:
+            return [self._pending[k] for k in keys if k in self._pending]
 
     def publish(self, key: Hashable, entry: SampleEntry) -> None:
-        """A claimed sample is made: into the window (oldest out past `max_bytes`)."""
+        """A taken sample is made: into the window (oldest out past `max_bytes`)."""
         with self._lock:
             event = self._pending.pop(key, None)
             if entry.nbytes <= self.max_bytes and key not in self._entries:
@@ -113,7 +126,7 @@ class SampleWindow:
             event.set()
 
     def abandon(self, keys: Iterable[Hashable]) -> None:
-        """Claimed samples that will not be published (the batch failed): waiters make them."""
+        """Taken samples that will not be published (the batch failed): others make them."""
         with self._lock:
             events = [self._pending.pop(k, None) for k in keys]
         for event in events:

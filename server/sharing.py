@@ -1,10 +1,10 @@
 """Shared production: one batch produced once for every session that asks for it.
 
 The determinism contract makes a batch a pure function of (split, seed, epoch, rank,
-world_size, batch index), and the sampler's layout makes it a function of (split, epoch,
-global batch g) with g = k * world_size + rank (pipeline/sampler.py: global batch g takes
-slots [g*B, (g+1)*B) of the epoch's order, whatever the world size). The seed and the batch
-size are the server's, so on one server `BatchKey(split, epoch, g)` names the batch's bytes:
+world_size, batch size, batch index), and the sampler's layout makes it a function of (split,
+epoch, batch size B, global batch g) with g = k * world_size + rank (pipeline/sampler.py: global
+batch g takes slots [g*B, (g+1)*B) of the epoch's order, whatever the world size). The seed is
+the server's, so on one server `BatchKey(split, epoch, g, sizes)` names the batch's bytes:
 two jobs of world size 1, or a job of world size 1 and one of world size 2 (its rank r batch k
 is the first's batch 2k + r), ask for the same buffer. Only the header differs per session
 (session id, batch index), and the core builds it per send.
@@ -18,11 +18,12 @@ batches (--share-window); its idle buffers (no reference) are not counted by the
 core needs a buffer and lent + idle reach the cap, the oldest idle one goes first
 (`make_room`), so the window only ever lives in the slack of the cap.
 
-Why batches and not samples (the issue's per-sample cache): on one server, seed, batch size and
-augmentation are fixed, so a job of another world size reads the same global batches and shares
-them whole, zero-copy; assembling batches from cached samples would only pay off between batch
-sizes, which one server does not serve (the hello carries none), and for a lone job it would
-cost a copy per sample for nothing.
+Batches, and samples across batch sizes: on one server the seed and augmentation are fixed, so a
+job of another world size reads the same global batches and shares them whole, zero-copy. A job
+of another batch size (`Hello.batch_size`, up to --max-batch-size) reads other batches (the key
+carries the batch size) made of the same samples: those are shared one level down, by the
+producers' sample window (pipeline/sample_window.py), sized by `sample_window_batches` and only
+on servers that expect a mix of batch sizes (a lone job elsewhere pays nothing).
 
 Pure bookkeeping, loop thread only, no I/O: it returns the slots to release; the core turns
 them into `Release` actions.

@@ -78,21 +78,43 @@ def test_batches_through_the_window_equal_batches_produced_whole() -> None:
         assert window.reused_total == 20 and window.produced_total == 20
 
 
-def test_the_window_is_bounded_in_bytes_and_waiters_never_deadlock() -> None:
+def test_the_window_is_bounded_in_bytes_and_hands_each_sample_to_one_maker() -> None:
     img = torch.zeros(3, 4, 4, dtype=torch.uint8)  # 48 bytes
     w = SampleWindow(100)
     for i in range(3):
-        found, mine, theirs = w.claim([i])
-        assert not found and mine == [i] and not theirs
+        assert w.take([i], 16) == [i]
         w.publish(i, SampleEntry(img, 0, i, False))
     assert len(w) == 2 and w.bytes == 96 and w.get(0) is None  # the oldest went
-    found, mine, theirs = w.claim([2, 5])
-    assert list(found) == [2] and mine == [5] and not theirs
-    _, mine2, theirs2 = w.claim([5])
-    assert not mine2 and list(theirs2) == [5]  # in production elsewhere: an event
+    assert list(w.found([2, 5])) == [2]
+    assert w.take([2, 5, 6, 7], 2) == [5, 6]  # 2 is there; at most 2 taken
+    assert w.take([5, 6, 7], 16) == [7]  # 5 and 6 are being made elsewhere
+    (event,) = w.events([5])
     threading.Timer(0.05, lambda: w.abandon([5])).start()  # the other producer failed
     t0 = time.monotonic()
-    assert theirs2[5].wait(5) and time.monotonic() - t0 < 5 and w.get(5) is None
+    assert event.wait(5) and time.monotonic() - t0 < 5 and w.get(5) is None
+    assert w.take([5], 16) == [5]  # abandoned: anyone may make it now
+
+
+def test_two_producers_on_overlapping_batches_split_the_work() -> None:
+    with _loader() as ll:
+        window = SampleWindow(1 << 24)
+        key = ("train", 24, 24, "uint8", "nchw")
+        big = _sampler(ll, 16).plan(2, 0)
+        smalls = [_sampler(ll, 8).plan(2, k) for k in (0, 1)]
+        got: dict[str, torch.Tensor] = {}
+
+        def run(name: str, plan: BatchPlan) -> None:
+            got[name] = _produce(ll, plan, reuse=(window, key))[0]
+
+        threads = [threading.Thread(target=run, args=("big", big))]
+        threads += [threading.Thread(target=run, args=(f"s{k}", p)) for k, p in enumerate(smalls)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert torch.equal(got["big"], _produce(ll, big)[0])
+        assert torch.equal(torch.cat([got["s0"], got["s1"]]), got["big"])
+        assert window.produced_total == 16 and window.reused_total == 16
 
 
 def test_the_hello_carries_a_batch_size_only_when_asked() -> None:
