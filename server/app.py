@@ -102,7 +102,7 @@ class ServerApp:
         cap = config.buffer_cap
         # Samples shared across batch sizes (pipeline/sample_window.py): its bytes are taken out
         # of --max-buffers (as that many batches of the largest size), so the bound holds.
-        window = sample_window_batches(config, cap)
+        window = self._sample_batches = sample_window_batches(config, cap)
         cap -= window
         self.samples = SampleWindow(window * self.capacity.nbytes) if window else None
         # Pinned only where a GPU copy reads them (a --device cuda server's device-to-host
@@ -245,11 +245,16 @@ class ServerApp:
                 self._serve_metrics(self.config.metrics_port)
             threads = self.config.decode_threads()
             log.info(
-                "serving %s on %s: batch %d, %s px, %s %s, %d producers, %s, "
+                "serving %s on %s: batch %s, %s px, %s %s, %d producers, %s, "
                 "work-ahead %d per client",
                 "/".join(self.splits),
                 ", ".join(self.endpoints),
-                self.config.batch_size,
+                (
+                    str(self.config.batch_size)
+                    if self.config.batch_size_cap == self.config.batch_size
+                    else f"{self.config.batch_size} (clients may ask up to "
+                    f"{self.config.batch_size_cap})"
+                ),
                 self._size_text(),
                 self.spec.dtype,
                 self.spec.layout,
@@ -279,7 +284,7 @@ class ServerApp:
         if self.spec.multi_view:
             return "views " + "+".join(f"{h}x{w}" for h, w in self.spec.views)
         size = "x".join(map(str, self.config.image_hw))
-        if self.capacity != self.spec:
+        if self.config.max_image_hw != self.config.image_hw:
             most = "x".join(map(str, self.config.max_image_hw))
             return f"{size} (clients may ask up to {most})"
         return size
@@ -300,12 +305,20 @@ class ServerApp:
     def memory_statement(self) -> str:
         """The host memory the batch buffers can ever hold, said at start (README's formula)."""
         budget = self.core.budget
-        return host_memory_statement(
-            budget.max_buffers,
-            self.capacity.nbytes + self.capacity.labels_nbytes,
+        batch_bytes = self.capacity.nbytes + self.capacity.labels_nbytes
+        statement = host_memory_statement(
+            budget.max_buffers + self._sample_batches,
+            batch_bytes,
             budget.reserve,
             self.config.max_clients,
         )
+        if self._sample_batches:
+            statement += (
+                f"; {self._sample_batches} of those buffers' bytes "
+                f"({self._sample_batches * batch_bytes / 2**20:.0f} MiB) hold the sample window "
+                "(samples shared across batch sizes)"
+            )
+        return statement
 
     def _stop_watchdog(self) -> None:
         self._stop_requested.wait()
