@@ -22,7 +22,7 @@ from batchwire.client import RemoteLoader
 from batchwire.native.jpeg_roi import restart_layout
 from batchwire.pipeline.dataset import open_dataset
 from batchwire.pipeline.synthetic import default_dataset
-from batchwire.wire.batch_spec import DTYPES, torch_dtype
+from batchwire.wire.batch_spec import torch_dtype
 from serverproc import running_server
 
 SAMPLE_DIR = Path(__file__).resolve().parents[3] / "shared" / "imagenet-sample"
@@ -83,7 +83,9 @@ def batches(endpoint: str, split: str, epoch: int) -> list[tuple[torch.Tensor, .
         loader.close()
 
 
-@pytest.mark.parametrize("dtype", list(DTYPES))
+# Two of the output dtypes: the conversion after the decode is shared by every dtype (each has its
+# identity test in test_sources_identity and the unit tier); uint8 and bfloat16 keep both ends.
+@pytest.mark.parametrize("dtype", ["uint8", "bfloat16"])
 @pytest.mark.parametrize("name", ["embedded", "photos"])
 def test_prepared_tree_serves_byte_identical_batches(trees, name, dtype):
     if name not in trees:
