@@ -283,6 +283,12 @@ def frame(
             f"window {human_bytes(window)}  clients: {states.count('shared')} shared, "
             f"{states.count('solo')} solo, ",
             (f"{states.count('lagging')} lagging", YELLOW if "lagging" in states else ""),
+            (
+                f"  samples reused {counters.samples_reused_total:,} of "
+                f"{counters.samples_reused_total + (counters.samples_produced_total or 0):,}"
+                if counters.samples_reused_total
+                else ""
+            ),
         )
     parts += [totals, _line()]
 

@@ -108,3 +108,17 @@ def test_a_batch_size_beyond_the_bound_is_refused_naming_it(shared) -> None:
             next(iter(loader))
     finally:
         loader.close()
+
+
+def test_a_job_behind_the_sample_window_makes_its_own_samples_exactly(solo) -> None:
+    # --share-window 4: a sample window of 2 batches of 64 (128 samples, a third of the epoch).
+    # The 64 job starts once the 32 job is done: every sample it needs has left the window, so
+    # it decodes its own, and its stream is still its solo one.
+    small = ("--max-buffers", "64", "--share-window", "4")
+    with running_server(*small_server_args(seed=SEED), *SIZES, *small) as srv:
+        ep = srv.endpoint
+        assert digests(ep, 32, job="first") == solo[32]
+        assert digests(ep, 64, job="late") == solo[64]
+        c = srv.stats()["counters"]
+    assert c["samples_produced_total"] >= 2 * EPOCH_SAMPLES - 128
+    assert c["samples_reused_total"] <= 128

@@ -7,6 +7,7 @@ subset), before the window's own behaviour and the core's handling of batch size
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 
@@ -187,3 +188,17 @@ def test_the_loaders_state_records_its_batch_size() -> None:
             RemoteLoader("tcp://127.0.0.1:1", "train", device="cpu", batch_size=0)
     finally:
         loader.close()
+
+
+def test_the_monitor_says_how_many_samples_were_reused() -> None:
+    from batchwire.monitor.render import render
+    from test_monitor_render import SNAP
+
+    counters = dataclasses.replace(
+        SNAP.counters,
+        batches_produced_total=10,
+        samples_produced_total=640,
+        samples_reused_total=320,
+    )
+    text = render(dataclasses.replace(SNAP, counters=counters), 200)
+    assert "samples reused 320 of 960" in text
