@@ -23,10 +23,10 @@ SIZES = ("--batch-size", "32", "--max-batch-size", "64")
 SHARED = ("--max-buffers", "256", "--share-window", "64")
 
 
-def digests(endpoint: str, batch_size: int, **kw) -> list[str]:
+def digests(endpoint: str, batch_size: int, split: str = "train", **kw) -> list[str]:
     loader = RemoteLoader(
         endpoint,
-        "train",
+        split,
         device="cpu",
         with_indices=True,
         timeout=60.0,
@@ -50,11 +50,14 @@ def digests(endpoint: str, batch_size: int, **kw) -> list[str]:
 
 @pytest.fixture(scope="module")
 def solo():
-    with running_server(*small_server_args(seed=SEED), *SIZES, "--share-window", "0") as srv:
+    args = (*small_server_args(seed=SEED, val=True), *SIZES, "--share-window", "0")
+    with running_server(*args) as srv:
         ep = srv.endpoint
         ref = {
             32: digests(ep, 32, job="s32"),
             64: digests(ep, 64, job="s64"),
+            "val32": digests(ep, 32, "val", job="v32"),
+            "val64": digests(ep, 64, "val", job="v64"),
             "ws2": [digests(ep, 32, rank=r, world_size=2, job="s2") for r in (0, 1)],
         }
         c = srv.stats()["counters"]
@@ -65,7 +68,7 @@ def solo():
 
 @pytest.fixture()
 def shared():
-    with running_server(*small_server_args(seed=SEED), *SIZES, *SHARED) as srv:
+    with running_server(*small_server_args(seed=SEED, val=True), *SIZES, *SHARED) as srv:
         yield srv
 
 
@@ -99,6 +102,17 @@ def test_world_sizes_one_and_two_with_other_batch_sizes_share_samples(solo, shar
     assert streams[0] == solo[64]
     assert streams[1:] == solo["ws2"]
     _produced_once(shared)
+
+
+def test_padded_val_batches_of_32_and_64_are_exact(solo, shared) -> None:
+    # 400 images: the last val batch of 32 has 16 valid slots, of 64 also 16: padding repeats
+    # real samples, taken from the window like any other, with label -100 and index -1.
+    ep = shared.endpoint
+    v32, v64 = run_jobs(
+        [lambda: digests(ep, 32, "val", job="a"), lambda: digests(ep, 64, "val", job="b")]
+    )
+    assert v32 == solo["val32"] and v64 == solo["val64"]
+    assert len(v32) == 13 and len(v64) == 7
 
 
 def test_a_batch_size_beyond_the_bound_is_refused_naming_it(shared) -> None:
