@@ -97,13 +97,12 @@ class SampleWindow:
         return out
 
     def found(self, keys: Iterable[Hashable]) -> dict[Hashable, SampleEntry]:
-        """The entries of ``keys`` in the window (marked recent)."""
+        """The entries of ``keys`` in the window (their age unchanged: see `publish`)."""
         out: dict[Hashable, SampleEntry] = {}
         with self._lock:
             for key in keys:
                 entry = self._entries.get(key)
                 if entry is not None:
-                    self._entries.move_to_end(key)
                     out[key] = entry
         return out
 
@@ -113,7 +112,12 @@ class SampleWindow:
             return [self._pending[k] for k in keys if k in self._pending]
 
     def publish(self, key: Hashable, entry: SampleEntry) -> None:
-        """A taken sample is made: into the window (oldest out past `max_bytes`)."""
+        """A taken sample is made: into the window (oldest out past `max_bytes`).
+
+        First in, first out: an entry is a view of its chunk's scratch tensor, and a chunk's
+        memory goes back once all its entries left. In publishing order they leave together
+        (at most one partly gone chunk per producer), so the window's memory stays within
+        `max_bytes` plus that; reordering on reads could pin a chunk per surviving entry."""
         with self._lock:
             event = self._pending.pop(key, None)
             if entry.nbytes <= self.max_bytes and key not in self._entries:
