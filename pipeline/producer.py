@@ -233,15 +233,17 @@ class BatchProducer:
         labels = np.fromiter((entries[i].label for i in indices), dtype=np.int64, count=n)
         labels[~valid] = PADDING_LABEL
         replaced = np.fromiter((entries[i].replaced for i in indices), dtype=bool, count=n)
+        sources = np.fromiter((entries[i].source for i in indices), dtype=np.int64, count=n)
+        multi = getattr(self.dataset, "batch_labels", None)  # as `_meta`: multi-label rows
         return BatchMeta(
             epoch=int(plan.epoch),
             batch_index=int(plan.batch_index),
-            labels=labels,
+            labels=labels if multi is None else multi(sources, labels, valid),  # [B, K]
             indices=np.where(
                 valid, np.asarray(plan.indices, dtype=np.int64), np.int64(PADDING_INDEX)
             ),
             valid=valid,
-            sources=np.fromiter((entries[i].source for i in indices), dtype=np.int64, count=n),
+            sources=sources,
             replaced=int((replaced & valid).sum()),
         )
 
@@ -267,9 +269,11 @@ class BatchProducer:
         scratch = config.batch_spec(len(todo)).empty()
         meta = self._produce(sub, scratch, config)
         for j, i in enumerate(todo):
-            entry = SampleEntry(
-                scratch[j], int(meta.labels[j]), int(meta.sources[j]), int(meta.sources[j]) != i
-            )
+            source = int(meta.sources[j])
+            # The sample's own (scalar) label, as `SampleLoader` gives it; multi-label rows are
+            # built per batch from the sources (`_produce_reusing`, as `_meta`).
+            label = int(self.dataset.labels[source])
+            entry = SampleEntry(scratch[j], label, source, source != i)
             entries[i] = entry
             if window is not None:
                 window.publish(keys[i], entry)

@@ -202,3 +202,36 @@ def test_the_monitor_says_how_many_samples_were_reused() -> None:
     )
     text = render(dataclasses.replace(SNAP, counters=counters), 200)
     assert "samples reused 320 of 960" in text
+
+
+def test_multilabel_rows_through_the_window_equal_plain_production(tmp_path) -> None:
+    import json
+    import shutil
+
+    from batchwire.pipeline.synthetic import default_dataset
+
+    src = sorted(p for d in sorted(default_dataset().val_root.iterdir()) for p in d.iterdir())
+    lines = []
+    for k, f in enumerate(src[:12]):
+        shutil.copyfile(f, tmp_path / f"img{k}.jpg")
+        lines.append(
+            json.dumps({"path": f"img{k}.jpg", "label": [k % 4, (k + 1) % 4][: 1 + k % 2]})
+        )
+    (tmp_path / "m.jsonl").write_text("\n".join(lines) + "\n")
+    with LocalLoader(
+        str(tmp_path / "m.jsonl"), split="val", batch_size=5, image_size=16, threads=1,
+        output_dtype="uint8", verify_checksums="off",
+    ) as ll:  # fmt: skip
+        window = SampleWindow(1 << 22)
+        key = ("val", 16, 16, "uint8", "nchw")
+        for k in range(ll.sampler.num_batches):  # the last one padded
+            plan = ll.sampler.plan(0, k)
+            out = ll.producer.config.batch_spec(5).empty()
+            meta = ll.producer.produce(plan, out, reuse=(window, key))
+            ref = ll.producer.config.batch_spec(5).empty()
+            want = ll.producer.produce(plan, ref)
+            assert torch.equal(out, ref) and meta.labels.shape == (5, 2)
+            assert np.array_equal(meta.labels, want.labels)
+            assert np.array_equal(meta.indices, want.indices)
+        # 12 samples made once; the padded last batch's 3 slots repeat the first ones: reused.
+        assert window.produced_total == 12 and window.reused_total == 3
