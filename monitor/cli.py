@@ -22,7 +22,8 @@ import signal
 import sys
 import time
 from collections import deque
-from typing import TextIO
+from collections.abc import Callable
+from typing import Protocol, TextIO, TypeVar
 
 from batchwire.monitor.bottleneck import infer_bottleneck, smooth
 from batchwire.monitor.fleet import FleetPoller, FleetSnapshot, FleetWatch
@@ -227,18 +228,41 @@ def main(argv: list[str] | None = None) -> int:
         client.close()
         print(f"pipeline-monitor: {exc}", file=sys.stderr)
         return 2
+    return _run_view(client, args, out, _run_once, _run_json_stream, _run_live)
+
+
+class _Source(Protocol):
+    def close(self) -> None: ...
+
+
+_S = TypeVar("_S", bound=_Source)
+_View = Callable[[_S, argparse.Namespace, TextIO], int]
+
+
+def _run_view(
+    source: _S,
+    args: argparse.Namespace,
+    out: TextIO,
+    once: _View[_S],
+    json_stream: _View[_S],
+    live: _View[_S],
+) -> int:
+    """The view `args` asks for (`--once`, `--json`, else live) over `source`, then `source`
+    closed. One server's `StatsClient` and a fleet's `FleetPoller` must end the same way:
+    Ctrl-C exits 0, a reader gone from the pipe (`| head`) stops quietly, and the connections
+    are closed whatever happened."""
     try:
         if args.once:
-            return _run_once(client, args, out)
+            return once(source, args, out)
         if args.json:
-            return _run_json_stream(client, args, out)
-        return _run_live(client, args, out)
+            return json_stream(source, args, out)
+        return live(source, args, out)
     except KeyboardInterrupt:
         return 0
     except BrokenPipeError:
         return _reader_gone()
     finally:
-        client.close()
+        source.close()
 
 
 def _reader_gone() -> int:
@@ -261,18 +285,7 @@ def _main_fleet(args: argparse.Namespace, keys: ClientKeys | None, out: TextIO) 
     except DnsError as exc:
         print(f"pipeline-monitor: {lookup_failure(args.endpoint, exc)}", file=sys.stderr)
         return 2
-    try:
-        if args.once:
-            return _fleet_once(poller, args, out)
-        if args.json:
-            return _fleet_json_stream(poller, args, out)
-        return _fleet_live(poller, args, out)
-    except KeyboardInterrupt:
-        return 0
-    except BrokenPipeError:
-        return _reader_gone()
-    finally:
-        poller.close()
+    return _run_view(poller, args, out, _fleet_once, _fleet_json_stream, _fleet_live)
 
 
 def _fleet_once(poller: FleetPoller, args: argparse.Namespace, out: TextIO) -> int:
