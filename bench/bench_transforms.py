@@ -31,14 +31,24 @@ def run(
     data: str, batches: int, size: int, batch_size: int, transform: bool
 ) -> tuple[float, float]:
     """(CPU ms per image, images per second) of producing ``batches`` batches."""
-    bench_data = resolve_data(data)
-    dataset = open_dataset(bench_data.server_train, allow_outside_root=True)
     config = AugmentConfig(
         image_size=size,
         train=True,
         output_dtype="uint8",
         transform=RandomResizedCropFlip(size) if transform else None,
     )
+    return time_produce(data, config, batches, batch_size)
+
+
+def time_produce(
+    data: str, config: AugmentConfig, batches: int, batch_size: int
+) -> tuple[float, float]:
+    """(CPU ms per image, images per second) of ``batches`` train batches of ``data`` produced
+    with ``config`` by `BatchProducer.produce` on one thread, after one warm-up batch (imports,
+    first allocations). Shared by the benches that compare augment paths (this one and
+    bench_views), so their rows are measured the same way: same sampler, seed and loop."""
+    bench_data = resolve_data(data)
+    dataset = open_dataset(bench_data.server_train, allow_outside_root=True)
     with CpuBatchDecoder(threads=1) as decoder:
         producer = BatchProducer(dataset, config, 0, decoder)
         sampler = ShardSampler(len(dataset), batch_size, seed=0, shuffle=True, drop_last=True)

@@ -15,16 +15,11 @@ machine).
 from __future__ import annotations
 
 import argparse
-import time
 from pathlib import Path
 
 import torch
-from batchwire.bench.data import resolve_data
+from batchwire.bench.bench_transforms import time_produce
 from batchwire.pipeline.augment_plan import AugmentConfig
-from batchwire.pipeline.dataset import open_dataset
-from batchwire.pipeline.decode import CpuBatchDecoder
-from batchwire.pipeline.producer import BatchProducer
-from batchwire.pipeline.sampler import ShardSampler
 
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "imagenet-sample"
 DINO = "2x224:0.4-1.0,6x96:0.05-0.4"
@@ -32,20 +27,9 @@ DINO = "2x224:0.4-1.0,6x96:0.05-0.4"
 
 def run(data: str, batches: int, batch_size: int, views: str | None) -> tuple[float, float, int]:
     """(CPU ms per image, images per second, crops per image) of ``batches`` batches."""
-    bench_data = resolve_data(data)
-    dataset = open_dataset(bench_data.server_train, allow_outside_root=True)
     config = AugmentConfig(image_size=224, train=True, output_dtype="uint8", views=views)
-    with CpuBatchDecoder(threads=1) as decoder:
-        producer = BatchProducer(dataset, config, 0, decoder)
-        sampler = ShardSampler(len(dataset), batch_size, seed=0, shuffle=True, drop_last=True)
-        out = config.batch_spec(batch_size).empty()
-        producer.produce(sampler.plan(0, 0), out)  # warm-up: imports, first allocations
-        cpu0, wall0 = time.process_time(), time.perf_counter()
-        for k in range(1, batches + 1):
-            producer.produce(sampler.plan(0, k % sampler.num_batches), out)
-        cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
-    n = batches * batch_size
-    return 1000.0 * cpu / n, n / wall, max(1, len(config.views))
+    ms, rate = time_produce(data, config, batches, batch_size)
+    return ms, rate, max(1, len(config.views))
 
 
 def main(argv: list[str] | None = None) -> None:
