@@ -8,7 +8,7 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import BinaryIO
+from typing import BinaryIO, TypeVar
 
 from batchwire.pipeline.decode.files import read_file
 from batchwire.pipeline.storage.base import ObjectInfo
@@ -106,7 +106,31 @@ class LocalStore:
         return out
 
 
-class LocalWriter:
+_W = TypeVar("_W", bound="AbortOnExit")
+
+
+class AbortOnExit:
+    """`ObjectWriter`'s context manager, for a writer class to inherit (`LocalWriter`, the
+    object store's `UploadWriter`): leaving the block calls `abort`, whether by an exception
+    or a clean exit without `commit`, so committing is always explicit and an unfinished
+    object is never made visible. The writer's `abort` must be a no-op after `commit`."""
+
+    def abort(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self: _W) -> _W:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.abort()  # a no-op after commit
+
+
+class LocalWriter(AbortOnExit):
     """`Store.open_writer` of a `LocalStore`: `.NAME.PID.THREAD.tmp` in the target's folder
     (a dot name: a folder scan skips it), renamed onto the target by `commit`."""
 
@@ -153,14 +177,3 @@ class LocalWriter:
         f.close()
         with contextlib.suppress(OSError):
             os.unlink(self.tmp)
-
-    def __enter__(self) -> LocalWriter:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.abort()  # a no-op after commit

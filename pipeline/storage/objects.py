@@ -35,11 +35,11 @@ import queue
 import threading
 from collections.abc import Awaitable, Coroutine, Iterator, Sequence
 from datetime import timedelta
-from types import TracebackType
 from typing import Any, TypeVar
 
 from batchwire.pipeline.storage.base import ObjectInfo
 from batchwire.pipeline.storage.errors import describe, to_os_error
+from batchwire.pipeline.storage.local import AbortOnExit
 from batchwire.pipeline.storage.options import StoreOptions
 from batchwire.pipeline.storage.urls import StoreURL, parse_url, redact_url
 
@@ -350,7 +350,7 @@ class _Aborted(Exception):
     """Raised into obstore's upload by the part iterator: the upload fails, nothing visible."""
 
 
-class UploadWriter:
+class UploadWriter(AbortOnExit):
     """`ObjectStore.open_writer`: bytes gathered into parts; the first full part starts
     `obstore.put` on an upload thread, fed by a bounded queue (a slow store slows `write`
     rather than filling memory). `commit` ends the stream and waits for the upload to
@@ -465,14 +465,3 @@ class UploadWriter:
             except queue.Full:
                 continue
         self._thread.join(60)
-
-    def __enter__(self) -> UploadWriter:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.abort()  # a no-op after commit
