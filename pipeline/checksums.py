@@ -310,15 +310,7 @@ def load_checksums(
         except (OSError, ValueError) as exc:
             log.warning("checksum manifest %s not used: %s", path, _reason(exc))
             continue
-        if got.skipped:
-            log.warning(
-                "checksum manifest %s: %d lines that are not checksummed records skipped",
-                path,
-                got.skipped,
-            )
-        if got.entries:
-            merged.update(got.entries)
-            sources.append(str(path))
+        _merge_manifest(got, str(path), merged, sources)
     if not merged:
         if verify == "on":
             raise ChecksumManifestError(
@@ -373,6 +365,24 @@ def _looked_for(
     ]
 
 
+def _merge_manifest(
+    got: ManifestRead, shown: str, merged: dict[str, Entry], sources: list[str]
+) -> None:
+    """Add one manifest's records (read from `shown`) to `merged`, over those of manifests
+    read before it (a later manifest wins), and name it in `sources` if it gave any; lines
+    that are not checksummed records are logged. Shared by local datasets and samples read
+    through a store, so both treat a manifest the same way."""
+    if got.skipped:
+        log.warning(
+            "checksum manifest %s: %d lines that are not checksummed records skipped",
+            shown,
+            got.skipped,
+        )
+    if got.entries:
+        merged.update(got.entries)
+        sources.append(shown)
+
+
 def _reason(exc: BaseException) -> str:
     return getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
 
@@ -425,15 +435,7 @@ def load_sample_checksums(
         except (OSError, ValueError) as exc:
             log.warning("checksum manifest %s not used: %s", shown, _reason(exc))
             continue
-        if got.skipped:
-            log.warning(
-                "checksum manifest %s: %d lines that are not checksummed records skipped",
-                shown,
-                got.skipped,
-            )
-        if got.entries:
-            merged.update(got.entries)
-            sources.append(shown)
+        _merge_manifest(got, shown, merged, sources)
     display = sample_keys.store.display
     if not merged:
         if verify == "on":
