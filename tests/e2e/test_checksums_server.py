@@ -21,6 +21,7 @@ from batchwire.pipeline.dataset import open_dataset
 from bitflips import SAMPLE_DIR, clean_bit_flip, photos
 from objectstore import seaweed  # noqa: F401  (the fixture)
 from serverproc import running_server
+from test_corrupt_served import counting_loader
 
 PREPARE = Path(sys.executable).with_name("pipeline-prepare")
 
@@ -48,6 +49,14 @@ def tree(root: Path, files: dict[str, bytes]) -> Path:
     return root
 
 
+def served_indices(endpoint: str, split: str) -> list[int]:
+    """The sampler indices of every slot served in one epoch of `split` (padding, -1, left
+    out), read by `counting_loader`: nothing asked ahead, so the server's `replaced_total`
+    counts only these slots."""
+    with counting_loader(endpoint, split) as loader:
+        return [i for _, _, indices in loader for i in indices.tolist() if i >= 0]
+
+
 def flip(path: Path) -> str:
     path.write_bytes(clean_bit_flip(path.read_bytes()))
     return str(path)
@@ -68,16 +77,7 @@ def test_server_counts_and_replaces_clean_bit_flips(tmp_path: Path) -> None:
     )
     with running_server(*args, env=fresh_cache(tmp_path)) as srv:
         for split in ("train", "val"):
-            with RemoteLoader(
-                srv.endpoint,
-                split,
-                rank=0,
-                world_size=1,
-                with_indices=True,
-                timeout=60,
-                prefetch_next_epoch=False,  # replaced_total counts only what is served here
-            ) as loader:
-                seen = [i for _, _, indices in loader for i in indices.tolist() if i >= 0]
+            seen = served_indices(srv.endpoint, split)
             assert len(seen) == 6  # 6 files, batches of 2: every slot served
         counters = srv.stats()["counters"]
         log = srv.log()
@@ -162,17 +162,7 @@ def test_server_catches_a_flipped_tar_member_local_and_s3(tmp_path: Path, seawee
     )
     with running_server(*args, env={**fresh_cache(tmp_path), **env}) as srv:
         for split in ("train", "val"):
-            with RemoteLoader(
-                srv.endpoint,
-                split,
-                rank=0,
-                world_size=1,
-                with_indices=True,
-                timeout=60,
-                prefetch_next_epoch=False,
-            ) as loader:
-                seen = [i for _, _, indices in loader for i in indices.tolist() if i >= 0]
-            assert len(seen) == n
+            assert len(served_indices(srv.endpoint, split)) == n
         counters = srv.stats()["counters"]
         log = srv.log()
     assert counters["bad_total"] == 2, log

@@ -54,11 +54,12 @@ def write_lists(root: Path) -> tuple[Path, Path, set[int], set[int]]:
     return lists[0], lists[1], plain, marked
 
 
-def batches(endpoint: str, split: str, epochs: int) -> list[tuple[torch.Tensor, list[int]]]:
-    out = []
-    # No next-epoch batches asked ahead: the server's replaced_total must count exactly the
-    # slots served here (a batch produced ahead and never taken would count too).
-    with RemoteLoader(
+def counting_loader(endpoint: str, split: str) -> RemoteLoader:
+    """The only rank of `split`, each batch with its sampler indices, and no next-epoch
+    batches asked ahead: the server's `replaced_total` must count exactly the slots served
+    here (a batch produced ahead and never taken would count too). Also used by
+    test_checksums_server."""
+    return RemoteLoader(
         endpoint,
         split,
         rank=0,
@@ -66,7 +67,12 @@ def batches(endpoint: str, split: str, epochs: int) -> list[tuple[torch.Tensor, 
         with_indices=True,
         timeout=60,
         prefetch_next_epoch=False,
-    ) as loader:
+    )
+
+
+def batches(endpoint: str, split: str, epochs: int) -> list[tuple[torch.Tensor, list[int]]]:
+    out = []
+    with counting_loader(endpoint, split) as loader:
         for epoch in range(epochs):
             loader.set_epoch(epoch)
             for images, _labels, indices in loader:
