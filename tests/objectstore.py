@@ -118,7 +118,7 @@ class SeaweedS3:
             "-master.electionTimeout=1s",  # a restart elects itself in ~1 s, not 10
             f"-volume.port={p['volume']}",
             f"-volume.port.grpc={p['volume_grpc']}",
-            "-volume.max=32",
+            "-volume.max=512",  # each bucket grows its own volumes (7 at a time): 32 held 4 buckets
             "-volume.preStopSeconds=0",
             f"-filer.port={p['filer']}",
             f"-filer.port.grpc={p['filer_grpc']}",
