@@ -229,22 +229,11 @@ class BatchProducer:
         for pos, i in enumerate(indices):
             out[pos].copy_(entries[i].image)
         window.count(reused, made)
-        valid = np.asarray(plan.valid, dtype=bool)
-        labels = np.fromiter((entries[i].label for i in indices), dtype=np.int64, count=n)
-        labels[~valid] = PADDING_LABEL
-        replaced = np.fromiter((entries[i].replaced for i in indices), dtype=bool, count=n)
-        sources = np.fromiter((entries[i].source for i in indices), dtype=np.int64, count=n)
-        multi = getattr(self.dataset, "batch_labels", None)  # as `_meta`: multi-label rows
-        return BatchMeta(
-            epoch=int(plan.epoch),
-            batch_index=int(plan.batch_index),
-            labels=labels if multi is None else multi(sources, labels, valid),  # [B, K]
-            indices=np.where(
-                valid, np.asarray(plan.indices, dtype=np.int64), np.int64(PADDING_INDEX)
-            ),
-            valid=valid,
-            sources=sources,
-            replaced=int((replaced & valid).sum()),
+        return self._batch_meta(
+            plan,
+            labels=np.fromiter((entries[i].label for i in indices), dtype=np.int64, count=n),
+            replaced=np.fromiter((entries[i].replaced for i in indices), dtype=bool, count=n),
+            sources=np.fromiter((entries[i].source for i in indices), dtype=np.int64, count=n),
         )
 
     def _make(
@@ -307,12 +296,23 @@ class BatchProducer:
 
     def _meta(self, plan: BatchPlan, samples: list[LoadedSample]) -> BatchMeta:
         n = len(plan.indices)
+        return self._batch_meta(
+            plan,
+            labels=np.fromiter((s.label for s in samples), dtype=np.int64, count=n),
+            replaced=np.fromiter((s.replaced for s in samples), dtype=bool, count=n),
+            sources=np.fromiter((s.index for s in samples), dtype=np.int64, count=n),
+        )
+
+    def _batch_meta(
+        self, plan: BatchPlan, labels: np.ndarray, replaced: np.ndarray, sources: np.ndarray
+    ) -> BatchMeta:
+        """A batch's metadata from its slots' labels, substitution flags and source samples,
+        whether the samples were produced here or taken from the sample window: padding slots
+        get PADDING_LABEL and PADDING_INDEX, and a multi-label dataset (ImageDataset's
+        `batch_labels`) gets its [B, K] rows built from the sources."""
         valid = np.asarray(plan.valid, dtype=bool)
-        replaced = np.fromiter((s.replaced for s in samples), dtype=bool, count=n)
-        labels = np.fromiter((s.label for s in samples), dtype=np.int64, count=n)
         labels[~valid] = PADDING_LABEL
-        sources = np.fromiter((s.index for s in samples), dtype=np.int64, count=n)
-        multi = getattr(self.dataset, "batch_labels", None)  # ImageDataset: multi-label rows
+        multi = getattr(self.dataset, "batch_labels", None)
         return BatchMeta(
             epoch=int(plan.epoch),
             batch_index=int(plan.batch_index),
