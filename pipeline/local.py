@@ -38,6 +38,7 @@ from batchwire.pipeline.dataset import ImageDataset, open_dataset
 from batchwire.pipeline.decode import DEFAULT_MAX_PIXELS, BatchDecoder
 from batchwire.pipeline.decode.select import make_decoder
 from batchwire.pipeline.producer import BatchMeta
+from batchwire.pipeline.sources.metadata import batch_metadata
 from batchwire.pipeline.split import build_split
 
 log = logging.getLogger("batchwire.pipeline")
@@ -137,7 +138,9 @@ class LocalLoader:
     or the callable itself, as the server's --transform; pipeline/transforms.py; `views`:
     multi-view crops, the server's --views spelling, e.g. "2x224:0.4-1.0,6x96:0.05-0.4").
     With views each batch is `(views_list, labels[, indices])`, views_list[k] `[B, 3, Hk, Wk]`
-    in the order given, exactly what a server with the same --views sends.
+    in the order given, exactly what a server with the same --views sends. `with_metadata`:
+    one more element, the per-sample metadata of a manifest's other columns (a list of dicts,
+    None for padding slots and datasets without), as `RemoteLoader(with_metadata=True)`.
     """
 
     def __init__(
@@ -156,6 +159,7 @@ class LocalLoader:
         ring: int = 3,
         copy: bool = True,
         with_indices: bool = False,
+        with_metadata: bool = False,
         max_pixels: int | None = DEFAULT_MAX_PIXELS,
         allow_outside_root: bool = False,
         verify_checksums: str = "auto",
@@ -171,6 +175,7 @@ class LocalLoader:
         self.config = AugmentConfig(image_size=image_size, train=split == "train", **augment)
         self.copy = bool(copy)
         self.with_indices = bool(with_indices)
+        self.with_metadata = bool(with_metadata)
         self.batch_size = int(batch_size)
         self.epoch = 0
         self.decoder, self._owns_decoder = _make_decoder(decoder, threads, device, batch_size)
@@ -290,10 +295,12 @@ class LocalLoader:
         return self.spec.view_bytes(buf) if self.spec.multi_view else buf
 
     def _output(self, images: Any, meta: BatchMeta) -> tuple[Any, ...]:
-        labels = torch.from_numpy(meta.labels)
+        out: tuple[Any, ...] = (images, torch.from_numpy(meta.labels))
         if self.with_indices:
-            return images, labels, torch.from_numpy(meta.indices)
-        return images, labels
+            out += (torch.from_numpy(meta.indices),)
+        if self.with_metadata:
+            out += (batch_metadata(getattr(self.dataset, "metadata", None), meta.indices),)
+        return out
 
     def _produce_all(self, epoch: int, ready: queue.Queue, stop: threading.Event) -> None:
         """Background thread: produce the epoch's batches in order into ring buffers."""

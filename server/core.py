@@ -72,6 +72,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from batchwire import wire
 from batchwire.pipeline.sampler import ShardSampler
+from batchwire.pipeline.sources.metadata import batch_metadata
 from batchwire.server.budget import BufferBudget
 from batchwire.server.config import ServerConfig
 from batchwire.server.delivery import Deliveries
@@ -195,8 +196,7 @@ class SplitInfo:
 
     def batch_metadata(self, indices: Sequence[int]) -> list[dict | None]:
         """The metadata of a batch's samples by index (None for padding, -1)."""
-        rows = self.metadata
-        return [None if rows is None or i < 0 else rows[i] for i in indices]
+        return batch_metadata(self.metadata, indices)
 
     @classmethod
     def of(cls, split: Split) -> SplitInfo:

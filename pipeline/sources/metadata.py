@@ -93,6 +93,15 @@ class PackedMetadata(Sequence):
         return 1 if raw is None else len(raw)
 
 
+def batch_metadata(
+    metadata: Sequence[dict[str, Scalar] | None] | None, indices: Sequence[int]
+) -> list[dict[str, Scalar] | None]:
+    """A batch's per-sample metadata by dataset index: None for a padding slot (a negative
+    index) and for every slot of a dataset without metadata. The server's headers and
+    `LocalLoader` both take it from here, so the two hand out the same lists."""
+    return [None if metadata is None or i < 0 else metadata[int(i)] for i in indices]
+
+
 def check_batch_metadata(
     metadata: Sequence[dict[str, Scalar] | None], batch_size: int, where: str
 ) -> None:

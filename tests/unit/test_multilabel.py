@@ -416,3 +416,34 @@ def test_local_loader_yields_multilabel_rows(images):
             assert len(seen) == len(set(seen)) > 0
         finally:
             loader.close()
+
+
+def test_local_loader_yields_metadata_by_index(images):
+    """LocalLoader(with_metadata=True): each slot's dict is its sample's manifest row (the
+    other keys), None for val padding; as the server's headers (one `batch_metadata`)."""
+    from batchwire.pipeline.local import LocalLoader
+
+    root = Path(images[0]).parent
+    path = root / "meta.jsonl"
+    rows = [{"path": Path(p).name, "label": k % 2, "id": f"s{k}", "w": k / 2} for k, p in
+            enumerate(images)]  # fmt: skip
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    for split, world in (("train", 1), ("val", 5)):
+        loader = LocalLoader(
+            str(path), split=split, batch_size=3, image_size=16, world_size=world,
+            with_indices=True, with_metadata=True, threads=1, output_dtype="uint8",
+            verify_checksums="off",
+        )  # fmt: skip
+        try:
+            seen = 0
+            for _, _, indices, metadata in loader:
+                assert len(metadata) == 3
+                for i, meta in zip(indices.tolist(), metadata, strict=True):
+                    if i < 0:
+                        assert meta is None
+                    else:
+                        assert meta == {"id": f"s{i}", "w": i / 2}
+                        seen += 1
+            assert seen > 0
+        finally:
+            loader.close()
