@@ -95,8 +95,9 @@ class ServerApp:
             self._close_decoder()
             raise
         # Every split writes the same batches (one image size, dtype and layout): one spec;
-        # a client may ask for another output size up to --max-image-size (`capacity`, what
-        # a buffer holds; flat buffers then, each batch in its first bytes).
+        # a client may ask for another batch size or output size, up to --max-batch-size and
+        # --max-image-size (`capacity`, what a buffer holds). Buffers are flat bytes, so a
+        # batch of any allowed size views their first bytes (smaller asks need no flag).
         self.spec = config.batch_spec()
         self.capacity = config.capacity_spec()
         cap = config.buffer_cap
@@ -107,9 +108,7 @@ class ServerApp:
         self.samples = SampleWindow(window * self.capacity.nbytes) if window else None
         # Pinned only where a GPU copy reads them (a --device cuda server's device-to-host
         # copies): a CPU server on a training node must not open a CUDA context on GPU 0.
-        self.buffers = BufferPool(
-            self.capacity, cap, pin=config.device != "cpu", flat=self.capacity != self.spec
-        )
+        self.buffers = BufferPool(self.capacity, cap, pin=config.device != "cpu", flat=True)
         self._bad_files = BadFileTally()  # bad_total: distinct files over all splits
         # The splits' user transforms: their error totals feed transform_errors_total.
         self._transforms = [
@@ -483,7 +482,7 @@ class ServerApp:
         """Do what the core said, in its order."""
         for action in actions:
             if isinstance(action, SendBatch):
-                # A flat buffer (--max-image-size, --views) sends its batch's bytes only.
+                # A flat buffer sends its batch's bytes only (the batch may be smaller).
                 images = tensor_bytes(action.slot.tensor)[: action.header.nbytes]
                 tracker = self.socket.send_batch(
                     action.identity, action.header, images, action.labels

@@ -154,3 +154,20 @@ def test_a_size_beyond_max_image_size_is_refused_clearly(small, big):
             loader.close()
     with pytest.raises(ValueError, match="image_size"):
         loader_for(small.endpoint, image_size=0)
+
+
+def test_smaller_asks_need_no_flag(big, small):
+    """A server started without --max-batch-size or --max-image-size ("big": 48 px, batch 16)
+    serves a smaller batch size and a smaller image size (its buffers are flat): the batches
+    equal those of servers started at that size ("small" at 32 px; LocalLoader at batch 8)."""
+    with loader_for(big.endpoint, image_size=(32, 32), prefetch_next_epoch=False) as at32:
+        got = epoch_of(at32, 0)
+    with loader_for(small.endpoint, prefetch_next_epoch=False) as own:
+        assert_same(got, epoch_of(own, 0))
+    with loader_for(big.endpoint, batch_size=8, prefetch_next_epoch=False) as by8:
+        got = epoch_of(by8, 0)
+    root = str(default_dataset().val_root)
+    with LocalLoader(
+        root, batch_size=8, image_size=48, seed=SEED, output_dtype="uint8", with_indices=True
+    ) as local:
+        assert_same(got, take(local))
