@@ -707,6 +707,12 @@ class Fleet:
         s = p.session
         if s is None or w.session != s.id:
             return  # the welcome of an older hello
+        asked = self._unlike_the_ask(w)
+        if asked:
+            raise ProtocolError(
+                f"pipeline-server at {p.endpoint} welcomed {asked}: an older server ignores "
+                "batch_size/image_size in the hello; upgrade it, or leave them unset"
+            )
         if self.welcome is None:
             self.welcome = w
             self.unasked.set_total(w.num_batches)
@@ -724,6 +730,17 @@ class Fleet:
         if p.state is S.HELLO_SENT:
             p.state = S.STREAMING
             self._refill(now)
+
+    def _unlike_the_ask(self, w: wire.Welcome) -> str:
+        """How ``w`` differs from the batch size and image size the hello asked for ("" if
+        it does not): a server that ignored them would stream batches the trainer did not ask
+        for, silently."""
+        if self.batch_size is not None and w.shape[0] != self.batch_size:
+            return f"batches of {w.shape[0]} where {self.batch_size} were asked for"
+        if self.image_size is not None and tuple(w.shape[2:]) != tuple(self.image_size):
+            h, w_ = self.image_size
+            return f"{w.shape[2]}x{w.shape[3]} px batches where {h}x{w_} were asked for"
+        return ""
 
     def _on_error(self, p: Peer, e: wire.ErrorReply, now: float) -> None:
         s = p.session
@@ -799,6 +816,7 @@ class Fleet:
             and h.shape[1:] == w.shape[1:]
             and h.shape[0] <= w.shape[0]
             and h.views == w.views
+            and h.label_width == w.label_width
         )
         if not ok:
             views = f" views {h.views}" if h.views else ""
@@ -902,4 +920,4 @@ def _connecting(p: Peer) -> bool:
 def _welcome_key(w: wire.Welcome) -> tuple:
     """What must match across a loader's servers: batches differing in any of it would mix."""
     shape = (w.num_batches, w.num_samples, tuple(w.shape), w.dtype, w.layout, w.num_classes)
-    return (*shape, tuple(w.classes), tuple(map(tuple, w.views)))
+    return (*shape, tuple(w.classes), tuple(map(tuple, w.views)), w.label_width)

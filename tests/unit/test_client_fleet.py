@@ -748,3 +748,30 @@ def test_next_epoch_batches_asked_early_go_to_their_preferred_server() -> None:
         assert early.batches and all(preferred_of_all(shell, k, 1) == i for k in early.batches)
         mine = [k for k in range(NUM_BATCHES) if preferred_of_all(shell, k, 1) == i]
         assert list(early.batches) == mine[: shell.fleet.share]  # its lowest, share of them
+
+
+def test_a_header_with_another_label_width_is_a_protocol_error() -> None:
+    """[B, K] labels are shaped by the header: K must be the welcome's (0: one label)."""
+    shell = streaming(1)
+    session, epoch, queue = shell.sessions[0]
+    wide = dataclasses.replace(header_for(session, epoch, queue[0]), label_width=5)
+    with pytest.raises(ProtocolError, match="welcome promised"):
+        shell.fleet.on_batch(0, wide, True, shell.clock())
+
+
+def test_a_welcome_unlike_what_the_hello_asked_is_a_protocol_error() -> None:
+    """An older server ignores batch_size/image_size in the hello and welcomes at its own
+    sizes: the loader says so instead of training on batches it did not ask for."""
+    shell = Shell(1)
+    shell.fleet.batch_size = 64
+    shell.connect()
+    shell.start()
+    assert shell.hellos(0)[-1].batch_size == 64
+    with pytest.raises(ProtocolError, match=r"batches of \d+ where 64 were asked for"):
+        shell.welcome()
+    shell = Shell(1)
+    shell.fleet.next_image_size = (96, 96)
+    shell.connect()
+    shell.start()
+    with pytest.raises(ProtocolError, match="where 96x96 were asked for"):
+        shell.welcome()
