@@ -396,7 +396,10 @@ class Fleet:
         # waits a few times that, so a server that is merely slow is not restarted in a loop.
         gap = p.last_heard - max(p.last_sent, p.prev_heard)
         p.heartbeat = max(self.heartbeat, min(p.heartbeat, 4 * gap))
-        p.pace = gap if p.pace == 0.0 else p.pace + PACE_SMOOTHING * (gap - p.pace)
+        # Its pace: time since it was last heard or, if it was idle, since it was given work (a
+        # credit to a server already busy does not restart the clock).
+        busy = p.last_heard - max(p.busy_since, p.prev_heard)
+        p.pace = busy if p.pace == 0.0 else p.pace + PACE_SMOOTHING * (busy - p.pace)
         if not self.unasked:
             self._speculate(p, now)
         return Verdict.DELIVER, self._flush()
@@ -496,6 +499,7 @@ class Fleet:
             batch_size=self.batch_size,
         )
         p.session = Session(hello.session, epoch, deque(batches))
+        p.busy_since = now
         p.state = S.HELLO_SENT if epoch == self.epoch else S.SPECULATING
         p.last_sent = now
         self._actions.append(SendHello(p.index, hello))
@@ -632,6 +636,8 @@ class Fleet:
         for i, batches in asks.items():
             p = self.peers[i]
             assert p.session is not None
+            if not p.outstanding():
+                p.busy_since = now  # it was idle: its next batch's wait starts here
             p.session.pending.extend(batches)
             p.last_sent = now
             self._actions.append(SendCredit(i, tuple(batches)))

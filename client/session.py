@@ -98,6 +98,8 @@ class Peer:
     #: Seconds between its batches while it owed some, smoothed (0: none received yet); the
     #: fleet asks little of a server much slower than the fastest (`fleet.SLOW_PACE_FACTOR`).
     pace: float = 0.0
+    #: When it last went from owing nothing to owing batches (`pace` counts from there).
+    busy_since: float = 0.0
 
     def owes(self) -> bool:
         """Does its session of the current epoch owe a welcome or batches?"""
