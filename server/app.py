@@ -23,6 +23,7 @@ from collections import deque
 from collections.abc import Callable
 
 import zmq
+from batchwire.pipeline.sample_window import CHUNK as SAMPLE_CHUNK
 from batchwire.pipeline.sample_window import SampleWindow
 from batchwire.pipeline.samples import BadFileTally
 from batchwire.pipeline.split import Split
@@ -102,10 +103,15 @@ class ServerApp:
         self.capacity = config.capacity_spec()
         cap = config.buffer_cap
         # Samples shared across batch sizes (pipeline/sample_window.py): its bytes are taken out
-        # of --max-buffers (as that many batches of the largest size), so the bound holds.
+        # of --max-buffers (as that many batches of the largest size), so the bound holds. Past
+        # its bytes, each producer can pin up to 2 x CHUNK - 1 more samples (its scratch chunk,
+        # and an evicted chunk a live entry still shares): those are taken from the window.
         window = self._sample_batches = sample_window_batches(config, cap)
         cap -= window
-        self.samples = SampleWindow(window * self.capacity.nbytes) if window else None
+        sample_nbytes = self.capacity.nbytes // self.capacity.batch_size
+        pinned = config.producers * (2 * SAMPLE_CHUNK - 1) * sample_nbytes
+        window_nbytes = max(0, window * self.capacity.nbytes - pinned)
+        self.samples = SampleWindow(window_nbytes) if window else None
         # Pinned only where a GPU copy reads them (a --device cuda server's device-to-host
         # copies): a CPU server on a training node must not open a CUDA context on GPU 0.
         self.buffers = BufferPool(self.capacity, cap, pin=config.device != "cpu", flat=True)
