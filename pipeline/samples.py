@@ -371,29 +371,17 @@ class SampleLoader:
 
         mapper = getattr(self.decoder, "map", None)
         found = mapper(find, jobs) if callable(mapper) else [find(j) for j in jobs]
-        plans = plan_samples(
-            config,
-            self.seed,
-            epoch,
-            [f[1] for f in found],
-            [f[4].height for f in found],
-            [f[4].width for f in found],
-        )
+        sources = [f[1] for f in found]
+        heights = [f[4].height for f in found]
+        widths = [f[4].width for f in found]
+        plans = plan_samples(config, self.seed, epoch, sources, heights, widths)
         view_plans: list[tuple[SamplePlan, ...]] = [()] * len(found)
         if config.views:
             per_view = [
-                plan_samples(
-                    config,
-                    self.seed,
-                    epoch,
-                    [f[1] for f in found],
-                    [f[4].height for f in found],
-                    [f[4].width for f in found],
-                    view=k,
-                )
+                plan_samples(config, self.seed, epoch, sources, heights, widths, view=k)
                 for k in range(len(config.views))
             ]
-            view_plans = [tuple(v[i] for v in per_view) for i in range(len(found))]
+            view_plans = list(zip(*per_view, strict=True))
         labels = self.dataset.labels
         return [
             PlannedSample(
