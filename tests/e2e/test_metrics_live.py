@@ -113,14 +113,26 @@ def test_metrics_move_while_a_trainer_consumes(ctx: zmq.Context) -> None:
         assert 0.0 <= second[f"batchwire_client_data_wait_ratio{{{labels}}}"] <= 1.0
         check_dashboard_queries(second)
 
-        # Every batch produced went through the producing stages, each timed into the histogram
-        # (produced, not sent: a batch re-sent from the share window after a re-hello is sent
-        # twice and produced once).
-        produced = second["batchwire_batches_produced_total"]
-        for stage in ("read", "decode", "augment"):
-            count = f'batchwire_stage_latency_seconds_count{{stage="{stage}"}}'
-            assert second.get(count, 0) >= produced - 1 > 0, stage
-
         # After the trainer left, its series disappear at the next scrape.
         wait_for(lambda: not srv.stats()["clients"], "the trainer to be dropped")
         assert f"batchwire_client_ready{{{labels}}}" not in scrape(port)
+        total = "batchwire_batches_produced_total"
+        last = [scrape(port)]
+
+        def settled() -> dict | None:  # two scrapes in a row agree: no batch finishing now
+            now = scrape(port)
+            done = now[total] == last[0][total] and now
+            last[0] = now
+            return done
+
+        quiet = wait_for(settled, "production to settle")
+
+        # Every batch produced went through the producing stages, each timed into the histogram
+        # (produced, not sent: a batch re-sent from the share window after a re-hello is sent
+        # twice and produced once). Read once production has settled: one scrape
+        # collects the histogram and the counters one after the other, and batches finishing
+        # in between count in the later one only.
+        produced = quiet["batchwire_batches_produced_total"]
+        for stage in ("read", "decode", "augment"):
+            count = f'batchwire_stage_latency_seconds_count{{stage="{stage}"}}'
+            assert quiet.get(count, 0) >= produced - 1 > 0, stage
