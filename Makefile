@@ -3,15 +3,21 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 export PYTHONUNBUFFERED := 1
 
-.PHONY: setup native demo test test-fast test-cuda-build lint bench clean
+.PHONY: setup setup-runtime native demo test test-fast test-cuda-build lint bench clean
 
+# The developer's venv: batchwire with the test tools, DALI (its CPU tests) and the chart.
 setup:
-	@scripts/setup.sh
+	@BATCHWIRE_EXTRAS=dev,dali,bench scripts/setup.sh
+
+# What a user of the demo needs: batchwire's runtime dependencies only (no test tools, no DALI).
+setup-runtime:
+	@BATCHWIRE_EXTRAS= scripts/setup.sh
 
 native: setup
 	@$(PY) -m batchwire.native build
 
-demo: native
+demo: setup-runtime
+	@$(PY) -m batchwire.native build
 	@$(PY) -m batchwire.train.demo
 
 # The whole suite: tests/unit (in-process, seconds) then tests/e2e (real server processes,

@@ -16,8 +16,8 @@ pulling in the server.
 - `cuda_events`: `BufferFence` and `HandOff`, buffer reuse guarded by a CUDA event (record on the
   stream that last used the buffer; the next user's stream waits, or the host synchronises).
 
-``__version__``: the installed batchwire's version (`batchwire.wire.version`; ``batchwire`` is a
-namespace package without an ``__init__`` to carry it).
+``__version__``: the installed batchwire's version (`batchwire.wire.version`), also
+``batchwire.__version__``.
 """
 
 from batchwire.wire.version import __version__

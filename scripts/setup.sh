@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
-# Sets up a local .venv with batchwire and its test tools. Idempotent: a second run
-# reuses what the first installed (a stamp file records the pyproject it installed from).
+# Sets up a local .venv with batchwire and the extras asked for. Idempotent: a second run
+# reuses what the first installed (a stamp file records the pyproject, torch and extras it
+# installed; a venv holding more extras than asked is kept as it is).
+#   BATCHWIRE_EXTRAS=           runtime dependencies only (`make demo`, `make setup-runtime`)
+#   BATCHWIRE_EXTRAS=dev,dali,bench   the default: the test tools, DALI and the chart (`make test`)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 VENV=${VENV:-.venv}
 PYTHON=${PYTHON:-python3}
-EXTRAS=${BATCHWIRE_EXTRAS:-dev,dali,bench}  # bench: matplotlib, so the chart test runs too
+EXTRAS=${BATCHWIRE_EXTRAS-dev,dali,bench}  # bench: matplotlib, so the chart test runs too
 TORCH_SPEC=${BATCHWIRE_TORCH:-torch==2.13.0}
 
 # System libraries: libjpeg-turbo's TurboJPEG API (PyTurboJPEG < 2 needs libturbojpeg 2.x), and
@@ -40,9 +43,16 @@ if ! command -v dnsmasq >/dev/null && [ ! -x /usr/sbin/dnsmasq ] && [ "$(id -u)"
 fi
 
 stamp="$VENV/.batchwire-installed"
-want="$(sha1sum pyproject.toml | cut -c1-40) $EXTRAS $TORCH_SPEC"
-if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
-  exit 0
+base="$(sha1sum pyproject.toml | cut -c1-40) $TORCH_SPEC"
+if [ -f "$stamp" ]; then
+  read -r have_pyproject have_torch have_extras < "$stamp" || true
+  if [ "$have_pyproject $have_torch" = "$base" ]; then
+    missing_extra=""
+    for extra in ${EXTRAS//,/ }; do
+      case ",${have_extras:-}," in *",$extra,"*) ;; *) missing_extra=1 ;; esac
+    done
+    [ -z "$missing_extra" ] && exit 0
+  fi
 fi
 
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
@@ -50,6 +60,10 @@ pip="$VENV/bin/python -m pip"
 $pip install -q --upgrade pip setuptools wheel
 # torch first and pinned: an unpinned resolve would pull several GB of CUDA wheels.
 $pip install -q "$TORCH_SPEC"
-$pip install -q -e ".[$EXTRAS]"
-echo "$want" > "$stamp"
+if [ -n "$EXTRAS" ]; then
+  $pip install -q -e ".[$EXTRAS]"
+else
+  $pip install -q -e .
+fi
+echo "$base $EXTRAS" > "$stamp"
 echo "setup: $VENV ready"

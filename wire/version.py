@@ -2,9 +2,8 @@
 
 It lives in `wire`, the layer every side imports (the monitor imports nothing else), and is read
 from the installed distribution's metadata (pyproject's ``version``), so there is one number to
-bump. ``batchwire`` itself is a namespace package: it has no ``__init__.py`` to carry a
-``__version__`` (``import batchwire`` runs no code of ours), so the spelling is
-``from batchwire.common import __version__`` (re-exported there), or the standard
+bump. Users spell it ``batchwire.__version__`` (batchwire/__init__.py reads it from here on
+first access), ``from batchwire.common import __version__``, or the standard
 ``importlib.metadata.version("batchwire")``.
 """
 

@@ -24,6 +24,15 @@ def test_version_is_the_distributions() -> None:
     assert __version__ == version("batchwire") != "0+unknown"
 
 
+def test_import_batchwire_has_a_version_as_every_library_does() -> None:
+    """What a user types first: ``import batchwire; batchwire.__version__``."""
+    import batchwire
+
+    assert batchwire.__version__ == version("batchwire")
+    with pytest.raises(AttributeError):
+        _ = batchwire.no_such_attribute
+
+
 @pytest.mark.parametrize("script", sorted(SCRIPTS))
 def test_every_cli_prints_its_version(script: str, capsys: pytest.CaptureFixture[str]) -> None:
     main = importlib.import_module(SCRIPTS[script]).main
