@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def wheel_names(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
     pip_wheel = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation"]
     subprocess.run(
@@ -25,9 +25,60 @@ def wheel_names(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
         capture_output=True,
         timeout=240,
     )
-    (wheel,) = out.glob("batchwire-*.whl")
+    (path,) = out.glob("batchwire-*.whl")
+    return path
+
+
+@pytest.fixture(scope="module")
+def wheel_names(wheel: Path) -> list[str]:
     with zipfile.ZipFile(wheel) as zf:
         return zf.namelist()
+
+
+@pytest.mark.timeout(300)
+def test_the_wheel_installs_into_a_fresh_venv_and_works(wheel: Path, tmp_path: Path) -> None:
+    """A user's `pip install batchwire-*.whl` in a venv of their own: the version, the CLIs, and
+    the op compiled from the installed sources (a fresh build cache, so nothing is reused).
+
+    The venv borrows this one's dependencies (torch and the rest: a path line, as
+    `--system-site-packages` would for a system install) so that nothing is downloaded; its
+    own site-packages comes first, so batchwire is the wheel's, not the checkout's."""
+    import sysconfig
+
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    site = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True, capture_output=True, text=True,
+    ).stdout.strip()  # fmt: skip
+    (Path(site) / "borrowed-deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps",
+         "--no-index", str(wheel)],
+        check=True, capture_output=True, timeout=120,
+    )  # fmt: skip
+    env = {"PATH": f"{venv / 'bin'}:/usr/bin:/bin", "BATCHWIRE_CACHE": str(tmp_path / "cache"),
+           "HOME": str(tmp_path)}  # fmt: skip
+    where = subprocess.run(
+        [str(python), "-c", "import batchwire, batchwire.native; "
+         "print(batchwire.__version__, batchwire.native.__file__)"],
+        check=True, capture_output=True, text=True, env=env, cwd=tmp_path,
+    ).stdout.split()  # fmt: skip
+    assert where[0] == wheel.name.split("-")[1]
+    assert where[1].startswith(site), f"batchwire came from {where[1]}, not the wheel"
+    version = subprocess.run(
+        [str(venv / "bin" / "pipeline-server"), "--version"],
+        check=True, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60,
+    ).stdout  # fmt: skip
+    assert version.startswith(f"pipeline-server (batchwire {where[0]}")
+    build = subprocess.run(
+        [str(python), "-m", "batchwire.native", "build"],
+        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=240,
+    )  # fmt: skip
+    assert build.returncode == 0, build.stdout + build.stderr
+    assert "built the CPU extension" in build.stdout + build.stderr
+    assert list((tmp_path / "cache").rglob("*.so")), "no extension in the fresh build cache"
 
 
 @pytest.mark.timeout(300)
