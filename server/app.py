@@ -48,7 +48,12 @@ from batchwire.server.security import bind_policy
 from batchwire.server.sharing import sample_window_batches
 from batchwire.server.splits import StartupError, make_decoder, open_splits
 from batchwire.server.telemetry import Telemetry
-from batchwire.server.workers import ProducerThreads, StagePhases, StageTimingDecoder
+from batchwire.server.workers import (
+    EXIT_PRODUCER_DIED,
+    ProducerThreads,
+    StagePhases,
+    StageTimingDecoder,
+)
 from batchwire.wire import BufferStats, ServerStats, StageStats, StatsReply, tensor_bytes
 from batchwire.wire.keys import KeysError, ServerKeys
 
@@ -141,6 +146,7 @@ class ServerApp:
             config.device,
             capacity=self.capacity,
             samples=self.samples,
+            on_death=self._producer_died,
         )
         self.core = ServerCore(
             config,
@@ -165,6 +171,9 @@ class ServerApp:
         self._drain_deadline = math.inf
         self._drain_started = math.inf
         self._heartbeat: float | None = None  # monotonic time of the loop's last turn
+        # Why production cannot go on (a producer thread died), else None: set once, by that
+        # thread; /healthz fails from then on and the process exits with EXIT_PRODUCER_DIED.
+        self._fatal: str | None = None
 
     # ----------------------------------------------------------------------------- lifecycle
 
@@ -192,6 +201,23 @@ class ServerApp:
         self._stop_requested.set()
         self._wake()
 
+    def _producer_died(self, reason: str) -> None:
+        """`ProducerThreads.on_death` (a producer thread; it logged the traceback): fail
+        /healthz and stop, so that the process exits with `EXIT_PRODUCER_DIED` and its
+        supervisor starts a new one (clients are told `shutdown` and ask other servers)."""
+        self._fatal = reason
+        log.critical(
+            "%s: stopping; the server exits with code %d for its supervisor to restart it",
+            reason,
+            EXIT_PRODUCER_DIED,
+        )
+        self.request_stop()
+
+    @property
+    def exit_code(self) -> int:
+        """0 after a requested stop; `EXIT_PRODUCER_DIED` once a producer thread died."""
+        return 0 if self._fatal is None else EXIT_PRODUCER_DIED
+
     def _wake(self) -> None:
         with contextlib.suppress(OSError):  # pipe full (a wake-up is pending anyway) or closed
             os.write(self._wake_w, b"s")
@@ -200,14 +226,16 @@ class ServerApp:
         """The probes on the metrics port (any thread: reads only single attributes).
 
         ``/healthz``: alive, the loop turned within `LIVENESS_STALE_S` (a liveness probe
-        restarts a server whose loop is stuck). ``/readyz``: alive, splits open, every
-        producer thread running, and accepting clients (not draining or stopping): a
-        readiness probe takes a draining server out of the Service's DNS name.
+        restarts a server whose loop is stuck), and no producer thread died (production cannot
+        go on; the process is on its way out, see `_producer_died`). ``/readyz``: alive,
+        splits open, every producer thread running, and accepting clients (not draining or
+        stopping): a readiness probe takes a draining server out of the Service's DNS name.
         """
         now = time.monotonic()
         beat = self._heartbeat
         checks: dict[str, bool] = {
             "loop": beat is not None and now - beat < LIVENESS_STALE_S,
+            "production": self._fatal is None,
         }
         if path == "/readyz":
             # Producer threads by name: ProducerThreads starts them at construction and a
@@ -227,11 +255,12 @@ class ServerApp:
         return (200 if ok else 503), json.dumps(body).encode() + b"\n"
 
     def run(self, exit_by_deadline: bool = False) -> int:
-        """Serve until SIGINT/SIGTERM or `request_stop()`; returns the exit code (0).
+        """Serve until SIGINT/SIGTERM or `request_stop()`; returns the exit code (`exit_code`:
+        0, or `EXIT_PRODUCER_DIED` when a producer thread died).
 
         ``exit_by_deadline`` (the console script): should the orderly shutdown not be over
         `STOP_DEADLINE_S` after the stop request (a thread stuck in a read, a decoder that does
-        not let go), the process exits with code 0 then anyway (``os._exit``). Embedded use
+        not let go), the process exits then anyway, with `exit_code` (``os._exit``). Embedded use
         leaves it off: the host process is not ours to end.
         """
         try:
@@ -280,8 +309,11 @@ class ServerApp:
             self._loop()
         finally:
             self._shutdown()
-        log.info("stopped")
-        return 0
+        if self._fatal is not None:
+            log.critical("stopped: %s (exit code %d)", self._fatal, self.exit_code)
+        else:
+            log.info("stopped")
+        return self.exit_code
 
     def _size_text(self) -> str:
         """The output size(s) for the start line: "224x224", "224x224 (clients may ask up to
@@ -344,7 +376,7 @@ class ServerApp:
             ", ".join(busy) or "none",
         )
         logging.shutdown()
-        os._exit(0)
+        os._exit(self.exit_code)
 
     def _serve_metrics(self, port: int) -> None:
         try:

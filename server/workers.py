@@ -19,6 +19,15 @@ too, so a server that stayed up would look healthy and fail every batch; it exit
 `EXIT_CUDA_BROKEN` and a log line naming the error, so that its supervisor restarts it and the
 loaders fail over to the other servers at once (a closed connection).
 
+A producer thread that dies (anything its per-batch guard does not catch: a SystemExit or
+KeyboardInterrupt raised by library code, a bug in the thread's own bookkeeping) would leave a
+server that accepts clients and never produces their batches (the job it held never comes
+back). Its death is logged with the traceback and reported (`on_death`): the server stops and
+exits with `EXIT_PRODUCER_DIED`, and `/healthz` fails meanwhile, so its supervisor restarts it.
+Ending the process rather than restarting the thread: what broke it may have broken shared
+state (the decoder, a half-written buffer), and a fresh process is what a supervisor knows how
+to make.
+
 The decoder's fallbacks (images a GPU decoder handed to the CPU decoder) are reported after each
 decode call (`StageTimingDecoder`) to the server's telemetry: stats, Prometheus, the monitor.
 """
@@ -53,6 +62,8 @@ STAGES = ("read", "decode", "augment")
 
 #: The exit code of a server whose CUDA context a sticky error broke (`sticky_cuda_error`).
 EXIT_CUDA_BROKEN = 3
+#: The exit code of a server one of whose producer threads died (`ProducerThreads.on_death`).
+EXIT_PRODUCER_DIED = 4
 
 # What cudaGetErrorString says (and DALI's/nvJPEG's wrappers name) for the errors that leave
 # the context unusable: every later call of the process returns the same error. Out of memory,
@@ -122,10 +133,22 @@ def exit_for_broken_cuda(reason: str) -> None:
         reason,
         EXIT_CUDA_BROKEN,
     )
+    _exit_now(EXIT_CUDA_BROKEN)
+
+
+def exit_for_dead_producer(reason: str) -> None:
+    """`ProducerThreads`' default `on_death`: end the process with `EXIT_PRODUCER_DIED` at
+    once (the server passes its own, an orderly stop with that code)."""
+    log.critical("the server exits with code %d: %s", EXIT_PRODUCER_DIED, reason)
+    _exit_now(EXIT_PRODUCER_DIED)
+
+
+def _exit_now(code: int) -> None:
+    """Flush the logs and end the process with ``code`` (no orderly stop)."""
     for handler in [*logging.getLogger().handlers, *log.handlers]:
         with contextlib.suppress(Exception):  # a broken handler must not keep the server up
             handler.flush()
-    os._exit(EXIT_CUDA_BROKEN)
+    os._exit(code)
 
 
 class StagePhases:
@@ -242,8 +265,11 @@ class ProducerThreads:
         on_broken_cuda: Callable[[str], None] = exit_for_broken_cuda,
         capacity: BatchSpec | None = None,
         samples: SampleWindow | None = None,
+        on_death: Callable[[str], None] = exit_for_dead_producer,
     ) -> None:
         self.producers = producers  # split -> BatchProducer
+        # Told why (one line) when a producer thread dies (module doc); exits by default.
+        self.on_death = on_death
         # Samples of recent batches for orders that mix batch sizes (`BatchOrder.share_samples`).
         self.samples = samples
         self.on_broken_cuda = on_broken_cuda  # a sticky CUDA error's reason; exits by default
@@ -274,6 +300,21 @@ class ProducerThreads:
         self.jobs.put_nowait(job)
 
     def _run(self) -> None:
+        """The thread's body: `_serve`, and a report of its death should anything escape."""
+        try:
+            self._serve()
+        except BaseException as exc:  # any death is reported, SystemExit too
+            name = threading.current_thread().name
+            log.critical(
+                "producer thread %s died: %s: %s; production cannot go on",
+                name,
+                type(exc).__name__,
+                exc,
+                exc_info=exc,
+            )
+            self.on_death(f"producer thread {name} died: {type(exc).__name__}: {exc}")
+
+    def _serve(self) -> None:
         while not self._stop.is_set():
             try:
                 job = self.jobs.get(timeout=0.5)

@@ -9,12 +9,17 @@ then `shutdown`; the process exits 0.
 
 Slow producers keep the drain open long enough to look at: a list file naming one 16-megapixel
 PNG (a batch of 4 takes about a second to decode on one thread).
+
+A producer thread that dies fails /healthz and ends the process with a non-zero exit code and
+the traceback in its log (a liveness probe or any supervisor restarts it).
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
+import textwrap
 import time
 from pathlib import Path
 
@@ -61,11 +66,13 @@ def test_probes_answer_on_the_metrics_port_only_where_asked() -> None:
     port = free_port()
     with running_server(*small_server_args(seed=1), "--metrics-port", str(port)):
         code, body = probe(port, "/healthz")
-        assert code == 200 and body["checks"] == {"loop": True} and body["status"] == "ok"
+        assert code == 200 and body["status"] == "ok"
+        assert body["checks"] == {"loop": True, "production": True}
         code, body = probe(port, "/readyz")
         assert code == 200, body
         assert body["checks"] == {
             "loop": True,
+            "production": True,
             "splits": True,
             "producers": True,
             "accepting": True,
@@ -119,3 +126,64 @@ def test_sigterm_drains_readyz_503_healthz_200_batches_in_production_sent(big_im
         assert "drained in" in srv.log()
         late.close()
         client.close()
+
+
+# Installed in the server process by Python's own start-up hook (sitecustomize on PYTHONPATH):
+# the first batch a producer thread makes raises SystemExit, as library code calling
+# sys.exit() in the middle of a batch would.
+_DYING_PRODUCER = """
+    import threading
+    from batchwire.pipeline.producer import BatchProducer
+
+    def produce(self, *args, **kwargs):
+        raise SystemExit("sys.exit() called in " + threading.current_thread().name)
+
+    BatchProducer.produce = produce
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_dead_producer_fails_healthz_and_ends_the_server(tmp_path, ctx) -> None:
+    """A producer thread that dies for any reason leaves no server that accepts clients and
+    never produces: /healthz fails, the client is told `shutdown`, and the process exits with
+    code 4 within seconds, its log naming the thread, the exception and the traceback.
+
+    How the thread dies: a fault injected into the real server process at start-up (Python's
+    standard sitecustomize hook), not a mock of the server: `BatchProducer.produce` raises
+    SystemExit, which the per-batch guard (`except Exception`: a failed batch goes back to its
+    client as an error) does not catch. It stands for anything that escapes that guard (a
+    SystemExit or KeyboardInterrupt raised by library code, a bug in the thread's own
+    bookkeeping); a user transform cannot be used, since its errors, SystemExit included, are
+    caught where it is called.
+    """
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(textwrap.dedent(_DYING_PRODUCER))
+    path = os.pathsep.join(p for p in (str(hook), os.environ.get("PYTHONPATH", "")) if p)
+    port = free_port()
+    args = (*small_server_args(seed=2), "--metrics-port", str(port), "--producers", "1")
+    with running_server(*args, env={"PYTHONPATH": path}) as srv:
+        assert probe(port, "/healthz")[0] == 200
+        client = RawClient.connect(ctx, srv.endpoint, batches=(0,))
+        client.start()
+        died = time.monotonic()
+
+        def healthz_fails() -> bool:
+            try:
+                code, body = probe(port, "/healthz")
+            except requests.ConnectionError:
+                return True  # the process is gone already
+            assert code in (200, 503), body
+            return code == 503 and body["checks"]["production"] is False
+
+        wait_for(healthz_fails, "/healthz 503", 10)
+        msg, _ = client.recv(10)
+        assert isinstance(msg, wire.Shutdown), msg
+        assert srv._proc.wait(10) == 4, srv.log()
+        assert time.monotonic() - died < 10
+        client.close()
+        log = srv.log()
+    thread = "bw-producer-0"
+    assert f"producer thread {thread} died: SystemExit: sys.exit() called in {thread}" in log
+    assert "Traceback (most recent call last)" in log and "raise SystemExit" in log
+    assert "exits with code 4" in log, log

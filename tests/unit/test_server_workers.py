@@ -241,3 +241,29 @@ def test_fallback_totals_never_go_down_and_sum_over_decoders() -> None:
     telemetry.set_fallbacks("dali", 2)
     assert telemetry.snapshot([], []).counters.decode_fallbacks_total == 7
     assert telemetry.fallbacks_by_decoder() == {"nvjpeg": 5, "cpu": 0, "dali": 2}
+
+
+def test_a_producer_thread_that_dies_reports_why() -> None:
+    """Anything the per-batch guard lets through (here SystemExit from the producer) ends the
+    thread: `on_death` hears which thread and why (the server stops and exits non-zero)."""
+    spec = BatchSpec(batch_size=1, height=2, width=2, dtype="uint8")
+    deaths: list[str] = []
+    r, w = os.pipe()
+    threads = ProducerThreads(
+        {"train": _Producer(SystemExit("library called sys.exit"))},  # type: ignore[dict-item]
+        1,
+        StagePhases(lambda stage, s: None),
+        w,
+        spec,
+        on_death=deaths.append,
+    )
+    try:
+        order = BatchOrder("train", _Sampler(), 0, 3, 1, 0, 0.0)  # type: ignore[arg-type]
+        threads.submit(Job(order, SimpleNamespace(tensor=torch.empty(1))))  # type: ignore[arg-type]
+        threads._threads[0].join(10)
+        assert not threads._threads[0].is_alive()
+        assert deaths == ["producer thread bw-producer-0 died: SystemExit: library called sys.exit"]
+    finally:
+        threads.stop()
+        os.close(r)
+        os.close(w)
