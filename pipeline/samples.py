@@ -2,7 +2,8 @@
 
 Real datasets contain broken files (truncated downloads, HTML saved as .jpg, CMYK oddities,
 decompression bombs). Failing the batch would stall every rank of a DDP job; dropping the sample
-would make ranks' batch sizes differ. So a bad sample is logged once per path, counted, and
+would make ranks' batch sizes differ. So a bad sample is logged once per path and process (a
+file that train and val hold, or several loaders of one process meet, is named once), counted, and
 replaced by a substitute drawn from a sequence that depends only on (seed, index): every
 server, thread count and resume point picks the same substitute, keeping runs reproducible.
 
@@ -72,6 +73,21 @@ _SUBSTITUTE_STREAM = 0x53554253  # "SUBS"
 DEFAULT_MAX_ATTEMPTS = 64
 # Sleeps between the tries of a transiently failing read (or decode): 5 tries over ~0.94 s.
 DEFAULT_RETRY_DELAYS = (0.0625, 0.125, 0.25, 0.5)
+
+
+# Bad files already named in the log by any SampleLoader of this process: a server's splits
+# (train and val may hold the same file) and the loaders of one training process say it once.
+_logged_bad: set[str] = set()
+_logged_bad_lock = threading.Lock()
+
+
+def _log_bad_once(path: str, reason: str) -> None:
+    """Log that ``path`` is unusable and replaced, unless this process said so already."""
+    with _logged_bad_lock:
+        if path in _logged_bad:
+            return
+        _logged_bad.add(path)
+    log.warning("unreadable image %s (%s): replacing it with another sample", path, reason)
 
 
 class UnreadableDatasetError(ValueError):
@@ -259,11 +275,7 @@ class SampleLoader:
                 return
             self._bad_paths.add(path)
             self._bad_order.append(path)
-        log.warning(
-            "unreadable image %s (%s): replacing it with another sample",
-            self.dataset.paths[index],
-            reason,
-        )
+        _log_bad_once(path, reason)
 
     def _is_bad(self, index: int) -> bool:
         with self._lock:

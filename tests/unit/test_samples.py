@@ -173,3 +173,22 @@ def test_known_bad_files_are_not_read_again(tmp_path: Path) -> None:
         Path(ds.paths[bad]).write_bytes(odd_file_bytes("rgb"))
         assert loader.load(1, [bad])[0].replaced
         assert loader.counts() == {"bad_total": 1, "replaced_total": 2, "transient_total": 0}
+
+
+def test_a_bad_file_is_logged_once_per_process_whatever_loader_meets_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Train and val of one server (two loaders over the same files), or a second loader in a
+    training process, name a bad file once; each still counts and replaces it."""
+    root = write_image_folder(tmp_path / "tree", classes=2, good_per_class=3, bad=BAD)
+    caplog.set_level(logging.WARNING, logger="batchwire.pipeline")
+    with CpuBatchDecoder(threads=1) as dec:
+        loaders = [SampleLoader(open_dataset(root), CONFIG, seed=1, decoder=dec) for _ in range(2)]
+        for loader in loaders:
+            everything = list(range(len(loader.dataset)))
+            loader.load(0, everything)
+            assert loader.bad_total == len(bad_indices(loader.dataset)) > 0
+    for i in bad_indices(loaders[0].dataset):
+        path = loaders[0].dataset.paths[i]
+        logged = [r for r in caplog.records if path in r.getMessage()]
+        assert len(logged) == 1, path
