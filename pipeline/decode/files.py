@@ -2,11 +2,15 @@
 
 Kept apart so that how files are read (buffered today; direct I/O or a cache later) is changed in
 one function, not at every caller. Errors are not translated into decode errors: an OSError
-reaches the sample loader, which tells two kinds apart (`is_transient`):
-- transient ones (out of descriptors or memory, EIO, EAGAIN, EINTR) say nothing about the file:
-  the loader retries them and never remembers the file as bad;
-- every other one (missing, no permission, not a regular file) is the file's: it is counted as
-  unreadable and replaced.
+reaches the sample loader, which tells two kinds apart (`is_transient`, the one place that
+decides, by errno alone):
+- transient ones (`TRANSIENT_ERRNOS`: out of descriptors or memory, EIO, EAGAIN, EINTR; and
+  MemoryError) say nothing about the file: the loader retries them and never remembers the
+  file as bad. A transient error that never clears stalls the batches that need the file, so
+  the list stays short: object stores map only their own transient answers (5xx, 408, 429,
+  no answer, credentials not fetched for now) onto EIO (`storage.errors`, its table);
+- every other one (missing, no permission, not a regular file; an object store's 401, 403,
+  404 or other refusal) is the file's: it is counted as unreadable and replaced.
 
 Only regular files are read. A FIFO named in a list file would block `open` (and a read) until
 a writer comes, stalling a decode thread for good; a device may block or have side effects on
@@ -42,7 +46,9 @@ class NotARegularFile(OSError):
 
 
 def is_transient(exc: BaseException) -> bool:
-    """True for an error that says nothing about the file (see `TRANSIENT_ERRNOS`)."""
+    """True for an error that says nothing about the file: MemoryError, or an OSError whose
+    errno is in `TRANSIENT_ERRNOS` (whatever its class: a `storage.errors.CredentialsError`
+    is transient with EIO, the sample's with EACCES)."""
     if isinstance(exc, MemoryError):
         return True
     return isinstance(exc, OSError) and exc.errno in TRANSIENT_ERRNOS
