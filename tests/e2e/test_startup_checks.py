@@ -3,7 +3,10 @@
 - pipeline-server refuses (exit code 2) a val split whose classes are not train's, and names
   the classes that differ;
 - pipeline-train against a server without a val split warns once and trains without
-  validation, instead of training an epoch and then failing.
+  validation, instead of training an epoch and then failing;
+- pipeline-server warns at start, one line each, of a split served without a checksum manifest
+  (naming the command that writes one) and of a batch size larger than a split (a train split
+  would refuse every loader at that size; a val split's batches would be mostly padding).
 
 Real server and trainer processes on the embedded dataset (class folders linked into a tmp
 tree); each test takes seconds.
@@ -20,7 +23,9 @@ import numpy as np
 import pytest
 from batchwire.pipeline.dataset import ImageDataset
 from batchwire.pipeline.synthetic import default_dataset
-from batchwire.server.splits import class_mismatch
+from batchwire.prepare.run import Options
+from batchwire.prepare.run import run as prepare_run
+from batchwire.server.splits import batch_size_warning, class_mismatch
 from serverproc import free_tcp_endpoint, running_server, small_server_args
 
 BIN = Path(sys.executable).parent
@@ -113,3 +118,43 @@ def test_train_without_val_split_warns_once_and_skips_validation() -> None:
     assert "unknown split 'val'" in out and "training without validation" in out, out
     assert out.index(warning) < out.index("step 1 (epoch 0"), out
     assert "epoch 0: val skipped" in out and "step 2 (" in out, out
+
+
+@pytest.mark.timeout(120)
+def test_server_warns_of_unchecked_splits_and_batches_larger_than_a_split(tmp_path: Path) -> None:
+    """train: 400 images, no manifest, clients may ask batches up to 512; val: one image of
+    each of its 10 classes with a `pipeline-prepare --checksums-only` manifest, batch 16."""
+    ds = default_dataset()
+    val = tmp_path / "val"
+    for cls in sorted(os.listdir(ds.val_root)):
+        (val / cls).mkdir(parents=True)
+        first = sorted(os.listdir(ds.val_root / cls))[0]
+        (val / cls / first).write_bytes((ds.val_root / cls / first).read_bytes())
+    prepare_run(Options(src=str(val), dst=None, jobs=1, quiet=True, checksums_only=True))
+    args = (*small_server_args(seed=0, root=str(ds.val_root)), "--val", str(val))
+    with running_server(*args, "--max-batch-size", "512") as srv:
+        log = srv.log()
+    unchecked = [line for line in log.splitlines() if "no checksum manifest" in line]
+    assert len(unchecked) == 1 and "WARNING" in unchecked[0], log
+    assert f"train: no checksum manifest for {ds.val_root}" in unchecked[0]
+    assert "22 of 100" in unchecked[0] and "all 300 were caught" in unchecked[0]
+    assert f"`pipeline-prepare --checksums-only {ds.val_root}`" in unchecked[0]
+    assert "checking 10 of 10 files against the checksums" in log, log  # val has one
+    assert (
+        "train has 400 samples: a loader asking for a batch size above 400 "
+        "(--max-batch-size allows up to 512) is refused"
+    ) in log, log
+    assert (
+        "val has 10 samples, fewer than one batch of 16 (--batch-size): its batches are "
+        "padded (6 of 16 slots at world size 1, label -100)"
+    ) in log, log
+
+
+def test_batch_size_warning_rules() -> None:
+    assert batch_size_warning("train", 64, True, 64, 64) is None
+    assert batch_size_warning("val", 10, False, 8, 8) is None
+    refused = batch_size_warning("train", 40, True, 64, 64)
+    assert refused is not None and "fewer than one batch of 64 (--batch-size)" in refused
+    assert "is refused" in refused and "lower --batch-size" in refused
+    padded = batch_size_warning("val", 10, False, 8, 32)
+    assert padded is not None and "fewer than one batch of 32 (--max-batch-size)" in padded
