@@ -83,6 +83,25 @@ def _retry_config(options: StoreOptions) -> dict[str, Any]:
     }
 
 
+def _nonempty(ranges: Sequence[tuple[int, int]]) -> tuple[list[int], list[int]]:
+    """The starts and ends of the ranges that hold a byte. An empty range (a 0-byte tar
+    member) is `b""` without asking: obstore refuses one ("Invalid range requested"), which
+    would fail the whole object's read."""
+    starts: list[int] = []
+    ends: list[int] = []
+    for s, e in ranges:
+        if int(e) > int(s):
+            starts.append(int(s))
+            ends.append(int(e))
+    return starts, ends
+
+
+def _with_empty(ranges: Sequence[tuple[int, int]], parts: Sequence[Any]) -> list[bytes]:
+    """obstore's answers to the non-empty ranges, with `b""` put back for the empty ones."""
+    got = iter(parts)
+    return [bytes(next(got)) if int(e) > int(s) else b"" for s, e in ranges]
+
+
 class _LoopThread:
     """A private asyncio loop on a daemon thread: `run(coro)` from any thread, blocking.
 
@@ -232,15 +251,14 @@ class ObjectStore:
     def read_ranges(self, key: str, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
         import obstore
 
-        if not ranges:
-            return []
-        starts = [int(s) for s, _ in ranges]
-        ends = [max(int(s), int(e)) for s, e in ranges]
+        starts, ends = _nonempty(ranges)
+        if not starts:
+            return [b""] * len(ranges)
         try:
             parts = obstore.get_ranges(self._store, key, starts=starts, ends=ends)
         except Exception as exc:
             raise self._fail(exc, key) from None
-        out = [bytes(p) for p in parts]
+        out = _with_empty(ranges, parts)
         self._count(1, 1, sum(len(p) for p in out), 0)
         return out
 
@@ -277,17 +295,16 @@ class ObjectStore:
     ) -> list[bytes] | OSError:
         import obstore
 
-        if not ranges:
-            return []
-        starts = [int(s) for s, _ in ranges]
-        ends = [max(int(s), int(e)) for s, e in ranges]
+        starts, ends = _nonempty(ranges)
+        if not starts:
+            return [b""] * len(ranges)
         try:
             parts = await self._bounded(
                 obstore.get_ranges_async(self._store, key, starts=starts, ends=ends)
             )
         except Exception as exc:
             return self._fail(exc, key)
-        out = [bytes(p) for p in parts]
+        out = _with_empty(ranges, parts)
         self._count(1, 1, sum(len(p) for p in out), 0)
         return out
 
