@@ -3,7 +3,7 @@
     loader = RemoteLoader("tcp://127.0.0.1:5555", split="train", device="cuda")
     for epoch in range(epochs):
         loader.set_epoch(epoch)
-        for images, labels in loader:  # images [B, 3, H, W] on the device, labels int64 [B]
+        for images, labels in loader:  # float32 [B, 3, H, W] normalised on the device, int64 [B]
             ...
 
 Position semantics (those of torch's DataLoader and torchdata's StatefulDataLoader): every
@@ -109,7 +109,7 @@ def _make_stager(
     slots: int,
     *,
     device: torch.device,
-    normalize: bool,
+    normalize: bool | None,
     mean: tuple[float, ...] | None,
     std: tuple[float, ...] | None,
     dtype: torch.dtype,
@@ -117,15 +117,9 @@ def _make_stager(
     hold: int = 1,
 ) -> CpuStager | CudaStager:
     """Build the stager for what the first server's welcome announced."""
-    if normalize and welcome.dtype != "uint8":
-        raise ValueError(
-            f"normalize_on_device=True needs a uint8 wire, but the server sends {welcome.dtype} "
-            "(already normalised); drop normalize_on_device or start the server with "
-            "--output-dtype uint8"
-        )
     fmt = BatchFormat(
         spec=welcome.spec,
-        normalize=normalize,
+        normalize=_normalizes(normalize, welcome.dtype),
         out_dtype=dtype,
         mean=mean or tuple(welcome.mean) or IMAGENET_MEAN,
         std=std or tuple(welcome.std) or IMAGENET_STD,
@@ -137,6 +131,25 @@ def _make_stager(
     # Output buffers are taken at hand-out: the batch the consumer holds, the one it may still
     # hold while asking for the next, and slack; beyond that a buffer is allocated afresh.
     return CpuStager(fmt, _CPU_OUTPUT_BUFFERS if reuse_buffers else 0)
+
+
+def _normalizes(normalize: bool | None, wire_dtype: str) -> bool:
+    """Whether the loader turns the wire's images into normalised floats.
+
+    ``None`` (the default): a uint8 wire is normalised, a float wire (normalised by the server)
+    passes through, so the loader yields what a DataLoader with ToTensor and Normalize yields
+    whatever the server sends. ``False``: the wire as it is (raw uint8 from a uint8 server).
+    ``True``: normalise, which a float wire cannot be (an error rather than a second pass).
+    """
+    if normalize is None:
+        return wire_dtype == "uint8"
+    if normalize and wire_dtype != "uint8":
+        raise ValueError(
+            f"normalize_on_device=True needs a uint8 wire, but the server sends {wire_dtype} "
+            "(already normalised); drop normalize_on_device (the default passes a float wire "
+            "through) or start the server with --output-dtype uint8"
+        )
+    return normalize
 
 
 class RemoteLoader(IterableDataset):
@@ -160,11 +173,15 @@ class RemoteLoader(IterableDataset):
             sample (a CSV / JSON-lines manifest's columns or keys other than path and label;
             None for a padding slot, and for every sample of a dataset without metadata). Asked
             of the servers in the hello: off, nothing extra travels.
-        normalize_on_device: convert a uint8 wire to ``dtype`` with ``(x/255 - mean)/std`` on
-            the device. With a float wire (already normalised by the server) this is an error,
-            raised when the server's welcome says so.
-        mean, std: for ``normalize_on_device``; None takes the server's (ImageNet if absent).
-        dtype: float dtype of normalised images (float32, bfloat16 or float16).
+        normalize_on_device: None (default): yield what a DataLoader with ToTensor and
+            Normalize yields, normalised floats on ``device``: a uint8 wire (the server's
+            default) is converted to ``dtype`` with ``(x/255 - mean)/std`` on the device (the
+            wire keeps its 4x smaller bytes), a float wire (normalised by the server) passes
+            through unchanged. False: the wire's images as they are (raw uint8 [0, 255] from a
+            uint8 server). True: always normalise on the device; a float wire is then an
+            error, raised when the server's welcome says so.
+        mean, std: for normalising on the device; None takes the server's (ImageNet if absent).
+        dtype: float dtype of images normalised on the device (float32, bfloat16 or float16).
         heartbeat: seconds of silence from a server that owes a batch before the hello is
             re-sent (the fallback for restarts the connection events do not reveal).
         prefetch_next_epoch: at the end of an epoch, have the servers start the next one (see
@@ -193,7 +210,7 @@ class RemoteLoader(IterableDataset):
 
     Multi-view servers (``pipeline-server --views``): each step yields ``(views_list, labels)``
     (``views_list[k]`` is ``[B, 3, Hk, Wk]``, the views in the order the server lists them);
-    normalize_on_device applies to each view.
+    normalisation on the device applies to each view.
     """
 
     def __init__(
@@ -208,7 +225,7 @@ class RemoteLoader(IterableDataset):
         device: str | torch.device | None = None,
         with_indices: bool = False,
         with_metadata: bool = False,
-        normalize_on_device: bool = False,
+        normalize_on_device: bool | None = None,
         mean: Sequence[float] | None = None,
         std: Sequence[float] | None = None,
         dtype: torch.dtype = torch.float32,
@@ -248,7 +265,9 @@ class RemoteLoader(IterableDataset):
         self.heartbeat = float(heartbeat)
         self.with_indices = bool(with_indices)
         self.with_metadata = bool(with_metadata)
-        self.normalize_on_device = bool(normalize_on_device)
+        self.normalize_on_device = (
+            None if normalize_on_device is None else bool(normalize_on_device)
+        )
         self.mean = None if mean is None else tuple(float(v) for v in mean)
         self.std = None if std is None else tuple(float(v) for v in std)
         self.dtype = check_dtype(dtype)

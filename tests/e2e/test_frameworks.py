@@ -186,6 +186,88 @@ def test_torchrun_recipe_resumes_after_a_crash(server, tmp_path):
     assert_resumed_exactly(tmp_path / "full", tmp_path / "resumed", CKPT_STEP)
 
 
+# Issue 29: training code written before the server's default wire became uint8, unchanged:
+# a float model fed RemoteLoader batches created with only the arguments users passed then. It
+# stopped at the first forward ("Input type (unsigned char) and bias type (float) should be
+# the same"). One process, a few steps: what matters is the first forward and backward.
+LEGACY_NET = """
+import sys
+import torch
+import torch.nn.functional as F
+from batchwire.client import RemoteLoader
+
+def make_net(num_classes=10):
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(3, 32, 3, stride=2), torch.nn.ReLU(),
+        torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(32, num_classes),
+    )
+"""
+
+LEGACY_LIGHTNING = (
+    LEGACY_NET
+    + """
+import lightning as L
+
+class Classifier(L.LightningModule):
+    def __init__(self, server):
+        super().__init__()
+        self.net = make_net()
+        self.loader = RemoteLoader(server, "train")
+
+    def train_dataloader(self):
+        return self.loader
+
+    def training_step(self, batch, batch_idx):
+        images, labels = batch
+        return F.cross_entropy(self.net(images), labels)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.05, momentum=0.9)
+
+trainer = L.Trainer(devices=1, max_steps=3, logger=False, enable_checkpointing=False)
+trainer.fit(Classifier(sys.argv[1]))
+print("steps", trainer.global_step)
+"""
+)
+
+LEGACY_ACCELERATE = (
+    LEGACY_NET
+    + """
+from accelerate import Accelerator
+
+accelerator = Accelerator()
+loader = RemoteLoader(sys.argv[1], "train", device=accelerator.device)
+model = make_net()
+optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+model, optimizer = accelerator.prepare(model, optimizer)
+step = 0
+for images, labels in loader:
+    loss = F.cross_entropy(model(images), labels)
+    accelerator.backward(loss)
+    optimizer.step()
+    optimizer.zero_grad()
+    step += 1
+    if step == 3:
+        break
+loader.close()
+print("steps", step)
+"""
+)
+
+
+@pytest.mark.parametrize("framework", ["lightning", "accelerate"])
+def test_code_written_before_the_uint8_wire_trains_unchanged(server, tmp_path, framework):
+    script = tmp_path / f"{framework}_user.py"
+    script.write_text(LEGACY_LIGHTNING if framework == "lightning" else LEGACY_ACCELERATE)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(var, None)
+    cmd = [sys.executable, str(script), server.endpoint]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    ok(proc)
+    assert "steps 3" in proc.stdout, proc.stdout[-2000:]
+
+
 @pytest.mark.parametrize("dispatch", ["default", "no-dispatch"])
 def test_accelerate_prepare_of_the_loader_stops_with_the_fix(server, tmp_path, dispatch):
     """Accelerate's prepare() re-shards iterable datasets (rank 0's loader only, or every n-th

@@ -3,6 +3,8 @@
 One server (32 px, batch 16, uint8 wire) serves every test of this module; loaders are closed
 (bye) before the next test so clients of different world sizes never overlap on a split. It
 serves the embedded val folder (400 real JPEGs) as both splits: short epochs, same code paths.
+Its --mean/--std are not ImageNet's, so a loader normalising with the server's statistics is
+told apart from one using the usual constants.
 """
 
 from __future__ import annotations
@@ -12,8 +14,10 @@ import time
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from batchwire.client import LoaderError, RemoteLoader, ServerError, ServerUnavailable
 from batchwire.pipeline.dataset import open_dataset
+from batchwire.pipeline.local import LocalLoader
 from batchwire.pipeline.sampler import ShardSampler
 from batchwire.pipeline.synthetic import default_dataset
 from serverproc import free_tcp_endpoint, running_server
@@ -22,6 +26,8 @@ from torch.utils.data import DataLoader
 B = 16
 PX = 32
 SEED = 7
+SERVER_MEAN = (0.5, 0.45, 0.4)  # the server's --mean/--std (welcome), not ImageNet's
+SERVER_STD = (0.25, 0.24, 0.23)
 
 
 @pytest.fixture(scope="module")
@@ -46,6 +52,10 @@ def server(data_root):
         "1",
         "--seed",
         str(SEED),
+        "--mean",
+        ",".join(map(str, SERVER_MEAN)),
+        "--std",
+        ",".join(map(str, SERVER_STD)),
     ) as srv:
         yield srv
 
@@ -82,6 +92,88 @@ def reference(server):
         return collect(loader)
 
 
+@pytest.fixture(scope="module")
+def raw_reference(server):
+    """`reference`'s batches as the wire carries them: uint8, as the loader yields on request."""
+    with RemoteLoader(
+        server.endpoint,
+        "train",
+        rank=0,
+        world_size=1,
+        device="cpu",
+        with_indices=True,
+        timeout=30,
+        normalize_on_device=False,
+    ) as loader:
+        return collect(loader)
+
+
+class UserNet(torch.nn.Module):
+    """A plain float model, as a training script written for torch's DataLoader has it."""
+
+    def __init__(self, num_classes: int) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3, stride=2)
+        self.head = torch.nn.Linear(8, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(F.adaptive_avg_pool2d(F.relu(self.conv(x)), 1).flatten(1))
+
+
+@pytest.mark.timeout(60)
+def test_default_is_a_drop_in_for_a_dataloader_with_normalize(server, raw_reference):
+    """Issue 29: code written for ``DataLoader(ToTensor + Normalize)`` with RemoteLoader swapped
+    in, as users wrote it before the server's default wire became uint8, runs unchanged: the
+    loader yields float32 normalised with the server's mean/std on its device, equal to the
+    uint8 wire normalised by hand (it stopped at the first forward: "Input type (unsigned
+    char) and bias type (float) should be the same")."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model = UserNet(num_classes=10).to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    loader = RemoteLoader(server.endpoint, "train", batch_size=B)
+    seen = []
+    try:
+        for images, labels in loader:  # the user's loop, unchanged
+            loss = F.cross_entropy(model(images), labels)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            seen.append(images.clone().cpu())
+            if len(seen) == 3:
+                break
+        welcome = loader.server_info()
+    finally:
+        loader.close()  # a failed run leaves no session behind for the next tests
+    assert images.dtype == torch.float32 and images.device.type == torch.device(device).type
+    assert tuple(welcome.mean) == pytest.approx(SERVER_MEAN)
+    mean = torch.tensor(welcome.mean).view(1, 3, 1, 1)
+    std = torch.tensor(welcome.std).view(1, 3, 1, 1)
+    for k, (got, (raw, _, _)) in enumerate(zip(seen, raw_reference, strict=False)):
+        expected = (raw.float() / 255 - mean) / std
+        torch.testing.assert_close(got, expected, rtol=0, atol=1e-5, msg=f"batch {k}")
+    pixels = torch.cat(seen)
+    assert abs(float(pixels.mean())) < 0.5 and 0.6 < float(pixels.std()) < 1.6, (
+        f"not in the normalised range: mean {float(pixels.mean()):.3f}, "
+        f"std {float(pixels.std()):.3f}"
+    )
+
+
+@pytest.mark.timeout(60)
+def test_uint8_opt_out_yields_the_raw_wire(server, data_root, raw_reference):
+    """``normalize_on_device=False``, as users who wanted the raw wire already passed it: uint8
+    [B, 3, H, W] in 0..255, exactly the pipeline's own uint8 batches (LocalLoader, no server)."""
+    with LocalLoader(
+        data_root, batch_size=B, image_size=PX, seed=SEED, output_dtype="uint8", with_indices=True
+    ) as local:
+        want = collect(local, limit=3)
+    for (images, labels, indices), (w_images, w_labels, w_indices) in zip(
+        raw_reference, want, strict=False
+    ):
+        assert images.dtype == torch.uint8 and images.shape == (B, 3, PX, PX)
+        assert torch.equal(images, w_images) and torch.equal(labels, w_labels)
+        assert torch.equal(indices, w_indices)
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_ranks_disjoint_complete_and_labelled(server, datasets, world_size):
@@ -109,7 +201,7 @@ def test_ranks_disjoint_complete_and_labelled(server, datasets, world_size):
     seen = []
     for batches in per_rank:
         for images, labels, indices in batches:
-            assert images.shape == (B, 3, PX, PX) and images.dtype == torch.uint8
+            assert images.shape == (B, 3, PX, PX) and images.dtype == torch.float32
             assert labels.dtype == torch.int64 and indices.dtype == torch.int64
             assert (indices >= 0).all(), "the train split has no padding"
             np.testing.assert_array_equal(labels.numpy(), ds.labels[indices.numpy()])
@@ -250,7 +342,7 @@ def test_val_split_pads_with_minus_one_and_covers_every_image_once(server, datas
 
 
 @pytest.mark.timeout(60)
-def test_normalize_on_device_matches_the_formula(server, reference):
+def test_normalize_on_device_matches_the_formula(server, raw_reference):
     """``x * scale + bias`` in float32 with scale = 1/(255 std), bias = -mean/std (both
     rounded from double, the server's own affine form): exactly, then rounded to ``dtype``;
     and within float32 rounding of the textbook ``(x / 255 - mean) / std``."""
@@ -258,8 +350,8 @@ def test_normalize_on_device_matches_the_formula(server, reference):
     std = torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1)
     scale = (1 / (255 * std.double())).float()
     bias = (-mean.double() / std.double()).float()
-    expected = reference[0][0].float() * scale + bias
-    textbook = (reference[0][0].float() / 255 - mean) / std
+    expected = raw_reference[0][0].float() * scale + bias
+    textbook = (raw_reference[0][0].float() / 255 - mean) / std
     torch.testing.assert_close(expected, textbook, rtol=0, atol=1e-6)
     for dtype in (torch.float32, torch.bfloat16):
         with RemoteLoader(
@@ -276,18 +368,18 @@ def test_normalize_on_device_matches_the_formula(server, reference):
             images, labels = next(iter(loader))
         assert images.dtype == dtype and images.shape == (B, 3, PX, PX)
         torch.testing.assert_close(images, expected.to(dtype), rtol=0, atol=0)
-        assert torch.equal(labels, reference[0][1])
+        assert torch.equal(labels, raw_reference[0][1])
 
 
 @pytest.mark.timeout(60)
-def test_cpu_batches_are_never_overwritten_while_referenced(server, reference):
+def test_cpu_batches_are_never_overwritten_while_referenced(server, raw_reference):
     """Normalised CPU batches come from recycled buffers: keeping every batch (or just a view
     of it) must keep them intact, and a trainer that drops each batch reuses a few buffers."""
     mean = torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1)
     std = torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1)
     scale = (1 / (255 * std.double())).float()
     bias = (-mean.double() / std.double()).float()
-    expected = [raw.float() * scale + bias for raw, _, _ in reference]
+    expected = [raw.float() * scale + bias for raw, _, _ in raw_reference]
     kw = dict(rank=0, world_size=1, device="cpu", normalize_on_device=True, prefetch=2)
     kw.update(mean=mean.flatten().tolist(), std=std.flatten().tolist())
     with RemoteLoader(server.endpoint, "train", **kw) as loader:
@@ -300,7 +392,7 @@ def test_cpu_batches_are_never_overwritten_while_referenced(server, reference):
     for k, (batch, view) in enumerate(zip(kept, views, strict=True)):
         assert torch.equal(batch, expected[k]), f"kept batch {k} was overwritten"
         assert torch.equal(view, expected[k][1:3]), f"view of batch {k} was overwritten"
-    allocated_by_keeping = 2 * len(reference)
+    allocated_by_keeping = 2 * len(raw_reference)
     assert pool.allocated < allocated_by_keeping + 8, "buffers are not reused once dropped"
 
 
@@ -396,7 +488,7 @@ def test_constructor_rejects_bad_arguments():
 
 
 @pytest.mark.timeout(90)
-def test_float16_nhwc_wire_and_normalize_refused_on_a_float_wire(data_root, reference):
+def test_float16_nhwc_wire_and_normalize_refused_on_a_float_wire(data_root, raw_reference):
     """A float16, channels_last wire: the same pixels as the uint8 run, normalised by the
     server; asking the loader to normalise a float wire again is a clear error."""
     mean = torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1)
@@ -428,7 +520,7 @@ def test_float16_nhwc_wire_and_normalize_refused_on_a_float_wire(data_root, refe
                 with pytest.raises(ValueError, match=r"needs a uint8 wire.*float16"):
                     next(iter(loader))
     for (images, labels, indices), (raw, want_labels, want_indices) in zip(
-        got, reference, strict=False
+        got, raw_reference, strict=False
     ):
         assert images.dtype == torch.float16 and images.shape == (B, 3, PX, PX)
         assert images.is_contiguous(memory_format=torch.channels_last)
