@@ -6,6 +6,10 @@ Class names: labels that are class names (`.json`) are sorted into ids; integer 
 their names from a `classes.txt` beside the first shard (one name per line in id order, as
 `pipeline-prepare --shards` writes it) when it names every id, else "0".."N-1".
 
+A folder (or bucket prefix) of shards is served whole, so it is refused at open when it holds
+shards of more than one prefix (another split's beside this one's) or compressed tars, which are
+not read (`shardsets`); shards named one by one (a brace pattern, a list) are taken as named.
+
 Samples are numbered shard by shard in the order given (a brace pattern's order), members in
 tar order within a shard: the same shards give the same indices on every server.
 """
@@ -17,12 +21,19 @@ import os
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 from batchwire.pipeline.checksums import SampleKeys
 from batchwire.pipeline.dataset import ImageDataset, dataset_root
 from batchwire.pipeline.sources.labels import LabelTable
-from batchwire.pipeline.sources.locate import Located
+from batchwire.pipeline.sources.locate import TAR_SUFFIXES, Located, is_url
+from batchwire.pipeline.sources.shardsets import (
+    compressed_tars,
+    shard_sets,
+    shown,
+    top_level_names,
+)
 from batchwire.pipeline.sources.tarindex import ShardIndex, cached_index
 from batchwire.pipeline.storage import ObjectInfo
 
@@ -163,10 +174,47 @@ def _class_names(located: Located) -> list[str] | None:
     return names if names and all(names) else None
 
 
+def _is_folder(located: Located) -> bool:
+    """Whether `located` is a folder's (or bucket prefix's) listing, served whole, rather than
+    shards named one by one (a brace pattern, a `.tar`, a list or a list file)."""
+    spec = located.display
+    if "{" in spec or spec.lower().endswith(TAR_SUFFIXES):
+        return False
+    return is_url(spec) or Path(spec).expanduser().is_dir()
+
+
+def check_folder(located: Located) -> None:
+    """ValueError for a folder of shards that cannot be served as one split: compressed tars in
+    it (they are not read: the folder would be served short of them), or shards of more than
+    one prefix (another split's would be served as this one's)."""
+    if not _is_folder(located):
+        return
+    packed = compressed_tars(top_level_names(located.store))
+    if packed:
+        raise ValueError(
+            f"{located.display}: {shown(packed)}: compressed tars are not read (a sample is one "
+            "read at its member's offset, which a compressed stream does not allow): decompress "
+            "them in place (gunzip, zstd -d, xz -d, ...) or move them out of the folder"
+        )
+    sets = shard_sets(located.keys)
+    if len(sets) > 1:
+        folder = located.display.rstrip("/")
+        patterns = [f"'{folder}/{s.pattern}'" for s in sets if s.pattern is not None]
+        raise ValueError(
+            f"{located.display}: holds shards of {len(sets)} prefixes (the name before the shard "
+            f"number): {'; '.join(s.describe() for s in sets[:5])}"
+            f"{f'; and {len(sets) - 5} more' if len(sets) > 5 else ''}. A folder is served "
+            "whole, so they would all be one split (val shards served as train). Keep each "
+            "split's shards in a folder of its own, or name the shards of one prefix"
+            + (f": {' or '.join(patterns[:5])}" if patterns else " in a list file")
+        )
+
+
 def open_tar(located: Located, cache_dir: str | os.PathLike[str]) -> ImageDataset:
     """The samples of every shard of `located` (see the module doc)."""
     if not located.keys:
         raise ValueError(f"{located.display}: no tar shards")
+    check_folder(located)
     infos = _infos(located)
 
     def index(k: int) -> tuple[ShardIndex, bool]:

@@ -447,3 +447,75 @@ def test_local_loader_on_shards_equals_the_folder(tmp_path, folder, ref):
     for a, b in zip(*out, strict=True):
         for x, y in zip(a, b, strict=True):
             assert (x == y).all()
+
+
+# --------------------------------------------------------------------------- shard folders
+
+
+def test_shard_sets_split_names_by_the_prefix_before_the_shard_number():
+    from batchwire.pipeline.sources.shardsets import shard_sets
+
+    def sets(names):
+        return [(s.prefix, s.pattern, len(s.names)) for s in shard_sets(names)]
+
+    split = [f"train-{k:06d}.tar" for k in range(10)] + ["val-000000.tar", "val-000001.tar"]
+    assert sets(split) == [
+        ("train-", "train-{000000..000009}.tar", 10),
+        ("val-", "val-{000000..000001}.tar", 2),
+    ]
+    # One prefix each: digits inside the prefix, a constant "of N" after the number, no
+    # padding, per-class names, a single shard, one name without a number.
+    assert sets([f"imagenet1k-train-{k:04d}.tar" for k in range(3)]) == [
+        ("imagenet1k-train-", "imagenet1k-train-{0000..0002}.tar", 3)
+    ]
+    assert sets([f"train-{k:05d}-of-00004.tar" for k in range(4)]) == [
+        ("train-", "train-{00000..00003}-of-00004.tar", 4)
+    ]
+    assert sets([f"shard-{k}.tar" for k in range(12)]) == [("shard-", "shard-{0..11}.tar", 12)]
+    assert sets(["n01440764.tar", "n01443537.tar"]) == [("n", None, 2)]  # not a range
+    assert sets(["train-000000.tar"]) == [("train-", "train-000000.tar", 1)]
+    assert sets(["all.tar"]) == [("all.tar", "all.tar", 1)]
+    # Two prefixes that differ only in a digit, and a name without a number beside numbered ones.
+    assert [s.prefix for s in shard_sets(["cc3m-000.tar", "cc3m-001.tar", "cc12m-000.tar"])] == [
+        "cc12m-",
+        "cc3m-",
+    ]
+    assert len(shard_sets(["train-0.tar", "train-1.tar", "extra.tar"])) == 2
+
+
+def test_folder_of_two_prefixes_is_refused_naming_each_prefix_pattern(tmp_path, ref):
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    for k in range(2):
+        write_tar(shards / f"train-{k:02d}.tar", shard_samples(ref, range(k * 15, k * 15 + 15)))
+    write_tar(shards / "val-00.tar", shard_samples(ref, range(30, 40)))
+    cache = tmp_path / "cache"
+    with pytest.raises(ValueError) as refused:
+        open_dataset(shards, cache, verify_checksums="off")
+    text = str(refused.value)
+    assert "holds shards of 2 prefixes" in text, text
+    assert "train-* (2 shards: train-00.tar .. train-01.tar); val-* (1 shard: val-00.tar)" in text
+    assert f"'{shards}/train-{{00..01}}.tar' or '{shards}/val-00.tar'" in text
+    # The pattern it names serves that prefix alone; one naming both serves both, as named.
+    train = open_dataset(str(shards / "train-{00..01}.tar"), cache, verify_checksums="off")
+    assert len(train) == 30 and not any(":s0003" in p for p in train.paths)
+    assert len(open_dataset(str(shards / "{train,val}-00.tar"), cache)) == 25
+    # A folder of one prefix is served as before.
+    (shards / "val-00.tar").unlink()
+    assert len(open_dataset(shards, cache, verify_checksums="off")) == 30
+
+
+@pytest.mark.parametrize("name", ["train-02.tar.gz", "train-02.tgz", "train-02.TAR.ZST"])
+def test_compressed_tar_in_a_shard_folder_is_refused(tmp_path, ref, name):
+    import gzip
+    import re
+
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    for k in range(3):
+        write_tar(shards / f"train-{k:02d}.tar", shard_samples(ref, range(k * 10, k * 10 + 10)))
+    packed = shards / "train-02.tar"
+    (shards / name).write_bytes(gzip.compress(packed.read_bytes()))
+    packed.unlink()
+    with pytest.raises(ValueError, match=rf"shards: {re.escape(name)}: compressed tars are not"):
+        open_dataset(shards, tmp_path / "cache", verify_checksums="off")
