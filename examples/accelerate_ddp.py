@@ -32,9 +32,7 @@ def main() -> None:
     args = p.parse_args()
 
     accelerator = Accelerator()
-    loader = RemoteLoader(
-        args.server, "train", device=accelerator.device, normalize_on_device=True, keys=args.keys
-    )
+    loader = RemoteLoader(args.server, "train", device=accelerator.device, keys=args.keys)
     model = torch.nn.Sequential(
         torch.nn.Conv2d(3, 32, 3, stride=2), torch.nn.ReLU(),
         torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(),

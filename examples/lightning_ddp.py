@@ -21,10 +21,7 @@ class Classifier(L.LightningModule):
         super().__init__()
         # Built before DDP starts: rank, world size and device (LOCAL_RANK's GPU) are resolved
         # when a loader first connects, inside the DDP process.
-        self.loaders = {
-            split: RemoteLoader(server, split, normalize_on_device=True, keys=keys)
-            for split in ("train", "val")
-        }
+        self.loaders = {split: RemoteLoader(server, split, keys=keys) for split in ("train", "val")}
         self.wrap = wrap  # the loader itself, or DataLoader(loader, batch_size=None): both work
         self.net = None
 

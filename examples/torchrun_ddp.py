@@ -29,7 +29,7 @@ def main() -> None:
     dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
     main_rank = dist.get_rank() == 0
     # device=None: this rank's GPU (LOCAL_RANK) when CUDA is available, else the CPU.
-    loader = RemoteLoader(args.server, "train", normalize_on_device=True, keys=args.keys)
+    loader = RemoteLoader(args.server, "train", keys=args.keys)
     model = torch.nn.Sequential(
         torch.nn.Conv2d(3, 32, 3, stride=2), torch.nn.ReLU(),
         torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(),
