@@ -17,6 +17,13 @@ EAGAIN, EINTR; `decode.is_transient`) says nothing about the file: it is retried
 later epoch) reads it again. Remembering it would turn a burst of EMFILE into "most of the
 dataset is bad" until a restart.
 
+A read denied (PermissionError: an object store's 401/403, a file without read permission) is
+a bad file, unless most reads are: then the credentials expired or were revoked
+(`pipeline.access.AccessWatch`, fed with every read's outcome), and the batch fails with
+`AccessDeniedError` (transient) instead of being filled with substitutes that are mostly denied
+too; the files found denied so far are forgotten as bad, so they are read again once the
+credentials are renewed.
+
 `load` (what `BatchProducer.produce` calls for a batch, on a producer thread) does the work in
 two steps: `read_and_plan` (read bytes, parse headers, plan augmentation; the reads run on the
 decoder's threads) and `decode` (pixels of the whole batch in one `BatchDecoder.decode_batch`
@@ -44,6 +51,7 @@ once per view on the same decoded image (`BatchProducer.produce`).
 
 from __future__ import annotations
 
+import errno
 import logging
 import threading
 import time
@@ -52,6 +60,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from batchwire.pipeline.access import AccessState, AccessWatch
 from batchwire.pipeline.augment_plan import AugmentConfig, SamplePlan, draw_uniforms, plan_samples
 from batchwire.pipeline.dataset import ImageDataset
 from batchwire.pipeline.decode import (
@@ -98,6 +107,11 @@ class TransientReadError(OSError):
     """A file kept failing for a reason that says nothing about it (EMFILE, ENFILE, EIO,
     EAGAIN, EINTR, ENOMEM) through every retry. The batch fails; the file is not remembered as
     bad, so a later attempt reads it again. `errno` is the last error's."""
+
+
+class AccessDeniedError(TransientReadError):
+    """Most reads are denied (`AccessWatch`): credentials expired or revoked? The batch fails
+    as transient; no file is remembered as bad for it."""
 
 
 def _retrying(
@@ -225,6 +239,9 @@ class SampleLoader:
         self._bad: dict[int, str] = {}
         self._bad_paths: set[str] = set()
         self._bad_order: list[str] = []  # the same paths, in the order found
+        # Every read's outcome, denied or not: most denied means credentials, not files.
+        self.access = AccessWatch()
+        self._denied: set[int] = set()  # indices in `_bad` because their read was denied
         self._lock = threading.Lock()
         if check_start:
             probe(
@@ -308,6 +325,7 @@ class SampleLoader:
                 self._count_transient,
             )
             assert isinstance(data, bytes)
+            self._note_access(denied=False)
             verdict = self.dataset.checksum_verdict(index, data)
             if verdict.problem is not None:  # bytes that may still decode, to wrong pixels
                 return verdict.problem
@@ -316,8 +334,39 @@ class SampleLoader:
             return str(e)
         except TransientReadError:
             raise
-        except OSError as e:
+        except PermissionError as e:
+            self._denied_read(index)
             return f"cannot read: {e.strerror or e}"
+        except OSError as e:
+            self._note_access(denied=False)
+            return f"cannot read: {e.strerror or e}"
+
+    def _note_access(self, denied: bool) -> AccessState:
+        """Record a read's outcome (`access`); log when most reads become or stop being
+        denied."""
+        state, changed = self.access.record(denied, time.monotonic())
+        if changed and state.most_denied:
+            log.warning("%s: %s", self.dataset.root, state.message())
+        elif changed:
+            log.info("%s: reads succeed again", self.dataset.root)
+        return state
+
+    def _denied_read(self, index: int) -> None:
+        """A read of file `index` was denied: a bad file (the caller marks it), unless most
+        reads are denied: then AccessDeniedError, and the files found denied so far are no
+        longer taken as bad (module doc)."""
+        state = self._note_access(denied=True)
+        if not state.most_denied:
+            with self._lock:
+                self._denied.add(index)
+            return
+        with self._lock:
+            for i in self._denied:
+                self._bad.pop(i, None)
+            self._denied.clear()
+        raise AccessDeniedError(
+            errno.EACCES, f"reading {self.dataset.paths[index]}: {state.message()}"
+        )
 
     def _next_readable(
         self, requested: int, attempt: int, fetched: bytes | OSError | None = None

@@ -223,13 +223,16 @@ class ServerApp:
             os.write(self._wake_w, b"s")
 
     def health(self, path: str) -> tuple[int, bytes]:
-        """The probes on the metrics port (any thread: reads only single attributes).
+        """The probes on the metrics port (any thread: reads single attributes, and the
+        splits' `AccessWatch`, under its own short lock; never the loop's state).
 
         ``/healthz``: alive, the loop turned within `LIVENESS_STALE_S` (a liveness probe
         restarts a server whose loop is stuck), and no producer thread died (production cannot
         go on; the process is on its way out, see `_producer_died`). ``/readyz``: alive,
-        splits open, every producer thread running, and accepting clients (not draining or
-        stopping): a readiness probe takes a draining server out of the Service's DNS name.
+        splits open, every producer thread running, accepting clients (not draining or
+        stopping), and reads not mostly denied (`pipeline.access`: credentials expired or
+        revoked; ``denied`` names the splits and why): a readiness probe takes such a server
+        out of the Service's DNS name.
         """
         now = time.monotonic()
         beat = self._heartbeat
@@ -237,6 +240,7 @@ class ServerApp:
             "loop": beat is not None and now - beat < LIVENESS_STALE_S,
             "production": self._fatal is None,
         }
+        denied: dict[str, str] = {}  # split -> why most of its reads are denied
         if path == "/readyz":
             # Producer threads by name: ProducerThreads starts them at construction and a
             # thread that died (an uncaught error) is gone from the enumeration.
@@ -244,6 +248,11 @@ class ServerApp:
             checks["splits"] = bool(self.splits)
             checks["producers"] = running >= self.producers.n
             checks["accepting"] = not (self._drain_requested or self._stopping)
+            for name, split in self.splits.items():
+                state = split.samples.access.state(now)
+                if state.most_denied:
+                    denied[name] = state.message()
+            checks["reads"] = not denied
         ok = all(checks.values())
         body = {
             "status": "ok" if ok else "fail",
@@ -252,6 +261,8 @@ class ServerApp:
             "stopping": self._stopping,
             "loop_age_s": None if beat is None else round(now - beat, 3),
         }
+        if denied:
+            body["denied"] = denied
         return (200 if ok else 503), json.dumps(body).encode() + b"\n"
 
     def run(self, exit_by_deadline: bool = False) -> int:

@@ -76,6 +76,7 @@ def test_probes_answer_on_the_metrics_port_only_where_asked() -> None:
             "splits": True,
             "producers": True,
             "accepting": True,
+            "reads": True,
         }
         assert not body["draining"]
         head = requests.head(f"http://127.0.0.1:{port}/readyz?verbose", timeout=5)
