@@ -100,7 +100,8 @@ def parser() -> argparse.ArgumentParser:
         "--shard-prefix",
         default="train",
         metavar="NAME",
-        help="with --shards: the shards' name before -NNNNNN.tar (default: %(default)s)",
+        help="with --shards: the shards' name before -NNNNNN.tar (default: %(default)s); one "
+        "prefix per DST: each split in a folder of its own (pipeline-server serves a folder whole)",
     )
     p.add_argument("--quiet", action="store_true", help="no progress and no per-file lines")
     p.add_argument("--report", metavar="FILE.json", help="also write the summary as JSON here")

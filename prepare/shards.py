@@ -2,6 +2,8 @@
 
 Any source kind batchwire reads (ImageFolder, list file, CSV / JSON-lines manifest, tar shards,
 Parquet: `pipeline.sources`) goes out as `DST/PREFIX-000000.tar`, `PREFIX-000001.tar`, ...,
+one split per DST (a server serves a folder whole: a DST holding shards of another prefix is
+refused, by the rule with which the server refuses such a folder, `pipeline.sources.shardsets`),
 each at most SIZE bytes (a sample larger than SIZE gets a shard of its own). Sample i of SRC
 is members `KEY.EXT` (its bytes exactly as read, EXT from its format: jpg, png, webp, ...) and
 `KEY.cls` (its label id), KEY being i in 9 digits: the WebDataset convention, so the
@@ -45,6 +47,7 @@ from typing import IO, TextIO
 
 from batchwire.pipeline.checksums import CHECKSUMS_MANIFEST, checksum
 from batchwire.pipeline.dataset import ImageDataset
+from batchwire.pipeline.sources.shardsets import shard_sets, top_level_names
 from batchwire.pipeline.storage import LocalStore, ObjectWriter, Store, StoreOptions, open_store
 from batchwire.pipeline.storage.urls import is_url, redact_url
 from batchwire.prepare.samplesums import previous_records, record_line, write_manifest
@@ -228,7 +231,7 @@ def write_shards(
     progress: TextIO | None = None,
 ) -> ShardSummary:
     """Write SRC as shards in the folder DST (see the module doc). UsageError when it cannot
-    run (SRC unreadable as a dataset, DST holding shards of this prefix already)."""
+    run (SRC unreadable as a dataset, DST holding shards of this or another prefix already)."""
     from batchwire.pipeline.dataset import open_dataset
 
     if not _PREFIX.match(prefix):
@@ -241,12 +244,7 @@ def write_shards(
     except (OSError, ValueError) as exc:
         raise UsageError(f"SRC {redact_url(src)}: {exc}") from None
     store = _destination(dst)
-    existing = _existing_shards(store, prefix)
-    if existing:
-        raise UsageError(
-            f"DST {store.display} already holds {len(existing)} shards named "
-            f"{prefix}-NNNNNN.tar: remove them or choose another DST or --shard-prefix"
-        )
+    _check_destination(store, prefix)
     summary = ShardSummary(redact_url(src), store.display)
     writer = _ShardWriter(store, prefix, max_bytes)
     try:
@@ -299,16 +297,34 @@ def _destination(dst: str) -> Store:
     return LocalStore(out)
 
 
-def _existing_shards(store: Store, prefix: str) -> list[str]:
-    """Keys of shards named PREFIX-NNNNNN.tar directly under DST. UsageError when DST cannot
-    be listed (no credentials, no bucket, access denied: nothing is written)."""
-    shard = re.compile(rf"^{re.escape(prefix)}-[0-9]+\.tar$")
+def _check_destination(store: Store, prefix: str) -> None:
+    """UsageError, before anything is written, when DST cannot take shards of `prefix`: it
+    cannot be listed (no credentials, no bucket, access denied), it holds shards of `prefix`
+    already, or shards of another prefix: each split's shards go in a folder of their own (a
+    folder is served whole, and pipeline-server refuses one holding two prefixes:
+    `pipeline.sources.shardsets`, the same rule)."""
     try:
-        list_top = getattr(store, "list_top", None)  # a bucket: one level, not the subtree
-        listed = list_top("")[1] if callable(list_top) else store.list(f"{prefix}-")
+        tars = [n for n in top_level_names(store) if n.lower().endswith(".tar")]
     except OSError as exc:
         raise UsageError(f"DST {store.display}: cannot list it: {exc.strerror or exc}") from None
-    return [o.key for o in listed if shard.match(o.key)]
+    mine = re.compile(rf"^{re.escape(prefix)}-[0-9]+\.tar$")
+    existing = [n for n in tars if mine.match(n)]
+    if existing:
+        raise UsageError(
+            f"DST {store.display} already holds {len(existing)} shards named "
+            f"{prefix}-NNNNNN.tar: remove them or choose another DST or --shard-prefix"
+        )
+    first = f"{prefix}-{0:06d}.tar"
+    others = [s for s in shard_sets([*tars, first]) if first not in s.names]
+    if others:
+        sibling = f"{store.display.rstrip('/').rpartition('/')[0]}/{prefix}"
+        raise UsageError(
+            f"DST {store.display} holds shards of another prefix "
+            f"({'; '.join(s.describe() for s in others[:5])}): each split's shards go in a "
+            "folder of their own (pipeline-server serves a folder whole, and refuses one "
+            "holding two prefixes): write these to another DST"
+            + (f", e.g. {sibling}" if sibling != store.display.rstrip("/") else "")
+        )
 
 
 def _write_checksums(store: Store, writer: _ShardWriter) -> None:

@@ -1,6 +1,7 @@
 """`pipeline-prepare SRC DST --shards SIZE` (the real command): every source kind as SRC, shards
 the `webdataset` library reads back sample for sample (bytes, labels, keys in order), bounded
-in size, byte-identical on a second run, and the usage and unreadable-sample exits."""
+in size, byte-identical on a second run, the usage and unreadable-sample exits, and each split
+in a folder of its own: a folder of two prefixes refused by prepare and by pipeline-server."""
 
 from __future__ import annotations
 
@@ -14,8 +15,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import webdataset as wds
+import zmq
 from batchwire.pipeline.dataset import ImageDataset, open_dataset
 from batchwire.pipeline.synthetic import default_dataset
+from rawclient import SERVER_ARGS, RawTrainer
+from serverproc import free_tcp_endpoint, running_server
 
 PREPARE = Path(sys.executable).with_name("pipeline-prepare")
 SIZE = 200_000
@@ -27,15 +31,19 @@ def prepare(*args: str) -> subprocess.CompletedProcess:
     )
 
 
-@pytest.fixture(scope="module")
-def folder(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("src") / "folder"
+def image_folder(root: Path, files: slice) -> Path:
+    """5 classes of the embedded dataset's val split, `files` of each."""
     src = default_dataset().val_root
     for cls in sorted(p for p in src.iterdir() if p.is_dir())[:5]:
         (root / cls.name).mkdir(parents=True)
-        for f in sorted(cls.iterdir())[:6]:
+        for f in sorted(cls.iterdir())[files]:
             shutil.copyfile(f, root / cls.name / f.name)
     return root
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory) -> Path:
+    return image_folder(tmp_path_factory.mktemp("src") / "folder", slice(0, 6))
 
 
 def read_back(dst: Path, prefix: str = "train") -> list[dict]:
@@ -112,3 +120,56 @@ def test_usage_and_unreadable_samples(folder, tmp_path):
     assert "not written (unreadable):" in done.stdout and "gone.jpg" in done.stdout
     assert len(read_back(tmp_path / "partial")) == 1
     assert not list((tmp_path / "partial").glob(".*.tmp"))
+
+
+def welcome_samples(endpoint: str, split: str) -> int:
+    ctx = zmq.Context()
+    try:
+        trainer = RawTrainer(endpoint, f"bw-{split}".encode(), ctx, split=split)
+        try:
+            return trainer.start().num_samples
+        finally:
+            trainer.leave()
+    finally:
+        ctx.term()
+
+
+def test_readme_splits_each_in_a_folder_of_its_own(folder, tmp_path):
+    """The README's commands as a user types them: `pipeline-prepare data/train shards/train
+    --shards 1GB`, the val split likewise into shards/val, served by `--train shards/train
+    --val shards/val`: train serves train's 30 samples only. Val shards written into train's
+    folder (the way val leaked into train) are refused by pipeline-prepare, and such a folder
+    made by hand is refused by pipeline-server at start, naming each prefix's pattern."""
+    val_src = image_folder(tmp_path / "val-src", slice(6, 8))
+    shards = tmp_path / "shards"
+    train = prepare(str(folder), str(shards / "train"), "--shards", "1GB")
+    assert train.returncode == 0, train.stderr
+    val = prepare(str(val_src), str(shards / "val"), "--shards", "1GB", "--shard-prefix", "val")
+    assert val.returncode == 0, val.stderr
+    leak = prepare(str(val_src), str(shards / "train"), "--shards", "1GB", "--shard-prefix", "val")
+    assert leak.returncode == 2, leak.stdout + leak.stderr
+    assert (
+        f"DST {shards / 'train'} holds shards of another prefix (train-* (1 shard: "
+        f"train-000000.tar)): each split's shards go in a folder of their own" in leak.stderr
+    ), leak.stderr
+    assert f"e.g. {shards / 'val'}" in leak.stderr
+    assert [p.name for p in (shards / "train").glob("*.tar")] == ["train-000000.tar"]
+
+    split_args = ("--train", str(shards / "train"), "--val", str(shards / "val"))
+    with running_server(*split_args, *SERVER_ARGS) as srv:
+        assert welcome_samples(srv.endpoint, "train") == 30
+        assert welcome_samples(srv.endpoint, "val") == 10
+
+    shutil.copyfile(shards / "val" / "val-000000.tar", shards / "train" / "val-000000.tar")
+    refused = subprocess.run(
+        [str(PREPARE.with_name("pipeline-server")), "--train", str(shards / "train"),
+         "--bind", free_tcp_endpoint(), *SERVER_ARGS],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=60,
+    )  # fmt: skip
+    out = refused.stdout
+    assert refused.returncode == 2, out
+    assert "holds shards of 2 prefixes (the name before the shard number)" in out, out
+    assert f"'{shards / 'train'}/train-000000.tar' or '{shards / 'train'}/val-000000.tar'" in out, (
+        out
+    )
+    assert "serving" not in out
