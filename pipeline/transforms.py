@@ -16,12 +16,22 @@ the configured output size; the server casts it to the output dtype (a float res
 is rounded half to even and clamped to [0, 255]) and writes it in the output layout. The server
 applies no normalisation to a transform's output: the values it returns are the values sent.
 
-A transform that raises, or returns the wrong shape, on a sample is counted
+A transform that raises (anything, `SystemExit` and `KeyboardInterrupt` included: see
+`TransformRunner.apply`) on a sample, or returns what the server cannot send as it is (not a
+tensor, the wrong shape, a tensor on another device than the image's or the output's, NaN or
+inf, values the output dtype cannot hold: an int 300 for a uint8 output, which the cast would
+wrap to 44, or 1e5 for a float16 one, which it would make inf), is counted
 (`transform_errors_total`) and logged (the traceback once per distinct error), and the sample
 is replaced like a corrupt file (its next substitute, transformed in turn); it never stops a
 producer. The failure is not remembered as a bad file: it may depend on the epoch's draws, and a
 server that had not seen it must pick the same sample for the same (seed, epoch, index).
 
+A transform that draws from a global RNG (torch's default generator: ``torch.rand(...)``
+without ``generator=``; Python's `random`; NumPy's legacy ``np.random``) would make each
+server's bytes differ. Its first `PROBE_CALLS` calls watch for that; once one draws, the server
+logs a warning naming the transform (once) and from then on runs it as `torchvision_v2` runs
+its transform: one call at a time, with those RNGs seeded from the sample's seed, so its output
+is reproducible again, at the cost of its calls no longer running in parallel.
 torchvision v2 transforms draw from torch's global RNG; `torchvision_v2` adapts one.
 
 Security: `--transform` imports and runs arbitrary code in the server process. It is the
@@ -33,10 +43,12 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import logging
+import math
 import random
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +63,13 @@ log = logging.getLogger("batchwire.pipeline")
 TRANSFORM_STREAM = 0x5846524D
 #: Distinct errors logged with a traceback; past that only counted (and logged at debug).
 MAX_LOGGED_ERRORS = 64
+#: A transform's first calls watched for draws from a global RNG (`TransformRunner`): enough to
+#: catch one that draws on one sample in ten with 96 % odds; each costs ~150 µs more and runs alone.
+PROBE_CALLS = 32
+#: XORed into a sample's seed to seed the global RNGs for a transform that draws from them: a
+#: seed of their own, so that ``torch.rand(1)`` and ``torch.rand(1, generator=generator)`` in
+#: one transform are not the same number.
+GLOBAL_SEED_MASK = 0x2545F4914F6CDD1D
 
 Transform = Callable[[torch.Tensor, torch.Generator], torch.Tensor]
 
@@ -120,14 +139,47 @@ def load_transform(spec: str | Transform) -> Transform:
 
 
 class TransformError(Exception):
-    """A transform raised or returned something the server cannot send (wrong shape, type)."""
+    """A transform raised or returned something the server cannot send (wrong shape, type,
+    device, NaN or inf, values out of the output dtype's range)."""
+
+
+def value_problem(result: torch.Tensor, dtype: torch.dtype) -> str | None:
+    """Why ``result``'s values cannot be written into a ``dtype`` output, or None when they can.
+
+    NaN and inf are never sent. A float into a uint8 output is rounded and clamped (the
+    documented cast), so only its finiteness matters; an integer into an integer output must
+    fit (the cast would wrap: 300 becomes 44, -1 becomes 255); anything into a float output
+    must fit its finite range (1e5 would become inf in float16). One `aminmax` pass (about 20 µs
+    on a [3, 224, 224] float32 tensor on one core, under 1 % of its decode), skipped when the
+    cast cannot go wrong (bool, or an integer tensor of the output's own dtype).
+    """
+    if result.dtype == torch.bool or (result.dtype == dtype and not dtype.is_floating_point):
+        return None
+    lo, hi = (float(v) for v in torch.aminmax(result))
+    if result.is_floating_point() and not (math.isfinite(lo) and math.isfinite(hi)):
+        return "non-finite values (NaN or inf)"
+    if dtype.is_floating_point:
+        limit = float(torch.finfo(dtype).max)
+        if lo < -limit or hi > limit:
+            return f"values in [{lo:g}, {hi:g}], beyond {dtype}'s range"
+    elif not result.is_floating_point():
+        info = torch.iinfo(dtype)
+        if lo < info.min or hi > info.max:
+            return f"values in [{lo:g}, {hi:g}], out of {dtype}'s [{info.min}, {info.max}]"
+    return None
 
 
 class TransformRunner:
     """Applies one transform to samples, writing into a batch; counts and logs its failures.
 
     Thread-safe: several producer threads call `apply` at once (the counters take a lock; the
-    transform itself is the user's, called concurrently unless it is an adapter that locks).
+    transform itself is the user's, called concurrently unless it is an adapter that locks, or
+    it draws from a global RNG: module doc). Its first `PROBE_CALLS` calls run under
+    `GLOBAL_RNG_LOCK` with the global RNGs seeded from the sample's seed, watching whether it
+    draws from them: if one does, every later call runs that way too ("global"), else none does
+    ("plain"). A watched call's output is the one a "global" call would give, and equals a
+    plain one's whenever the transform did not draw, so the output stays a function of (seed,
+    epoch, sample) however the calls were split between the modes.
     """
 
     def __init__(self, transform: str | Transform, out_hw: tuple[int, int]) -> None:
@@ -137,16 +189,85 @@ class TransformRunner:
         self.errors_total = 0
         self._seen: set[tuple[str, str]] = set()
         self._lock = threading.Lock()
+        # "probe" for the first PROBE_CALLS calls, then "plain" or "global" (class doc). An
+        # adapter that seeds the global RNGs itself (torchvision_v2) needs no watching.
+        self._mode = "plain" if getattr(self.fn, "seeds_global_rngs", False) else "probe"
+        self._probes = 0
+
+    @property
+    def draws_global_rng(self) -> bool:
+        """Whether the transform was seen drawing from a global RNG (its calls now serialise)."""
+        return self._mode == "global"
 
     def apply(self, image: torch.Tensor, seed: int, out: torch.Tensor) -> None:
         """Transform ``image`` (HWC uint8) with a generator of ``seed`` into ``out`` ([3, H, W]
         view of the batch); TransformError when the transform fails (nothing useful written)."""
+        generator = sample_generator(seed)
+        if self._mode == "plain":
+            result = self._call(image, generator)
+        else:
+            result = self._call_seeded(image, generator, seed)
+        self._write(result, image, out)
+
+    def _call(self, image: torch.Tensor, generator: torch.Generator) -> Any:
+        """The transform's result; whatever it raises as a TransformError.
+
+        BaseException, not Exception: a transform's ``sys.exit()`` (SystemExit) or stray
+        KeyboardInterrupt would otherwise end the producer thread it runs on (`threading`
+        drops SystemExit silently) and leave a server that accepts clients and never produces.
+        On a producer thread these can only be the transform's own: Python runs signal
+        handlers, so delivers a real Ctrl-C (or a handler's SystemExit), on the main thread
+        only. There, where a caller runs `BatchProducer.produce` itself (a bench, a script),
+        the two go through, so that a Ctrl-C still stops the caller.
+        """
         try:
-            result = self.fn(image, sample_generator(seed))
-        except Exception as exc:
+            return self.fn(image, generator)
+        except BaseException as exc:
+            if isinstance(exc, (KeyboardInterrupt, SystemExit)) and (
+                threading.current_thread() is threading.main_thread()
+            ):
+                raise
             raise TransformError(
                 f"transform {self.name} raised {type(exc).__name__}: {exc}"
             ) from exc
+
+    def _call_seeded(self, image: torch.Tensor, generator: torch.Generator, seed: int) -> Any:
+        """`_call` with the global RNGs seeded from ``seed`` (and restored after), one call at a
+        time; while probing, watch whether it draws from them."""
+        with GLOBAL_RNG_LOCK, seeded_global_rngs(seed ^ GLOBAL_SEED_MASK):
+            before = global_rng_states() if self._mode == "probe" else None
+            try:
+                return self._call(image, generator)
+            finally:
+                if before is not None:
+                    self._probed(global_rng_states() != before)
+
+    def _probed(self, drew: bool) -> None:
+        """One watched call done: switch to "global" (and warn, once) if it drew, or to
+        "plain" after `PROBE_CALLS` calls that did not."""
+        with self._lock:
+            if self._mode != "probe":
+                return
+            self._probes += 1
+            if drew:
+                self._mode = "global"
+            elif self._probes >= PROBE_CALLS:
+                self._mode = "plain"
+        if drew:
+            log.warning(
+                "transform %s draws from a global RNG (torch's default generator: torch.rand(...) "
+                "without generator=; Python's random; NumPy's np.random): its output would "
+                "differ between servers and runs. The server now runs it one call at a time "
+                "with those RNGs seeded per sample, so its batches stay reproducible, but its "
+                "calls no longer run in parallel. Fix: draw every random number from the "
+                "generator argument (torch.rand(..., generator=generator)), or wrap a "
+                "torchvision v2 transform in batchwire.pipeline.transforms.torchvision_v2",
+                self.name,
+            )
+
+    def _write(self, result: Any, image: torch.Tensor, out: torch.Tensor) -> None:
+        """Check ``result`` can be sent as it is (TransformError naming why not), then cast it
+        into ``out``."""
         h, w = self.out_hw
         if not isinstance(result, torch.Tensor):
             raise TransformError(
@@ -156,6 +277,18 @@ class TransformRunner:
         if tuple(result.shape) != (3, h, w):
             raise TransformError(
                 f"transform {self.name} returned shape {list(result.shape)}, expected [3, {h}, {w}]"
+            )
+        if result.device not in (image.device, out.device):
+            raise TransformError(
+                f"transform {self.name} returned a tensor on {result.device}, expected one on "
+                f"{image.device} (the image's device)"
+            )
+        if result.is_complex():
+            raise TransformError(f"transform {self.name} returned a {result.dtype} tensor")
+        problem = value_problem(result, out.dtype)
+        if problem is not None:
+            raise TransformError(
+                f"transform {self.name} returned {problem} for a {out.dtype} output"
             )
         if out.dtype == torch.uint8 and result.is_floating_point():
             result = result.round().clamp_(0, 255)
@@ -177,10 +310,45 @@ class TransformRunner:
 
 
 # ---------------------------------------------------------------------------------------------
-# torchvision v2 (and any transform that draws from torch's global RNG)
+# The global RNGs: torchvision v2 (and any transform that draws from them)
 
-#: Held while a global-RNG transform runs: the global generator is one per process.
-GLOBAL_RNG_LOCK = threading.Lock()
+#: Held while the global RNGs are seeded for a call: they are one per process. Reentrant: a
+#: transform watched by its runner may itself be a `torchvision_v2` adapter.
+GLOBAL_RNG_LOCK = threading.RLock()
+
+#: The global RNGs' states: torch's default CPU generator, Python's `random`, NumPy's legacy
+#: `np.random` (its state as a hashable tuple, so that two states compare with ``!=``).
+RngStates = tuple[bytes, object, tuple[object, ...]]
+
+
+def global_rng_states() -> RngStates:
+    """The three global RNGs' states (about 40 µs; only watched calls take it)."""
+    npst = np.random.get_state(legacy=False)
+    assert isinstance(npst, dict)
+    key = npst["state"]
+    return (
+        torch.default_generator.get_state().numpy().tobytes(),
+        random.getstate(),
+        (key["key"].tobytes(), key["pos"], npst["has_gauss"], npst["gauss"]),
+    )
+
+
+@contextmanager
+def seeded_global_rngs(seed: int) -> Iterator[None]:
+    """The global RNGs seeded with ``seed`` for the block, their states restored after. Hold
+    `GLOBAL_RNG_LOCK` around it. Only torch's CPU generator: CUDA's are left alone."""
+    saved_torch = torch.default_generator.get_state()
+    saved_random = random.getstate()
+    saved_np = np.random.get_state()
+    try:
+        torch.default_generator.manual_seed(seed)
+        random.seed(seed)
+        np.random.seed(seed % (1 << 32))
+        yield
+    finally:
+        torch.default_generator.set_state(saved_torch)
+        random.setstate(saved_random)
+        np.random.set_state(saved_np)
 
 
 def torchvision_v2(t: Callable[[torch.Tensor], torch.Tensor]) -> Transform:
@@ -188,29 +356,23 @@ def torchvision_v2(t: Callable[[torch.Tensor], torch.Tensor]) -> Transform:
 
     v2 transforms draw their parameters from torch's global RNG (and a few v1 ones from Python's
     `random`), which every thread shares. The adapter makes each call deterministic: under a
-    process-wide lock it forks the global CPU RNG (`torch.random.fork_rng`) and Python's
-    `random` state, seeds both with the sample's seed (``generator.initial_seed()``, itself a
-    function of (seed, epoch, sample)), runs ``t`` and restores both states. Inside the lock no
-    other adapter touches the global RNG, so the draws ``t`` makes are exactly the sequence that
-    seed yields, whichever thread or server runs it; the states are restored, so code outside
-    is undisturbed. The cost: adapted transforms run one at a time per process (plain
+    process-wide lock it seeds the global CPU RNG, Python's `random` and NumPy's `np.random`
+    with the sample's seed (``generator.initial_seed()``, itself a function of (seed, epoch,
+    sample)), runs ``t`` and restores their states (`seeded_global_rngs`). Inside the lock no
+    other adapter touches the global RNGs, so the draws ``t`` makes are exactly the sequence
+    that seed yields, whichever thread or server runs it; the states are restored, so code
+    outside is undisturbed. The cost: adapted transforms run one at a time per process (plain
     ``(image, generator)`` transforms do not lock). Requires ``t`` to take a CHW tensor (v2
     transforms do) and to run its random draws on the CPU generator.
     """
 
     def run(image: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
         chw = image.permute(2, 0, 1)
-        seed = generator.initial_seed()
-        with GLOBAL_RNG_LOCK, torch.random.fork_rng(devices=[]):
-            state = random.getstate()
-            try:
-                torch.manual_seed(seed)
-                random.seed(seed)
-                return t(chw)
-            finally:
-                random.setstate(state)
+        with GLOBAL_RNG_LOCK, seeded_global_rngs(generator.initial_seed()):
+            return t(chw)
 
     run.__name__ = run.__qualname__ = f"torchvision_v2({transform_name(t)})"
+    run.seeds_global_rngs = True  # type: ignore[attr-defined]  # its runner need not watch it
     return run
 
 
