@@ -412,3 +412,17 @@ def test_a_transform_drawing_from_its_generator_only_runs_unwatched_after_the_pr
     again = run_samples(runner, seeds, threads=1)  # all unwatched now
     assert all(torch.equal(x, y) for x, y in zip(first, again, strict=True))
     assert not runner.draws_global_rng and not caplog.records
+
+
+def test_a_v2_adapter_under_its_runner_is_not_watched_nor_warned(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # It seeds the global RNGs itself: the runner neither watches it nor serialises it twice.
+    caplog.set_level(logging.WARNING, logger="batchwire.pipeline")
+    runner = TransformRunner(torchvision_v2(FakeV2RandomCrop(8)), (8, 8))
+    seeds = transform_seeds(3, 0, range(12))
+    assert all(
+        torch.equal(x, y)
+        for x, y in zip(run_samples(runner, seeds, 4), run_samples(runner, seeds, 1), strict=True)
+    )
+    assert not runner.draws_global_rng and not caplog.records
