@@ -3,7 +3,8 @@
 Live mode redraws the view every ``--interval`` seconds on the terminal's alternate screen
 (rich's Live), follows a resized terminal within a quarter of a second, and restores the
 terminal on Ctrl-C or SIGTERM. ``--once`` prints a single snapshot; ``--json`` prints the raw
-stats instead of the view (one JSON object per line when live), for scripts.
+stats instead of the view (one JSON object per line when live), for scripts, in the fleet's
+shape (``servers`` and ``total``; `server_json`).
 
 A fleet name, ``dns+tcp://NAME:PORT`` (every A/AAAA record of NAME a server, as a RemoteLoader
 reads it), is re-resolved at every refresh and shows every server (`monitor.fleet`): one view
@@ -23,10 +24,10 @@ import sys
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Protocol, TextIO, TypeVar
+from typing import Any, Protocol, TextIO, TypeVar
 
 from batchwire.monitor.bottleneck import infer_bottleneck, smooth
-from batchwire.monitor.fleet import FleetPoller, FleetSnapshot, FleetWatch
+from batchwire.monitor.fleet import FleetPoller, FleetSnapshot, FleetWatch, ServerView
 from batchwire.monitor.render import (
     FleetMonitorView,
     MonitorView,
@@ -123,7 +124,7 @@ def _run_once(client: StatsClient, args: argparse.Namespace, out: TextIO) -> int
         print(f"pipeline-monitor: {exc}", file=sys.stderr)
         return 1
     if args.json:
-        out.write(json.dumps(snapshot.to_map()) + "\n")
+        out.write(json.dumps(server_json(args.endpoint, snapshot)) + "\n")
     else:
         width = _terminal_size(out)[0] if out.isatty() else 120
         out.write(
@@ -140,12 +141,20 @@ def _run_once(client: StatsClient, args: argparse.Namespace, out: TextIO) -> int
     return 0
 
 
+def server_json(endpoint: str, snapshot: ServerStats) -> dict[str, Any]:
+    """``--json`` for one server: the fleet's shape (``servers``, one entry, and ``total``), so
+    one script reads a server and a fleet alike; the server's stats are also at the top level,
+    as before the fleet's shape existed, for scripts written then."""
+    fleet = FleetSnapshot(endpoint, [ServerView(endpoint, snapshot)], time=snapshot.time)
+    return {**snapshot.to_map(), **fleet.to_map()}
+
+
 def _run_json_stream(client: StatsClient, args: argparse.Namespace, out: TextIO) -> int:
     """One JSON line per interval; a missed answer goes to stderr and polling goes on."""
     while True:
         started = time.monotonic()
         try:
-            out.write(json.dumps(client.fetch().to_map()) + "\n")
+            out.write(json.dumps(server_json(args.endpoint, client.fetch())) + "\n")
             out.flush()
         except StatsUnavailable as exc:
             print(f"pipeline-monitor: {exc}", file=sys.stderr, flush=True)

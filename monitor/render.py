@@ -97,6 +97,14 @@ def _line(*parts: tuple[str, str] | str) -> Text:
     return text
 
 
+def _wrapped_line(*parts: tuple[str, str] | str) -> Text:
+    """A line whose words all matter (the bottleneck and its reason): wrapped at the width,
+    never cropped, on a terminal and in a pipe alike."""
+    text = _line(*parts)
+    text.no_wrap, text.overflow = False, "fold"
+    return text
+
+
 def _bar(depth: int, capacity: int, width: int, unicode: bool) -> list[tuple[str, str]]:
     full_ch, empty_ch = ("█", "░") if unicode else ("#", ".")
     filled = 0 if capacity <= 0 else round(width * min(depth, capacity) / capacity)
@@ -244,7 +252,9 @@ def frame(
         bottleneck = infer_bottleneck(snapshot)
     style = f"{BOLD} {RED}" if bottleneck.kind in ("trainers", "stage") else f"{BOLD} {GREEN}"
     parts.append(
-        _line(("bottleneck: ", BOLD), (bottleneck.label, style), (f"  ({bottleneck.reason})", DIM))
+        _wrapped_line(
+            ("bottleneck: ", BOLD), (bottleneck.label, style), (f"  ({bottleneck.reason})", DIM)
+        )
     )
     parts += [_line(), _line(("queues", BOLD))]
     parts.extend(_stage_lines(snapshot, width, unicode, bottleneck))
@@ -276,10 +286,15 @@ def frame(
         states = [c.sharing for c in snapshot.clients]
         window = 0 if snapshot.buffers is None else snapshot.buffers.window_bytes or 0
         parts += [totals]
+        sent_per_produced = counters.batches_total / counters.batches_produced_total
+        ratio = (
+            f"share ratio {sent_per_produced:.2f} (batches sent per batch produced)"
+            if len(states) > 1
+            else f"sent {counters.batches_total:,} (one client: nothing to share)"
+        )
         totals = _line(
             ("sharing     ", BOLD),
-            f"produced {counters.batches_produced_total:,}  share ratio "
-            f"{counters.batches_total / counters.batches_produced_total:.2f}  "
+            f"produced {counters.batches_produced_total:,}  {ratio}  "
             f"window {human_bytes(window)}  clients: {states.count('shared')} shared, "
             f"{states.count('solo')} solo, ",
             (f"{states.count('lagging')} lagging", YELLOW if "lagging" in states else ""),

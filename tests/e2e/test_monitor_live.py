@@ -40,8 +40,15 @@ def client_row(stats: dict[str, Any], trainer: RawTrainer) -> dict[str, Any] | N
     return next((c for c in stats["clients"] if c["id"] == trainer.id), None)
 
 
-def check_schema(snap: dict[str, Any]) -> None:
-    """The Stats schema (wire/stats.py) field by field, plus what the types cannot say."""
+def check_schema(doc: dict[str, Any], endpoint: str) -> None:
+    """``--json`` of one server: the fleet's shape (one entry in ``servers``, ``total``) with
+    the server's stats as sent, which are also at the top level (scripts from before the
+    fleet's shape read them there); then the Stats schema (wire/stats.py) field by field."""
+    assert (doc["fleet"], doc["dns_error"], doc["total"]["answering"]) == (endpoint, None, 1)
+    (entry,) = doc["servers"]
+    assert (entry["endpoint"], entry["error"]) == (endpoint, None)
+    snap = entry["stats"]
+    assert {key: doc[key] for key in snap} == snap, "the top level carries the stats as sent"
     stats = wire.ServerStats.from_map(snap)  # every field there, of its type
     assert stats.v == wire.STATS_VERSION == 1
     assert stats.to_map() == snap, "the monitor prints the map as the server sent it"
@@ -82,7 +89,7 @@ def test_once_json_against_a_live_server(server: ServerProcess, ctx: zmq.Context
         done = run_monitor(server.endpoint, "--once", "--json")
         assert done.returncode == 0, done.stderr
         snap = json.loads(done.stdout)
-        check_schema(snap)
+        check_schema(snap, server.endpoint)
         assert snap["counters"]["batches_total"] >= 3
         assert snap["counters"]["images_total"] >= 12
         row = client_row(snap, trainer)
@@ -152,7 +159,7 @@ def test_live_json_is_one_snapshot_per_line(server: ServerProcess) -> None:
             proc.kill()
             proc.wait()
     for snap in snaps:
-        check_schema(snap)
+        check_schema(snap, server.endpoint)
     uptimes = [s["uptime_s"] for s in snaps]
     assert uptimes == sorted(uptimes) and uptimes[0] < uptimes[-1]
 

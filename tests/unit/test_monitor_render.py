@@ -170,3 +170,31 @@ def test_the_live_view_draws_at_the_consoles_size() -> None:
         lines = out.getvalue().splitlines()
         assert all(len(line) <= width for line in lines)
         assert sum("62772d743" in line for line in lines) == 2
+
+
+def test_the_bottleneck_line_is_wrapped_not_cut_in_a_pipe() -> None:
+    """`pipeline-monitor --once | less` at the pipe's 120 columns, or a narrow terminal: the
+    bottleneck's reason is the line a user acts on, so every word of it is shown."""
+    from batchwire.monitor.bottleneck import Bottleneck
+
+    reason = "the read queue is full while decode waits: " + "storage is slow " * 8 + "END"
+    for width in (60, 120):
+        text = render(SNAP, width, bottleneck=Bottleneck("stage", "read", reason))
+        assert all(len(line) <= width for line in text.splitlines())
+        assert "END)" in text and " ".join(text.split()).count("storage is slow") == 8
+
+
+def _sharing_snapshot(clients: int) -> wire.ServerStats:
+    snap = dict(SNAP_MAP, clients=SNAP_MAP["clients"][:clients])
+    snap["counters"] = dict(SNAP_MAP["counters"], batches_produced_total=3386)
+    snap["clients"] = [dict(c, sharing="solo") for c in snap["clients"]]
+    return wire.ServerStats.from_map(snap)
+
+
+def test_a_lone_client_reads_as_nothing_to_share() -> None:
+    """One client: "share ratio 0.57" read as a fault; it is batches produced ahead of it."""
+    lone = render(_sharing_snapshot(1), 160)
+    assert "share ratio" not in lone
+    assert "produced 3,386  sent 1,929 (one client: nothing to share)" in lone
+    two = render(_sharing_snapshot(2), 160)
+    assert "share ratio 0.57 (batches sent per batch produced)" in two
