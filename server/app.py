@@ -41,6 +41,7 @@ from batchwire.server.core import (
     Submit,
     TrimBuffers,
 )
+from batchwire.server.footprint import expected_rss_statement, median_pixels, resident_mib
 from batchwire.server.jobs import Job
 from batchwire.server.memory import gpu_memory_statement, host_memory_statement
 from batchwire.server.router_socket import RouterSocket, check_ipc_endpoint
@@ -309,6 +310,9 @@ class ServerApp:
             )
             log.info("%s", self.keys_statement())
             log.info("%s", self.memory_statement())
+            expected = self.rss_statement()
+            if expected is not None:
+                log.info("%s", expected)
             if self.config.device != "cpu":
                 bound = gpu_memory_statement(
                     self.config.producers,
@@ -367,6 +371,23 @@ class ServerApp:
                 "(samples shared across batch sizes)"
             )
         return statement
+
+    def rss_statement(self) -> str | None:
+        """The whole expected resident memory (server/footprint.py), said at start after the
+        buffers' bound; None where this process's RSS cannot be read (no /proc)."""
+        base = resident_mib()
+        if base is None:
+            return None
+        batch_bytes = self.capacity.nbytes + self.capacity.labels_nbytes
+        buffers = (self.core.budget.max_buffers + self._sample_batches) * batch_bytes
+        return expected_rss_statement(
+            base,
+            buffers / 2**20,
+            self.config.producers,
+            self.capacity.batch_size,
+            median_pixels([s.dataset for s in self.splits.values()]),
+            self.capacity.height * self.capacity.width,
+        )
 
     def _stop_watchdog(self) -> None:
         self._stop_requested.wait()

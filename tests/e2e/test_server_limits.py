@@ -1,7 +1,8 @@
 """Hostile load on a real pipeline-server: its memory, descriptors and replies stay bounded.
 
 - batch buffers never exceed --max-buffers whatever the clients do, a client holding none is
-  served while others hold what they may, and the memory returns once the clients leave;
+  served while others hold what they may, and the memory returns once the clients leave; the
+  server's peak resident size stays under the whole expected figure its start line states;
 - bare TCP connections that say nothing are closed after --handshake-timeout, so 300 of them
   do not take a server limited to 256 descriptors down; a real client is served after;
 - a hello beyond --max-clients gets an error naming the limit;
@@ -15,6 +16,7 @@ Everything runs against real server processes over real sockets; waits poll a pr
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -47,6 +49,15 @@ def rss_bytes(pid: int) -> int:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) * 1024
     raise AssertionError("no VmRSS")
+
+
+def peak_rss_bytes(pid: int) -> int:
+    """The process's peak resident size so far (VmHWM)."""
+    with open(f"/proc/{pid}/status") as fh:
+        for line in fh:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmHWM")
 
 
 def free_port() -> int:
@@ -154,6 +165,13 @@ def test_buffers_stay_under_the_cap_a_new_client_is_served_and_memory_returns(ct
         after = rss_bytes(srv.pid)
         assert peak_held >= 6
         assert after - base < 2 * BATCH_BYTES, (base / 2**20, peak_rss / 2**20, after / 2**20)
+        # The whole expected resident memory said at start holds the loaded server's peak.
+        stated = re.search(r"expected resident memory: up to about (\d+) MiB", srv.log())
+        assert stated is not None, srv.log()
+        assert peak_rss_bytes(srv.pid) <= int(stated.group(1)) * 2**20, (
+            peak_rss_bytes(srv.pid) / 2**20,
+            stated.group(0),
+        )
 
 
 def test_clients_that_take_nothing_are_cut_after_the_stall_timeout(ctx) -> None:
