@@ -30,7 +30,7 @@ import statistics
 from collections.abc import Sequence
 
 from batchwire.pipeline.dataset import ImageDataset
-from batchwire.pipeline.decode import DecodeError, read_header
+from batchwire.pipeline.decode import read_header
 
 #: Freed decode buffers kept by the C allocator's per-thread arenas (measured, see the doc).
 SLACK_MIB = 64
@@ -58,7 +58,7 @@ def median_pixels(datasets: Sequence[ImageDataset], sample: int = _SAMPLED) -> i
         for i in range(0, n, max(1, n // sample)):
             try:
                 header = read_header(dataset.read_bytes(i), max_pixels=None)
-            except (OSError, DecodeError):
+            except Exception:  # an estimate: a sample that cannot be read is skipped
                 continue
             pixels.append(header.height * header.width)
     return int(statistics.median(pixels)) if pixels else None
