@@ -27,8 +27,11 @@ batch for a peer that reads; the shell bounds the whole by --drain-timeout.
 What lives here: admission (splits, --max-clients, world-size agreement per (split, job)),
 each client's session (sessions.py), the buffer budget and fair share (budget.py), credit
 limits, round-robin scheduling over the producers, what ZeroMQ still holds per peer
-(delivery.py), shared production (sharing.py: one batch produced once for every session
-asking for it, see "Sharing" below), and dropping clients that are gone, silent or stalled.
+(delivery.py), what each peer was sent and never acknowledged across its hellos (peers.py:
+the least indebted are scheduled first, so clients that re-send their hello and never read
+cannot starve a trainer), shared production (sharing.py: one batch produced once for every
+session asking for it, see "Sharing" below), and dropping clients that are gone, silent or
+stalled.
 
 Memory bounds, and what bounds them:
 
@@ -37,7 +40,8 @@ Memory bounds, and what bounds them:
   and still held by ZeroMQ (`_send_ready`);
 - fair share (`share`, `may_lend`): while buffers are contended they are divided among the
   clients that read; one that never took a batch (a hello and gone, a client that never
-  reads) is lent one buffer at a time, so such clients cannot starve a trainer that reads;
+  reads), or that asks again for batches it was sent (`debt`), is lent one buffer at a time,
+  so such clients cannot starve a trainer that reads;
 - a peer that takes nothing of what it was sent (a stopped process, a vanished host with a
   batch in flight) is lent nothing more after `NOT_READING_S` and leaves the fair share to the
   others; after `STALL_S` its session is dropped: its ready batches come back at once, its
@@ -77,6 +81,7 @@ from batchwire.server.budget import BufferBudget
 from batchwire.server.config import ServerConfig
 from batchwire.server.delivery import Deliveries
 from batchwire.server.jobs import BatchOrder, JobResult
+from batchwire.server.peers import PeerLedger
 from batchwire.server.sessions import ClientSession, ReadyBatch, Scheduler
 from batchwire.server.sharing import BatchKey, Production, SharedBatches, window_batches
 from batchwire.wire import (
@@ -112,6 +117,12 @@ AGREEMENT_IDLE_S = 5.0
 NOT_READING_S = 1.0
 # ... and after this long its session is dropped (as ZMTP heartbeats drop an idle dead peer).
 STALL_S = 3.0
+# Jobs in production at once for clients in debt (server/peers.py: batches they asked for again
+# over their hellos, with no credit saying they took them) while a client in good standing is
+# busy; and those only when no such client may start a batch.
+DEBTOR_JOBS = 1
+# Log lines about clients going into debt (a peer cycling in and out must not fill the log).
+DEBTS_LOGGED = 20
 # Drops for silence, stalls and buffer trims are looked at this often.
 HOUSEKEEPING_S = 1.0
 # A chunk of batch buffers nobody has needed for this long is freed even if clients remain.
@@ -248,6 +259,10 @@ class ServerCore:
         self._serial = 0
         self.scheduler = Scheduler()
         self.deliveries = Deliveries()
+        # Each peer's sent and unacknowledged batches across its sessions (server/peers.py).
+        self.peers = PeerLedger(slack=config.prefetch_depth)
+        self._debtor_jobs: set[int] = set()  # productions started for clients in debt
+        self._debts_logged = 0
         self._served_from_window = False
         self.shared = SharedBatches(window_batches(config.share_window, budget.max_buffers))
         # Jobs submitted whose result has not come back: one in production and one queued per
@@ -284,6 +299,7 @@ class ServerCore:
         session = self.sessions.get(identity)
         if session is not None:
             session.last_seen = now
+        self.peers.seen(identity, now)
         if isinstance(msg, Credit):
             if session is None:  # e.g. after a restart or a drop: the client will re-send hello
                 log.debug("credit from unknown client %s ignored", identity.hex())
@@ -294,6 +310,7 @@ class ServerCore:
                 return self._error(
                     identity, f"credit refused: {refused}", session=session.hello.session
                 )
+            self.peers.acknowledged(identity, len(msg.batches))
             return []
         if isinstance(msg, Hello):
             return self._on_hello(identity, msg, now)
@@ -310,6 +327,7 @@ class ServerCore:
         """A producer finished (or gave up on) a job: every session waiting for it gets it."""
         self.jobs_out -= 1
         order, slot = result.job.order, result.job.slot
+        self._debtor_jobs.discard(order.production)
         p = self.shared.get(order.production)
         waiters = [] if p is None else list(p.waiters)
         if p is not None:
@@ -388,6 +406,7 @@ class ServerCore:
 
     def on_peer_gone(self, identity: bytes, why: str, now: float) -> list[Action]:
         """The peer's connection closed (or never answered a heartbeat)."""
+        self.peers.forget(identity)
         session = self.sessions.get(identity)
         if session is not None:
             h = session.hello
@@ -562,6 +581,8 @@ class ServerCore:
         self.sessions[identity] = session
         self._by_serial[session.serial] = session
         self.scheduler.add(identity)
+        if self.peers.opened(identity, hello, now):
+            self._log_debt(session)
         asks = f"batch {hello.batches[0]}" if hello.batches else "nothing yet"
         log.info(
             "client %s%s: %s epoch %d rank %d/%d%s, asks for %s (%d asked, %d in the epoch)",
@@ -686,6 +707,7 @@ class ServerCore:
         if session is None:
             return []
         self._by_serial.pop(session.serial, None)
+        self.peers.closed(identity, finished=session.owed == 0)
         actions: list[Action] = []
         self.shared.forget_waiter(session.serial)
         for batch in session.drain():
@@ -718,6 +740,7 @@ class ServerCore:
                     "client %s asked for no batch for %.0f s: dropped", identity.hex(), timeout
                 )
                 actions += self._drop(identity)
+        self.peers.expire(now, timeout, self.sessions)
         if not self.sessions:  # nobody left to share with: the memory goes back now
             actions += [Release(s) for s in self.shared.flush()]
         actions.append(TrimBuffers(self._buffers_to_keep(now)))
@@ -753,8 +776,32 @@ class ServerCore:
         return self.deliveries.waiting(session.identity, now) > NOT_READING_S
 
     def reads(self, session: ClientSession, now: float) -> bool:
-        """Does the client take its batches: it took one, and is taking what it holds?"""
-        return session.taken_at is not None and not self.not_reading(session, now)
+        """Does the client take its batches: it took one, is taking what it holds, and asks
+        for none it was sent again (`debt`)?"""
+        return (
+            session.taken_at is not None
+            and not self.not_reading(session, now)
+            and not self.debt(session)
+        )
+
+    def debt(self, session: ClientSession) -> int:
+        """Batches its peer asked for again over its hellos, with no credit saying it took
+        them (server/peers.py): the scheduler serves the least indebted clients first, and
+        one that owes any is lent buffers as a client that never took a batch."""
+        return self.peers.debt(session.identity, session.owed)
+
+    def in_good_standing(self, session: ClientSession) -> bool:
+        """Does the client owe no more than --prefetch-depth (`debt`)? One that owes more gets
+        a producer only when no client in good standing may start a batch, and, while one is
+        busy, `DEBTOR_JOBS` at a time: its jobs cannot crowd a trainer's out of the queue."""
+        return self.debt(session) <= self.peers.slack
+
+    def _good_standing_busy(self) -> bool:
+        """Is a client in good standing producing, holding or owed a batch?"""
+        return any(
+            (s.has_room() or self._holding(s)) and self.in_good_standing(s)
+            for s in self.sessions.values()
+        )
 
     def share(self, now: float) -> int:
         """What each client that reads may hold of the shared buffers (`Lending.share`)."""
@@ -800,7 +847,8 @@ class ServerCore:
         if self.not_reading(session, now):
             return False
         holding = self._holding(session)
-        if session.taken_at is None and not self._uncontended():
+        untried = session.taken_at is None or self.debt(session) > 0
+        if untried and not self._uncontended():
             if holding:
                 return False
             if lending.need:  # only what the readers do not miss
@@ -821,7 +869,9 @@ class ServerCore:
             return None
         return self.shared.find(self._key(session, session.batches[session.next_pos]))
 
-    def _may_take(self, session: ClientSession, lending: Lending, now: float) -> bool:
+    def _may_take(
+        self, session: ClientSession, lending: Lending, debtors_limited: bool, now: float
+    ) -> bool:
         """May the session start its next batch? Joining a buffer already lent costs the
         budget nothing (only the session's own work-ahead, `has_room`, bounds it); anything
         else needs a buffer: a producer slot too for a new production, and `may_lend`."""
@@ -830,13 +880,19 @@ class ServerCore:
             return not self.not_reading(session, now)
         if p is None and self.jobs_out >= self.max_jobs:
             return False
+        debtors_busy = debtors_limited and len(self._debtor_jobs) >= DEBTOR_JOBS
+        if p is None and debtors_busy and not self.in_good_standing(session):
+            return False
         return not self.budget.full and self.may_lend(session, lending, now)
 
     def _schedule(self, now: float) -> list[Action]:
         lending = self.lending(now)
+        debtors_limited = self._good_standing_busy()
         actions: list[Action] = []
         while True:
-            session = self.scheduler.next(self.sessions, lambda s: self._may_take(s, lending, now))
+            session = self.scheduler.next(
+                self.sessions, lambda s: self._may_take(s, lending, debtors_limited, now), self.debt
+            )
             if session is None:
                 break
             p = self._next_production(session)
@@ -851,6 +907,8 @@ class ServerCore:
             self.jobs_out += 1
             self._buffers_used_at = now
             p = self.shared.start(key, session.serial, pos, batch_index)
+            if not self.in_good_standing(session):
+                self._debtor_jobs.add(p.id)
             if self.shared.enabled:
                 session.sharing = "lagging" if self.shared.lagging(key) else "solo"
             h = session.hello
@@ -926,10 +984,24 @@ class ServerCore:
         self.telemetry.observe_stage("ready", now - batch.done_at)
         session.meter.add(spec.batch_size, now)
         session.progress_at = now
+        self.peers.sent(session.identity)
         ticket = self.deliveries.sent(
             session.identity, batch.slot, session.serial, now, production=batch.production
         )
         return SendBatch(session.identity, header, batch.slot, batch.labels, ticket)
+
+    def _log_debt(self, session: ClientSession) -> None:
+        self._debts_logged += 1
+        level = logging.WARNING if self._debts_logged <= DEBTS_LOGGED else logging.DEBUG
+        log.log(
+            level,
+            "client %s asks again for %d batch(es) it was sent (a new hello of the same stream, "
+            "no credit after them): while other clients are served, it gets a producer only when "
+            "they leave one idle, %d batch at a time, until it starts another stream",
+            session.id,
+            self.peers.debt(session.identity, session.owed),
+            DEBTOR_JOBS,
+        )
 
     # ------------------------------------------------------------------------- replies
 

@@ -208,7 +208,8 @@ class ClientSession:
 
 
 class Scheduler:
-    """Round-robin over sessions with room, so every client gets its share of the producers."""
+    """Round-robin over sessions with room, so every client gets its share of the producers;
+    the core's lower ranks (clients less in debt) first."""
 
     def __init__(self) -> None:
         self._order: deque[bytes] = deque()
@@ -225,16 +226,28 @@ class Scheduler:
         self,
         sessions: dict[bytes, ClientSession],
         may: Callable[[ClientSession], bool] | None = None,
+        rank: Callable[[ClientSession], int] | None = None,
     ) -> ClientSession | None:
         """The next session (after the last one served) that may start a batch, or None.
 
         ``may``: a further condition (the buffer budget's: may this client take a buffer?); a
-        session it refuses keeps its place and is asked again next round.
+        session it refuses keeps its place and is asked again next round. ``rank``: sessions
+        of a lower rank go first (the core's: its client's debt, server/peers.py), those of
+        one rank take turns.
         """
-        for _ in range(len(self._order)):
-            identity = self._order[0]
-            self._order.rotate(-1)
+        best: ClientSession | None = None
+        best_rank = best_at = 0
+        for at, identity in enumerate(self._order):
             session = sessions.get(identity)
-            if session is not None and session.has_room() and (may is None or may(session)):
-                return session
-        return None
+            if session is None or not session.has_room():
+                continue
+            r = 0 if rank is None else rank(session)
+            if best is not None and r >= best_rank:
+                continue
+            if may is None or may(session):
+                best, best_rank, best_at = session, r, at
+                if r <= 0:
+                    break
+        if best is not None:
+            self._order.rotate(-(best_at + 1))  # it and those passed over go to the back
+        return best

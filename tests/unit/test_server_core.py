@@ -4,7 +4,8 @@ Each test plays a scene (hellos, credits, finished jobs, batches ZeroMQ lets go 
 time passing) and reads the actions the core returns: admission and world-size agreement,
 max-clients, credit limits, round-robin scheduling, fair share of the buffers, failures and
 transient errors replied with their session, buffers released when a peer goes, stalled peers
-dropped, silent clients reaped and idle buffers trimmed.
+dropped, silent clients reaped and idle buffers trimmed, and clients that re-send their hello
+and never read kept from starving a trainer.
 """
 
 from __future__ import annotations
@@ -92,6 +93,7 @@ class Server:
             self.clock(),
         )
         self.jobs: list[Job] = []  # submitted, not yet finished
+        self.submitted: list[bytes] = []  # whose session each job was for, in order
         self.sends: list[SendBatch] = []  # all batches sent
         self.in_flight: dict[bytes, list[int]] = defaultdict(list)  # tickets ZeroMQ holds
         self.replies: dict[bytes, list] = defaultdict(list)
@@ -104,6 +106,7 @@ class Server:
     def run(self, actions: list[Action]) -> list[Action]:
         for a in actions:
             if isinstance(a, Submit):
+                self.submitted.append(self.core._by_serial[a.order.session_serial].identity)
                 self._slots += 1
                 self.jobs.append(Job(a.order, FakeSlot(self._slots)))
             elif isinstance(a, SendBatch):
@@ -544,3 +547,162 @@ def test_loader_stats_are_bounded() -> None:
     assert row.loader is not None and row.loader.data_wait_fraction == 0.25
     assert len(row.loader.extra) == MAX_LOADER_FIGURES - 1
     assert all(len(name) == MAX_FIGURE_NAME for name in row.loader.extra)
+
+
+# ------------------------------------------------------------------------------ re-hellos
+
+REHELLOS = tuple(b"rehello-%02d" % i for i in range(30))
+
+
+def _rehello(s: Server, second: int) -> None:
+    """Each of `REHELLOS` sends a new hello of its stream (an epoch of its own: nothing shared
+    with the others) for 4 batches, and a credit carrying stats only."""
+    for i, identity in enumerate(REHELLOS):
+        s.hello(identity, epoch=100 + i, batches=(0, 1, 2, 3), session=1 + second)
+        s.send(identity, Credit(stats={"images_per_s": 0.0}))
+
+
+@dataclass
+class Loader:
+    """An honest loader over the core: a window of 4 batches, a credit for each batch it takes,
+    and a new hello once its session was sent all of this pass (passes of 10 batches: world
+    size 100 in a job of its own), for the next epoch or, with ``step`` 0, the same again (a
+    validation loader evaluating its epoch again)."""
+
+    s: Server
+    identity: bytes = b"honest"
+    split: str = "train"
+    step: int = 1
+    window: int = 4
+    epoch: int = 0
+    session: int = 1
+    passes: int = 0
+    asked: list[int] = field(default_factory=list)  # this pass's, in order
+    received: int = 0  # of this pass
+    taken: int = 0  # over the run
+    _seen: int = 0  # sends looked at
+
+    def hello(self, batches: list[int]) -> None:
+        self.asked += batches
+        reply = self.s.hello(
+            self.identity, split=self.split, job="j", world_size=100, epoch=self.epoch,
+            batches=tuple(batches), session=self.session,
+        )  # fmt: skip
+        assert isinstance(reply, Welcome), reply
+        self.session += 1
+
+    def start(self) -> None:
+        self.hello(list(range(self.window)))
+
+    def take(self) -> None:
+        """Take what came this turn (as its libzmq and consumer do) and ask for as many."""
+        got = [a for a in self.s.sends[self._seen :] if a.identity == self.identity]
+        self._seen = len(self.s.sends)
+        self.s.deliver(self.identity)
+        self.received += len(got)
+        self.taken += len(got)
+        more = list(range(len(self.asked), 10))[: len(got)]
+        if more:
+            self.asked += more
+            self.s.send(self.identity, Credit(batches=tuple(more)))
+        elif self.received == 10:  # the pass is all here: the next one
+            self.epoch, self.asked, self.received = self.epoch + self.step, [], 0
+            self.passes += 1
+            self.start()
+
+    def reconnect(self) -> None:
+        """A re-sent hello of the same epoch for what it asked and did not get (as after a
+        silence)."""
+        self.s.deliver(self.identity)
+        pending = self.asked[self.received :]
+        self.asked = self.asked[: self.received]
+        self.hello(pending)
+
+
+def _run_among_rehellos(s: Server, loader: Loader, seconds: int, reconnect_at: int = -1) -> float:
+    """``seconds`` of 10 turns (0.1 s each: at most 2 x producers jobs start per turn) with
+    `REHELLOS` re-sending hellos every second; every peer's libzmq takes what it is sent (the
+    shell reports every send done). The loader's share of the jobs after the first 5 s (by
+    then each of them has asked again for more than a window and the depth it was sent)."""
+    loader.start()
+    start = 0
+    for second in range(seconds):
+        _rehello(s, second)
+        if second == reconnect_at:
+            loader.reconnect()
+        if second == 5:
+            start = len(s.submitted)
+        for _ in range(10):
+            s.tick(0.1)
+            s.finish()
+            s.tick()
+            for identity in REHELLOS:
+                s.deliver(identity)
+            loader.take()
+    jobs = s.submitted[start:]
+    return jobs.count(loader.identity) / len(jobs)
+
+
+def test_clients_that_re_hello_and_never_read_cannot_starve_a_trainer() -> None:
+    """30 clients send a new hello (the same stream, 4 batches) and an empty credit every second
+    and never read; their libzmq takes the frames off the socket all the same, so ZeroMQ's
+    hand-over says they read. Each hello used to start them afresh, and round-robin gave the
+    trainer one job in 31. What they were sent and never acknowledged now follows them across
+    hellos (server/peers.py): the trainer is served first, and they get one job at a time."""
+    s = Server()
+    loader = Loader(s)
+    share = _run_among_rehellos(s, loader, seconds=12)
+    assert share >= 0.75, share  # its work-ahead of 4 and one job of theirs: 4/5
+    for identity in REHELLOS:
+        assert not s.core.in_good_standing(s.core.sessions[identity])
+    assert s.core.debt(s.core.sessions[b"honest"]) == 0
+
+
+@pytest.mark.parametrize("step", [1, 0], ids=["next-epoch", "same-epoch-again"])
+def test_a_loaders_own_re_hellos_cost_it_nothing(step: int) -> None:
+    """A loader's hello for each pass (its next epoch, or, as a validation loader does, the
+    same epoch again) and a hello re-sent mid-pass for what it did not get (as after a
+    silence) leave it owing nothing, served first among the clients that re-hello."""
+    s = Server()
+    loader = Loader(s, step=step)
+    share = _run_among_rehellos(s, loader, seconds=10, reconnect_at=7)
+    assert share >= 0.75, share
+    assert loader.passes >= 20
+    assert s.core.debt(s.core.sessions[b"honest"]) == 0
+
+
+def test_a_validation_pass_asking_everything_in_the_hello_owes_nothing() -> None:
+    """Passes of another epoch each, all of its (few) batches asked in the hello, no credit."""
+    s = Server()
+    for epoch in range(20):
+        s.hello(b"val", split="val", world_size=400, epoch=epoch, batches=(0, 1), session=epoch)
+        s.turn(readers=(b"val",))
+        assert s.core.debt(s.core.sessions[b"val"]) == 0
+    assert len(s.sent_to(b"val")) == 40
+
+
+def test_a_re_hello_of_the_same_stream_carries_what_it_was_sent() -> None:
+    """The same epoch asked again and again, nothing credited: it owes what it was sent beyond
+    its window, more than --prefetch-depth after a few hellos; neither a credit nor a bye wipes
+    it, a finished session followed by another stream or a closed connection does."""
+    s = Server()
+    for n in range(4):
+        s.hello(b"r", batches=(0, 1, 2, 3), session=n)
+        s.turn(readers=(b"r",))
+    session = s.core.sessions[b"r"]
+    debt = len(s.sent_to(b"r")) - 4  # all but its first window
+    assert s.core.debt(session) == debt > s.cfg.prefetch_depth
+    assert not s.core.in_good_standing(session)
+    s.send(b"r", Credit(batches=(4, 5)))  # asks for more: owes as much once they are sent
+    assert s.core.debt(session) == debt
+    s.send(b"r", Bye())  # the 2 asked go with the session, its hello asks 4 again
+    s.hello(b"r", batches=(0, 1, 2, 3), session=9)
+    assert s.core.debt(s.core.sessions[b"r"]) == debt + 2
+    s.turn(readers=(b"r",))  # all 4 sent: finished
+    s.hello(b"r", epoch=1, batches=(0, 1, 2, 3), session=10)
+    assert s.core.debt(s.core.sessions[b"r"]) == 0
+    s.turn(readers=(b"r",))
+    s.hello(b"r", epoch=1, batches=(0, 1, 2, 3), session=11)
+    assert s.core.debt(s.core.sessions[b"r"]) == 4
+    s.run(s.core.on_peer_gone(b"r", "disconnected", s.clock()))
+    assert s.core.peers.get(b"r") is None

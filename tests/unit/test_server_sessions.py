@@ -104,6 +104,22 @@ def test_scheduler_round_robin_skips_full_streams():
     assert sched.next(streams) is pos_a
 
 
+def test_scheduler_serves_lower_ranks_first_and_equal_ranks_in_turn():
+    """The core's rank is a client's debt (server/peers.py): the least indebted go first."""
+    streams = {i: _stream(i, asked=range(10), depth=3) for i in (b"a", b"b", b"c", b"d")}
+    rank = {b"a": 5, b"b": 0, b"c": 2, b"d": 0}
+    sched = Scheduler()
+    for i in streams:
+        sched.add(i)
+    order = []
+    while (s := sched.next(streams, rank=lambda s: rank[s.identity])) is not None:
+        s.take_next()
+        order.append(s.identity)
+    assert order == [b"b", b"d", b"b", b"d", b"b", b"d", b"c", b"c", b"c", b"a", b"a", b"a"]
+    streams = {i: _stream(i, asked=range(10), depth=3) for i in (b"a", b"b")}
+    assert sched.next(streams, may=lambda s: s.identity == b"a", rank=lambda s: 0) is streams[b"a"]
+
+
 def test_row_is_the_stats_schema_row_with_the_last_loader_report():
     s = _stream(b"\x01\x02", asked=(0, 1, 2), depth=2)
     s.last_seen = 1.0
