@@ -1,0 +1,611 @@
+"""The steps of scripts/gpu_check.sh that need Python, and the package bookkeeping of the GPU kit.
+
+gpu_check.sh runs each step under its own time cap and reads the step's verdict from the file
+named by GPU_CHECK_VERDICT: one tab-separated row per claim (name, status, figures). A status is
+PASS or FAIL (a claim checked), REHEARSED (`--cpu`: the step's CPU form ran; it proves nothing
+about a GPU) or NOT RUN (with why: "no time left", "DALI not installed", "not available: ...").
+A step that writes no row is judged by its exit code. GPU_STEP_SECONDS is the step's cap, which
+steps made of several runs (sanitizers, kernel) share out themselves.
+
+Package bookkeeping (no GPU, no batchwire import; also run by gpu_kit.sh, gpu_rehearsal.sh and
+tests/unit/test_gpu_kit.py): `gap` lists what the lent image lacks of our runtime dependencies
+and checks that scripts/gpu_kit_requirements.txt covers it; `rehearsal-requirements` pins the
+image's packages that batchwire and the check need, for a venv that stands in for the image;
+`image-subset` says whether this interpreter holds anything the image does not.
+
+    python scripts/gpu_steps.py gap | imports | build [--cpu] | probe | pytest NAME [--cpu] -- ARGS
+    python scripts/gpu_steps.py compare|serve|kernel --data DIR [--cpu] | sanitize
+    python scripts/gpu_steps.py report --results TSV --json FILE --table FILE [--cpu] ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+IMAGE_PACKAGES = ROOT / "scripts" / "gpu_image_packages.txt"
+KIT_REQUIREMENTS = ROOT / "scripts" / "gpu_kit_requirements.txt"
+#: The lent image's Python (gpu_image_packages.txt's header): markers are evaluated for it.
+IMAGE_PYTHON = "3.12.3"
+#: What the check's own steps import beyond batchwire's runtime dependencies: nvJPEG through
+#: torchvision.io, the test runner and its per-test timeouts, PIL in the tests' helpers, and the
+#: offline build of batchwire (setuptools, wheel) and the requirement parsing here (packaging).
+CHECK_NEEDS = ("torchvision", "pytest", "pytest-timeout", "pillow", "setuptools", "wheel",
+               "packaging")  # fmt: skip
+#: Needed on a GPU only (nvJPEG through torchvision.io): `--cpu` lists it as not checked, since
+#: torchvision's PyPI builds are CUDA builds whose operators do not load beside a CPU torch.
+GPU_ONLY_NEEDS = ("torchvision",)
+#: The rehearsal venv's stand-ins where the image's version cannot be installed on the
+#: development machine (CPython 3.11; stated in bench/RESULTS.md): torch 2.11.0 is CUDA-only on
+#: PyPI and PyTorch's CPU index is unreachable from there, so its disk's 2.13.0+cpu stands in,
+#: without torchvision (GPU_ONLY_NEEDS); numpy 2.5 has no CPython 3.11 build, so 2.4.6 does.
+REHEARSAL_OVERRIDES = {"torch": "torch==2.13.0", "torchvision": None, "numpy": "numpy==2.4.6"}
+
+# Decoded pixels against libjpeg-turbo's, grey levels (0-255), worst image of the set. nvJPEG and
+# DALI are not bit-exact with libjpeg-turbo: another IDCT and chroma upsampling move sharp edges
+# by a few levels on average (the mean bound is bench/gpu_check.py's). The max bound catches
+# garbled blocks and wrong channel order; it is a lead until a GPU run measures the real worst.
+DECODE_MEAN_TOLERANCE = 2.0
+DECODE_MAX_TOLERANCE = 96
+STATUSES = ("PASS", "FAIL", "REHEARSED", "NOT RUN")
+
+
+# ----------------------------------------------------------------------------- verdicts
+
+
+def verdict(name: str, status: str, figures: str = "") -> None:
+    """Append one row to the step's verdict file (and print it)."""
+    assert status in STATUSES, status
+    line = f"{name}\t{status}\t{' '.join(figures.split())}"
+    print(f"--> {line}", flush=True)
+    path = os.environ.get("GPU_CHECK_VERDICT")
+    if path:
+        with open(path, "a") as f:
+            f.write(line + "\n")
+
+
+def seconds_left(started: float) -> float:
+    """What is left of this step's cap (GPU_STEP_SECONDS), a few seconds kept for the verdict."""
+    cap = float(os.environ.get("GPU_STEP_SECONDS", "600"))
+    return cap - (time.monotonic() - started) - 5
+
+
+# ------------------------------------------------------------------- package bookkeeping
+
+
+def _canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _lines(path: Path) -> list[str]:
+    return [s for s in (ln.split("#")[0].strip() for ln in path.read_text().splitlines()) if s]
+
+
+def image_packages(path: Path = IMAGE_PACKAGES) -> dict[str, str | None]:
+    """The image's distributions: canonical name -> version (None where not read)."""
+    out: dict[str, str | None] = {}
+    for line in _lines(path):
+        name, _, version = line.partition("==")
+        out[_canonical(name)] = version or None
+    return out
+
+
+def runtime_requirements(pyproject: Path = ROOT / "pyproject.toml") -> list[str]:
+    """pyproject's [project] dependencies that apply on the image's Python, as written."""
+    import tomllib
+    from packaging.requirements import Requirement
+
+    env = {"python_version": IMAGE_PYTHON[:4], "python_full_version": IMAGE_PYTHON}
+    deps = tomllib.loads(pyproject.read_text())["project"]["dependencies"]
+    return [d for d in deps if Requirement(d).marker is None or Requirement(d).marker.evaluate(env)]
+
+
+def needed_names() -> list[str]:
+    """Canonical names of every distribution the GPU check needs: runtime deps, then its own."""
+    from packaging.requirements import Requirement
+
+    names = [_canonical(Requirement(d).name) for d in runtime_requirements()]
+    return names + [_canonical(n) for n in CHECK_NEEDS if _canonical(n) not in names]
+
+
+def kit_requirements(path: Path = KIT_REQUIREMENTS) -> dict[str, str]:
+    """The kit's pinned requirements: canonical name -> the line."""
+    from packaging.requirements import Requirement
+
+    return {_canonical(Requirement(line).name): line for line in _lines(path)}
+
+
+def image_gap() -> list[str]:
+    """What the check needs that the image lacks (canonical names)."""
+    image = image_packages()
+    return [n for n in needed_names() if n not in image]
+
+
+def rehearsal_requirements() -> list[str]:
+    """pip lines for a venv standing in for the image: what the check needs that the image has,
+    at the image's version where known (torch and torchvision at their CPU stand-ins)."""
+    image = image_packages()
+    lines = []
+    for name in needed_names():
+        if name not in image:
+            continue
+        version = image[name]
+        line = f"{name}=={version}" if version else name
+        line = REHEARSAL_OVERRIDES.get(name, line)
+        if line is not None:
+            lines.append(line)
+    return lines
+
+
+def installed_outside_image() -> list[str]:
+    """Distributions this interpreter can import that the image's list lacks."""
+    from importlib import metadata
+
+    image = image_packages()
+    names = {_canonical(d.metadata["Name"]) for d in metadata.distributions()}
+    return sorted(n for n in names if n not in image)
+
+
+# --------------------------------------------------------------------------- the steps
+
+
+def _module_of(dist: str) -> str:
+    from importlib import metadata
+
+    for module, dists in metadata.packages_distributions().items():
+        if any(_canonical(d) == dist for d in dists) and not module.startswith("_"):
+            return module
+    return dist.replace("-", "_")
+
+
+def step_imports(cpu: bool) -> int:
+    """Every distribution the check needs is installed and imports; libturbojpeg loads."""
+    import importlib
+    from importlib import metadata
+
+    found, missing = [], []
+    needed = needed_names()
+    if cpu:
+        needed = [n for n in needed if n not in GPU_ONLY_NEEDS]
+        found.append(f"not checked (--cpu): {', '.join(GPU_ONLY_NEEDS)}")
+    for dist in needed:
+        try:
+            version = metadata.version(dist)
+            module = _module_of(dist)
+            importlib.import_module(module)
+            found.append(f"{dist} {version}")
+        except Exception as e:  # a missing wheel, or one that cannot load here
+            missing.append(f"{dist} ({type(e).__name__}: {str(e)[:80]})")
+    try:
+        from turbojpeg import TurboJPEG
+
+        lib = TurboJPEG()._TurboJPEG__find_turbojpeg()
+        found.append(f"libturbojpeg at {lib}")
+    except Exception as e:
+        missing.append(f"libturbojpeg ({str(e)[:80]})")
+    try:
+        import nvidia.dali as dali
+
+        found.append(f"DALI {dali.__version__}")
+    except ImportError:
+        found.append("DALI not installed")
+    print("\n".join(found))
+    if missing:
+        verdict("environment", "FAIL", "missing: " + "; ".join(missing))
+        return 1
+    import torch
+
+    verdict(
+        "environment",
+        "PASS",
+        f"nothing missing of {len(needed)} packages; torch {torch.__version__} "
+        f"(CUDA {torch.version.cuda}); {found[-1]}" + ("; " + found[0] if cpu else ""),
+    )
+    return 0
+
+
+def _cuobjdump() -> str | None:
+    home = os.environ.get("CUDA_HOME") or "/usr/local/cuda"
+    tool = shutil.which("cuobjdump") or str(Path(home) / "bin" / "cuobjdump")
+    return tool if Path(tool).exists() else None
+
+
+def step_build(cpu: bool) -> int:
+    """The op built for the GPU found (its compute capability, +PTX), and what the library holds."""
+    if cpu:
+        run = subprocess.run([sys.executable, "-m", "batchwire.native", "build"])
+        status = "REHEARSED" if run.returncode == 0 else "FAIL"
+        verdict("CUDA build of the op", status, "--cpu: the CPU build only")
+        return run.returncode
+    import torch
+
+    major, minor = torch.cuda.get_device_capability(0)
+    arch = f"{major}.{minor}+PTX"
+    env = {**os.environ, "BATCHWIRE_CUDA": "1", "TORCH_CUDA_ARCH_LIST": arch}
+    run = subprocess.run([sys.executable, "-m", "batchwire.native", "build"], env=env)
+    if run.returncode != 0:
+        verdict("CUDA build of the op", "FAIL", f"build for {arch} exited {run.returncode}")
+        return 1
+    code = "from batchwire.native.build import make_plan; print(make_plan().library)"
+    library = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    ).stdout.strip()
+    tool = _cuobjdump()
+    if tool is None:
+        verdict("CUDA build of the op", "FAIL", f"built for {arch}; no cuobjdump to check it")
+        return 1
+    elf = subprocess.run([tool, "--list-elf", library], capture_output=True, text=True).stdout
+    ptx = subprocess.run([tool, "--list-ptx", library], capture_output=True, text=True).stdout
+    sm, compute = f"sm_{major}{minor}", f"compute_{major}{minor}"
+    print(elf, ptx, sep="\n")
+    ok = sm in elf and (compute in ptx or ".ptx" in ptx)
+    figures = f"TORCH_CUDA_ARCH_LIST={arch}: {sm} code {'found' if sm in elf else 'MISSING'}, "
+    figures += f"PTX {'found' if ptx.strip() else 'MISSING'} ({Path(library).name})"
+    verdict("CUDA build of the op", "PASS" if ok else "FAIL", figures)
+    return 0 if ok else 1
+
+
+def step_probe() -> int:
+    """The compiled op passes its launch probe on this GPU (not the reference fallback)."""
+    import torch
+
+    from batchwire import native
+
+    fn = native.augment_impl(torch.device("cuda", 0))
+    ok = fn is not native.augment_batch_reference
+    name = torch.cuda.get_device_name(0)
+    figures = f"the compiled op {'launched' if ok else 'FAILED its probe'} on {name}"
+    verdict("launch probe", "PASS" if ok else "FAIL", figures)
+    return 0 if ok else 1
+
+
+def _skip_reason(skipped: ET.Element) -> str:
+    """A skip's reason: its message, or for a module skipped whole ("collection skipped") the
+    reason in its text (which also names the file: not a reason)."""
+    message = skipped.get("message") or ""
+    if message != "collection skipped":
+        return message
+    found = re.search(r"Skipped: (.*?)['\"]\)?$", (skipped.text or "").strip())
+    return found.group(1) if found else (skipped.text or message)
+
+
+def is_dali_absence(reason: str) -> bool:
+    return "DALI" in reason or "nvidia.dali" in reason
+
+
+def junit_counts(xml: Path) -> tuple[int, int, list[str]]:
+    """Tests, failures + errors, and each skipped test's reason, from pytest's JUnit XML."""
+    root = ET.parse(xml).getroot()
+    cases = list(root.iter("testcase"))
+    failed = sum(1 for c in cases if c.find("failure") is not None or c.find("error") is not None)
+    skips = [_skip_reason(s) for s in (c.find("skipped") for c in cases) if s is not None]
+    return len(cases), failed, skips
+
+
+def step_pytest(name: str, cpu: bool, args: Sequence[str]) -> int:
+    """pytest with JUnit XML. On a GPU a skipped test fails the step, except for DALI's absence
+    (reported as not installed: a non-pass, not a failure); --cpu counts skips as rehearsed."""
+    slug = re.sub(r"\W+", "_", name)
+    xml = Path(os.environ.get("GPU_CHECK_WORK", "/tmp")) / f"junit-{slug}.xml"
+    cmd = [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
+           f"--junitxml={xml}", *args]  # fmt: skip
+    rc = subprocess.run(cmd).returncode
+    try:
+        total, failed, skips = junit_counts(xml)
+    except (OSError, ET.ParseError):
+        verdict(name, "FAIL", f"pytest exited {rc} and wrote no report")
+        return 1
+    dali = [s for s in skips if is_dali_absence(s)]
+    other = [s for s in skips if not is_dali_absence(s)]
+    passed = total - failed - len(skips)
+    figures = f"{passed} passed, {failed} failed, {len(skips)} skipped of {total}"
+    if rc not in (0, 5) or failed or total == 0:
+        verdict(name, "FAIL", figures if total else "no test ran")
+    elif other and not cpu:
+        reasons = sorted(set(other))[:3]
+        verdict(name, "FAIL", f"{figures}: a skip is a failure on a GPU ({'; '.join(reasons)})")
+    elif cpu:
+        verdict(name, "REHEARSED", f"{figures} (--cpu: the CUDA tests skip)")
+    else:
+        verdict(name, "PASS", figures)
+    if dali:
+        verdict(f"{name}: DALI", "NOT RUN", f"DALI not installed ({len(dali)} tests skipped)")
+    return 0
+
+
+def step_compare(data: Path, cpu: bool, images: int) -> int:
+    """Each GPU decoder's pixels against the CPU decoder's (max and mean absolute difference,
+    fallbacks listed), and the op on the device against the float64 reference."""
+    from batchwire.bench.gpu_check import AUGMENT_TOLERANCE, compare_augment, compare_decoders
+
+    device = "cpu" if cpu else "cuda:0"
+    found = compare_decoders(device, data, images)
+    print(json.dumps(found, indent=2))
+    for name in ("nvjpeg", "dali"):
+        row = f"{name} vs libjpeg-turbo"
+        d = found.get(name)
+        if d is None:
+            verdict(row, "NOT RUN", "--cpu: nvJPEG needs a GPU")
+            continue
+        if "missing" in d:
+            missing = "DALI not installed" if name == "dali" else f"missing: {d['missing']}"
+            verdict(row, "NOT RUN" if name == "dali" else "FAIL", missing)
+            continue
+        ok = (
+            d["ok"]
+            and d["worst_mean_diff"] <= DECODE_MEAN_TOLERANCE
+            and d["worst_max_diff"] <= DECODE_MAX_TOLERANCE
+            and d["compared_on_device"] > 0
+        )
+        figures = (
+            f"{d['compared_on_device']} images on {device}: mean abs diff <= "
+            f"{d['worst_mean_diff']} (tolerance {DECODE_MEAN_TOLERANCE}), "
+            f"max {d['worst_max_diff']} (tolerance {DECODE_MAX_TOLERANCE}); "
+            f"fallbacks to the CPU decoder: {d['fallbacks']} of {d['images']}; "
+            f"failed only here: {len(d['failed_only_here'])}"
+        )
+        verdict(row, ("REHEARSED" if cpu else "PASS") if ok else "FAIL", figures)
+    op = compare_augment(device)
+    if "missing" in op:
+        verdict("op vs float64 reference", "FAIL", op["missing"])
+    else:
+        status = ("REHEARSED" if cpu else "PASS") if op["ok"] else "FAIL"
+        figures = f"max abs diff {op['max_diff']:.2g} on {device} (tolerance {AUGMENT_TOLERANCE})"
+        verdict("op vs float64 reference", status, figures)
+    return 0
+
+
+def step_serve(data: Path | None, cpu: bool, images: int) -> int:
+    """One real pipeline-server on the device feeding a RemoteLoader on the device, timed."""
+    import torch
+    from batchwire.bench.data import resolve_data
+    from batchwire.bench.e2e_row import pipeline_server, server_fallbacks, time_remote_loader
+
+    started = time.monotonic()
+    device = "cpu" if cpu else "cuda"
+    train = resolve_data(str(data) if data else None).server_train
+    with pipeline_server(
+        train, batch_size=64, image_size=224, threads=None, device=device, decoder="auto"
+    ) as endpoint:
+        measured, stats = time_remote_loader(
+            endpoint,
+            device=device,
+            normalize_on_device=True,
+            measure_images=images,
+            max_seconds=max(5.0, seconds_left(started) - 20),
+        )
+        fallbacks = server_fallbacks(endpoint)
+        memory = "no GPU"
+        if not cpu:
+            free, total = torch.cuda.mem_get_info()
+            peak = torch.cuda.max_memory_allocated() / 2**20
+            memory = f"device memory in use {(total - free) / 2**20:.0f} MiB with the server up"
+            memory += f", loader peak {peak:.0f} MiB"
+    figures = (
+        f"--device {device} --decoder auto: {measured.images_per_s:.0f} images/s "
+        f"({measured.images} images in {measured.seconds:.1f} s), data-wait "
+        f"{stats.get('data_wait_fraction', float('nan')):.1%}, server decode fallbacks "
+        f"{fallbacks}, {memory}"
+    )
+    verdict("server -> RemoteLoader", "REHEARSED" if cpu else "PASS", figures)
+    return 0
+
+
+def _run_tail(cmd: Sequence[str], timeout: float, env: dict[str, str] | None = None):
+    """Run `cmd` with its output printed and kept; None if it ran past `timeout`."""
+    try:
+        run = subprocess.run(
+            cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT
+        )
+    except subprocess.TimeoutExpired:
+        return None
+    print(run.stdout[-6000:], run.stderr[-6000:], sep="\n")
+    return run
+
+
+SANITIZER_TOOLS = ("memcheck", "racecheck", "synccheck", "initcheck")
+#: The op's CUDA tests: what the sanitizers run (kernels named "batchwire" instrumented only).
+OP_CUDA_TESTS = ("tests/e2e/test_native.py", "tests/unit/test_native_probe.py")
+
+
+def _sanitizer() -> str | None:
+    found = shutil.which("compute-sanitizer")
+    for home in (os.environ.get("CUDA_HOME"), "/usr/local/cuda"):
+        if not found and home and Path(home, "bin", "compute-sanitizer").exists():
+            found = str(Path(home, "bin", "compute-sanitizer"))
+    return found
+
+
+def step_sanitize() -> int:
+    """compute-sanitizer's four tools over the op's CUDA tests; "Device not supported" (and a
+    missing tool) is not available, not a failure."""
+    started = time.monotonic()
+    tool = _sanitizer()
+    if tool is None:
+        for name in SANITIZER_TOOLS:
+            verdict(f"sanitizer {name}", "NOT RUN", "not available: no compute-sanitizer")
+        return 0
+    probe = [tool, "--tool", "memcheck", "--error-exitcode", "1", sys.executable, "-c",
+             "import torch; assert torch.ones(64, device='cuda').sum().item() == 64"]  # fmt: skip
+    run = _run_tail(probe, max(10.0, seconds_left(started)))
+    if run is None or run.returncode != 0:
+        text = "" if run is None else run.stdout + run.stderr
+        why = "Device not supported" if "Device not supported" in text else "its probe failed"
+        status = "NOT RUN" if "Device not supported" in text else "FAIL"
+        for name in SANITIZER_TOOLS:
+            verdict(f"sanitizer {name}", status, f"not available: {why}")
+        return 0
+    for i, name in enumerate(SANITIZER_TOOLS):
+        share = seconds_left(started) / (len(SANITIZER_TOOLS) - i)
+        if share < 20:
+            verdict(f"sanitizer {name}", "NOT RUN", "no time left in this step's cap")
+            continue
+        env = dict(os.environ)
+        if name in ("memcheck", "initcheck"):  # each buffer its own bounds, none recycled
+            env["PYTORCH_NO_CUDA_MEMORY_CACHING"] = "1"
+        cmd = [tool, "--tool", name, "--kernel-name", "kns=batchwire", "--error-exitcode", "1",
+               "--print-limit", "20", sys.executable, "-m", "pytest", "-q", "-x", "-m", "cuda",
+               "-p", "no:cacheprovider", *OP_CUDA_TESTS]  # fmt: skip
+        t0 = time.monotonic()
+        run = _run_tail(cmd, share, env)
+        took = time.monotonic() - t0
+        if run is None:
+            verdict(f"sanitizer {name}", "FAIL", f"ran past its share of {share:.0f} s")
+        else:
+            summary = re.findall(r"ERROR SUMMARY: .*", run.stdout + run.stderr)
+            passed = re.search(r"(\d+) passed", run.stdout)
+            figures = f"{summary[-1] if summary else 'no summary'}, "
+            figures += f"{passed.group(1) if passed else 0} tests passed, {took:.0f} s"
+            verdict(f"sanitizer {name}", "PASS" if run.returncode == 0 else "FAIL", figures)
+    return 0
+
+
+def card_figure() -> str:
+    from batchwire.bench.gpu_check import card_bandwidth
+
+    bw = card_bandwidth()
+    return "card bandwidth unknown (NVML)" if bw is None else f"card {bw / 1e9:.0f} GB/s (NVML)"
+
+
+def step_kernel(data: Path | None, cpu: bool) -> int:
+    """The fused op alone (bench_augment): images/s and GB/s against the card's bandwidth."""
+    started = time.monotonic()
+    dtypes = ("uint8",) if cpu else ("uint8", "float32")
+    extra = ["--images", "64", "--repeats", "1"] if cpu else ["--repeats", "5"]
+    for i, dtype in enumerate(dtypes):
+        share = seconds_left(started) / (len(dtypes) - i)
+        cmd = [sys.executable, "-m", "batchwire.bench.bench_augment", "--dtype", dtype, *extra]
+        cmd += ["--data", str(data)] if data else []
+        run = _run_tail(cmd, share)
+        row = f"kernel {dtype}"
+        if run is None or run.returncode != 0:
+            verdict(row, "FAIL", "ran past its share" if run is None else f"exit {run.returncode}")
+            continue
+        if cpu:
+            line = next((ln for ln in run.stdout.splitlines() if "op cpu" in ln), "")
+            verdict(row, "REHEARSED", f"--cpu: {' '.join(line.split())[:120]}")
+            continue
+        lines = [" ".join(ln.split()) for ln in run.stdout.splitlines() if "op cuda" in ln]
+        ok = any(ln.startswith("op cuda:") and "images/s" in ln for ln in lines)
+        verdict(row, "PASS" if ok else "FAIL", "; ".join(lines) + f" | {card_figure()}")
+    return 0
+
+
+# -------------------------------------------------------------------------------- report
+
+
+def read_results(path: Path) -> list[dict[str, Any]]:
+    rows = []
+    for line in path.read_text().splitlines():
+        if line.strip():
+            name, status, seconds, figures = [*line.split("\t"), "", "", ""][:4]
+            rows.append({"step": name, "status": status, "seconds": int(seconds or 0),
+                         "figures": figures})  # fmt: skip
+    return rows
+
+
+def exit_code(rows: Iterable[dict[str, Any]]) -> int:
+    """1 if a claim failed; else 3 if a step had no time (the check is incomplete); else 0."""
+    rows = list(rows)
+    if any(r["status"] == "FAIL" for r in rows):
+        return 1
+    if any(r["status"] == "NOT RUN" and r["figures"].startswith("no time") for r in rows):
+        return 3
+    return 0
+
+
+def report(args: argparse.Namespace) -> int:
+    rows = read_results(args.results)
+    code = exit_code(rows)
+    summary = {
+        "mode": "cpu rehearsal (no GPU claim checked)" if args.cpu else "gpu",
+        "gpu": args.gpu,
+        "budget_s": args.budget,
+        "elapsed_s": args.elapsed,
+        "exit_code": code,
+        "counts": {s: sum(r["status"] == s for r in rows) for s in STATUSES},
+        "steps": rows,
+    }
+    args.json.write_text(json.dumps(summary, indent=2) + "\n")
+    head = ("step", "result", "s", "figures")
+    table = [head, *((r["step"], r["status"], str(r["seconds"]), r["figures"]) for r in rows)]
+    widths = [max(len(t[i]) for t in table) for i in range(3)]
+    text = [f"GPU check: {summary['mode']}, GPU {args.gpu}, budget {args.budget} s, "
+            f"{args.elapsed} s used, exit {code}"]  # fmt: skip
+    for i, t in enumerate(table):
+        text.append(f"{t[0]:<{widths[0]}}  {t[1]:<{widths[1]}}  {t[2]:>{widths[2]}}  {t[3]}")
+        if i == 0:
+            text.append("  ".join("-" * w for w in widths) + "  -------")
+    args.table.write_text("\n".join(text) + "\n")
+    print("\n".join(text))
+    return code
+
+
+# ---------------------------------------------------------------------------------- main
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name in ("gap", "rehearsal-requirements", "image-subset", "probe", "sanitize"):
+        sub.add_parser(name)
+    for name in ("imports", "build", "compare", "serve", "kernel", "pytest"):
+        p = sub.add_parser(name)
+        p.add_argument("--cpu", action="store_true")
+        if name in ("compare", "serve", "kernel"):
+            p.add_argument("--data", type=Path)
+            p.add_argument("--images", type=int, default=256 if name == "compare" else 4096)
+        if name == "pytest":
+            p.add_argument("name")
+            p.add_argument("args", nargs="*")
+    rep = sub.add_parser("report")
+    rep.add_argument("--results", type=Path, required=True)
+    rep.add_argument("--json", type=Path, required=True)
+    rep.add_argument("--table", type=Path, required=True)
+    rep.add_argument("--cpu", action="store_true")
+    rep.add_argument("--gpu", default="none")
+    rep.add_argument("--budget", type=int, default=0)
+    rep.add_argument("--elapsed", type=int, default=0)
+    args = parser.parse_args(argv)
+    if args.command == "gap":
+        gap, kit = image_gap(), kit_requirements()
+        print("\n".join(f"{n}: {kit.get(n, 'NOT IN THE KIT')}" for n in gap))
+        uncovered = [n for n in gap if n not in kit]
+        if uncovered:
+            print(f"{KIT_REQUIREMENTS.name} lacks: {', '.join(uncovered)}", file=sys.stderr)
+        return 1 if uncovered else 0
+    if args.command == "rehearsal-requirements":
+        print("\n".join(rehearsal_requirements()))
+        return 0
+    if args.command == "image-subset":
+        extra = installed_outside_image()
+        print("\n".join(extra) or "every installed distribution is one of the image's")
+        return 1 if extra else 0
+    if args.command == "report":
+        return report(args)
+    steps = {
+        "imports": lambda: step_imports(args.cpu),
+        "probe": step_probe,
+        "sanitize": step_sanitize,
+        "build": lambda: step_build(args.cpu),
+        "pytest": lambda: step_pytest(args.name, args.cpu, args.args),
+        "compare": lambda: step_compare(args.data, args.cpu, args.images),
+        "serve": lambda: step_serve(args.data, args.cpu, args.images),
+        "kernel": lambda: step_kernel(args.data, args.cpu),
+    }
+    return steps[args.command]()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

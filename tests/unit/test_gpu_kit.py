@@ -1,0 +1,225 @@
+"""The GPU check's kit and its guard rails (scripts/gpu_kit.sh, gpu_check.sh, gpu_steps.py).
+
+The lent GPU machine reaches no package index, so what it lacks must travel in the kit: the
+requirement-list check runs everywhere (it reads pyproject.toml and the copied package list of
+the image, scripts/gpu_image_packages.txt). The built-kit check needs a kit packed by
+scripts/gpu_kit.sh and says so when there is none. gpu_check.sh without a GPU must stop at once
+(exit 2), and steps it had no time for are "NOT RUN", never passed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
+from packaging.tags import Tag, compatible_tags, cpython_tags
+from packaging.utils import canonicalize_name, parse_wheel_filename
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPTS = ROOT / "scripts"
+BUILT_KIT = ROOT / ".gpukit"
+
+spec = importlib.util.spec_from_file_location("gpu_steps", SCRIPTS / "gpu_steps.py")
+gpu_steps = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(gpu_steps)
+
+#: The lent image: CPython 3.12 on x86-64 Linux with glibc 2.39 (Ubuntu 24.04's Python 3.12.3).
+IMAGE_PLATFORMS = [f"manylinux_2_{n}_x86_64" for n in range(39, 4, -1)] + ["linux_x86_64"]
+IMAGE_TAGS = {
+    *cpython_tags((3, 12), platforms=IMAGE_PLATFORMS),
+    *compatible_tags((3, 12), "cp312", IMAGE_PLATFORMS),
+}
+
+
+def installs_on_the_image(wheel_name: str) -> bool:
+    """Whether pip on the image's CPython 3.12 (x86-64, glibc) would install this wheel."""
+    _, _, _, tags = parse_wheel_filename(wheel_name)
+    return any(Tag(t.interpreter, t.abi, t.platform) in IMAGE_TAGS for t in tags)
+
+
+def wheel_requirements(wheel: Path) -> list[str]:
+    """The canonical names a wheel requires on the image's Python (extras left out)."""
+    with zipfile.ZipFile(wheel) as z:
+        meta = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
+        lines = z.read(meta).decode().splitlines()
+    env = {"python_version": "3.12", "python_full_version": "3.12.3", "extra": "",
+           "implementation_name": "cpython", "sys_platform": "linux"}  # fmt: skip
+    reqs = [Requirement(ln.split(":", 1)[1]) for ln in lines if ln.startswith("Requires-Dist:")]
+    return [canonicalize_name(r.name) for r in reqs if r.marker is None or r.marker.evaluate(env)]
+
+
+def test_kit_requirements_cover_every_dependency_the_image_lacks() -> None:
+    image = gpu_steps.image_packages()
+    assert image["torch"] == "2.11.0" and len(image) > 150, "the copied package list is short"
+    kit = gpu_steps.kit_requirements()
+    gap = gpu_steps.image_gap()
+    missing = [name for name in gap if name not in kit]
+    assert not missing, (
+        f"the lent image lacks {missing}, which scripts/gpu_kit_requirements.txt does not carry"
+    )
+    # Today's gap, so a list emptied by mistake cannot pass: these four are not in the image.
+    assert {"pyzmq", "pyturbojpeg", "dnspython", "obstore"} <= set(gap)
+
+
+def test_kit_carries_only_pinned_packages_the_image_lacks() -> None:
+    # A wheel of a package the image has would shadow the image's build of it (a numpy or torch
+    # of another version under the image's CUDA torch); unpinned, the kit could change silently.
+    image = gpu_steps.image_packages()
+    for name, line in gpu_steps.kit_requirements().items():
+        assert name not in image, f"{line}: the image has {name}; carrying it would shadow it"
+        assert "==" in line, f"{line}: pin the kit's versions"
+
+
+def test_every_runtime_dependency_is_counted(tmp_path: Path) -> None:
+    # A dependency added to pyproject.toml shows in the gap, or in the image; a marker for
+    # Pythons other than the image's (tomli) does not.
+    names = gpu_steps.needed_names()
+    assert "torch" in names and "obstore" in names and "torchvision" in names
+    assert "tomli" not in names
+    pyproject = tmp_path / "pyproject.toml"
+    pyproject.write_text('[project]\ndependencies = ["numpy>=1", "brand-new-dep>=1"]\n')
+    assert gpu_steps.runtime_requirements(pyproject) == ["numpy>=1", "brand-new-dep>=1"]
+
+
+@pytest.mark.parametrize(
+    ("wheel", "ok"),
+    [
+        ("pyzmq-27.3.0-cp312-abi3-manylinux_2_26_x86_64.manylinux_2_28_x86_64.whl", True),
+        ("obstore-0.12.1-cp311-abi3-manylinux_2_17_x86_64.manylinux2014_x86_64.whl", True),
+        ("dnspython-2.9.2-py3-none-any.whl", True),
+        ("pyzmq-27.3.0-cp311-cp311-manylinux_2_28_x86_64.whl", False),  # the rehearsal's build
+        ("pyzmq-27.3.0-cp312-cp312-musllinux_1_2_x86_64.whl", False),
+        ("pyzmq-27.3.0-cp312-cp312-manylinux_2_28_aarch64.whl", False),
+    ],
+)
+def test_wheel_tags_for_the_image(wheel: str, ok: bool) -> None:
+    assert installs_on_the_image(wheel) is ok
+
+
+def test_built_kit_has_an_image_wheel_for_every_requirement() -> None:
+    if not (BUILT_KIT / "whl").is_dir():
+        pytest.skip(
+            f"no kit packed at {BUILT_KIT}: run scripts/gpu_kit.sh (the list is checked above)"
+        )
+    wheels = {}
+    for path in (BUILT_KIT / "whl").glob("*.whl"):
+        name = canonicalize_name(parse_wheel_filename(path.name)[0])
+        wheels[name] = path.name
+    kit, image = gpu_steps.kit_requirements(), gpu_steps.image_packages()
+    for name, line in kit.items():
+        assert name in wheels, f"{line}: no wheel in {BUILT_KIT}/whl"
+        assert installs_on_the_image(wheels[name]), f"{wheels[name]} does not install on cp312"
+        # The kit installs with --no-deps: what a wheel needs must be the image's or the kit's.
+        for need in wheel_requirements(BUILT_KIT / "whl" / wheels[name]):
+            assert need in image or need in kit, f"{wheels[name]} needs {need}: neither has it"
+    assert (BUILT_KIT / "lib" / "libturbojpeg.so.0").is_file()
+    assert (BUILT_KIT / "include" / "jpeglib.h").is_file()
+
+
+# ------------------------------------------------------------------------ gpu_check.sh
+
+
+@pytest.fixture
+def checkout(tmp_path: Path) -> Path:
+    """The two scripts in a folder of their own: whatever they do happens there, not here."""
+    (tmp_path / "scripts").mkdir()
+    for name in ("gpu_check.sh", "gpu_steps.py"):
+        shutil.copy(SCRIPTS / name, tmp_path / "scripts" / name)
+    return tmp_path
+
+
+def run_check(checkout: Path, *args: str, path: str, timeout: float = 30):
+    env = {
+        **os.environ,
+        "PATH": path,
+        "PYTHON": sys.executable,
+        "OUT": str(checkout / "out"),
+        "GPU_CHECK_WORK": str(checkout / "work"),
+        "GPU_KIT": str(checkout / "nokit"),
+    }
+    started = time.monotonic()
+    run = subprocess.run(
+        ["bash", str(checkout / "scripts" / "gpu_check.sh"), *args],
+        capture_output=True, text=True, env=env, timeout=timeout, cwd=checkout,
+    )  # fmt: skip
+    return run, time.monotonic() - started
+
+
+def path_without_nvidia_smi(tmp: Path) -> str:
+    """PATH with bash, coreutils and friends linked in, and no nvidia-smi."""
+    bin_dir = tmp / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    for tool in ("bash", "timeout", "tee", "date", "mkdir", "rm", "grep", "cat", "dirname"):
+        found = shutil.which(tool)
+        if found:
+            (bin_dir / tool).symlink_to(found)
+    return str(bin_dir)
+
+
+def test_without_a_gpu_it_stops_at_once_and_names_cpu(checkout: Path) -> None:
+    run, took = run_check(checkout, path=path_without_nvidia_smi(checkout), timeout=15)
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert took < 10
+    assert "no GPU here (no nvidia-smi)" in run.stderr and "--cpu" in run.stderr
+    assert not (checkout / "out").exists() and not (checkout / ".venv-gpu").exists()
+
+
+def test_nvidia_smi_without_cuda_torch_stops_too(checkout: Path) -> None:
+    # A driver's nvidia-smi beside a CPU-only torch (this machine's): no GPU for the check.
+    bin_dir = Path(path_without_nvidia_smi(checkout))
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho 'GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-0)'\n")
+    smi.chmod(0o755)
+    run, _ = run_check(checkout, path=str(bin_dir), timeout=30)
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert "torch.cuda.is_available() is false" in run.stderr and "--cpu" in run.stderr
+
+
+def test_steps_with_no_time_left_are_not_run_never_passed(checkout: Path) -> None:
+    run, _ = run_check(checkout, "--cpu", "--budget", "0", path=os.environ["PATH"], timeout=120)
+    assert run.returncode == 3, run.stdout + run.stderr
+    result = json.loads((checkout / "out" / "gpu-check.json").read_text())
+    statuses = {r["step"]: r["status"] for r in result["steps"]}
+    assert statuses["environment"] == "NOT RUN" and statuses["CUDA tests"] == "NOT RUN"
+    assert "PASS" not in statuses.values() and "REHEARSED" not in statuses.values()
+    no_time = [r for r in result["steps"] if r["figures"].startswith("no time left")]
+    assert len(no_time) >= 6
+    table = (checkout / "out" / "gpu-check-table.txt").read_text()
+    assert "NOT RUN" in table and "exit 3" in table
+    assert sorted(p.name for p in (checkout / "out").iterdir()) == [
+        "gpu-check-table.txt", "gpu-check.json", "gpu-check.log",
+    ]  # fmt: skip
+
+
+def test_on_a_gpu_a_skip_fails_the_step_but_dali_absence_is_not_run(tmp_path, monkeypatch):
+    # Real pytest runs on two small test files: a module skipped for DALI's absence, and a test
+    # skipped for want of CUDA (as a CUDA test on a machine where CUDA did not come up).
+    (tmp_path / "test_dali_mod.py").write_text(
+        "import pytest\n"
+        "pytest.importorskip('no_such_dali', reason='NVIDIA DALI is not installed')\n"
+        "def test_x():\n    pass\n"
+    )
+    (tmp_path / "test_cuda_mod.py").write_text(
+        "import pytest\n@pytest.mark.skipif(True, reason='needs a CUDA device')\n"
+        "def test_y():\n    pass\ndef test_z():\n    pass\n"
+    )
+    rows: dict[bool, list[list[str]]] = {}
+    for cpu in (False, True):
+        verdict = tmp_path / f"verdict-{cpu}.tsv"
+        monkeypatch.setenv("GPU_CHECK_VERDICT", str(verdict))
+        monkeypatch.setenv("GPU_CHECK_WORK", str(tmp_path))
+        gpu_steps.step_pytest("CUDA tests", cpu, [str(tmp_path)])
+        rows[cpu] = [line.split("\t") for line in verdict.read_text().splitlines()]
+    gpu, cpu_rows = rows[False], rows[True]
+    assert gpu[0][:2] == ["CUDA tests", "FAIL"] and "needs a CUDA device" in gpu[0][2]
+    assert gpu[1][:2] == ["CUDA tests: DALI", "NOT RUN"] and "DALI not installed" in gpu[1][2]
+    assert cpu_rows[0][:2] == ["CUDA tests", "REHEARSED"]
