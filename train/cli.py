@@ -27,21 +27,16 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from batchwire.wire.endpoints import UnresolvableHost, check_resolvable
 from batchwire.wire.version import __version__, add_version_argument
 
-from .config import AMP_MODES, OPTIMIZERS, ConfigError, TrainConfig
-from .distributed import (
-    DistContext,
-    exit_after_distributed,
-    init_distributed,
-    shutdown_distributed,
-)
-from .loop import EpochResult, Trainer
-from .models import MODEL_NAMES
-from .schedule import SCHEDULES
+from .config import AMP_MODES, MODEL_NAMES, OPTIMIZERS, SCHEDULES, ConfigError, TrainConfig
+
+if TYPE_CHECKING:  # torch comes with these: imported in run(), after the arguments are parsed
+    from .distributed import DistContext
+    from .loop import EpochResult
 
 log = logging.getLogger("batchwire.train")
 
@@ -162,6 +157,18 @@ def parse_config(argv: list[str] | None = None) -> TrainConfig:
     return cfg
 
 
+def check_keys(cfg: TrainConfig) -> None:
+    """Load the keys folder (--keys, else $BATCHWIRE_KEYS) now: a missing or broken one is a
+    one-line `ConfigError` naming the folder and the fix, before torch and any connection."""
+    from batchwire.wire.keys import KEYS_ENV, KeysError, client_keys
+
+    try:
+        client_keys(cfg.keys)
+    except KeysError as exc:
+        named = f"--keys {cfg.keys}" if cfg.keys is not None else f"${KEYS_ENV}"
+        raise ConfigError(f"{named}: {exc}") from None
+
+
 def make_loader(cfg: TrainConfig, ctx: DistContext, split: str, normalize: bool) -> Any:
     """A RemoteLoader for `split` of this rank; `normalize` turns a uint8 wire into floats."""
     from batchwire.client import RemoteLoader
@@ -242,6 +249,9 @@ def open_loaders(cfg: TrainConfig, ctx: DistContext) -> tuple[Any, Any | None, A
 
 def run(cfg: TrainConfig) -> list[EpochResult]:
     """Join the process group, train, and always leave the process group again."""
+    from .distributed import init_distributed, shutdown_distributed
+    from .loop import Trainer
+
     ctx = init_distributed(cfg.device)
     train_loader = val_loader = None
     try:
@@ -283,13 +293,22 @@ def run(cfg: TrainConfig) -> list[EpochResult]:
 
 def main(argv: list[str] | None = None) -> int:
     code = _train(argv)
-    exit_after_distributed(code)  # a DDP rank: torch's gloo threads must not see the teardown
+    # A DDP rank: torch's gloo threads must not see the teardown. A run that never got as far
+    # as importing the loop's distributed module had no process group (nor torch to import).
+    distributed = sys.modules.get("batchwire.train.distributed")
+    if distributed is not None:
+        distributed.exit_after_distributed(code)
     return code
 
 
 def _train(argv: list[str] | None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     cfg = parse_config(argv)
+    try:
+        check_keys(cfg)
+    except ConfigError as exc:
+        print(f"pipeline-train: error: {exc}", file=sys.stderr)
+        return 2
     from batchwire.client import ServerError
 
     try:

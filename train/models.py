@@ -13,7 +13,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-MODEL_NAMES = ("small", "resnet18", "resnet50")
+from .config import MODEL_NAMES
 
 
 def _conv3x3(cin: int, cout: int, stride: int = 1) -> nn.Conv2d:

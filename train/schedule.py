@@ -27,7 +27,8 @@ from torch.optim.lr_scheduler import (
     SequentialLR,
 )
 
-SCHEDULES = ("cosine", "onecycle")
+from .config import SCHEDULES
+
 WARMUP_START = 0.1  # cosine: the warm-up starts at this fraction of the peak lr
 ONECYCLE_START = 1 / 25  # onecycle: from lr / 25 ...
 ONECYCLE_END = 1e-4  # ... to lr / 1e4

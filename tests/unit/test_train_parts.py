@@ -45,6 +45,14 @@ def test_zero_init_residual_zeroes_the_last_norm_of_every_block() -> None:
     assert torch.count_nonzero(model.layer1[0].bn1.weight) > 0
 
 
+def test_every_model_name_the_cli_offers_builds() -> None:
+    """config.MODEL_NAMES is argparse's list of choices: each one builds, none is left over."""
+    from batchwire.train.config import MODEL_NAMES
+    from batchwire.train.models import _BUILDERS
+
+    assert tuple(_BUILDERS) == MODEL_NAMES
+
+
 def test_unknown_model_is_a_clear_error() -> None:
     with pytest.raises(ValueError, match="resnet18"):
         build_model("vgg", 10)
