@@ -25,7 +25,7 @@ from batchwire.bench.bench_decode import DEFAULT_DIR, IMAGE_SUFFIXES, _timed
 from batchwire.native.jpeg_transcode import transcode_restart
 from batchwire.pipeline.augment_plan import AugmentConfig, plan_sample
 from batchwire.pipeline.decode import decode_for_crop, read_header
-from batchwire.prepare.job import AUTO_MOST
+from batchwire.prepare.restarts import AUTO_MOST
 
 SETTINGS = (1, 2, AUTO_MOST, 8)
 

@@ -28,6 +28,7 @@ from batchwire.bench.data import BenchData, check_prepared, resolve_data
 from batchwire.bench.report import Report, format_table, write_json
 from batchwire.bench.rows import ROWS, best_row, plan_rows, run_row
 from batchwire.common.cores import available_cores
+from batchwire.wire.cli import ArgumentParser
 from batchwire.wire.version import add_version_argument
 
 if TYPE_CHECKING:
@@ -35,7 +36,7 @@ if TYPE_CHECKING:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = ArgumentParser(
         prog="pipeline-bench",
         description=__doc__.split("\n\n", 1)[1] if __doc__ else None,
         formatter_class=argparse.RawDescriptionHelpFormatter,

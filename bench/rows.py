@@ -18,12 +18,15 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from batchwire.bench import baselines
 from batchwire.bench.data import BenchData
 from batchwire.bench.report import Row, prepared_key
 from batchwire.common.cores import available_cores
 from batchwire.wire.keys import create_keys
+
+if TYPE_CHECKING:  # imported where a row runs: `pipeline-bench --help` needs no torch
+    from batchwire.bench import baselines
 
 ROWS = ("decode", "dataloader", "dali", "batchwire")
 log = logging.getLogger("batchwire.bench")
@@ -124,6 +127,8 @@ def _server_flags(args: argparse.Namespace) -> str:
 def _decode_plans(
     args: argparse.Namespace, data: BenchData, prepared: BenchData | None
 ) -> list[RowPlan]:
+    from batchwire.bench import baselines
+
     def run_on(files: BenchData) -> Callable[[], baselines.Measured]:
         return functools.partial(
             baselines.decode_limit,
@@ -152,6 +157,8 @@ def _loop(args: argparse.Namespace) -> dict:
 
 
 def _dataloader_plan(args: argparse.Namespace, data: BenchData) -> RowPlan:
+    from batchwire.bench import baselines
+
     _, how = baselines.make_transform(args.image_size)
     return RowPlan(
         "dataloader",
@@ -164,6 +171,8 @@ def _dataloader_plan(args: argparse.Namespace, data: BenchData) -> RowPlan:
 
 
 def _dali_plan(args: argparse.Namespace, device: str, data: BenchData) -> RowPlan:
+    from batchwire.bench import baselines
+
     dev_type = device.split(":", 1)[0]
     plan = RowPlan(
         "dali",

@@ -415,11 +415,11 @@ def _upload(args: object) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """`pipeline-store serve|start|stop DIR`, `pipeline-store upload FOLDER s3://BUCKET/PREFIX`."""
-    import argparse
 
+    from batchwire.wire.cli import ArgumentParser
     from batchwire.wire.version import add_version_argument
 
-    p = argparse.ArgumentParser(
+    p = ArgumentParser(
         prog="pipeline-store",
         description="A local S3 object store (SeaweedFS) to try s3:// datasets: `serve` starts "
         "it and prints the AWS_* exports; `upload` puts a folder into it (with those exports "

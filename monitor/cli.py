@@ -35,6 +35,7 @@ from batchwire.monitor.render import (
     render_fleet,
     text_console,
 )
+from batchwire.wire.cli import ArgumentParser
 from batchwire.wire.dns import DnsError, is_dns_endpoint, lookup_failure
 from batchwire.wire.keys import ClientKeys, KeysError, client_keys
 from batchwire.wire.stats import ServerStats
@@ -51,7 +52,7 @@ MAX_SECONDS = 86400.0  # --interval and --timeout: a day is plenty; inf would ov
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="pipeline-monitor",
         description="Live view of a pipeline-server: stage queues, clients, throughput, and "
         "the inferred bottleneck.",

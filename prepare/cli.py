@@ -18,15 +18,15 @@ from typing import Protocol
 
 from batchwire.common.cores import available_cores
 from batchwire.pipeline.decode import DEFAULT_MAX_PIXELS
-from batchwire.prepare.job import AUTO, AUTO_MOST
-from batchwire.prepare.run import Options, run
+from batchwire.prepare.restarts import AUTO_MOST, restart_setting
 from batchwire.prepare.source import UsageError
 from batchwire.prepare.summary import EXIT_INCOMPLETE, EXIT_USAGE
+from batchwire.wire.cli import ArgumentParser
 from batchwire.wire.version import add_version_argument
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = ArgumentParser(
         prog="pipeline-prepare",
         description=(
             "Copy a dataset to DST with every JPEG rewritten losslessly as a baseline JPEG "
@@ -113,21 +113,10 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def restart_setting(text: str) -> int:
-    """`--restart-interval`'s value: AUTO for "auto", else a number of MCUs (at least 1)."""
-    if text == "auto":
-        return AUTO
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise UsageError(f"--restart-interval must be auto or at least 1 MCU, not {text!r}")
-    return value
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    from batchwire.prepare.run import Options, run  # after parsing: --help needs no torch
+
     if args.shards is not None:
         return _shards_main(args)
     if args.checksums_only and args.dst is None:

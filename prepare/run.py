@@ -30,7 +30,6 @@ from batchwire.pipeline.decode import DEFAULT_MAX_PIXELS
 from batchwire.pipeline.decode.files import read_file_and_stat
 from batchwire.prepare import manifest
 from batchwire.prepare.job import (
-    AUTO,
     Result,
     Settings,
     prepare_file,
@@ -46,6 +45,7 @@ from batchwire.prepare.manifest import (
 )
 from batchwire.prepare.mirror import find_foreign, remove_gone, source_id
 from batchwire.prepare.progress import Progress
+from batchwire.prepare.restarts import AUTO
 from batchwire.prepare.source import (
     Source,
     UsageError,
@@ -68,7 +68,7 @@ class Options:
     src: str
     dst: str | None
     jobs: int
-    restart_interval: int = AUTO  # MCUs, or AUTO (per file, see job.AUTO_MOST)
+    restart_interval: int = AUTO  # MCUs, or AUTO (per file, see restarts.AUTO_MOST)
     quiet: bool = False
     report: str | None = None
     fsync: bool = False

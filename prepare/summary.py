@@ -14,7 +14,6 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from batchwire.prepare.job import AUTO, AUTO_MOST
 from batchwire.prepare.manifest import (
     CHECKSUMMED,
     COPIED,
@@ -26,6 +25,7 @@ from batchwire.prepare.manifest import (
     Record,
 )
 from batchwire.prepare.mirror import Mirror
+from batchwire.prepare.restarts import AUTO, AUTO_MOST
 
 EXIT_OK = 0
 EXIT_CORRUPT = 1  # corrupt files found; DST is still complete

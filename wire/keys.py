@@ -135,9 +135,10 @@ class ServerKeys:
 
 def main(argv: list[str] | None = None) -> int:
     """`pipeline-keys DIR`: write a keys folder for pipeline-server --keys and RemoteLoader."""
-    import argparse
 
-    p = argparse.ArgumentParser(
+    from batchwire.wire.cli import ArgumentParser
+
+    p = ArgumentParser(
         prog="pipeline-keys",
         description="Write a keys folder (CURVE certificates in pyzmq's format) for "
         "`pipeline-server --keys DIR` and its trainers (`RemoteLoader(keys=DIR)`, "

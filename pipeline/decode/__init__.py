@@ -26,24 +26,64 @@ Where to look (each module has one job):
   import them from their modules.
 """
 
-from batchwire.pipeline.decode.contract import (
-    BatchDecoder,
-    DecodedImage,
-    DecodeError,
-    DecodeRequest,
-    DecodeResult,
-)
-from batchwire.pipeline.decode.cpu import CpuBatchDecoder, decode_for_crop
-from batchwire.pipeline.decode.files import NotARegularFile, is_transient, read_file
-from batchwire.pipeline.decode.headers import (
-    DEFAULT_MAX_PIXELS,
-    ImageHeader,
-    ImageTooLarge,
-    ImplausibleHeader,
-    read_header,
-)
-from batchwire.pipeline.decode.region import Box, Region, displayed_region, stored_region
-from batchwire.pipeline.decode.whole import choose_dct_scale, decode_full
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# Name -> the submodule defining it. Read lazily (PEP 562): a command line that needs only the
+# pixel cap or the crop geometry (pipeline-server and pipeline-prepare parse their arguments with
+# them) imports neither torch nor the decoders.
+_WHERE = {
+    "BatchDecoder": "contract",
+    "DecodedImage": "contract",
+    "DecodeError": "contract",
+    "DecodeRequest": "contract",
+    "DecodeResult": "contract",
+    "CpuBatchDecoder": "cpu",
+    "decode_for_crop": "cpu",
+    "NotARegularFile": "files",
+    "is_transient": "files",
+    "read_file": "files",
+    "DEFAULT_MAX_PIXELS": "headers",
+    "ImageHeader": "headers",
+    "ImageTooLarge": "headers",
+    "ImplausibleHeader": "headers",
+    "read_header": "headers",
+    "Box": "region",
+    "Region": "region",
+    "displayed_region": "region",
+    "stored_region": "region",
+    "choose_dct_scale": "whole",
+    "decode_full": "whole",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _WHERE:
+        return getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+if TYPE_CHECKING:
+    from batchwire.pipeline.decode.contract import (
+        BatchDecoder,
+        DecodedImage,
+        DecodeError,
+        DecodeRequest,
+        DecodeResult,
+    )
+    from batchwire.pipeline.decode.cpu import CpuBatchDecoder, decode_for_crop
+    from batchwire.pipeline.decode.files import NotARegularFile, is_transient, read_file
+    from batchwire.pipeline.decode.headers import (
+        DEFAULT_MAX_PIXELS,
+        ImageHeader,
+        ImageTooLarge,
+        ImplausibleHeader,
+        read_header,
+    )
+    from batchwire.pipeline.decode.region import Box, Region, displayed_region, stored_region
+    from batchwire.pipeline.decode.whole import choose_dct_scale, decode_full
 
 __all__ = [
     "DEFAULT_MAX_PIXELS",

@@ -45,10 +45,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import numpy as np
-import torch
 from batchwire.pipeline.decode.region import Box
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # annotations only: the contract itself imports no torch
+    import torch
     from batchwire.pipeline.decode.headers import ImageHeader
 
 

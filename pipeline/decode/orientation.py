@@ -11,10 +11,12 @@ rows, reverse its columns, then transpose. The numpy applier (CPU decode), the t
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:  # the torch applier only calls the tensor's own methods
+    import torch
 
 
 class Orientation(NamedTuple):
