@@ -259,7 +259,6 @@ def step_build(cpu: bool) -> int:
 def step_probe() -> int:
     """The compiled op passes its launch probe on this GPU (not the reference fallback)."""
     import torch
-
     from batchwire import native
 
     fn = native.augment_impl(torch.device("cuda", 0))
