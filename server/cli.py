@@ -108,8 +108,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--allow-outside-root",
         action="store_true",
         default=argparse.SUPPRESS,  # absent: the TOML file's setting, else the default
-        help="let a list file name files outside its own folder (absolute paths, '..'); "
-        "refused by default: a list file may come from elsewhere",
+        help="let a list file or manifest name samples outside its own root (absolute paths, "
+        "'..', a bucket URL in a local manifest, another bucket or prefix in a bucket "
+        "manifest); refused by default: a manifest may come from elsewhere, and its rows would "
+        "be read with this server's credentials",
     )
     data.add_argument(
         "--verify-checksums",

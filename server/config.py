@@ -106,6 +106,8 @@ class ServerConfig:
     # far more than a batch in production takes, and within Docker's 10 s stop grace.
     drain_timeout: float = 5.0
     metrics_port: int | None = None
+    # A list file's or manifest's rows may leave its root (other folders, bucket URLs; read
+    # with this server's credentials): pipeline/sources/manifest.py.
     allow_outside_root: bool = False
     # Check every file read against its checksum manifest (pipeline/checksums.py): "auto" when
     # one is found beside the data or in a checksum_dirs folder, "on" requires one, "off".

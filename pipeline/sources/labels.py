@@ -12,7 +12,7 @@ an int64 [N, K] table, K the largest count, short rows padded with `NO_LABEL` (-
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from array import array
 
 import numpy as np
 
@@ -88,17 +88,21 @@ def parse_labels(value: object, where: str) -> int | str | list[int | str]:
     return [parse_label(v, f"{where}: label {k}") for k, v in enumerate(value)]
 
 
-@dataclass
 class LabelTable:
-    """Collects one label per sample, then `resolve()`s them all to ids and class names."""
+    """Collects one label per sample, then `resolve()`s them all to ids and class names.
 
-    _ints: list[int] = field(default_factory=list)
-    _names: list[str] = field(default_factory=list)
-    _order: list[int] = field(default_factory=list)  # 0: next int, 1: next name
-    _first_int: str | None = None
-    _first_name: str | None = None
-    _counts: list[int] = field(default_factory=list)  # labels per sample
-    _multi: bool = False  # some sample had a list of labels
+    Kept compact for million-row manifests: integer labels in an int64 array, class names
+    once each (a dict of first-seen codes) with an int32 code per label, counts per sample in
+    an int32 array: a few bytes a row, never a Python object per row."""
+
+    def __init__(self) -> None:
+        self._ints = array("q")
+        self._codes = array("i")  # a class name's first-seen code, per label
+        self._name_code: dict[str, int] = {}
+        self._first_int: str | None = None
+        self._first_name: str | None = None
+        self._counts = array("i")  # labels per sample
+        self._multi = False  # some sample had a list of labels
 
     def add(self, label: int | str | list[int | str], where: str) -> None:
         """One sample's label, or its list of labels (multi-label)."""
@@ -124,7 +128,6 @@ class LabelTable:
                 )
             self._first_int = self._first_int or where
             self._ints.append(label)
-            self._order.append(0)
         else:
             if self._first_int is not None:
                 raise LabelError(
@@ -132,8 +135,8 @@ class LabelTable:
                     f"integer at {self._first_int}); use one or the other"
                 )
             self._first_name = self._first_name or where
-            self._names.append(label)
-            self._order.append(1)
+            code = self._name_code.setdefault(label, len(self._name_code))
+            self._codes.append(code)
 
     def extend_ints(self, ids: np.ndarray, where: str) -> None:
         """Many integer labels at once, e.g. a Parquet label column."""
@@ -144,9 +147,8 @@ class LabelTable:
         if self._first_name is not None and len(ids):
             raise LabelError(f"{where}: integer labels in a dataset labelled by class names")
         self._first_int = self._first_int or where
-        self._ints.extend(int(v) for v in ids.tolist())
-        self._order.extend([0] * len(ids))
-        self._counts.extend([1] * len(ids))
+        self._ints.frombytes(np.ascontiguousarray(ids, dtype=np.int64).tobytes())
+        self._counts.frombytes(np.ones(len(ids), dtype=np.int32).tobytes())
 
     def __len__(self) -> int:
         return len(self._counts)
@@ -154,12 +156,13 @@ class LabelTable:
     def resolve(self, names: list[str] | None = None) -> tuple[np.ndarray, list[str]]:
         """(int64 ids, class names). `names`: class names known from elsewhere (Parquet
         features, a dataset card) that integer labels index; names seen are sorted otherwise."""
-        if self._names:
-            classes = sorted(set(self._names))
-            lookup = {c: i for i, c in enumerate(classes)}
-            ids = np.fromiter((lookup[n] for n in self._names), np.int64, len(self._names))
-            return ids, classes
-        ids = np.asarray(self._ints, dtype=np.int64)
+        if self._name_code:
+            classes = sorted(self._name_code)
+            sorted_id = np.empty(len(classes), dtype=np.int64)  # first-seen code -> id
+            for i, c in enumerate(classes):
+                sorted_id[self._name_code[c]] = i
+            return sorted_id[np.frombuffer(self._codes, dtype=np.int32)], classes
+        ids = np.frombuffer(self._ints, dtype=np.int64).copy()
         count = int(ids.max()) + 1 if ids.size else 0
         if names is not None and len(names) >= count:
             return ids, list(names)
@@ -174,7 +177,7 @@ class LabelTable:
         flat, classes = self.resolve(names)
         if not self._multi:
             return flat, None, classes
-        counts = np.asarray(self._counts, dtype=np.int64)
+        counts = np.frombuffer(self._counts, dtype=np.int32).astype(np.int64)
         width = int(counts.max())
         starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
         rows = np.full((len(counts), width), NO_LABEL, dtype=np.int64)

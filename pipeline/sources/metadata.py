@@ -11,7 +11,8 @@ manifest is read (an error naming the file and line at start, never a silent tru
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from array import array
+from collections.abc import Iterable, Sequence
 
 import msgpack
 
@@ -71,25 +72,47 @@ def metadata_bytes(meta: dict[str, Scalar] | None) -> int:
 
 
 class PackedMetadata(Sequence):
-    """A dataset's per-sample metadata kept msgpacked, one bytes object per sample (a dict per
-    sample would cost a server holding a million-row manifest hundreds of MB for a column no
-    trainer may ask for); `[i]` unpacks sample i's dict (None for a sample without)."""
+    """A dataset's per-sample metadata kept msgpacked in one buffer with an end offset per
+    sample (a dict per sample, or even a bytes object each, would cost a server holding a
+    million-row manifest hundreds of MB for a column no trainer may ask for); `[i]` unpacks
+    sample i's dict (None for a sample without: an empty slice, as msgpack never is)."""
 
-    def __init__(self, rows: list[dict[str, Scalar] | None]) -> None:
-        self._packed = [None if m is None else msgpack.packb(m, use_bin_type=True) for m in rows]
+    def __init__(self, rows: Iterable[dict[str, Scalar] | None] = ()) -> None:
+        self._buf = bytearray()
+        self._ends = array("q")
+        for meta in rows:
+            self.append(meta)
+
+    def append(self, meta: dict[str, Scalar] | None) -> None:
+        if meta is not None:
+            self._buf += msgpack.packb(meta, use_bin_type=True)
+        self._ends.append(len(self._buf))
+
+    @property
+    def any(self) -> bool:
+        """Whether some sample has metadata."""
+        return len(self._buf) > 0
 
     def __len__(self) -> int:
-        return len(self._packed)
+        return len(self._ends)
+
+    def _raw(self, i: int) -> bytes | None:
+        n = len(self._ends)
+        if not -n <= int(i) < n:
+            raise IndexError(f"metadata index {i} out of range for {n} samples")
+        k = int(i) % n
+        start = self._ends[k - 1] if k > 0 else 0
+        return bytes(self._buf[start : self._ends[k]]) or None
 
     def __getitem__(self, i):  # type: ignore[override]
         if isinstance(i, slice):
             return [self[k] for k in range(*i.indices(len(self)))]
-        raw = self._packed[i]
+        raw = self._raw(i)
         return None if raw is None else msgpack.unpackb(raw, raw=False)
 
     def nbytes(self, i: int) -> int:
         """Sample i's msgpacked size (1 for None, as msgpack's nil)."""
-        raw = self._packed[i]
+        raw = self._raw(i)
         return 1 if raw is None else len(raw)
 
 

@@ -4,20 +4,29 @@ locally: a counted, replaced bad sample, never a read retried for ever, never a 
 - A 0-byte member of a tar shard: obstore refuses an empty byte range ("Invalid range
   requested"), which was taken for a transient failure and retried until the batch failed;
   now it is an empty file, as locally, and the shard's other members read fine.
+- Manifest rows leaving the manifest's own root (a bucket URL in a local CSV, another prefix
+  or bucket in a bucket manifest) are refused at start naming file:line unless
+  --allow-outside-root; allowed, a forbidden (403) or missing (404) object is a bad sample,
+  counted once, never retried; no credentials at all is exit 2 at start.
 """
 
 from __future__ import annotations
 
 import io
 import os
+import subprocess
+import sys
 import tarfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
 from batchwire.pipeline.dataset import open_dataset
 from batchwire.pipeline.local import LocalLoader
+from batchwire.pipeline.sources.manifest import ManifestError
 from batchwire.pipeline.synthetic import default_dataset
+from serverproc import free_tcp_endpoint, running_server
 
 seaweed = pytest.importorskip("objectstore", reason="needs tests/objectstore.py").seaweed
 
@@ -110,3 +119,94 @@ def test_an_empty_range_is_empty_bytes_without_a_request(seaweed, s3_env):
         assert store.counters()["requests"] == 2 and store.counters()["errors"] == 0
     finally:
         store.close()
+
+
+# -- manifests that leave their root ------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def objects(seaweed) -> list[bytes]:
+    """Six JPEGs as s3://open/m/0..5.jpg (the `reader` identity reads bucket `open`), one as
+    s3://mixed/secret/x.jpg (which `reader` may not read: 403 from the store)."""
+    jpegs = _jpegs(7)
+    for i, data in enumerate(jpegs[:6]):
+        seaweed.put("open", f"m/{i}.jpg", data)
+    seaweed.put("mixed", "secret/x.jpg", jpegs[6])
+    return jpegs
+
+
+def test_a_bucket_manifest_keeps_to_its_prefix(seaweed, s3_env, objects):
+    """URLs under the manifest's own prefix are its keys; another prefix or bucket is refused
+    at start naming the line."""
+    seaweed.put("open", "m/own.csv", b"path,label\n0.jpg,a\ns3://open/m/1.jpg,b\n")
+    got = open_dataset("s3://open/m/own.csv", verify_checksums="off")
+    assert list(got.paths) == ["s3://open/m/0.jpg", "s3://open/m/1.jpg"]
+    assert got.read_many([0, 1]) == objects[:2]
+    for n, row in enumerate(["s3://open/elsewhere/1.jpg", "s3://mixed/secret/x.jpg"]):
+        seaweed.put("open", f"m/out{n}.csv", f"path,label\n0.jpg,a\n{row},b\n".encode())
+        with pytest.raises(ManifestError, match=rf"out{n}\.csv:3: .* outside the manifest's"):
+            open_dataset(f"s3://open/m/out{n}.csv", verify_checksums="off")
+
+
+def _server_env(seaweed, identity: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    return {**env, **seaweed.env(identity), "OMP_NUM_THREADS": "1"}
+
+
+def _local_csv(folder: Path) -> Path:
+    """A local CSV naming bucket objects: four readable, one forbidden, one missing."""
+    rows = [f"s3://open/m/{i}.jpg,{i % 2}" for i in range(4)]
+    rows.insert(2, "s3://mixed/secret/x.jpg,1")
+    rows.append("s3://open/m/missing.jpg,0")
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "remote.csv"
+    path.write_text("path,label\n" + "\n".join(rows) + "\n")
+    return path
+
+
+def test_a_local_manifest_of_bucket_urls_needs_allow_outside_root(seaweed, objects, tmp_path):
+    """Refused at start naming the line; with --allow-outside-root served, the forbidden and
+    the missing object counted as bad samples once each, nothing retried as transient."""
+    path = _local_csv(tmp_path)
+    env = _server_env(seaweed, "reader")
+    args = ("--train", str(path), "--batch-size", "2", "--image-size", "24", "--workers", "1")
+    done = subprocess.run(
+        [str(Path(sys.executable).with_name("pipeline-server")), *args, "--bind",
+         free_tcp_endpoint()],
+        env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    out = done.stdout + done.stderr
+    assert done.returncode == 2, out
+    assert f"{path}:2: 's3://open/m/0.jpg' is outside the manifest's folder" in out
+    assert "--allow-outside-root" in out and "Traceback" not in out
+
+    from batchwire.client import RemoteLoader
+
+    with running_server(*args, "--allow-outside-root", "--seed", "3", env=env) as srv:
+        loader = RemoteLoader(srv.endpoint, "train", rank=0, world_size=1, device="cpu",
+                              timeout=30)  # fmt: skip
+        try:
+            assert sum(len(b[0]) for b in loader) == 6  # every slot served
+        finally:
+            loader.close()
+        counters = srv.stats()["counters"]
+        log = srv.log()
+    assert counters["bad_total"] == 2, log
+    assert "s3://mixed/secret/x.jpg" in log and "access denied (HTTP 403" in log
+    assert "s3://open/m/missing.jpg" in log and "no such object" in log
+    assert "transient" not in log, log
+
+
+def test_no_credentials_for_url_rows_is_a_setup_error(seaweed, objects, tmp_path, monkeypatch):
+    """With --allow-outside-root but no credentials anywhere (the chain ends at a closed
+    instance-metadata port): an error at start naming the line, not reads retried for ever."""
+    for name in list(os.environ):
+        if name.startswith("AWS_"):
+            monkeypatch.delenv(name)
+    env = seaweed.env()
+    for name in ("AWS_REGION", "AWS_ENDPOINT_URL", "AWS_ALLOW_HTTP"):
+        monkeypatch.setenv(name, env[name])
+    monkeypatch.setenv("AWS_METADATA_ENDPOINT", "http://127.0.0.1:9")
+    path = _local_csv(tmp_path)
+    with pytest.raises(PermissionError, match=r"remote\.csv:2: s3://open: .*no credentials found"):
+        open_dataset(path, allow_outside_root=True, verify_checksums="off")
