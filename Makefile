@@ -27,7 +27,7 @@ demo: setup-runtime
 TEST_WORKERS ?= 4
 # Bytecode for our packages first: this environment sets PYTHONDONTWRITEBYTECODE, so each of the
 # suite's ~300 server and CLI processes would otherwise compile batchwire from source (~70 ms each).
-PACKAGES := batchwire bench client common monitor native pipeline prepare server train wire
+PACKAGES := src bench client common monitor native pipeline prepare server train wire
 test: native
 	@$(PY) -m compileall -q $(PACKAGES) tests > /dev/null
 	@$(PY) -m ruff check .

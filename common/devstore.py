@@ -18,6 +18,7 @@ when it stops. SIGINT or SIGTERM stops it cleanly (exit 0).
 
 from __future__ import annotations
 
+import argparse
 import atexit
 import ctypes
 import json
@@ -413,8 +414,8 @@ def _upload(args: object) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    """`pipeline-store serve|start|stop DIR`, `pipeline-store upload FOLDER s3://BUCKET/PREFIX`."""
+def build_parser() -> argparse.ArgumentParser:
+    """`pipeline-store`'s arguments (the docs' command lines are checked against it)."""
 
     from batchwire.wire.cli import ArgumentParser
     from batchwire.wire.version import add_version_argument
@@ -440,6 +441,12 @@ def main(argv: list[str] | None = None) -> int:
     upload = sub.add_parser("upload", help="put every file of FOLDER under s3://BUCKET/PREFIX")
     upload.add_argument("folder")
     upload.add_argument("url", help="s3://BUCKET/PREFIX")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`pipeline-store serve|start|stop DIR`, `pipeline-store upload FOLDER s3://BUCKET/PREFIX`."""
+    p = build_parser()
     args = p.parse_args(argv)
     run = {"serve": _serve, "start": _start, "stop": _stop, "upload": _upload}[args.command]
     return run(args)

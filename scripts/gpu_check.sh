@@ -124,8 +124,8 @@ install_overlay() {
     "${pip[@]}" --no-index --no-build-isolation . || return 1
 }
 if [ -d "$kit/whl" ] || [ $cpu = 0 ]; then
-    # PYTHONSAFEPATH: `python -m` puts no working directory first, whose batchwire/ (the bare
-    # namespace of an editable install) would hide the overlay's installed batchwire.
+    # PYTHONSAFEPATH: `python -m` puts no working directory first: the overlay's installed
+    # batchwire is the one imported, whatever the checkout's root holds.
     export PYTHONPATH="$work/site${PYTHONPATH:+:$PYTHONPATH}" PYTHONSAFEPATH=1
     if [ -d "$kit/lib" ]; then
         export LD_LIBRARY_PATH="$PWD/$kit/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"

@@ -16,6 +16,7 @@ authenticator thread (`zmq.auth.thread.ThreadAuthenticator`) answers the handsha
 
 from __future__ import annotations
 
+import argparse
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -133,10 +134,10 @@ class ServerKeys:
             self._auth = None
 
 
-def main(argv: list[str] | None = None) -> int:
-    """`pipeline-keys DIR`: write a keys folder for pipeline-server --keys and RemoteLoader."""
-
+def build_parser() -> argparse.ArgumentParser:
+    """`pipeline-keys`' arguments (the docs' command lines are checked against it)."""
     from batchwire.wire.cli import ArgumentParser
+    from batchwire.wire.version import add_version_argument
 
     p = ArgumentParser(
         prog="pipeline-keys",
@@ -145,11 +146,15 @@ def main(argv: list[str] | None = None) -> int:
         "BATCHWIRE_KEYS=DIR, `pipeline-train --keys DIR`). Copy the folder to the trainer "
         "hosts; server.key_secret may stay on the server's host.",
     )
-    from batchwire.wire.version import add_version_argument
-
     add_version_argument(p)
     p.add_argument("directory", help="folder to create (made owner-only)")
     p.add_argument("--force", action="store_true", help="replace keys already there")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`pipeline-keys DIR`: write a keys folder for pipeline-server --keys and RemoteLoader."""
+    p = build_parser()
     args = p.parse_args(argv)
     try:
         root = create_keys(args.directory, force=args.force)

@@ -2,7 +2,7 @@
 
 It lives in `wire`, the layer every side imports (the monitor imports nothing else), and is read
 from the installed distribution's metadata (pyproject's ``version``), so there is one number to
-bump. Users spell it ``batchwire.__version__`` (batchwire/__init__.py reads it from here on
+bump. Users spell it ``batchwire.__version__`` (src/batchwire/__init__.py reads it from here on
 first access), ``from batchwire.common import __version__``, or the standard
 ``importlib.metadata.version("batchwire")``.
 """

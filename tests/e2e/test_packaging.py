@@ -85,7 +85,7 @@ def test_the_wheel_installs_into_a_fresh_venv_and_works(wheel: Path, tmp_path: P
 def test_wheel_installs_only_the_batchwire_namespace(wheel_names: list[str]) -> None:
     top = {name.split("/")[0] for name in wheel_names if not name.startswith("batchwire-")}
     assert top == {"batchwire"}, f"bare top-level modules would land in site-packages: {top}"
-    # batchwire/__init__.py carries only __version__ (read lazily; batchwire/__init__.py).
+    # batchwire/__init__.py carries only __version__ (read lazily; src/batchwire/__init__.py).
     assert "batchwire/__init__.py" in wheel_names
     for sub in ("pipeline", "server", "client", "native", "train", "monitor", "bench"):
         assert f"batchwire/{sub}/__init__.py" in wheel_names
