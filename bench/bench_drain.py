@@ -71,6 +71,7 @@ def main(argv: list[str] | None = None) -> int:
                     with RemoteLoader(
                         [a.endpoint, b.endpoint], "train", rank=rank, world_size=RANKS,
                         device="cpu", with_indices=True, prefetch=4, timeout=60.0,
+                        normalize_on_device=False,
                     ) as loader:  # fmt: skip
                         num_batches[rank] = len(loader)
                         for k, batch in enumerate(loader):

@@ -228,7 +228,13 @@ def pin(pid: int, core: int) -> None:
 def images_per_s(endpoints: list[str], batches: int, batch_size: int, prefetch: int) -> float:
     """Rate of one RemoteLoader over ``batches`` batches after a warm-up of 3 (epoch 0 on)."""
     with RemoteLoader(
-        endpoints, "train", rank=0, world_size=1, device="cpu", prefetch=prefetch
+        endpoints,
+        "train",
+        rank=0,
+        world_size=1,
+        device="cpu",
+        prefetch=prefetch,
+        normalize_on_device=False,
     ) as loader:
         done, epoch, t0 = 0, 0, 0.0
         while done < batches + 3:
@@ -246,7 +252,9 @@ def images_per_s(endpoints: list[str], batches: int, batch_size: int, prefetch: 
 def recovery(endpoints: list[str], victim: PipelineServer) -> tuple[float, int, int]:
     """(longest wait for a batch, batches yielded, batches in the epoch) with the victim killed
     a third of the way in; the batches' indices are checked to be each batch exactly once."""
-    with RemoteLoader(endpoints, "train", rank=0, world_size=1, device="cpu") as loader:
+    with RemoteLoader(
+        endpoints, "train", rank=0, world_size=1, device="cpu", normalize_on_device=False
+    ) as loader:
         total = len(loader)
         longest, got = 0.0, 0
         t = time.perf_counter()
@@ -369,7 +377,13 @@ def grow(args: argparse.Namespace, data_shown: str, images: int, server_args: li
             hard_stop = time.monotonic() + 3 * args.phase + 120  # bounds the loop whatever
             try:
                 with RemoteLoader(
-                    fleet, "train", rank=0, world_size=1, device="cpu", prefetch=args.prefetch
+                    fleet,
+                    "train",
+                    rank=0,
+                    world_size=1,
+                    device="cpu",
+                    prefetch=args.prefetch,
+                    normalize_on_device=False,
                 ) as loader:
                     for epoch in range(10_000):  # bounded; the run ends on time below
                         loader.set_epoch(epoch)

@@ -230,7 +230,7 @@ def epoch_images(endpoint: str, epoch: int) -> int:
 
     with RemoteLoader(
         endpoint, "train", rank=0, world_size=1, device="cpu", timeout=300,
-        prefetch_next_epoch=False,
+        prefetch_next_epoch=False, normalize_on_device=False,
     ) as loader:  # fmt: skip
         loader.set_epoch(epoch)
         return sum(int(images.shape[0]) for images, _ in loader)

@@ -46,7 +46,7 @@ _JOB = textwrap.dedent(
     from batchwire.client import RemoteLoader
     ep, job, rank, ws, epochs, bs = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:7])
     loader = RemoteLoader(ep, "train", rank=rank, world_size=ws, device="cpu", job=job,
-                          timeout=120.0, batch_size=bs or None)
+                          timeout=120.0, batch_size=bs or None, normalize_on_device=False)
     loader.server_info()  # connected and welcomed: wait for the others (see run_sweep)
     print("ready", flush=True)
     sys.stdin.readline()

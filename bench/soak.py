@@ -65,7 +65,13 @@ def main(argv: list[str] | None = None) -> int:
         next_sample = start
         while time.monotonic() < end:
             with RemoteLoader(
-                srv.endpoint, "train", rank=0, world_size=1, device="cpu", timeout=60
+                srv.endpoint,
+                "train",
+                rank=0,
+                world_size=1,
+                device="cpu",
+                timeout=60,
+                normalize_on_device=False,
             ) as loader:
                 loader.set_epoch(rng.randrange(1000))
                 for k, _ in enumerate(loader):

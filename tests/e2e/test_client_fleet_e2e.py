@@ -165,6 +165,7 @@ def test_errors_about_an_older_session_do_not_end_the_run():
             heartbeat=0.3,
             timeout=10,
             prefetch_next_epoch=False,
+            normalize_on_device=False,  # the bytes sent, which tell the batches apart
         ) as loader:
             got = [tuple(t.clone() for t in b) for b in loader]
     finally:

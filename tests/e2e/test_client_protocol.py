@@ -78,8 +78,9 @@ def run_loader(reply) -> list:
     srv = RawServer(reply)
     try:
         with RemoteLoader(
-            srv.endpoint, "train", rank=0, world_size=1, device="cpu", with_indices=True, timeout=5
-        ) as loader:
+            srv.endpoint, "train", rank=0, world_size=1, device="cpu", with_indices=True, timeout=5,
+            normalize_on_device=False,  # the bytes sent, which tell the batches apart
+        ) as loader:  # fmt: skip
             return [tuple(t.clone() for t in b) for b in loader]
     finally:
         srv.close()

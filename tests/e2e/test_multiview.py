@@ -38,6 +38,7 @@ def servers():
 
 def loader_for(endpoint: str, **kw) -> RemoteLoader:
     kw.setdefault("timeout", 60.0)
+    kw.setdefault("normalize_on_device", False)  # the wire's uint8, as LocalLoader makes it
     return RemoteLoader(
         endpoint, "train", rank=0, world_size=1, device="cpu", with_indices=True, **kw
     )

@@ -74,8 +74,9 @@ def trees(tmp_path_factory) -> dict[str, tuple[Path, Path, int]]:
 
 def batches(endpoint: str, split: str, epoch: int) -> list[tuple[torch.Tensor, ...]]:
     loader = RemoteLoader(
-        endpoint, split, rank=0, world_size=1, device="cpu", with_indices=True, timeout=60
-    )
+        endpoint, split, rank=0, world_size=1, device="cpu", with_indices=True, timeout=60,
+        normalize_on_device=False,  # the wire's bytes, compared as they are
+    )  # fmt: skip
     loader.set_epoch(epoch)
     try:
         return [tuple(t.clone() for t in batch) for batch in loader]

@@ -35,6 +35,7 @@ def big():
 
 def loader_for(endpoint: str, split: str = "train", **kw) -> RemoteLoader:
     kw.setdefault("timeout", 60.0)
+    kw.setdefault("normalize_on_device", False)  # the wire's uint8, as LocalLoader makes it
     return RemoteLoader(
         endpoint, split, rank=0, world_size=1, device="cpu", with_indices=True, **kw
     )

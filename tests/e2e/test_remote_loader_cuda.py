@@ -21,6 +21,9 @@ pytestmark = [
 ]
 
 SLEEP_CYCLES = 20_000_000  # ~10 ms of GPU time per batch on the consumer stream
+# The wire's uint8 batches, as they are (the loader's default normalises them): what the copy
+# path is compared on, bit for bit, and what test_cuda_normalize_on_device normalises by hand.
+RAW = {"normalize_on_device": False}
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +35,7 @@ def server():
 @pytest.fixture(scope="module")
 def cpu_run(server):
     with RemoteLoader(
-        server.endpoint, "train", rank=0, world_size=1, device="cpu", with_indices=True
+        server.endpoint, "train", rank=0, world_size=1, device="cpu", with_indices=True, **RAW
     ) as loader:
         return [tuple(t.clone() for t in b) for b in loader]
 
@@ -54,8 +57,9 @@ def consume_slowly(loader, stream: torch.cuda.Stream) -> list[tuple[torch.Tensor
 def test_cuda_batches_equal_the_cpu_run_under_a_busy_consumer_stream(server, cpu_run, consumer):
     stream = torch.cuda.current_stream() if consumer == "default" else torch.cuda.Stream()
     with RemoteLoader(
-        server.endpoint, "train", rank=0, world_size=1, device="cuda", with_indices=True, prefetch=2
-    ) as loader:
+        server.endpoint, "train", rank=0, world_size=1, device="cuda", with_indices=True,
+        prefetch=2, **RAW,
+    ) as loader:  # fmt: skip
         got = consume_slowly(loader, stream)
     assert len(got) == len(cpu_run)
     for k, (g, want) in enumerate(zip(got, cpu_run, strict=True)):
@@ -95,15 +99,16 @@ def test_cuda_next_epoch_started_early_equals_a_fresh_cpu_run(server, cpu_run):
     """Epoch 1's first batches arrive as frames during epoch 0 and are copied into pinned slots
     when epoch 1 is adopted: with a busy consumer stream, both epochs must match CPU runs."""
     with RemoteLoader(
-        server.endpoint, "train", rank=0, world_size=1, device="cpu", with_indices=True
+        server.endpoint, "train", rank=0, world_size=1, device="cpu", with_indices=True, **RAW
     ) as loader:
         loader.set_epoch(1)
         cpu_epoch1 = [tuple(t.clone() for t in b) for b in loader]
     hellos = re.compile(r": train epoch 1 rank 0/1 from batch 0")
     before = len(hellos.findall(server.log()))
     with RemoteLoader(
-        server.endpoint, "train", rank=0, world_size=1, device="cuda", with_indices=True, prefetch=2
-    ) as loader:
+        server.endpoint, "train", rank=0, world_size=1, device="cuda", with_indices=True,
+        prefetch=2, **RAW,
+    ) as loader:  # fmt: skip
         got0 = consume_slowly(loader, torch.cuda.current_stream())
         loader.set_epoch(1)
         got1 = consume_slowly(loader, torch.cuda.current_stream())
@@ -129,8 +134,9 @@ def test_cuda_prefetch_pattern_fetches_the_next_batch_before_the_step(server, cp
     the default hold=2 the current batch must not be recycled by that request."""
     got = []
     with RemoteLoader(
-        server.endpoint, "train", rank=0, world_size=1, device="cuda", with_indices=True, prefetch=2
-    ) as loader:
+        server.endpoint, "train", rank=0, world_size=1, device="cuda", with_indices=True,
+        prefetch=2, **RAW,
+    ) as loader:  # fmt: skip
         it = iter(loader)
         nxt = next(it, None)
         while nxt is not None:
@@ -157,6 +163,7 @@ def test_cuda_stream_argument_hands_batches_to_that_stream(server, cpu_run):
         with_indices=True,
         prefetch=2,
         stream=side,
+        **RAW,
     ) as loader:
         for batch in loader:
             with torch.cuda.stream(side):
@@ -177,6 +184,7 @@ def test_cuda_close_waits_for_work_on_another_consumer_stream(server, cpu_run):
         device="cuda",
         with_indices=True,
         stream=side,
+        **RAW,
     )
     batch = next(iter(loader))
     with torch.cuda.stream(side):

@@ -20,8 +20,9 @@ CUDA = torch.cuda.is_available()
 
 def epoch(endpoint: str) -> list[tuple[torch.Tensor, ...]]:
     with RemoteLoader(
-        endpoint, "train", rank=0, world_size=1, device="cpu", with_indices=True
-    ) as loader:
+        endpoint, "train", rank=0, world_size=1, device="cpu", with_indices=True,
+        normalize_on_device=False,  # the servers' uint8 pixels, compared to a grey level
+    ) as loader:  # fmt: skip
         return [tuple(t.clone() for t in batch) for batch in loader]
 
 
