@@ -1,0 +1,210 @@
+"""An honest trainer beside clients that re-send a hello every second and never read (issue 28,
+item 7): its images/s alone, then among them, in one run against one server.
+
+    python -m batchwire.bench.bench_rehello [--data DIR] [--clients 30] [--images 4096]
+
+One `pipeline-server` process (its defaults: 3 producers, --prefetch-depth 4) on a loopback
+tcp:// port. The honest trainer is a real CPU `RemoteLoader` (prefetch 4, raw uint8 batches)
+that reads every batch; it is timed over ``--images`` images after a short warm-up, first
+alone, then as a new trainer starting among ``--clients`` hostile clients that have run for
+``--settle`` seconds (the steady state: a new hostile client is a new client, served as any
+until its hellos ask again for what it was sent). Each hostile client is a plain pyzmq DEALER
+(its own identity) that, every second, sends a new hello (a new session of the same stream: an
+epoch of its own, the first ``--window`` batches) and a credit carrying stats only, and never
+calls recv: its libzmq still takes the frames off the socket into its receive queue (up to the
+default 1000 messages), so at the transport level it looks like a reader. A row is cut short
+at ``--max-seconds`` (the rate is then over what came). Printed: the solo rate, the rate among
+the hostile clients, their ratio, and how many batches the server sent to the hostile clients
+meanwhile; in ``--rounds`` rounds (the hostile clients disconnect after each), and the median
+ratio (the machine's load moves single rows).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import itertools
+import statistics
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import zmq
+from batchwire.bench.data import resolve_data
+from batchwire.client import RemoteLoader
+from batchwire.common.launcher import PipelineServer
+from batchwire.wire import Credit, Hello
+from batchwire.wire.stats_client import fetch_stats
+
+DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "imagenet-sample"
+WARMUP_BATCHES = 3
+HOSTILE_PREFIX = b"rehello-"
+# Each hostile client asks for an epoch of its own (the trainer's are 0, 1, ...), so no two share
+# a batch (--share-window would otherwise produce each batch once for all of them).
+FIRST_EPOCH = 100_000
+# Each row of the trainer starts at an epoch of its own, so no row is served batches another
+# row had made (the server's window of batches).
+EPOCHS_PER_ROW = 1000
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m batchwire.bench.bench_rehello", description=__doc__.split("\n\n")[0]
+    )
+    default = str(DEFAULT_DATA) if DEFAULT_DATA.is_dir() else None
+    p.add_argument("--data", default=default, help="images (default: ../shared/imagenet-sample)")
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--image-size", type=int, default=128)
+    p.add_argument("--images", type=int, default=4096, help="images timed per row")
+    p.add_argument("--clients", type=int, default=30, help="hostile clients")
+    p.add_argument("--window", type=int, default=4, help="batches each hostile hello asks for")
+    p.add_argument(
+        "--settle", type=float, default=10.0, help="seconds of hostile clients before timing"
+    )
+    p.add_argument("--max-seconds", type=float, default=60.0, help="longest a row may take")
+    p.add_argument("--rounds", type=int, default=3, help="rounds of (alone, among them)")
+    return p
+
+
+class Rehellos:
+    """``n`` DEALERs that each send a hello (a new session, the same batches) and a stats-only
+    credit every second, from one thread, and never read."""
+
+    def __init__(self, endpoint: str, n: int, window: int) -> None:
+        self.ctx = zmq.Context()
+        self.socks = []
+        for i in range(n):
+            sock = self.ctx.socket(zmq.DEALER)
+            sock.linger = 0
+            sock.identity = HOSTILE_PREFIX + b"%02d" % i
+            sock.connect(endpoint)
+            self.socks.append(sock)
+        self.window = window
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        credit = Credit(stats={"images_per_s": 0.0}).pack()
+        for session in itertools.count(1):
+            for i, sock in enumerate(self.socks):
+                hello = Hello(
+                    split="train", rank=0, world_size=1, epoch=FIRST_EPOCH + i,
+                    batches=tuple(range(self.window)), session=session,
+                ).pack()  # fmt: skip
+                for frame in (hello, credit):
+                    with contextlib.suppress(zmq.Again):  # its queue is full: no matter
+                        sock.send(frame, zmq.NOBLOCK)
+            if self._stop.wait(1.0):
+                return
+
+    def __enter__(self) -> Rehellos:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        for sock in self.socks:
+            sock.close(0)
+        self.ctx.term()
+
+
+def honest_rate(
+    endpoint: str, images: int, max_seconds: float, first_epoch: int
+) -> tuple[float, int, float]:
+    """A new trainer's images/s over ``images`` images after a warm-up (or what came within
+    ``max_seconds``), from ``first_epoch`` on: (rate, images timed, seconds)."""
+    with RemoteLoader(
+        endpoint, "train", rank=0, world_size=1, device="cpu", prefetch=4,
+        normalize_on_device=False, timeout=max_seconds,
+    ) as loader:  # fmt: skip
+        seen = timed = 0
+        t0 = deadline = 0.0
+        for epoch in range(10_000):  # bounded; the row ends on images or time
+            loader.set_epoch(first_epoch + epoch)
+            for batch, _labels in loader:
+                seen += 1
+                if seen == WARMUP_BATCHES:
+                    t0 = time.perf_counter()
+                    deadline = t0 + max_seconds
+                elif seen > WARMUP_BATCHES:
+                    timed += len(batch)
+                    if timed >= images or time.perf_counter() > deadline:
+                        seconds = time.perf_counter() - t0
+                        return timed / seconds, timed, seconds
+    raise RuntimeError("the loader ran out of epochs")
+
+
+def batches_sent(endpoint: str) -> int:
+    """Batches the server has sent since it started, to anyone."""
+    return fetch_stats(endpoint, timeout=10.0).counters.batches_total
+
+
+@dataclass
+class Round:
+    """One round: the trainer alone, then among the hostile clients."""
+
+    solo: tuple[float, int, float]  # (images/s, images timed, seconds)
+    among: tuple[float, int, float]
+    to_hostiles: int  # batches the server sent them while the second row was timed
+
+    @property
+    def ratio(self) -> float:
+        return self.among[0] / self.solo[0]
+
+
+def one_round(endpoint: str, args: argparse.Namespace, r: int) -> Round:
+    """A solo row, then the hostile clients for ``--settle`` s and a row among them; they
+    disconnect at the end (the server drops their sessions and forgets them)."""
+    solo = honest_rate(endpoint, args.images, args.max_seconds, 2 * r * EPOCHS_PER_ROW)
+    with Rehellos(endpoint, args.clients, args.window):
+        time.sleep(args.settle)
+        before = batches_sent(endpoint)
+        among = honest_rate(endpoint, args.images, args.max_seconds, (2 * r + 1) * EPOCHS_PER_ROW)
+        during = batches_sent(endpoint) - before
+    honest = WARMUP_BATCHES + among[1] // args.batch_size
+    return Round(solo, among, during - honest)
+
+
+def _row(rate: tuple[float, int, float]) -> str:
+    return f"{rate[0]:7.1f} images/s ({rate[1]} images in {rate[2]:.1f} s)"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    data = resolve_data(args.data)
+    server_args = (
+        *("--train", data.server_train, "--allow-outside-root"),
+        *("--batch-size", str(args.batch_size)),
+        *("--image-size", str(args.image_size), "--output-dtype", "uint8"),
+    )
+    print(
+        f"data: {data.shown} ({len(data.paths)} images), batch {args.batch_size}, "
+        f"{args.image_size} px uint8; {args.clients} hostile clients, hello every 1 s asking "
+        f"for {args.window} batches, never reading, for {args.settle:g} s before each row "
+        "among them"
+    )
+    rounds = []
+    with (
+        tempfile.TemporaryDirectory(prefix="bw-rehello-") as tmp,
+        PipelineServer(server_args, log_path=Path(tmp) / "server.log") as srv,
+    ):
+        for r in range(args.rounds):
+            rounds.append(one_round(srv.endpoint, args, r))
+            got = rounds[-1]
+            print(f"round {r + 1}: the trainer alone        {_row(got.solo)}")
+            print(f"         among the hostile clients  {_row(got.among)}")
+            print(
+                f"         ratio {got.ratio:.2f}; about {got.to_hostiles} batch(es) went to "
+                "the hostile clients meanwhile",
+                flush=True,
+            )
+    median = statistics.median(r.ratio for r in rounds)
+    print(f"median ratio over {len(rounds)} round(s): {median:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
