@@ -40,7 +40,8 @@ Memory bounds, and what bounds them:
   and still held by ZeroMQ (`_send_ready`);
 - fair share (`share`, `may_lend`): while buffers are contended they are divided among the
   clients that read; one that never took a batch (a hello and gone, a client that never
-  reads), or that asks again for batches it was sent (`debt`), is lent one buffer at a time,
+  reads), or that asks again for batches it was sent (`in_good_standing`), is lent one buffer
+  at a time,
   so such clients cannot starve a trainer that reads;
 - a peer that takes nothing of what it was sent (a stopped process, a vanished host with a
   batch in flight) is lent nothing more after `NOT_READING_S` and leaves the fair share to the
@@ -260,7 +261,7 @@ class ServerCore:
         self.scheduler = Scheduler()
         self.deliveries = Deliveries()
         # Each peer's sent and unacknowledged batches across its sessions (server/peers.py).
-        self.peers = PeerLedger(slack=config.prefetch_depth)
+        self.peers = PeerLedger()
         self._debtor_jobs: set[int] = set()  # productions started for clients in debt
         self._debts_logged = 0
         self._served_from_window = False
@@ -776,25 +777,32 @@ class ServerCore:
         return self.deliveries.waiting(session.identity, now) > NOT_READING_S
 
     def reads(self, session: ClientSession, now: float) -> bool:
-        """Does the client take its batches: it took one, is taking what it holds, and asks
-        for none it was sent again (`debt`)?"""
+        """Does the client take its batches: it took one, is taking what it holds, and does
+        not ask again for what it was sent (`in_good_standing`)?"""
         return (
             session.taken_at is not None
             and not self.not_reading(session, now)
-            and not self.debt(session)
+            and self.in_good_standing(session)
         )
 
     def debt(self, session: ClientSession) -> int:
         """Batches its peer asked for again over its hellos, with no credit saying it took
-        them (server/peers.py): the scheduler serves the least indebted clients first, and
-        one that owes any is lent buffers as a client that never took a batch."""
+        them (server/peers.py)."""
         return self.peers.debt(session.identity, session.owed)
 
     def in_good_standing(self, session: ClientSession) -> bool:
-        """Does the client owe no more than --prefetch-depth (`debt`)? One that owes more gets
-        a producer only when no client in good standing may start a batch, and, while one is
-        busy, `DEBTOR_JOBS` at a time: its jobs cannot crowd a trainer's out of the queue."""
+        """Does the client owe no more than a loader may have lost in flight (`debt`, at most
+        `peers.SLACK`)? One that owes more is scheduled after the others, the least indebted
+        first, and while a client in good standing is busy it gets a producer only when none
+        of those may start a batch, `DEBTOR_JOBS` at a time (its jobs cannot crowd a
+        trainer's out of the producers' queue); it is lent buffers as a client that never
+        took a batch."""
         return self.debt(session) <= self.peers.slack
+
+    def _rank(self, session: ClientSession) -> int:
+        """The scheduler's order: clients in good standing first (0), then by debt."""
+        debt = self.debt(session)
+        return 0 if debt <= self.peers.slack else debt
 
     def _good_standing_busy(self) -> bool:
         """Is a client in good standing producing, holding or owed a batch?"""
@@ -847,7 +855,7 @@ class ServerCore:
         if self.not_reading(session, now):
             return False
         holding = self._holding(session)
-        untried = session.taken_at is None or self.debt(session) > 0
+        untried = session.taken_at is None or not self.in_good_standing(session)
         if untried and not self._uncontended():
             if holding:
                 return False
@@ -874,7 +882,8 @@ class ServerCore:
     ) -> bool:
         """May the session start its next batch? Joining a buffer already lent costs the
         budget nothing (only the session's own work-ahead, `has_room`, bounds it); anything
-        else needs a buffer: a producer slot too for a new production, and `may_lend`."""
+        else needs a buffer: a producer slot too for a new production (for a client in debt,
+        while ``debtors_limited``, one of `DEBTOR_JOBS`), and `may_lend`."""
         p = self._next_production(session)
         if not self.shared.costs_a_buffer(p):
             return not self.not_reading(session, now)
@@ -891,7 +900,9 @@ class ServerCore:
         actions: list[Action] = []
         while True:
             session = self.scheduler.next(
-                self.sessions, lambda s: self._may_take(s, lending, debtors_limited, now), self.debt
+                self.sessions,
+                lambda s: self._may_take(s, lending, debtors_limited, now),
+                self._rank,
             )
             if session is None:
                 break

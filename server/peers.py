@@ -24,11 +24,12 @@ sessions:
   hello asked again because they were lost in flight; a client that asks the same stream again
   and again, with no credit, owes what it was sent of each hello's window.
 
-The core serves the sessions of the least indebted peers first (`core.ServerCore._schedule`),
-and a peer whose debt is over the server's --prefetch-depth (``slack``: what a loader's lost
-batches in flight may come to) is *in debt*: while a client in good standing is busy, its
-sessions get a producer only when none of those may start a batch, one batch at a time, and
-are lent buffers as a client that never took one (`core.ServerCore.in_good_standing`).
+A peer whose debt is over `SLACK` (what a loader's re-sent hello may ask again of the batches
+in flight when it gave up on its session) is *in debt*: the core schedules its sessions after
+the others, the least indebted first, gives them a producer, while a client in good standing
+is busy, only when none of those may start a batch and one batch at a time, and lends them
+buffers as a client that never took one (`core.ServerCore.in_good_standing`). A client that
+re-sends its hello every second and never reads is in debt after two or three hellos.
 
 A hello that starts another stream (epoch, split, rank, world size, job, resumed pass, batch
 size or output size) has its own window as its advance. What the peer owes is wiped by a hello
@@ -53,6 +54,11 @@ from collections.abc import Container
 from dataclasses import dataclass, replace
 
 from batchwire.wire import Hello
+
+#: Batches a peer may owe and still be in good standing: those a loader's hello re-sent for the
+#: same stream (after a silence or an error) may ask again because they were on their way when
+#: it gave up on its session, and reached it after, when it drops them as stale.
+SLACK = 2
 
 
 def stream_of(hello: Hello) -> Hello:
@@ -80,7 +86,7 @@ class PeerRecord:
 class PeerLedger:
     """`PeerRecord` per peer identity; the core tells it of hellos, sends, credits and ends."""
 
-    def __init__(self, slack: int) -> None:
+    def __init__(self, slack: int = SLACK) -> None:
         self.slack = int(slack)
         self._records: dict[bytes, PeerRecord] = {}
 

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from batchwire.pipeline.sampler import ShardSampler
 from batchwire.server import core as core_mod
+from batchwire.server import peers
 from batchwire.server.budget import BufferBudget
 from batchwire.server.config import ServerConfig
 from batchwire.server.core import (
@@ -622,15 +623,15 @@ class Loader:
 def _run_among_rehellos(s: Server, loader: Loader, seconds: int, reconnect_at: int = -1) -> float:
     """``seconds`` of 10 turns (0.1 s each: at most 2 x producers jobs start per turn) with
     `REHELLOS` re-sending hellos every second; every peer's libzmq takes what it is sent (the
-    shell reports every send done). The loader's share of the jobs after the first 5 s (by
-    then each of them has asked again for more than a window and the depth it was sent)."""
+    shell reports every send done). The loader's share of the jobs after the first 3 s (by
+    then each of them has asked again for more than `peers.SLACK` batches it was sent)."""
     loader.start()
     start = 0
     for second in range(seconds):
         _rehello(s, second)
         if second == reconnect_at:
             loader.reconnect()
-        if second == 5:
+        if second == 3:
             start = len(s.submitted)
         for _ in range(10):
             s.tick(0.1)
@@ -683,15 +684,15 @@ def test_a_validation_pass_asking_everything_in_the_hello_owes_nothing() -> None
 
 def test_a_re_hello_of_the_same_stream_carries_what_it_was_sent() -> None:
     """The same epoch asked again and again, nothing credited: it owes what it was sent beyond
-    its window, more than --prefetch-depth after a few hellos; neither a credit nor a bye wipes
-    it, a finished session followed by another stream or a closed connection does."""
+    its window, more than `peers.SLACK` after two hellos; neither a credit nor a bye wipes it,
+    a finished session followed by another stream or a closed connection does."""
     s = Server()
     for n in range(4):
         s.hello(b"r", batches=(0, 1, 2, 3), session=n)
         s.turn(readers=(b"r",))
     session = s.core.sessions[b"r"]
     debt = len(s.sent_to(b"r")) - 4  # all but its first window
-    assert s.core.debt(session) == debt > s.cfg.prefetch_depth
+    assert s.core.debt(session) == debt > peers.SLACK
     assert not s.core.in_good_standing(session)
     s.send(b"r", Credit(batches=(4, 5)))  # asks for more: owes as much once they are sent
     assert s.core.debt(session) == debt
