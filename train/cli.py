@@ -19,7 +19,9 @@ uint8 wire is normalised on the device with the server's mean/std). With --check
 run resumes from the newest checkpoint there, so a restarted torchrun (`--max-restarts`)
 continues where the last checkpoint left off, at the same batch of every rank (see
 `batchwire.train.loop` for why that is exact). Each epoch ends with one line:
-`epoch E: val top1=..% top5=..% data-wait=..% images/s=..`.
+`epoch E: val top1=..% top5=..% data-wait=..% images/s=..` (a multi-label split: `val mAP=..%
+F1 micro=..% macro=..%`). --mixup/--cutmix mix the train batches (`objective`),
+--resize-schedule changes their size by epoch (`resize`).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from batchwire.wire.endpoints import UnresolvableHost, check_resolvable
 from batchwire.wire.version import __version__, add_version_argument
 
 from .config import AMP_MODES, MODEL_NAMES, OPTIMIZERS, SCHEDULES, ConfigError, TrainConfig
+from .resize import largest
 
 if TYPE_CHECKING:  # torch comes with these: imported in run(), after the arguments are parsed
     from .distributed import DistContext
@@ -88,7 +91,40 @@ def build_parser() -> argparse.ArgumentParser:
     a("--weight-decay", type=float, default=d.weight_decay, help="not applied to biases and norms")
     a("--warmup-epochs", type=float, default=d.warmup_epochs, help="linear warm-up length")
     a("--schedule", choices=SCHEDULES, default=d.schedule, help="shape after the warm-up")
-    a("--label-smoothing", type=float, default=d.label_smoothing, help="of the cross-entropy")
+    a(
+        "--label-smoothing",
+        type=float,
+        default=d.label_smoothing,
+        help="of the cross-entropy (single-label; with --mixup/--cutmix inside the mixed targets)",
+    )
+    a(
+        "--mixup",
+        type=float,
+        default=d.mixup,
+        metavar="ALPHA",
+        help="Mixup with lam ~ Beta(ALPHA, ALPHA) (0 = off; 0.2-0.8 is usual); soft targets",
+    )
+    a(
+        "--cutmix",
+        type=float,
+        default=d.cutmix,
+        metavar="ALPHA",
+        help="CutMix with lam ~ Beta(ALPHA, ALPHA) (0 = off; 1.0 is usual); with --mixup too, "
+        "each mixed batch gets one of the two, half the time each",
+    )
+    a(
+        "--mix-prob",
+        type=float,
+        default=d.mix_prob,
+        help="chance that a batch is mixed (deterministic from --seed, epoch, batch, rank)",
+    )
+    a(
+        "--resize-schedule",
+        metavar="SIZE:EPOCH,...",
+        help="progressive resizing: train image size from each epoch on, e.g. "
+        "128:0,160:10,224:30 (SIZE: PX or HxW; the servers' --max-image-size must cover the "
+        "largest; validation stays at their --image-size) [default: the servers' size]",
+    )
     a(
         "--accum-steps",
         type=int,
@@ -169,8 +205,15 @@ def check_keys(cfg: TrainConfig) -> None:
         raise ConfigError(f"{named}: {exc}") from None
 
 
-def make_loader(cfg: TrainConfig, ctx: DistContext, split: str, normalize: bool) -> Any:
-    """A RemoteLoader for `split` of this rank; `normalize` turns a uint8 wire into floats."""
+def make_loader(
+    cfg: TrainConfig,
+    ctx: DistContext,
+    split: str,
+    normalize: bool,
+    image_size: tuple[int, int] | None = None,
+) -> Any:
+    """A RemoteLoader for `split` of this rank; `normalize` turns a uint8 wire into floats;
+    `image_size` None: the servers' --image-size."""
     from batchwire.client import RemoteLoader
 
     return RemoteLoader(
@@ -186,6 +229,7 @@ def make_loader(cfg: TrainConfig, ctx: DistContext, split: str, normalize: bool)
         normalize_on_device=normalize,
         mean=cfg.mean,
         std=cfg.std,
+        image_size=image_size,
     )
 
 
@@ -203,11 +247,16 @@ def open_loaders(cfg: TrainConfig, ctx: DistContext) -> tuple[Any, Any | None, A
     without a train split is an error here; one without a val split is said once (rank 0) and
     validation is skipped, instead of an epoch trained and then an error. The val loader asks
     for its welcome and leaves again (it reconnects when the first validation starts), so it
-    holds no batches while the epoch trains.
+    holds no batches while the epoch trains. With --resize-schedule the probe asks for the
+    schedule's largest size, so a server whose --max-image-size is too small refuses now, not
+    at the epoch that needs it; multi-view batches (--views), which this loop does not train,
+    are an error here too.
     """
     from batchwire.client import ServerError
 
-    train = make_loader(cfg, ctx, "train", normalize=False)
+    steps = cfg.resize_steps()
+    probe_size = largest(steps) if steps else None
+    train = make_loader(cfg, ctx, "train", normalize=False, image_size=probe_size)
     try:
         welcome = train.server_info()
     except ServerError as exc:
@@ -217,8 +266,17 @@ def open_loaders(cfg: TrainConfig, ctx: DistContext) -> tuple[Any, Any | None, A
                 f"pipeline-server at {exc.endpoint} serves no train split ({exc.server_message}); "
                 "start it with --train"
             ) from None
+        if probe_size is not None and "image_size" in exc.server_message:
+            raise ConfigError(_refused_size(exc, probe_size)) from None
         raise
     try:
+        if welcome.views:
+            raise ConfigError(
+                f"pipeline-server at {', '.join(cfg.servers)} serves multi-view batches (--views: "
+                f"{len(welcome.views)} views per sample); pipeline-train trains one view per "
+                "sample: train on them with your own loop over RemoteLoader (README, "
+                '"Multi-view and progressive resizing"), or serve without --views'
+            )
         if welcome.dtype == "uint8":
             train.close()
             train = make_loader(cfg, ctx, "train", normalize=True)
@@ -247,6 +305,37 @@ def open_loaders(cfg: TrainConfig, ctx: DistContext) -> tuple[Any, Any | None, A
     return train, val, welcome
 
 
+def _refused_size(exc: Any, size: tuple[int, int]) -> str:
+    """The error of a server that refuses --resize-schedule's largest size: the fix first."""
+    h, w = size
+    if "--max-image-size" in exc.server_message:
+        return (
+            f"pipeline-server at {exc.endpoint} cannot serve --resize-schedule's largest size "
+            f"{h}x{w}: start it with --max-image-size {h},{w} or more (it said: "
+            f"{exc.server_message})"
+        )
+    return (
+        f"pipeline-server at {exc.endpoint} refuses --resize-schedule's largest size {h}x{w}: "
+        f"{exc.server_message}"
+    )
+
+
+def _describe_batches(cfg: TrainConfig, welcome: Any) -> str:
+    """The banner's batch size, image size(s) and labels."""
+    steps = cfg.resize_steps()
+    if steps:
+        sizes = ", ".join(f"{s.size[0]}x{s.size[1]} from epoch {s.epoch}" for s in steps)
+        size = f"{sizes} (--resize-schedule)"
+    else:
+        size = f"{welcome.shape[2]}x{welcome.shape[3]} px"
+    labels = (
+        f", multi-label (up to {welcome.label_width} per sample: binary cross-entropy, val mAP/F1)"
+        if welcome.label_width
+        else ""
+    )
+    return f"batch {welcome.batch_size} x {size} {welcome.dtype} per rank{labels}"
+
+
 def run(cfg: TrainConfig) -> list[EpochResult]:
     """Join the process group, train, and always leave the process group again."""
     from .distributed import init_distributed, shutdown_distributed
@@ -269,9 +358,8 @@ def run(cfg: TrainConfig) -> list[EpochResult]:
         if ctx.is_main:
             print(
                 f"pipeline-train: {cfg.model}, {num_classes} classes, {ctx.world_size} rank(s) on "
-                f"{ctx.device.type}, batch {batch_size} x {welcome.shape[2]}x{welcome.shape[3]} px "
-                f"{welcome.dtype} per rank, {welcome.num_batches} batches per epoch per rank, "
-                f"servers {', '.join(cfg.servers)}",
+                f"{ctx.device.type}, {_describe_batches(cfg, welcome)}, {welcome.num_batches} "
+                f"batches per epoch per rank, servers {', '.join(cfg.servers)}",
                 flush=True,
             )
         trainer = Trainer(
@@ -282,6 +370,7 @@ def run(cfg: TrainConfig) -> list[EpochResult]:
             num_classes,
             batch_size,
             out=lambda msg: print(msg, flush=True),
+            multi_label=welcome.label_width > 0,
         )
         return trainer.fit()
     finally:

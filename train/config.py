@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from .resize import ResizeStep, ScheduleError, parse_resize_schedule
+
 if TYPE_CHECKING:
     import torch
 
@@ -36,6 +38,10 @@ class TrainConfig:
     warmup_epochs: float = 1.0
     schedule: str = "cosine"
     label_smoothing: float = 0.0
+    mixup: float = 0.0  # Beta alpha of Mixup; 0: off
+    cutmix: float = 0.0  # Beta alpha of CutMix; 0: off (both on: one or the other per batch)
+    mix_prob: float = 1.0  # the chance a batch is mixed at all
+    resize_schedule: str | None = None  # "128:0,160:10,224:30": image size from epoch (resize.py)
     accum_steps: int = 1
     clip_grad: float | None = None
     compile: bool = False
@@ -76,6 +82,17 @@ class TrainConfig:
             problems.append("--lr must be > 0")
         if not 0.0 <= self.label_smoothing < 1.0:
             problems.append("--label-smoothing must be in [0, 1)")
+        if self.mixup < 0 or self.cutmix < 0:
+            problems.append("--mixup and --cutmix must be >= 0 (0 turns one off)")
+        if not 0.0 <= self.mix_prob <= 1.0:
+            problems.append("--mix-prob must be in [0, 1]")
+        elif self.mix_prob != 1.0 and not (self.mixup or self.cutmix):
+            problems.append("--mix-prob needs --mixup or --cutmix")
+        if self.resize_schedule is not None:
+            try:
+                self.resize_steps()
+            except ScheduleError as exc:
+                problems.append(str(exc))
         if self.warmup_epochs < 0:
             problems.append("--warmup-epochs must be >= 0")
         if self.clip_grad is not None and not self.clip_grad > 0:
@@ -84,6 +101,12 @@ class TrainConfig:
             problems.append("--fail-at-step needs --checkpoint-dir (it tests resuming)")
         if problems:
             raise ConfigError("; ".join(problems))
+
+    def resize_steps(self) -> tuple[ResizeStep, ...] | None:
+        """--resize-schedule parsed (None without one); `ScheduleError` on a bad spelling."""
+        if self.resize_schedule is None:
+            return None
+        return parse_resize_schedule(self.resize_schedule)
 
     def amp_dtype(self, device: torch.device) -> torch.dtype | None:
         """The autocast dtype: bf16 on GPUs under `auto`, nothing on the CPU unless asked."""

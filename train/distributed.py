@@ -151,7 +151,8 @@ def broadcast_buffers(module: torch.nn.Module, ctx: DistContext) -> None:
 
 
 def all_gather_objects(obj: Any, ctx: DistContext) -> list[Any]:
-    """Every rank's `obj`, in rank order (small picklable objects only: loader states)."""
+    """Every rank's `obj`, in rank order (picklable: loader states, the multi-label val set's
+    logits and targets, host tensors)."""
     if not ctx.distributed:
         return [obj]
     out: list[Any] = [None] * ctx.world_size

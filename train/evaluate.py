@@ -6,7 +6,8 @@ them would bias the figures. Each rank sums the loss and counts correct predicti
 valid slots on the device, and one all_reduce of [loss sum, top1 correct, top5 correct, valid
 total] at the end gives the global figures: no per-batch host sync, exactly the whole val set
 counted once, and a batch that is all padding (a rank's last one) adds zeros, never a NaN (a
-masked *mean* of an empty batch would be 0/0).
+masked *mean* of an empty batch would be 0/0). A multi-label val split (`evaluate_multilabel`)
+is scored by mAP and F1 instead (`metrics`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from batchwire.pipeline.sampler import PADDING_INDEX, PADDING_LABEL
 from torch import nn
 from torch.nn import functional as F
 
-from .distributed import DistContext, all_reduce_sum
+from .distributed import DistContext, all_gather_objects, all_reduce_sum
+from .metrics import MultiLabelScores, f1_counts, f1_scores, mean_average_precision
 
 
 @dataclass(frozen=True)
@@ -94,3 +96,58 @@ def accuracy_from_sums(sums: torch.Tensor) -> Accuracy:
     if total == 0:
         return Accuracy(0.0, 0.0, 0, 0.0)
     return Accuracy(100.0 * top1 / total, 100.0 * top5 / total, int(total), loss / total)
+
+
+@torch.no_grad()
+def evaluate_multilabel(
+    model: nn.Module,
+    batches: Iterable[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
+    ctx: DistContext,
+    num_classes: int,
+    *,
+    autocast: Callable[[], AbstractContextManager[None]],
+    to_model_input: Callable[[torch.Tensor], torch.Tensor] = lambda x: x,
+) -> MultiLabelScores:
+    """mAP, micro/macro F1 at 0.5 and the BCE loss of `model` over multi-label batches
+    (labels [B, K] padded ids), all ranks.
+
+    AP ranks every val sample of a class, so it does not come from per-batch sums: each rank
+    keeps its valid rows' logits and targets on the host (4 + 1 bytes per sample and class:
+    50,000 images x 1,000 classes is 250 MB) and every rank gathers them all. Padded slots
+    (index -1, labels all -100) are left out, as in `evaluate`.
+    """
+    from batchwire.client import multi_hot
+
+    was_training = model.training
+    model.eval()
+    kept_logits, kept_targets = [], []
+    try:
+        for images, labels, indices in batches:
+            with autocast():
+                logits = model(to_model_input(images)).float()
+            valid = torch.as_tensor(indices).to(labels.device) != PADDING_INDEX
+            valid &= labels[:, 0] != PADDING_LABEL
+            kept_logits.append(logits[valid.to(logits.device)].cpu())
+            kept_targets.append(multi_hot(labels[valid], num_classes, torch.bool).cpu())
+    finally:
+        model.train(was_training)
+    mine = (
+        torch.cat(kept_logits) if kept_logits else torch.zeros(0, num_classes),
+        torch.cat(kept_targets) if kept_targets else torch.zeros(0, num_classes, dtype=torch.bool),
+    )
+    parts = all_gather_objects(mine, ctx)
+    logits = torch.cat([p[0] for p in parts])
+    targets = torch.cat([p[1] for p in parts])
+    return multilabel_scores(logits, targets)
+
+
+def multilabel_scores(logits: torch.Tensor, targets: torch.Tensor) -> MultiLabelScores:
+    """The figures of the whole val set's `logits` [N, C] and 0/1 `targets` [N, C]."""
+    if logits.shape[0] == 0:
+        return MultiLabelScores(0.0, 0.0, 0.0, 0, 0.0, 0)
+    loss = F.binary_cross_entropy_with_logits(logits, targets.float())
+    mean_ap, ap_classes = mean_average_precision(logits, targets)
+    f1_micro, f1_macro = f1_scores(f1_counts(logits, targets))
+    return MultiLabelScores(
+        mean_ap, f1_micro, f1_macro, int(logits.shape[0]), float(loss), ap_classes
+    )

@@ -6,7 +6,11 @@ resumed run continues them; the header is written once, to a new file):
 - ``DIR/steps.csv``: one row per log line (every ``--log-every`` optimizer steps): step, epoch,
   batch, loss, lr, images/s (all ranks), data-wait fraction;
 - ``DIR/epochs.csv``: one row per epoch: train loss, val top-1/top-5/loss (empty with --no-val),
-  data-wait, images/s, seconds.
+  val mAP and micro/macro F1 (a multi-label split; then top-1/top-5 are empty), data-wait,
+  images/s, seconds.
+
+A file written by an older version, with fewer columns, keeps its own header: rows are
+appended under it (the columns it lacks are said once and left out), never shifted.
 
 TensorBoard (``torch.utils.tensorboard.SummaryWriter``) needs the ``tensorboard`` package, which
 batchwire does not depend on (it pulls in protobuf, grpcio and a web server): without it the run
@@ -30,6 +34,9 @@ EPOCH_FIELDS = (
     "val_top1",
     "val_top5",
     "val_loss",
+    "val_map",
+    "val_f1_micro",
+    "val_f1_macro",
     "data_wait",
     "images_per_s",
     "seconds",
@@ -93,6 +100,8 @@ class MetricsLog:
         if name not in self._files:
             path = self.directory / f"{name}.csv"
             new = not path.exists() or path.stat().st_size == 0
+            if not new:
+                columns = _header_of(path, columns)
             f = open(path, "a", newline="", encoding="utf-8")  # noqa: SIM115 - kept open
             writer = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
             if new:
@@ -101,3 +110,18 @@ class MetricsLog:
         f, writer = self._files[name]
         writer.writerow({k: ("" if row.get(k) is None else row[k]) for k in columns})
         f.flush()
+
+
+def _header_of(path: Path, columns: tuple[str, ...]) -> tuple[str, ...]:
+    """The columns of an existing CSV file (an older version's may lack some of `columns`)."""
+    with open(path, newline="", encoding="utf-8") as f:
+        header = tuple(next(csv.reader(f), ()))
+    missing = [c for c in columns if c not in header]
+    if missing:
+        log.warning(
+            "%s was started by an older pipeline-train: appending under its header, without "
+            "the columns %s",
+            path,
+            ", ".join(missing),
+        )
+    return header

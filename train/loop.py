@@ -13,6 +13,7 @@ not in the checkpoint, so this repeats no update and skips no sample.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 import os
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from batchwire.client.mixing import BatchMixer
 from batchwire.common.rates import RateWindow
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -36,11 +38,14 @@ from .distributed import (
     barrier,
     broadcast_buffers,
 )
-from .evaluate import Accuracy, evaluate
+from .evaluate import Accuracy, evaluate, evaluate_multilabel
 from .logbook import MetricsLog
+from .metrics import MultiLabelScores
 from .models import build_model
+from .objective import Objective
 from .progress import EpochBar, LossAverage, throughput_window
 from .record import IndexRecorder
+from .resize import size_at
 from .schedule import build_scheduler, resume_schedule
 
 log = logging.getLogger(__name__)
@@ -50,11 +55,26 @@ CHECKPOINT_FORMAT = 1
 @dataclass(frozen=True)
 class EpochResult:
     epoch: int
-    accuracy: Accuracy | None  # None with --no-val
+    accuracy: Accuracy | MultiLabelScores | None  # None with --no-val; scores: multi-label
     data_wait: float  # fraction of training wall time blocked on the next batch, all ranks
     images_per_s: float  # training images per second, all ranks together
     train_loss: float
     seconds: float
+
+
+def make_mixer(cfg: TrainConfig, num_classes: int, rank: int) -> BatchMixer | None:
+    """--mixup/--cutmix as a `BatchMixer` of this rank (None when both are 0)."""
+    if not (cfg.mixup or cfg.cutmix):
+        return None
+    return BatchMixer(
+        num_classes=num_classes,
+        mixup_alpha=cfg.mixup,
+        cutmix_alpha=cfg.cutmix,
+        prob=cfg.mix_prob,
+        label_smoothing=cfg.label_smoothing,
+        seed=cfg.seed,
+        rank=rank,
+    )
 
 
 def make_optimizer(model: nn.Module, cfg: TrainConfig, global_batch: int) -> torch.optim.Optimizer:
@@ -85,8 +105,10 @@ class Trainer:
         num_classes: int,
         batch_size: int,
         out: Callable[[str], None] = print,
+        multi_label: bool = False,
     ) -> None:
         self.cfg, self.ctx = cfg, ctx
+        self.num_classes, self.multi_label = num_classes, multi_label
         self.train_loader, self.val_loader = train_loader, val_loader
         self.say = out if ctx.is_main else (lambda _msg: None)
         device = ctx.device
@@ -119,7 +141,14 @@ class Trainer:
         self.amp_dtype = cfg.amp_dtype(device)
         use_scaler = self.amp_dtype == torch.float16
         self.scaler = torch.amp.GradScaler(device.type) if use_scaler else None
-        self.criterion = nn.CrossEntropyLoss(label_smoothing=cfg.label_smoothing)
+        self.objective = Objective(
+            num_classes,
+            multi_label=multi_label,
+            label_smoothing=cfg.label_smoothing,
+            mixer=make_mixer(cfg, num_classes, ctx.rank),
+        )
+        self.resize_steps = cfg.resize_steps()
+        self._image_size: tuple[int, int] | None = None  # the last size said (rank 0)
 
         self.epoch, self.batch, self.step = 0, 0, 0
         self.resumed = False
@@ -226,7 +255,13 @@ class Trainer:
     # ------------------------------------------------------------------ training
 
     def _batches(self, epoch: int, start: int) -> Iterator[tuple[Any, float]]:
-        """This epoch's train batches from `start` on, each with the seconds spent waiting."""
+        """This epoch's train batches from `start` on, each with the seconds spent waiting.
+
+        With --resize-schedule the loader is asked for the epoch's size first; a restored
+        mid-epoch state then sets the size its epoch was started at (the loader state holds it).
+        """
+        if self.resize_steps:
+            self.train_loader.set_image_size(size_at(self.resize_steps, epoch))
         if start > 0 and self._loader_state is not None:
             self.train_loader.load_state_dict(self._loader_state)
             self._loader_state = None
@@ -297,9 +332,11 @@ class Trainer:
             group_end = min((k // accum + 1) * accum, n)
             last_micro = k + 1 == group_end
             sync = last_micro or not isinstance(self.model, DDP)
+            inputs, targets = self.objective(images, labels, epoch=epoch, batch_index=k)
+            self._say_size(epoch, inputs)
             with contextlib.nullcontext() if sync else self.model.no_sync():
                 with self.autocast():
-                    loss = self.criterion(self.model(self.to_model_input(images)), labels)
+                    loss = self.objective.loss(self.model(self.to_model_input(inputs)), targets)
                 scaled = loss / (group_end - group_start)
                 (self.scaler.scale(scaled) if self.scaler else scaled).backward()
             k += 1
@@ -325,6 +362,18 @@ class Trainer:
                 return True, epoch_meter, epoch_loss.mean_and_reset()
         self.batch = 0
         return False, epoch_meter, epoch_loss.mean_and_reset()
+
+    def _say_size(self, epoch: int, images: torch.Tensor) -> None:
+        """With --resize-schedule: say the size of the first batch at each new size (rank 0)."""
+        size = (int(images.shape[-2]), int(images.shape[-1]))
+        if not (self.resize_steps and self.ctx.is_main) or size == self._image_size:
+            return
+        self._image_size = size
+        line = f"epoch {epoch}: training at {size[0]}x{size[1]} px (--resize-schedule)"
+        if self._bar is not None:
+            self._bar.write(line)
+        else:
+            self.say(line)
 
     def _maybe_fail(self) -> None:
         """Test hook: the last rank SIGKILLs itself after step --fail-at-step of a fresh run."""
@@ -360,13 +409,22 @@ class Trainer:
 
     # ------------------------------------------------------------------ epochs
 
-    def validate(self, epoch: int) -> Accuracy | None:
+    def validate(self, epoch: int) -> Accuracy | MultiLabelScores | None:
         if self.val_loader is None:
             return None
         # Every rank evaluates rank 0's model, the one the checkpoint holds: BatchNorm statistics
         # drift apart by each rank's last training batch.
         broadcast_buffers(self.raw_model, self.ctx)
         self.val_loader.set_epoch(epoch)
+        if self.multi_label:
+            return evaluate_multilabel(
+                self.eval_model,
+                self.val_loader,
+                self.ctx,
+                self.num_classes,
+                autocast=self.autocast,
+                to_model_input=self.to_model_input,
+            )
         return evaluate(
             self.eval_model,
             self.val_loader,
@@ -406,7 +464,7 @@ class Trainer:
             results.append(result)
             self.say(format_epoch(result, partial=stopped))
             self.metrics.epoch(_epoch_row(result))
-            val = {"val": _acc_dict(acc)} if acc else {}
+            val = {"val": dataclasses.asdict(acc)} if acc else {}
             if self.batch == 0:  # the epoch is complete (also when --max-steps ended it)
                 self.epoch += 1
             self.save(self.epoch, self.batch, val)
@@ -419,28 +477,36 @@ class Trainer:
 
 
 def _epoch_row(r: EpochResult) -> dict[str, float | int | None]:
-    """An epoch's figures for `MetricsLog.epoch` (val figures None without validation)."""
+    """An epoch's figures for `MetricsLog.epoch` (None for what was not measured: val figures
+    without validation, top-1/top-5 of a multi-label split, mAP/F1 of a single-label one)."""
     acc = r.accuracy
+    top = acc if isinstance(acc, Accuracy) else None
+    multi = acc if isinstance(acc, MultiLabelScores) else None
     return {
         "epoch": r.epoch,
         "train_loss": r.train_loss,
-        "val_top1": None if acc is None else acc.top1,
-        "val_top5": None if acc is None else acc.top5,
+        "val_top1": None if top is None else top.top1,
+        "val_top5": None if top is None else top.top5,
         "val_loss": None if acc is None else acc.loss,
+        "val_map": None if multi is None else multi.mean_ap,
+        "val_f1_micro": None if multi is None else multi.f1_micro,
+        "val_f1_macro": None if multi is None else multi.f1_macro,
         "data_wait": r.data_wait,
         "images_per_s": r.images_per_s,
         "seconds": r.seconds,
     }
 
 
-def _acc_dict(acc: Accuracy) -> dict[str, float]:
-    return {"top1": acc.top1, "top5": acc.top5, "total": acc.total, "loss": acc.loss}
-
-
 def format_epoch(r: EpochResult, partial: bool = False) -> str:
     note = " (stopped at --max-steps)" if partial else ""
     acc = r.accuracy
-    val = f"val top1={acc.top1:.2f}% top5={acc.top5:.2f}%" if acc else "val skipped"
+    if isinstance(acc, MultiLabelScores):
+        val = (
+            f"val mAP={acc.mean_ap:.2f}% F1 micro={acc.f1_micro:.2f}% macro={acc.f1_macro:.2f}% "
+            f"({acc.ap_classes} classes with positives)"
+        )
+    else:
+        val = f"val top1={acc.top1:.2f}% top5={acc.top5:.2f}%" if acc else "val skipped"
     val_loss = f", val loss {acc.loss:.4f}" if acc else ""
     return (
         f"epoch {r.epoch}: {val} "

@@ -65,3 +65,20 @@ def test_metrics_log_of_other_ranks_writes_nothing(tmp_path: Path) -> None:
     log.step(dict.fromkeys(STEP_FIELDS, 1))
     log.close()
     assert not (tmp_path / "logs").exists()
+
+
+def test_an_older_epochs_csv_keeps_its_header_and_gets_aligned_rows(tmp_path: Path, caplog) -> None:
+    """A run resumed into a --log-dir an older pipeline-train started (without the multi-label
+    columns): its rows go under the old header, each value in its own column."""
+    old = ["epoch", "train_loss", "val_top1", "val_top5", "val_loss", "data_wait",
+           "images_per_s", "seconds"]  # fmt: skip
+    (tmp_path / "epochs.csv").write_text(",".join(old) + "\n0,2.0,10.0,50.0,1.9,0.1,90.0,3.0\n")
+    log = MetricsLog(tmp_path)
+    log.epoch(dict(epoch=1, train_loss=1.5, val_top1=None, val_top5=None, val_loss=0.4,
+                   val_map=61.0, val_f1_micro=50.0, val_f1_macro=40.0, data_wait=0.2,
+                   images_per_s=80.0, seconds=4.0))  # fmt: skip
+    log.close()
+    rows = _rows(tmp_path / "epochs.csv")
+    assert list(rows[1]) == old
+    assert (rows[1]["val_loss"], rows[1]["data_wait"], rows[1]["seconds"]) == ("0.4", "0.2", "4.0")
+    assert "without the columns val_map, val_f1_micro, val_f1_macro" in caplog.text
