@@ -31,6 +31,7 @@ import logging
 import sys
 from typing import TYPE_CHECKING, Any
 
+from batchwire.wire.cli import ArgumentParser
 from batchwire.wire.endpoints import UnresolvableHost, check_resolvable
 from batchwire.wire.version import __version__, add_version_argument
 
@@ -62,7 +63,7 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 def build_parser() -> argparse.ArgumentParser:
     d = TrainConfig()
-    p = argparse.ArgumentParser(
+    p = ArgumentParser(
         prog="pipeline-train",
         description="Data-parallel training from pipeline-server (run it under torchrun for "
         "several ranks).",

@@ -15,6 +15,7 @@ SCRIPTS = {
     "pipeline-keys": "batchwire.wire.keys",
     "pipeline-prepare": "batchwire.prepare.cli",
     "pipeline-store": "batchwire.common.devstore",
+    "pipeline-train": "batchwire.train.cli",
 }
 PROBE = """
 import sys
