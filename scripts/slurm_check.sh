@@ -1,12 +1,19 @@
 #!/bin/bash
 # Runs deploy/slurm/batchwire.sbatch end to end on a real Slurm started here: munge, slurmctld
-# and slurmd on localhost (Debian's slurm-wlm, installed if missing), one node declared with 64
-# CPUs (SlurmdParameters=config_overrides: the recipe's 16 + 32 CPUs fit on a small machine),
-# the embedded dataset, keys from pipeline-keys, CPU trainers (torchrun, 2 ranks, gloo) doing a
-# couple of steps. Prints the job's output and "slurm_check: OK in N s" or fails.
+# and slurmd on localhost (Debian's slurm-wlm, installed if missing), two nodes declared with 32
+# CPUs each (SlurmdParameters=config_overrides: the recipe's 16 + 16 CPUs fit on a small
+# machine), the embedded dataset, keys from pipeline-keys, CPU trainers (torchrun, 2 ranks, gloo).
+#
+# This machine has no GPU: the GPU node declares as many stand-in GPUs as the recipe's
+# `--gpus-per-node` asks for (gres whose device files are /dev/null's numbers), so Slurm schedules
+# the recipe unchanged, and the trainers run --device cpu; the check says so. Through a requeue: once the trainers have written a checkpoint, the batch
+# shell gets USR1 (`scancel --signal=USR1 --batch`, what the recipe's --signal=B:USR1@120 sends
+# 120 s before the time limit); the recipe stops the trainers and requeues the job, and the
+# requeued run must resume from that checkpoint and finish. Prints the job's output and
+# "slurm_check: OK in N s" or fails.
 #
 # Not part of `make test`: it needs root (daemons, /run/munge, apt), starts system daemons, and
-# takes ~1 minute of a 2-core machine (see bench/RESULTS.md). Usage: scripts/slurm_check.sh
+# takes about a minute of a 2-core machine (see bench/RESULTS.md). Usage: scripts/slurm_check.sh
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -14,6 +21,11 @@ VENV=${VENV:-$ROOT/.venv}
 WORK=$(mktemp -d /tmp/bw-slurm.XXXXXX)
 chmod 0755 "$WORK"  # munged runs as munge
 LIMIT_S=${SLURM_CHECK_LIMIT_S:-300}
+STEPS=60  # long enough that the first run is still training when its checkpoint appears
+RECIPE=$ROOT/deploy/slurm/batchwire.sbatch
+# What the recipe's trainer group asks for, declared on the GPU node (stand-ins: there are none).
+GPUS=$(sed -n 's/^#SBATCH --gpus-per-node=\([0-9]*\)$/\1/p' "$RECIPE")
+[ -n "$GPUS" ] || { echo "slurm_check: $RECIPE requests no GPUs (#SBATCH --gpus-per-node=N)"; exit 1; }
 started=$(date +%s)
 pids=()
 
@@ -69,11 +81,18 @@ MpiDefault=none
 ReturnToService=2
 SlurmdParameters=config_overrides
 KillWait=30
-NodeName=bwcpu NodeHostname=$host NodeAddr=127.0.0.1 Port=16818 CPUs=32 State=UNKNOWN
-NodeName=bwgpu NodeHostname=$host NodeAddr=127.0.0.1 Port=16819 CPUs=32 State=UNKNOWN
+JobRequeue=1
+GresTypes=gpu
+NodeName=bwcpu NodeHostname=$host NodeAddr=127.0.0.1 Port=16818 CPUs=32 Weight=1 State=UNKNOWN
+NodeName=bwgpu NodeHostname=$host NodeAddr=127.0.0.1 Port=16819 CPUs=32 Gres=gpu:$GPUS Weight=100 State=UNKNOWN
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
 CONF
 echo "ConstrainCores=no" > "$WORK/cgroup.conf"
+# Stand-in GPUs: Slurm keeps only GPUs with a device file, so each is a character device with
+# /dev/null's numbers (1, 3); the device plugin (task/none, no cgroups) binds nothing.
+mkdir -p "$WORK/dev"
+for i in $(seq 0 $(( GPUS - 1 ))); do mknod "$WORK/dev/gpu$i" c 1 3; done
+echo "NodeName=bwgpu Name=gpu File=$WORK/dev/gpu[0-$(( GPUS - 1 ))]" > "$WORK/gres.conf"
 export SLURM_CONF=$WORK/slurm.conf
 
 slurmctld -f "$SLURM_CONF" -D >"$WORK/log/slurmctld.out" 2>&1 &
@@ -103,28 +122,63 @@ export BATCHWIRE_DATA=$DATA
 export BATCHWIRE_KEYS=$WORK/keys
 export BATCHWIRE_PORT=25555 BATCHWIRE_METRICS_PORT=29100
 export BATCHWIRE_SERVER_ARGS="--batch-size 16 --image-size 32 --output-dtype uint8 --producers 2 --workers 1 --drain-timeout 10"
-export BATCHWIRE_TRAIN_ARGS="pipeline-train --model small --epochs 1 --max-steps 2 --device cpu --timeout 60"
+export BATCHWIRE_TRAIN_ARGS="pipeline-train --model small --epochs 20 --max-steps $STEPS --checkpoint-every 5 --device cpu --timeout 60"
+export BATCHWIRE_CHECKPOINTS=$WORK/checkpoints
 export BATCHWIRE_NPROC=2
 export OMP_NUM_THREADS=1
-job=$(sbatch --parsable --output="$WORK/job-%j.out" "$ROOT/deploy/slurm/batchwire.sbatch")
+echo "slurm_check: no GPU here: node bwgpu declares $GPUS stand-in GPUs (/dev/null's numbers) for" \
+    "the recipe's --gpus-per-node=$GPUS; the trainers run --device cpu"
+job=$(sbatch --parsable --output="$WORK/job-%j.out" "$RECIPE")
+job=${job%%+*}
 echo "slurm_check: submitted job $job"
 deadline=$(( $(date +%s) + LIMIT_S ))
-while squeue -h -j "${job%%+*}" 2>/dev/null | grep -q .; do
-    if [ "$(date +%s)" -ge "$deadline" ]; then
-        echo "slurm_check: job $job still running after $LIMIT_S s; cancelling"
-        squeue -a -o '%i %T %r %N' || true
-        scontrol show job "${job%%+*}" || true
-        tail -n 20 "$WORK"/log/* || true
-        scancel "${job%%+*}"
-        cat "$WORK"/job-*.out || true
-        exit 1
+
+fail() {
+    echo "slurm_check: $*"
+    squeue -a -o '%i %T %r %N' || true
+    sinfo -N -o '%N %T %E' || true
+    scontrol show job "$job" || true
+    tail -n 20 "$WORK"/log/* || true
+    scancel "$job" 2>/dev/null || true
+    cat "$WORK"/job-*.out || true
+    exit 1
+}
+restarts() { scontrol show job "$job" 2>/dev/null | grep -o 'Restarts=[0-9]*' | head -n 1 | cut -d= -f2; }
+
+# The first run: once a checkpoint is on disk, USR1 to the batch shell, as at the time limit.
+while ! ls "$BATCHWIRE_CHECKPOINTS"/ckpt-*.pt >/dev/null 2>&1; do
+    squeue -h -j "$job" 2>/dev/null | grep -q . || fail "job $job ended before its first checkpoint"
+    [ "$(date +%s)" -lt "$deadline" ] || fail "no checkpoint after $LIMIT_S s"
+    sleep 0.2
+done
+first=$(ls "$BATCHWIRE_CHECKPOINTS"/ckpt-*.pt | tail -n 1)
+scancel --signal=USR1 --batch "$job"
+echo "slurm_check: $(basename "$first") written; sent USR1 to the batch shell"
+
+# The requeued run: it must start again and finish. A requeued job waits 121 s (cred_expire) to
+# start, and an idle Slurm runs its backfill pass (the only one that starts heterogeneous jobs)
+# only after some change, which a busy cluster always has: the check starts it now instead.
+started_again=0
+while [ "$(restarts)" != 1 ] || squeue -h -j "$job" 2>/dev/null | grep -q .; do
+    [ "$(date +%s)" -lt "$deadline" ] || fail "job $job not requeued and finished after $LIMIT_S s"
+    if [ "$started_again" = 0 ] && [ "$(restarts)" = 1 ] \
+        && squeue -h -j "$job" -o %T 2>/dev/null | grep -q PENDING; then
+        scontrol update JobId="$job" StartTime=now
+        echo "slurm_check: job $job requeued; starting it now (StartTime=now)"
+        started_again=1
     fi
     sleep 1
 done
 out=$(cat "$WORK"/job-*.out)
 echo "$out"
-state=$(scontrol show job "${job%%+*}" 2>/dev/null | grep -o 'JobState=[A-Z]*' | head -n 1 || true)
-echo "slurm_check: $state"
-grep -q "batchwire: trainers exited 0" <<<"$out" || { echo "slurm_check: trainers failed"; exit 1; }
-grep -q "drained in" <<<"$out" || { echo "slurm_check: the servers did not drain"; exit 1; }
+state=$(scontrol show job "$job" 2>/dev/null | grep -o 'JobState=[A-Z]*' | head -n 1 || true)
+echo "slurm_check: $state, Restarts=$(restarts)"
+grep -q "USR1 (time limit near)" <<<"$out" || fail "the recipe did not trap USR1"
+grep -q "run 2;" <<<"$out" || fail "no second run"
+resumed=$(grep -o "resumed from [^:]*" <<<"$out" | head -n 1 || true)
+[ -n "$resumed" ] || fail "the requeued trainers did not resume from a checkpoint"
+echo "slurm_check: the requeued run $resumed"
+[ "$(grep -c "batchwire: trainers exited 0" <<<"$out")" = 1 ] || fail "the trainers did not finish once"
+[ -f "$BATCHWIRE_CHECKPOINTS/ckpt-$(printf %09d "$STEPS").pt" ] || fail "no checkpoint of step $STEPS"
+[ "$(grep -c "drained in" <<<"$out")" -ge 2 ] || fail "the servers did not drain in both runs"
 echo "slurm_check: OK in $(( $(date +%s) - started )) s"
