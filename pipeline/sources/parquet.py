@@ -12,6 +12,15 @@ after. The cost is read amplification: a shuffled epoch reads about (row group s
 bytes per image, unless the row groups fit the cache. `datasets` writes image row groups of 100
 rows by default; for ImageNet-size data convert to tar shards (`pipeline-prepare --shards`),
 whose per-sample ranged reads read nothing extra. Measured figures: README "Parquet".
+
+Bounds: a few hundred KB of zstd may declare gigabytes of zeros, and reading a row group
+allocates all it declares. So the image column's declared size (`total_uncompressed_size` of
+its column chunks, in the footer) is checked before anything is read: up to `SLICE_BYTES` a row
+group is read whole; past it, in slices of rows of about `SLICE_BYTES` each (each slice cached
+alone; a shuffled read decodes the row group up to its slice, a cost only such row groups pay);
+past `MAX_ROW_GROUP_BYTES` it is not read at all (one slice might still hold most of what it
+declares) and its samples are bad samples, named in a warning at open. An image over
+`MAX_MEMBER_BYTES` is a bad sample too. All are counted and replaced, as a broken file is.
 """
 
 from __future__ import annotations
@@ -19,6 +28,7 @@ from __future__ import annotations
 import bisect
 import io
 import json
+import logging
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -32,8 +42,15 @@ from batchwire.pipeline.sources.locate import Located
 from batchwire.pipeline.sources.tarindex import MAX_MEMBER_BYTES
 from batchwire.pipeline.storage import LocalStore, Store
 
+log = logging.getLogger("batchwire.pipeline")
+
 #: Bytes of decoded row groups kept per dataset (a few hundred row groups of photos).
 DEFAULT_CACHE_BYTES = 512 << 20
+#: A row group whose image column declares up to this many bytes is read whole; larger ones in
+#: slices of about this many bytes (module doc).
+SLICE_BYTES = 64 << 20
+#: A row group declaring more image bytes than this is never read: its samples are bad.
+MAX_ROW_GROUP_BYTES = 1 << 30
 _LABEL_NAMES = ("label", "labels", "cls", "class")
 _IMAGE_NAMES = ("image", "img", "jpg", "png")
 
@@ -150,7 +167,7 @@ class RowGroupCache:
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _loading: dict = field(default_factory=dict)
 
-    def get(self, key: tuple[int, int], load: Any) -> Any:
+    def get(self, key: tuple[int, ...], load: Any) -> Any:
         while True:
             with self._lock:
                 if key in self._items:
@@ -179,9 +196,35 @@ class RowGroupCache:
             event.set()
 
 
+def declared_image_bytes(md: Any, rg: int, image: str) -> int:
+    """What row group `rg` of a file's footer `md` says its image column holds, uncompressed
+    (every leaf of the struct: bytes and path): what reading it whole would allocate."""
+    group = md.row_group(rg)
+    prefix = f"{image}."
+    total = 0
+    for j in range(group.num_columns):
+        chunk = group.column(j)
+        if chunk.path_in_schema == image or chunk.path_in_schema.startswith(prefix):
+            total += max(0, int(chunk.total_uncompressed_size))
+    return total
+
+
+@dataclass
+class _Slice:
+    """Rows `start`.. of one row group's image column (a whole row group: `start` 0)."""
+
+    start: int
+    column: Any  # pyarrow Array or ChunkedArray of {bytes, path} structs
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.column.nbytes)
+
+
 @dataclass
 class ParquetReader:
-    """`read(i)` for an `ImageDataset`: sample i's image bytes from its row group."""
+    """`read(i)` for an `ImageDataset`: sample i's image bytes from its row group (or the
+    slice of it that holds row i: module doc, "Bounds")."""
 
     located: Located
     metadata: list[Any]  # FileMetaData per file
@@ -190,6 +233,7 @@ class ParquetReader:
     starts: list[int]  # first global row of each (file, row group), in order
     groups: list[tuple[int, int]]  # (file, row group) in that order
     total: int = 0  # rows in all
+    declared: list[int] = field(default_factory=list)  # image bytes each group declares
     cache: RowGroupCache = field(default_factory=RowGroupCache)
     _local: threading.local = field(default_factory=threading.local)
 
@@ -207,14 +251,38 @@ class ParquetReader:
             handles[f] = pf
         return pf
 
-    def _image_column(self, f: int, rg: int) -> Any:
-        """One row group's image column; a row group pyarrow cannot read is an OSError (its
-        samples are bad samples, replaced), never another exception that would fail a batch."""
+    def _rows(self, g: int) -> int:
+        end = self.starts[g + 1] if g + 1 < len(self.starts) else self.total
+        return end - self.starts[g]
+
+    def slice_rows(self, g: int) -> int:
+        """Rows per slice of group `g`: all of them up to `SLICE_BYTES` declared, else about
+        `SLICE_BYTES` worth (at least one row)."""
+        rows, declared = self._rows(g), self.declared[g]
+        if declared <= SLICE_BYTES:
+            return max(1, rows)
+        return max(1, SLICE_BYTES * rows // declared)
+
+    def _image_slice(self, g: int, first: int, count: int) -> _Slice:
+        """Rows first..first+count of group `g`'s image column; a row group pyarrow cannot
+        read is an OSError (its samples are bad samples, replaced), never another exception
+        that would fail a batch. The whole row group is read as it is (no combining copy);
+        a slice is streamed (`iter_batches`), the rows before it decoded and dropped."""
         import pyarrow as pa
 
+        f, rg = self.groups[g]
         try:
-            table = self._file(f).read_row_group(rg, columns=[self.image])
-            return table.column(0).combine_chunks()
+            pf = self._file(f)
+            if count >= self._rows(g):
+                return _Slice(0, pf.read_row_group(rg, columns=[self.image]).column(0))
+            at = 0
+            for batch in pf.iter_batches(
+                batch_size=count, row_groups=[rg], columns=[self.image], use_threads=False
+            ):
+                if at + batch.num_rows > first:
+                    return _Slice(at, batch.column(0))
+                at += batch.num_rows
+            raise IndexError(f"row {first} not found")
         except (pa.ArrowException, *_PARQUET_ERRORS) as exc:
             name = self.located.name(self.located.keys[f])
             raise OSError(f"{name}: row group {rg} unreadable ({exc})") from None
@@ -239,11 +307,19 @@ class ParquetReader:
     def __call__(self, i: int) -> bytes:
         g = bisect.bisect_right(self.starts, i) - 1
         f, rg = self.groups[g]
-        column = self.cache.get((f, rg), lambda: self._image_column(f, rg))
-        where = (
-            f"{self.located.name(self.located.keys[f])}: row {i - self.starts[g]} of row group {rg}"
-        )
-        buf = column[i - self.starts[g]]["bytes"].as_buffer()
+        row = i - self.starts[g]
+        where = f"{self.located.name(self.located.keys[f])}: row {row} of row group {rg}"
+        if self.declared[g] > MAX_ROW_GROUP_BYTES:
+            raise OSError(
+                f"{where}: the row group declares {self.declared[g]} bytes of images, over the "
+                f"{MAX_ROW_GROUP_BYTES} a row group may hold; not read"
+            )
+        per = self.slice_rows(g)
+        first = row // per * per
+        got = self.cache.get((f, rg, first), lambda: self._image_slice(g, first, per))
+        if not 0 <= row - got.start < len(got.column):
+            raise OSError(f"{where}: not in the slice read ({got.start}+{len(got.column)})")
+        buf = got.column[row - got.start]["bytes"].as_buffer()
         if buf is None:
             raise FileNotFoundError(f"{where} has no image bytes (a path-only image)")
         if buf.size > MAX_MEMBER_BYTES:
@@ -264,6 +340,7 @@ def open_parquet(located: Located) -> ImageDataset:
     sizes: list[int] = []
     starts: list[int] = []
     groups: list[tuple[int, int]] = []
+    declared: list[int] = []
     table = LabelTable()
     image = label = None
     names: list[str] | None = None
@@ -302,7 +379,19 @@ def open_parquet(located: Located) -> ImageDataset:
         for rg in range(md.num_row_groups):
             starts.append(total)
             groups.append((f, rg))
+            declared.append(declared_image_bytes(md, rg, image))
             total += md.row_group(rg).num_rows
+            if declared[-1] > MAX_ROW_GROUP_BYTES:
+                log.warning(
+                    "%s: row group %d declares %d bytes of images, over the %d a row group may "
+                    "hold: its %d samples are bad samples (rewrite the file with smaller row "
+                    "groups, or convert it: pipeline-prepare --shards)",
+                    where,
+                    rg,
+                    declared[-1],
+                    MAX_ROW_GROUP_BYTES,
+                    md.row_group(rg).num_rows,
+                )
         paths.extend(f"{where}#{r}" for r in range(md.num_rows))
         metadata.append(md)
         sizes.append(info.size)
@@ -313,7 +402,7 @@ def open_parquet(located: Located) -> ImageDataset:
         pin(versions)
     ids, classes = table.resolve(names)
     assert image is not None
-    reader = ParquetReader(located, metadata, sizes, image, starts, groups, total)
+    reader = ParquetReader(located, metadata, sizes, image, starts, groups, total, declared)
     return ImageDataset(
         paths=paths,
         labels=ids,

@@ -13,6 +13,7 @@ locally: a counted, replaced bad sample, never a read retried for ever, never a 
 from __future__ import annotations
 
 import io
+import json
 import os
 import subprocess
 import sys
@@ -210,3 +211,73 @@ def test_no_credentials_for_url_rows_is_a_setup_error(seaweed, objects, tmp_path
     path = _local_csv(tmp_path)
     with pytest.raises(PermissionError, match=r"remote\.csv:2: s3://open: .*no credentials found"):
         open_dataset(path, allow_outside_root=True, verify_checksums="off")
+
+
+# -- a Parquet row group that declares gigabytes ------------------------------------------------
+
+_PARQUET_CHILD = r"""
+import json, resource, sys
+from batchwire.pipeline.dataset import open_dataset
+from batchwire.pipeline.local import LocalLoader
+
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+ds = open_dataset(sys.argv[1], verify_checksums="off")
+loader = LocalLoader(ds, split="val", batch_size=8, image_size=24, output_dtype="uint8",
+                     threads=1, with_indices=True)
+served = [i for b in loader for i in b[2].tolist() if i >= 0]
+after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print(json.dumps({"served": len(served), **loader.counts(), "grew_kib": after - before}))
+"""
+
+
+def _hostile_parquet(path: Path, good: list[bytes], rows: int, size: int) -> None:
+    """Row group 0: `good` JPEGs; row group 1: `rows` values of `size` zero bytes, zstd (the
+    values share one buffer here and compress to almost nothing: a few KB declaring
+    rows * size bytes)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    def images(values: list[bytes]) -> pa.StructArray:
+        return pa.StructArray.from_arrays(
+            [pa.array(values, pa.binary()), pa.array([None] * len(values), pa.string())],
+            names=["bytes", "path"],
+        )
+
+    zero = images([bytes(size)])  # one row, written `rows` times (chunks share its buffer)
+    with pq.ParquetWriter(path, pa.schema([("image", zero.type), ("label", pa.int64())]),
+                          compression="zstd", use_dictionary=False) as writer:  # fmt: skip
+        writer.write_table(
+            pa.table({"image": images(good), "label": pa.array([0] * len(good), pa.int64())})
+        )
+        bomb = pa.table(
+            {
+                "image": pa.chunked_array([zero] * rows),
+                "label": pa.chunked_array([pa.array([1], pa.int64())] * rows),
+            }
+        )
+        writer.write_table(bomb, row_group_size=rows)
+
+
+def test_a_parquet_row_group_declaring_gigabytes_is_bad_samples_not_memory(tmp_path):
+    """64 photos, then 128 rows of 16 MiB of zeros in one row group: 2 GiB declared in ~80 KB
+    of zstd. Reading it
+    once took the whole column and a combined copy of it (5.9 GB RSS for the server). Now it
+    is not read: its samples are bad samples, counted and replaced, and memory stays flat."""
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "bomb.parquet"
+    _hostile_parquet(path, _jpegs(64), rows=128, size=16 << 20)
+    md = pq.ParquetFile(path).metadata
+    assert md.num_row_groups == 2 and path.stat().st_size < 1 << 20
+    declared = sum(md.row_group(1).column(j).total_uncompressed_size for j in range(3))
+    assert declared > 2 << 30 - 1
+    done = subprocess.run(
+        [sys.executable, "-c", _PARQUET_CHILD, str(path)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert got["served"] == 192  # every slot of the val epoch, the bad ones replaced
+    assert got["bad_total"] == 128 and got["transient_total"] == 0, got
+    assert got["grew_kib"] < 300 << 10, f"peak RSS grew {got['grew_kib'] >> 10} MiB"
+    assert "row group 1 declares" in done.stderr  # named once, at open
