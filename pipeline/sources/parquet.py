@@ -274,7 +274,8 @@ class ParquetReader:
         try:
             pf = self._file(f)
             if count >= self._rows(g):
-                return _Slice(0, pf.read_row_group(rg, columns=[self.image]).column(0))
+                column = pf.read_row_group(rg, columns=[self.image]).column(0)
+                return _Slice(0, column.chunk(0) if column.num_chunks == 1 else column)
             at = 0
             for batch in pf.iter_batches(
                 batch_size=count, row_groups=[rg], columns=[self.image], use_threads=False
