@@ -51,8 +51,9 @@ def parse_device(device: str | torch.device) -> torch.device:
 def has_end_of_image(data: bytes) -> bool:
     """Whether the JPEG `data` ends with its EOI marker (FF D9), past any zero padding some
     writers append. Both GPU decoders check it (`GpuDecoderBase._skip_reason`): neither reliably
-    reports a truncated file, whose strict check a request marked `intact` skips."""
-    return data[-4096:].rstrip(b"\0").endswith(b"\xff\xd9")
+    reports a truncated file, whose strict check a request marked `intact` skips. The plain
+    ending is tried first: it needs no copy of the file's tail."""
+    return data.endswith(b"\xff\xd9") or data[-4096:].rstrip(b"\0").endswith(b"\xff\xd9")
 
 
 def upload(image: torch.Tensor, device: torch.device) -> torch.Tensor:

@@ -47,6 +47,8 @@ def _flip(lo: int, hi: int, size: int) -> tuple[int, int]:
 
 def stored_region(orientation: int, stored_hw: tuple[int, int], region: Region) -> Region:
     """The region of the stored (EXIF-unoriented) image that displays as `region`."""
+    if orientation == 1:  # the common case, per image on the GPU decoders' producer thread
+        return region
     ops = orientation_ops(orientation)
     y0, x0, y1, x1 = region
     r0, r1, c0, c1 = (x0, x1, y0, y1) if ops.transpose else (y0, y1, x0, x1)
@@ -59,6 +61,8 @@ def stored_region(orientation: int, stored_hw: tuple[int, int], region: Region) 
 
 def displayed_region(orientation: int, stored_hw: tuple[int, int], region: Region) -> Region:
     """The inverse of `stored_region`: where a stored region lands once oriented."""
+    if orientation == 1:
+        return region
     ops = orientation_ops(orientation)
     r0, c0, r1, c1 = region
     if ops.flip_rows:

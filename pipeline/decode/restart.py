@@ -12,7 +12,7 @@ comes back unchanged.
 
 from __future__ import annotations
 
-import dataclasses
+import functools
 import logging
 from collections.abc import Sequence
 
@@ -32,8 +32,12 @@ log = logging.getLogger("batchwire.pipeline")
 EDGE_MARGIN = 2
 
 
+@functools.cache
 def _crop_bitstream():
-    """`batchwire.native.jpeg_roi.crop_bitstream`, or None when the extension is unavailable."""
+    """`batchwire.native.jpeg_roi.crop_bitstream`, or None when the extension is unavailable.
+
+    Looked up once per process (the extension's build is tried once and remembered): the
+    lookup's import and lock would otherwise run for every image."""
     from batchwire.native import jpeg_roi
 
     return jpeg_roi.crop_bitstream if jpeg_roi.jpeg_roi_available() else None
@@ -45,13 +49,18 @@ def narrow_request(req: DecodeRequest, *, upright_only: bool = False) -> DecodeR
 
     The small JPEG carries no EXIF: the request's header keeps the orientation for decoders
     that apply it from there. `upright_only` leaves oriented images alone, for decoders that
-    read the orientation from the bitstream (DALI)."""
-    if req.header.kind != "jpeg" or (upright_only and req.header.orientation != 1):
+    read the orientation from the bitstream (DALI).
+
+    Runs once per image on the GPU decoders' producer thread with the GIL held, so it is
+    written for that: the cut itself is one native call, the rest plain arithmetic."""
+    header = req.header
+    orientation = header.orientation
+    if header.kind != "jpeg" or (upright_only and orientation != 1):
         return req
     crop = _crop_bitstream()
     if crop is None:
         return req
-    h, w = req.header.height, req.header.width
+    h, w = header.height, header.width
     y0, x0, y1, x1 = reach_region(req.box, req.out_hw, (h, w))
     wanted = (
         max(0, y0 - EDGE_MARGIN),
@@ -61,22 +70,25 @@ def narrow_request(req: DecodeRequest, *, upright_only: bool = False) -> DecodeR
     )
     if wanted[2] <= wanted[0] or wanted[3] <= wanted[1]:
         return req
-    transposed = swaps_axes(req.header.orientation)
-    stored_hw = (w, h) if transposed else (h, w)
-    found = crop(req.data, *stored_region(req.header.orientation, stored_hw, wanted))
+    stored_hw = (w, h) if swaps_axes(orientation) else (h, w)
+    found = crop(req.data, *stored_region(orientation, stored_hw, wanted))
     if found is None:
         return req
     small, held = found
-    top, left, bottom, right = displayed_region(req.header.orientation, stored_hw, held)
-    header = ImageHeader(
-        height=bottom - top,
-        width=right - left,
-        orientation=req.header.orientation,
-        kind="jpeg",
+    top, left, bottom, right = displayed_region(orientation, stored_hw, held)
+    by0, bx0, by1, bx1 = map(float, req.box)
+    # Built directly rather than through dataclasses.replace (several times the cost): a field
+    # added to DecodeRequest must be carried over here (test_narrow_identity lists the fields).
+    return DecodeRequest(
+        index=req.index,
+        data=small,
+        header=ImageHeader(
+            height=bottom - top, width=right - left, orientation=orientation, kind="jpeg"
+        ),
+        box=(by0 - top, bx0 - left, by1 - top, bx1 - left),
+        out_hw=req.out_hw,
+        intact=req.intact,
     )
-    by0, bx0, by1, bx1 = (float(v) for v in req.box)
-    box = (by0 - top, bx0 - left, by1 - top, bx1 - left)
-    return dataclasses.replace(req, data=small, header=header, box=box)
 
 
 def restart_share(paths: Sequence[str], sample: int = 16) -> tuple[int, int]:
