@@ -26,7 +26,9 @@ from batchwire.pipeline.augment_plan import AugmentConfig, plan_samples
 from batchwire.pipeline.decode import DecodeRequest, DecodeResult, read_header
 from batchwire.pipeline.decode.backends import check_jpeg_data
 from batchwire.pipeline.decode.fallback import GpuDecoderBase
-from batchwire.pipeline.decode.restart import narrow_request
+from batchwire.pipeline.decode.orientation import swaps_axes
+from batchwire.pipeline.decode.region import reach_region, stored_region
+from batchwire.pipeline.decode.restart import EDGE_MARGIN, narrow_request
 
 SAMPLE = Path(__file__).resolve().parents[2] / "shared" / "imagenet-sample"
 
@@ -54,6 +56,30 @@ class StubGpuDecoder(GpuDecoderBase):
         for i in items:
             torch.frombuffer(bytearray(requests[i].data), dtype=torch.uint8)
             results[i] = DecodeResult(image=self._image, box=requests[i].box)
+
+
+def native_cuts(requests: Sequence[DecodeRequest]) -> Callable[[], object] | None:
+    """The native cut alone (`jpeg_roi.crop_bitstream`) on the stored regions `narrow_request`
+    asks it for (computed here once, as narrow_request does), to tell its share of
+    `narrow_request` from the Python around it; None when the extension is unavailable."""
+    from batchwire.native import jpeg_roi
+
+    if not jpeg_roi.jpeg_roi_available():
+        return None
+    calls = []
+    for r in requests:
+        h, w = r.header.height, r.header.width
+        y0, x0, y1, x1 = reach_region(r.box, r.out_hw, (h, w))
+        wanted = (
+            max(0, y0 - EDGE_MARGIN),
+            max(0, x0 - EDGE_MARGIN),
+            min(h, y1 + EDGE_MARGIN),
+            min(w, x1 + EDGE_MARGIN),
+        )
+        stored_hw = (w, h) if swaps_axes(r.header.orientation) else (h, w)
+        calls.append((r.data, *stored_region(r.header.orientation, stored_hw, wanted)))
+    crop = jpeg_roi.crop_bitstream
+    return lambda: [crop(*args) for args in calls]
 
 
 def per_image_us(fn: Callable[[], object], n: int, repeats: int = 3) -> float:
@@ -90,6 +116,10 @@ def measure(files: list[bytes], label: str, size: int = 224, batch: int = 64) ->
             n,
         ),
         "narrow_request": per_image_us(lambda: [narrow_request(r) for r in requests], n),
+    }
+    if (cuts := native_cuts(requests)) is not None:
+        rows["  of it native cut"] = per_image_us(cuts, n)
+    rows |= {
         "bytes -> tensor": per_image_us(
             lambda: [torch.frombuffer(bytearray(d), dtype=torch.uint8) for d in files], n
         ),
