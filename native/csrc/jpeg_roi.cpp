@@ -391,17 +391,21 @@ py::object crop_bitstream(const py::buffer& data, long long y0, long long x0, lo
   const py::buffer_info info = contiguous_bytes(data);
   const auto* bytes = static_cast<const std::uint8_t*>(info.ptr);
   batchwire_jpeg::RestartLayout layout;
-  if (!batchwire_jpeg::find_restart_layout(bytes, static_cast<std::size_t>(info.size), &layout)
-           .empty()) {
-    return py::none();
-  }
-  const batchwire_jpeg::McuRect rect = batchwire_jpeg::context_rect(layout, y0, x0, y1, x1);
-  if (rect.row1 <= rect.row0 || rect.col1 <= rect.col0) return py::none();
+  batchwire_jpeg::McuRect rect{};
   std::vector<std::uint8_t> small;
+  bool cut = false;
   {
+    // All of it is byte work on the caller's immutable buffer (kept alive by `info`): the scan
+    // for restart markers is most of the cost, so other producers' Python runs meanwhile.
     py::gil_scoped_release release;
-    small = batchwire_jpeg::assemble_rect(bytes, layout, rect);
+    if (batchwire_jpeg::find_restart_layout(bytes, static_cast<std::size_t>(info.size), &layout)
+            .empty()) {
+      rect = batchwire_jpeg::context_rect(layout, y0, x0, y1, x1);
+      cut = rect.row1 > rect.row0 && rect.col1 > rect.col0;
+      if (cut) small = batchwire_jpeg::assemble_rect(bytes, layout, rect);
+    }
   }
+  if (!cut) return py::none();
   const int top = rect.row0 * layout.mcu_height, left = rect.col0 * layout.mcu_width;
   const int bottom = std::min(layout.height, rect.row1 * layout.mcu_height);
   const int right = std::min(layout.width, rect.col1 * layout.mcu_width);
