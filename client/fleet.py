@@ -45,9 +45,12 @@ while the consumer finishes this epoch; `start` of that epoch adopts those sessi
 
 Errors: an error reply about a session that is no longer the server's current one is stale
 (the server answered an older hello) and dropped; a ``transient`` one (the batch failed for a
-reason that may pass) backs off and asks again, however often, within the loader's timeout; an
-error before the welcome is a refusal (above); an error after it restarts the session with
-back-off, and the same message `ERRORS_BEFORE_RAISING` times in a row raises `ServerError`.
+reason that may pass) and a ``busy`` one (the hello cannot be served now, for a reason that
+clears by itself: another world size held by a session going away, --max-clients reached)
+back off and ask again, however often, within the loader's timeout, never counting as a
+refusal; any other error before the welcome is a refusal (above); an error after it restarts
+the session with back-off, and the same message `ERRORS_BEFORE_RAISING` times in a row raises
+`ServerError`.
 
 Silence: a server owing a welcome or batches and silent for longer than its heartbeat (which
 starts at ``heartbeat``, doubles per timeout up to max(timeout/2, 1 s), and each batch lowers
@@ -776,6 +779,9 @@ class Fleet:
             self._no_speculation_in = self.epoch
             self._end_session(p)
             return
+        if e.reason == "busy":  # not now, for a reason that clears by itself
+            self._busy(p, e.message, now)
+            return
         if not s.welcomed:  # the answer to our hello: this server will not serve us
             self._refused(p, e.message, now)
             return
@@ -790,6 +796,26 @@ class Fleet:
             "pipeline-server at %s: %s; re-sending hello in %.2f s", p.endpoint, e.message, delay
         )
         self._back_off(p, S.BACKING_OFF, delay, now)
+
+    def _busy(self, p: Peer, message: str, now: float) -> None:
+        """``p`` refused our hello for now, for a reason that clears by itself (another world
+        size held by a session that is dropped once it leaves or falls silent, its
+        --max-clients reached): asked again with back-off, within the loader's timeout (which
+        `ServerUnavailable` then quotes); meanwhile the other servers serve its batches. Not a
+        refusal for good: it never makes every server refuse (`ServerError`)."""
+        p.refusal_streak += 1
+        p.refusal = p.last_error = message
+        delay = min(BACKOFF_MAX_S, ERROR_BACKOFF_S * 2 ** (p.refusal_streak - 1))
+        self._back_off(p, S.BACKING_OFF, delay, now)
+        log.log(
+            logging.WARNING if p.refusal_streak == 1 else logging.DEBUG,
+            "pipeline-server at %s cannot serve this loader yet: %s; asking again in %.2f s, "
+            "for up to the loader's timeout (%g s)",
+            p.endpoint,
+            message,
+            delay,
+            self.timeout,
+        )
 
     def _refused(self, p: Peer, message: str, now: float) -> None:
         """``p`` refused our hello: out of the assignment, asked again later; an error only
@@ -853,6 +879,8 @@ class Fleet:
                 doing = "no answer yet; connecting"
         elif p.state is S.REFUSED:
             doing = f"it refused this loader ({p.refusal}); asking again"
+        elif _busy(p):
+            doing = f"it cannot serve this loader until this clears ({p.refusal}); asking again"
         elif p.state is S.BACKING_OFF:
             doing = f"it answered with an error ({p.last_error}); asking again"
         elif p.session is None or not p.session.welcomed:
@@ -889,6 +917,11 @@ class Fleet:
             )
         elif p.state is S.REFUSED:
             msg = f"pipeline-server at {p.endpoint} refused this loader for {t} s"
+        elif _busy(p):
+            msg = (
+                f"pipeline-server at {p.endpoint} could not serve this loader for {t} s, for "
+                "a reason it said would clear"
+            )
         elif p.state is S.BACKING_OFF:
             msg = f"pipeline-server at {p.endpoint} answered with errors for {t} s"
         elif p.session is None or not p.session.welcomed:
@@ -911,6 +944,11 @@ class Fleet:
         if p.last_error:
             msg += f"; its last error: {p.last_error}"
         return ServerUnavailable(p.endpoint, msg)
+
+
+def _busy(p: Peer) -> bool:
+    """Is ``p`` waiting out a ``busy`` refusal (`Fleet._busy`)?"""
+    return p.state is S.BACKING_OFF and p.refusal is not None and p.refusal == p.last_error
 
 
 def _connecting(p: Peer) -> bool:

@@ -538,10 +538,12 @@ class ServerCore:
                 f"unknown split {wire.show(hello.split)}: this server serves {sorted(self.splits)}",
                 session=session_no,
             )
+        # The two refusals that clear by themselves (a holder leaves or falls silent, a client
+        # leaves) say "busy": a loader asks again until its timeout instead of failing.
         holder = self._world_size_holder(identity, hello, now)
         if holder is not None:
             return self._error(
-                identity, self._world_size_conflict(hello, holder, now), session=session_no
+                identity, self._world_size_conflict(hello, holder, now), "busy", session=session_no
             )
         limit = self.config.max_clients
         if identity not in self.sessions and len(self.sessions) >= limit:
@@ -549,6 +551,7 @@ class ServerCore:
                 identity,
                 f"this server serves at most {limit} clients (--max-clients) and has "
                 f"{len(self.sessions)}; try again when one leaves, or use another server",
+                "busy",
                 session=session_no,
             )
         # Next epoch, resume or reconnect: the new hello replaces the session.

@@ -47,8 +47,9 @@ MAX_JOB_LEN = 256
 MAX_CLASSES = 65536
 MAX_CLASS_NAME_LEN = 256
 MAX_CLASS_NAMES_CHARS = 2 << 20
-#: The classes of `ErrorReply.reason` (an unknown one from a newer peer reads as "refused").
-ERROR_REASONS = ("refused", "bad-request", "transient", "failed")
+#: The classes of `ErrorReply.reason` (an unknown one from a newer peer reads as "refused", so
+#: an older client takes "busy" as the refusal it was before the reason existed).
+ERROR_REASONS = ("refused", "bad-request", "transient", "failed", "busy")
 
 
 # --------------------------------------------------------------------------- field checks
@@ -432,10 +433,13 @@ class ErrorReply(_Message):
     """The server refused a request; ``message`` says why in words a user can act on.
 
     ``reason`` is the class of the refusal, which decides what a client does next:
-    ``refused`` (this hello cannot be served: unknown split, another world size, too many
-    clients), ``bad-request`` (a malformed or impossible message), ``transient`` (producing a
-    batch failed for a reason that may pass, e.g. too many open files: ask again later),
-    ``failed`` (producing a batch failed otherwise). Messages name batch and sample indices,
+    ``refused`` (this hello cannot be served: unknown split, a stream the server cannot make),
+    ``busy`` (this hello cannot be served now, for a reason that clears by itself: another world
+    size held by a live session of the split, which is dropped once it leaves or falls silent;
+    --max-clients reached: ask again, backing off, until the loader's timeout),
+    ``bad-request`` (a malformed or impossible message), ``transient`` (producing a batch
+    failed for a reason that may pass, e.g. too many open files: ask again later), ``failed``
+    (producing a batch failed otherwise). Messages name batch and sample indices,
     never a server path or file content: those stay in the server's log.
 
     ``session`` is the session of the hello or stream the error concerns (None for one that

@@ -377,6 +377,63 @@ def test_a_refused_server_counts_in_the_timeout_message() -> None:
     assert "server-0" in str(info.value) and "server-1:5555 refused: full" in str(info.value)
 
 
+def test_a_busy_server_is_asked_again_until_the_timeout_and_then_serves() -> None:
+    """``busy`` (issue 28: another world size held by a session going away, --max-clients
+    full) clears by itself: the loader's only server says it again and again and the loader
+    asks again, backing off, says so while it waits, and streams once it is welcomed."""
+    shell = Shell(1, timeout=30.0)
+    shell.connect()
+    shell.start()
+    text = "world_size mismatch on split 'train': ... it is dropped ... in 4.4 s"
+    waits = []
+    for _ in range(7):  # 7.75 s of refusals: longer than the stale session's 4.4 s
+        shell.error(0, text, reason="busy", session=shell.session(0))
+        assert shell.state(0) is S.BACKING_OFF
+        waits.append(shell.fleet.peers[0].retry_at - shell.clock())
+        shell.later(waits[-1], waiting_since=0.0)
+        assert shell.state(0) is S.HELLO_SENT and len(shell.hellos(0)) == len(waits) + 1
+    assert waits == [0.25, 0.5, 1.0, 2.0, BACKOFF_MAX_S, BACKOFF_MAX_S, BACKOFF_MAX_S]
+    shell.error(0, text, reason="busy", session=shell.session(0))
+    note = shell.fleet.waiting_note(shell.clock(), 0.0)
+    assert f"cannot serve this loader until this clears ({text}); asking again" in note
+    shell.later(BACKOFF_MAX_S, waiting_since=0.0)
+    shell.welcome()
+    assert shell.run_epoch([0]) == list(range(NUM_BATCHES))
+
+
+def test_a_busy_server_past_the_timeout_is_unavailable_with_its_words() -> None:
+    shell = Shell(1, timeout=10.0)
+    shell.connect()
+    shell.start()
+    with pytest.raises(ServerUnavailable) as info:
+        for _ in range(20):
+            shell.error(
+                0, "at most 2 clients (--max-clients)", reason="busy", session=shell.session(0)
+            )
+            shell.later(shell.fleet.peers[0].retry_at - shell.clock(), waiting_since=0.0)
+    text = str(info.value)
+    assert "could not serve this loader for 10 s, for a reason it said would clear" in text
+    assert "its last error: at most 2 clients (--max-clients)" in text
+
+
+def test_busy_servers_never_make_every_server_refuse() -> None:
+    """One server refusing for good and the other busy: not `ServerError`, the busy one is
+    waited for; an older client reads ``busy`` as ``refused`` (wire.ERROR_REASONS)."""
+    shell = Shell(2)
+    shell.connect()
+    shell.start()
+    shell.error(0, "another world size", reason="busy", session=shell.session(0))
+    shell.error(1, "unknown split 'train'", session=shell.session(1))  # no raise
+    assert (shell.state(0), shell.state(1)) == (S.BACKING_OFF, S.REFUSED)
+    shell.later(ERROR_BACKOFF_S)
+    shell.welcome(0)
+    shell.later(1.0)  # server 1's new hello goes unanswered: its batches come to server 0
+    assert shell.state(0) is S.STREAMING and len(shell.asked(0)) == shell.fleet.budget
+    frame = wire.ErrorReply("full", "busy", session=3).to_map()
+    assert wire.ErrorReply.from_map({**frame, "reason": "some-newer-reason"}).reason == "refused"
+    assert wire.ErrorReply.from_map(frame).reason == "busy"
+
+
 # ---------------------------------------------------------------------- errors (item 6a)
 
 

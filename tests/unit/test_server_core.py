@@ -207,13 +207,17 @@ def test_the_job_carries_the_plan_not_the_session() -> None:
 
 
 def test_refused_hellos_carry_their_session() -> None:
+    """And their reason: ``busy`` for --max-clients (it clears as clients leave: a loader asks
+    again until its timeout), ``refused`` for what does not clear (an unknown split)."""
     s = Server(config=dict(max_clients=2))
     err = _error(s.hello(b"x", split="test", session=11))
     assert err.session == 11 and "unknown split 'test'" in err.message
+    assert err.reason == "refused"
     s.hello(b"a", session=1)
     s.hello(b"b", session=2)
     err = _error(s.hello(b"c", session=3))
     assert err.session == 3 and "at most 2 clients (--max-clients)" in err.message
+    assert err.reason == "busy"
     assert isinstance(s.hello(b"b", epoch=1, session=5), Welcome)  # a served client may replace
     s.send(b"b", Bye())
     assert isinstance(s.hello(b"c", session=3), Welcome)
@@ -225,6 +229,7 @@ def test_an_unservable_hello_names_the_cause_with_its_session() -> None:
     s = Server()
     err = _error(s.hello(b"g", world_size=10_000, session=9))
     assert err.session == 9 and "cannot serve this hello" in err.message
+    assert err.reason == "refused"
 
 
 def test_credit_limits_are_refused_with_the_session() -> None:
@@ -260,6 +265,7 @@ def test_world_sizes_agree_within_a_split_and_job() -> None:
     assert isinstance(s.hello(b"a", world_size=2, session=1), Welcome)
     err = _error(s.hello(b"b", world_size=4, rank=1, session=2))
     assert err.session == 2 and "world_size mismatch on split 'train'" in err.message
+    assert err.reason == "busy"  # it clears once a leaves or falls silent
     assert f"client {b'a'.hex()} (rank 0 of world_size=2" in err.message
     assert isinstance(s.hello(b"c", world_size=4, job="other"), Welcome)  # another job
     assert isinstance(s.hello(b"d", world_size=4, split="val"), Welcome)  # another split
