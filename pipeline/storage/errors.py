@@ -25,7 +25,8 @@ The sample's (never retried):
   words the answer holds ("lacked valid authentication credentials" is the store's answer,
   not a failure to fetch credentials); the server's /readyz counts these
 - the credential endpoint answered a refusal (another 4xx: no role, IMDS disabled)
-                                                          -> CredentialsError (EACCES)
+                                                          -> CredentialsError (EACCES; a
+                                                             PermissionError, as a 403 is)
 - any other status (400, 409, 412, 416...), obstore's InvalidPath / NotSupported /
   configuration errors, a ValueError for a bad argument, anything not listed above
                                                           -> OSError (EINVAL)
@@ -67,10 +68,12 @@ _CREDENTIAL_HOSTS = frozenset(
 _CREDENTIAL_PATHS = ("/latest/api/token", "/latest/meta-data/")
 
 
-class CredentialsError(OSError):
+class CredentialsError(PermissionError):
     """No credentials could be found or fetched (environment, instance role): at start, a
     setup problem (exit 2); during a run, errno EIO when the credential endpoint did not
-    answer (transient) and EACCES when it refused (the sample's, as a 403 is)."""
+    answer (transient: `is_transient` goes by errno) and EACCES when it refused, a denied
+    read as a 403 is (a PermissionError, so the sample loader's watch on denied reads,
+    `pipeline.access`, counts a role taken away as it counts revoked keys)."""
 
 
 def describe(exc: BaseException) -> str:

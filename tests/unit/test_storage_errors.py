@@ -169,12 +169,17 @@ def test_store_error_table(responders, case, make, kind, code, transient):
 
 
 def test_401_and_403_surface_as_eacces_for_the_readiness_check(responders):
-    """/readyz counts reads failing with PermissionError (EACCES): a store's refusal must stay
-    exactly that, whatever words its answer holds ("credentials" among them)."""
+    """The sample loader's watch on denied reads (pipeline.access, /readyz) counts reads failing
+    with PermissionError: a store's refusal must stay exactly that, whatever words its answer
+    holds ("credentials" among them), and so must a credential endpoint's refusal."""
     for status in (401, 403):
         err = to_os_error(_status(responders, status), "s3://b/k.jpg")
         assert isinstance(err, PermissionError) and not isinstance(err, CredentialsError)
         assert err.errno == errno.EACCES and "access denied (HTTP" in str(err)
+    refused = to_os_error(_credentials(responders, 403), "s3://b/k.jpg")
+    assert isinstance(refused, PermissionError) and refused.errno == errno.EACCES
+    down = to_os_error(_credentials(responders, None), "s3://b/k.jpg")
+    assert isinstance(down, CredentialsError) and is_transient(down)
 
 
 @pytest.mark.parametrize(
