@@ -2,7 +2,8 @@
 
 The server hears of a closed connection at once (socket monitor) and of a silent one through
 ZMTP heartbeats (3 s), and drops that client's stream; a world-size refusal caused by a live
-client names it, says when it was last heard from and when it would expire.
+client names it, says when it was last heard from and when it would expire, and a loader
+refused so ("busy": it clears by itself) asks again until it is served.
 
 Real pipeline-server and real client processes (a "notebook" holding a world_size=1 stream on
 the raw wire, see rawclient.py), SIGKILLed or SIGSTOPped; each test takes seconds.
@@ -10,6 +11,7 @@ the raw wire, see rawclient.py), SIGKILLed or SIGSTOPped; each test takes second
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import signal
@@ -23,6 +25,7 @@ from pathlib import Path
 import pytest
 import zmq
 from batchwire import wire
+from batchwire.client import RemoteLoader
 from rawclient import SERVER_ARGS, RawTrainer, wait_for
 from serverproc import running_server
 
@@ -119,3 +122,32 @@ def test_world_size_refusal_names_the_live_client_and_its_expiry(ctx) -> None:
         wait_for(lambda: not _clients(srv), "the client that said bye to be dropped", 10)
         assert isinstance(hello(job, world_size=2, rank=1), wire.Welcome)
         job.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_new_trainer_waits_out_a_silent_rank_of_another_world_size(ctx, caplog) -> None:
+    """A rank of the previous run (world size 2) hung with its connection open: the new
+    trainer at world size 1 is refused "busy" and asks again, backing off, until the server
+    drops the silent session (--client-timeout 3 here), then gets its batches. Before, it
+    raised ServerError at once, although the refusal said it would clear."""
+    with running_server(*SERVER_ARGS, "--client-timeout", "3") as srv:
+        hung = ctx.socket(zmq.DEALER)
+        hung.linger = 0
+        hung.identity = b"hung-rank"
+        hung.connect(srv.endpoint)
+        reply = hello(hung, world_size=2)  # it asks for batch 0, takes it, then falls silent
+        assert isinstance(reply, wire.Welcome), reply
+        t0 = time.monotonic()
+        with (
+            caplog.at_level(logging.WARNING, logger="batchwire.client"),
+            RemoteLoader(
+                srv.endpoint, "train", rank=0, world_size=1, device="cpu", timeout=30.0
+            ) as loader,
+        ):
+            images, labels = next(iter(loader))
+        waited = time.monotonic() - t0
+        hung.close()
+    assert images.shape[0] == labels.shape[0] == 4
+    assert 1.0 < waited < 20.0, waited  # served once the silent session was dropped
+    said = [m for r in caplog.records if "cannot serve this loader yet" in (m := r.getMessage())]
+    assert said and "world_size mismatch on split 'train'" in said[0], caplog.text
