@@ -11,10 +11,21 @@ that the ranks of a node do not all land on GPU 0.
 from __future__ import annotations
 
 import os
+import re
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 _KINDS = ("cpu", "cuda")
+_SPEC = re.compile(r"(cpu(:0)?|cuda(:\d+)?)")
+
+
+def check_device_spec(spec: str) -> None:
+    """ValueError unless `spec` is cpu, cuda or cuda:N: the rule `parse_device` applies, without
+    importing torch (a configuration is validated before `--help` has to wait for it)."""
+    if not (isinstance(spec, str) and _SPEC.fullmatch(spec)):
+        raise ValueError(f"device must be cpu, cuda or cuda:N, got {spec!r}")
 
 
 def parse_device(spec: str | torch.device, *, default_index: int | None = None) -> torch.device:
@@ -23,6 +34,10 @@ def parse_device(spec: str | torch.device, *, default_index: int | None = None) 
     ValueError for anything but cpu, cuda or cuda:N. Does not check that CUDA is available:
     a configuration may be validated on a machine without the GPU it is meant for.
     """
+    import torch
+
+    if isinstance(spec, str):
+        check_device_spec(spec)
     try:
         dev = torch.device(spec)
     except (RuntimeError, TypeError):
@@ -64,6 +79,8 @@ def process_device(
     """``spec`` with an index-less ``"cuda"`` resolved to this process's GPU
     (`local_cuda_index`); other devices as `parse_device` gives them. ``device_count`` and
     ``current`` default to CUDA's own (asked only for an index-less "cuda")."""
+    import torch
+
     dev = parse_device(spec)
     if dev.type == "cuda" and dev.index is None:
         if device_count is None:

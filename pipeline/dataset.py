@@ -50,7 +50,7 @@ class ImageDataset:
     ImageFolder's root, a list file, a shard or Parquet file), or the URL string of an
     object-store dataset (never a credential: sources build it from the redacted URL)."""
 
-    paths: list[str]
+    paths: Sequence[str]  # a list, or a manifest's PackedStrings (one buffer, offsets)
     labels: np.ndarray
     classes: list[str]
     root: Path | str

@@ -20,6 +20,7 @@ from batchwire.server.config import (
 )
 from batchwire.server.logformat import LOG_FORMATS, formatter
 from batchwire.wire import DTYPES, LAYOUTS, PROTOCOL_VERSION
+from batchwire.wire.cli import ArgumentParser
 from batchwire.wire.version import add_version_argument
 
 log = logging.getLogger("batchwire.server")
@@ -73,7 +74,7 @@ def _views(text: str) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     """All options default to 'not given', so a TOML file's values apply unless overridden."""
-    p = argparse.ArgumentParser(
+    p = ArgumentParser(
         prog="pipeline-server",
         description=(
             "Decode and augment images into batches and stream them to training processes "

@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from batchwire.common.cores import available_cores
-from batchwire.common.devices import parse_device
+from batchwire.common.devices import check_device_spec
 from batchwire.pipeline.augment_plan import AugmentConfig
 from batchwire.pipeline.checksums import VERIFY_MODES
-from batchwire.pipeline.decode.select import DECODERS
+from batchwire.pipeline.decode.contract import DECODERS
 from batchwire.pipeline.storage.cache import parse_size
 from batchwire.pipeline.storage.options import (
     DEFAULT_CONCURRENCY,
@@ -257,7 +257,7 @@ class ServerConfig:
         if self.decoder not in DECODERS:
             problems.append(f"--decoder must be one of {list(DECODERS)}, got {self.decoder!r}")
         try:
-            parse_device(self.device)
+            check_device_spec(self.device)
         except ValueError:
             problems.append(f"--device must be cpu, cuda or cuda:N, got {self.device!r}")
         if self.client_timeout <= 0:

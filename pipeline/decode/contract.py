@@ -52,6 +52,11 @@ if TYPE_CHECKING:  # annotations only: the contract itself imports no torch
     from batchwire.pipeline.decode.headers import ImageHeader
 
 
+#: The names `--decoder` takes (`select.make_decoder` builds each): here, apart from the
+#: decoders, so a command line lists them without importing torch or a GPU library.
+DECODERS = ("auto", "cpu", "nvjpeg", "dali")
+
+
 class DecodeError(Exception):
     """A file that cannot be decoded into an image (empty, not an image, corrupt, truncated)."""
 

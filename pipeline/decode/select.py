@@ -24,7 +24,7 @@ import logging
 
 import torch
 from batchwire.common.cores import available_cores
-from batchwire.pipeline.decode.contract import BatchDecoder
+from batchwire.pipeline.decode.contract import DECODERS, BatchDecoder
 from batchwire.pipeline.decode.cpu import CpuBatchDecoder
 from batchwire.pipeline.decode.dali import (
     DALI_INSTALL,
@@ -36,8 +36,6 @@ from batchwire.pipeline.decode.fallback import DEFAULT_MAX_GPU_IMAGE_PIXELS, par
 from batchwire.pipeline.decode.nvjpeg import NvjpegBatchDecoder, nvjpeg_decode_missing
 
 log = logging.getLogger("batchwire.pipeline")
-
-DECODERS = ("auto", "cpu", "nvjpeg", "dali")
 
 
 def _cuda_missing(device: torch.device) -> str | None:

@@ -16,6 +16,7 @@ SCRIPTS = {
     "pipeline-prepare": "batchwire.prepare.cli",
     "pipeline-store": "batchwire.common.devstore",
     "pipeline-train": "batchwire.train.cli",
+    "pipeline-server": "batchwire.server.cli",
 }
 PROBE = """
 import sys
