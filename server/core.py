@@ -120,7 +120,7 @@ NOT_READING_S = 1.0
 STALL_S = 3.0
 # Jobs in production at once for clients in debt (server/peers.py: batches they asked for again
 # over their hellos, with no credit saying they took them) while a client in good standing is
-# busy; and those only when no such client may start a batch.
+# busy; and those only when no such client may start a batch and a producer would idle.
 DEBTOR_JOBS = 1
 # Log lines about clients going into debt (a peer cycling in and out must not fill the log).
 DEBTS_LOGGED = 20
@@ -797,9 +797,8 @@ class ServerCore:
         """Does the client owe no more than a loader may have lost in flight (`debt`, at most
         `peers.SLACK`)? One that owes more is scheduled after the others, the least indebted
         first, and while a client in good standing is busy it gets a producer only when none
-        of those may start a batch, `DEBTOR_JOBS` at a time (its jobs cannot crowd a
-        trainer's out of the producers' queue); it is lent buffers as a client that never
-        took a batch."""
+        of those may start a batch and a producer would idle, `DEBTOR_JOBS` at a time
+        (`_debtors_wait`); it is lent buffers as a client that never took a batch."""
         return self.debt(session) <= self.peers.slack
 
     def _rank(self, session: ClientSession) -> int:
@@ -886,16 +885,24 @@ class ServerCore:
         """May the session start its next batch? Joining a buffer already lent costs the
         budget nothing (only the session's own work-ahead, `has_room`, bounds it); anything
         else needs a buffer: a producer slot too for a new production (for a client in debt,
-        while ``debtors_limited``, one of `DEBTOR_JOBS`), and `may_lend`."""
+        while ``debtors_limited``, one of `DEBTOR_JOBS` and only while a producer would idle),
+        and `may_lend`."""
         p = self._next_production(session)
         if not self.shared.costs_a_buffer(p):
             return not self.not_reading(session, now)
         if p is None and self.jobs_out >= self.max_jobs:
             return False
-        debtors_busy = debtors_limited and len(self._debtor_jobs) >= DEBTOR_JOBS
-        if p is None and debtors_busy and not self.in_good_standing(session):
+        if p is None and debtors_limited and self._debtors_wait(session):
             return False
         return not self.budget.full and self.may_lend(session, lending, now)
+
+    def _debtors_wait(self, session: ClientSession) -> bool:
+        """Must this session, if in debt, wait for its next job? Its jobs take only a producer
+        that would idle, `DEBTOR_JOBS` at a time: a trainer's next job never queues behind
+        more than that."""
+        if self.in_good_standing(session):
+            return False
+        return len(self._debtor_jobs) >= DEBTOR_JOBS or self.jobs_out >= self.config.producers
 
     def _schedule(self, now: float) -> list[Action]:
         lending = self.lending(now)

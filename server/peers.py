@@ -27,8 +27,9 @@ sessions:
 A peer whose debt is over `SLACK` (what a loader's re-sent hello may ask again of the batches
 in flight when it gave up on its session) is *in debt*: the core schedules its sessions after
 the others, the least indebted first, gives them a producer, while a client in good standing
-is busy, only when none of those may start a batch and one batch at a time, and lends them
-buffers as a client that never took one (`core.ServerCore.in_good_standing`). A client that
+is busy, only when none of those may start a batch and a producer would idle, one batch at a
+time, and lends them buffers as a client that never took one
+(`core.ServerCore.in_good_standing`). A client that
 re-sends its hello every second and never reads is in debt after two or three hellos.
 
 A hello that starts another stream (epoch, split, rank, world size, job, resumed pass, batch
