@@ -23,6 +23,21 @@ from pathlib import Path, PurePosixPath
 from batchwire.pipeline.storage import LocalStore, Store
 
 TAR_SUFFIXES = (".tar",)
+#: Tars a shard folder may not hold (a sample is one read at its offset, which they do not allow):
+#: a folder of them is taken for shards, so that opening it names them (`shardsets`).
+COMPRESSED_TAR_SUFFIXES = (
+    ".tar.gz",
+    ".tgz",
+    ".tar.zst",
+    ".tar.zstd",
+    ".tzst",
+    ".tar.bz2",
+    ".tbz2",
+    ".tar.xz",
+    ".txz",
+    ".tar.lz4",
+    ".tar.lzma",
+)
 PARQUET_SUFFIXES = (".parquet", ".pq")
 CSV_SUFFIXES = (".csv", ".tsv")
 JSONL_SUFFIXES = (".jsonl", ".ndjson")
@@ -157,6 +172,8 @@ def _folder_kind(path: Path) -> str:
             kind = _suffix_kind(e.name)
             if kind in ("tar", "parquet"):
                 found.add(kind)
+            elif e.name.lower().endswith(COMPRESSED_TAR_SUFFIXES):
+                found.add("tar")
     if len(found) == 1:
         return found.pop()
     return "folder"

@@ -380,7 +380,10 @@ def open_parquet(located: Located) -> ImageDataset:
         for rg in range(md.num_row_groups):
             starts.append(total)
             groups.append((f, rg))
-            declared.append(declared_image_bytes(md, rg, image))
+            try:  # a damaged footer: a column path that is not UTF-8, a missing row group
+                declared.append(declared_image_bytes(md, rg, image))
+            except (UnicodeDecodeError, pa.ArrowException, *_PARQUET_ERRORS) as exc:
+                raise ValueError(f"{where}: row group {rg}'s footer unreadable ({exc})") from None
             total += md.row_group(rg).num_rows
             if declared[-1] > MAX_ROW_GROUP_BYTES:
                 log.warning(

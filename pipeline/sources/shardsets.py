@@ -20,22 +20,13 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from batchwire.pipeline.sources.locate import MAX_PATTERN_ITEMS, expand_braces
+from batchwire.pipeline.sources.locate import (
+    COMPRESSED_TAR_SUFFIXES,
+    MAX_PATTERN_ITEMS,
+    expand_braces,
+)
 from batchwire.pipeline.storage import LocalStore, Store
 
-COMPRESSED_TAR_SUFFIXES = (
-    ".tar.gz",
-    ".tgz",
-    ".tar.zst",
-    ".tar.zstd",
-    ".tzst",
-    ".tar.bz2",
-    ".tbz2",
-    ".tar.xz",
-    ".txz",
-    ".tar.lz4",
-    ".tar.lzma",
-)
 _RUN = re.compile(r"[0-9]+")
 #: Names shown in an error before "and N more".
 NAMES_SHOWN = 5

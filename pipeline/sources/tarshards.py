@@ -212,9 +212,9 @@ def check_folder(located: Located) -> None:
 
 def open_tar(located: Located, cache_dir: str | os.PathLike[str]) -> ImageDataset:
     """The samples of every shard of `located` (see the module doc)."""
+    check_folder(located)  # first: a folder of only compressed tars is named as such
     if not located.keys:
         raise ValueError(f"{located.display}: no tar shards")
-    check_folder(located)
     infos = _infos(located)
 
     def index(k: int) -> tuple[ShardIndex, bool]:

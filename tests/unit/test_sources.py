@@ -519,3 +519,16 @@ def test_compressed_tar_in_a_shard_folder_is_refused(tmp_path, ref, name):
     packed.unlink()
     with pytest.raises(ValueError, match=rf"shards: {re.escape(name)}: compressed tars are not"):
         open_dataset(shards, tmp_path / "cache", verify_checksums="off")
+
+
+def test_a_folder_of_only_compressed_tars_is_named_as_such(tmp_path, ref):
+    """Not taken for an ImageFolder ("no class folders"): the error names the compressed tar."""
+    import gzip
+
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    write_tar(tmp_path / "train-00.tar", shard_samples(ref, range(10)))
+    packed = gzip.compress((tmp_path / "train-00.tar").read_bytes())
+    (shards / "train-00.tar.gz").write_bytes(packed)
+    with pytest.raises(ValueError, match=r"train-00\.tar\.gz: compressed tars are not"):
+        open_dataset(shards, tmp_path / "cache", verify_checksums="off")
