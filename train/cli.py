@@ -18,9 +18,11 @@ The batch size, image size and augmentation are the server's: the trainer only c
 uint8 wire is normalised on the device with the server's mean/std). With --checkpoint-dir the
 run resumes from the newest checkpoint there, so a restarted torchrun (`--max-restarts`)
 continues where the last checkpoint left off, at the same batch of every rank (see
-`batchwire.train.loop` for why that is exact). Each epoch ends with one line:
-`epoch E: val top1=..% top5=..% data-wait=..% images/s=..` (a multi-label split: `val mAP=..%
-F1 micro=..% macro=..%`). --mixup/--cutmix mix the train batches (`objective`),
+`batchwire.train.loop` for why that is exact). With --checkpoint-dir, SIGUSR1 writes the
+checkpoint of the current step and ends the run with exit code 3 (`preemption`): a job warned
+before its time limit resumes with the same command and repeats no step. Each epoch ends with
+one line: `epoch E: val top1=..% top5=..% data-wait=..% images/s=..` (a multi-label split:
+`val mAP=..% F1 micro=..% macro=..%`). --mixup/--cutmix mix the train batches (`objective`),
 --resize-schedule changes their size by epoch (`resize`).
 """
 
@@ -36,6 +38,12 @@ from batchwire.wire.endpoints import UnresolvableHost, check_resolvable
 from batchwire.wire.version import __version__, add_version_argument
 
 from .config import AMP_MODES, MODEL_NAMES, OPTIMIZERS, SCHEDULES, ConfigError, TrainConfig
+from .preemption import (
+    CHECKPOINTED_EXIT,
+    CheckpointedOnSignal,
+    CheckpointRequest,
+    checkpoint_on_usr1,
+)
 from .resize import largest
 
 if TYPE_CHECKING:  # torch comes with these: imported in run(), after the arguments are parsed
@@ -61,12 +69,23 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
+EXIT_CODES = (
+    "Exit codes: 0 trained (or nothing left to train); 1 a server failed or refused; 2 a "
+    "configuration error; "
+    f"{CHECKPOINTED_EXIT} checkpointed on request: with --checkpoint-dir, SIGUSR1 (to every rank, "
+    "or to torchrun with --signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1) writes the "
+    "checkpoint of the current optimizer step and stops; resume with the same command; "
+    "130 interrupted (Ctrl-C)."
+)
+
+
 def build_parser() -> argparse.ArgumentParser:
     d = TrainConfig()
     p = ArgumentParser(
         prog="pipeline-train",
         description="Data-parallel training from pipeline-server (run it under torchrun for "
         "several ranks).",
+        epilog=EXIT_CODES,
         formatter_class=_HelpFormatter,
     )
     add_version_argument(p)
@@ -149,7 +168,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="write DIR/steps.csv and DIR/epochs.csv, and TensorBoard events when the "
         "tensorboard package is installed (pip install tensorboard)",
     )
-    a("--checkpoint-dir", help="save here and resume from the newest checkpoint here")
+    a(
+        "--checkpoint-dir",
+        help="save here and resume from the newest checkpoint here; SIGUSR1 saves the current "
+        f"step and exits {CHECKPOINTED_EXIT}",
+    )
     a(
         "--checkpoint-every",
         type=int,
@@ -338,7 +361,16 @@ def _describe_batches(cfg: TrainConfig, welcome: Any) -> str:
 
 
 def run(cfg: TrainConfig) -> list[EpochResult]:
-    """Join the process group, train, and always leave the process group again."""
+    """Join the process group, train, and always leave the process group again.
+
+    With --checkpoint-dir, SIGUSR1 is caught from here on, before torch is imported: it makes
+    `fit()` checkpoint and raise `CheckpointedOnSignal` (see `preemption`).
+    """
+    with checkpoint_on_usr1(bool(cfg.checkpoint_dir)) as request:
+        return _run(cfg, request)
+
+
+def _run(cfg: TrainConfig, request: CheckpointRequest | None) -> list[EpochResult]:
     from .distributed import init_distributed, shutdown_distributed
     from .loop import Trainer
 
@@ -372,6 +404,7 @@ def run(cfg: TrainConfig) -> list[EpochResult]:
             batch_size,
             out=lambda msg: print(msg, flush=True),
             multi_label=welcome.label_width > 0,
+            checkpoint_request=request,
         )
         return trainer.fit()
     finally:
@@ -403,6 +436,8 @@ def _train(argv: list[str] | None) -> int:
 
     try:
         run(cfg)
+    except CheckpointedOnSignal:  # rank 0 said where the checkpoint is
+        return CHECKPOINTED_EXIT
     except KeyboardInterrupt:
         print("pipeline-train: interrupted", file=sys.stderr)
         return 130
