@@ -6,11 +6,13 @@
 #
 # This machine has no GPU: the GPU node declares as many stand-in GPUs as the recipe's
 # `--gpus-per-node` asks for (gres whose device files are /dev/null's numbers), so Slurm schedules
-# the recipe unchanged, and the trainers run --device cpu; the check says so. Through a requeue: once the trainers have written a checkpoint, the batch
-# shell gets USR1 (`scancel --signal=USR1 --batch`, what the recipe's --signal=B:USR1@120 sends
-# 120 s before the time limit); the recipe stops the trainers and requeues the job, and the
-# requeued run must resume from that checkpoint and finish. Prints the job's output and
-# "slurm_check: OK in N s" or fails.
+# the recipe unchanged, and the trainers run --device cpu; the check says so. Through a requeue:
+# once the trainers are training, the batch shell gets USR1 (`scancel --signal=USR1 --batch`, what
+# the recipe's --signal=B:USR1@120 sends 120 s before the time limit); the recipe passes it to the
+# trainers, which checkpoint the step they are at and exit 3, and requeues the job. The trainers
+# write no other checkpoint before (--checkpoint-every 0, the signal long before the epoch's end),
+# so the requeued run must resume from the signal's step, exactly, and finish. Prints the job's
+# output and "slurm_check: OK in N s" or fails.
 #
 # Not part of `make test`: it needs root (daemons, /run/munge, apt), starts system daemons, and
 # takes about a minute of a 2-core machine (see bench/RESULTS.md). Usage: scripts/slurm_check.sh
@@ -21,7 +23,7 @@ VENV=${VENV:-$ROOT/.venv}
 WORK=$(mktemp -d /tmp/bw-slurm.XXXXXX)
 chmod 0755 "$WORK"  # munged runs as munge
 LIMIT_S=${SLURM_CHECK_LIMIT_S:-300}
-STEPS=60  # long enough that the first run is still training when its checkpoint appears
+STEPS=60  # long enough that the first run is still training when it gets USR1
 RECIPE=$ROOT/deploy/slurm/batchwire.sbatch
 # What the recipe's trainer group asks for, declared on the GPU node (stand-ins: there are none).
 GPUS=$(sed -n 's/^#SBATCH --gpus-per-node=\([0-9]*\)$/\1/p' "$RECIPE")
@@ -30,6 +32,11 @@ started=$(date +%s)
 pids=()
 
 cleanup() {
+    # A job still running (the check stopped early) first: its steps outlive the daemons.
+    if [ -n "${job:-}" ] && squeue -h -j "$job" 2>/dev/null | grep -q .; then
+        scancel "$job" 2>/dev/null || true
+        for _ in $(seq 20); do squeue -h -j "$job" 2>/dev/null | grep -q . || break; sleep 1; done
+    fi
     for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
     sleep 1
     for pid in "${pids[@]}"; do kill -9 "$pid" 2>/dev/null || true; done
@@ -122,7 +129,7 @@ export BATCHWIRE_DATA=$DATA
 export BATCHWIRE_KEYS=$WORK/keys
 export BATCHWIRE_PORT=25555 BATCHWIRE_METRICS_PORT=29100
 export BATCHWIRE_SERVER_ARGS="--batch-size 16 --image-size 32 --output-dtype uint8 --producers 2 --workers 1 --drain-timeout 10"
-export BATCHWIRE_TRAIN_ARGS="pipeline-train --model small --epochs 20 --max-steps $STEPS --checkpoint-every 5 --device cpu --timeout 60"
+export BATCHWIRE_TRAIN_ARGS="pipeline-train --model small --epochs 20 --max-steps $STEPS --checkpoint-every 0 --device cpu --timeout 60"
 export BATCHWIRE_CHECKPOINTS=$WORK/checkpoints
 export BATCHWIRE_NPROC=2
 export OMP_NUM_THREADS=1
@@ -145,15 +152,17 @@ fail() {
 }
 restarts() { scontrol show job "$job" 2>/dev/null | grep -o 'Restarts=[0-9]*' | head -n 1 | cut -d= -f2; }
 
-# The first run: once a checkpoint is on disk, USR1 to the batch shell, as at the time limit.
-while ! ls "$BATCHWIRE_CHECKPOINTS"/ckpt-*.pt >/dev/null 2>&1; do
-    squeue -h -j "$job" 2>/dev/null | grep -q . || fail "job $job ended before its first checkpoint"
-    [ "$(date +%s)" -lt "$deadline" ] || fail "no checkpoint after $LIMIT_S s"
+# The first run: once it has trained its first step (the trainers log it), USR1 to the batch
+# shell, as at the time limit. No checkpoint is on disk yet.
+while ! grep -qs "^step 1 (epoch 0" "$WORK"/job-*.out; do
+    squeue -h -j "$job" 2>/dev/null | grep -q . || fail "job $job ended before its first step"
+    [ "$(date +%s)" -lt "$deadline" ] || fail "no training step after $LIMIT_S s"
     sleep 0.2
 done
-first=$(ls "$BATCHWIRE_CHECKPOINTS"/ckpt-*.pt | tail -n 1)
 scancel --signal=USR1 --batch "$job"
-echo "slurm_check: $(basename "$first") written; sent USR1 to the batch shell"
+before=$({ find "$BATCHWIRE_CHECKPOINTS" -name 'ckpt-*.pt' 2>/dev/null || true; } | wc -l)
+echo "slurm_check: the trainers are training ($before checkpoints); sent USR1 to the batch shell"
+[ "$before" = 0 ] || fail "a checkpoint was written before USR1: the check cannot tell them apart"
 
 # The requeued run: it must start again and finish. A requeued job waits 121 s (cred_expire) to
 # start, and an idle Slurm runs its backfill pass (the only one that starts heterogeneous jobs)
@@ -175,9 +184,17 @@ state=$(scontrol show job "$job" 2>/dev/null | grep -o 'JobState=[A-Z]*' | head 
 echo "slurm_check: $state, Restarts=$(restarts)"
 grep -q "USR1 (time limit near)" <<<"$out" || fail "the recipe did not trap USR1"
 grep -q "run 2;" <<<"$out" || fail "no second run"
-resumed=$(grep -o "resumed from [^:]*" <<<"$out" | head -n 1 || true)
-[ -n "$resumed" ] || fail "the requeued trainers did not resume from a checkpoint"
-echo "slurm_check: the requeued run $resumed"
+# torchrun passed USR1 to both ranks, they wrote the step they were at, the recipe saw that
+# checkpoint, and the requeued run resumed from exactly it.
+said=$(grep -o "^checkpointed at step [0-9]* on SIGUSR1" <<<"$out" || true)
+[ "$(wc -l <<<"$said")" = 1 ] && [ -n "$said" ] || fail "the trainers did not checkpoint once on USR1"
+step=$(cut -d' ' -f4 <<<"$said")
+ckpt=$BATCHWIRE_CHECKPOINTS/ckpt-$(printf %09d "$step").pt
+[ "$(grep -c "closing signal SIGUSR1" <<<"$out")" = 2 ] || fail "torchrun did not pass USR1 to 2 ranks"
+grep -q "batchwire: checkpoint on USR1: $ckpt$" <<<"$out" || fail "the recipe did not see $ckpt"
+grep -q "resumed from $ckpt: epoch 0, batch $step, step $step$" <<<"$out" \
+    || fail "the requeued trainers did not resume from $ckpt, the checkpoint of USR1's step"
+echo "slurm_check: USR1 at step $step; the requeued run resumed from $(basename "$ckpt")"
 [ "$(grep -c "batchwire: trainers exited 0" <<<"$out")" = 1 ] || fail "the trainers did not finish once"
 [ -f "$BATCHWIRE_CHECKPOINTS/ckpt-$(printf %09d "$STEPS").pt" ] || fail "no checkpoint of step $STEPS"
 [ "$(grep -c "drained in" <<<"$out")" -ge 2 ] || fail "the servers did not drain in both runs"

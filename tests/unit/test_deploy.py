@@ -233,9 +233,10 @@ def test_the_slurm_recipes_sbatch_lines_are_options() -> None:
 
 def test_the_slurm_recipe_asks_for_gpus_and_requeues_itself_at_its_time_limit() -> None:
     """Trainers get GPUs without an edit; 120 s before the limit the batch shell (B:) gets USR1,
-    which it traps to requeue the job; the trainers checkpoint to a folder the job's id names, on
-    the shared filesystem, so the requeued run (same id) resumes there. The real run of all this
-    is scripts/slurm_check.sh."""
+    which it traps to pass USR1 on to the trainer step (torchrun hands it to its ranks only when
+    --signals-to-handle names it: they checkpoint their current step) and requeue the job; the
+    trainers checkpoint to a folder the job's id names, on the shared filesystem, so the requeued
+    run (same id) resumes there. The real run of all this is scripts/slurm_check.sh."""
     text = (SLURM / "batchwire.sbatch").read_text()
     servers, trainers = _components(text.splitlines())
     assert int(trainers.get("gpus-per-node") or trainers["gres"].rsplit(":", 1)[-1]) > 0
@@ -244,5 +245,8 @@ def test_the_slurm_recipe_asks_for_gpus_and_requeues_itself_at_its_time_limit() 
     assert signal == "B:USR1" and int(lead) >= 60
     assert "requeue" in servers and servers["open-mode"] == "append"  # both runs' output kept
     assert re.search(r"^trap \w+ USR1$", text, flags=re.MULTILINE)
+    assert 'scancel --signal=USR1 "$SLURM_JOB_ID_HET_GROUP_1.1"' in text
+    (handled,) = re.findall(r"--signals-to-handle=(\S+)", text)
+    assert "SIGUSR1" in handled.split(",") and "SIGTERM" in handled.split(",")
     assert 'scontrol requeue "$SLURM_JOB_ID"' in text
     assert "--checkpoint-dir" in text and "$SLURM_JOB_ID}" in text
