@@ -378,11 +378,12 @@ class Trainer:
         same points (after each optimizer step but an epoch's last, and after each epoch).
 
         The ranks add their 0/1 flags (a sum above 0 is the maximum above 0) every step rather
-        than every N: the signal is acted on one step after it comes whatever a step costs, and a
-        one-int all-reduce is small next to a step (gloo, 2 CPU ranks: 0.09 ms median, 0.5-0.7 ms
-        mean on a loaded 2-core host, against tens of milliseconds for the smallest model here;
-        bench/RESULTS.md). On CUDA reading the sum waits for the step's kernels, the one host sync
-        per step of this loop; the next step's batch is already prefetched by the loader.
+        than every N: the signal is acted on within a step whatever a step costs (every N steps of
+        a slow model could outlast Slurm's warning), and a one-int all-reduce is small next to a
+        step: 0.17-0.28 ms mean on 2 gloo ranks of a loaded 2-core host, 0.4-0.6% of a step of
+        the smallest model here (`bench_signal_vote`, bench/RESULTS.md). On CUDA, reading the sum
+        also waits for the step's kernels: one host sync per step, after the optimizer step
+        (unmeasured: no GPU here); the loader has the next batch prefetched meanwhile.
         """
         request = self.checkpoint_request
         if request is None:
