@@ -118,10 +118,11 @@ AGREEMENT_IDLE_S = 5.0
 NOT_READING_S = 1.0
 # ... and after this long its session is dropped (as ZMTP heartbeats drop an idle dead peer).
 STALL_S = 3.0
-# Jobs in production at once for clients in debt (server/peers.py: batches they asked for again
-# over their hellos, with no credit saying they took them) while a client in good standing is
-# busy; and those only when no such client may start a batch and a producer would idle.
-DEBTOR_JOBS = 1
+# While a client in good standing is busy, the clients in debt (server/peers.py: they asked
+# again for batches they were sent, with no credit saying they took them) start one job this
+# often between them, and only when no client in good standing may start one: enough for a
+# loader in debt to take the batches whose credits pay it back, too little to slow a trainer.
+DEBTOR_EVERY_S = 1.0
 # Log lines about clients going into debt (a peer cycling in and out must not fill the log).
 DEBTS_LOGGED = 20
 # Drops for silence, stalls and buffer trims are looked at this often.
@@ -262,7 +263,7 @@ class ServerCore:
         self.deliveries = Deliveries()
         # Each peer's sent and unacknowledged batches across its sessions (server/peers.py).
         self.peers = PeerLedger()
-        self._debtor_jobs: set[int] = set()  # productions started for clients in debt
+        self._debtor_started_at = -DEBTOR_EVERY_S  # the last job started for a client in debt
         self._debts_logged = 0
         self._served_from_window = False
         self.shared = SharedBatches(window_batches(config.share_window, budget.max_buffers))
@@ -311,7 +312,7 @@ class ServerCore:
                 return self._error(
                     identity, f"credit refused: {refused}", session=session.hello.session
                 )
-            self.peers.acknowledged(identity, len(msg.batches))
+            self.peers.acknowledged(identity, len(msg.batches), session.owed)
             return []
         if isinstance(msg, Hello):
             return self._on_hello(identity, msg, now)
@@ -328,7 +329,6 @@ class ServerCore:
         """A producer finished (or gave up on) a job: every session waiting for it gets it."""
         self.jobs_out -= 1
         order, slot = result.job.order, result.job.slot
-        self._debtor_jobs.discard(order.production)
         p = self.shared.get(order.production)
         waiters = [] if p is None else list(p.waiters)
         if p is not None:
@@ -797,7 +797,7 @@ class ServerCore:
         """Does the client owe no more than a loader may have lost in flight (`debt`, at most
         `peers.SLACK`)? One that owes more is scheduled after the others, the least indebted
         first, and while a client in good standing is busy it gets a producer only when none
-        of those may start a batch and a producer would idle, `DEBTOR_JOBS` at a time
+        of those may start a batch, one job every `DEBTOR_EVERY_S` between all such clients
         (`_debtors_wait`); it is lent buffers as a client that never took a batch."""
         return self.debt(session) <= self.peers.slack
 
@@ -885,24 +885,22 @@ class ServerCore:
         """May the session start its next batch? Joining a buffer already lent costs the
         budget nothing (only the session's own work-ahead, `has_room`, bounds it); anything
         else needs a buffer: a producer slot too for a new production (for a client in debt,
-        while ``debtors_limited``, one of `DEBTOR_JOBS` and only while a producer would idle),
-        and `may_lend`."""
+        while ``debtors_limited``, not before its turn, `_debtors_wait`), and `may_lend`."""
         p = self._next_production(session)
         if not self.shared.costs_a_buffer(p):
             return not self.not_reading(session, now)
         if p is None and self.jobs_out >= self.max_jobs:
             return False
-        if p is None and debtors_limited and self._debtors_wait(session):
+        if p is None and debtors_limited and self._debtors_wait(session, now):
             return False
         return not self.budget.full and self.may_lend(session, lending, now)
 
-    def _debtors_wait(self, session: ClientSession) -> bool:
-        """Must this session, if in debt, wait for its next job? Its jobs take only a producer
-        that would idle, `DEBTOR_JOBS` at a time: a trainer's next job never queues behind
-        more than that."""
+    def _debtors_wait(self, session: ClientSession, now: float) -> bool:
+        """Must this session, if in debt, wait for its next job? Those in debt start one job
+        every `DEBTOR_EVERY_S` between them (while a client in good standing is busy)."""
         if self.in_good_standing(session):
             return False
-        return len(self._debtor_jobs) >= DEBTOR_JOBS or self.jobs_out >= self.config.producers
+        return now - self._debtor_started_at < DEBTOR_EVERY_S
 
     def _schedule(self, now: float) -> list[Action]:
         lending = self.lending(now)
@@ -929,7 +927,7 @@ class ServerCore:
             self._buffers_used_at = now
             p = self.shared.start(key, session.serial, pos, batch_index)
             if not self.in_good_standing(session):
-                self._debtor_jobs.add(p.id)
+                self._debtor_started_at = now
             if self.shared.enabled:
                 session.sharing = "lagging" if self.shared.lagging(key) else "solo"
             h = session.hello
@@ -1017,11 +1015,11 @@ class ServerCore:
         log.log(
             level,
             "client %s asks again for %d batch(es) it was sent (a new hello of the same stream, "
-            "no credit after them): while other clients are served, it gets a producer only when "
-            "they leave one idle, %d batch at a time, until it starts another stream",
+            "no credit after them): while other clients are served, clients in debt get one "
+            "batch every %g s, until their credits pay it back or they start another stream",
             session.id,
             self.peers.debt(session.identity, session.owed),
-            DEBTOR_JOBS,
+            DEBTOR_EVERY_S,
         )
 
     # ------------------------------------------------------------------------- replies

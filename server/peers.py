@@ -26,11 +26,11 @@ sessions:
 
 A peer whose debt is over `SLACK` (what a loader's re-sent hello may ask again of the batches
 in flight when it gave up on its session) is *in debt*: the core schedules its sessions after
-the others, the least indebted first, gives them a producer, while a client in good standing
-is busy, only when none of those may start a batch and a producer would idle, one batch at a
-time, and lends them buffers as a client that never took one
-(`core.ServerCore.in_good_standing`). A client that
-re-sends its hello every second and never reads is in debt after two or three hellos.
+the others, the least indebted first; while a client in good standing is busy, those in debt
+start one job a second between them (`core.DEBTOR_EVERY_S`), and only when no such client may
+start one; they are lent buffers as a client that never took one
+(`core.ServerCore.in_good_standing`). A client that re-sends its hello every second and never
+reads is in debt after two or three hellos. Credits pay a debt back (`PeerLedger.acknowledged`).
 
 A hello that starts another stream (epoch, split, rank, world size, job, resumed pass, batch
 size or output size) has its own window as its advance. What the peer owes is wiped by a hello
@@ -76,6 +76,7 @@ class PeerRecord:
     advance: int = 0  # batches the first hello of its stream asked for
     stream: Hello | None = None  # the `stream_of` its current (or last) session's hello
     finished: bool = False  # that session had been sent all it asked for when it ended
+    repaid: int = 0  # batches its credits asked for since it went into debt
     credited: int = 0  # batches its credits asked for since its stream started or was wiped
     in_debt_since: float | None = None
 
@@ -121,7 +122,7 @@ class PeerLedger:
         if record.debt(len(hello.batches)) <= self.slack:
             record.in_debt_since = None
         elif record.in_debt_since is None:
-            record.in_debt_since = now
+            record.in_debt_since, record.repaid = now, 0
             return True
         return False
 
@@ -143,12 +144,23 @@ class PeerLedger:
         if record is not None:
             record.unacked += 1
 
-    def acknowledged(self, identity: bytes, batches: int) -> None:
-        """The peer's credit asked for ``batches`` more: as many batches sent are paid for."""
+    def acknowledged(self, identity: bytes, batches: int, owed: int) -> None:
+        """The peer's credit asked for ``batches`` more (its session now owes ``owed``): as
+        many batches sent are paid for. A peer in debt whose credits since then cover its
+        window and its debt has taken, by its own account, what it asked again: it owes
+        nothing any more (a loader that lost a few batches in flight is back in a few steps;
+        a client that asks again and again, with no credit, never is)."""
         record = self._records.get(identity)
-        if record is not None:
-            record.unacked -= batches
-            record.credited += batches
+        if record is None:
+            return
+        record.unacked -= batches
+        record.credited += batches
+        if record.in_debt_since is None:
+            return
+        record.repaid += batches
+        if record.repaid >= record.advance + record.debt(owed):
+            record.unacked = min(record.unacked, record.advance - owed)
+            record.in_debt_since = None
 
     def forget(self, identity: bytes) -> None:
         """The peer's connection closed: a new one starts afresh."""
