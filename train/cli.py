@@ -70,8 +70,8 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 
 EXIT_CODES = (
-    "Exit codes: 0 trained (or nothing left to train); 1 a server failed or refused; 2 a "
-    "configuration error; "
+    "Exit codes: 0 trained (or nothing left to train); 1 failed (no server, a refused hello, "
+    "an error); 2 a configuration error; "
     f"{CHECKPOINTED_EXIT} checkpointed on request: with --checkpoint-dir, SIGUSR1 (to every rank, "
     "or to torchrun with --signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1) writes the "
     "checkpoint of the current optimizer step and stops; resume with the same command; "
