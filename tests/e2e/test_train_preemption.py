@@ -6,8 +6,8 @@ the step it is at, exits 3, and the same command resumes it with nothing trained
 - 2 gloo ranks under torchrun where only rank 1 gets USR1: the ranks agree, both write the same
   step's checkpoint and exit 3.
 
-Real pipeline-server processes, sockets and JPEGs (the embedded dataset at 32 px). About 25 s
-for the file on 2 loaded cores.
+Real pipeline-server processes, sockets and JPEGs (the embedded dataset at 32 px). About 20 s
+for the file on 2 loaded cores (13 s and 7 s; 26 s at load 8).
 """
 
 from __future__ import annotations
