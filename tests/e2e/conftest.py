@@ -19,6 +19,8 @@ LONGEST_FIRST = (
     "test_object_store.py",  # 25 s (+ a SeaweedFS start)
     "test_fleet.py",  # 24 s
     "test_sources_identity.py",  # 20 s
+    "test_train_preemption.py",  # 20 s: SIGUSR1 checkpoints, 1 and 2 ranks
+    "test_train_data.py",  # 36 s under load: multi-label, mixing, resize, resumes
     "test_remote_loader_epochs.py",  # 18 s
     "test_native_lock.py",  # 17 s: a real build
     "test_server.py",  # 17 s

@@ -25,8 +25,8 @@ import torch
 from batchwire.bench.bench_fleet import DNSMASQ, Dnsmasq, free_port
 from batchwire.client import RemoteLoader, ServerUnavailable, discovery
 from batchwire.wire import dns as wire_dns
+from monitorcheck import MONITOR, check_stats
 from serverproc import running_server, small_server_args
-from test_monitor_live import MONITOR, check_schema
 
 pytestmark = pytest.mark.skipif(
     DNSMASQ is None, reason="dnsmasq is not installed (scripts/setup.sh installs dnsmasq-base)"
@@ -183,7 +183,7 @@ def test_the_monitor_shows_every_server_of_a_dns_name(dns):
             assert [s["endpoint"] for s in doc["servers"]] == eps[:2]
             for entry in doc["servers"]:
                 assert entry["error"] is None, entry["error"]
-                check_schema(entry["stats"])
+                check_stats(entry["stats"])
                 assert [c["split"] for c in entry["stats"]["clients"]] == ["train"]
             assert doc["total"]["servers"] == doc["total"]["answering"] == 2
             assert doc["total"]["clients"] == 2  # our loader, once on each server

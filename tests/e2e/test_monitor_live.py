@@ -17,50 +17,24 @@ import select
 import signal
 import struct
 import subprocess
-import sys
 import termios
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 import zmq
 from batchwire import wire
 from batchwire.monitor.bottleneck import infer_bottleneck
+from monitorcheck import MONITOR, check_server_json
 from rawclient import PREFETCH_DEPTH, SERVER_ARGS, RawTrainer, wait_for
 from serverproc import ServerProcess, default_sigint, free_tcp_endpoint, running_server
 
-_MONITOR = Path(sys.executable).parent / "pipeline-monitor"
-MONITOR = [str(_MONITOR)] if _MONITOR.exists() else [sys.executable, "-m", "batchwire.monitor.cli"]
 ANSI = re.compile(rb"\x1b\[[0-9;?]*[A-Za-z]")
 
 
 def client_row(stats: dict[str, Any], trainer: RawTrainer) -> dict[str, Any] | None:
     return next((c for c in stats["clients"] if c["id"] == trainer.id), None)
-
-
-def check_schema(doc: dict[str, Any], endpoint: str) -> None:
-    """``--json`` of one server: the fleet's shape (one entry in ``servers``, ``total``) with
-    the server's stats as sent, which are also at the top level (scripts from before the
-    fleet's shape read them there); then the Stats schema (wire/stats.py) field by field."""
-    assert (doc["fleet"], doc["dns_error"], doc["total"]["answering"]) == (endpoint, None, 1)
-    (entry,) = doc["servers"]
-    assert (entry["endpoint"], entry["error"]) == (endpoint, None)
-    snap = entry["stats"]
-    assert {key: doc[key] for key in snap} == snap, "the top level carries the stats as sent"
-    stats = wire.ServerStats.from_map(snap)  # every field there, of its type
-    assert stats.v == wire.STATS_VERSION == 1
-    assert stats.to_map() == snap, "the monitor prints the map as the server sent it"
-    assert stats.stages, "the server reports no stages"
-    for client in stats.clients:
-        if client.loader is not None:  # a RemoteLoader's report: all four figures
-            assert None not in (
-                client.loader.prefetch_depth,
-                client.loader.wait_s_per_batch,
-                client.loader.data_wait_fraction,
-                client.loader.images_per_s,
-            ), client.loader
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +63,7 @@ def test_once_json_against_a_live_server(server: ServerProcess, ctx: zmq.Context
         done = run_monitor(server.endpoint, "--once", "--json")
         assert done.returncode == 0, done.stderr
         snap = json.loads(done.stdout)
-        check_schema(snap, server.endpoint)
+        check_server_json(snap, server.endpoint)
         assert snap["counters"]["batches_total"] >= 3
         assert snap["counters"]["images_total"] >= 12
         row = client_row(snap, trainer)
@@ -159,7 +133,7 @@ def test_live_json_is_one_snapshot_per_line(server: ServerProcess) -> None:
             proc.kill()
             proc.wait()
     for snap in snaps:
-        check_schema(snap, server.endpoint)
+        check_server_json(snap, server.endpoint)
     uptimes = [s["uptime_s"] for s in snaps]
     assert uptimes == sorted(uptimes) and uptimes[0] < uptimes[-1]
 
