@@ -1,22 +1,23 @@
 """An honest trainer beside clients that re-send a hello every second and never read (issue 28,
 item 7): its images/s alone, then among them, in one run against one server.
 
-    python -m batchwire.bench.bench_rehello [--data DIR] [--clients 30] [--images 4096]
+    python -m batchwire.bench.bench_rehello [--data DIR] [--clients 30] [--seconds 8]
 
 One `pipeline-server` process (its defaults: 3 producers, --prefetch-depth 4) on a loopback
 tcp:// port. The honest trainer is a real CPU `RemoteLoader` (prefetch 4, raw uint8 batches)
-that reads every batch; it is timed over ``--images`` images after a short warm-up, first
+that reads every batch; it is timed for ``--seconds`` after a short warm-up, first
 alone, then as a new trainer starting among ``--clients`` hostile clients that have run for
 ``--settle`` seconds (the steady state: a new hostile client is a new client, served as any
 until its hellos ask again for what it was sent). Each hostile client is a plain pyzmq DEALER
 (its own identity) that, every second, sends a new hello (a new session of the same stream: an
 epoch of its own, the first ``--window`` batches) and a credit carrying stats only, and never
 calls recv: its libzmq still takes the frames off the socket into its receive queue (up to the
-default 1000 messages), so at the transport level it looks like a reader. A row is cut short
-at ``--max-seconds`` (the rate is then over what came). Printed: the solo rate, the rate among
-the hostile clients, their ratio, and how many batches the server sent to the hostile clients
-meanwhile; in ``--rounds`` rounds (the hostile clients disconnect after each), and the median
-ratio (the machine's load moves single rows).
+default 1000 messages), so at the transport level it looks like a reader. Printed per round
+(``--rounds``; the hostile clients disconnect after each): the solo rate, the rate among the
+hostile clients, their ratio, and what the server produced and sent meanwhile (the trainer's
+batches and the rest, the hostile clients', some of them sent again from the server's window of
+batches without being produced again); then the median ratio (the machine's load moves single
+rows).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from batchwire.wire.stats_client import fetch_stats
 
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "imagenet-sample"
 WARMUP_BATCHES = 3
+LOADER_TIMEOUT_S = 120.0  # before the fix a trainer among them waited long for a batch
 HOSTILE_PREFIX = b"rehello-"
 # Each hostile client asks for an epoch of its own (the trainer's are 0, 1, ...), so no two share
 # a batch (--share-window would otherwise produce each batch once for all of them).
@@ -57,13 +59,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data", default=default, help="images (default: ../shared/imagenet-sample)")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--image-size", type=int, default=128)
-    p.add_argument("--images", type=int, default=4096, help="images timed per row")
+    p.add_argument("--seconds", type=float, default=8.0, help="seconds timed per row")
     p.add_argument("--clients", type=int, default=30, help="hostile clients")
     p.add_argument("--window", type=int, default=4, help="batches each hostile hello asks for")
     p.add_argument(
         "--settle", type=float, default=10.0, help="seconds of hostile clients before timing"
     )
-    p.add_argument("--max-seconds", type=float, default=60.0, help="longest a row may take")
     p.add_argument("--rounds", type=int, default=3, help="rounds of (alone, among them)")
     return p
 
@@ -111,35 +112,32 @@ class Rehellos:
         self.ctx.term()
 
 
-def honest_rate(
-    endpoint: str, images: int, max_seconds: float, first_epoch: int
-) -> tuple[float, int, float]:
-    """A new trainer's images/s over ``images`` images after a warm-up (or what came within
-    ``max_seconds``), from ``first_epoch`` on: (rate, images timed, seconds)."""
+def honest_rate(endpoint: str, seconds: float, first_epoch: int) -> tuple[float, int, float]:
+    """A new trainer's images/s over ``seconds`` after a warm-up of a few batches, from epoch
+    ``first_epoch`` on: (rate, images timed, seconds)."""
     with RemoteLoader(
         endpoint, "train", rank=0, world_size=1, device="cpu", prefetch=4,
-        normalize_on_device=False, timeout=max_seconds,
+        normalize_on_device=False, timeout=LOADER_TIMEOUT_S,
     ) as loader:  # fmt: skip
         seen = timed = 0
-        t0 = deadline = 0.0
-        for epoch in range(10_000):  # bounded; the row ends on images or time
+        t0 = 0.0
+        for epoch in range(10_000):  # bounded; the row ends on time
             loader.set_epoch(first_epoch + epoch)
             for batch, _labels in loader:
                 seen += 1
                 if seen == WARMUP_BATCHES:
                     t0 = time.perf_counter()
-                    deadline = t0 + max_seconds
                 elif seen > WARMUP_BATCHES:
                     timed += len(batch)
-                    if timed >= images or time.perf_counter() > deadline:
-                        seconds = time.perf_counter() - t0
-                        return timed / seconds, timed, seconds
+                    if (took := time.perf_counter() - t0) >= seconds:
+                        return timed / took, timed, took
     raise RuntimeError("the loader ran out of epochs")
 
 
-def batches_sent(endpoint: str) -> int:
-    """Batches the server has sent since it started, to anyone."""
-    return fetch_stats(endpoint, timeout=10.0).counters.batches_total
+def counters(endpoint: str) -> tuple[int, int]:
+    """Batches the server has (sent, produced) since it started, to anyone."""
+    c = fetch_stats(endpoint, timeout=10.0).counters
+    return c.batches_total, c.batches_produced_total or 0
 
 
 @dataclass
@@ -148,7 +146,9 @@ class Round:
 
     solo: tuple[float, int, float]  # (images/s, images timed, seconds)
     among: tuple[float, int, float]
-    to_hostiles: int  # batches the server sent them while the second row was timed
+    sent: int  # batches the server sent while the trainer was among them
+    produced: int  # batches it produced meanwhile
+    trainer: int  # batches the trainer took meanwhile
 
     @property
     def ratio(self) -> float:
@@ -158,14 +158,14 @@ class Round:
 def one_round(endpoint: str, args: argparse.Namespace, r: int) -> Round:
     """A solo row, then the hostile clients for ``--settle`` s and a row among them; they
     disconnect at the end (the server drops their sessions and forgets them)."""
-    solo = honest_rate(endpoint, args.images, args.max_seconds, 2 * r * EPOCHS_PER_ROW)
+    solo = honest_rate(endpoint, args.seconds, 2 * r * EPOCHS_PER_ROW)
     with Rehellos(endpoint, args.clients, args.window):
         time.sleep(args.settle)
-        before = batches_sent(endpoint)
-        among = honest_rate(endpoint, args.images, args.max_seconds, (2 * r + 1) * EPOCHS_PER_ROW)
-        during = batches_sent(endpoint) - before
-    honest = WARMUP_BATCHES + among[1] // args.batch_size
-    return Round(solo, among, during - honest)
+        sent0, produced0 = counters(endpoint)
+        among = honest_rate(endpoint, args.seconds, (2 * r + 1) * EPOCHS_PER_ROW)
+        sent1, produced1 = counters(endpoint)
+    trainer = WARMUP_BATCHES + among[1] // args.batch_size
+    return Round(solo, among, sent1 - sent0, produced1 - produced0, trainer)
 
 
 def _row(rate: tuple[float, int, float]) -> str:
@@ -197,8 +197,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"round {r + 1}: the trainer alone        {_row(got.solo)}")
             print(f"         among the hostile clients  {_row(got.among)}")
             print(
-                f"         ratio {got.ratio:.2f}; about {got.to_hostiles} batch(es) went to "
-                "the hostile clients meanwhile",
+                f"         ratio {got.ratio:.2f}; meanwhile the server produced {got.produced} "
+                f"batches and sent {got.sent}: {got.trainer} to the trainer, about "
+                f"{got.sent - got.trainer} to the hostile clients",
                 flush=True,
             )
     median = statistics.median(r.ratio for r in rounds)

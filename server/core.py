@@ -806,10 +806,17 @@ class ServerCore:
         debt = self.debt(session)
         return 0 if debt <= self.peers.slack else debt
 
-    def _good_standing_busy(self) -> bool:
-        """Is a client in good standing producing, holding or owed a batch?"""
+    def _good_standing_busy(self, now: float) -> bool:
+        """Is a client in good standing at work: producing, holding or owed a batch, or making
+        progress in the last `DEBTOR_EVERY_S` (a trainer whose batches all went out is
+        between two steps, not done: its next credit must not find the producers taken)?"""
         return any(
-            (s.has_room() or self._holding(s)) and self.in_good_standing(s)
+            self.in_good_standing(s)
+            and (
+                s.has_room()
+                or self._holding(s)
+                or (s.progress_at is not None and now - s.progress_at < DEBTOR_EVERY_S)
+            )
             for s in self.sessions.values()
         )
 
@@ -904,7 +911,7 @@ class ServerCore:
 
     def _schedule(self, now: float) -> list[Action]:
         lending = self.lending(now)
-        debtors_limited = self._good_standing_busy()
+        debtors_limited = self._good_standing_busy(now)
         actions: list[Action] = []
         while True:
             session = self.scheduler.next(

@@ -702,6 +702,30 @@ def test_a_loader_that_lost_batches_in_flight_pays_its_debt_back_in_a_few_batche
     assert recent.count(b"honest") >= 90, recent.count(b"honest")
 
 
+def test_a_trainer_between_two_steps_keeps_the_producers_from_clients_in_debt() -> None:
+    """A trainer whose batches all went out owes and holds nothing until its next credit; a
+    client in debt may not fill the producers meanwhile (its jobs would hold them for a whole
+    batch when the credit comes): one job a second, until the trainer has been idle that
+    long."""
+    s = Server()
+    for n in range(3):  # the same 8 batches asked again and again: in debt
+        s.hello(b"r", batches=tuple(range(8)), session=n)
+        for _ in range(3):
+            s.turn(readers=(b"r",))
+    s.tick(core_mod.DEBTOR_EVERY_S)
+    s.hello(b"r", batches=tuple(range(8)), session=9)
+    assert not s.core.in_good_standing(s.core.sessions[b"r"])
+    s.submitted.clear()
+    s.hello(b"t", batches=(0, 1, 2, 3))
+    s.turn(readers=(b"t",))  # its 4 batches made, sent and taken: it waits for its consumer
+    assert s.sent_to(b"t") == [0, 1, 2, 3] and not s.core.sessions[b"t"].has_room()
+    for _ in range(5):
+        s.turn(readers=(b"r",), dt=0.1)
+    assert s.submitted.count(b"r") == 1  # one job in 0.5 s, the trainer's 4 beside it
+    s.tick(core_mod.DEBTOR_EVERY_S)  # idle for a second: the producers are free for all
+    assert s.submitted.count(b"r") > 2
+
+
 def test_a_validation_pass_asking_everything_in_the_hello_owes_nothing() -> None:
     """Passes of another epoch each, all of its (few) batches asked in the hello, no credit."""
     s = Server()
