@@ -179,7 +179,7 @@ def _augment_impl(device_type: str) -> AugmentFn:
         log.warning("batchwire.native: using the slow reference op on %s: %s", device_type, exc)
         return augment_batch_reference
     if device_type == "cpu" or (device_type == "cuda" and ops.with_cuda):
-        log.info("batchwire.native: augmenting on %s with the native fused op", device_type)
+        log.info("batchwire.native: the native fused op is ready on %s", device_type)
         return ops.augment_batch
     if device_type == "cuda":
         why = f"the extension was built without CUDA ({ops.build.plan.cuda_reason})"

@@ -308,6 +308,8 @@ class ServerApp:
                 f"{threads} decode threads" if threads > 1 else "each decoding its own batch",
                 self.config.prefetch_depth,
             )
+            for line in self.transform_statements():
+                log.info("%s", line)
             log.info("%s", self.keys_statement())
             log.info("%s", self.memory_statement())
             expected = self.rss_statement()
@@ -340,6 +342,17 @@ class ServerApp:
             most = "x".join(map(str, self.config.max_image_hw))
             return f"{size} (clients may ask up to {most})"
         return size
+
+    def transform_statements(self) -> list[str]:
+        """One line per split a user transform augments (--transform, --val-transform): the
+        fused op's own start line says it is ready, which alone would read as if it augmented
+        every split."""
+        return [
+            f"{name}: augmenting with the user transform {split.producer.transform.name} "
+            f"(the native fused op is not used for {name})"
+            for name, split in self.splits.items()
+            if split.producer.transform is not None
+        ]
 
     def keys_statement(self) -> str:
         """Whether clients need keys, said at every start (a rejected client sees silence)."""
