@@ -43,7 +43,8 @@ def decode_for_crop(
     the box that the resize reads), the box re-expressed in it and the route taken.
     `roi=False` decodes the whole image (benchmarks and tests compare the two). `intact`
     (`DecodeRequest.intact`: the bytes are known to pass the strict full decode) lets the ROI
-    decoder enter a restart-marked file at its markers; otherwise it reads the file itself with
+    decoder read only what the crop needs: a restart-marked file entered at its markers, any
+    other file without its tail (`roi.ROI_VERIFY_TAIL`); otherwise it reads the file itself with
     the tail verified, which rejects whatever the strict full decode rejects.
     """
     y0, x0, y1, x1 = (float(v) for v in box)
@@ -52,7 +53,7 @@ def decode_for_crop(
         scale = choose_dct_scale(y1 - y0, x1 - x0, int(out_hw[0]), int(out_hw[1]))
         if roi:
             out = (int(out_hw[0]), int(out_hw[1]))
-            decoded = decode_roi(data, header, (y0, x0, y1, x1), scale, out, restarts=intact)
+            decoded = decode_roi(data, header, (y0, x0, y1, x1), scale, out, intact=intact)
             if decoded is not None:
                 return decoded
     pixels = decode_pixels(data, header, scale)

@@ -41,13 +41,16 @@ _ROI_SWITCH = "BATCHWIRE_JPEG_ROI"  # "0" turns ROI decoding off (benchmarks, de
 # benchmarks and tests of the trade-off): rows below the crop are never read and damage there is
 # served (the crop's pixels are the intact file's, but the file is bad). Costs ~0.12 CPU ms per
 # ImageNet file (0.75 -> 0.87 ms for a random 224 px crop, 1,000 imagenet-sample files).
-# A file with restart markers that tile its MCU rows (pipeline-prepare) is entered at the markers
-# only when `decode_roi(restarts=True)`, i.e. for an `intact` request (contract.py): the
+# One rule for bytes known intact (`decode_roi(intact=True)`, an `intact` request: contract.py):
+# they passed the strict full decode, so nothing outside the crop is verified again. A file with
+# restart markers that tile its MCU rows (pipeline-prepare) is entered at the markers: the
 # intervals under the crop (plus one MCU of context) are decoded strictly and the whole scan's
 # structure is checked, but not the other intervals' data, nor whether the tables still decode
 # them (a one-byte change in a DHT can leave the crop's intervals decodable, to wrong pixels,
-# while the full decode fails). That is sound only for bytes known to pass the strict full
-# decode; any other request reads the file itself, tail verified.
+# while the full decode fails). Any other file (originals, `--checksums-only`) is read itself
+# without its tail: only the rows down to the crop's last, plus the EOI marker's presence.
+# Both are sound only for bytes known to pass the strict full decode (what the checksum proves,
+# issue 32); any other request reads the file itself, tail verified.
 ROI_VERIFY_TAIL = True
 # The native refusal that is about the decoder, not the data (csrc/jpeg_roi.cpp's wording).
 _NOT_FOR_ROI = "CMYK/YCCK JPEGs are not decoded here"
@@ -76,13 +79,13 @@ def decode_roi(
     scale: tuple[int, int],
     out_hw: tuple[int, int],
     *,
-    restarts: bool = False,
+    intact: bool = False,
 ) -> DecodedImage | None:
     """Decode only what the resize of `box` (full-size oriented coords) to `out_hw` reads, at
     the DCT `scale`; None when ROI decoding is unavailable here, DecodeError when the native
-    decoder refuses the file (corrupt, truncated, unsupported). `restarts` lets it enter a
-    file at its restart markers: only for bytes known to pass the strict full decode (see
-    `ROI_VERIFY_TAIL`); the result's route says which was allowed."""
+    decoder refuses the file (corrupt, truncated, unsupported). `intact`: the bytes are known to
+    pass the strict full decode, so it enters a file at its restart markers and verifies no
+    tail (see `ROI_VERIFY_TAIL`); the result's route says which was allowed."""
     decode = _roi_decoder()
     if decode is None:
         return None
@@ -100,7 +103,8 @@ def decode_roi(
     if want[2] <= want[0] or want[3] <= want[1]:
         return None  # nothing to crop: the whole-image path handles the degenerate box
     try:
-        raw, got, full = decode(data, *want, denom, verify=ROI_VERIFY_TAIL, restarts=restarts)
+        verify = ROI_VERIFY_TAIL and not intact
+        raw, got, full = decode(data, *want, denom, verify=verify, restarts=intact)
     except JpegRoiError as e:
         if _NOT_FOR_ROI in str(e):
             return None  # a colour space the whole-image path converts (OpenCV)
@@ -110,5 +114,5 @@ def decode_roi(
         return None
     oy0, ox0, _, _ = displayed_region(header.orientation, scaled_stored, got)
     pixels = apply_orientation(raw, header.orientation)
-    route = ROUTE_RESTART if restarts else ROUTE_REGION
+    route = ROUTE_RESTART if intact else ROUTE_REGION
     return DecodedImage(pixels, (y0 - oy0, x0 - ox0, y1 - oy0, x1 - ox0), route)

@@ -7,6 +7,8 @@ each file it rejects, in-process:
 - the region path (`decode_for_crop(roi=True)`, every request not known intact, restart-marked
   files included: the rows below the crop are entropy decoded too), for a val (centre) crop and
   train crops,
+- intact requests on files without a restart layout (issue 32): read without their tail, the
+  same pixels as the verified read; the one rule of `intact` the restart path follows too,
 - the restart path (`intact=True` on restart-marked files): on this corpus it rejects the file
   or serves exactly the intact file's pixels: only the crop's intervals are decoded there, by
   design, but its structure is checked whole. A damaged Huffman table can defeat it (wrong
@@ -34,8 +36,9 @@ from batchwire.pipeline.decode.backends import arithmetic_frame
 from batchwire.pipeline.decode.contract import DecodeResult
 from batchwire.pipeline.decode.fallback import GpuDecoderBase
 from batchwire.pipeline.decode.restart import narrow_request
-from corrupt_corpus import corpus, strict_rejects
+from corrupt_corpus import corpus, seed_jpeg, strict_rejects
 from dht_damage import CORNER, dht_damaged
+from tail_damage import tail_damaged
 
 if not native.jpeg_roi_available():
     pytest.skip("the native strict decoder does not build here", allow_module_level=True)
@@ -158,6 +161,45 @@ def test_intact_seeds_decode_on_every_path(files):
         for box in crops(header.height, header.width):
             for roi in (False, True):
                 assert served(intact, box, roi) is not None
+
+
+def test_intact_requests_skip_the_tail_and_serve_the_same_pixels(files):
+    """Issue 32: bytes known intact passed the strict full decode, so the region path does not
+    verify their tail again (the rule the restart path follows). For every seed without a
+    restart layout and every crop: the same pixels and box as the tail-verified read."""
+    seeds = {f.intact for f in files if native.jpeg_roi.restart_layout(f.intact)[0] is None}
+    assert len(seeds) >= 10
+    for data in seeds:
+        header = read_header(data)
+        for box in crops(header.height, header.width):
+            verified = decode_for_crop(data, header, box, OUT)
+            trusted = decode_for_crop(data, header, box, OUT, intact=True)
+            assert (verified.route, trusted.route) == ("region", "restart")
+            assert trusted.box == verified.box
+            np.testing.assert_array_equal(trusted.pixels, verified.pixels)
+
+
+def test_damage_below_the_crop_is_refused_unless_intact():
+    """What the skip gives up, pinned: damage below the crop is read only by the tail check,
+    so a request not known intact is refused, and one called intact (which only bytes matching
+    a checksum recorded for a file that passed the strict decode are) serves the crop, whose
+    pixels are the undamaged file's."""
+    good = seed_jpeg("base420", 160, 64, seed=3)
+    bad = tail_damaged(good)
+    assert strict_rejects(bad) is not None
+    header = read_header(bad)
+    top = (0.0, 0.0, 48.0, 64.0)
+    with pytest.raises(DecodeError, match="JPEG"):
+        decode_for_crop(bad, header, top, OUT)
+    served_ = decode_for_crop(bad, header, top, OUT, intact=True)
+    want = decode_for_crop(good, header, top, OUT)
+    np.testing.assert_array_equal(served_.pixels, want.pixels)
+    with CpuBatchDecoder(threads=1) as decoder:
+        refused, trusted = decoder.decode_batch(
+            [DecodeRequest(0, bad, header, top, OUT), DecodeRequest(1, bad, header, top, OUT, True)]
+        )
+    assert refused.image is None and "JPEG" in (refused.error or "")
+    assert trusted.image is not None
 
 
 def dali_requests(rejected) -> list[DecodeRequest]:
