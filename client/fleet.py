@@ -27,8 +27,10 @@ share), or is not
 streaming (lost, refusing, not welcomed yet), does the batch go to the streaming server with
 the fewest outstanding: a slow server gets fewer, and a server whose session ends (lost,
 silent, an error, a refusal) has what it owed taken back and handed to the others. A server
-that refuses a hello (its client limit, another world size) is left out and asked again later
-with back-off; only when every server refuses is that the user's error.
+that refuses a hello is left out and asked again later with back-off: for good (a split it does
+not serve, a size beyond its bounds), and only when every server refuses so is that the user's
+error; or ``busy`` (its client limit, another world size held by a live session), which clears
+by itself and is waited out within the loader's timeout.
 
 Servers come and go (`on_endpoints`, from DNS discovery in the shell): a new endpoint gets a
 `Connect` and joins the assignment once welcomed; one that left is *retiring*: asked for
