@@ -42,6 +42,24 @@ if ! command -v dnsmasq >/dev/null && [ ! -x /usr/sbin/dnsmasq ] && [ "$(id -u)"
     || echo "setup: dnsmasq (dnsmasq-base) not installed; the DNS discovery tests will skip" >&2
 fi
 
+# Azurite: Microsoft's Azure Storage emulator, the real Azure Blob API of the az:// tests
+# (tests/azurite.py), from npm into .cache/azurite (ignored) with the machine's Node. With the
+# dev extra only, and optional: without node/npm the Azure tests skip, saying so.
+AZURITE_VERSION=3.37.0
+azurite_dir=.cache/azurite
+case ",$EXTRAS," in *,dev,*)
+  if ! grep -qs "\"version\": \"$AZURITE_VERSION\"" "$azurite_dir/node_modules/azurite/package.json"; then
+    if command -v node >/dev/null && command -v npm >/dev/null; then
+      echo "setup: installing Azurite $AZURITE_VERSION into $azurite_dir (npm)"
+      npm install --prefix "$azurite_dir" --save-exact --no-audit --no-fund --loglevel=error \
+        "azurite@$AZURITE_VERSION" >/dev/null \
+        || echo "setup: Azurite not installed (npm failed); the Azure tests will skip" >&2
+    else
+      echo "setup: Azurite not installed (no node/npm on PATH); the Azure tests will skip" >&2
+    fi
+  fi ;;
+esac
+
 stamp="$VENV/.batchwire-installed"
 base="$(sha1sum pyproject.toml | cut -c1-40) $TORCH_SPEC"
 if [ -f "$stamp" ]; then
