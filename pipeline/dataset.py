@@ -134,11 +134,17 @@ class ImageDataset:
 
         return read_file(self.paths[int(i)])
 
-    def read_many(self, indices: Sequence[int]) -> list[bytes | OSError] | None:
+    def substitute_range(self, i: int) -> tuple[int, int]:
+        """The indices [lo, hi) a bad sample ``i``'s substitutes are drawn from: the whole
+        dataset (a mix: its part, `pipeline.sources.mix`)."""
+        return 0, len(self.paths)
+
+    def read_many(self, indices: Sequence[int]) -> list[bytes | OSError | None] | None:
         """The bytes of several samples read together (an object store keeps many requests
         in flight: `pipeline.storage`), a failed one as its OSError; None when the source
         reads one sample at a time (local files: the sample loader reads each on the
-        decoder's threads). A source offers it through `reader.read_many`."""
+        decoder's threads), and a None entry for a sample to read alone (a mix's local
+        part). A source offers it through `reader.read_many`."""
         many = getattr(self.reader, "read_many", None)
         if many is None:
             return None

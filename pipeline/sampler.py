@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
+from batchwire.pipeline.mix_order import MixPlan
 
 # A padded slot's index and label: defined in wire/batch_spec.py, re-exported here.
 from batchwire.wire import PADDING_INDEX, PADDING_LABEL  # noqa: F401
@@ -156,12 +157,7 @@ class ShardSampler:
             if order is not None:
                 self._orders.move_to_end(epoch)
                 return order
-        if self.shuffle:
-            seq = np.random.SeedSequence([self.seed, epoch, _ORDER_STREAM])
-            order = np.random.Generator(np.random.PCG64(seq)).permutation(self.num_samples)
-            order = order.astype(np.int64, copy=False)
-        else:
-            order = np.arange(self.num_samples, dtype=np.int64)
+        order = self._make_order(epoch)
         order.flags.writeable = False
         with self._lock:
             self._orders[epoch] = order
@@ -169,6 +165,14 @@ class ShardSampler:
             while len(self._orders) > _CACHED_EPOCHS:
                 self._orders.popitem(last=False)
         return order
+
+    def _make_order(self, epoch: int) -> np.ndarray:
+        """A permutation of the dataset drawn from (seed, epoch), or its identity."""
+        if not self.shuffle:
+            return np.arange(self.num_samples, dtype=np.int64)
+        seq = np.random.SeedSequence([self.seed, epoch, _ORDER_STREAM])
+        order = np.random.Generator(np.random.PCG64(seq)).permutation(self.num_samples)
+        return order.astype(np.int64, copy=False)
 
     def plan(self, epoch: int, batch_index: int) -> BatchPlan:
         """Batch `batch_index` of this rank in `epoch`, computed directly."""
@@ -192,3 +196,27 @@ class ShardSampler:
         start = _check_int("start", start, 0)
         for k in range(start, self.num_batches):
             yield self.plan(epoch, k)
+
+
+class MixSampler(ShardSampler):
+    """A train split of a mixture (`pipeline.sources.mix`): the epoch order is the mix's
+    (`MixPlan.epoch_order`: which part and which of its samples at each position, a pure
+    function of (seed, epoch)) instead of a permutation; ranks, batches, `drop_last` and
+    resuming at another world size are `ShardSampler`'s, over that order."""
+
+    def __init__(
+        self, plan: MixPlan, batch_size: int, *, seed: int, rank: int = 0, world_size: int = 1
+    ) -> None:
+        self.mix = plan
+        super().__init__(
+            plan.epoch_length,
+            batch_size,
+            seed=seed,
+            shuffle=True,
+            drop_last=True,
+            rank=rank,
+            world_size=world_size,
+        )
+
+    def _make_order(self, epoch: int) -> np.ndarray:
+        return self.mix.epoch_order(self.seed, epoch)

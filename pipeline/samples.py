@@ -381,13 +381,14 @@ class SampleLoader:
         # Substitutes are drawn only once the requested file turned out bad: drawing them
         # costs ~0.1 ms, as much as a quarter of the pipeline's per-image overhead.
         candidates: np.ndarray | None = None
-        limit = self.max_attempts if n >= 2 else 0  # a one-file dataset has nothing to swap in
+        lo, hi = self.dataset.substitute_range(requested)
+        limit = self.max_attempts if hi - lo >= 2 else 0  # one file: nothing to swap in
         while attempt <= limit:
             if attempt == 0:
                 index = requested
             else:
                 if candidates is None:
-                    candidates = substitute_candidates(self.seed, requested, self.max_attempts, n)
+                    candidates = self._substitutes(requested)
                 index = int(candidates[attempt - 1])
             if not self._is_bad(index):
                 got = self._read(index, fetched)
@@ -403,6 +404,13 @@ class SampleLoader:
             f"substitutes for it are all unreadable ({bad} of {n} files in "
             f"{self.dataset.root} found bad so far): the dataset looks broken"
         )
+
+    def _substitutes(self, requested: int) -> np.ndarray:
+        """`substitute_candidates` of ``requested`` within its dataset's substitute range (a
+        mix's part: a bad web image is replaced by a web image, as the part alone would)."""
+        lo, hi = self.dataset.substitute_range(requested)
+        subs = substitute_candidates(self.seed, requested - lo, self.max_attempts, hi - lo)
+        return lo + subs
 
     def read_and_plan(
         self,
@@ -469,14 +477,12 @@ class SampleLoader:
         read_many = getattr(self.dataset, "read_many", None)
         if read_many is None or not jobs:
             return {}
-        n = len(self.dataset)
         wanted: dict[tuple[int, int], int] = {}
         for requested, attempt in jobs:
             if attempt == 0:
                 index = requested
-            elif attempt <= self.max_attempts and n >= 2:
-                subs = substitute_candidates(self.seed, requested, self.max_attempts, n)
-                index = int(subs[attempt - 1])
+            elif attempt <= self.max_attempts and _span(self.dataset, requested) >= 2:
+                index = int(self._substitutes(requested)[attempt - 1])
             else:
                 continue
             if not self._is_bad(index):
@@ -591,6 +597,11 @@ class SampleLoader:
         after = [sample.attempt + 1]
         planned = self.read_and_plan(epoch, [sample.requested], start_attempts=after)
         return self.decode(epoch, planned)[0]
+
+
+def _span(dataset: ImageDataset, index: int) -> int:
+    lo, hi = dataset.substitute_range(index)
+    return hi - lo
 
 
 def _view_boxes(p: PlannedSample, decoded: Box) -> tuple[tuple[SamplePlan, Box], ...]:

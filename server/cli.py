@@ -96,14 +96,23 @@ def build_parser() -> argparse.ArgumentParser:
         "--train",
         metavar="PATH",
         help="training split: an ImageFolder root or a list file, local or in a bucket "
-        "(s3://bucket/prefix, s3://bucket/prefix/train.txt) "
+        "(s3://bucket/prefix, s3://bucket/prefix/train.txt), or a mixture of sources by weight: "
+        "mix:NAME=WEIGHT@SOURCE,NAME=WEIGHT@SOURCE (VALUE may be repeat:R or choose:N instead "
+        "of a weight; ';labels=separate' keeps each part's label ids) "
         "(default: the embedded dataset's train split)",
     )
     data.add_argument(
         "--val",
         metavar="PATH",
-        help="validation split (default: the embedded dataset's val split when "
-        "--train is not given, else none)",
+        help="validation split, or a mix: (each part's samples once, weights ignored) "
+        "(default: the embedded dataset's val split when --train is not given, else none)",
+    )
+    data.add_argument(
+        "--mix-schedule",
+        metavar="EPOCH:NAME=W,...[;EPOCH:...]",
+        help="change a --train mix's weights from an epoch on (e.g. '5:web=0.5,curated=0.5'; "
+        "a part not named keeps its weight); applies at that epoch's start, so runs resume "
+        "exactly across it",
     )
     data.add_argument(
         "--allow-outside-root",

@@ -17,6 +17,7 @@ from batchwire.common.devices import check_device_spec
 from batchwire.pipeline.augment_plan import AugmentConfig
 from batchwire.pipeline.checksums import VERIFY_MODES
 from batchwire.pipeline.decode.contract import DECODERS
+from batchwire.pipeline.sources.mix import is_mix, parse_mix, parse_schedule
 from batchwire.pipeline.storage.cache import parse_size
 from batchwire.pipeline.storage.options import (
     DEFAULT_CONCURRENCY,
@@ -43,8 +44,11 @@ _PER_SPLIT = ("image_size", "train", "transform")  # set per split, not copied b
 class ServerConfig:
     """What the server serves and how (defaults: torchvision's ImageNet training recipe)."""
 
-    train: str | None = None
-    val: str | None = None
+    # A path or URL, or a mixture: `mix:NAME=WEIGHT@SOURCE,...` (TOML: a [train.mix] table;
+    # pipeline/sources/mix.py), whose weights `mix_schedule` may change from an epoch on.
+    train: str | dict[str, Any] | None = None
+    val: str | dict[str, Any] | None = None
+    mix_schedule: str | None = None
     bind: list[str] = field(default_factory=lambda: [DEFAULT_BIND])
     batch_size: int = 64
     # The largest batch size a client may ask for (`Hello.batch_size`: jobs of a sweep with
@@ -249,6 +253,7 @@ class ServerConfig:
                 problems.append(f"{flag} must be >= 1, got {getattr(self, name)}")
         if self.prefetch_depth > MAX_PREFETCH:
             problems.append(f"--prefetch-depth must be <= {MAX_PREFETCH}")
+        problems.extend(self._mix_problems())
         if self.verify_checksums not in VERIFY_MODES:
             problems.append(
                 f"--verify-checksums must be one of {list(VERIFY_MODES)}, "
@@ -290,6 +295,27 @@ class ServerConfig:
         if problems:
             raise ValueError("; ".join(problems))
 
+    def _mix_problems(self) -> list[str]:
+        """What is wrong with the --train/--val mixes and --mix-schedule (pipeline.sources.mix)."""
+        problems = []
+        for flag, value in (("--train", self.train), ("--val", self.val)):
+            if isinstance(value, dict) and not is_mix(value):
+                problems.append(f"{flag}: a table must be a mix ([train.mix])")
+            elif is_mix(value):
+                try:
+                    parse_mix(value, flag)  # type: ignore[arg-type]
+                except ValueError as exc:
+                    problems.append(str(exc))
+        if self.mix_schedule is not None:
+            if not is_mix(self.train):
+                problems.append("--mix-schedule needs a --train mix (mix:NAME=WEIGHT@SOURCE,...)")
+            else:
+                try:
+                    parse_schedule(self.mix_schedule, parse_mix(self.train))  # type: ignore[arg-type]
+                except ValueError as exc:
+                    problems.append(str(exc))
+        return problems
+
 
 _FIELDS = {f.name: f for f in fields(ServerConfig)}
 
@@ -298,6 +324,11 @@ def _hw(size: Any) -> tuple[int, int]:
     if isinstance(size, (tuple, list)):
         return (int(size[0]), int(size[1]))
     return (int(size), int(size))
+
+
+def _keeps_text(value: str) -> bool:
+    """A URL or mix is kept as written (a mix expands its parts' paths itself)."""
+    return is_url(value) or is_mix(value)
 
 
 def config_from_toml(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -318,7 +349,7 @@ def config_from_toml(path: str | os.PathLike[str]) -> dict[str, Any]:
             value = tuple(float(v) for v in value)
         if name in ("image_size", "max_image_size") and isinstance(value, list):
             value = tuple(value)
-        if name in ("train", "val") and value is not None and not is_url(value):
+        if name in ("train", "val") and isinstance(value, str) and not _keeps_text(value):
             value = str(Path(value).expanduser())
         out[name] = value
     return out

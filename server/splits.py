@@ -9,7 +9,9 @@ from batchwire.pipeline.dataset import ImageDataset, open_dataset
 from batchwire.pipeline.decode.contract import BatchDecoder
 from batchwire.pipeline.decode.restart import restart_share
 from batchwire.pipeline.decode.select import make_decoder as select_decoder
+from batchwire.pipeline.mix_split import as_mix_split
 from batchwire.pipeline.sources.metadata import MetadataError, check_batch_metadata
+from batchwire.pipeline.sources.mix import MixDataset, is_mix, open_mix, parse_mix
 from batchwire.pipeline.split import Split, build_split
 from batchwire.pipeline.storage import redact_url, set_default_options
 from batchwire.server.config import ServerConfig
@@ -21,8 +23,9 @@ class StartupError(RuntimeError):
     """The server cannot start as configured; the message says why and what to change."""
 
 
-def data_roots(config: ServerConfig) -> dict[str, str]:
-    """split -> path; the embedded dataset when no --train is given."""
+def data_roots(config: ServerConfig) -> dict[str, Any]:
+    """split -> path (or a mix: its `mix:` text or TOML table); the embedded dataset when no
+    --train is given."""
     if config.train is None:
         if config.val is not None:
             raise StartupError(
@@ -105,16 +108,13 @@ def open_splits(config: ServerConfig, decoder: Any) -> dict[str, Split]:
     splits: dict[str, Split] = {}
     set_default_options(config.store_options())  # every store opened below reads with them
     for name, given in data_roots(config).items():
-        root = redact_url(given)  # what logs and errors show: never a credential
         try:
-            dataset = open_dataset(
-                given,
-                allow_outside_root=config.allow_outside_root,
-                verify_checksums=config.verify_checksums,
-                checksum_dirs=config.checksum_dirs,
-            )
+            dataset = _open_split_data(config, name, given)
         except (OSError, ValueError) as exc:
-            raise StartupError(f"--{name} {root}: {exc}") from None
+            shown = "mix" if is_mix(given) else redact_url(given)
+            raise StartupError(f"--{name} {shown}: {exc}") from None
+        # What logs and errors show: never a credential.
+        root = str(dataset.root) if is_mix(given) else redact_url(given)
         if name != "train" and "train" in splits:
             problem = class_mismatch(splits["train"].dataset, dataset)
             if problem is not None:
@@ -126,7 +126,10 @@ def open_splits(config: ServerConfig, decoder: Any) -> dict[str, Split]:
         if dataset.metadata is not None:  # any batch must carry its samples' metadata
             largest = max(int(config.batch_size), int(getattr(config, "max_batch_size", 0) or 0))
             try:
-                check_batch_metadata(dataset.metadata, largest, root)
+                if isinstance(dataset, MixDataset):
+                    dataset.check_metadata(largest, root)
+                else:
+                    check_batch_metadata(dataset.metadata, largest, root)
             except MetadataError as exc:
                 raise StartupError(f"--{name} {exc}") from None
         augment = config.augment(train=(name == "train"))
@@ -136,19 +139,66 @@ def open_splits(config: ServerConfig, decoder: Any) -> dict[str, Split]:
             )
         except ValueError as exc:  # e.g. UnreadableDatasetError from the probe
             raise StartupError(f"--{name} {root}: {exc}") from None
+        split = as_mix_split(split)
         log.info("%s: %d images, %d classes from %s", name, len(dataset), dataset.num_classes, root)
         if config.train is not None:  # the embedded demo dataset has no manifest to write
-            unchecked = checksum_warning(name, dataset, root, config.verify_checksums)
-            if unchecked is not None:
-                log.warning("%s", unchecked)
+            for part, part_root in _checked_parts(dataset, root):
+                unchecked = checksum_warning(name, part, part_root, config.verify_checksums)
+                if unchecked is not None:
+                    log.warning("%s", unchecked)
+        samples = _epoch_samples(dataset, split.train)
         small = batch_size_warning(
-            name, len(dataset), split.train, int(config.batch_size), int(config.batch_size_cap)
+            name, samples, split.train, int(config.batch_size), int(config.batch_size_cap)
         )
         if small is not None:
             log.warning("%s", small)
         _log_restart_share(name, dataset, decoder)
         splits[name] = split
     return splits
+
+
+def _open_split_data(config: ServerConfig, name: str, given: Any) -> ImageDataset:
+    """A split's dataset: one source (`open_dataset`), or a mix of several, each part opened
+    the same way (its own checksum manifest), ordered by `--mix-schedule` (train only)."""
+
+    def open_one(source: str) -> ImageDataset:
+        return open_dataset(
+            source,
+            allow_outside_root=config.allow_outside_root,
+            verify_checksums=config.verify_checksums,
+            checksum_dirs=config.checksum_dirs,
+        )
+
+    if not is_mix(given):
+        return open_one(given)
+    spec = parse_mix(given)
+    train = name == "train"
+    dataset = open_mix(spec, open_one, train=train, schedule=config.mix_schedule if train else None)
+    for part_name, part in zip(dataset.names, dataset.parts, strict=True):
+        log.info(
+            "%s: mix part %s: %d images, %d classes from %s",
+            name,
+            part_name,
+            len(part),
+            part.num_classes,
+            redact_url(str(part.root)),
+        )
+    return dataset
+
+
+def _epoch_samples(dataset: ImageDataset, train: bool) -> int:
+    """Samples in an epoch of the split: a train mix's epoch length, else the dataset's."""
+    if train and isinstance(dataset, MixDataset) and dataset.plan is not None:
+        return dataset.plan.epoch_length
+    return len(dataset)
+
+
+def _checked_parts(dataset: ImageDataset, root: str) -> list[tuple[ImageDataset, str]]:
+    """The datasets whose checksum manifests a split reads, each with the root to show: a
+    mix's parts, else the dataset itself."""
+    if isinstance(dataset, MixDataset):
+        return [(part, redact_url(str(part.root))) for part in dataset.parts]
+    return [(dataset, root)]
 
 
 def checksum_warning(name: str, dataset: ImageDataset, root: str, verify: str) -> str | None:
