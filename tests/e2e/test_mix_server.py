@@ -1,0 +1,105 @@
+"""A mixture served by a real `pipeline-server` (issue 33): `--train mix:a=0.75@A,b=0.25@B`
+serves the mix's order (the in-process `MixSampler`'s, index for index), labels in the union
+of the parts' class names (`loader.classes`), each sample's part in its metadata
+(`with_metadata=True`); a mid-epoch resume gives the same batches; `--val mix:...` visits every
+sample of every part once over the ranks; a bad `--mix-schedule` ends the server with exit 2."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from batchwire.client import RemoteLoader
+from batchwire.pipeline.dataset import open_dataset
+from batchwire.pipeline.sampler import MixSampler
+from batchwire.pipeline.sources.mix import open_mix, parse_mix
+from batchwire.pipeline.synthetic import default_dataset
+from serverproc import free_tcp_endpoint, running_server
+
+BIN = Path(sys.executable).parent
+
+
+@pytest.fixture(scope="module")
+def parts(tmp_path_factory) -> tuple[Path, Path]:
+    """Two folders: a with classes 0-3, b with classes 2-4 (two names shared)."""
+    root = tmp_path_factory.mktemp("mixsrc")
+    classes = sorted(p for p in default_dataset().val_root.iterdir() if p.is_dir())
+    for name, picked, count in (("a", classes[:4], 10), ("b", classes[2:5], 6)):
+        for cls in picked:
+            (root / name / cls.name).mkdir(parents=True)
+            for f in sorted(cls.iterdir())[:count]:
+                shutil.copyfile(f, root / name / cls.name / f.name)
+    return root / "a", root / "b"
+
+
+def _batches(loader) -> list[tuple]:
+    return [tuple(t.clone() if isinstance(t, torch.Tensor) else t for t in b) for b in loader]
+
+
+@pytest.mark.timeout(180)
+def test_mix_served_in_its_order_with_parts_and_union_labels(parts):
+    a, b = parts
+    train = f"mix:a=0.75@{a},b=0.25@{b}"
+    mix = open_mix(parse_mix(train), open_dataset, train=True)
+    args = (
+        "--train", train, "--val", f"mix:a=1@{a},b=1@{b}", "--batch-size", "8",
+        "--image-size", "32", "--workers", "1", "--seed", "3",
+    )  # fmt: skip
+    with running_server(*args) as srv:
+        loader = RemoteLoader(
+            srv.endpoint, "train", rank=0, world_size=1, device="cpu", with_indices=True,
+            with_metadata=True, timeout=60,
+        )  # fmt: skip
+        try:
+            assert loader.classes == mix.classes
+            assert len(loader.classes) == 5  # a's 4 and b's 3, two shared by name
+            loader.set_epoch(1)
+            got = _batches(loader)
+            want = MixSampler(mix.plan, 8, seed=3)
+            assert len(got) == want.num_batches == mix.plan.epoch_length // 8
+            parts_seen = []
+            for k, (_, labels, indices, metadata) in enumerate(got):
+                assert indices.tolist() == want.plan(1, k).indices.tolist(), k
+                assert labels.tolist() == mix.labels[indices.numpy()].tolist()
+                for i, meta in zip(indices.tolist(), metadata, strict=True):
+                    assert meta == {"part": mix.names[mix.part_of(i)[0]]}
+                    parts_seen.append(meta["part"])
+            assert parts_seen.count("a") == round(0.75 * len(parts_seen))
+            state = loader.state_dict()
+            loader.load_state_dict({**state, "epoch": 1, "next_batch": 3})
+            resumed = _batches(loader)
+            assert len(resumed) == len(got) - 3
+            for x, y in zip(resumed, got[3:], strict=True):
+                assert all(torch.equal(p, q) for p, q in zip(x[:3], y[:3], strict=True))
+                assert x[3] == y[3]
+        finally:
+            loader.close()
+        seen = []
+        for rank in range(2):
+            val = RemoteLoader(
+                srv.endpoint, "val", rank=rank, world_size=2, device="cpu", with_indices=True,
+                timeout=60,
+            )  # fmt: skip
+            try:
+                seen += [i for batch in _batches(val) for i in batch[2].tolist() if i >= 0]
+            finally:
+                val.close()
+        assert sorted(seen) == list(range(len(open_dataset(a)) + len(open_dataset(b))))
+
+
+@pytest.mark.timeout(60)
+def test_bad_mix_schedule_exits_2(parts):
+    a, b = parts
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    done = subprocess.run(
+        [str(BIN / "pipeline-server"), "--train", f"mix:a=0.5@{a},b=0.5@{b}",
+         "--mix-schedule", "2:c=0.1", "--bind", free_tcp_endpoint()],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=50,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stdout
+    assert "--mix-schedule: no part 'c'" in done.stdout, done.stdout
