@@ -444,7 +444,7 @@ def _train(argv: list[str] | None) -> int:
     except (ConfigError, ConnectionError) as exc:  # ConnectionError: no server (ServerUnavailable)
         print(f"pipeline-train: error: {exc}", file=sys.stderr)
         return 2 if isinstance(exc, ConfigError) else 1
-    except ServerError as exc:  # a refused hello, e.g. another world size streaming the split
+    except ServerError as exc:  # a refusal that cannot clear, e.g. a split the server lacks
         print(f"pipeline-train: error: {exc}", file=sys.stderr)
         return 1
     return 0

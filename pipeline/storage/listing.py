@@ -186,30 +186,45 @@ def parse_list_text(text: str, where: str) -> tuple[list[str], np.ndarray]:
 # -- opening --------------------------------------------------------------------------------
 
 
+# What to set, by scheme: (its credentials, its address) as each client reads them.
+_SETTINGS = {
+    "s3": ("AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY",
+           "AWS_ENDPOINT_URL and AWS_REGION; AWS_ALLOW_HTTP=true for a store over plain http"),
+    "gs": ("GOOGLE_SERVICE_ACCOUNT (a key file's path) or GOOGLE_SERVICE_ACCOUNT_KEY",
+           "GOOGLE_BASE_URL; GOOGLE_ALLOW_HTTP=true for an emulator over plain http"),
+    "az": ("AZURE_STORAGE_ACCOUNT_NAME with AZURE_STORAGE_ACCOUNT_KEY, a SAS or a token",
+           "the account; AZURE_STORAGE_USE_EMULATOR=true and AZURITE_BLOB_STORAGE_URL for Azurite"),
+}  # fmt: skip
+
+
+def _settings(url: str) -> tuple[str, str]:
+    scheme = url.partition("://")[0].lower()
+    return _SETTINGS["az" if scheme in ("az", "abfs", "abfss", "azure") else
+                     scheme if scheme in _SETTINGS else "s3"]  # fmt: skip
+
+
 def _open_error(exc: OSError, url: str, doing: str) -> ValueError | OSError:
-    """An open-time store error as a message saying what to do."""
+    """An open-time store error as a message saying what to do (the variables of its scheme)."""
     detail = getattr(exc, "store_detail", None) or exc.strerror or str(exc)
+    credentials, address = _settings(url)
     if isinstance(exc, CredentialsError):
         return PermissionError(
-            f"{url}: {doing}: no credentials found. Export AWS_ACCESS_KEY_ID and "
-            "AWS_SECRET_ACCESS_KEY (and AWS_ENDPOINT_URL, AWS_ALLOW_HTTP=true for an "
-            "S3-compatible store over http), or run where an instance role provides them"
+            f"{url}: {doing}: no credentials found. Export {credentials}, or run where an "
+            f"instance role provides them (the store's address: {address})"
         )
     if isinstance(exc, PermissionError):
         return PermissionError(
-            f"{url}: {doing}: access denied ({detail}). Check the credentials "
-            "(AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY) and that they may list and read "
-            "this bucket and prefix"
+            f"{url}: {doing}: access denied ({detail}). Check the credentials ({credentials}) "
+            "and that they may list and read this bucket and prefix"
         )
     if isinstance(exc, FileNotFoundError):
         return FileNotFoundError(
-            f"{url}: {doing}: not found ({detail}). Check the bucket name (and AWS_ENDPOINT_URL, "
-            "AWS_REGION for the store that holds it)"
+            f"{url}: {doing}: not found ({detail}). Check the bucket name and the store's "
+            f"address ({address})"
         )
     return OSError(
         exc.errno,
-        f"{url}: {doing}: {detail}. Check AWS_ENDPOINT_URL (and AWS_ALLOW_HTTP=true "
-        "for plain http) and that the store is reachable",
+        f"{url}: {doing}: {detail}. Check the store's address ({address}) and that it is reachable",
     )
 
 

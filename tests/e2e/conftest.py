@@ -21,6 +21,7 @@ LONGEST_FIRST = (
     "test_sources_identity.py",  # 20 s
     "test_train_preemption.py",  # 20 s: SIGUSR1 checkpoints, 1 and 2 ranks
     "test_train_data.py",  # 36 s under load: multi-label, mixing, resize, resumes
+    "test_sources_gcs_azure.py",  # 13 s (+ fake-gcs-server and Azurite starts)
     "test_remote_loader_epochs.py",  # 18 s
     "test_native_lock.py",  # 17 s: a real build
     "test_server.py",  # 17 s
