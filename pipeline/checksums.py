@@ -12,8 +12,8 @@ One checksum per file is enough: the loader always reads a whole file (`decode.r
 before anything decodes it, even on the restart path that then decodes only a few intervals.
 Each record also says whether the file was `intact` (passed the strict full decode) when it
 was recorded; bytes that match such a record are known intact (`Verdict.intact`), which is what
-lets decoders read less than the whole file (the restart path, GPU decodes without a CPU
-check): see the chain in `pipeline.decode.contract`.
+lets decoders read less than the whole file (the restart path, the region path without its
+tail check, GPU decodes without a CPU check): see the chain in `pipeline.decode.contract`.
 
 The checksum is xxHash's XXH3 (64 bits): about 5 us for a 110 KB photo on this machine (22 GB/s,
 0.5 % of a 1 ms decode), against 9 us for CRC-32C (google-crc32c) and 18 us for zlib's CRC-32.
