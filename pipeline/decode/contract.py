@@ -23,9 +23,12 @@ than the whole file. Each link says what it verifies and why that is enough:
 3. CPU decoder (`cpu.decode_for_crop`): whole-image path, strict (TurboJPEG warnings re-judged
    by the strict check; OpenCV's JPEGs checked by it). Region path (every request not intact):
    the crop is decoded and the rest of the file entropy decoded too (`roi.ROI_VERIFY_TAIL`), so
-   it rejects exactly what the strict full decode rejects. Restart path (intact requests on
-   restart-marked files only): decodes the crop's intervals and checks the scan's structure,
-   not the other intervals nor whether the tables still decode them: a changed DHT byte can
+   it rejects exactly what the strict full decode rejects. An intact request is verified no
+   further than it reads (issue 32): a file without a restart layout is read down to the crop's
+   last row (plus the EOI marker's presence); a restart-marked one takes the restart path
+   (intact requests on restart-marked files only): decodes the crop's intervals and checks the
+   scan's structure, not the other intervals nor whether the tables still decode them: a
+   changed DHT byte can
    leave the crop's intervals decodable to wrong pixels. For intact bytes that cannot happen
    (they passed the full decode), and it is the same pixels for about 0.6 the work.
 4. GPU decoders (`fallback.GpuDecoderBase`): nvJPEG and DALI decode much damage without an
@@ -64,7 +67,7 @@ class DecodeError(Exception):
 #: `DecodedImage.route` / `DecodeResult.route`: how the CPU decoder read the file.
 ROUTE_WHOLE = "whole"  # the whole image (TurboJPEG or OpenCV), strictly
 ROUTE_REGION = "region"  # the ROI decoder reading the file itself, tail verified
-ROUTE_RESTART = "restart"  # the ROI decoder allowed to enter at restart markers (`intact` only)
+ROUTE_RESTART = "restart"  # the ROI decoder trusting intact bytes: restart intervals, else no tail
 
 
 @dataclass(frozen=True)
