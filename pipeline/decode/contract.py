@@ -28,8 +28,7 @@ than the whole file. Each link says what it verifies and why that is enough:
    last row (plus the EOI marker's presence); a restart-marked one takes the restart path
    (intact requests on restart-marked files only): decodes the crop's intervals and checks the
    scan's structure, not the other intervals nor whether the tables still decode them: a
-   changed DHT byte can
-   leave the crop's intervals decodable to wrong pixels. For intact bytes that cannot happen
+   changed DHT byte can leave the crop's intervals decodable to wrong pixels. For intact bytes that cannot happen
    (they passed the full decode), and it is the same pixels for about 0.6 the work.
 4. GPU decoders (`fallback.GpuDecoderBase`): nvJPEG and DALI decode much damage without an
    error, so a request that is not intact is strictly checked whole on the CPU first (refused:
