@@ -338,18 +338,16 @@ class ServerCore:
             actions: list[Action] = [Release(slot)]
             if p is not None:
                 self.shared.failed(p)
-            for serial, _pos, _k in waiters:
+            for serial, _pos, k in waiters:
                 session = self._by_serial.get(serial)
                 if session is None:
                     continue
                 session.abandoned()
                 if result.reason == "cancelled":
                     continue
-                kind = (result.error or "").split(":", 1)[0]
                 actions += self._error(
                     session.identity,
-                    f"producing {session.hello.split} batch {order.batch_index} failed "
-                    f"({kind}, {result.reason}); the server's log has the details",
+                    _failure_text(session.hello.split, k, result),
                     result.reason,
                     session=session.hello.session,
                     detail=f": {result.error}",
@@ -1068,6 +1066,17 @@ class ServerCore:
             log.debug("malformed message from %s: %s", identity.hex(), message)
         self.telemetry.add_malformed()
         return [Reply(identity, ErrorReply(f"malformed message: {message}", "bad-request"))]
+
+
+def _failure_text(split: str, k: int, result: JobResult) -> str:
+    """What a client is told of its failed batch ``k``: the error's type and class, and why
+    where the producer said it in words a client may see (`JobResult.public`); the error's own
+    text names files, so it stays in the log."""
+    kind = (result.error or "").split(":", 1)[0]
+    head = f"producing {split} batch {k} failed ({kind}, {result.reason})"
+    if result.public:
+        return f"{head}: {result.public}"
+    return f"{head}; the server's log has the details"
 
 
 def _stream_text(spec: BatchSpec, server: BatchSpec) -> str:

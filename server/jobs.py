@@ -62,7 +62,9 @@ class JobResult:
 
     ``error`` is the full text, paths included, for the server's log only; ``reason`` is the
     failure's class as a client may see it: "transient" (may pass: ask again), "failed", or
-    "cancelled" (the session was gone: nobody is told).
+    "cancelled" (the session was gone: nobody is told). ``public``, where the producer knows
+    why in words that hold no path, URL or secret (most reads denied: credentials expired?),
+    is shown to the clients too, so that a trainer's log says why and not only the error's type.
     """
 
     job: Job
@@ -72,6 +74,7 @@ class JobResult:
     replaced: int = 0
     error: str | None = None
     reason: str = "failed"
+    public: str | None = None
 
     @property
     def ok(self) -> bool:

@@ -49,7 +49,7 @@ from batchwire.pipeline.decode.contract import BatchDecoder, DecodeRequest, Deco
 from batchwire.pipeline.decode.files import is_transient
 from batchwire.pipeline.producer import BatchMeta, BatchProducer
 from batchwire.pipeline.sample_window import SampleWindow
-from batchwire.pipeline.samples import TransientReadError
+from batchwire.pipeline.samples import AccessDeniedError, TransientReadError
 from batchwire.server.jobs import BatchOrder, Job, JobResult
 from batchwire.wire import BatchSpec
 
@@ -362,7 +362,13 @@ class ProducerThreads:
             # lazy import on the first plan of an epoch) may pass: the client asks again.
             transient = isinstance(exc, TransientReadError) or is_transient(exc)
             reason = "transient" if transient else "failed"
-            return JobResult(job, 0.0, error=f"{type(exc).__name__}: {exc}", reason=reason)
+            return JobResult(
+                job,
+                0.0,
+                error=f"{type(exc).__name__}: {exc}",
+                reason=reason,
+                public=self._public_reason(order.split, exc),
+            )
         finally:
             self.phases.end()
         return JobResult(
@@ -372,6 +378,14 @@ class ProducerThreads:
             indices=tuple(meta.indices.tolist()),
             replaced=int(meta.replaced),
         )
+
+    def _public_reason(self, split: str, exc: Exception) -> str | None:
+        """Why the batch failed, in words a client may see (no path, URL or key), where that
+        is known: most reads denied, as the split's `AccessWatch` says (the exception's own
+        text names the object whose read found it out: for the log only)."""
+        if not isinstance(exc, AccessDeniedError):
+            return None
+        return self.producers[split].samples.access.state(time.monotonic()).message()
 
     def _produce_on_device(
         self, split: str, plan: BatchPlan, spec: BatchSpec, host_out: torch.Tensor, sized: dict

@@ -2,7 +2,7 @@
 `objectstore.py`) that answers most of its reads with 403 AccessDenied does not train the run
 on substitutes: the batch fails as ``transient`` with a message saying why, `/readyz` fails
 naming the split and why, and the log says it once; `/healthz` stays 200 (restarting would not
-renew the credentials).
+renew the credentials). The loader is told why in the error's words (no object's URL).
 
 The data: a CSV manifest of 64 samples, one in eight a local file (readable), the rest objects
 of a bucket the server's identity (`reader`) may not read, so the store itself denies them, as
@@ -69,8 +69,12 @@ def test_most_reads_denied_fail_batches_and_readyz_not_substitutes(
         msg, _ = client.recv(30)
         # Not a batch of substitutes drawn from the 8 readable samples: an error that says why.
         assert isinstance(msg, ErrorReply), (msg, srv.log())
-        # The core tells clients the error's kind only (server/core.py `on_result`).
-        assert msg.reason == "transient" and "(AccessDeniedError, transient)" in msg.message
+        # The error's kind, and why in words without the object's URL (`JobResult.public`):
+        # what a RemoteLoader logs as it backs off and ServerUnavailable quotes.
+        assert msg.reason == "transient", (msg, srv.log())
+        assert "(AccessDeniedError, transient): most reads are denied" in msg.message, msg
+        assert "credentials expired or revoked?" in msg.message, msg
+        assert "s3://" not in msg.message and "/aw/" not in msg.message, msg
 
         def readyz_fails() -> dict | None:
             reply = requests.get(f"http://127.0.0.1:{port}/readyz", timeout=5)

@@ -136,8 +136,16 @@ class Server:
         self.send(identity, Hello(**{**h, **fields}))
         return self.replies[identity][-1]
 
-    def finish(self, n: int | None = None, *, error: str | None = None, reason: str = "failed"):
-        """Finish the oldest ``n`` jobs (all by default), successfully unless ``error``."""
+    def finish(
+        self,
+        n: int | None = None,
+        *,
+        error: str | None = None,
+        reason: str = "failed",
+        public: str | None = None,
+    ):
+        """Finish the oldest ``n`` jobs (all by default), successfully unless ``error``
+        (``public``: why, in words the client may see)."""
         done, self.jobs = self.jobs[:n], self.jobs[len(self.jobs[:n]) :]
         for job in done:
             if error is None:
@@ -145,7 +153,7 @@ class Server:
                     job, 0.01, labels=np.zeros(BATCH, np.int64), indices=(1, 2, 3, 4)
                 )
             else:
-                result = JobResult(job, 0.0, error=error, reason=reason)
+                result = JobResult(job, 0.0, error=error, reason=reason, public=public)
             self.run(self.core.on_result(result, self.clock()))
 
     def deliver(self, identity: bytes) -> None:
@@ -366,6 +374,36 @@ def test_a_transient_failure_says_transient_with_its_session() -> None:
     assert isinstance(s.hello(b"a", batches=(0,), session=4), Welcome)
     s.turn()
     assert s.sends[-1].header.session == 4
+
+
+DENIED = (
+    "AccessDeniedError: [Errno 13] reading s3://bucket/secret-prefix/x.jpg?X-Amz-Signature=abc: "
+    "most reads are denied"
+)
+
+
+def test_a_failure_with_public_words_tells_the_client_why() -> None:
+    """Expired credentials: the loader's log must say why its batches fail, not only the type."""
+    s = Server()
+    s.hello(b"a", batches=(0,), session=5)
+    s.tick()
+    why = "most reads are denied (HTTP 401/403 or EACCES: 40 of the last 64): credentials expired"
+    s.finish(error=DENIED, reason="transient", public=why)
+    err = _error(s.replies[b"a"][-1])
+    assert err.message == f"producing train batch 0 failed (AccessDeniedError, transient): {why}"
+    assert "s3://" not in err.message and "Signature" not in err.message
+
+
+def test_a_failure_without_public_words_tells_its_type_only() -> None:
+    s = Server()
+    s.hello(b"a", batches=(0,), session=5)
+    s.tick()
+    s.finish(error=DENIED, reason="transient")
+    err = _error(s.replies[b"a"][-1])
+    assert err.message == (
+        "producing train batch 0 failed (AccessDeniedError, transient); "
+        "the server's log has the details"
+    )
 
 
 def test_a_failure_of_a_replaced_session_tells_nobody() -> None:
