@@ -39,6 +39,7 @@ from batchwire.pipeline.decode import DEFAULT_MAX_PIXELS, BatchDecoder
 from batchwire.pipeline.decode.select import make_decoder
 from batchwire.pipeline.producer import BatchMeta
 from batchwire.pipeline.sources.metadata import batch_metadata
+from batchwire.pipeline.sources.mix import is_mix, open_mix, parse_mix
 from batchwire.pipeline.split import build_split
 
 log = logging.getLogger("batchwire.pipeline")
@@ -53,7 +54,12 @@ def _open(
     allow_outside_root: bool,
     verify_checksums: str,
     checksum_dirs: Sequence[str | Path],
+    mix_schedule: str | None,
 ) -> ImageDataset:
+    """The split's dataset, opened as the server opens its --train/--val (a ``mix:`` text
+    included: each part through `open_dataset`, ordered by ``mix_schedule`` for train)."""
+    if mix_schedule is not None and not is_mix(data):
+        raise ValueError("mix_schedule needs a mix: data='mix:NAME=WEIGHT@SOURCE,...'")
     if isinstance(data, ImageDataset):
         return data
     checks = {"verify_checksums": verify_checksums, "checksum_dirs": checksum_dirs}
@@ -62,6 +68,14 @@ def _open(
 
         roots = default_dataset()
         return open_dataset(roots.train_root if split == "train" else roots.val_root, **checks)
+    if is_mix(data):
+        train = split == "train"
+        return open_mix(
+            parse_mix(str(data), where=f"LocalLoader({split})"),
+            lambda source: open_dataset(source, allow_outside_root=allow_outside_root, **checks),
+            train=train,
+            schedule=mix_schedule if train else None,
+        )
     return open_dataset(data, allow_outside_root=allow_outside_root, **checks)
 
 
@@ -124,8 +138,10 @@ class LocalLoader:
     """Iterate `(images [B, 3, H, W], labels int64 [B])` (plus `indices`, -1 = padding, with
     `with_indices=True`) for one rank of one split.
 
-    `data`: ImageFolder root, list file, an `ImageDataset`, or None for the embedded dataset.
-    Train: shuffled, drop_last; val: in order, the last batches padded. `decoder`: "cpu", a
+    `data`: ImageFolder root, list file, an `ImageDataset`, None for the embedded dataset, or
+    a mix, the server's ``mix:NAME=WEIGHT@SOURCE,...`` text (README "Mixtures"; `mix_schedule`:
+    its --mix-schedule), served in the server's order. Train: shuffled, drop_last (a mix in
+    its plan's order); val: in order, the last batches padded. `decoder`: "cpu", a
     name `decode.select.make_decoder` knows ("auto", "nvjpeg", "dali"), or a `BatchDecoder`.
     `allow_outside_root`: a list file may name files outside its folder (see
     `dataset.read_list_file`). `verify_checksums` ("auto", "on", "off") and `checksum_dirs`:
@@ -164,6 +180,7 @@ class LocalLoader:
         allow_outside_root: bool = False,
         verify_checksums: str = "auto",
         checksum_dirs: Sequence[str | Path] = (),
+        mix_schedule: str | None = None,
         **augment: Any,
     ) -> None:
         if split not in _SPLITS:
@@ -171,7 +188,9 @@ class LocalLoader:
         if ring < 1:
             raise ValueError(f"ring must be >= 1, got {ring}")
         self.split = split
-        self.dataset = _open(data, split, allow_outside_root, verify_checksums, checksum_dirs)
+        self.dataset = _open(
+            data, split, allow_outside_root, verify_checksums, checksum_dirs, mix_schedule
+        )
         self.config = AugmentConfig(image_size=image_size, train=split == "train", **augment)
         self.copy = bool(copy)
         self.with_indices = bool(with_indices)

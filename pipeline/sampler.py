@@ -140,7 +140,7 @@ class ShardSampler:
 
     def __repr__(self) -> str:
         return (
-            f"ShardSampler(num_samples={self.num_samples}, batch_size={self.batch_size}, "
+            f"{type(self).__name__}(num_samples={self.num_samples}, batch_size={self.batch_size}, "
             f"seed={self.seed}, shuffle={self.shuffle}, drop_last={self.drop_last}, "
             f"rank={self.rank}, world_size={self.world_size}, num_batches={self.num_batches})"
         )

@@ -12,8 +12,9 @@ from batchwire.pipeline.augment_plan import AugmentConfig
 from batchwire.pipeline.dataset import ImageDataset
 from batchwire.pipeline.decode import DEFAULT_MAX_PIXELS, BatchDecoder
 from batchwire.pipeline.producer import BatchProducer
-from batchwire.pipeline.sampler import ShardSampler
+from batchwire.pipeline.sampler import MixSampler, ShardSampler
 from batchwire.pipeline.samples import SampleLoader
+from batchwire.pipeline.sources.mix import MixDataset
 
 
 @dataclass
@@ -35,7 +36,13 @@ class Split:
         return self.producer.samples
 
     def sampler(self, batch_size: int, seed: int, rank: int, world_size: int) -> ShardSampler:
-        """Train: shuffled, the incomplete last round dropped; val: in order, padded."""
+        """Train: shuffled, the incomplete last round dropped (a mix: in its plan's order,
+        `MixSampler`); val: in order, padded (a val mix too: each sample of every part once,
+        validation ignores weights). The one place that decides, for the server and
+        `LocalLoader` alike."""
+        dataset = self.dataset
+        if self.train and isinstance(dataset, MixDataset) and dataset.plan is not None:
+            return MixSampler(dataset.plan, batch_size, seed=seed, rank=rank, world_size=world_size)
         return ShardSampler(
             len(self.dataset),
             batch_size,

@@ -9,7 +9,6 @@ from batchwire.pipeline.dataset import ImageDataset, open_dataset
 from batchwire.pipeline.decode.contract import BatchDecoder
 from batchwire.pipeline.decode.restart import restart_share
 from batchwire.pipeline.decode.select import make_decoder as select_decoder
-from batchwire.pipeline.mix_split import as_mix_split
 from batchwire.pipeline.sources.metadata import MetadataError, check_batch_metadata
 from batchwire.pipeline.sources.mix import MixDataset, is_mix, open_mix, parse_mix
 from batchwire.pipeline.split import Split, build_split
@@ -139,7 +138,6 @@ def open_splits(config: ServerConfig, decoder: Any) -> dict[str, Split]:
             )
         except ValueError as exc:  # e.g. UnreadableDatasetError from the probe
             raise StartupError(f"--{name} {root}: {exc}") from None
-        split = as_mix_split(split)
         log.info("%s: %d images, %d classes from %s", name, len(dataset), dataset.num_classes, root)
         if config.train is not None:  # the embedded demo dataset has no manifest to write
             for part, part_root in _checked_parts(dataset, root):

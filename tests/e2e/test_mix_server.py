@@ -1,5 +1,6 @@
 """A mixture served by a real `pipeline-server` (issue 33): `--train mix:a=0.75@A,b=0.25@B`
-serves the mix's order (the in-process `MixSampler`'s, index for index), labels in the union
+serves the mix's order (the in-process `MixSampler`'s, index for index, and `LocalLoader`'s
+over the same text, pixel for pixel), labels in the union
 of the parts' class names (`loader.classes`), each sample's part in its metadata
 (`with_metadata=True`); a mid-epoch resume gives the same batches; `--val mix:...` visits every
 sample of every part once over the ranks; a bad `--mix-schedule` ends the server with exit 2."""
@@ -16,6 +17,7 @@ import pytest
 import torch
 from batchwire.client import RemoteLoader
 from batchwire.pipeline.dataset import open_dataset
+from batchwire.pipeline.local import LocalLoader
 from batchwire.pipeline.sampler import MixSampler
 from batchwire.pipeline.sources.mix import open_mix, parse_mix
 from batchwire.pipeline.synthetic import default_dataset
@@ -53,7 +55,7 @@ def test_mix_served_in_its_order_with_parts_and_union_labels(parts):
     with running_server(*args) as srv:
         loader = RemoteLoader(
             srv.endpoint, "train", rank=0, world_size=1, device="cpu", with_indices=True,
-            with_metadata=True, timeout=60,
+            with_metadata=True, normalize_on_device=False, timeout=60,
         )  # fmt: skip
         try:
             assert loader.classes == mix.classes
@@ -70,6 +72,17 @@ def test_mix_served_in_its_order_with_parts_and_union_labels(parts):
                     assert meta == {"part": mix.names[mix.part_of(i)[0]]}
                     parts_seen.append(meta["part"])
             assert parts_seen.count("a") == round(0.75 * len(parts_seen))
+            # LocalLoader over the same mix text: the server's batches, pixel for pixel.
+            with LocalLoader(
+                train, batch_size=8, image_size=32, seed=3, output_dtype="uint8",
+                with_indices=True, with_metadata=True,
+            ) as local:  # fmt: skip
+                local.set_epoch(1)
+                here = _batches(local)
+            assert len(here) == len(got)
+            for k, (x, y) in enumerate(zip(here, got, strict=True)):
+                assert all(torch.equal(p, q) for p, q in zip(x[:3], y[:3], strict=True)), k
+                assert x[3] == y[3], k
             state = loader.state_dict()
             loader.load_state_dict({**state, "epoch": 1, "next_batch": 3})
             resumed = _batches(loader)

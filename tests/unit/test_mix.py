@@ -17,8 +17,9 @@ from batchwire.pipeline.augment_plan import AugmentConfig
 from batchwire.pipeline.checksums import CHECKSUMS_MANIFEST, checksum
 from batchwire.pipeline.dataset import ImageDataset, open_dataset
 from batchwire.pipeline.decode import CpuBatchDecoder
+from batchwire.pipeline.local import LocalLoader
 from batchwire.pipeline.mix_order import MixPlan, apportion
-from batchwire.pipeline.sampler import MixSampler
+from batchwire.pipeline.sampler import MixSampler, ShardSampler
 from batchwire.pipeline.samples import SampleLoader
 from batchwire.pipeline.sources.mix import MixDataset, open_mix, parse_mix, parse_schedule
 from batchwire.server.config import ServerConfig, config_from_toml
@@ -300,3 +301,22 @@ def test_plain_dataset_substitutes_unchanged() -> None:
         paths=[f"/x/{i}.jpg" for i in range(9)], labels=np.zeros(9), classes=["c"], root="/x"
     )
     assert ds.substitute_range(4) == (0, 9)
+
+
+def test_local_loader_opens_a_mix_text_as_the_server_does(folders: tuple[Path, Path]) -> None:
+    """`LocalLoader("mix:...")` (not a path that "does not exist"): train in the plan's order,
+    `mix_schedule` applied as --mix-schedule; val its parts once, in order; a schedule
+    without a mix is an error."""
+    a, b = folders
+    text = f"mix:a=0.5@{a},b=0.5@{b}"
+    want = open_mix(parse_mix(text), open_dataset, train=True, schedule="1:a=0.9")
+    with LocalLoader(
+        text, batch_size=4, image_size=16, seed=5, mix_schedule="1:a=0.9", decoder="cpu"
+    ) as train:
+        assert isinstance(train.sampler, MixSampler) and train.sampler.mix == want.plan
+        assert train.classes == want.classes
+    with LocalLoader(text, split="val", batch_size=4, image_size=16, decoder="cpu") as val:
+        assert type(val.sampler) is ShardSampler and not val.sampler.shuffle
+        assert len(val.dataset) == len(open_dataset(a)) + len(open_dataset(b))
+    with pytest.raises(ValueError, match="mix_schedule needs a mix"):
+        LocalLoader(a, batch_size=4, image_size=16, mix_schedule="1:a=0.9")
