@@ -5,10 +5,16 @@ map of a `wire.LoaderReport`, the schema's trainer part) with each credit, so th
 ``pipeline-monitor``) can tell a starving trainer from a busy one.
 Waits are kept as intervals, so a figure over "the last 10 s" counts only the part of a long wait
 that falls inside those 10 s.
+
+Two totals since the loader was made ride along (a report's extra figures, which servers pass
+on to ``pipeline-monitor --json`` as they are): batches received, and those of them the server
+produced for another client too (`BatchHeader.shared`: a sweep's shared production). A trainer
+tells its per-epoch share from their differences (pipeline-train's epoch line).
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 
@@ -32,32 +38,46 @@ class LoaderStats:
         self._window = RateWindow(window_s, columns=2, clock=clock, start_at_first_event=True)
         self.window_s = self._window.window_s
         self._prefetch_depth = 0
+        self._totals_lock = threading.Lock()  # the two totals move together
+        self.batches_received = 0  # totals since the loader was made (module doc)
+        self.batches_shared = 0
 
     def record_wait(self, seconds: float) -> None:
         """The trainer just spent ``seconds`` blocked waiting for its next batch."""
         self._window.add_interval(seconds)
 
-    def record_batch(self, images: int) -> None:
-        """The trainer received a batch of ``images`` images."""
+    def record_batch(self, images: int, shared: bool = False) -> None:
+        """The trainer received a batch of ``images`` images (``shared``: produced for another
+        client too)."""
         self._window.add((1, int(images)))
+        with self._totals_lock:
+            self.batches_received += 1
+            self.batches_shared += bool(shared)
 
     def set_prefetch_depth(self, n: int) -> None:
         """Batches received and buffered ahead of the trainer right now."""
         self._prefetch_depth = int(n)
 
     def report(self) -> LoaderReport:
-        """Prefetch depth, wait per batch, data-wait fraction and images/s (last window).
+        """Prefetch depth, wait per batch, data-wait fraction and images/s (last window), and
+        the totals of batches received and shared (extra figures).
 
         ``data_wait_fraction`` is the share of wall time spent waiting, over the window (or since
         the first record, when that is more recent): 0 = never starved, 1 = always starved.
         """
         r = self._window.read()
         batches = r.totals[0]
+        with self._totals_lock:
+            totals = {
+                "batches_received_total": self.batches_received,
+                "batches_shared_total": self.batches_shared,
+            }
         return LoaderReport(
             prefetch_depth=self._prefetch_depth,
             wait_s_per_batch=r.interval_s / batches if batches else 0.0,
             data_wait_fraction=r.interval_fraction(),
             images_per_s=r.rate(1),
+            extra=totals,
         )
 
     def as_dict(self) -> dict[str, float]:

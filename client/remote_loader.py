@@ -670,7 +670,7 @@ class RemoteLoader(IterableDataset):
             self.next_batch += 1
             if self._stats is not None:
                 self._stats.record_wait(time.perf_counter() - t0)
-                self._stats.record_batch(arrived.header.batch_size)
+                self._stats.record_batch(arrived.header.batch_size, arrived.header.shared)
                 self._stats.set_prefetch_depth(receiver.depth)
             if self.next_batch == total:
                 self._epoch_passed = True

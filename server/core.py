@@ -613,6 +613,7 @@ class ServerCore:
             classes=welcome_classes(list(split.classes)),
             views=[list(v) for v in spec.views],
             label_width=split.label_width,
+            share_window=self.shared.window,
         )
         return [*actions, Reply(identity, welcome)]
 
@@ -931,6 +932,7 @@ class ServerCore:
             self.jobs_out += 1
             self._buffers_used_at = now
             p = self.shared.start(key, session.serial, pos, batch_index)
+            p.peers.add(session.identity)
             if not self.in_good_standing(session):
                 self._debtor_started_at = now
             if self.shared.enabled:
@@ -955,6 +957,7 @@ class ServerCore:
     def _join(self, session: ClientSession, p: Production, pos: int, k: int, now: float) -> None:
         """The session's batch ``k`` is production ``p``'s: wait for it, or take it now."""
         session.sharing = "shared"
+        p.peers.add(session.identity)
         leader = self._by_serial.get(p.leader)
         if leader is not None and leader is not session:
             leader.sharing = "shared"
@@ -980,6 +983,7 @@ class ServerCore:
     def _send(self, session: ClientSession, batch: ReadyBatch, now: float) -> SendBatch:
         h = session.hello
         spec = self._spec(session)
+        p = self.shared.get(batch.production)
         header = BatchHeader(
             session=h.session,
             split=h.split,
@@ -994,13 +998,15 @@ class ServerCore:
             views=[list(v) for v in spec.views],
             label_width=self.splits[h.split].label_width,
             metadata=self.splits[h.split].batch_metadata(batch.indices) if h.metadata else None,
+            # Another peer waited for it or took it: a job that asked first and was sent the
+            # batch before a later one joined it from the window is not told (a lower bound).
+            shared=p is not None and len(p.peers) > 1,
         )
         # Counted before the hand-off: ZeroMQ's I/O thread can deliver the batch before the
         # loop runs again, and a scrape must never show fewer batches than a client received.
         self.telemetry.add_batch(spec.batch_size, spec.nbytes + header.labels_nbytes)
         if batch.replaced:  # counted per batch served (a shared batch is served more than once)
             self.telemetry.add_replaced(batch.replaced)
-        p = self.shared.get(batch.production)
         if p is not None:
             p.sends += 1
             if p.sends > 1:

@@ -367,9 +367,15 @@ class Welcome(_Message):
     # Multi-label datasets: K of the [B, K] label batches (ids, -1 padded); 0 (absent on the
     # wire): one label per sample, [B].
     label_width: int = 0
+    # Shared production (sweeps): the server's --share-window in batches, as it applies it; 0
+    # (absent on the wire): each batch is produced for its stream alone.
+    share_window: int = 0
 
     def to_map(self) -> dict[str, Any]:
-        return _drop_single_label(_drop_single_view(super().to_map()))
+        m = _drop_single_label(_drop_single_view(super().to_map()))
+        if not m["share_window"]:  # sharing off: the map older peers know
+            del m["share_window"]
+        return m
 
     @property
     def spec(self) -> BatchSpec:
@@ -399,6 +405,7 @@ class Welcome(_Message):
             classes=classes,
             views=_views(d, shape),
             label_width=_label_width(d),
+            share_window=_int(d, "share_window", 0) if "share_window" in d else 0,
         )
 
 
@@ -490,9 +497,15 @@ class BatchHeader(_Message):
     label_width: int = 0  # as `Welcome.label_width`: the labels frame is [B, K] when > 0
     # Per-sample metadata (a manifest's other columns), only for hellos that asked for it.
     metadata: list[dict[str, Any] | None] | None = None
+    # Produced once for this stream and another client's (a sweep's shared production), as far
+    # as the server knows when it sends it; False (absent on the wire): this stream's alone.
+    shared: bool = False
 
     def to_map(self) -> dict[str, Any]:
-        return _drop_single_label(_drop_single_view(super().to_map()))
+        m = _drop_single_label(_drop_single_view(super().to_map()))
+        if not m["shared"]:  # the map older peers know
+            del m["shared"]
+        return m
 
     @property
     def batch_size(self) -> int:
@@ -535,6 +548,7 @@ class BatchHeader(_Message):
             views=views,
             label_width=_label_width(d),
             metadata=_metadata(d, shape[0]),
+            shared=d.get("shared", False) is True,
         )
 
 

@@ -18,6 +18,8 @@ def test_fresh_stats_are_zero_and_keys_match_the_schema() -> None:
         "wait_s_per_batch": 0.0,
         "data_wait_fraction": 0.0,
         "images_per_s": 0.0,
+        "batches_received_total": 0,
+        "batches_shared_total": 0,
     }
 
 
@@ -31,6 +33,21 @@ def test_what_rides_on_a_credit_is_the_schemas_loader_report() -> None:
     assert wire.LoaderReport.clean(stats.as_dict()) == report
     assert wire.LoaderReport.from_map(stats.as_dict()) == report
     assert None not in (report.wait_s_per_batch, report.data_wait_fraction, report.images_per_s)
+
+
+def test_batches_received_and_shared_are_totals_that_ride_as_extra_figures() -> None:
+    """Totals since the loader was made, not the window's: a trainer differences them per
+    epoch; a server passes them on as a report's extra figures (older servers too)."""
+    clock = FakeClock(500.0)
+    stats = LoaderStats(window_s=10.0, clock=clock)
+    for shared in (False, True, True):
+        stats.record_batch(16, shared)
+    stats.record_batch(16)  # a caller that knows nothing of sharing: not shared
+    clock.t += 60.0  # long past the window: the totals stay
+    report = stats.report()
+    assert report.extra == {"batches_received_total": 4, "batches_shared_total": 2}
+    assert (stats.batches_received, stats.batches_shared) == (4, 2)
+    assert wire.LoaderReport.clean(stats.as_dict()) == report
 
 
 def test_half_starved_trainer() -> None:

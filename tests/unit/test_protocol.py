@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import msgpack
 import numpy as np
 import pytest
@@ -158,6 +160,25 @@ def test_welcome_classes_are_optional_and_bounded():
     assert wm.welcome_classes(["tench", "goldfish"]) == ["tench", "goldfish"]
     long = ["n" * wm.MAX_CLASS_NAME_LEN] * (wm.MAX_CLASS_NAMES_CHARS // wm.MAX_CLASS_NAME_LEN + 1)
     assert wm.welcome_classes(long) == []
+
+
+def test_sharing_fields_are_absent_by_default_and_read_from_older_maps():
+    """`BatchHeader.shared` and `Welcome.share_window` are new: left out when False / 0, so a
+    server that shares nothing sends the maps older clients know, and an older server's maps
+    (without them) decode as not shared."""
+    assert "shared" not in HEADER.to_map() and "share_window" not in WELCOME.to_map()
+    old_header = p.decode_server_message(pack(HEADER.to_map()))
+    old_welcome = p.decode_server_message(pack(WELCOME.to_map()))
+    assert old_header.shared is False and old_welcome.share_window == 0
+    shared = dataclasses.replace(HEADER, shared=True)
+    window = dataclasses.replace(WELCOME, share_window=16)
+    assert shared.to_map()["shared"] is True and window.to_map()["share_window"] == 16
+    assert p.decode_server_message(shared.pack()) == shared
+    assert p.decode_server_message(window.pack()) == window
+    # Only a true bool is "shared"; the window is a count.
+    assert p.decode_server_message(pack({**HEADER.to_map(), "shared": 1})).shared is False
+    with pytest.raises(p.ProtocolError, match="'share_window'"):
+        p.decode_server_message(pack({**WELCOME.to_map(), "share_window": -1}))
 
 
 def test_batch_header_checks_sizes():
