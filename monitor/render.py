@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from batchwire.monitor.bottleneck import Bottleneck, infer_bottleneck, is_full
 from batchwire.monitor.fleet import FleetSnapshot
-from batchwire.wire.stats import ClientRow, ServerStats
+from batchwire.wire.stats import ClientRow, MixStats, ServerStats
 from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
 from rich.padding import Padding
 from rich.table import Table
@@ -208,6 +208,22 @@ def _client_table(clients: Sequence[ClientRow], width: int) -> Table:
     return table
 
 
+def _mix_line(mix: MixStats) -> Text:
+    """``mix train: web 70.1% (w 0.70)  curated 29.9% (w 0.30)``: each part's share of the
+    samples sent in the split's latest epoch (of all sent, from a server that does not say),
+    against its planned share; "-" before any sample."""
+    served = [
+        p.served_total if p.served_this_epoch is None else p.served_this_epoch for p in mix.parts
+    ]
+    total = sum(served)
+    shown = "  ".join(
+        f"{p.name} {f'{100 * n / total:.1f}%' if total else '-'} (w {p.weight:.2f})"
+        for p, n in zip(mix.parts, served, strict=True)
+    )
+    epoch = "" if mix.epoch is None else f"  epoch {mix.epoch}"
+    return _line((f"mix {mix.split}: ", BOLD), shown, (epoch, DIM))
+
+
 def _head(title: str, endpoint: str, snapshot: ServerStats | None) -> Text:
     head = _line((title, BOLD), (f"  {endpoint}", CYAN))
     if snapshot is not None:
@@ -305,7 +321,7 @@ def frame(
                 else ""
             ),
         )
-    parts += [totals, _line()]
+    parts += [totals, *(_mix_line(mix) for mix in snapshot.mixes or ()), _line()]
 
     clients = list(snapshot.clients)
     unlisted = 0 if snapshot.clients_unlisted is None else snapshot.clients_unlisted.count

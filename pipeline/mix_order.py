@@ -24,6 +24,7 @@ Three steps, each pure:
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections.abc import Sequence
@@ -123,7 +124,7 @@ class MixPlan:
             total += span * self.counts(lo)
         return total
 
-    @property
+    @functools.cached_property
     def copies(self) -> tuple[int, ...]:
         """Index blocks per part. A part drawn more than its size in an epoch spans up to
         ceil((n - 1) / size) + 1 of its own epochs there, each shown under its own block, so
@@ -139,7 +140,7 @@ class MixPlan:
             for n, s in zip(most, self.sizes, strict=True)
         )
 
-    @property
+    @functools.cached_property
     def blocks(self) -> tuple[tuple[int, int, int], ...]:
         """The index layout: (first index, part, copy) per block of ``size_part`` indices.
         Copy 0 of every part first, back to back (a mix without repeats is just its parts
@@ -168,11 +169,24 @@ class MixPlan:
         drawn = [self._part_draws(seed, p, int(before[p]), int(n)) for p, n in enumerate(counts)]
         return np.concatenate(drawn)[_interleave(seed, epoch, counts)]
 
-    def parts_of(self, indices: np.ndarray) -> np.ndarray:
-        """The part of each mix index (int64, same shape)."""
-        starts = np.asarray([b[0] for b in self.blocks], dtype=np.int64)
-        owners = np.asarray([b[1] for b in self.blocks], dtype=np.int64)
+    def parts_of(self, indices: Sequence[int] | np.ndarray) -> np.ndarray:
+        """The part of each mix index (int64, same shape): the server counts each part's
+        samples sent with it, per batch."""
+        starts, owners = self._block_index
         return owners[np.searchsorted(starts, np.asarray(indices, dtype=np.int64), "right") - 1]
+
+    @functools.cached_property
+    def _block_index(self) -> tuple[np.ndarray, np.ndarray]:
+        """`blocks`' first indices and parts as arrays, for `parts_of`."""
+        starts = np.asarray([b[0] for b in self.blocks], dtype=np.int64)
+        return starts, np.asarray([b[1] for b in self.blocks], dtype=np.int64)
+
+    def shares(self, epoch: int) -> tuple[float, ...]:
+        """Each part's planned share of ``epoch``, summing to 1: its weight normalised (the
+        weight in force then), or, for repeat and choose, its draws over the epoch's."""
+        values = self.weights_at(epoch) if self.mode == "weight" else self.counts(epoch)
+        total = float(sum(values))
+        return tuple(float(v) / total for v in values)
 
     def _part_draws(self, seed: int, part: int, first: int, n: int) -> np.ndarray:
         """Mix indices of part ``part``'s global draws [first, first + n). A part drawn more

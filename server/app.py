@@ -26,6 +26,7 @@ import zmq
 from batchwire.pipeline.sample_window import CHUNK as SAMPLE_CHUNK
 from batchwire.pipeline.sample_window import SampleWindow
 from batchwire.pipeline.samples import BadFileTally
+from batchwire.pipeline.sources.mix import MixDataset
 from batchwire.pipeline.split import Split
 from batchwire.server.budget import BufferBudget
 from batchwire.server.bufpool import BufferPool, default_reserve
@@ -101,6 +102,9 @@ class ServerApp:
         except BaseException:
             self._close_decoder()
             raise
+        for name, split in self.splits.items():  # per-part samples sent (stats, /metrics)
+            if isinstance(split.dataset, MixDataset) and split.dataset.plan is not None:
+                self.telemetry.add_mix(name, split.dataset.names, split.dataset.plan)
         # Every split writes the same batches (one image size, dtype and layout): one spec;
         # a client may ask for another batch size or output size, up to --max-batch-size and
         # --max-image-size (`capacity`, what a buffer holds). Buffers are flat bytes, so a
@@ -572,6 +576,8 @@ class ServerApp:
                 )
                 self._in_flight.append((tracker, action.ticket))
                 self._tracker_wait_ms = 1
+                header = action.header
+                self.telemetry.add_sent_samples(header.split, header.epoch, header.indices)
             elif isinstance(action, Submit):
                 self.producers.submit(Job(action.order, self.buffers.acquire()))
             elif isinstance(action, Release):

@@ -13,12 +13,14 @@ import logging
 import math
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import fields, replace
 from typing import Any
 
+import numpy as np
 from batchwire.common.rates import RateWindow
+from batchwire.pipeline.mix_order import MixPlan
 from batchwire.server.handshakes import REASONS as HANDSHAKE_REASONS
 from batchwire.server.metrics_http import HealthCheck, start_metrics_server
 from batchwire.wire.stats import (
@@ -26,6 +28,8 @@ from batchwire.wire.stats import (
     BufferStats,
     ClientRow,
     Counters,
+    MixPartStats,
+    MixStats,
     ServerStats,
     StageStats,
     Throughput,
@@ -149,6 +153,68 @@ _TRAINER_WAIT = (
     "Mean share of wall time the connected trainers waited for data (their loader reports), "
     "0 to 1; high means trainers are waiting on data: add servers.",
 )
+# Per mixture split and part: samples sent (a counter) and the part's planned share (a gauge):
+# rate(batchwire_mix_part_samples_total[5m]) over its sum by split, against the weight.
+_MIX_SERVED = (
+    "batchwire_mix_part_samples_total",
+    "Samples of a mixture's part sent to clients (valid slots), by split and part.",
+)
+_MIX_WEIGHT = (
+    "batchwire_mix_part_weight",
+    "A mixture part's planned share of the current epoch (its weight normalised), 0 to 1.",
+)
+# Epochs whose per-part counts are kept: ranks near an epoch's end and the next epoch's early
+# batches interleave two or three epochs; a new run going back to epoch 0 starts its own.
+_MIX_EPOCHS_KEPT = 4
+
+
+class MixTally:
+    """One mixture split's samples sent per part: in all, and per recent epoch.
+
+    Fed at send from each batch's indices (`MixPlan.parts_of`); "this epoch" is the epoch of
+    the split's most recently sent batch. Not thread-safe: `Telemetry` holds its lock.
+    """
+
+    def __init__(self, split: str, names: Sequence[str], plan: MixPlan) -> None:
+        if len(names) != len(plan.sizes):
+            raise ValueError(f"{len(plan.sizes)} parts but {len(names)} names")
+        self.split, self.names, self.plan = split, tuple(names), plan
+        self.total = np.zeros(len(self.names), dtype=np.int64)
+        self.epochs: OrderedDict[int, np.ndarray] = OrderedDict()
+
+    def counts(self, indices: Sequence[int]) -> np.ndarray:
+        """Samples per part among ``indices`` (padding, index < 0, skipped); pure."""
+        valid = np.asarray(indices, dtype=np.int64)
+        valid = valid[valid >= 0]
+        return np.bincount(self.plan.parts_of(valid), minlength=len(self.names))
+
+    def add(self, epoch: int, counts: np.ndarray) -> None:
+        self.total += counts
+        mine = self.epochs.get(epoch)
+        if mine is None:
+            mine = self.epochs[epoch] = np.zeros(len(self.names), dtype=np.int64)
+        mine += counts
+        self.epochs.move_to_end(epoch)
+        while len(self.epochs) > _MIX_EPOCHS_KEPT:
+            self.epochs.popitem(last=False)
+
+    def stats(self) -> MixStats:
+        epoch = next(reversed(self.epochs), None)
+        shares = self.plan.shares(0 if epoch is None else epoch)
+        now = None if epoch is None else self.epochs[epoch]
+        return MixStats(
+            split=self.split,
+            epoch=epoch,
+            parts=tuple(
+                MixPartStats(
+                    name=name,
+                    weight=shares[p],
+                    served_total=int(self.total[p]),
+                    served_this_epoch=None if now is None else int(now[p]),
+                )
+                for p, name in enumerate(self.names)
+            ),
+        )
 
 
 class MetricsServer:
@@ -294,6 +360,15 @@ def _families(snap: ServerStats, fallbacks: dict[str, int] | None = None) -> Ite
             ),
         ):
             yield GaugeMetricFamily(name, doc, value=float(value))
+    if snap.mixes:
+        served = CounterMetricFamily(*_MIX_SERVED, labels=["split", "part"])
+        weight = GaugeMetricFamily(*_MIX_WEIGHT, labels=["split", "part"])
+        for mix in snap.mixes:
+            for part in mix.parts:
+                served.add_metric([mix.split, part.name], float(part.served_total))
+                weight.add_metric([mix.split, part.name], part.weight)
+        yield served
+        yield weight
     if snap.connections is not None:
         yield GaugeMetricFamily(
             "batchwire_connections",
@@ -363,6 +438,14 @@ class Telemetry:
             GCCollector(registry=self.registry),
         )
         self._collector: _SnapshotCollector | None = None
+        self._mixes: dict[str, MixTally] = {}
+
+    def add_mix(self, split: str, names: Sequence[str], plan: MixPlan) -> None:
+        """Report ``split``'s mixture parts (``names``, ordered by ``plan``) per part: samples
+        sent (`add_sent_samples`) against each one's weight."""
+        tally = MixTally(split, names, plan)
+        with self._lock:
+            self._mixes[split] = tally
 
     # -- hot path -----------------------------------------------------------------------------
 
@@ -386,6 +469,16 @@ class Telemetry:
             self._counters["images_total"] += int(images)
             self._counters["bytes_total"] += int(nbytes)
             self._sent.add((1, int(images), int(nbytes)))
+
+    def add_sent_samples(self, split: str, epoch: int, indices: Sequence[int]) -> None:
+        """A batch of ``split`` and ``epoch`` sent with these sample ``indices`` (the header's:
+        -1 for padding): counted per part for a mixture split (`add_mix`), else nothing."""
+        tally = self._mixes.get(split)
+        if tally is None:
+            return
+        counts = tally.counts(indices)  # outside the lock: pure
+        with self._lock:
+            tally.add(int(epoch), counts)
 
     def add_replaced(self, n: int) -> None:
         self._add("replaced_total", n)
@@ -489,6 +582,7 @@ class Telemetry:
                 0, self._batch_images - counters["samples_reused_total"]
             )
             batches_s, images_s, bytes_s = self._sent.rates()
+            mixes = tuple(t.stats() for t in self._mixes.values()) or None
         return ServerStats(
             v=STATS_VERSION,
             uptime_s=now - self._started,
@@ -502,6 +596,7 @@ class Telemetry:
             clients_unlisted=clients_unlisted,
             buffers=buffers,
             connections=None if connections is None else int(connections),
+            mixes=mixes,
         )
 
     def _with_latency(self, stage: StageStats) -> StageStats:

@@ -259,11 +259,40 @@ class BufferStats(Record):
 
 
 @dataclass(frozen=True)
+class MixPartStats(Record):
+    """One part of a mixture split (``--train mix:NAME=WEIGHT@SOURCE,...``): its planned share
+    and the samples of it sent (valid slots only, every client's sends counted)."""
+
+    WHERE: ClassVar[str] = "part"
+    name: str
+    #: The part's planned share of ``MixStats.epoch``, 0 to 1 over the parts: its weight
+    #: normalised (the --mix-schedule's in force then), or for repeat/choose its draws' share.
+    weight: float
+    served_total: int
+    #: Sent of ``MixStats.epoch``; None (absent) before any batch of the split was sent.
+    served_this_epoch: int | None = None
+
+
+@dataclass(frozen=True)
+class MixStats(Record):
+    """A mixture split's parts, each one's samples served against its weight."""
+
+    WHERE: ClassVar[str] = "mix"
+    split: str
+    parts: tuple[MixPartStats, ...]
+    #: The epoch of the split's most recently sent batch (what ``served_this_epoch`` counts);
+    #: None before any was sent.
+    epoch: int | None = None
+
+
+@dataclass(frozen=True)
 class ServerStats(Record):
     """A server's snapshot: the ``stats`` reply and every Prometheus gauge come from one.
 
     ``clients_unlisted``, ``buffers`` and ``connections`` are None when the server did not
-    report them (a snapshot without the server's own state, e.g. during its shutdown).
+    report them (a snapshot without the server's own state, e.g. during its shutdown);
+    ``mixes`` (one per mixture split) is None for a server serving no mixture, and from an
+    older server.
     """
 
     WHERE: ClassVar[str] = "stats"
@@ -277,6 +306,7 @@ class ServerStats(Record):
     clients_unlisted: UnlistedClients | None = None
     buffers: BufferStats | None = None
     connections: int | None = None
+    mixes: tuple[MixStats, ...] | None = None
 
     def stage(self, name: str) -> StageStats | None:
         """The stage of that name, if the server reports it."""

@@ -3,14 +3,17 @@ serves the mix's order (the in-process `MixSampler`'s, index for index, and `Loc
 over the same text, pixel for pixel), labels in the union
 of the parts' class names (`loader.classes`), each sample's part in its metadata
 (`with_metadata=True`); a mid-epoch resume gives the same batches; `--val mix:...` visits every
-sample of every part once over the ranks; a bad `--mix-schedule` ends the server with exit 2."""
+sample of every part once over the ranks; the server's stats count each part's samples sent
+against its weight; a bad `--mix-schedule` ends the server with exit 2."""
 
 from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -21,6 +24,8 @@ from batchwire.pipeline.local import LocalLoader
 from batchwire.pipeline.sampler import MixSampler
 from batchwire.pipeline.sources.mix import open_mix, parse_mix
 from batchwire.pipeline.synthetic import default_dataset
+from batchwire.wire.stats_client import fetch_stats
+from promtext import parse_metrics
 from serverproc import free_tcp_endpoint, running_server
 
 BIN = Path(sys.executable).parent
@@ -48,14 +53,17 @@ def test_mix_served_in_its_order_with_parts_and_union_labels(parts):
     a, b = parts
     train = f"mix:a=0.75@{a},b=0.25@{b}"
     mix = open_mix(parse_mix(train), open_dataset, train=True)
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
     args = (
         "--train", train, "--val", f"mix:a=1@{a},b=1@{b}", "--batch-size", "8",
-        "--image-size", "32", "--workers", "1", "--seed", "3",
+        "--image-size", "32", "--workers", "1", "--seed", "3", "--metrics-port", str(port),
     )  # fmt: skip
     with running_server(*args) as srv:
         loader = RemoteLoader(
             srv.endpoint, "train", rank=0, world_size=1, device="cpu", with_indices=True,
-            with_metadata=True, normalize_on_device=False, timeout=60,
+            with_metadata=True, normalize_on_device=False, prefetch_next_epoch=False, timeout=60,
         )  # fmt: skip
         try:
             assert loader.classes == mix.classes
@@ -72,6 +80,20 @@ def test_mix_served_in_its_order_with_parts_and_union_labels(parts):
                     assert meta == {"part": mix.names[mix.part_of(i)[0]]}
                     parts_seen.append(meta["part"])
             assert parts_seen.count("a") == round(0.75 * len(parts_seen))
+            # The server's stats count each part's samples sent, against its weight.
+            (train_mix, val_mix) = fetch_stats(srv.endpoint).mixes
+            assert (train_mix.split, train_mix.epoch, val_mix.epoch) == ("train", 1, None)
+            assert [
+                (p.name, p.weight, p.served_this_epoch, p.served_total) for p in train_mix.parts
+            ] == [
+                (n, w, parts_seen.count(n), parts_seen.count(n))
+                for n, w in (("a", 0.75), ("b", 0.25))
+            ]
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+                metrics = parse_metrics(r.read().decode())
+            for name in ("a", "b"):
+                served = metrics[f'batchwire_mix_part_samples_total{{part="{name}",split="train"}}']
+                assert served == parts_seen.count(name)
             # LocalLoader over the same mix text: the server's batches, pixel for pixel.
             with LocalLoader(
                 train, batch_size=8, image_size=32, seed=3, output_dtype="uint8",

@@ -198,3 +198,32 @@ def test_a_lone_client_reads_as_nothing_to_share() -> None:
     assert "produced 3,386  sent 1,929 (one client: nothing to share)" in lone
     two = render(_sharing_snapshot(2), 160)
     assert "share ratio 0.57 (batches sent per batch produced)" in two
+
+
+def test_a_mix_shows_each_parts_share_of_the_epoch_against_its_weight() -> None:
+    """One line per mixture split: each part's share of the samples sent in the split's
+    latest epoch (of all sent where a server gives no epoch count), and its weight."""
+    parts = [
+        {"name": "web", "weight": 0.7, "served_total": 9000, "served_this_epoch": 701},
+        {"name": "curated", "weight": 0.3, "served_total": 1000, "served_this_epoch": 299},
+    ]
+    fresh = [{"name": "a", "weight": 0.25, "served_total": 0}, {**parts[0], "name": "b"}]
+    fresh[1].pop("served_this_epoch")
+    snap = wire.ServerStats.from_map(
+        {
+            **SNAP_MAP,
+            "mixes": [
+                {"split": "train", "parts": parts, "epoch": 4},
+                {"split": "val", "parts": fresh},
+            ],
+        }
+    )
+    text = render(snap, 140)
+    assert "mix train: web 70.1% (w 0.70)  curated 29.9% (w 0.30)  epoch 4" in text
+    assert "mix val: a 0.0% (w 0.25)  b 100.0% (w 0.70)\n" in text
+    empty = [{**p, "served_total": 0} for p in fresh]
+    text = render(
+        wire.ServerStats.from_map({**SNAP_MAP, "mixes": [{"split": "t", "parts": empty}]})
+    )
+    assert "mix t: a - (w 0.25)  b - (w 0.70)" in text
+    assert "mix " not in render(SNAP, 140)  # no mixture: no line

@@ -15,7 +15,7 @@ import pytest
 from batchwire import wire
 from batchwire.monitor.bottleneck import infer_bottleneck, smooth
 from batchwire.monitor.render import render
-from batchwire.wire.stats import MAX_FIGURE_NAME, MAX_LOADER_FIGURES
+from batchwire.wire.stats import MAX_FIGURE_NAME, MAX_LOADER_FIGURES, MixPartStats, MixStats
 
 LOADER = {
     "prefetch_depth": 2,
@@ -69,6 +69,16 @@ FULL = {
     },
     "buffers": {"held": 3, "allocated": 8, "max": 64, "batch_bytes": 1 << 20},
     "connections": 4,
+    "mixes": [
+        {
+            "split": "train",
+            "parts": [
+                {"name": "web", "weight": 0.7, "served_total": 7010, "served_this_epoch": 701},
+                {"name": "curated", "weight": 0.3, "served_total": 2990, "served_this_epoch": 299},
+            ],
+            "epoch": 9,
+        }
+    ],
 }
 
 
@@ -91,12 +101,17 @@ def test_numbers_are_normalised() -> None:
 
 
 def test_optional_sections_may_be_missing_and_stay_missing() -> None:
-    bare = {
-        k: v for k, v in FULL.items() if k not in ("clients_unlisted", "buffers", "connections")
-    }
+    optional = ("clients_unlisted", "buffers", "connections", "mixes")
+    bare = {k: v for k, v in FULL.items() if k not in optional}
     stats = wire.ServerStats.from_map(bare)
     assert (stats.clients_unlisted, stats.buffers, stats.connections) == (None, None, None)
+    assert stats.mixes is None  # a server serving no mixture, or an older one
     assert stats.to_map() == bare
+    # A mix before its first batch sent: no epoch, nothing served this epoch.
+    fresh = {"split": "train", "parts": [{"name": "a", "weight": 1.0, "served_total": 0}]}
+    mixes = wire.ServerStats.from_map({**bare, "mixes": [fresh]}).mixes
+    assert mixes == (MixStats("train", (MixPartStats("a", 1.0, 0),)),)
+    assert mixes[0].to_map() == fresh
     # A client row's loader always travels, as nil when the trainer sent no report.
     assert stats.to_map()["clients"][1]["loader"] is None
     row = {k: v for k, v in ROW.items() if k != "loader"}
@@ -156,7 +171,11 @@ LEAVES = [(p, v) for p, v in _paths(FULL, "stats") if v is not None]
 
 @pytest.mark.parametrize(("path", "value"), LEAVES, ids=[p for p, _ in LEAVES])
 def test_every_wrong_type_is_a_protocol_error_naming_the_field(path: str, value: Any) -> None:
-    optional = path.startswith("stats.connections") or ".loader." in path
+    optional = (
+        path.startswith("stats.connections")
+        or ".loader." in path
+        or (path.endswith(("served_this_epoch", "].epoch")) and path.startswith("stats.mixes"))
+    )
     for wrong in _wrong_values(value):
         if wrong is None and optional:
             continue  # nil is a fine value for an optional field

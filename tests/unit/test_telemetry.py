@@ -12,6 +12,7 @@ import msgpack
 import pytest
 from batchwire import wire
 from batchwire.common.rates import RateWindow
+from batchwire.pipeline.mix_order import MixPlan
 from batchwire.server.telemetry import (
     COUNTER_NAMES,
     LATENCY_WINDOW_S,
@@ -340,3 +341,49 @@ def test_a_failing_snapshot_still_scrapes_own_counters() -> None:
     assert metrics["batchwire_errors_total"] == 1
     assert not any(k.startswith("batchwire_queue_depth{") for k in metrics)
     assert math.isfinite(metrics["batchwire_uptime_seconds"])
+
+
+def test_mix_parts_are_counted_at_send_per_epoch_and_exported() -> None:
+    """A mixture split's samples sent, per part, from the batch headers' indices (padding
+    skipped): in all, and in the epoch of the split's latest batch, against each part's
+    weight; Prometheus carries the totals and weights by (split, part). No mix: no section."""
+    assert Telemetry().snapshot([], []).mixes is None
+    plan = MixPlan((700, 300), "weight", (7.0, 3.0), schedule=((3, (1.0, 1.0)),))
+    tel = Telemetry()
+    tel.add_mix("train", ["web", "curated"], plan)
+    order = plan.epoch_order(0, 2)
+    for k in range(10):
+        tel.add_sent_samples("train", 2, order[64 * k : 64 * (k + 1)].tolist())
+    tel.add_sent_samples("val", 0, [1, 2, 3])  # not a mix: nothing
+    (mix,) = tel.snapshot([], []).mixes
+    assert (mix.split, mix.epoch) == ("train", 2)
+    web, curated = mix.parts
+    assert (web.name, web.weight, curated.name, curated.weight) == ("web", 0.7, "curated", 0.3)
+    assert (web.served_total, curated.served_total) == (448, 192)  # the stride interleave
+    assert (web.served_this_epoch, curated.served_this_epoch) == (448, 192)
+    # Epoch 3 (the schedule's 1:1 from there): padding is not a sample; epoch 2 goes on
+    # counting in the totals and in its own tally (a rank finishing it).
+    tel.add_sent_samples("train", 3, [0, 699, 700, -1, -1])
+    (mix,) = tel.snapshot([], []).mixes
+    assert mix.epoch == 3 and [p.weight for p in mix.parts] == [0.5, 0.5]
+    assert [(p.served_this_epoch, p.served_total) for p in mix.parts] == [(2, 450), (1, 193)]
+    tel.add_sent_samples("train", 2, [1, 2])
+    (mix,) = tel.snapshot([], []).mixes
+    assert mix.epoch == 2 and [p.served_this_epoch for p in mix.parts] == [450, 192]
+    metrics = parse_metrics(tel.prometheus_text().decode())
+    assert metrics['batchwire_mix_part_samples_total{part="web",split="train"}'] == 452
+    assert metrics['batchwire_mix_part_samples_total{part="curated",split="train"}'] == 193
+    assert metrics['batchwire_mix_part_weight{part="web",split="train"}'] == 0.7
+
+
+def test_a_mix_before_any_send_reports_its_weights_and_no_epoch() -> None:
+    tel = Telemetry()
+    tel.add_mix("train", ["a", "b"], MixPlan((10, 30), "repeat", (2.0, 1.0)))
+    (mix,) = tel.snapshot([], []).mixes
+    assert mix.epoch is None
+    assert [(p.weight, p.served_total, p.served_this_epoch) for p in mix.parts] == [
+        (0.4, 0, None),
+        (0.6, 0, None),
+    ]
+    with pytest.raises(ValueError, match="2 parts but 1 names"):
+        tel.add_mix("val", ["a"], MixPlan((10, 30)))
