@@ -6,7 +6,7 @@ every later class's label). A folder need not be an ImageFolder (a flat folder o
 prepared like any other). Symlinks are followed, to files and to folders (symlink farms are a
 common way to build subsets), with each folder visited once.
 
-A list file (`path label` per line, see `pipeline.dataset.read_list_file`) is parsed with the
+A list file (`path label` per line, see `pipeline.sources.folder.read_list_file`) is parsed with the
 server's own parser, so a path escaping the list file's folder is refused here as the server
 would refuse it, before any work. Its listed files go to the same relative paths under DST and
 the list file itself beside them.
@@ -21,7 +21,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from batchwire.pipeline.dataset import read_list_file
+from batchwire.pipeline.sources.folder import read_list_file
 
 RESERVED_PREFIX = ".batchwire-prepare"
 

@@ -28,8 +28,9 @@ than the whole file. Each link says what it verifies and why that is enough:
    last row (plus the EOI marker's presence); a restart-marked one takes the restart path
    (intact requests on restart-marked files only): decodes the crop's intervals and checks the
    scan's structure, not the other intervals nor whether the tables still decode them: a
-   changed DHT byte can leave the crop's intervals decodable to wrong pixels. For intact bytes that cannot happen
-   (they passed the full decode), and it is the same pixels for about 0.6 the work.
+   changed DHT byte can leave the crop's intervals decodable to wrong pixels. For intact bytes
+   that cannot happen (they passed the full decode), and it is the same pixels for about 0.6
+   the work.
 4. GPU decoders (`fallback.GpuDecoderBase`): nvJPEG and DALI decode much damage without an
    error, so a request that is not intact is strictly checked whole on the CPU first (refused:
    it goes to the CPU decoder as it was, which refuses it); an intact one is not checked, so
@@ -51,7 +52,6 @@ from batchwire.pipeline.decode.region import Box
 
 if TYPE_CHECKING:  # annotations only: the contract itself imports no torch
     import torch
-    from batchwire.pipeline.decode.headers import ImageHeader
 
 
 #: The names `--decoder` takes (`select.make_decoder` builds each): here, apart from the
@@ -77,6 +77,25 @@ class DecodedImage:
     pixels: np.ndarray
     box: Box
     route: str = ROUTE_WHOLE
+
+
+@dataclass(frozen=True)
+class ImageHeader:
+    """What a file's header says (`headers.read_header` reads it; a `DecodeRequest` carries
+    it, so it is the contract's). `height`/`width` are as displayed (after EXIF orientation).
+
+    `kind` is "jpeg" for JPEGs TurboJPEG decodes to RGB (the fast, DCT-scalable path) and
+    "other" for everything that goes through OpenCV (PNG, CMYK/YCCK JPEG, ...).
+    """
+
+    height: int
+    width: int
+    orientation: int
+    kind: str
+
+    @property
+    def pixels(self) -> int:
+        return self.height * self.width
 
 
 @dataclass(frozen=True)

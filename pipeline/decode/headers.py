@@ -8,15 +8,15 @@ JPEG claiming 9000x9000 would allocate 243 MB) is refused too (`ImplausibleHeade
 `JPEG_MAX_PIXELS_PER_BYTE` and `PNG_MAX_RAW_BYTES_PER_BYTE`).
 JPEG sizes come from TurboJPEG (or the SOF marker without it), PNG and BMP sizes from their
 fixed headers; any other format is decoded once by OpenCV, which applies its own pixel limit.
+The record it returns, `ImageHeader`, is the decoder contract's (`contract.py`), imported here.
 """
 
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
 
 from batchwire.pipeline.decode.backends import TJCS_CMYK, TJCS_YCCK, cv2_decode, turbo
-from batchwire.pipeline.decode.contract import DecodeError
+from batchwire.pipeline.decode.contract import DecodeError, ImageHeader
 from batchwire.pipeline.decode.exif import read_orientation
 from batchwire.pipeline.decode.orientation import swaps_axes
 
@@ -51,24 +51,6 @@ class ImageTooLarge(DecodeError):
 class ImplausibleHeader(DecodeError):
     """The header claims more pixels than the file's size could encode: a corrupt (or
     malicious) header, refused before any pixel memory is allocated."""
-
-
-@dataclass(frozen=True)
-class ImageHeader:
-    """What a file's header says. `height`/`width` are as displayed (after EXIF orientation).
-
-    `kind` is "jpeg" for JPEGs TurboJPEG decodes to RGB (the fast, DCT-scalable path) and
-    "other" for everything that goes through OpenCV (PNG, CMYK/YCCK JPEG, ...).
-    """
-
-    height: int
-    width: int
-    orientation: int
-    kind: str
-
-    @property
-    def pixels(self) -> int:
-        return self.height * self.width
 
 
 def read_header(data: bytes, max_pixels: int | None = DEFAULT_MAX_PIXELS) -> ImageHeader:

@@ -1,13 +1,14 @@
 """Sources: where sample i's bytes and label come from, picked by what the path or URL is.
 
-One concept, one home. Every source opens as a `pipeline.dataset.ImageDataset` (sample names,
-int64 labels, class names), so the sampler, checksums, the sample loader, the server and
+One concept, one home. Every source opens as a `pipeline.image_dataset.ImageDataset` (sample
+names, int64 labels, class names), so the sampler, checksums, the sample loader, the server and
 `LocalLoader` work on any of them unchanged; the kinds differ only in how `read_bytes(i)` gets
 the bytes (`ImageDataset.reader`) and are built on a `pipeline.storage.Store`, so each works the
 same on a local disk and on an object store.
 
 Kinds (`locate.locate` picks one from the extension, the first bytes, the first line):
-- ImageFolder tree and list file: today's, opened by `pipeline.dataset` exactly as before;
+- ImageFolder tree and list file (`folder.py`; the same in a bucket: `pipeline.storage.listing`,
+  which `pipeline.dataset.open_dataset` asks first);
 - CSV / JSON-lines manifest (`manifest.py`): path or URL and label (id or class name) per row;
 - WebDataset tar shards (`tarshards.py`, `tarindex.py`, `tarheaders.py`): one shard, a brace
   pattern, a folder of shards, a list of them or a text file naming them; random access
@@ -20,7 +21,9 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
-from batchwire.pipeline.dataset import ImageDataset
+from batchwire.pipeline import paths as _paths
+from batchwire.pipeline.image_dataset import ImageDataset
+from batchwire.pipeline.sources.folder import open_folder_or_list
 from batchwire.pipeline.sources.locate import expand_braces, is_classic, locate
 
 __all__ = ["expand_braces", "is_classic", "open_source", "source_kind"]
@@ -51,11 +54,8 @@ def open_source(
     """The samples of any source kind, without checksums (`pipeline.dataset.open_dataset` is
     this plus the checksum manifest). FileNotFoundError for a missing path; ValueError for an
     empty or malformed source, naming the file (and line)."""
-    from batchwire.pipeline import dataset as _dataset
-    from batchwire.pipeline import paths as _paths
-
     if is_classic(spec):
-        return _dataset._open_listing(spec, cache_dir, allow_outside_root)  # type: ignore[arg-type]
+        return open_folder_or_list(spec, cache_dir, allow_outside_root)  # type: ignore[arg-type]
     located = locate(spec)
     if located.kind in ("csv", "jsonl", "namedlist"):
         from batchwire.pipeline.sources.manifest import open_manifest

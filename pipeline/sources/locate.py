@@ -7,7 +7,7 @@ bytes (a tar's `ustar` magic, Parquet's `PAR1`), then the first line of a text f
 file's `path label`, a CSV's commas, a JSON line's brace, a bare list of shard names). So a tar
 given to `--train` is read as shards, not as a list file that "is not UTF-8 text".
 
-Kinds: "folder" and "list" (today's, opened by `pipeline.dataset` unchanged), "csv", "jsonl"
+Kinds: "folder" and "list" (the classic two, opened by `folder.py`), "csv", "jsonl"
 and "namedlist" (manifests; the last a list file whose labels are class names), "tar"
 (WebDataset shards), "parquet" (Hugging Face datasets layout).
 """
@@ -192,7 +192,7 @@ def local_kind(path: Path) -> str:
 
 def is_classic(spec: object) -> bool:
     """Whether `spec` is one of today's two kinds (ImageFolder tree, list file) or a missing
-    local path: `pipeline.dataset` opens those itself, exactly as before."""
+    local path: `folder.open_folder_or_list` opens (or refuses) those, nothing is sniffed."""
     if not isinstance(spec, (str, os.PathLike)):
         return False
     text = os.fspath(spec)

@@ -33,7 +33,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from batchwire.pipeline.dataset import ImageDataset, dataset_root
+from batchwire.pipeline.image_dataset import ImageDataset, dataset_root
 from batchwire.pipeline.listfile import confined_path
 from batchwire.pipeline.sources.labels import LabelError, LabelTable, parse_labels
 from batchwire.pipeline.sources.locate import Located, is_url

@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 from batchwire.pipeline.checksums import SampleKeys
-from batchwire.pipeline.dataset import ImageDataset, dataset_root
+from batchwire.pipeline.image_dataset import ImageDataset, dataset_root
 from batchwire.pipeline.sources.labels import LabelTable
 from batchwire.pipeline.sources.locate import Located
 from batchwire.pipeline.sources.tarindex import MAX_MEMBER_BYTES

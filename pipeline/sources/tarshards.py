@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 from batchwire.pipeline.checksums import SampleKeys
-from batchwire.pipeline.dataset import ImageDataset, dataset_root
+from batchwire.pipeline.image_dataset import ImageDataset, dataset_root
 from batchwire.pipeline.sources.labels import LabelTable
 from batchwire.pipeline.sources.locate import TAR_SUFFIXES, Located, is_url
 from batchwire.pipeline.sources.shardsets import (

@@ -8,8 +8,8 @@ once committed: `pipeline-prepare --shards` writes its shards so, to a folder or
 `LocalStore` reads a folder through `decode.files.read_file` (regular files only);
 `ObjectStore` (objects.py, over obstore) reads `s3://`, `gs://` and `az://` buckets, and
 `CachedStore` (cache.py) keeps what any store returned on local disk, bounded. `open_store`
-picks by what it is given; `open_store_dataset` (listing.py) opens an ImageFolder or list file
-held in a bucket as an `ImageDataset`.
+(stores.py) picks by what it is given; `open_store_dataset` (listing.py) opens an ImageFolder
+or list file held in a bucket as an `ImageDataset`.
 
 Errors: an `OSError` whose errno is transient (`decode.files.is_transient`) says nothing about the
 object (retried, never a bad sample); `FileNotFoundError` / `PermissionError` are the object's
@@ -18,46 +18,12 @@ object (retried, never a bad sample); `FileNotFoundError` / `PermissionError` ar
 
 from __future__ import annotations
 
-import os
-from typing import Any
-
 from batchwire.pipeline.storage.base import ObjectInfo, ObjectWriter, Store
+from batchwire.pipeline.storage.listing import open_store_dataset
 from batchwire.pipeline.storage.local import LocalStore
 from batchwire.pipeline.storage.options import StoreOptions, default_options, set_default_options
+from batchwire.pipeline.storage.stores import open_store
 from batchwire.pipeline.storage.urls import is_url, parse_url, redact_url
-
-
-def open_store(location: str | os.PathLike[str], options: StoreOptions | None = None) -> Store:
-    """The store at `location`: `s3://bucket/prefix`, `gs://...`, `az://...` (an
-    `ObjectStore`), `file:///path` or a plain path (a `LocalStore`). `options` default to the
-    process's (`set_default_options`); with a cache directory and size in them, an object
-    store's reads go through a `CachedStore`. ValueError for a URL that cannot be opened
-    (unknown scheme, credentials in it)."""
-    text = os.fspath(location)
-    if not is_url(text):
-        return LocalStore(text)
-    if text.lower().startswith("file://"):
-        return LocalStore(text[len("file://") :])
-    parse_url(text)  # ValueError first, naming the problem
-    from batchwire.pipeline.storage.objects import ObjectStore
-
-    options = options or default_options()
-    store: Store = ObjectStore(text, options)
-    if options.cache_dir is not None and options.cache_size is not None:
-        from batchwire.pipeline.storage.cache import CachedStore
-
-        store = CachedStore(store, options.cache_dir, options.cache_size)
-    return store
-
-
-def open_store_dataset(
-    url: str, cache_dir: str | os.PathLike[str] | None = None, options: StoreOptions | None = None
-) -> Any:
-    """See `listing.open_store_dataset` (imported lazily: it imports the dataset module)."""
-    from batchwire.pipeline.storage.listing import open_store_dataset as _open
-
-    return _open(url, cache_dir, options)
-
 
 __all__ = [
     "LocalStore",

@@ -37,11 +37,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from batchwire.pipeline import paths as _paths
+from batchwire.pipeline.image_dataset import ImageDataset
 from batchwire.pipeline.index_cache import IMAGE_EXTENSIONS, pack_strings, unpack_strings
 from batchwire.pipeline.listfile import parse_list_line
 from batchwire.pipeline.storage.base import ObjectInfo, Store
 from batchwire.pipeline.storage.errors import CredentialsError
 from batchwire.pipeline.storage.options import StoreOptions, default_options
+from batchwire.pipeline.storage.stores import open_store
 from batchwire.pipeline.storage.urls import OBJECT_SCHEMES, StoreURL, is_url, parse_url
 
 log = logging.getLogger("batchwire.pipeline")
@@ -293,7 +296,7 @@ def open_bucket_dataset(
     spec: object,
     cache_dir: str | os.PathLike[str] | None = None,
     options: StoreOptions | None = None,
-) -> Any:  # ImageDataset | None
+) -> ImageDataset | None:
     """`open_store_dataset` for a URL that is an ImageFolder prefix or a list file in a
     bucket; None for anything else (a local path, a brace pattern or list, a shard, Parquet
     or manifest URL, a prefix holding only shards or Parquet files: `pipeline.sources`).
@@ -317,7 +320,7 @@ def open_store_dataset(
     options: StoreOptions | None = None,
     *,
     only_mine: bool = False,
-) -> Any:  # ImageDataset (imported lazily: the dataset module imports this one)
+) -> ImageDataset | None:
     """The `ImageDataset` of an ImageFolder under `url` or of the list file `url` names.
 
     `cache_dir` holds the cached listing (default `paths.cache_dir()`); `options` the store's
@@ -326,10 +329,6 @@ def open_store_dataset(
     unreachable, no credentials, no bucket, access denied), each naming the URL and what to do.
     `only_mine`: return None for a prefix whose top level holds only tar shards or Parquet
     files (another source kind's)."""
-    from batchwire.pipeline import paths as _paths
-    from batchwire.pipeline.dataset import ImageDataset
-    from batchwire.pipeline.storage import open_store
-
     options = options or default_options()
     uncached = replace(options, cache_dir=None, cache_size=None)  # cached below, with versions
     where: StoreURL = parse_url(url)
