@@ -998,9 +998,7 @@ class ServerCore:
             views=[list(v) for v in spec.views],
             label_width=self.splits[h.split].label_width,
             metadata=self.splits[h.split].batch_metadata(batch.indices) if h.metadata else None,
-            # Another peer waited for it or took it: a job that asked first and was sent the
-            # batch before a later one joined it from the window is not told (a lower bound).
-            shared=p is not None and len(p.peers) > 1,
+            shared=self._shared_with_another(p, session),
         )
         # Counted before the hand-off: ZeroMQ's I/O thread can deliver the batch before the
         # loop runs again, and a scrape must never show fewer batches than a client received.
@@ -1019,6 +1017,16 @@ class ServerCore:
             session.identity, batch.slot, session.serial, now, production=batch.production
         )
         return SendBatch(session.identity, header, batch.slot, batch.labels, ticket)
+
+    def _shared_with_another(self, p: Production | None, session: ClientSession) -> bool:
+        """Is production ``p`` also another connected client's (`BatchHeader.shared`)? One
+        that waited for it or joined it and still has a session: a loader's own earlier socket
+        (a probe closed before its trainer connected, a restarted process) is gone and shares
+        nothing with it. A client that asked first and was sent the batch before a later one
+        joined it from the window is not told: what a trainer counts is a lower bound."""
+        if p is None:
+            return False
+        return any(peer != session.identity and peer in self.sessions for peer in p.peers)
 
     def _log_debt(self, session: ClientSession) -> None:
         self._debts_logged += 1

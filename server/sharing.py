@@ -99,9 +99,10 @@ class Production:
     refs: int = 0  # ready or sent batches of sessions that point at this buffer
     windowed: bool = False
     sends: int = 0
-    # The peers (ZeroMQ identities) that waited for it or joined it: more than one, and each
-    # send says the batch is shared (`BatchHeader.shared`). Peers, not sessions: a loader's own
-    # new hello that finds its earlier batch in the window shares it with nobody.
+    # The peers (ZeroMQ identities) that waited for it or joined it: a send says the batch is
+    # shared when another of them is still connected (`ServerCore._shared_with_another`).
+    # Peers, not sessions: a loader's own new hello that finds its batch in the window shares
+    # it with nobody.
     peers: set[bytes] = field(default_factory=set)
 
 

@@ -360,6 +360,18 @@ def _describe_batches(cfg: TrainConfig, welcome: Any) -> str:
     return f"batch {welcome.batch_size} x {size} {welcome.dtype} per rank{labels}"
 
 
+def _sharing_text(cfg: TrainConfig, welcome: Any) -> str:
+    """The start line of a job whose server shares production (a sweep's jobs on one server):
+    it cannot know yet whether another job will ask, so it says what the epoch lines count."""
+    servers = ", ".join(cfg.servers)
+    produce = "produces" if len(cfg.servers) == 1 else "produce"
+    return (
+        f"sharing on: {servers} {produce} each batch once for every job asking for it "
+        f"(--share-window {welcome.share_window}); each epoch line says how many of this job's "
+        "batches were shared"
+    )
+
+
 def run(cfg: TrainConfig) -> list[EpochResult]:
     """Join the process group, train, and always leave the process group again.
 
@@ -395,6 +407,8 @@ def _run(cfg: TrainConfig, request: CheckpointRequest | None) -> list[EpochResul
                 f"batches per epoch per rank, servers {', '.join(cfg.servers)}",
                 flush=True,
             )
+            if welcome.share_window:
+                print(f"pipeline-train: {_sharing_text(cfg, welcome)}", flush=True)
         trainer = Trainer(
             cfg,
             ctx,
@@ -405,6 +419,7 @@ def _run(cfg: TrainConfig, request: CheckpointRequest | None) -> list[EpochResul
             out=lambda msg: print(msg, flush=True),
             multi_label=welcome.label_width > 0,
             checkpoint_request=request,
+            sharing=welcome.share_window > 0,
         )
         return trainer.fit()
     finally:

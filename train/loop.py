@@ -46,7 +46,7 @@ from .metrics import MultiLabelScores
 from .models import build_model
 from .objective import Objective
 from .preemption import CheckpointedOnSignal, CheckpointRequest
-from .progress import EpochBar, LossAverage, throughput_window
+from .progress import EpochBar, LossAverage, loader_totals, throughput_window
 from .record import IndexRecorder
 from .resize import size_at
 from .schedule import build_scheduler, resume_schedule
@@ -63,6 +63,9 @@ class EpochResult:
     images_per_s: float  # training images per second, all ranks together
     train_loss: float
     seconds: float
+    # (batches shared, batches received) by the train loaders this epoch, all ranks: shared
+    # production in a sweep (`BatchHeader.shared`); None: not said (the server shares nothing).
+    shared: tuple[int, int] | None = None
 
 
 def make_mixer(cfg: TrainConfig, num_classes: int, rank: int) -> BatchMixer | None:
@@ -110,10 +113,14 @@ class Trainer:
         out: Callable[[str], None] = print,
         multi_label: bool = False,
         checkpoint_request: CheckpointRequest | None = None,
+        sharing: bool = False,
     ) -> None:
         """`checkpoint_request`: set by SIGUSR1 (`preemption.checkpoint_on_usr1`); every rank
-        passes one, or none does (the ranks vote on it after each optimizer step)."""
+        passes one, or none does (the ranks vote on it after each optimizer step). `sharing`:
+        the server shares production (--share-window): each epoch line says how many of the
+        epoch's batches were shared with another job."""
         self.cfg, self.ctx = cfg, ctx
+        self.sharing = sharing
         self.num_classes, self.multi_label = num_classes, multi_label
         self.train_loader, self.val_loader = train_loader, val_loader
         self.say = out if ctx.is_main else (lambda _msg: None)
@@ -492,14 +499,22 @@ class Trainer:
             return results
         while self.epoch < self.cfg.epochs:
             epoch, t0 = self.epoch, time.perf_counter()
+            received0, shared0 = loader_totals(self.train_loader)
             stopped, meter, train_loss = self.train_epoch(epoch, self.batch)
+            received1, shared1 = loader_totals(self.train_loader)
             figures = meter.read()
             totals = torch.tensor(
-                [figures.totals[0], figures.interval_s, max(figures.span_s, 1e-9)],
+                [
+                    figures.totals[0],
+                    figures.interval_s,
+                    max(figures.span_s, 1e-9),
+                    received1 - received0,
+                    shared1 - shared0,
+                ],
                 dtype=torch.float64,
                 device=self.ctx.device,
             )
-            images, wait_s, wall_s = all_reduce_sum(totals, self.ctx).tolist()
+            images, wait_s, wall_s, received, shared = all_reduce_sum(totals, self.ctx).tolist()
             acc = self.validate(epoch)
             result = EpochResult(
                 epoch=epoch,
@@ -508,6 +523,7 @@ class Trainer:
                 images_per_s=images / max(wall_s / self.ctx.world_size, 1e-9),
                 train_loss=train_loss,
                 seconds=time.perf_counter() - t0,
+                shared=(round(shared), round(received)) if self.sharing or shared else None,
             )
             results.append(result)
             self.say(format_epoch(result, partial=stopped))
@@ -556,8 +572,9 @@ def format_epoch(r: EpochResult, partial: bool = False) -> str:
     else:
         val = f"val top1={acc.top1:.2f}% top5={acc.top5:.2f}%" if acc else "val skipped"
     val_loss = f", val loss {acc.loss:.4f}" if acc else ""
+    shared = "" if r.shared is None else f"shared {r.shared[0]}/{r.shared[1]} batches "
     return (
         f"epoch {r.epoch}: {val} "
-        f"data-wait={100 * r.data_wait:.1f}% images/s={r.images_per_s:.0f} "
+        f"data-wait={100 * r.data_wait:.1f}% images/s={r.images_per_s:.0f} {shared}"
         f"(train loss {r.train_loss:.4f}{val_loss}, {r.seconds:.1f} s){note}"
     )

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import sys
 import time
-from typing import TextIO
+from typing import Any, TextIO
 
 import torch
 from batchwire.common.rates import RateWindow
@@ -28,6 +28,16 @@ def throughput_window() -> RateWindow:
     never divide by zero, since a log interval shorter than a second is a real interval.
     """
     return RateWindow(math.inf, clock=time.perf_counter, min_span_s=1e-9)
+
+
+def loader_totals(loader: Any) -> tuple[int, int]:
+    """The loader's batches received and shared so far (a `RemoteLoader`'s report totals:
+    shared production in a sweep); (0, 0) for a loader that reports none."""
+    stats = getattr(loader, "stats", None)
+    report = stats() if callable(stats) else None
+    if not isinstance(report, dict):
+        return 0, 0
+    return int(report.get("batches_received_total", 0)), int(report.get("batches_shared_total", 0))
 
 
 class LossAverage:

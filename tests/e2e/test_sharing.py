@@ -19,6 +19,7 @@ import textwrap
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from batchwire.client import RemoteLoader
@@ -211,3 +212,60 @@ def test_a_stopped_job_does_not_stall_the_others_and_finishes_exactly(
     assert others == [solo["train"][:NUM_BATCHES]] * 2
     assert elapsed < 20.0, f"the others took {elapsed:.1f} s while one job was stopped"
     assert json.loads(out.read_text()) == solo["train"][:NUM_BATCHES]
+
+
+def _received_and_shared(loader: RemoteLoader) -> tuple[int, int]:
+    stats = loader.stats()
+    assert stats is not None
+    return stats["batches_received_total"], stats["batches_shared_total"]
+
+
+def _train_two_steps(endpoint: str) -> list[str]:
+    """pipeline-train's lines for 2 steps of epoch 0 (no validation)."""
+    train = Path(sys.executable).parent / "pipeline-train"
+    args = ("--server", endpoint, "--model", "small", "--device", "cpu", "--no-val")
+    args += ("--epochs", "1", "--max-steps", "2", "--log-every", "1")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    env = {k: v for k, v in env.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    run = subprocess.run(
+        [str(train), *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True, timeout=90, check=False,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout
+    return run.stdout.splitlines()
+
+
+def _epoch_line(lines: list[str]) -> str:
+    epoch = [line for line in lines if line.startswith("epoch 0:")]
+    assert len(epoch) == 1, lines
+    return epoch[0]
+
+
+def test_trainers_are_told_which_batches_they_shared(shared) -> None:
+    """pipeline-train alone says sharing is on and shares nothing, though the batches its probe
+    loader asked for wait in the window. A job then reads the epoch alone (nothing shared: the
+    trainer left), a second one reads it from the window while the first is connected (all
+    shared), and pipeline-train again, now beside the first job: its 2 batches shared."""
+    ep = shared.endpoint
+    lone = _train_two_steps(ep)
+    start = (
+        f"pipeline-train: sharing on: {ep} produces each batch once for every job asking for "
+        "it (--share-window 64)"
+    )
+    assert any(line.startswith(start) for line in lone), lone
+    assert "shared 0/2 batches" in _epoch_line(lone), lone
+    first = RemoteLoader(ep, "train", device="cpu", timeout=60.0, job="first")
+    try:
+        assert sum(1 for _ in first) == NUM_BATCHES
+        assert _received_and_shared(first) == (NUM_BATCHES, 0)
+        second = RemoteLoader(ep, "train", device="cpu", timeout=60.0, job="second")
+        try:
+            assert sum(1 for _ in second) == NUM_BATCHES
+            assert _received_and_shared(second) == (NUM_BATCHES, NUM_BATCHES)
+        finally:
+            second.close()
+        assert _received_and_shared(first) == (NUM_BATCHES, 0)  # sent before the second asked
+        beside = _train_two_steps(ep)
+    finally:
+        first.close()
+    assert "shared 2/2 batches" in _epoch_line(beside), beside

@@ -1,14 +1,15 @@
 """What a client is told of shared production: `BatchHeader.shared` and `Welcome.share_window`.
 
-A batch's header says ``shared`` when another peer waited for the same production or took it
-before this send; the trainer counts those (pipeline-train's epoch line), so the flag must
-never say "shared" to a job that is alone, even one whose own new hello finds its earlier
-batches in the window.
+A batch's header says ``shared`` when another connected peer waited for the same production
+or took it before this send; the trainer counts those (pipeline-train's epoch line), so the
+flag must never say "shared" to a job that is alone: not when its own new hello finds its
+earlier batches in the window, nor when a socket of its own that left did (pipeline-train's
+probe loader, a restarted process).
 """
 
 from __future__ import annotations
 
-from batchwire.wire import Welcome
+from batchwire.wire import Bye, Welcome
 from test_server_core import Server
 
 
@@ -58,3 +59,16 @@ def test_a_lone_job_asking_its_batches_again_shares_nothing() -> None:
     assert s.sent_to(b"a") == [0, 1, 0, 1]
     assert s.core.telemetry.counters()["batches_produced_total"] == 2  # from the window
     assert _shared(s, b"a") == [False, False, False, False]
+
+
+def test_batches_of_a_peer_that_left_are_shared_with_nobody() -> None:
+    """pipeline-train's probe loader asks for the epoch's first batches and closes; the
+    trainer's loader (another socket) finds them in the window: the trainer is still alone."""
+    s = _server()
+    s.hello(b"probe", batches=(0, 1))
+    s.turn(readers=(b"probe",))
+    s.send(b"probe", Bye())
+    s.hello(b"trainer", batches=(0, 1))
+    s.turn(readers=(b"trainer",))
+    assert s.sent_to(b"trainer") == [0, 1] and len(s.jobs) == 0  # served from the window
+    assert _shared(s, b"trainer") == [False, False]
