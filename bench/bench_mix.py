@@ -1,8 +1,8 @@
 """Mixture cost: CPU ms per image of a two-part mix against the weighted mean of its parts'.
 
 Each part alone, then the mix `mix:a=W@A,b=1-W@B`, produced by `BatchProducer.produce` on one
-thread through the split's own sampler (`MixSplit.sampler` for the mix), the same loop as
-`bench_transforms.time_produce`. The issue's bound: the mix costs at most 1.05x
+thread through the split's own sampler (`Split.sampler`: a `MixSampler` for the mix), the same
+loop as `bench_transforms.time_produce`. The issue's bound: the mix costs at most 1.05x
 W * ms(A) + (1 - W) * ms(B). Runs are interleaved and the best of ``--rounds`` kept per
 configuration, so that a busy shared machine skews all three alike.
 """
@@ -18,7 +18,6 @@ from batchwire.bench.data import resolve_data
 from batchwire.pipeline.augment_plan import AugmentConfig
 from batchwire.pipeline.dataset import ImageDataset, open_dataset
 from batchwire.pipeline.decode import CpuBatchDecoder
-from batchwire.pipeline.mix_split import as_mix_split
 from batchwire.pipeline.sources.mix import open_mix, parse_mix
 from batchwire.pipeline.split import build_split
 from batchwire.pipeline.synthetic import default_dataset
@@ -27,7 +26,7 @@ from batchwire.pipeline.synthetic import default_dataset
 def time_split(dataset: ImageDataset, config: AugmentConfig, batches: int, size: int) -> float:
     """CPU ms per image of ``batches`` train batches of ``dataset`` (after one warm-up)."""
     with CpuBatchDecoder(threads=1) as decoder:
-        split = as_mix_split(build_split("train", dataset, config, 0, decoder))
+        split = build_split("train", dataset, config, 0, decoder)
         sampler = split.sampler(size, 0, 0, 1)
         out = config.batch_spec(size).empty()
         split.producer.produce(sampler.plan(0, 0), out)
