@@ -3,7 +3,9 @@
 What counts: every ``import`` / ``from ... import`` statement wherever it stands: at module level,
 inside a function (a lazy import is still a dependency, and one that only dodges a circle is still
 a circle) and under ``if TYPE_CHECKING:``. Relative imports are resolved; ``from pkg import name``
-is an import of the submodule ``pkg.name`` when that is a module, else of ``pkg``.
+is an import of the submodule ``pkg.name`` when that is a module, else of ``pkg``. A module named
+in a string (``importlib.import_module``) is not seen: the two package ``__init__``s that load
+their names so (pipeline/decode, train) list the same modules under ``TYPE_CHECKING``, which is.
 
 - Layers: each top-level folder imports only the folders ``ALLOWED`` lists. Type-only imports
   count: an annotation naming another layer's class is a dependency on that layer.
