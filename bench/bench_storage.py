@@ -20,6 +20,12 @@ start it: tests/objectstore.py) holds the same JPEGs as a local ImageFolder. Row
   100, `datasets`' default for images): local, loopback and behind `--latency-ms` rows, epoch 0
   (cold: every byte fetched) and epoch 1 both timed (`--skip-folder` leaves out the S3
   ImageFolder rows).
+- `--shard-rounds N`: only the tar shard rows, local and on S3 over loopback, in N interleaved
+  rounds (local, s3, local, s3, ...), then their medians: images/s, server CPU ms per image and
+  the store's GETs per batch, with each ratio to the local shards of the same round.
+  `--pin-store CPU` runs the store on that core alone and this process, the servers and their
+  loader on the others (as a deployment has the store on another machine); `--images N` keeps
+  only the first N JPEGs.
 
 Every figure is one run on a shared machine: compare rows of the same run only.
 """
@@ -237,7 +243,13 @@ def epoch_images(endpoint: str, epoch: int) -> int:
 
 
 def server_row(
-    name: str, train: str, store: Any, env: dict[str, str], extra: list[str], patched: str | None
+    name: str,
+    train: str,
+    store: Any,
+    env: dict[str, str],
+    extra: list[str],
+    patched: str | None,
+    batch: int = 50,
 ) -> dict[str, Any]:
     with server(train, env, extra, patched) as srv:
         cpu0, t0 = proc_cpu_s(srv.pid), time.perf_counter()
@@ -257,6 +269,7 @@ def server_row(
         "server_cpu_ms_per_img": round(1e3 * cpu / n, 2),
         "store_cpu_ms_per_img": round(1e3 * weed / n, 3),
         "store_gets_epoch1": gets,
+        "store_gets_per_batch": round(gets * batch / n, 1),
         "epoch0_images_per_s": round(n0 / wall0, 1),
         "epoch0_server_cpu_ms_per_img": round(1e3 * cpu_0 / n0, 2),
         "samples_patch": patched is not None,
@@ -265,14 +278,73 @@ def server_row(
     return row
 
 
-def image_folder(src: Path, dst: Path, classes: int = 10) -> Path:
-    """An ImageFolder of `src`'s JPEGs (symlinks), `classes` classes round-robin."""
-    files = sorted(p for p in src.iterdir() if p.suffix.lower() in (".jpg", ".jpeg"))
+def image_folder(src: Path, dst: Path, classes: int = 10, limit: int | None = None) -> Path:
+    """An ImageFolder of `src`'s JPEGs (symlinks; the first `limit`), `classes` classes
+    round-robin."""
+    files = sorted(p for p in src.iterdir() if p.suffix.lower() in (".jpg", ".jpeg"))[:limit]
     for k, path in enumerate(files):
         cls = dst / f"class{k % classes}"
         cls.mkdir(parents=True, exist_ok=True)
         (cls / path.name).symlink_to(path.resolve())
     return dst
+
+
+def pin(store: Any, cpu: int) -> None:
+    """The store's threads on `cpu` alone, this process (and the servers it starts, which
+    inherit it) on the other cores."""
+    import subprocess
+
+    subprocess.run(
+        ["taskset", "-a", "-pc", str(cpu), str(store.proc.pid)], check=True, capture_output=True
+    )
+    others = os.sched_getaffinity(0) - {cpu}
+    if not others:
+        raise SystemExit(f"--pin-store {cpu}: no other core left for the server")
+    os.sched_setaffinity(0, others)
+
+
+def shard_rounds(
+    folder: Path, out: Path, store: Any, env: dict[str, str], rounds: int
+) -> list[dict[str, Any]]:
+    """Local tar shards against the same shards on S3 (loopback), `rounds` interleaved rounds;
+    prints each round's rows and ratios, then the medians."""
+    from statistics import median
+
+    from batchwire.prepare.shards import write_shards
+
+    remote = write_shards(str(folder), f"s3://{BUCKET}/shards", 16_000_000, jobs=2)
+    write_shards(str(folder), str(out / "shards"), 16_000_000, jobs=2)
+    last = len(remote.shards) - 1
+    span = f"train-{{000000..{last:06d}}}.tar"
+    trains = {
+        "local shards": str(out / "shards" / span),
+        "s3 shards": f"s3://{BUCKET}/shards/{span}",
+    }
+    rows: list[dict[str, Any]] = []
+    for k in range(rounds):
+        got = {
+            name: server_row(name, train, store, env, [], None) for name, train in trains.items()
+        }
+        local, s3 = got["local shards"], got["s3 shards"]
+        for row in got.values():
+            row["round"] = k
+        s3["vs_local_images_per_s"] = round(s3["images_per_s"] / local["images_per_s"], 3)
+        s3["vs_local_cpu"] = round(local["server_cpu_ms_per_img"] / s3["server_cpu_ms_per_img"], 3)
+        print(
+            json.dumps(
+                {"round": k, **{f: s3[f] for f in ("vs_local_images_per_s", "vs_local_cpu")}}
+            )
+        )
+        rows += got.values()
+    fields = ("images_per_s", "server_cpu_ms_per_img", "store_cpu_ms_per_img")
+    fields += ("store_gets_per_batch", "vs_local_images_per_s", "vs_local_cpu")
+    for name in trains:
+        mine = [r for r in rows if r["source"] == name]
+        summary = {f: median(r[f] for r in mine) for f in fields if f in mine[0]}
+        summary = {"row": "median", "source": name, "rounds": rounds, **summary}
+        print(json.dumps(summary), flush=True)
+        rows.append(summary)
+    return rows
 
 
 def make_formats(folder: Path, out: Path, store: Any) -> dict[str, str]:
@@ -317,6 +389,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-folder", action="store_true", help="no S3 ImageFolder rows")
     parser.add_argument("--formats", action="store_true", help="tar shard and Parquet rows")
     parser.add_argument(
+        "--shard-rounds", type=int, metavar="N", help="only local vs S3 tar shards, N rounds"
+    )
+    parser.add_argument("--pin-store", type=int, metavar="CPU", help="the store on this core")
+    parser.add_argument("--images", type=int, help="only the first N JPEGs of --dir")
+    parser.add_argument(
         "--samples-patch",
         metavar="FILE.py",
         help="also run the latency row with this pipeline/samples.py (a patched copy)",
@@ -329,12 +406,17 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict[str, Any]] = []
     try:
         store.start()
-        folder = image_folder(args.dir, tmp / "photos")
+        if args.pin_store is not None:
+            pin(store, args.pin_store)
+        folder = image_folder(args.dir, tmp / "photos", limit=args.images)
         count = store.upload_folder(folder, BUCKET, "photos")
         print(f"{count} objects in s3://{BUCKET}/photos ({store.endpoint})", flush=True)
         env = store.env()
         os.environ.update(env)  # this process's own clients
         keys = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_symlink())
+        if args.shard_rounds:
+            rows += shard_rounds(folder, tmp / "formats", store, env, args.shard_rounds)
+            args.skip_client = args.skip_server = True
         if not args.skip_client:
             rows += client_rows(store, keys, args.concurrency)
         if not args.skip_server:
