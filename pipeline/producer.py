@@ -17,8 +17,8 @@ import numpy as np
 import torch
 from batchwire import native
 from batchwire.pipeline.augment_plan import AugmentConfig
-from batchwire.pipeline.dataset import ImageDataset
 from batchwire.pipeline.decode import DEFAULT_MAX_PIXELS, BatchDecoder
+from batchwire.pipeline.image_dataset import ImageDataset
 from batchwire.pipeline.sample_window import CHUNK, WAIT_S, SampleEntry, SampleWindow
 from batchwire.pipeline.sampler import PADDING_INDEX, PADDING_LABEL, BatchPlan
 from batchwire.pipeline.samples import LoadedSample, SampleLoader

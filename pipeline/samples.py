@@ -62,7 +62,6 @@ import numpy as np
 import torch
 from batchwire.pipeline.access import AccessState, AccessWatch
 from batchwire.pipeline.augment_plan import AugmentConfig, SamplePlan, draw_uniforms, plan_samples
-from batchwire.pipeline.dataset import ImageDataset
 from batchwire.pipeline.decode import (
     DEFAULT_MAX_PIXELS,
     BatchDecoder,
@@ -74,6 +73,7 @@ from batchwire.pipeline.decode import (
     is_transient,
     read_header,
 )
+from batchwire.pipeline.image_dataset import ImageDataset
 
 log = logging.getLogger("batchwire.pipeline")
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from batchwire.pipeline.augment_plan import AugmentConfig
-from batchwire.pipeline.dataset import ImageDataset
 from batchwire.pipeline.decode import DEFAULT_MAX_PIXELS, BatchDecoder
+from batchwire.pipeline.image_dataset import ImageDataset
 from batchwire.pipeline.producer import BatchProducer
 from batchwire.pipeline.sampler import MixSampler, ShardSampler
 from batchwire.pipeline.samples import SampleLoader

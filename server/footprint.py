@@ -29,8 +29,8 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 
-from batchwire.pipeline.dataset import ImageDataset
 from batchwire.pipeline.decode import read_header
+from batchwire.pipeline.image_dataset import ImageDataset
 
 #: Freed decode buffers kept by the C allocator's per-thread arenas (measured, see the doc).
 SLACK_MIB = 64

@@ -46,7 +46,7 @@ _WHERE = {
     "is_transient": "files",
     "read_file": "files",
     "DEFAULT_MAX_PIXELS": "headers",
-    "ImageHeader": "headers",
+    "ImageHeader": "contract",
     "ImageTooLarge": "headers",
     "ImplausibleHeader": "headers",
     "read_header": "headers",
@@ -72,12 +72,12 @@ if TYPE_CHECKING:
         DecodeError,
         DecodeRequest,
         DecodeResult,
+        ImageHeader,
     )
     from batchwire.pipeline.decode.cpu import CpuBatchDecoder, decode_for_crop
     from batchwire.pipeline.decode.files import NotARegularFile, is_transient, read_file
     from batchwire.pipeline.decode.headers import (
         DEFAULT_MAX_PIXELS,
-        ImageHeader,
         ImageTooLarge,
         ImplausibleHeader,
         read_header,

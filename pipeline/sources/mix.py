@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 from batchwire.pipeline.checksums import Verdict
-from batchwire.pipeline.dataset import ImageDataset
+from batchwire.pipeline.image_dataset import ImageDataset
 from batchwire.pipeline.mix_order import MixPlan
 from batchwire.pipeline.sources.labels import NO_LABEL
 from batchwire.pipeline.sources.metadata import (
