@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 export PYTHONUNBUFFERED := 1
 
-.PHONY: setup setup-runtime native demo test test-fast test-cuda-build lint bench clean
+.PHONY: setup setup-runtime native demo test test-fast test-cuda-build lint docs bench clean
 
 # The developer's venv: batchwire with the test tools, DALI (its CPU tests) and the chart.
 setup:
@@ -44,6 +44,11 @@ test-fast: native
 # links and loads it and runs the native CPU tests through it. Not part of `make test`.
 test-cuda-build:
 	@scripts/test_cuda_build.sh
+
+# The documentation site into .cache/site (strict: a broken link or docstring fails); `mkdocs serve`
+# shows it live. make test builds it too (tests/unit/test_docs.py).
+docs: setup
+	@NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict -q
 
 lint: setup
 	@$(PY) -m ruff check .

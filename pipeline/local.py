@@ -139,7 +139,7 @@ class LocalLoader:
     `with_indices=True`) for one rank of one split.
 
     `data`: ImageFolder root, list file, an `ImageDataset`, None for the embedded dataset, or
-    a mix, the server's ``mix:NAME=WEIGHT@SOURCE,...`` text (README "Mixtures"; `mix_schedule`:
+    a mix, the server's ``mix:NAME=WEIGHT@SOURCE,...`` text (docs/mixtures.md; `mix_schedule`:
     its --mix-schedule), served in the server's order. Train: shuffled, drop_last (a mix in
     its plan's order); val: in order, the last batches padded. `decoder`: "cpu", a
     name `decode.select.make_decoder` knows ("auto", "nvjpeg", "dali"), or a `BatchDecoder`.

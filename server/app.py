@@ -372,7 +372,7 @@ class ServerApp:
         )
 
     def memory_statement(self) -> str:
-        """The host memory the batch buffers can ever hold, said at start (README's formula)."""
+        """The host memory the batch buffers can ever hold, said at start (the docs' formula)."""
         budget = self.core.budget
         batch_bytes = self.capacity.nbytes + self.capacity.labels_nbytes
         statement = host_memory_statement(

@@ -5,7 +5,7 @@ shell carries them out on the `BufferPool` (`bufpool.py`), which owns the tensor
 counts agree by construction: the shell acquires exactly when the core submits a job and
 releases exactly when the core says `Release`.
 
-Who may take a buffer when they are scarce (`may_lend`, the rule README states):
+Who may take a buffer when they are scarce (`may_lend`, the rule the docs state):
 
 - a client that holds no buffer may take any free one: ``reserve`` buffers are kept for such
   clients, so a new client gets its batches even while others hold everything they may;

@@ -375,7 +375,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="MODULE:CALLABLE",
         help="train split: run this Python callable(image, generator) on each decoded image "
         "instead of the built-in augmentation (module:callable or file.py:callable; it runs in "
-        "this process: your own code only; README 'Your own transforms and views')",
+        "this process: your own code only; docs/transforms.md)",
     )
     aug.add_argument(
         "--val-transform",

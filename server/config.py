@@ -65,7 +65,7 @@ class ServerConfig:
     # between one batch's decode and augment overlaps the others' work): 3-4 % more images/s
     # than two on a 2-core machine (bench/RESULTS.md), one batch buffer more of memory.
     producers: int = 3
-    # uint8 on the wire by default: 4x fewer bytes than float32, and what every README snippet
+    # uint8 on the wire by default: 4x fewer bytes than float32, and what every docs snippet
     # and recipe expects (RemoteLoader(normalize_on_device=True) normalises on the device).
     # LocalLoader and AugmentConfig keep float32: they hand batches straight to a model.
     output_dtype: str = "uint8"

@@ -1,7 +1,7 @@
 """What the server's batches can hold in memory, said in one line each at start.
 
-README quotes these formulas; the numbers come from the configuration alone, so an operator
-sees the bound before any client connects.
+The docs (docs/cli.md, --max-buffers) quote these formulas; the numbers come from the
+configuration alone, so an operator sees the bound before any client connects.
 """
 
 from __future__ import annotations

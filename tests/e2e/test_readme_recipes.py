@@ -1,6 +1,7 @@
-"""The README's code is the code we run: the framework recipes are the files
-tests/e2e/test_frameworks.py runs, verbatim, and the "Your own data" loop snippets run as written
-against a real server started with the server's default output format."""
+"""The documentation's code is the code we run: the framework recipes (docs/frameworks.md) are the
+files tests/e2e/test_frameworks.py runs, verbatim, and the loop snippets of docs/your-data.md ("In
+your own loop"; the README's example is the first, verbatim) run as written against a real server
+started with the server's default output format."""
 
 from __future__ import annotations
 
@@ -17,16 +18,23 @@ README_ENDPOINT = "tcp://127.0.0.1:5555"
 
 @pytest.mark.parametrize("name", ["lightning_ddp.py", "accelerate_ddp.py", "torchrun_ddp.py"])
 def test_readme_shows_the_tested_recipe(name):
-    readme = (ROOT / "README.md").read_text()
+    page = (ROOT / "docs" / "frameworks.md").read_text()
     code = (ROOT / "examples" / name).read_text().rstrip("\n")
-    assert f"<summary>examples/{name}</summary>\n\n```python\n{code}\n```" in readme
+    assert f"<summary>examples/{name}</summary>\n\n```python\n{code}\n```" in page
 
 
 def own_data_snippets() -> list[str]:
-    """The ```python blocks of the README's "Your own data" section, in order."""
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split("\n## Your own data\n", 1)[1].split("\n## ", 1)[0]
+    """The ```python blocks of docs/your-data.md's "In your own loop" section, in order."""
+    page = (ROOT / "docs" / "your-data.md").read_text()
+    section = page.split("\n## In your own loop\n", 1)[1].split("\n## ", 1)[0]
     return re.findall(r"```python\n(.*?)```", section, re.S)
+
+
+def test_the_readme_example_is_the_tested_loop():
+    """The README's one example is the docs' first loop snippet, verbatim (so it runs below)."""
+    readme = (ROOT / "README.md").read_text()
+    (example,) = re.findall(r"```python\n(.*?)```", readme, re.S)
+    assert example == own_data_snippets()[0]
 
 
 @pytest.mark.timeout(120)
@@ -41,7 +49,8 @@ def test_readme_loop_snippets_run_as_written(capsys):
         namespace: dict = {"__name__": "readme"}
         for code in snippets:  # one namespace: the second snippet goes on from the first
             exec(
-                compile(code.replace(README_ENDPOINT, srv.endpoint), "README.md", "exec"), namespace
+                compile(code.replace(README_ENDPOINT, srv.endpoint), "your-data.md", "exec"),
+                namespace,
             )
         namespace["loader"].close()
     out = capsys.readouterr().out

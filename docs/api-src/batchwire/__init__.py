@@ -1,0 +1,1 @@
+../../../src/batchwire/__init__.py
