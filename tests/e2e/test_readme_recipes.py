@@ -24,9 +24,10 @@ def test_readme_shows_the_tested_recipe(name):
 
 
 def own_data_snippets() -> list[str]:
-    """The ```python blocks of docs/your-data.md's "In your own loop" section, in order."""
+    """The ```python blocks of docs/your-data.md's loop sections ("In your own loop" and "On a
+    GPU"), in order."""
     page = (ROOT / "docs" / "your-data.md").read_text()
-    section = page.split("\n## In your own loop\n", 1)[1].split("\n## ", 1)[0]
+    section = page.split("\n## In your own loop\n", 1)[1].split("\n## Python API", 1)[0]
     return re.findall(r"```python\n(.*?)```", section, re.S)
 
 
