@@ -25,7 +25,9 @@ start it: tests/objectstore.py) holds the same JPEGs as a local ImageFolder. Row
   the store's GETs per batch, with each ratio to the local shards of the same round.
   `--pin-store CPU` runs the store on that core alone and this process, the servers and their
   loader on the others (as a deployment has the store on another machine); `--images N` keeps
-  only the first N JPEGs.
+  only the first N JPEGs; `--baseline-site DIR` adds a row per round whose server imports
+  `batchwire` from DIR (another commit's tree laid out as a package: before against after,
+  same run, same store).
 
 Every figure is one run on a shared machine: compare rows of the same run only.
 """
@@ -303,8 +305,12 @@ def pin(store: Any, cpu: int) -> None:
     os.sched_setaffinity(0, others)
 
 
+def ratios(row: dict[str, Any]) -> dict[str, Any]:
+    return {f: row[f] for f in ("vs_local_images_per_s", "vs_local_cpu")}
+
+
 def shard_rounds(
-    folder: Path, out: Path, store: Any, env: dict[str, str], rounds: int
+    folder: Path, out: Path, store: Any, env: dict[str, str], rounds: int, baseline: Path | None
 ) -> list[dict[str, Any]]:
     """Local tar shards against the same shards on S3 (loopback), `rounds` interleaved rounds;
     prints each round's rows and ratios, then the medians."""
@@ -316,29 +322,26 @@ def shard_rounds(
     write_shards(str(folder), str(out / "shards"), 16_000_000, jobs=2)
     last = len(remote.shards) - 1
     span = f"train-{{000000..{last:06d}}}.tar"
-    trains = {
-        "local shards": str(out / "shards" / span),
-        "s3 shards": f"s3://{BUCKET}/shards/{span}",
-    }
+    s3 = f"s3://{BUCKET}/shards/{span}"
+    cases = {"local shards": (str(out / "shards" / span), env), "s3 shards": (s3, env)}
+    if baseline is not None:
+        cases["s3 shards, baseline"] = (s3, {**env, "PYTHONPATH": str(baseline)})
     rows: list[dict[str, Any]] = []
     for k in range(rounds):
-        got = {
-            name: server_row(name, train, store, env, [], None) for name, train in trains.items()
-        }
-        local, s3 = got["local shards"], got["s3 shards"]
+        got = {name: server_row(name, t, store, e, [], None) for name, (t, e) in cases.items()}
+        local = got["local shards"]
         for row in got.values():
             row["round"] = k
-        s3["vs_local_images_per_s"] = round(s3["images_per_s"] / local["images_per_s"], 3)
-        s3["vs_local_cpu"] = round(local["server_cpu_ms_per_img"] / s3["server_cpu_ms_per_img"], 3)
-        print(
-            json.dumps(
-                {"round": k, **{f: s3[f] for f in ("vs_local_images_per_s", "vs_local_cpu")}}
-            )
-        )
+            if row is not local:
+                row["vs_local_images_per_s"] = round(row["images_per_s"] / local["images_per_s"], 3)
+                row["vs_local_cpu"] = round(
+                    local["server_cpu_ms_per_img"] / row["server_cpu_ms_per_img"], 3
+                )
+                print(json.dumps({"round": k, "source": row["source"], **ratios(row)}))
         rows += got.values()
     fields = ("images_per_s", "server_cpu_ms_per_img", "store_cpu_ms_per_img")
     fields += ("store_gets_per_batch", "vs_local_images_per_s", "vs_local_cpu")
-    for name in trains:
+    for name in cases:
         mine = [r for r in rows if r["source"] == name]
         summary = {f: median(r[f] for r in mine) for f in fields if f in mine[0]}
         summary = {"row": "median", "source": name, "rounds": rounds, **summary}
@@ -393,6 +396,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--pin-store", type=int, metavar="CPU", help="the store on this core")
     parser.add_argument("--images", type=int, help="only the first N JPEGs of --dir")
+    parser.add_argument("--baseline-site", type=Path, help="a baseline tree (--shard-rounds)")
     parser.add_argument(
         "--samples-patch",
         metavar="FILE.py",
@@ -415,7 +419,9 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.update(env)  # this process's own clients
         keys = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_symlink())
         if args.shard_rounds:
-            rows += shard_rounds(folder, tmp / "formats", store, env, args.shard_rounds)
+            rows += shard_rounds(
+                folder, tmp / "formats", store, env, args.shard_rounds, args.baseline_site
+            )
             args.skip_client = args.skip_server = True
         if not args.skip_client:
             rows += client_rows(store, keys, args.concurrency)
