@@ -83,3 +83,20 @@ class LoaderStats:
     def as_dict(self) -> dict[str, float]:
         """`report` as the map a credit carries (``Credit.stats``)."""
         return self.report().to_map()
+
+    def figures(self) -> dict[str, float]:
+        """The four figures of `report` (what `RemoteLoader.stats()` has always returned),
+        without the totals that ride along on the wire: see `totals`."""
+        report = self.report()
+        return {
+            "prefetch_depth": report.prefetch_depth,
+            "wait_s_per_batch": report.wait_s_per_batch,
+            "data_wait_fraction": report.data_wait_fraction,
+            "images_per_s": report.images_per_s,
+        }
+
+    def totals(self) -> tuple[int, int]:
+        """(batches received, batches of them shared with another client) since the loader
+        was made."""
+        with self._totals_lock:
+            return self.batches_received, self.batches_shared

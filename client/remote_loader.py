@@ -391,8 +391,13 @@ class RemoteLoader(IterableDataset):
         return self._iterate(self._iteration)
 
     def stats(self) -> dict | None:
-        """`LoaderStats.as_dict()`: prefetch depth, wait per batch, data-wait fraction, images/s."""
-        return None if self._stats is None else self._stats.as_dict()
+        """Prefetch depth, wait per batch, data-wait fraction, images/s (`LoaderStats.figures`)."""
+        return None if self._stats is None else self._stats.figures()
+
+    def batch_totals(self) -> tuple[int, int]:
+        """(batches received, those of them the server produced for another job too: a sweep's
+        shared production) since the loader was made."""
+        return (0, 0) if self._stats is None else self._stats.totals()
 
     def state_dict(self) -> dict[str, Any]:
         """Where the loader stands: resume with `load_state_dict` to get exactly the rest.

@@ -31,13 +31,10 @@ def throughput_window() -> RateWindow:
 
 
 def loader_totals(loader: Any) -> tuple[int, int]:
-    """The loader's batches received and shared so far (a `RemoteLoader`'s report totals:
-    shared production in a sweep); (0, 0) for a loader that reports none."""
-    stats = getattr(loader, "stats", None)
-    report = stats() if callable(stats) else None
-    if not isinstance(report, dict):
-        return 0, 0
-    return int(report.get("batches_received_total", 0)), int(report.get("batches_shared_total", 0))
+    """The loader's batches received and shared so far (`RemoteLoader.batch_totals`: shared
+    production in a sweep); (0, 0) for a loader that reports none."""
+    totals = getattr(loader, "batch_totals", None)
+    return totals() if callable(totals) else (0, 0)
 
 
 class LossAverage:

@@ -215,9 +215,7 @@ def test_a_stopped_job_does_not_stall_the_others_and_finishes_exactly(
 
 
 def _received_and_shared(loader: RemoteLoader) -> tuple[int, int]:
-    stats = loader.stats()
-    assert stats is not None
-    return stats["batches_received_total"], stats["batches_shared_total"]
+    return loader.batch_totals()
 
 
 def _train_two_steps(endpoint: str) -> list[str]:

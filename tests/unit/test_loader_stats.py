@@ -125,3 +125,18 @@ def test_window_must_be_positive() -> None:
     for window in (0, -1.0, float("nan")):
         with pytest.raises(ValueError, match="window_s"):
             LoaderStats(window_s=window)
+
+
+def test_the_loaders_figures_keep_their_four_keys_and_totals_come_apart() -> None:
+    """`RemoteLoader.stats()` returns `figures()`: the four keys it always had (code that checks
+    them keeps working); the totals are `totals()` (`RemoteLoader.batch_totals()`)."""
+    stats = LoaderStats()
+    stats.record_batch(8, shared=True)
+    stats.record_batch(8)
+    assert set(stats.figures()) == {
+        "prefetch_depth",
+        "wait_s_per_batch",
+        "data_wait_fraction",
+        "images_per_s",
+    }
+    assert stats.totals() == (2, 1)
