@@ -93,6 +93,12 @@ def test_a_kill_mid_write_leaves_no_torn_entry(tmp_path, delay):
     )
     try:
         assert child.stdout is not None and child.stdout.readline().strip() == "ready"
+        # `delay` counts from the first whole entry, so a loaded machine (a slow first write)
+        # still kills the child in the middle of a later one.
+        deadline = time.monotonic() + 60
+        while not any(p.is_file() and not p.name.endswith(".tmp") for p in root.rglob("*")):
+            assert time.monotonic() < deadline, "the writer wrote nothing in 60 s"
+            time.sleep(0.005)
         time.sleep(delay)
     finally:
         child.send_signal(signal.SIGKILL)
