@@ -729,11 +729,11 @@ class Fleet:
             self.unasked.set_total(w.num_batches)
             self.unasked_next.set_total(w.num_batches)
         else:
-            mine, theirs = _welcome_key(self.welcome), _welcome_key(w)
-            if mine != theirs:
+            differs = _welcome_differences(w, self.welcome)
+            if differs:
                 raise ProtocolError(
                     f"pipeline-server at {p.endpoint} serves batches unlike the first server "
-                    f"it talked to: {theirs} vs {mine}; all servers of one loader must be "
+                    f"it talked to: {differs}; all servers of one loader must be "
                     "started with the same data and options"
                 )
         s.welcomed = True
@@ -963,7 +963,38 @@ def _connecting(p: Peer) -> bool:
     )
 
 
-def _welcome_key(w: wire.Welcome) -> tuple:
-    """What must match across a loader's servers: batches differing in any of it would mix."""
-    shape = (w.num_batches, w.num_samples, tuple(w.shape), w.dtype, w.layout, w.num_classes)
-    return (*shape, tuple(w.classes), tuple(map(tuple, w.views)), w.label_width)
+def _welcome_key(w: wire.Welcome) -> dict[str, object]:
+    """What must match across a loader's servers, by welcome field: batches differing in any
+    of it would mix (``mix_fingerprint``: two mixes of equal counts still draw differently)."""
+    return {
+        "num_batches": w.num_batches,
+        "num_samples": w.num_samples,
+        "shape": tuple(w.shape),
+        "dtype": w.dtype,
+        "layout": w.layout,
+        "num_classes": w.num_classes,
+        "classes": tuple(w.classes),
+        "views": tuple(map(tuple, w.views)),
+        "label_width": w.label_width,
+        "mix_fingerprint": w.mix_fingerprint,
+    }
+
+
+def _welcome_differences(theirs: wire.Welcome, mine: wire.Welcome) -> str:
+    """The fields of `_welcome_key` in which ``theirs`` differs from ``mine``, each as
+    "NAME X vs Y"; "" when none does."""
+    a, b = _welcome_key(theirs), _welcome_key(mine)
+    return ", ".join(
+        f"{name} {_shown(name, a[name])} vs {_shown(name, b[name])}"
+        for name in a
+        if a[name] != b[name]
+    )
+
+
+def _shown(name: str, value: object) -> str:
+    """A welcome field's value for a mismatch message (a class list, maybe long, by count)."""
+    if name == "classes":
+        return f"[{len(value)} names]"  # type: ignore[arg-type]
+    if name == "mix_fingerprint":
+        return str(value) or "(not a mix)"
+    return str(value)

@@ -206,6 +206,7 @@ class SplitInfo:
     label_width: int = 0  # K of a multi-label split's [B, K] labels (the welcome's), else 0
     #: Per-sample metadata of the split's dataset (a manifest's other columns), or None.
     metadata: Sequence[dict | None] | None = None
+    mix_fingerprint: str = ""  # a mix's (`Split.mix_fingerprint`, the welcome's), else ""
 
     def batch_metadata(self, indices: Sequence[int]) -> list[dict | None]:
         """The metadata of a batch's samples by index (None for padding, -1)."""
@@ -215,7 +216,7 @@ class SplitInfo:
     def of(cls, split: Split) -> SplitInfo:
         return cls(
             name=split.name,
-            num_samples=len(split.dataset),
+            num_samples=split.samples_per_epoch,
             num_classes=split.dataset.num_classes,
             mean=tuple(split.augment.mean),
             std=tuple(split.augment.std),
@@ -223,6 +224,7 @@ class SplitInfo:
             classes=tuple(split.dataset.classes),
             label_width=getattr(split.dataset, "label_width", 0),
             metadata=getattr(split.dataset, "metadata", None),
+            mix_fingerprint=split.mix_fingerprint,
         )
 
 
@@ -614,6 +616,7 @@ class ServerCore:
             views=[list(v) for v in spec.views],
             label_width=split.label_width,
             share_window=self.shared.window,
+            mix_fingerprint=split.mix_fingerprint,
         )
         return [*actions, Reply(identity, welcome)]
 

@@ -42,6 +42,8 @@ MAX_PREFETCH = 256
 MAX_IMAGE_SIDE = 16384
 #: Longest job name in a hello.
 MAX_JOB_LEN = 256
+#: Longest `Welcome.mix_fingerprint` (the server sends 16 hex digits).
+MAX_MIX_FINGERPRINT_LEN = 64
 #: Bounds of `Welcome.classes` (ImageNet-21k's 21,841 names fit; a welcome stays well under the
 #: server frame limit): a longer class list is not sent (`welcome_classes`), nor accepted.
 MAX_CLASSES = 65536
@@ -370,11 +372,17 @@ class Welcome(_Message):
     # Shared production (sweeps): the server's --share-window in batches, as it applies it; 0
     # (absent on the wire): each batch is produced for its stream alone.
     share_window: int = 0
+    # A mixture split (`mix:...`): a short hash of the mix (parts, sizes, how each is drawn,
+    # labels mode, schedule), which a fleet's servers must agree on; "" (absent on the wire):
+    # not a mix.
+    mix_fingerprint: str = ""
 
     def to_map(self) -> dict[str, Any]:
         m = _drop_single_label(_drop_single_view(super().to_map()))
         if not m["share_window"]:  # sharing off: the map older peers know
             del m["share_window"]
+        if not m["mix_fingerprint"]:  # not a mix: the map older peers know
+            del m["mix_fingerprint"]
         return m
 
     @property
@@ -406,7 +414,18 @@ class Welcome(_Message):
             views=_views(d, shape),
             label_width=_label_width(d),
             share_window=_int(d, "share_window", 0) if "share_window" in d else 0,
+            mix_fingerprint=_mix_fingerprint(d),
         )
+
+
+def _mix_fingerprint(d: Mapping[str, Any]) -> str:
+    value = d.get("mix_fingerprint", "")
+    if not isinstance(value, str) or len(value) > MAX_MIX_FINGERPRINT_LEN:
+        raise ProtocolError(
+            f"field 'mix_fingerprint' must be a string of <= {MAX_MIX_FINGERPRINT_LEN} "
+            f"characters, got {show(value)}"
+        )
+    return value
 
 
 def welcome_classes(names: list[str]) -> list[str]:

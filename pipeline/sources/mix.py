@@ -19,6 +19,8 @@ space they are in. Either way each sample's metadata carries ``part`` (its part'
 from __future__ import annotations
 
 import bisect
+import hashlib
+import json
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -265,11 +267,39 @@ class MixDataset(ImageDataset):
     names: tuple[str, ...] = ()
     plan: MixPlan | None = None
     label_mode: str = "shared"
+    prefixes: tuple[str, ...] = ()  # each part's class-name prefix (`MixPart.prefix`)
     _blocks: _Blocks | None = field(default=None, repr=False)
 
     def __repr__(self) -> str:
         shown = ", ".join(f"{n}: {len(p)}" for n, p in zip(self.names, self.parts, strict=True))
         return f"MixDataset({shown}; {self.num_classes} classes, labels {self.label_mode})"
+
+    @property
+    def fingerprint(self) -> str:
+        """A short hash of what makes this mix's batches: each part's name, size and prefix,
+        the labels mode, how parts are drawn (weights, repeat or choose values) and the
+        schedule. A fleet's servers must agree on it (the welcome's ``mix_fingerprint``):
+        equal counts of batches and classes do not make two mixes equal. Where a part is read
+        from is left out, as a plain dataset's location is: one server may read a bucket,
+        another a local copy of it (and no URL, so no credential, goes into it)."""
+        assert self.plan is not None
+        canonical = {
+            "parts": [
+                [name, size, prefix]
+                for name, size, prefix in zip(
+                    self.names,
+                    self.plan.sizes,
+                    self.prefixes or ("",) * len(self.names),
+                    strict=True,
+                )
+            ],
+            "labels": self.label_mode,
+            "mode": self.plan.mode,
+            "values": list(self.plan.values),
+            "schedule": [[start, list(values)] for start, values in self.plan.schedule],
+        }
+        text = json.dumps(canonical, sort_keys=True, separators=(",", ":"))
+        return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
 
     def part_of(self, i: int) -> tuple[int, int]:
         """(part, sample of that part) of mix index ``i``."""
@@ -367,6 +397,7 @@ def open_mix(
         names=names,
         plan=plan,
         label_mode=spec.labels,
+        prefixes=tuple(p.prefix for p in spec.parts),
         _blocks=blocks,
     )
 

@@ -832,3 +832,34 @@ def test_a_welcome_unlike_what_the_hello_asked_is_a_protocol_error() -> None:
     shell.start()
     with pytest.raises(ProtocolError, match="where 96x96 were asked for"):
         shell.welcome()
+
+
+def test_servers_of_other_mixes_are_a_protocol_error_naming_it() -> None:
+    """Two mixes of equal batch and class counts still draw other samples: the welcomes'
+    `mix_fingerprint` must match too, and the error names the field that differs."""
+    for first, second in (("0123456789abcdef", "fedcba9876543210"), ("0123456789abcdef", "")):
+        shell = Shell(2)
+        shell.connect()
+        shell.start()
+        shell.reply(0, dataclasses.replace(welcome_for(shell.session(0)), mix_fingerprint=first))
+        other = dataclasses.replace(welcome_for(shell.session(1)), mix_fingerprint=second)
+        with pytest.raises(ProtocolError, match=f"mix_fingerprint {second or '.not a mix.'} vs"):
+            shell.reply(1, other)
+    shell = Shell(2)
+    shell.connect()
+    shell.start()
+    for server in (0, 1):
+        same = dataclasses.replace(welcome_for(shell.session(server)), mix_fingerprint=first)
+        shell.welcomed.add(shell.session(server))
+        shell.reply(server, same)
+    assert shell.serve(0) and shell.serve(1)  # both stream: one mix
+
+
+def test_a_mismatch_names_each_field_that_differs() -> None:
+    shell = Shell(2)
+    shell.connect()
+    shell.start()
+    shell.welcome(0)
+    other = dataclasses.replace(welcome_for(shell.session(1), num_batches=5), num_samples=77)
+    with pytest.raises(ProtocolError, match="num_batches 5 vs 12, num_samples 77 vs"):
+        shell.reply(1, other)

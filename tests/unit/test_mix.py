@@ -22,7 +22,9 @@ from batchwire.pipeline.mix_order import MixPlan, apportion
 from batchwire.pipeline.sampler import MixSampler, ShardSampler
 from batchwire.pipeline.samples import SampleLoader
 from batchwire.pipeline.sources.mix import MixDataset, open_mix, parse_mix, parse_schedule
+from batchwire.pipeline.split import Split, build_split
 from batchwire.server.config import ServerConfig, config_from_toml
+from batchwire.server.core import SplitInfo
 from oddfiles import write_image_folder
 
 WINDOW = 256
@@ -320,3 +322,68 @@ def test_local_loader_opens_a_mix_text_as_the_server_does(folders: tuple[Path, P
         assert len(val.dataset) == len(open_dataset(a)) + len(open_dataset(b))
     with pytest.raises(ValueError, match="mix_schedule needs a mix"):
         LocalLoader(a, batch_size=4, image_size=16, mix_schedule="1:a=0.9")
+
+
+def _split_of(dataset: ImageDataset, train: bool, dec: CpuBatchDecoder) -> Split:
+    augment = AugmentConfig(image_size=16, train=train)
+    return build_split("train" if train else "val", dataset, augment, 0, dec)
+
+
+@pytest.mark.parametrize("values", [("repeat:2", "repeat:0.5"), ("choose:30", "choose:5")])
+def test_samples_per_epoch_is_a_train_mix_epoch_length(
+    folders: tuple[Path, Path], values: tuple[str, str]
+) -> None:
+    """The welcome's num_samples is what an epoch draws: a train mix's epoch length, not its
+    index space (which holds a repeated part's extra copies); a val mix and a plain dataset
+    draw each index once. The sampler's batches per epoch follow from the same count."""
+    a, b = folders
+    mix = mix_of(f"mix:a={values[0]}@{a},b={values[1]}@{b}")
+    assert mix.plan is not None and mix.plan.epoch_length != len(mix)
+    with CpuBatchDecoder(threads=1) as dec:
+        train = _split_of(mix, True, dec)
+        val_mix = mix_of(f"mix:a=0.5@{a},b=0.5@{b}", train=False)
+        plain = open_dataset(a)
+        for split, want in (
+            (train, mix.plan.epoch_length),
+            (_split_of(val_mix, False, dec), len(val_mix)),
+            (_split_of(plain, True, dec), len(plain)),
+        ):
+            assert split.samples_per_epoch == want
+            assert SplitInfo.of(split).num_samples == want
+        assert train.sampler(4, 0, 0, 1).num_batches == mix.plan.epoch_length // 4
+
+
+def test_fingerprint_tells_mixes_apart_but_not_where_parts_are_read(
+    folders: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """`MixDataset.fingerprint` (the welcome's, which a fleet's servers must agree on) changes
+    with anything that changes the batches: weights, parts' names and order, labels mode,
+    prefixes, the schedule; not with where a part is read from (a copy elsewhere)."""
+    import shutil
+
+    a, b = folders
+    copy, smaller = tmp_path / "elsewhere", tmp_path / "smaller"
+    shutil.copytree(a, copy)
+    shutil.copytree(b, smaller)
+    shutil.rmtree(smaller / "extra")
+    base = mix_of(f"mix:a=0.5@{a},b=0.5@{b}").fingerprint
+    assert len(base) == 16
+    assert mix_of(f"mix:a=0.5@{copy},b=0.5@{b}").fingerprint == base
+    others = [
+        mix_of(f"mix:a=0.6@{a},b=0.4@{b}"),
+        mix_of(f"mix:web=0.5@{a},b=0.5@{b}"),
+        mix_of(f"mix:b=0.5@{b},a=0.5@{a}"),
+        mix_of(f"mix:a=0.5@{a},b=0.5@{b};labels=separate"),
+        mix_of(f"mix:a=0.5@{a},b=0.5@{smaller}"),  # b's size differs
+        mix_of(f"mix:a=0.5@{a},b=0.5@{b}", train=False),
+        open_mix(
+            parse_mix({"mix": {"a": {"source": str(a)}, "b": {"source": str(b), "prefix": "b/"}}}),
+            open_dataset,
+            train=True,
+        ),
+        open_mix(parse_mix(f"mix:a=0.5@{a},b=0.5@{b}"), open_dataset, train=True, schedule="2:a=1"),
+    ]
+    prints = [m.fingerprint for m in others]
+    assert base not in prints and len(set(prints)) == len(prints)
+    with CpuBatchDecoder(threads=1) as dec:
+        assert _split_of(open_dataset(a), True, dec).mix_fingerprint == ""

@@ -248,3 +248,17 @@ def test_tensor_bytes_follow_the_layout(dtype):
     assert nhwc.__array_interface__["data"][0] == cl.data_ptr()
     with pytest.raises(ValueError, match="neither NCHW nor NHWC"):
         tensor_bytes(t[:, :, ::2])
+
+
+def test_mix_fingerprint_is_absent_unless_a_mix_and_checked():
+    """`Welcome.mix_fingerprint` is new: left out for a split that is not a mix, so such a
+    server sends the map older clients know and an older server's map decodes as no mix; a
+    mix's travels and comes back; a non-string or overlong one is a ProtocolError."""
+    assert "mix_fingerprint" not in WELCOME.to_map()
+    assert p.decode_server_message(pack(WELCOME.to_map())).mix_fingerprint == ""
+    mixed = dataclasses.replace(WELCOME, mix_fingerprint="0123456789abcdef")
+    assert mixed.to_map()["mix_fingerprint"] == "0123456789abcdef"
+    assert p.decode_server_message(mixed.pack()) == mixed
+    for bad in (7, "f" * (wm.MAX_MIX_FINGERPRINT_LEN + 1)):
+        with pytest.raises(p.ProtocolError, match="'mix_fingerprint'"):
+            p.decode_server_message(pack({**WELCOME.to_map(), "mix_fingerprint": bad}))
