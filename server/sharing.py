@@ -18,6 +18,11 @@ batches (--share-window); its idle buffers (no reference) are not counted by the
 core needs a buffer and lent + idle reach the cap, the oldest idle one goes first
 (`make_room`), so the window only ever lives in the slack of the cap.
 
+Mixtures (pipeline/sources/mix.py): a train mix's epoch order is its `MixPlan`'s, fixed by the
+server's --train mix and --mix-schedule and the seed, the same for every session (a hello cannot
+change it), so the key names a mix's batch as it names any other; a restart with another
+schedule starts with an empty window, so no batch of the old schedule is ever handed out.
+
 Batches, and samples across batch sizes: on one server the seed and augmentation are fixed, so a
 job of another world size reads the same global batches and shares them whole, zero-copy. A job
 of another batch size (`Hello.batch_size`, up to --max-batch-size) reads other batches (the key

@@ -13,6 +13,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 import urllib.request
 from pathlib import Path
 
@@ -24,9 +25,10 @@ from batchwire.pipeline.local import LocalLoader
 from batchwire.pipeline.sampler import MixSampler
 from batchwire.pipeline.sources.mix import open_mix, parse_mix
 from batchwire.pipeline.synthetic import default_dataset
+from batchwire.wire import ProtocolError
 from batchwire.wire.stats_client import fetch_stats
 from promtext import parse_metrics
-from serverproc import free_tcp_endpoint, running_server
+from serverproc import free_tcp_endpoint, running_server, running_servers
 
 BIN = Path(sys.executable).parent
 
@@ -138,3 +140,57 @@ def test_bad_mix_schedule_exits_2(parts):
     )  # fmt: skip
     assert done.returncode == 2, done.stdout
     assert "--mix-schedule: no part 'c'" in done.stdout, done.stdout
+
+
+def _stream(endpoints: str | list[str], job: str) -> tuple[int, int, list[list[int]]]:
+    """One job's train epoch 0: (len(loader), loader.num_samples, each batch's indices)."""
+    loader = RemoteLoader(
+        endpoints, "train", device="cpu", with_indices=True, prefetch_next_epoch=False,
+        timeout=60, job=job,
+    )  # fmt: skip
+    try:
+        return len(loader), loader.num_samples, [b[2].tolist() for b in loader]
+    finally:
+        loader.close()
+
+
+@pytest.mark.timeout(180)
+def test_repeat_and_choose_mixes_count_share_and_keep_fleets_apart(parts):
+    """Two mixes of equal epoch length (a=40 and b=18 samples: repeat 2 and 0.5, or choose 40
+    and 49: 89 draws, 11 batches of 8) but other index spaces (138, 112) and orders:
+    - the welcome's num_samples is the epoch's 89 draws and len(loader) the batches served;
+    - two jobs of one mix on one server get the same batches, produced once;
+    - a loader over both servers stops with a ProtocolError naming the mix fingerprint; over
+      two servers of the same mix it streams that mix's batches."""
+    a, b = parts
+    common = ("--batch-size", "8", "--image-size", "32", "--workers", "1", "--seed", "5")
+    repeat = ("--train", f"mix:a=repeat:2@{a},b=repeat:0.5@{b}", *common)
+    choose = ("--train", f"mix:a=choose:40@{a},b=choose:49@{b}", *common)
+    with running_servers(2, *repeat) as (srv, twin), running_server(*choose) as other:
+        jobs: list[tuple[int, int, list[list[int]]] | BaseException] = [(0, 0, [])] * 2
+
+        def job(i: int) -> None:
+            try:
+                jobs[i] = _stream(srv.endpoint, f"job{i}")
+            except BaseException as exc:  # re-raised below, in the test thread
+                jobs[i] = exc
+
+        threads = [threading.Thread(target=job, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        for got in jobs:
+            if isinstance(got, BaseException):
+                raise got
+        (n0, samples0, stream0), (n1, samples1, stream1) = jobs  # type: ignore[misc]
+        assert samples0 == samples1 == 89, "the welcome's num_samples is the mix epoch's draws"
+        assert n0 == n1 == len(stream0) == len(stream1) == 89 // 8
+        assert stream0 == stream1
+        c = srv.stats()["counters"]
+        assert c["batches_total"] == 2 * len(stream0)
+        assert c["batches_produced_total"] < c["batches_total"], c
+        with pytest.raises(ProtocolError, match=r"mix_fingerprint [0-9a-f]{16} vs [0-9a-f]{16}"):
+            _stream([srv.endpoint, other.endpoint], "fleet")
+        n, samples, fleet = _stream([srv.endpoint, twin.endpoint], "twins")
+        assert (n, samples, fleet) == (n0, 89, stream0)
