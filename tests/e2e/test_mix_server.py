@@ -4,7 +4,9 @@ over the same text, pixel for pixel), labels in the union
 of the parts' class names (`loader.classes`), each sample's part in its metadata
 (`with_metadata=True`); a mid-epoch resume gives the same batches; `--val mix:...` visits every
 sample of every part once over the ranks; the server's stats count each part's samples sent
-against its weight; a bad `--mix-schedule` ends the server with exit 2."""
+against its weight; a bad `--mix-schedule` ends the server with exit 2. Repeat and choose
+mixes: the welcome's num_samples is the epoch's draws, two jobs of one mix share production,
+and a fleet of servers of other mixes is refused (`Welcome.mix_fingerprint`)."""
 
 from __future__ import annotations
 
