@@ -28,6 +28,9 @@ start it: tests/objectstore.py) holds the same JPEGs as a local ImageFolder. Row
   only the first N JPEGs; `--baseline-site DIR` adds a row per round whose server imports
   `batchwire` from DIR (another commit's tree laid out as a package: before against after,
   same run, same store).
+- `--request-costs`: the coalescing rule's constants (`pipeline/storage/coalesce.py`): client
+  and store CPU of one `get_ranges` of 8 members of 110 kB 2 MB apart (8 GETs), adjacent (1
+  GET) and 1.5 MB apart in one GET: the cost of a GET, and of a MB of gap read in vain.
 
 Every figure is one run on a shared machine: compare rows of the same run only.
 """
@@ -350,6 +353,42 @@ def shard_rounds(
     return rows
 
 
+def request_costs(store: Any, calls: int = 100) -> dict[str, Any]:
+    """Client and store CPU (ms) of one GET and of one MB more in a request (see the doc)."""
+    import obstore
+    from batchwire.pipeline.storage.objects import ObjectStore
+
+    member, apart, gap = 110_000, 2_000_000, 1_500_000
+    store.put(BUCKET, "costs/blob.bin", os.urandom(16_000_000))
+    raw = ObjectStore(f"s3://{BUCKET}/costs")._store
+
+    def cpu(starts: list[int], ends: list[int]) -> tuple[float, float]:
+        def run() -> None:
+            for _ in range(calls):
+                obstore.get_ranges(raw, "blob.bin", starts=starts, ends=ends, coalesce=0)
+
+        run()  # warm: connections
+        weed0, cpu0 = proc_cpu_s(store.proc.pid), time.process_time()
+        run()
+        return 1e3 * (time.process_time() - cpu0) / calls, 1e3 * (
+            proc_cpu_s(store.proc.pid) - weed0
+        ) / calls
+
+    far = cpu([k * apart for k in range(8)], [k * apart + member for k in range(8)])
+    near = cpu([0], [8 * member])
+    span = cpu([0], [7 * (member + gap) + member])
+    mb = 7 * gap / 1e6
+    row = {
+        "row": "request costs",
+        "client_ms_per_get": round((far[0] - near[0]) / 7, 3),
+        "store_ms_per_get": round((far[1] - near[1]) / 7, 3),
+        "client_ms_per_mb": round((span[0] - near[0]) / mb, 3),
+        "store_ms_per_mb": round((span[1] - near[1]) / mb, 3),
+    }
+    print(json.dumps(row), flush=True)
+    return row
+
+
 def make_formats(folder: Path, out: Path, store: Any) -> dict[str, str]:
     """The ImageFolder as tar shards (written by `pipeline-prepare --shards`' code to the
     bucket and to `out`) and as one Parquet file (uploaded): name -> --train argument."""
@@ -397,6 +436,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pin-store", type=int, metavar="CPU", help="the store on this core")
     parser.add_argument("--images", type=int, help="only the first N JPEGs of --dir")
     parser.add_argument("--baseline-site", type=Path, help="a baseline tree (--shard-rounds)")
+    parser.add_argument("--request-costs", action="store_true", help="GET and MB costs only")
     parser.add_argument(
         "--samples-patch",
         metavar="FILE.py",
@@ -418,6 +458,9 @@ def main(argv: list[str] | None = None) -> int:
         env = store.env()
         os.environ.update(env)  # this process's own clients
         keys = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_symlink())
+        if args.request_costs:
+            rows.append(request_costs(store))
+            args.skip_client = args.skip_server = True
         if args.shard_rounds:
             rows += shard_rounds(
                 folder, tmp / "formats", store, env, args.shard_rounds, args.baseline_site
