@@ -165,7 +165,9 @@ class RemoteLoader(IterableDataset):
         prefetch: batches asked for and not yet consumed, across all servers (with several
             servers at least 4 per server); each is one credit of the server it was asked of.
         timeout: seconds to wait for any one batch (reconnects included) before raising
-            `ServerUnavailable`.
+            `ServerUnavailable`. 60 s by default: a restarting server comes back within it, and a
+            refusal that clears by itself (``busy``) clears within the server's
+            ``--client-timeout`` (60 s): keep it no lower than that.
         device: ``"cpu"``, ``"cuda"``, ``"cuda:N"``; None picks CUDA when available; ``"cuda"``
             is this process's GPU (``LOCAL_RANK``'s unless `torch.cuda.set_device` chose one).
         with_indices: yield ``(images, labels, indices)``; padding slots have index -1.
