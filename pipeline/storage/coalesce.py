@@ -8,7 +8,8 @@ so two neighbours are fetched in one request when `gap x MB_COST < REQUEST_COST`
 gap is under `GAP_BYTES`, and never into a request over `MAX_REQUEST_BYTES`.
 
 The constants were measured on loopback against SeaweedFS (`weed` pinned to one core, the
-client to the other; obstore 0.12.1; 2026-11-27, bench/RESULTS.md, "Coalescing ranged reads"):
+client to the other; obstore 0.12.1; 2026-11-27: `python -m batchwire.bench.bench_storage
+--request-costs --pin-store 0`, bench/RESULTS.md "Coalescing ranged reads"):
 a GET of a 110 kB range costs the client 0.12 ms of CPU and the store 0.58 ms; each MB more in
 one request costs the client 0.35-0.56 ms and the store 0.4-0.8 ms. Both sides count: on
 loopback both are this host's, and in a deployment the store's share is its request rate and
