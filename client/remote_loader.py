@@ -376,7 +376,8 @@ class RemoteLoader(IterableDataset):
 
     @property
     def num_samples(self) -> int:
-        """Images in the split (all ranks together, before padding or dropping)."""
+        """Samples an epoch draws, all ranks together, before padding or dropping: the split's
+        images, or a train mix's epoch length."""
         return self.server_info().num_samples
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, ...]]:

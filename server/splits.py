@@ -144,7 +144,7 @@ def open_splits(config: ServerConfig, decoder: Any) -> dict[str, Split]:
                 unchecked = checksum_warning(name, part, part_root, config.verify_checksums)
                 if unchecked is not None:
                     log.warning("%s", unchecked)
-        samples = _epoch_samples(dataset, split.train)
+        samples = split.samples_per_epoch
         small = batch_size_warning(
             name, samples, split.train, int(config.batch_size), int(config.batch_size_cap)
         )
@@ -182,13 +182,6 @@ def _open_split_data(config: ServerConfig, name: str, given: Any) -> ImageDatase
             redact_url(str(part.root)),
         )
     return dataset
-
-
-def _epoch_samples(dataset: ImageDataset, train: bool) -> int:
-    """Samples in an epoch of the split: a train mix's epoch length, else the dataset's."""
-    if train and isinstance(dataset, MixDataset) and dataset.plan is not None:
-        return dataset.plan.epoch_length
-    return len(dataset)
 
 
 def _checked_parts(dataset: ImageDataset, root: str) -> list[tuple[ImageDataset, str]]:
