@@ -169,9 +169,6 @@ class BatchSpec:
         """Every view's logical shape, in order."""
         return [v.shape for v in self.view_specs]
 
-    def with_batch_size(self, batch_size: int) -> BatchSpec:
-        return BatchSpec(batch_size, self.height, self.width, self.dtype, self.layout, self.views)
-
     @property
     def nbytes(self) -> int:
         """Bytes of the images frame (all views)."""

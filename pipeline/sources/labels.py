@@ -115,10 +115,6 @@ class LabelTable:
         self._add_one(label, where)
         self._counts.append(1)
 
-    @property
-    def multi_label(self) -> bool:
-        return self._multi
-
     def _add_one(self, label: int | str, where: str) -> None:
         if isinstance(label, int):
             if self._first_name is not None:
