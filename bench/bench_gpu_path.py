@@ -138,7 +138,7 @@ def measure(files: list[bytes], label: str, size: int = 224, batch: int = 64) ->
     print(f"{label}: {n} files, {mean_kb:.0f} KB mean, {size} px crops, CPU us per image")
     for name, us in rows.items():
         print(f"  {name:>18}: {us:8.1f}")
-    print(f"  {'total (GIL held)':>18}: {total:8.1f}  -> {1e6 / total:,.0f} images/s per core")
+    print(f"  {'total (CPU)':>18}: {total:8.1f}  -> {1e6 / total:,.0f} images/s per core")
     print(f"  {'strict check':>18}: {strict:8.1f}  (CPU threads, GIL released; not for intact)")
 
 
