@@ -15,7 +15,7 @@ from batchwire.monitor.fleet import FleetPoller, FleetSnapshot, FleetWatch, Serv
 from batchwire.monitor.render import fleet_frame, render_fleet
 from batchwire.wire.stats import ServerStats
 from batchwire.wire.stats_client import StatsTimeout, StatsUnavailable
-from test_monitor_render import SNAP
+from monitorsnaps import SNAP
 
 NAME = "dns+tcp://fleet.test:5555"
 

@@ -10,7 +10,7 @@ from batchwire.pipeline.local import LocalLoader
 from batchwire.server.config import ServerConfig, config_from_toml
 from batchwire.server.core import SendBatch, Submit
 from batchwire.wire import ErrorReply, Hello, ProtocolError, Welcome
-from test_server_core import Server
+from coresim import Server
 
 
 def test_the_hello_carries_an_image_size_only_when_asked() -> None:

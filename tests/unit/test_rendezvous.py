@@ -9,7 +9,7 @@ from collections import Counter
 
 from batchwire.client.fleet import SendCredit
 from batchwire.client.rendezvous import batch_key, preferred
-from test_client_fleet import NUM_BATCHES, Shell, streaming, welcome_for
+from fleetsim import NUM_BATCHES, Shell, streaming, welcome_for
 
 SERVERS = [f"tcp://10.0.0.{i}:5555" for i in range(2, 6)]
 KEYS = [batch_key("train", e, 2, r, k) for e in range(3) for r in range(2) for k in range(2000)]

@@ -22,7 +22,7 @@ from batchwire.server.config import ServerConfig
 from batchwire.server.core import SendBatch, Submit
 from batchwire.server.sharing import sample_window_batches
 from batchwire.wire import ErrorReply, Hello, ProtocolError, Welcome
-from test_server_core import Server
+from coresim import Server
 
 SEED = 7
 
@@ -192,7 +192,7 @@ def test_the_loaders_state_records_its_batch_size() -> None:
 
 def test_the_monitor_says_how_many_samples_were_reused() -> None:
     from batchwire.monitor.render import render
-    from test_monitor_render import SNAP
+    from monitorsnaps import SNAP
 
     counters = dataclasses.replace(
         SNAP.counters,

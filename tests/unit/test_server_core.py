@@ -10,176 +10,25 @@ and never read kept from starving a trainer.
 
 from __future__ import annotations
 
-from collections import defaultdict
 from dataclasses import dataclass, field
 
 import numpy as np
 import pytest
-from batchwire.pipeline.sampler import ShardSampler
 from batchwire.server import core as core_mod
 from batchwire.server import peers
-from batchwire.server.budget import BufferBudget
-from batchwire.server.config import ServerConfig
-from batchwire.server.core import (
-    Action,
-    Release,
-    Reply,
-    ReplyStats,
-    SendBatch,
-    ServerCore,
-    SplitInfo,
-    Submit,
-    TrimBuffers,
-)
-from batchwire.server.jobs import Job, JobResult
-from batchwire.server.telemetry import Telemetry
+from batchwire.server.core import ReplyStats
 from batchwire.wire import (
     MAX_PREFETCH,
     Bye,
     Credit,
     ErrorReply,
-    Hello,
     LoaderReport,
     StatsRequest,
     UnlistedClients,
     Welcome,
 )
 from batchwire.wire.stats import MAX_FIGURE_NAME, MAX_LOADER_FIGURES
-from fakeclock import FakeClock
-
-BATCH = 4
-SAMPLES = 4000  # 1000 batches at world size 1
-
-
-@dataclass(eq=False)
-class FakeSlot:
-    """Stands for a `bufpool.Slot`: the core only passes slots around."""
-
-    n: int
-
-
-def _split(name: str = "train") -> SplitInfo:
-    def sampler(batch: int, seed: int, rank: int, world_size: int) -> ShardSampler:
-        return ShardSampler(
-            SAMPLES, batch, seed=seed, shuffle=True, drop_last=True, rank=rank,
-            world_size=world_size,
-        )  # fmt: skip
-
-    return SplitInfo(name, SAMPLES, 10, (0.5,) * 3, (0.25,) * 3, sampler)
-
-
-@dataclass
-class Server:
-    """A core and a stand-in shell: it lends fake slots, keeps the jobs, records what was sent."""
-
-    max_buffers: int = 70
-    reserve: int = 3
-    config: dict = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        self.clock = FakeClock(1000.0)
-        # Sharing off unless a test turns it on (test_sharing_core.py): these scenes give
-        # several clients the same batches and are about scheduling each one's own.
-        settings = dict(
-            batch_size=BATCH, image_size=8, producers=3, prefetch_depth=4, share_window=0
-        )
-        self.cfg = ServerConfig(**{**settings, **self.config})
-        self.budget = BufferBudget(self.max_buffers, self.reserve)
-        self.core = ServerCore(
-            self.cfg,
-            {"train": _split("train"), "val": _split("val")},
-            self.cfg.batch_spec(),
-            self.budget,
-            Telemetry(clock=self.clock),
-            self.clock(),
-        )
-        self.jobs: list[Job] = []  # submitted, not yet finished
-        self.submitted: list[bytes] = []  # whose session each job was for, in order
-        self.sends: list[SendBatch] = []  # all batches sent
-        self.in_flight: dict[bytes, list[int]] = defaultdict(list)  # tickets ZeroMQ holds
-        self.replies: dict[bytes, list] = defaultdict(list)
-        self.released: list[FakeSlot] = []
-        self.trims: list[int] = []
-        self._slots = 0
-
-    # ---------------------------------------------------------------- the shell's side
-
-    def run(self, actions: list[Action]) -> list[Action]:
-        for a in actions:
-            if isinstance(a, Submit):
-                self.submitted.append(self.core._by_serial[a.order.session_serial].identity)
-                self._slots += 1
-                self.jobs.append(Job(a.order, FakeSlot(self._slots)))
-            elif isinstance(a, SendBatch):
-                self.sends.append(a)
-                self.in_flight[a.identity].append(a.ticket)
-            elif isinstance(a, Reply):
-                self.replies[a.identity].append(a.message)
-            elif isinstance(a, Release):
-                self.released.append(a.slot)
-            elif isinstance(a, TrimBuffers):
-                self.trims.append(a.keep)
-            else:
-                assert isinstance(a, ReplyStats)
-        return actions
-
-    def tick(self, dt: float = 0.0) -> list[Action]:
-        self.clock.t += dt
-        return self.run(self.core.tick(self.clock()))
-
-    def send(self, identity: bytes, msg) -> list[Action]:
-        return self.run(self.core.on_message(identity, msg, self.clock()))
-
-    def hello(self, identity: bytes, **fields) -> object:
-        """Send a hello; returns the reply to it (a Welcome or an ErrorReply)."""
-        h = dict(split="train", rank=0, world_size=1, epoch=0, batches=(0, 1), session=1)
-        self.send(identity, Hello(**{**h, **fields}))
-        return self.replies[identity][-1]
-
-    def finish(
-        self,
-        n: int | None = None,
-        *,
-        error: str | None = None,
-        reason: str = "failed",
-        public: str | None = None,
-    ):
-        """Finish the oldest ``n`` jobs (all by default), successfully unless ``error``
-        (``public``: why, in words the client may see)."""
-        done, self.jobs = self.jobs[:n], self.jobs[len(self.jobs[:n]) :]
-        for job in done:
-            if error is None:
-                result = JobResult(
-                    job, 0.01, labels=np.zeros(BATCH, np.int64), indices=(1, 2, 3, 4)
-                )
-            else:
-                result = JobResult(job, 0.0, error=error, reason=reason, public=public)
-            self.run(self.core.on_result(result, self.clock()))
-
-    def deliver(self, identity: bytes) -> None:
-        """The peer takes every batch ZeroMQ holds for it."""
-        for ticket in self.in_flight.pop(identity, []):
-            self.run(self.core.on_sent(ticket, self.clock()))
-
-    def turn(self, readers: tuple[bytes, ...] = (), dt: float = 0.0) -> None:
-        """One turn of the loop: jobs start, finish and are sent; readers take what came."""
-        self.tick(dt)
-        self.finish()
-        self.tick()
-        for identity in readers:
-            self.deliver(identity)
-
-    def sent_to(self, identity: bytes) -> list[int]:
-        return [s.header.batch_index for s in self.sends if s.identity == identity]
-
-    def holding(self, identity: bytes) -> int:
-        return self.core._holding(self.core.sessions[identity])
-
-
-def _error(reply) -> ErrorReply:
-    assert isinstance(reply, ErrorReply), reply
-    return reply
-
+from coresim import BATCH, SAMPLES, Server, error_of, split_info
 
 # ------------------------------------------------------------------------------ admission
 
@@ -205,7 +54,7 @@ def test_the_job_carries_the_plan_not_the_session() -> None:
     s.tick()
     (job,) = s.jobs
     order = job.order
-    expected = _split().sampler(BATCH, s.cfg.seed, 1, 2).plan(3, 5)
+    expected = split_info().sampler(BATCH, s.cfg.seed, 1, 2).plan(3, 5)
     assert (order.split, order.epoch, order.batch_index) == ("train", 3, 5)
     np.testing.assert_array_equal(order.sampler.plan(order.epoch, order.batch_index).indices,
                                   expected.indices)  # fmt: skip
@@ -218,24 +67,24 @@ def test_refused_hellos_carry_their_session() -> None:
     """And their reason: ``busy`` for --max-clients (it clears as clients leave: a loader asks
     again until its timeout), ``refused`` for what does not clear (an unknown split)."""
     s = Server(config=dict(max_clients=2))
-    err = _error(s.hello(b"x", split="test", session=11))
+    err = error_of(s.hello(b"x", split="test", session=11))
     assert err.session == 11 and "unknown split 'test'" in err.message
     assert err.reason == "refused"
     s.hello(b"a", session=1)
     s.hello(b"b", session=2)
-    err = _error(s.hello(b"c", session=3))
+    err = error_of(s.hello(b"c", session=3))
     assert err.session == 3 and "at most 2 clients (--max-clients)" in err.message
     assert err.reason == "busy"
     assert isinstance(s.hello(b"b", epoch=1, session=5), Welcome)  # a served client may replace
     s.send(b"b", Bye())
     assert isinstance(s.hello(b"c", session=3), Welcome)
-    err = _error(s.hello(b"d", world_size=10_000, session=9))
+    err = error_of(s.hello(b"d", world_size=10_000, session=9))
     assert err.session is None or err.session == 9  # max clients or unservable: its session
 
 
 def test_an_unservable_hello_names_the_cause_with_its_session() -> None:
     s = Server()
-    err = _error(s.hello(b"g", world_size=10_000, session=9))
+    err = error_of(s.hello(b"g", world_size=10_000, session=9))
     assert err.session == 9 and "cannot serve this hello" in err.message
     assert err.reason == "refused"
 
@@ -244,12 +93,12 @@ def test_credit_limits_are_refused_with_the_session() -> None:
     s = Server()
     s.hello(b"a", batches=(1,), session=6)
     s.send(b"a", Credit(batches=(1000,)))
-    err = _error(s.replies[b"a"][-1])
+    err = error_of(s.replies[b"a"][-1])
     assert err.session == 6 and "out of range" in err.message
     s.send(b"a", Credit(batches=(1,)))
-    assert "asked for already" in _error(s.replies[b"a"][-1]).message
+    assert "asked for already" in error_of(s.replies[b"a"][-1]).message
     s.send(b"a", Credit(batches=tuple(range(2, 2 + MAX_PREFETCH))))
-    assert "more than" in _error(s.replies[b"a"][-1]).message
+    assert "more than" in error_of(s.replies[b"a"][-1]).message
     s.send(b"z", Credit(batches=(1,)))  # no session: ignored, the client will say hello
     assert s.replies[b"z"] == []
 
@@ -271,7 +120,7 @@ def test_malformed_frames_get_a_bad_request_without_session() -> None:
 def test_world_sizes_agree_within_a_split_and_job() -> None:
     s = Server()
     assert isinstance(s.hello(b"a", world_size=2, session=1), Welcome)
-    err = _error(s.hello(b"b", world_size=4, rank=1, session=2))
+    err = error_of(s.hello(b"b", world_size=4, rank=1, session=2))
     assert err.session == 2 and "world_size mismatch on split 'train'" in err.message
     assert err.reason == "busy"  # it clears once a leaves or falls silent
     assert f"client {b'a'.hex()} (rank 0 of world_size=2" in err.message
@@ -354,7 +203,7 @@ def test_a_failed_batch_is_replied_with_the_session_and_ends_that_session() -> N
     s.hello(b"a", batches=(0, 1), session=12)
     s.tick()
     s.finish(1, error="OSError: /data/x.jpg: I/O error", reason="failed")
-    err = _error(s.replies[b"a"][-1])
+    err = error_of(s.replies[b"a"][-1])
     assert (err.session, err.reason) == (12, "failed")
     assert "producing train batch 0 failed (OSError, failed)" in err.message
     assert "/data" not in err.message  # paths stay in the log
@@ -368,7 +217,7 @@ def test_a_transient_failure_says_transient_with_its_session() -> None:
     s.hello(b"a", batches=(0,), session=3)
     s.tick()
     s.finish(error="TransientReadError: [Errno 24] Too many open files", reason="transient")
-    err = _error(s.replies[b"a"][-1])
+    err = error_of(s.replies[b"a"][-1])
     assert (err.reason, err.session) == ("transient", 3)
     # the client asks again in a new session and is served
     assert isinstance(s.hello(b"a", batches=(0,), session=4), Welcome)
@@ -389,7 +238,7 @@ def test_a_failure_with_public_words_tells_the_client_why() -> None:
     s.tick()
     why = "most reads are denied (HTTP 401/403 or EACCES: 40 of the last 64): credentials expired"
     s.finish(error=DENIED, reason="transient", public=why)
-    err = _error(s.replies[b"a"][-1])
+    err = error_of(s.replies[b"a"][-1])
     assert err.message == f"producing train batch 0 failed (AccessDeniedError, transient): {why}"
     assert "s3://" not in err.message and "Signature" not in err.message
 
@@ -399,7 +248,7 @@ def test_a_failure_without_public_words_tells_its_type_only() -> None:
     s.hello(b"a", batches=(0,), session=5)
     s.tick()
     s.finish(error=DENIED, reason="transient")
-    err = _error(s.replies[b"a"][-1])
+    err = error_of(s.replies[b"a"][-1])
     assert err.message == (
         "producing train batch 0 failed (AccessDeniedError, transient); "
         "the server's log has the details"

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from batchwire.server.core import NOT_READING_S, Submit
 from batchwire.wire import Credit, Shutdown, Welcome
-from test_server_core import Server, _error
+from coresim import Server, error_of
 
 
 def test_drain_sends_what_is_in_production_then_shutdown_and_produces_nothing_new() -> None:
@@ -36,10 +36,10 @@ def test_draining_refuses_hellos_as_transient() -> None:
     s = Server()
     s.hello(b"a", batches=(0,))
     s.run(s.core.begin_drain(s.clock()))
-    err = _error(s.hello(b"b", session=7))
+    err = error_of(s.hello(b"b", session=7))
     assert (err.reason, err.session) == ("transient", 7) and "draining" in err.message
     # A client that sent a new hello dropped its old session (it asks elsewhere): not waited for.
-    err = _error(s.hello(b"a", epoch=1, session=8))
+    err = error_of(s.hello(b"a", epoch=1, session=8))
     assert err.reason == "transient" and b"a" not in s.core.sessions
     s.finish()  # its job comes back to a session that is gone: the buffer is released
     s.tick()

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 from batchwire.server.core import Release, SendBatch, Submit
 from batchwire.wire import Bye, Credit
-from test_server_core import Server, _split
+from coresim import Server, split_info
 
 
 def _server(window: int | None = None, **kw) -> Server:
@@ -117,7 +117,7 @@ def test_world_sizes_one_and_two_share_their_global_batches() -> None:
     solo = _slots(s, b"solo")
     assert _slots(s, b"r0") == [solo[0], solo[2]] and _slots(s, b"r1") == [solo[1], solo[3]]
     assert s.sent_to(b"r1") == [0, 1]  # each header carries its own batch index
-    plans = [_split().sampler(4, s.cfg.seed, r, w) for r, w in ((0, 1), (1, 2))]
+    plans = [split_info().sampler(4, s.cfg.seed, r, w) for r, w in ((0, 1), (1, 2))]
     assert (plans[0].plan(0, 3).indices == plans[1].plan(0, 1).indices).all()
 
 

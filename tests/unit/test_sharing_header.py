@@ -10,7 +10,7 @@ probe loader, a restarted process).
 from __future__ import annotations
 
 from batchwire.wire import Bye, Welcome
-from test_server_core import Server
+from coresim import Server
 
 
 def _server(window: int | None = None) -> Server:
