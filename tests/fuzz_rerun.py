@@ -20,11 +20,10 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent / "unit"))
 
 from batchwire.pipeline.decode import decode_for_crop, read_header
 from corrupt_corpus import corpus, strict_rejects
-from test_decode_strict import OUT, crops, served
+from decodepaths import OUT, crops, served
 
 
 def main() -> None:

@@ -7,9 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from badinputcorpus import write_corpus
 from batchwire.client.remote_loader import RemoteLoader
 from serverproc import running_server
-from test_bad_input_samples import write_corpus
 
 
 @pytest.mark.timeout(180)

@@ -19,9 +19,9 @@ from batchwire.client.remote_loader import RemoteLoader
 from batchwire.native.build import cache_root
 from batchwire.pipeline.dataset import open_dataset
 from bitflips import SAMPLE_DIR, clean_bit_flip, photos
+from loaderchecks import counting_loader
 from objectstore import seaweed  # noqa: F401  (the fixture)
 from serverproc import running_server
-from test_corrupt_served import counting_loader
 
 PREPARE = Path(sys.executable).with_name("pipeline-prepare")
 

@@ -18,8 +18,8 @@ import zmq
 from batchwire import wire
 from batchwire.client import RemoteLoader, ServerError
 from batchwire.wire.raw_client import RawClient
+from loaderchecks import assert_same, rest
 from serverproc import running_server, running_servers, small_server_args
-from test_remote_loader_recovery import assert_same, rest
 from wirefakes import NBYTES
 
 pytestmark = pytest.mark.timeout(120)

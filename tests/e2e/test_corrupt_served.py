@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from batchwire.client.remote_loader import RemoteLoader
 from corrupt_corpus import corpus, seed_jpeg, strict_rejects
+from loaderchecks import counting_loader
 from serverproc import running_server
 
 GOOD = 24
@@ -52,22 +52,6 @@ def write_lists(root: Path) -> tuple[Path, Path, set[int], set[int]]:
         listing.write_text("\n".join(lines) + "\n")
         lists.append(listing)
     return lists[0], lists[1], plain, marked
-
-
-def counting_loader(endpoint: str, split: str) -> RemoteLoader:
-    """The only rank of `split`, each batch with its sampler indices, and no next-epoch
-    batches asked ahead: the server's `replaced_total` must count exactly the slots served
-    here (a batch produced ahead and never taken would count too). Also used by
-    test_checksums_server."""
-    return RemoteLoader(
-        endpoint,
-        split,
-        rank=0,
-        world_size=1,
-        with_indices=True,
-        timeout=60,
-        prefetch_next_epoch=False,
-    )
 
 
 def batches(endpoint: str, split: str, epochs: int) -> list[tuple[torch.Tensor, list[int]]]:

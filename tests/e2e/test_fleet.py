@@ -16,8 +16,8 @@ import time
 import pytest
 from batchwire.client import RemoteLoader
 from batchwire.wire.keys import create_keys
+from loaderchecks import assert_same, rest, take
 from serverproc import running_servers, small_server_args
-from test_remote_loader_recovery import assert_same, rest, take
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 from batchwire.pipeline.synthetic import default_dataset
+from loaderchecks import assert_identical, epoch
 from serverproc import running_server
-from test_sources_identity import assert_identical, epoch
 
 seaweed = pytest.importorskip("objectstore", reason="needs tests/objectstore.py").seaweed
 

@@ -24,20 +24,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from batchwire.native import jpeg_transcode as jt
 from batchwire.pipeline.checksums import checksum, keyed_name
 from batchwire.pipeline.dataset import open_dataset
 from batchwire.pipeline.synthetic import SyntheticSpec, ensure_dataset
 from batchwire.prepare.cli import main
 from batchwire.prepare.manifest import LOCK_NAME, MANIFEST_NAME, REPORT_NAME, TMP_PREFIX
 from batchwire.prepare.progress import Progress
-from oddfiles import (
-    corrupt_jpeg,
-    exif_orientation_block,
-    huge_header_jpeg,
-    png_bytes,
-    smooth_image,
-)
-from test_jpeg_transcode import (
+from jpegchecks import (
     HAS_DJPEG,
     assert_restart_layout,
     djpeg_pixels,
@@ -45,10 +39,26 @@ from test_jpeg_transcode import (
     pil_jpeg,
     pil_pixels,
 )
+from oddfiles import (
+    corrupt_jpeg,
+    exif_orientation_block,
+    huge_header_jpeg,
+    png_bytes,
+    smooth_image,
+)
 
 SAMPLE_DIR = Path(__file__).resolve().parents[3] / "shared" / "imagenet-sample"
 CONSOLE_SCRIPT = Path(sys.executable).parent / "pipeline-prepare"
 CORRUPT = {"banana/truncated.jpg", "banana/zeroed.jpg"}
+
+# Prepare rewrites JPEGs with the transcoder (as test_jpeg_transcode, whose skip this module
+# shared while it imported its helpers from there).
+if not jt.transcode_available():
+    pytest.skip(
+        "the JPEG transcoder does not build here (libjpeg62-turbo-dev missing?); see the "
+        "logged build error",
+        allow_module_level=True,
+    )
 
 
 def sample_files(n: int) -> list[Path]:

@@ -13,8 +13,8 @@ import signal
 import threading
 
 import pytest
-import torch
 from batchwire.client import RemoteLoader, ServerUnavailable
+from loaderchecks import assert_same, rest, take
 from serverproc import running_servers, small_server_args
 
 
@@ -30,23 +30,6 @@ def loader_for(endpoints, **kw) -> RemoteLoader:
     return RemoteLoader(
         endpoints, "train", rank=0, world_size=1, device="cpu", with_indices=True, **kw
     )
-
-
-def take(it, n: int) -> list[tuple[torch.Tensor, ...]]:
-    return [tuple(t.clone() for t in next(it)) for _ in range(n)]
-
-
-def rest(it) -> list[tuple[torch.Tensor, ...]]:
-    return [tuple(t.clone() for t in batch) for batch in it]
-
-
-def assert_same(a, b) -> None:
-    got = [int(x[2][0]) for x in a]
-    want = [int(x[2][0]) for x in b]
-    assert got == want, "batches lost, duplicated or out of order (first index of each batch)"
-    for k, (x, y) in enumerate(zip(a, b, strict=True)):
-        for tx, ty in zip(x, y, strict=True):
-            assert torch.equal(tx, ty), f"batch {k} differs"
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -24,6 +23,7 @@ from pathlib import Path
 import pytest
 from batchwire.client import RemoteLoader
 from serverproc import running_server, small_server_args
+from sharingjobs import run_jobs
 
 SEED = 11
 NUM_BATCHES = 25  # 400 images / 16
@@ -45,27 +45,6 @@ def digests(endpoint: str, split: str, epochs: tuple[int, ...], **kw) -> list[st
     finally:
         loader.close()
     return out
-
-
-def run_jobs(jobs: list[Callable[[], list[str]]]) -> list[list[str]]:
-    """Start the jobs together (threads) and return each one's stream."""
-    results: list[list[str] | BaseException] = [[] for _ in jobs]
-
-    def run(i: int) -> None:
-        try:
-            results[i] = jobs[i]()
-        except BaseException as exc:  # re-raised below, in the test thread
-            results[i] = exc
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(jobs))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    for r in results:
-        if isinstance(r, BaseException):
-            raise r
-    return results  # type: ignore[return-value]
 
 
 def counters(srv) -> dict[str, int]:

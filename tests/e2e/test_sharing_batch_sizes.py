@@ -15,7 +15,7 @@ import hashlib
 import pytest
 from batchwire.client import RemoteLoader, ServerError
 from serverproc import running_server, small_server_args
-from test_sharing import run_jobs
+from sharingjobs import run_jobs
 
 SEED = 5
 EPOCH_SAMPLES = 384  # 400 images, rounds of 64 (or of 32 x 2 ranks)

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from batchwire.pipeline.dataset import open_dataset
 from batchwire.pipeline.synthetic import default_dataset
+from loaderchecks import assert_identical, epoch, loader
 from serverproc import running_server
-from test_sources_identity import assert_identical, epoch, loader
 
 # The emulators' session fixtures (each skips, saying why, where its emulator is missing).
 fake_gcs = pytest.importorskip("gcsemulator", reason="needs tests/gcsemulator.py").fake_gcs

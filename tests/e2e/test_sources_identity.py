@@ -21,11 +21,10 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-import torch
 import webdataset as wds
-from batchwire.client import RemoteLoader
 from batchwire.pipeline.dataset import open_dataset
 from batchwire.pipeline.synthetic import default_dataset
+from loaderchecks import assert_identical, epoch, loader
 from serverproc import running_server
 
 SAMPLE_DIR = Path(__file__).resolve().parents[3] / "shared" / "imagenet-sample"
@@ -104,29 +103,6 @@ def server_args(source: str, dtype: str) -> tuple[str, ...]:
         *("--train", source, "--val", source, "--batch-size", str(B), "--image-size", "48"),
         *("--output-dtype", dtype, "--seed", "21", "--workers", "1"),
     )
-
-
-def loader(endpoint: str, split: str) -> RemoteLoader:
-    return RemoteLoader(
-        endpoint, split, rank=0, world_size=1, device="cpu", with_indices=True, timeout=60
-    )
-
-
-def epoch(endpoint: str, split: str, n: int) -> list[tuple[torch.Tensor, ...]]:
-    ld = loader(endpoint, split)
-    ld.set_epoch(n)
-    try:
-        return [tuple(t.clone() for t in batch) for batch in ld]
-    finally:
-        ld.close()
-
-
-def assert_identical(want, got, what: str) -> None:
-    assert len(want) == len(got) > 0, what
-    for k, (x, y) in enumerate(zip(want, got, strict=True)):
-        for tx, ty in zip(x, y, strict=True):
-            assert tx.dtype == ty.dtype and tx.shape == ty.shape, what
-            assert torch.equal(tx.view(torch.uint8), ty.view(torch.uint8)), f"{what}: batch {k}"
 
 
 @pytest.mark.parametrize("dtype", ["uint8", "float16"])

@@ -21,8 +21,8 @@ import pytest
 import webdataset as wds
 from batchwire.pipeline.dataset import open_dataset
 from batchwire.pipeline.synthetic import default_dataset
+from loaderchecks import assert_identical, epoch, loader
 from serverproc import running_server
-from test_sources_identity import assert_identical, epoch, loader
 
 # The SeaweedFS fixture (tests/objectstore.py) comes with the object-store backend.
 seaweed = pytest.importorskip("objectstore", reason="needs tests/objectstore.py").seaweed

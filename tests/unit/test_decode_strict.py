@@ -37,13 +37,12 @@ from batchwire.pipeline.decode.contract import DecodeResult
 from batchwire.pipeline.decode.fallback import GpuDecoderBase
 from batchwire.pipeline.decode.restart import narrow_request
 from corrupt_corpus import corpus, seed_jpeg, strict_rejects
+from decodepaths import OUT, crops, served
 from dht_damage import CORNER, dht_damaged
 from tail_damage import tail_damaged
 
 if not native.jpeg_roi_available():
     pytest.skip("the native strict decoder does not build here", allow_module_level=True)
-
-OUT = (24, 24)
 
 
 @pytest.fixture(scope="module")
@@ -54,29 +53,6 @@ def files():
 @pytest.fixture(scope="module")
 def rejected(files):
     return [f for f in files if strict_rejects(f.data) is not None]
-
-
-def crops(height: int, width: int) -> list[tuple[float, float, float, float]]:
-    """A val centre crop, the whole image, and train-like crops in three corners (small and
-    large), so damage above, inside and below a crop is met."""
-    h, w = float(height), float(width)
-    return [
-        (h * 0.125, w * 0.125, h * 0.875, w * 0.875),
-        (0.0, 0.0, h, w),
-        (0.5, 1.5, h * 0.4, w * 0.5),
-        (h * 0.6, w * 0.55, h - 0.5, w - 1.0),
-        (h * 0.3, 0.0, h * 0.7, w * 0.3),
-    ]
-
-
-def served(data: bytes, box, roi: bool, scale_out=OUT, intact: bool = False):
-    """The decoded pixels and box of one path, or None when it refuses the file."""
-    try:
-        header = read_header(data)
-        got = decode_for_crop(data, header, box, scale_out, roi=roi, intact=intact)
-    except (DecodeError, ValueError, OSError):
-        return None
-    return got
 
 
 def test_the_corpus_is_big_enough_and_holds_the_known_holes(files, rejected):
