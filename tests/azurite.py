@@ -23,9 +23,6 @@ import base64
 import hashlib
 import hmac
 import shutil
-import subprocess
-import tempfile
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -33,7 +30,8 @@ from email.utils import formatdate
 from pathlib import Path
 
 import pytest
-from batchwire.common.devstore import _die_with_parent, free_ports, upload_folder
+from batchwire.common.devstore import upload_folder
+from emulator import Emulator, session_of
 
 ACCOUNT = "devstoreaccount1"
 # Azurite's published development key (in Microsoft's docs; not a secret).
@@ -55,46 +53,25 @@ def azurite_command() -> list[str] | None:
     return [on_path] if on_path and node else None
 
 
-class Azurite:
+class Azurite(Emulator):
     """One Azurite blob service over folder `root` on a free 127.0.0.1 port."""
 
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.port = free_ports(1)[0]
-        self.log_path = root / "azurite.log"
-        self.proc: subprocess.Popen[bytes] | None = None
+    name = "azurite"
+    start_timeout_s = START_TIMEOUT_S
+    poll_s = 0.1
 
-    @property
-    def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self) -> Azurite:
+    def command(self) -> list[str]:
         command = azurite_command()
         assert command is not None, "Azurite is not installed"
         (self.root / "data").mkdir(exist_ok=True)
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(
-                [
-                    *command,
-                    *("--blobHost", "127.0.0.1", "--blobPort", str(self.port)),
-                    *("--location", str(self.root / "data")),
-                    "--disableTelemetry",
-                    "--skipApiVersionCheck",  # obstore's API version may be newer than this Azurite
-                    "--silent",
-                ],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                cwd=self.root,
-                preexec_fn=_die_with_parent,
-            )
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while not self._ready():
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.kill()
-                raise RuntimeError(f"Azurite did not start:\n{self.log_tail()}")
-            time.sleep(0.1)
-        return self
+        return [
+            *command,
+            *("--blobHost", "127.0.0.1", "--blobPort", str(self.port)),
+            *("--location", str(self.root / "data")),
+            "--disableTelemetry",
+            "--skipApiVersionCheck",  # obstore's API version may be newer than this Azurite
+            "--silent",
+        ]
 
     def _ready(self) -> bool:
         """Azurite answers (any HTTP status: the unsigned request is refused)."""
@@ -105,17 +82,6 @@ class Azurite:
         except OSError:
             return False
         return True
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(10)
-
-    def log_tail(self, chars: int = 4000) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")[-chars:]
-        except OSError:
-            return ""
 
     # -- clients and data -------------------------------------------------------------------
 
@@ -189,18 +155,7 @@ def azurite() -> Iterator[Azurite]:
             "Azurite not installed: scripts/setup.sh puts it in .cache/azurite "
             "(npm install --prefix .cache/azurite azurite)"
         )
-    root = Path(tempfile.mkdtemp(prefix="bw-azurite-"))
-    server = Azurite(root)
-    try:
-        try:
-            server.start()
-        except RuntimeError:  # another process took the port in between: once more
-            server.port = free_ports(1)[0]
-            server.start()
-        yield server
-    finally:
-        server.kill()
-        shutil.rmtree(root, ignore_errors=True)
+    yield from session_of(Azurite, "bw-azurite-")
 
 
 __all__ = ["ACCOUNT", "ACCOUNT_KEY", "Azurite", "azurite", "azurite_command"]

