@@ -63,7 +63,7 @@ def free_ports(count: int) -> list[int]:
             s.close()
 
 
-def _die_with_parent() -> None:
+def kill_with_parent() -> None:
     """preexec_fn: SIGKILL this child when its parent dies (Linux prctl)."""
     try:
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
@@ -170,7 +170,7 @@ class SeaweedS3:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 cwd=self.root,
-                preexec_fn=_die_with_parent if die_with_parent and on_main else None,
+                preexec_fn=kill_with_parent if die_with_parent and on_main else None,
                 start_new_session=not die_with_parent,  # a terminal's Ctrl-C goes to us only
             )
         atexit.register(self.kill)

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
-from batchwire.common.devstore import _die_with_parent, free_ports
+from batchwire.common.devstore import free_ports, kill_with_parent
 
 
 class Emulator:
@@ -50,7 +50,7 @@ class Emulator:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 cwd=self.root,
-                preexec_fn=_die_with_parent,
+                preexec_fn=kill_with_parent,
             )
         deadline = time.monotonic() + self.start_timeout_s
         while not self._ready():
