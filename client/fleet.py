@@ -71,12 +71,13 @@ from enum import Enum
 from batchwire import wire
 from batchwire.client import rendezvous
 from batchwire.client.errors import ProtocolError, ServerError, ServerUnavailable
-from batchwire.client.session import WAITING, Peer, Session, SessionState
+from batchwire.client.session import WAITING, Event, Peer, Session, SessionState
 from batchwire.client.unasked import UnaskedBatches
 
 log = logging.getLogger(__name__)
 
 S = SessionState
+E = Event
 
 # A next-epoch session we have not spoken to for this long may have been dropped by the server
 # (its --client-timeout, 60 s by default, counts our silence): its batches already here are
@@ -332,7 +333,7 @@ class Fleet:
         p.connect_failures = 0
         p.connected = p.ever_connected = True
         if p.state is S.DISCONNECTED:
-            p.state = S.IDLE
+            p.move(E.CONNECTED)
             log.debug("connected to %s", p.endpoint)
         return self._flush()
 
@@ -342,9 +343,8 @@ class Fleet:
         if p.connected and not p.retiring:
             log.warning("lost pipeline-server at %s; will re-send hello", p.endpoint)
         p.connected = False
-        self._end_session(p)
-        if p.state is S.DRAINING:
-            p.state = S.DISCONNECTED
+        self._forget_session(p)
+        p.move(E.DISCONNECTED)
         return self._flush()
 
     def on_message(self, server: int, msg: wire.ServerMessage, now: float) -> list[Action]:
@@ -360,7 +360,7 @@ class Fleet:
             log.warning("pipeline-server at %s is shutting down; waiting for it", p.endpoint)
             self._end_session(p)
             if p.connected:  # hello again only once the exiting process has gone
-                p.state = S.DRAINING
+                p.move(E.SHUTDOWN)
         return self._flush()
 
     def on_batch(
@@ -482,7 +482,8 @@ class Fleet:
                 continue  # still delivering
             bye = p.connected and p.session is not None
             self._end_session(p)
-            p.state, p.retiring, p.connected = S.REMOVED, False, False
+            p.move(E.LEFT)
+            p.retiring, p.connected = False, False
             self._actions.append(Disconnect(p.index, bye))
             log.info("pipeline-server at %s drained; disconnected", p.endpoint)
             self._size_budget()
@@ -505,18 +506,24 @@ class Fleet:
         )
         p.session = Session(hello.session, epoch, deque(batches))
         p.busy_since = now
-        p.state = S.HELLO_SENT if epoch == self.epoch else S.SPECULATING
+        p.move(E.HELLO if epoch == self.epoch else E.HELLO_AHEAD)
         p.last_sent = now
         self._actions.append(SendHello(p.index, hello))
         log.debug("hello to %s: %s", p.endpoint, hello)
 
-    def _end_session(self, p: Peer) -> None:
-        """Forget ``p``'s session; the batches it owes go back to the unasked ones of its epoch."""
+    def _end_session(self, p: Peer, event: Event = E.ENDED) -> None:
+        """End ``p``'s session, if it has one, by ``event`` (`_forget_session`)."""
+        if p.session is not None:
+            self._forget_session(p)
+            p.move(event)
+
+    def _forget_session(self, p: Peer) -> None:
+        """Forget ``p``'s session (no state change: the caller's event makes it); the batches
+        it owes go back to the unasked ones of its epoch."""
         s = p.session
         if s is None:
             return
         p.session = None
-        p.state = p.at_rest()
         if s.early:
             self._actions.append(DropEarly(p.index))
         owed = s.owed()
@@ -528,9 +535,10 @@ class Fleet:
             self.unasked_next.give_back(owed)
         log.debug("%s: %d batch(es) of epoch %d taken back", p.endpoint, len(owed), s.epoch)
 
-    def _back_off(self, p: Peer, state: SessionState, delay: float, now: float) -> None:
-        self._end_session(p)
-        p.state, p.retry_at = state, now + delay
+    def _back_off(self, p: Peer, event: Event, delay: float, now: float) -> None:
+        """End ``p``'s session by ``event`` (an error, a refusal): no hello for ``delay``."""
+        self._end_session(p, event)
+        p.retry_at = now + delay
 
     def _adopt(self, p: Peer, now: float) -> None:
         """Make ``p``'s next-epoch session the current one: its early batches join the buffer.
@@ -546,7 +554,7 @@ class Fleet:
             self.adopted += len(early)
             self._actions.append(AdoptEarly(p.index))
             log.debug("%s: %d batch(es) of epoch %d here already", p.endpoint, len(early), s.epoch)
-        p.state = S.STREAMING if s.welcomed else S.HELLO_SENT
+        p.move(E.ADOPTED if s.welcomed else E.ADOPTED_UNWELCOMED)
         if now - p.last_sent > self.ahead_max_age:
             self._end_session(p)
 
@@ -554,7 +562,7 @@ class Fleet:
         """Retries that fell due, hellos to servers without a session, then the refill."""
         for p in self.peers:
             if p.state in WAITING and now >= p.retry_at:
-                p.state = p.at_rest()
+                p.move(E.RETRY_DUE if p.connected else E.RETRY_DUE_DISCONNECTED)
             if p.state is S.IDLE and self._started and not p.retiring:
                 if not self.unasked and self.welcome is not None:
                     self._speculate(p, now)  # nothing of this epoch left to ask for
@@ -739,7 +747,7 @@ class Fleet:
         s.welcomed = True
         p.refusal, p.refusal_streak = None, 0
         if p.state is S.HELLO_SENT:
-            p.state = S.STREAMING
+            p.move(E.WELCOMED)
             self._refill(now)
 
     def _unlike_the_ask(self, w: wire.Welcome) -> str:
@@ -769,7 +777,7 @@ class Fleet:
             log.warning(
                 "pipeline-server at %s: %s; asking again in %.2f s", p.endpoint, e.message, delay
             )
-            self._back_off(p, S.BACKING_OFF, delay, now)
+            self._back_off(p, E.ERROR, delay, now)
             return
         if p.state is S.SPECULATING:
             # A next-epoch hello refused: nothing of this epoch is at stake. Stop guessing for
@@ -797,7 +805,7 @@ class Fleet:
         log.warning(
             "pipeline-server at %s: %s; re-sending hello in %.2f s", p.endpoint, e.message, delay
         )
-        self._back_off(p, S.BACKING_OFF, delay, now)
+        self._back_off(p, E.ERROR, delay, now)
 
     def _busy(self, p: Peer, message: str, now: float) -> None:
         """``p`` refused our hello for now, for a reason that clears by itself (another world
@@ -808,7 +816,7 @@ class Fleet:
         p.refusal_streak += 1
         p.refusal = p.last_error = message
         delay = min(BACKOFF_MAX_S, ERROR_BACKOFF_S * 2 ** (p.refusal_streak - 1))
-        self._back_off(p, S.BACKING_OFF, delay, now)
+        self._back_off(p, E.ERROR, delay, now)
         log.log(
             logging.WARNING if p.refusal_streak == 1 else logging.DEBUG,
             "pipeline-server at %s cannot serve this loader yet: %s; asking again in %.2f s, "
@@ -825,7 +833,7 @@ class Fleet:
         p.refusal_streak += 1
         p.refusal = p.last_error = message
         delay = min(BACKOFF_MAX_S, ERROR_BACKOFF_S * 2 ** (p.refusal_streak - 1))
-        self._back_off(p, S.REFUSED, delay, now)
+        self._back_off(p, E.REFUSED, delay, now)
         members = self._members() or [p]
         if all(q.state is S.REFUSED for q in members):
             raise ServerError.refused_by_all({q.endpoint: q.refusal or "" for q in members})

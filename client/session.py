@@ -6,17 +6,24 @@ server is lost (its connection dropped, it said ``shutdown``, it stayed silent w
 something), when it answers with an error, or when the loader moves to another position; what
 it still owed goes back to the unasked batches (`fleet.Fleet` does the taking back).
 
-States of one server (`Peer.state`), and how they move:
+States of one server (`Peer.state`) move only by `TRANSITIONS`, a table of (state, event) ->
+new state in the manner of h11's ``_state.py``: `Peer.move` looks the pair up and raises
+`IllegalTransition` (naming server, state and event) for any pair the table lacks, so a
+transition the core did not mean is an error where it happens, not a drift found later.
+Read as a diagram:
 
-    DISCONNECTED --connected--> IDLE --hello--> HELLO_SENT --welcome--> STREAMING
-    IDLE | STREAMING (owing nothing, epoch all asked) --next-epoch hello--> SPECULATING
-    SPECULATING --the loader starts that epoch--> STREAMING (or HELLO_SENT if not welcomed)
-    any session --lost / silent / start elsewhere--> IDLE (DISCONNECTED if the connection is down)
-    any session --error reply--> BACKING_OFF --retry_at--> IDLE
-    HELLO_SENT --refusal--> REFUSED --retry_at--> IDLE
-    any --shutdown--> DRAINING --disconnected--> DISCONNECTED
-    any --its endpoint left the fleet (DNS)--> retiring: no new batches; once it owes none
-        (delivered, or taken back when lost) --> REMOVED (its connection is closed, for good)
+    DISCONNECTED --connected--> IDLE --hello--> HELLO_SENT --welcomed--> STREAMING
+    IDLE | STREAMING (owing nothing, epoch all asked) --hello ahead--> SPECULATING
+    SPECULATING --adopted (the loader starts that epoch)--> STREAMING (HELLO_SENT if not welcomed)
+    any session --ended (silent, start elsewhere, a failed send)--> IDLE
+    IDLE | any session --disconnected--> DISCONNECTED
+    any session --error--> BACKING_OFF; HELLO_SENT --refused--> REFUSED
+    BACKING_OFF | REFUSED --retry due--> IDLE (DISCONNECTED if the connection is down)
+    any but DISCONNECTED --shutdown--> DRAINING --disconnected--> DISCONNECTED
+    at rest (no session) --left (its endpoint left the fleet and it owes nothing)--> REMOVED
+
+A session's states (HELLO_SENT, STREAMING, SPECULATING) hold one only while connected: a
+dropped connection ends it (``disconnected``), so ``ended`` always lands on IDLE.
 
 The connection itself (`Peer.connected`) is a fact about the socket, kept beside the state:
 BACKING_OFF and REFUSED wait out their time whether or not the server is connected meanwhile.
@@ -27,6 +34,8 @@ from __future__ import annotations
 import enum
 from collections import deque
 from dataclasses import dataclass, field
+
+from batchwire.wire import ProtocolError
 
 
 class SessionState(enum.Enum):
@@ -45,6 +54,86 @@ class SessionState(enum.Enum):
 
 #: States that wait for ``retry_at`` before the next hello.
 WAITING = frozenset({SessionState.BACKING_OFF, SessionState.REFUSED})
+
+
+class Event(enum.Enum):
+    """What happened to one server, as far as its state goes (`TRANSITIONS`)."""
+
+    CONNECTED = "connected"  # its connection completed (first time, or after a restart)
+    DISCONNECTED = "disconnected"  # its connection dropped: any session of it is over
+    HELLO = "hello"  # a hello of the current epoch went out
+    HELLO_AHEAD = "hello ahead"  # a hello of the next epoch went out
+    WELCOMED = "welcomed"  # it welcomed the current epoch's hello
+    ADOPTED = "adopted"  # the loader started the epoch of its welcomed next-epoch session
+    ADOPTED_UNWELCOMED = "adopted unwelcomed"  # the same, before that session's welcome
+    ENDED = "ended"  # the session ended while connected: silent, moved elsewhere, send failed
+    ERROR = "error"  # an error reply that backs off (transient, busy, after the welcome)
+    REFUSED = "refused"  # it refused the current epoch's hello
+    RETRY_DUE = "retry due"  # retry_at passed, connected
+    RETRY_DUE_DISCONNECTED = "retry due, disconnected"  # retry_at passed, not connected
+    SHUTDOWN = "shutdown"  # it said it is shutting down (while connected)
+    LEFT = "left"  # its endpoint left the fleet and it owes nothing: closed for good
+
+
+_SESSION = (SessionState.HELLO_SENT, SessionState.STREAMING, SessionState.SPECULATING)
+_AT_REST = (
+    SessionState.DISCONNECTED,
+    SessionState.IDLE,
+    SessionState.BACKING_OFF,
+    SessionState.REFUSED,
+    SessionState.DRAINING,
+)
+
+
+def _table() -> dict[tuple[SessionState, Event], SessionState]:
+    S, E = SessionState, Event
+    table = {
+        (S.DISCONNECTED, E.CONNECTED): S.IDLE,
+        (S.IDLE, E.HELLO): S.HELLO_SENT,
+        (S.IDLE, E.HELLO_AHEAD): S.SPECULATING,
+        (S.STREAMING, E.HELLO_AHEAD): S.SPECULATING,  # it owes nothing of this epoch
+        (S.HELLO_SENT, E.WELCOMED): S.STREAMING,
+        (S.SPECULATING, E.ADOPTED): S.STREAMING,
+        (S.SPECULATING, E.ADOPTED_UNWELCOMED): S.HELLO_SENT,
+        (S.HELLO_SENT, E.REFUSED): S.REFUSED,
+        (S.IDLE, E.DISCONNECTED): S.DISCONNECTED,
+        (S.DISCONNECTED, E.DISCONNECTED): S.DISCONNECTED,
+        (S.DRAINING, E.DISCONNECTED): S.DISCONNECTED,  # the old process has gone
+        (S.REMOVED, E.DISCONNECTED): S.REMOVED,  # a late event of its closed connection
+        # Waiting states wait out their time whether or not the connection is up.
+        (S.BACKING_OFF, E.DISCONNECTED): S.BACKING_OFF,
+        (S.REFUSED, E.DISCONNECTED): S.REFUSED,
+        (S.BACKING_OFF, E.CONNECTED): S.BACKING_OFF,
+        (S.REFUSED, E.CONNECTED): S.REFUSED,
+    }
+    for state in WAITING:
+        table[state, E.RETRY_DUE] = S.IDLE
+        table[state, E.RETRY_DUE_DISCONNECTED] = S.DISCONNECTED
+    for state in _SESSION:
+        table[state, E.ENDED] = S.IDLE
+        table[state, E.DISCONNECTED] = S.DISCONNECTED
+        table[state, E.ERROR] = S.BACKING_OFF
+    for state in (*_SESSION, S.IDLE, *WAITING, S.DRAINING):
+        table[state, E.SHUTDOWN] = S.DRAINING
+    for state in _AT_REST:
+        table[state, E.LEFT] = S.REMOVED
+    return table
+
+
+#: Every legal (state, event) and the state it leads to; any other pair is `IllegalTransition`.
+TRANSITIONS: dict[tuple[SessionState, Event], SessionState] = _table()
+
+
+class IllegalTransition(ProtocolError):
+    """An event that the server's state does not allow (a bug of the core, or a server that
+    broke the protocol in a way no check caught): raised where it happens."""
+
+    def __init__(self, endpoint: str, state: SessionState, event: Event) -> None:
+        self.endpoint, self.transition = endpoint, (state, event)
+        super().__init__(
+            f"pipeline-server at {endpoint}: event {event.value!r} is not allowed in state "
+            f"{state.value!r}"
+        )
 
 
 @dataclass
@@ -124,6 +213,10 @@ class Peer:
             and self.state not in (*WAITING, SessionState.DRAINING, SessionState.DISCONNECTED)
         )
 
-    def at_rest(self) -> SessionState:
-        """The state of a server without a session: IDLE if connected, else DISCONNECTED."""
-        return SessionState.IDLE if self.connected else SessionState.DISCONNECTED
+    def move(self, event: Event) -> SessionState:
+        """Take ``event`` (`TRANSITIONS`); the only way `state` changes."""
+        try:
+            self.state = TRANSITIONS[self.state, event]
+        except KeyError:
+            raise IllegalTransition(self.endpoint, self.state, event) from None
+        return self.state
