@@ -33,6 +33,7 @@ from batchwire.server.bufpool import BufferPool, default_reserve
 from batchwire.server.config import ServerConfig
 from batchwire.server.core import (
     Action,
+    Cancel,
     Release,
     Reply,
     ReplyStats,
@@ -158,9 +159,11 @@ class ServerApp:
             {name: SplitInfo.of(s) for name, s in self.splits.items()},
             self.spec,
             BufferBudget(cap, default_reserve(cap, config.producers)),
-            self.telemetry,
             time.monotonic(),
         )
+        # The cancellation flag of each job out (by production): set on the core's `Cancel`.
+        self._cancels: dict[int, threading.Event] = {}
+        self._sample_loaders = [s.samples for s in self.splits.values()]  # for the bad tally
         # Sent batches ZeroMQ still holds: each tracker and the core's ticket for it.
         self._in_flight: deque[tuple[zmq.MessageTracker, int]] = deque()
         self._tracker_wait_ms = 1
@@ -537,8 +540,12 @@ class ServerApp:
     def _collect_results(self) -> None:
         while not self.producers.results.empty():
             result = self.producers.results.get_nowait()
+            self._cancels.pop(result.job.order.production, None)
+            if result.ok:
+                order = result.job.order
+                self.telemetry.add_produced((order.spec or self.spec).batch_size)
             # Before the core sees a failure: bad files found by a batch that failed count too.
-            new_bad = self._bad_files.update(s.samples for s in self.splits.values())
+            new_bad = self._bad_files.update(self._sample_loaders)
             if new_bad:
                 self.telemetry.add_bad(new_bad)
             if self._transforms:
@@ -569,20 +576,34 @@ class ServerApp:
         """Do what the core said, in its order."""
         for action in actions:
             if isinstance(action, SendBatch):
+                header = action.header
+                # Counted before the hand-off: ZeroMQ's I/O thread can deliver the batch before
+                # the loop runs again, and a scrape must never show fewer batches than a
+                # client received.
+                self.telemetry.sent_batch(
+                    action.images, action.nbytes, header.replaced, action.resent, action.ready_s
+                )
                 # A flat buffer sends its batch's bytes only (the batch may be smaller).
-                images = tensor_bytes(action.slot.tensor)[: action.header.nbytes]
+                images = tensor_bytes(action.slot.tensor)[: header.nbytes]
                 tracker = self.socket.send_batch(
                     action.identity, action.header, images, action.labels
                 )
                 self._in_flight.append((tracker, action.ticket))
                 self._tracker_wait_ms = 1
-                header = action.header
                 self.telemetry.add_sent_samples(header.split, header.epoch, header.indices)
             elif isinstance(action, Submit):
+                cancelled = self._cancels[action.order.production] = threading.Event()
+                action.order.attach(cancelled)
                 self.producers.submit(Job(action.order, self.buffers.acquire()))
+            elif isinstance(action, Cancel):
+                cancelled = self._cancels.get(action.production)
+                if cancelled is not None:
+                    cancelled.set()
             elif isinstance(action, Release):
                 self.buffers.release(action.slot)
             elif isinstance(action, Reply):
+                if action.counts:
+                    self.telemetry.count(action.counts)
                 self.socket.reply(action.identity, action.message)
             elif isinstance(action, ReplyStats):
                 self.socket.reply(action.identity, StatsReply(self.stats_snapshot()))

@@ -106,7 +106,6 @@ from batchwire.wire.messages import welcome_classes
 if TYPE_CHECKING:
     from batchwire.pipeline.split import Split
     from batchwire.server.bufpool import Slot
-    from batchwire.server.telemetry import Telemetry
 
 log = logging.getLogger("batchwire.server")
 
@@ -144,10 +143,12 @@ MESSAGE_MAX = 1000  # characters of an error reply or log line about a peer's me
 
 @dataclass(frozen=True)
 class Reply:
-    """Send ``message`` to ``identity`` (dropped if the peer's queue is full)."""
+    """Send ``message`` to ``identity`` (dropped if the peer's queue is full); ``counts``: the
+    telemetry counter it adds one to ("errors_total", "malformed_total"), or ""."""
 
     identity: bytes
     message: ServerMessage
+    counts: str = ""
 
 
 @dataclass(frozen=True)
@@ -166,13 +167,30 @@ class Submit:
 
 @dataclass(frozen=True)
 class SendBatch:
-    """Send a batch zero-copy; report ``ticket`` to `ServerCore.on_sent` once ZeroMQ lets go."""
+    """Send a batch zero-copy; report ``ticket`` to `ServerCore.on_sent` once ZeroMQ lets go.
+
+    What the shell records of it (`Telemetry.sent_batch`, before the hand-off): ``images``
+    and ``nbytes`` (payload, labels included), the header's ``replaced``, ``resent`` (its
+    buffer went out before: a shared production's later sends) and ``ready_s`` (how long it
+    waited ready)."""
 
     identity: bytes
     header: BatchHeader
     slot: Slot
     labels: np.ndarray
     ticket: int
+    images: int = 0
+    nbytes: int = 0
+    resent: bool = False
+    ready_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class Cancel:
+    """Skip the job of ``production`` if no producer has started it: nobody waits for it
+    (the shell sets the flag the producers read, `BatchOrder.cancelled`)."""
+
+    production: int
 
 
 @dataclass(frozen=True)
@@ -189,7 +207,7 @@ class TrimBuffers:
     keep: int
 
 
-Action = Reply | ReplyStats | Submit | SendBatch | Release | TrimBuffers
+Action = Reply | ReplyStats | Submit | SendBatch | Release | TrimBuffers | Cancel
 
 
 @dataclass(frozen=True)
@@ -250,14 +268,12 @@ class ServerCore:
         splits: Mapping[str, SplitInfo],
         spec: BatchSpec,
         budget: BufferBudget,
-        telemetry: Telemetry,
         now: float,
     ) -> None:
         self.config = config
         self.splits = dict(splits)
         self.spec = spec
         self.budget = budget
-        self.telemetry = telemetry
         self.sessions: dict[bytes, ClientSession] = {}
         self._by_serial: dict[int, ClientSession] = {}
         self._serial = 0
@@ -357,7 +373,6 @@ class ServerCore:
                 actions += self._drop(session.identity)
             return actions
         self.shared.finished(p, slot)
-        self.telemetry.add_produced((order.spec or self.spec).batch_size)
         p.labels, p.indices = result.labels, list(result.indices)
         p.replaced, p.produce_s, p.done_at = int(result.replaced), result.seconds, now
         for serial, pos, k in waiters:
@@ -715,7 +730,7 @@ class ServerCore:
         self._by_serial.pop(session.serial, None)
         self.peers.closed(identity, finished=session.owed == 0)
         actions: list[Action] = []
-        self.shared.forget_waiter(session.serial)
+        actions += [Cancel(pid) for pid in self.shared.forget_waiter(session.serial)]
         for batch in session.drain():
             actions += self._unref(batch.production)
         return actions
@@ -949,7 +964,6 @@ class ServerCore:
                 session_serial=session.serial,
                 pos=pos,
                 queued_at=now,
-                cancelled=p.cancelled,
                 production=p.id,
                 spec=None if session.spec is self.spec else session.spec,
                 share_samples=self.shared.enabled,
@@ -1003,23 +1017,27 @@ class ServerCore:
             metadata=self.splits[h.split].batch_metadata(batch.indices) if h.metadata else None,
             shared=self._shared_with_another(p, session),
         )
-        # Counted before the hand-off: ZeroMQ's I/O thread can deliver the batch before the
-        # loop runs again, and a scrape must never show fewer batches than a client received.
-        self.telemetry.add_batch(spec.batch_size, spec.nbytes + header.labels_nbytes)
-        if batch.replaced:  # counted per batch served (a shared batch is served more than once)
-            self.telemetry.add_replaced(batch.replaced)
+        resent = False
         if p is not None:
             p.sends += 1
-            if p.sends > 1:
-                self.telemetry.add_shared()
-        self.telemetry.observe_stage("ready", now - batch.done_at)
+            resent = p.sends > 1
         session.meter.add(spec.batch_size, now)
         session.progress_at = now
         self.peers.sent(session.identity)
         ticket = self.deliveries.sent(
             session.identity, batch.slot, session.serial, now, production=batch.production
         )
-        return SendBatch(session.identity, header, batch.slot, batch.labels, ticket)
+        return SendBatch(
+            session.identity,
+            header,
+            batch.slot,
+            batch.labels,
+            ticket,
+            spec.batch_size,
+            spec.nbytes + header.labels_nbytes,
+            resent,
+            now - batch.done_at,
+        )
 
     def _shared_with_another(self, p: Production | None, session: ClientSession) -> bool:
         """Is production ``p`` also another connected client's (`BatchHeader.shared`)? One
@@ -1063,8 +1081,7 @@ class ServerCore:
         # Refused hellos are rare from real trainers; a peer repeating one must not fill the log.
         level = logging.WARNING if self._errors_seen <= ERRORS_LOGGED else logging.DEBUG
         log.log(level, "client %s: %s%s", identity.hex(), message, clip(detail))
-        self.telemetry.add_error()
-        return [Reply(identity, ErrorReply(message, reason, session=session))]
+        return [Reply(identity, ErrorReply(message, reason, session=session), "errors_total")]
 
     def _malformed(self, identity: bytes, message: str) -> list[Action]:
         message = clip(message)
@@ -1081,8 +1098,8 @@ class ServerCore:
             )
         else:
             log.debug("malformed message from %s: %s", identity.hex(), message)
-        self.telemetry.add_malformed()
-        return [Reply(identity, ErrorReply(f"malformed message: {message}", "bad-request"))]
+        reply = ErrorReply(f"malformed message: {message}", "bad-request")
+        return [Reply(identity, reply, "malformed_total")]
 
 
 def _failure_text(split: str, k: int, result: JobResult) -> str:

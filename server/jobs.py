@@ -4,15 +4,16 @@ The core (`core.py`) decides what to produce and hands everything a producer nee
 the order: the split, the session's sampler (immutable but for its own locked cache, so safe
 to share: planning runs on the producer, not the loop, because the first plan of an epoch
 shuffles the whole split), the epoch and the batch index. The producer never looks at the
-session; it reads one flag, ``cancelled``, a `threading.Event` made for exactly that. Results
-come back as plain data the core can take without knowing the pipeline's types.
+session; it reads one flag, ``cancelled``, a `threading.Event` the shell attaches to the order
+when it queues the job (`BatchOrder.attach`) and sets when the core says `Cancel`: the core
+itself touches no thread primitive. Results come back as plain data the core can take without
+knowing the pipeline's types.
 """
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 from batchwire.pipeline.sampler import ShardSampler
@@ -20,6 +21,22 @@ from batchwire.pipeline.sampler import ShardSampler
 if TYPE_CHECKING:
     from batchwire.server.bufpool import Slot
     from batchwire.wire import BatchSpec
+
+
+class CancelFlag(Protocol):
+    """What a producer reads of an order: the shell's `threading.Event`."""
+
+    def is_set(self) -> bool: ...
+
+
+class _NeverCancelled:
+    """The flag of an order no shell queued (a test's own): it is never cancelled."""
+
+    def is_set(self) -> bool:
+        return False
+
+
+NEVER_CANCELLED = _NeverCancelled()
 
 
 @dataclass(frozen=True)
@@ -34,7 +51,8 @@ class BatchOrder:
     session_serial: int
     pos: int
     queued_at: float
-    cancelled: threading.Event = field(default_factory=threading.Event, compare=False)
+    # The shell's flag, set on the core's `Cancel` (attached as the shell queues the job).
+    cancelled: CancelFlag = field(default=NEVER_CANCELLED, compare=False)
     # The core's `sharing.Production` (one per buffer: several sessions may wait for it; the
     # session above is the one that asked first).
     production: int = 0
@@ -46,6 +64,11 @@ class BatchOrder:
     # then, since a job of another batch size may ask for them a moment later (its hello may
     # come after this batch was ordered).
     share_samples: bool = False
+
+    def attach(self, cancelled: CancelFlag) -> None:
+        """The shell's cancellation flag, attached once as it queues the job (before any
+        producer sees the order; the core never reads it): no copy of the order per batch."""
+        object.__setattr__(self, "cancelled", cancelled)
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,6 @@ memory live here:
 
 from __future__ import annotations
 
-import threading
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -52,9 +51,7 @@ class ClientSession:
     """One client's current session: the batches of (split, epoch, rank, world_size) it asked
     for, in the order asked (its hello's list, then each credit's).
 
-    ``serial`` names the session inside the server (producer jobs carry it, not the object);
-    ``cancelled`` is the one thing producer threads read: set once the session is closed, so
-    queued jobs of a client that left are skipped.
+    ``serial`` names the session inside the server (producer jobs carry it, not the object).
     """
 
     def __init__(
@@ -75,7 +72,6 @@ class ClientSession:
         self.num_batches = sampler.num_batches
         self.prefetch_depth = prefetch_depth
         self.serial = serial
-        self.cancelled = threading.Event()
         self.batches: list[int] = []  # batch indices asked for, in order
         self._asked: set[int] = set()
         self.next_pos = 0  # position in `batches` of the next batch to produce
@@ -179,7 +175,6 @@ class ClientSession:
     def drain(self) -> list[ReadyBatch]:
         """Close the session and return its queued batches so their buffers can be released."""
         self.closed = True
-        self.cancelled.set()
         out = list(self._finished.values())
         self._finished.clear()
         return out

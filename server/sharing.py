@@ -36,7 +36,6 @@ them into `Release` actions.
 
 from __future__ import annotations
 
-import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -92,7 +91,7 @@ class Production:
     id: int
     key: BatchKey | None  # None: not shareable (sharing off)
     leader: int  # serial of the session that asked first
-    cancelled: threading.Event = field(default_factory=threading.Event)
+    cancelled: bool = False  # nobody waits for it any more (the core returned `Cancel`)
     waiters: list[tuple[int, int, int]] = field(default_factory=list)  # (serial, pos, k)
     done: bool = False
     slot: Slot | None = None
@@ -148,7 +147,7 @@ class SharedBatches:
         if key is None:
             return None
         p = self._by_key.get(key)
-        if p is None or (not p.done and p.cancelled.is_set()):
+        if p is None or (not p.done and p.cancelled):
             return None
         return p
 
@@ -180,14 +179,17 @@ class SharedBatches:
     def in_production(self) -> list[Production]:
         return [p for p in self._by_id.values() if not p.done]
 
-    def forget_waiter(self, serial: int) -> None:
-        """A session closed: it waits for nothing any more; a production nobody waits for is
-        cancelled (skipped if it has not started)."""
+    def forget_waiter(self, serial: int) -> list[int]:
+        """A session closed: it waits for nothing any more. Returns the productions nobody
+        waits for now, marked cancelled (the core's `Cancel`: skipped if not started)."""
+        cancelled: list[int] = []
         for p in self.in_production():
             if any(w[0] == serial for w in p.waiters):
                 p.waiters = [w for w in p.waiters if w[0] != serial]
                 if not p.waiters:
-                    p.cancelled.set()
+                    p.cancelled = True
+                    cancelled.append(p.id)
+        return cancelled
 
     def failed(self, p: Production) -> None:
         """A production that gave up: forgotten (the caller releases its slot)."""
@@ -197,7 +199,6 @@ class SharedBatches:
         """A production succeeded: its slot now holds the batch."""
         p.done = True
         p.slot = slot
-        p.cancelled.set()  # nothing to cancel any more; `find` ignores it once done
         if p.key is not None:
             split, epoch = p.key[0], p.key[1]
             seen = self._seen.get((split, epoch))

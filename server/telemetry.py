@@ -470,6 +470,27 @@ class Telemetry:
             self._counters["bytes_total"] += int(nbytes)
             self._sent.add((1, int(images), int(nbytes)))
 
+    def sent_batch(
+        self, images: int, nbytes: int, replaced: int, resent: bool, ready_s: float
+    ) -> None:
+        """One batch sent (the core's `SendBatch`, counted by the shell before the hand-off):
+        ``images`` and ``nbytes`` of payload, ``replaced`` samples in it, ``resent`` when its
+        buffer was sent before (a shared production), ``ready_s`` it waited ready. One lock."""
+        with self._lock:
+            counters = self._counters
+            counters["batches_total"] += 1
+            counters["images_total"] += images
+            counters["bytes_total"] += nbytes
+            counters["replaced_total"] += replaced
+            if resent:
+                counters["batches_shared_total"] += 1
+            self._sent.add((1, images, nbytes))
+        self.observe_stage("ready", ready_s)
+
+    def count(self, name: str, n: int = 1) -> None:
+        """Add ``n`` to the counter ``name`` (one of `COUNTER_NAMES`; a `Reply`'s ``counts``)."""
+        self._add(name, n)
+
     def add_sent_samples(self, split: str, epoch: int, indices: Sequence[int]) -> None:
         """A batch of ``split`` and ``epoch`` sent with these sample ``indices`` (the header's:
         -1 for padding): counted per part for a mixture split (`add_mix`), else nothing."""

@@ -1,13 +1,16 @@
 """A `ServerCore` driven by events with a fake clock: the stand-in shell its unit tests play on.
 
-`Server` lends fake slots, keeps the jobs the core submits and records what it sends, replies and
-releases; `split_info` is the split every scene serves and `error_of` reads a reply as an
-`ErrorReply`. Shared by test_server_core.py and the unit tests of the features built on the core
-(draining, sharing, progressive resize, the sample window).
+`Server` lends fake slots, keeps the jobs the core submits and records what it sends, replies
+and releases, carrying actions out as `server/app.py` does (cancellation flags set on `Cancel`,
+the telemetry recorded from `SendBatch`, `Reply.counts` and produced results); `split_info` is
+the split every scene serves and `error_of` reads a reply as an `ErrorReply`. Shared by
+test_server_core.py and the unit tests of the features built on the core (draining, sharing,
+progressive resize, the sample window).
 """
 
 from __future__ import annotations
 
+import threading
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -17,6 +20,7 @@ from batchwire.server.budget import BufferBudget
 from batchwire.server.config import ServerConfig
 from batchwire.server.core import (
     Action,
+    Cancel,
     Release,
     Reply,
     ReplyStats,
@@ -74,9 +78,10 @@ class Server:
             {"train": split_info("train"), "val": split_info("val")},
             self.cfg.batch_spec(),
             self.budget,
-            Telemetry(clock=self.clock),
             self.clock(),
         )
+        self.telemetry = Telemetry(clock=self.clock)
+        self.cancels: dict[int, threading.Event] = {}
         self.jobs: list[Job] = []  # submitted, not yet finished
         self.submitted: list[bytes] = []  # whose session each job was for, in order
         self.sends: list[SendBatch] = []  # all batches sent
@@ -93,11 +98,19 @@ class Server:
             if isinstance(a, Submit):
                 self.submitted.append(self.core._by_serial[a.order.session_serial].identity)
                 self._slots += 1
+                a.order.attach(self.cancels.setdefault(a.order.production, threading.Event()))
                 self.jobs.append(Job(a.order, FakeSlot(self._slots)))
+            elif isinstance(a, Cancel):
+                self.cancels[a.production].set()
             elif isinstance(a, SendBatch):
+                self.telemetry.sent_batch(
+                    a.images, a.nbytes, a.header.replaced, a.resent, a.ready_s
+                )
                 self.sends.append(a)
                 self.in_flight[a.identity].append(a.ticket)
             elif isinstance(a, Reply):
+                if a.counts:
+                    self.telemetry.count(a.counts)
                 self.replies[a.identity].append(a.message)
             elif isinstance(a, Release):
                 self.released.append(a.slot)
@@ -136,6 +149,7 @@ class Server:
                 result = JobResult(
                     job, 0.01, labels=np.zeros(BATCH, np.int64), indices=(1, 2, 3, 4)
                 )
+                self.telemetry.add_produced((job.order.spec or self.core.spec).batch_size)
             else:
                 result = JobResult(job, 0.0, error=error, reason=reason, public=public)
             self.run(self.core.on_result(result, self.clock()))

@@ -59,8 +59,33 @@ def test_the_job_carries_the_plan_not_the_session() -> None:
     np.testing.assert_array_equal(order.sampler.plan(order.epoch, order.batch_index).indices,
                                   expected.indices)  # fmt: skip
     assert not order.cancelled.is_set()
-    s.send(b"a", Bye())
+    actions = s.send(b"a", Bye())
+    # Cancellation is an action the shell carries out (it sets the flag the producers read).
+    assert [a for a in actions if isinstance(a, core_mod.Cancel)] == [
+        core_mod.Cancel(order.production)
+    ]
     assert order.cancelled.is_set()  # the one thing a producer reads: skip the job
+
+
+def test_telemetry_is_data_the_core_returns() -> None:
+    """The core records nothing itself: a send says what the shell counts (images, bytes,
+    resent, time ready) and an error reply names its counter."""
+    s = Server()
+    s.hello(b"a", batches=(0,))
+    s.tick()
+    s.clock.t += 0.25
+    s.finish()
+    s.clock.t += 0.5
+    (send,) = [a for a in s.tick() if isinstance(a, core_mod.SendBatch)]
+    spec = s.cfg.batch_spec()
+    assert (send.images, send.nbytes) == (BATCH, spec.nbytes + send.header.labels_nbytes)
+    assert send.resent is False and send.ready_s == pytest.approx(0.5)
+    (reply,) = s.run(s.core.on_frames(b"z", [b"garbage"], s.clock()))
+    assert reply.counts == "malformed_total"
+    assert error_of(s.hello(b"x", split="nope")) and s.replies[b"x"]
+    counters = s.telemetry.counters()
+    assert counters["batches_total"] == 1 and counters["images_total"] == BATCH
+    assert counters["malformed_total"] == 1 and counters["errors_total"] == 1
 
 
 def test_refused_hellos_carry_their_session() -> None:

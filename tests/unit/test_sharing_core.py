@@ -41,7 +41,7 @@ def test_two_sessions_asking_the_same_batch_share_one_production_and_slot() -> N
     s.deliver(b"b")
     assert s.released == []  # now an idle window buffer, outside the budget
     assert s.budget.held == 0 and s.core.shared.idle == 1
-    counters = s.core.telemetry.counters()
+    counters = s.telemetry.counters()
     assert counters["batches_produced_total"] == 1
     assert counters["batches_total"] == 2 and counters["batches_shared_total"] == 1
 
@@ -163,7 +163,7 @@ def test_fair_share_with_shared_slots(window: int | None) -> None:
             assert s.holding(identity) <= 12 // 4 + 2
     assert len(s.sent_to(b"late")) >= 8
     assert len(s.sent_to(b"a")) >= 8 and len(s.sent_to(b"b")) >= 8
-    produced = s.core.telemetry.counters()["batches_produced_total"]
+    produced = s.telemetry.counters()["batches_produced_total"]
     sent = len(s.sends)
     if window is None:
         assert produced < sent  # a and b shared theirs

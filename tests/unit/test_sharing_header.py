@@ -57,7 +57,7 @@ def test_a_lone_job_asking_its_batches_again_shares_nothing() -> None:
     s.hello(b"a", batches=(0, 1), session=2)
     s.turn(readers=(b"a",))
     assert s.sent_to(b"a") == [0, 1, 0, 1]
-    assert s.core.telemetry.counters()["batches_produced_total"] == 2  # from the window
+    assert s.telemetry.counters()["batches_produced_total"] == 2  # from the window
     assert _shared(s, b"a") == [False, False, False, False]
 
 
