@@ -819,7 +819,8 @@ class ServerCore:
         return self.debt(session) <= self.peers.slack
 
     def _rank(self, session: ClientSession) -> int:
-        """The scheduler's order: clients in good standing first (0), then by debt."""
+        """The scheduler's order (`ClientSession.rank`): clients in good standing first (0),
+        then by debt."""
         debt = self.debt(session)
         return 0 if debt <= self.peers.slack else debt
 
@@ -929,15 +930,20 @@ class ServerCore:
     def _schedule(self, now: float) -> list[Action]:
         lending = self.lending(now)
         debtors_limited = self._good_standing_busy(now)
+        for s in self.sessions.values():  # what the scheduler ranks by, as data
+            if s.has_room():
+                s.rank = self._rank(s)
         actions: list[Action] = []
+        refused: set[bytes] = set()  # may not start a batch now (asked again after a start)
         while True:
-            session = self.scheduler.next(
-                self.sessions,
-                lambda s: self._may_take(s, lending, debtors_limited, now),
-                self._rank,
-            )
+            session = self.scheduler.next(self.sessions, refused)
             if session is None:
                 break
+            if not self._may_take(session, lending, debtors_limited, now):
+                refused.add(session.identity)
+                continue
+            self.scheduler.served()
+            refused.clear()  # a start can let another join it, or change whose turn it is
             p = self._next_production(session)
             pos, batch_index = session.take_next()
             if p is not None:

@@ -16,8 +16,9 @@ memory live here:
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Container, Iterator
 from dataclasses import dataclass
+from itertools import islice
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -97,6 +98,9 @@ class ClientSession:
         # (produced for it alone so far), "shared" (one buffer with another session's batch),
         # "lagging" (produced again: it asked after the window let the batch go).
         self.sharing = "off"
+        # Its place in the scheduler's order (`Scheduler.next`): 0 for a client in good
+        # standing, else its debt (server/peers.py); set by the core before it schedules.
+        self.rank = 0
 
     @property
     def id(self) -> str:
@@ -204,10 +208,17 @@ class ClientSession:
 
 class Scheduler:
     """Round-robin over sessions with room, so every client gets its share of the producers;
-    the core's lower ranks (clients less in debt) first."""
+    the lower ``rank`` first (the core sets it: a client's debt, server/peers.py).
+
+    It calls nothing of the core: the core asks `next` for the session it would serve, checks
+    that session may start a batch (the buffer budget), and either says `served` or asks again
+    with that session among those to ``skip``.
+    """
 
     def __init__(self) -> None:
         self._order: deque[bytes] = deque()
+        self._offered_at = -1  # `next`'s answer's place in the order, for `served`
+        self._offered_rank = 0
 
     def add(self, identity: bytes) -> None:
         if identity not in self._order:
@@ -216,33 +227,63 @@ class Scheduler:
     def remove(self, identity: bytes) -> None:
         if identity in self._order:
             self._order.remove(identity)
+            self._offered_at = -1
 
     def next(
+        self, sessions: dict[bytes, ClientSession], skip: Container[bytes] = ()
+    ) -> ClientSession | None:
+        """The session to serve next, or None: of the sessions with room and not in ``skip``
+        (those the core found may not start a batch now), the lowest rank, and of one rank the
+        first after the last one served.
+
+        Asked again after a refusal (no `served` between), it goes on from the refused one
+        rather than from the start: one pass over the order per rank, not per refusal.
+        """
+        if self._offered_at < 0:
+            found = self._scan(sessions, skip, 0, None)
+        else:  # the refused one's rank after it first, then the next rank up
+            rank = self._offered_rank
+            found = self._scan(sessions, skip, self._offered_at + 1, rank, only=True)
+            if found is None:
+                found = self._scan(sessions, skip, 0, rank)
+        if found is None:
+            self._offered_at = -1
+            return None
+        self._offered_at, self._offered_rank = found[1], found[0].rank
+        return found[0]
+
+    def _scan(
         self,
         sessions: dict[bytes, ClientSession],
-        may: Callable[[ClientSession], bool] | None = None,
-        rank: Callable[[ClientSession], int] | None = None,
-    ) -> ClientSession | None:
-        """The next session (after the last one served) that may start a batch, or None.
-
-        ``may``: a further condition (the buffer budget's: may this client take a buffer?); a
-        session it refuses keeps its place and is asked again next round. ``rank``: sessions
-        of a lower rank go first (the core's: its client's debt, server/peers.py), those of
-        one rank take turns.
-        """
+        skip: Container[bytes],
+        start: int,
+        rank: int | None,
+        only: bool = False,
+    ) -> tuple[ClientSession, int] | None:
+        """From ``start``: the first session of ``rank`` (``only``), or the first of the
+        lowest rank above ``rank`` (None: of any rank)."""
         best: ClientSession | None = None
         best_rank = best_at = 0
-        for at, identity in enumerate(self._order):
+        for at, identity in enumerate(islice(self._order, start, None), start):
             session = sessions.get(identity)
-            if session is None or not session.has_room():
+            if session is None or identity in skip or not session.has_room():
                 continue
-            r = 0 if rank is None else rank(session)
-            if best is not None and r >= best_rank:
+            r = session.rank
+            if only:
+                if r == rank:
+                    return session, at
                 continue
-            if may is None or may(session):
+            if rank is not None and r <= rank:
+                continue
+            if best is None or r < best_rank:
                 best, best_rank, best_at = session, r, at
                 if r <= 0:
                     break
-        if best is not None:
-            self._order.rotate(-(best_at + 1))  # it and those passed over go to the back
-        return best
+        return None if best is None else (best, best_at)
+
+    def served(self) -> None:
+        """The session `next` offered starts a batch: it, and those passed over before it, go
+        to the back of the order."""
+        if self._offered_at >= 0:
+            self._order.rotate(-(self._offered_at + 1))
+            self._offered_at = -1
