@@ -3,6 +3,8 @@
 For files with restart markers at MCU granularity (`pipeline-prepare`), the decoder copies the
 restart intervals under the crop into a small JPEG and decodes that (csrc/jpeg_restart.cpp):
 the same pixels for about half the work. `crop_bitstream` gives GPU decoders the same bytes.
+Where the file carries pipeline-prepare's interval index (`with_interval_index`,
+csrc/jpeg_index.h), both find the intervals from it instead of scanning the file.
 
 Optional by design: it needs libjpeg-turbo's headers at build time (`libjpeg62-turbo-dev`), so
 it is a separate extension from the augment op, and callers (pipeline/decode/roi.py) keep their
@@ -116,13 +118,47 @@ def restart_layout(data: bytes | memoryview) -> tuple[dict | None, str]:
     `pipeline-prepare` writes: sequential Huffman, one scan, restart intervals tiling the MCU
     rows), else (None, why not). The layout dict gives the frame's height and width, the MCU's
     size in pixels, the MCU grid, the restart interval in MCUs and the number of intervals.
-    Costs one pass over the file looking for 0xFF bytes. RuntimeError when the extension is
-    unavailable."""
+    Costs a look at each interval's boundary where the file's interval index agrees with it
+    (`index_agrees`), else one pass over the file looking for 0xFF bytes. RuntimeError when the
+    extension is unavailable."""
     module = _module()
     if module is None:
         raise RuntimeError("the ROI JPEG decoder is unavailable (see the logged build error)")
     layout, why = module.restart_layout(data)
     return layout, why
+
+
+def with_interval_index(data: bytes | memoryview) -> bytes:
+    """`data` with an interval index recorded in it (csrc/jpeg_index.h: an APP9 segment just
+    before the SOS, about 2 bytes per restart interval; any earlier index dropped), so that
+    `crop_bitstream` and the restart decode path find the intervals without scanning the file.
+    What `pipeline-prepare` does to every file it rewrites. ValueError when the file has no
+    restart layout (`restart_layout`); RuntimeError when the extension is unavailable."""
+    module = _module()
+    if module is None:
+        raise RuntimeError("the ROI JPEG decoder is unavailable (see the logged build error)")
+    return module.with_interval_index(data)
+
+
+def index_agrees(data: bytes | memoryview) -> bool:
+    """Whether the JPEG carries an interval index (`with_interval_index`) that agrees with it
+    in every respect (csrc/jpeg_index.h), so that the restart decode path and `crop_bitstream`
+    take the intervals from it instead of scanning; a damaged, truncated or stale one does not.
+    RuntimeError when the extension is unavailable."""
+    module = _module()
+    if module is None:
+        raise RuntimeError("the ROI JPEG decoder is unavailable (see the logged build error)")
+    return module.index_agrees(data)
+
+
+def has_interval_index(data: bytes | memoryview) -> bool | None:
+    """Whether the JPEG's header holds an interval index segment (sound or not; a damaged one is
+    ignored when decoding): None when the header runs past the bytes given, so a caller that
+    read only the start of a file reads more. False for anything that is no JPEG."""
+    module = _module()
+    if module is None:
+        raise RuntimeError("the ROI JPEG decoder is unavailable (see the logged build error)")
+    return module.has_interval_index(data)
 
 
 def crop_bitstream(

@@ -37,6 +37,11 @@
 //   long one hits a marker early or leaves bytes before the next). The other intervals' data is
 //   not decoded: damage there that keeps the markers intact is caught by pipeline-prepare's
 //   check of every interval when it wrote the file, and by checksums (issue 20, item 3).
+//   Where pipeline-prepare recorded an interval index (jpeg_index.h) that agrees with the file,
+//   the layout comes from it instead of a scan of every entropy-coded byte: the same structure
+//   is checked (every interval boundary is the restart marker of its number, the count is the
+//   frame's, EOI ends the file) by looking at the boundaries alone; an index that disagrees in
+//   any way is ignored and the file scanned.
 // - `check_jpeg`: the whole file strictly (any colour space) plus the restart structure.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
@@ -52,6 +57,7 @@
 #include <string>
 #include <vector>
 
+#include "jpeg_index.h"
 #include "jpeg_restart.h"
 #include "jpeg_strict.h"
 
@@ -240,11 +246,15 @@ bool check_stream(const unsigned char* data, std::size_t size, char* message,
 // The restart layout of a file, checked: false, with the reason in `message`, when the header
 // promises restart intervals that tile the MCU rows but the scan breaks that promise (markers out
 // of order, intervals missing or extra, no EOI). `*entered` says whether the layout can be used.
+// `use_index`: take the layout from the file's interval index where it agrees with the file
+// (jpeg_index.h), else scan; the strict whole-file check scans always.
 bool check_restart_layout(const unsigned char* data, std::size_t size,
                           batchwire_jpeg::RestartLayout* layout, bool* entered, char* message,
-                          std::size_t message_size) {
-  bool damaged = false;
-  const std::string why = batchwire_jpeg::find_restart_layout(data, size, layout, &damaged);
+                          std::size_t message_size, bool use_index) {
+  bool damaged = false, indexed = false;
+  const std::string why =
+      use_index ? batchwire_jpeg::find_layout_fast(data, size, layout, &damaged, &indexed)
+                : batchwire_jpeg::find_restart_layout(data, size, layout, &damaged);
   *entered = why.empty();
   if (damaged) {
     std::snprintf(message, message_size, "Corrupt JPEG data: restart intervals: %s",
@@ -280,7 +290,7 @@ bool decode_from_restarts(const Request& req, const batchwire_jpeg::RestartLayou
   out->x0 += static_cast<int>(ox);
   out->full_height = static_cast<int>(full_h);
   out->full_width = static_cast<int>(full_w);
-  out->has_eoi = true;  // find_restart_layout found the original's EOI
+  out->has_eoi = true;  // the scan or the index found the original's EOI
   return true;
 }
 
@@ -293,7 +303,8 @@ bool decode_request(const Request& req, Region* out, char* message, std::size_t 
   }
   batchwire_jpeg::RestartLayout layout;
   bool entered = false;
-  if (!check_restart_layout(req.data, req.size, &layout, &entered, message, message_size)) {
+  if (!check_restart_layout(req.data, req.size, &layout, &entered, message, message_size,
+                            req.restarts)) {
     return false;
   }
   if (entered && req.restarts) {
@@ -359,7 +370,7 @@ void check_jpeg(const py::buffer& data) {
     batchwire_jpeg::RestartLayout layout;
     bool entered = false;
     ok = size >= 2 &&
-         check_restart_layout(bytes, size, &layout, &entered, message, sizeof message) &&
+         check_restart_layout(bytes, size, &layout, &entered, message, sizeof message, false) &&
          check_stream(bytes, size, message, sizeof message);
   }
   if (!ok) throw JpegRoiError(size < 2 ? "not a JPEG (fewer than 2 bytes)" : message);
@@ -369,9 +380,12 @@ void check_jpeg(const py::buffer& data) {
 py::tuple restart_layout(const py::buffer& data) {
   const py::buffer_info info = contiguous_bytes(data);
   batchwire_jpeg::RestartLayout layout;
-  std::string why = batchwire_jpeg::find_restart_layout(
-      static_cast<const std::uint8_t*>(info.ptr), static_cast<std::size_t>(info.size), &layout);
+  bool damaged = false, indexed = false;
+  std::string why = batchwire_jpeg::find_layout_fast(static_cast<const std::uint8_t*>(info.ptr),
+                                                     static_cast<std::size_t>(info.size),
+                                                     &layout, &damaged, &indexed);
   if (!why.empty()) return py::make_tuple(py::none(), why);
+  (void)indexed;  // the same layout either way: `index_agrees` tells which
   py::dict d;
   d["height"] = layout.height;
   d["width"] = layout.width;
@@ -382,6 +396,40 @@ py::tuple restart_layout(const py::buffer& data) {
   d["interval"] = layout.interval;
   d["intervals"] = layout.begin.size();
   return py::make_tuple(d, "");
+}
+
+// Whether the file's interval index agrees with it, so that the restart path and
+// crop_bitstream use it rather than scanning.
+bool index_agrees(const py::buffer& data) {
+  const py::buffer_info info = contiguous_bytes(data);
+  batchwire_jpeg::RestartLayout layout;
+  return batchwire_jpeg::layout_from_index(static_cast<const std::uint8_t*>(info.ptr),
+                                           static_cast<std::size_t>(info.size), &layout)
+      .empty();
+}
+
+// pipeline-prepare's last step: the file with its interval index (jpeg_index.h).
+py::bytes with_interval_index(const py::buffer& data) {
+  const py::buffer_info info = contiguous_bytes(data);
+  std::string why;
+  std::vector<std::uint8_t> out;
+  {
+    py::gil_scoped_release release;
+    out = batchwire_jpeg::with_interval_index(static_cast<const std::uint8_t*>(info.ptr),
+                                              static_cast<std::size_t>(info.size), &why);
+  }
+  if (!why.empty()) throw py::value_error("no restart layout to index: " + why);
+  return py::bytes(reinterpret_cast<const char*>(out.data()), out.size());
+}
+
+// Whether a file's header (or its first bytes) holds an interval index: True, False, or None
+// when the header runs past the bytes given.
+py::object has_interval_index(const py::buffer& data) {
+  const py::buffer_info info = contiguous_bytes(data);
+  const int found = batchwire_jpeg::index_presence(static_cast<const std::uint8_t*>(info.ptr),
+                                                   static_cast<std::size_t>(info.size));
+  if (found < 0) return py::none();
+  return py::bool_(found == 1);
 }
 
 // (small JPEG bytes, (y0, x0, y1, x1) the file's pixels it holds) covering full-size rows
@@ -397,8 +445,12 @@ py::object crop_bitstream(const py::buffer& data, long long y0, long long x0, lo
   {
     // All of it is byte work on the caller's immutable buffer (kept alive by `info`): the scan
     // for restart markers is most of the cost, so other producers' Python runs meanwhile.
+    // The interval index, where pipeline-prepare wrote one that agrees with the file, spares
+    // that scan (jpeg_index.h).
     py::gil_scoped_release release;
-    if (batchwire_jpeg::find_restart_layout(bytes, static_cast<std::size_t>(info.size), &layout)
+    bool damaged = false, indexed = false;
+    if (batchwire_jpeg::find_layout_fast(bytes, static_cast<std::size_t>(info.size), &layout,
+                                         &damaged, &indexed)
             .empty()) {
       rect = batchwire_jpeg::context_rect(layout, y0, x0, y1, x1);
       cut = rect.row1 > rect.row0 && rect.col1 > rect.col0;
@@ -443,7 +495,17 @@ about; returns None for a sound file.)");
   m.def("restart_layout", &restart_layout, py::arg("data"),
         R"(Where a JPEG's restart intervals lie: (dict, "") when decode_jpeg_roi can enter the
 file at its restart markers (sequential Huffman, one scan, intervals tiling the MCU rows),
-else (None, the reason).)");
+else (None, the reason). The layout comes from the file's interval index where it agrees
+with the file (index_agrees), else from a scan.)");
+  m.def("index_agrees", &index_agrees, py::arg("data"),
+        R"(Whether the JPEG's interval index (pipeline-prepare's APP9 segment) is present and agrees
+with the file, so that the restart path and crop_bitstream read the layout from it.)");
+  m.def("with_interval_index", &with_interval_index, py::arg("data"),
+        R"(The JPEG with an interval index segment (APP9, just before the SOS) recording where each
+restart interval begins, any earlier one dropped: ValueError when it has no restart layout.)");
+  m.def("has_interval_index", &has_interval_index, py::arg("data"),
+        R"(Whether the JPEG's header holds an interval index segment (valid or not): True or
+False, or None when the header runs past the bytes given.)");
   m.def("crop_bitstream", &crop_bitstream, py::arg("data"), py::arg("y0"), py::arg("x0"),
         py::arg("y1"), py::arg("x1"),
         R"(A small JPEG of the whole restart intervals covering full-size rows [y0, y1) and
