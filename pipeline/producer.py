@@ -1,8 +1,12 @@
-"""One batch, start to finish: plan -> read/decode (SampleLoader) -> fused augment -> `out`.
+"""One batch, start to finish, through the declared stages (pipeline/stages.py): read ->
+verify -> plan -> decode (`SampleLoader.load`) -> augment (the fused op or a user transform,
+into `out`) -> label (`BatchMeta`).
 
 This is the unit of work both the in-process `LocalLoader` and the server run. It writes into a
 caller-provided tensor (a ring buffer) rather than returning a new one, so steady-state
-production allocates no batch-sized memory.
+production allocates no batch-sized memory. The decoder is the caller's (`decoder`); a
+`StageClock` passed to `produce` is told each stage the batch enters, and `batch_stats` turns
+it into the batch's report: data, no call into the caller.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from batchwire.pipeline.image_dataset import ImageDataset
 from batchwire.pipeline.sample_window import CHUNK, WAIT_S, SampleEntry, SampleWindow
 from batchwire.pipeline.sampler import PADDING_INDEX, PADDING_LABEL, BatchPlan
 from batchwire.pipeline.samples import LoadedSample, SampleLoader
+from batchwire.pipeline.stages import AUGMENT, LABEL, UNTIMED, BatchStats, StageClock
 from batchwire.pipeline.transforms import TransformError, TransformRunner, transform_seeds
 from batchwire.wire import BatchSpec
 
@@ -82,6 +87,7 @@ class BatchProducer:
             self.transform = TransformRunner(config.transform, config.image_size)
             self.augment_name = f"transform {self.transform.name}"
         self._sized: dict[tuple[int, int], AugmentConfig] = {}
+        self._specs: dict[tuple[tuple[int, int], int], BatchSpec] = {}  # `_spec`'s
         self._sized_lock = threading.Lock()
         self._mean = torch.tensor(config.mean, dtype=torch.float32)
         self._std = torch.tensor(config.std, dtype=torch.float32)
@@ -94,9 +100,29 @@ class BatchProducer:
             counts["transform_errors_total"] = self.transform.errors_total
         return counts
 
+    def batch_stats(self, clock: StageClock) -> BatchStats:
+        """A batch's report, produced or failed (`BatchStats`): ``clock`` stopped, the
+        decoder's fallback total (images a GPU decoder handed to the CPU; 0 for the CPU
+        decoder) and the bad files found since the last report."""
+        return BatchStats(
+            clock.stop(),
+            self.decoder.name,
+            int(getattr(self.decoder, "fallbacks", 0)),
+            self.samples.take_bad_files(),
+        )
+
     def output_spec(self, batch_size: int) -> BatchSpec:
         """What `produce` writes for a batch of ``batch_size`` (the wire's description)."""
         return self.config.batch_spec(batch_size)
+
+    def _spec(self, config: AugmentConfig, n: int) -> BatchSpec:
+        """``config.batch_spec(n)``, made once per output size and batch size (``config`` is
+        this producer's at its output size: `config_at`)."""
+        key = (config.image_size, n)
+        spec = self._specs.get(key)
+        if spec is None:
+            spec = self._specs[key] = config.batch_spec(n)
+        return spec
 
     def config_at(self, image_size: tuple[int, int] | None) -> AugmentConfig:
         """The config producing batches at output size ``image_size`` (None: the config's
@@ -122,6 +148,7 @@ class BatchProducer:
         *,
         image_size: tuple[int, int] | None = None,
         reuse: tuple[SampleWindow, Hashable] | None = None,
+        clock: StageClock = UNTIMED,
     ) -> BatchMeta:
         """Fill `out` ([B, 3, H, W], config dtype, any memory format) with batch `plan`.
 
@@ -132,6 +159,7 @@ class BatchProducer:
         `SampleWindow` and this output's key there (split, size, dtype, layout): samples of
         the batch in the window are copied instead of produced, those produced are published
         (pipeline/sample_window.py; single-view, no user transform, CPU tensors only).
+        ``clock``: the batch's `StageClock`, told each stage it enters.
         """
         config = self.config_at(image_size)
         if (
@@ -141,14 +169,18 @@ class BatchProducer:
             and isinstance(out, torch.Tensor)
             and out.device.type == "cpu"
         ):
-            return self._produce_reusing(plan, out, config, *reuse)
-        return self._produce(plan, out, config)
+            return self._produce_reusing(plan, out, config, *reuse, clock)
+        return self._produce(plan, out, config, clock)
 
     def _produce(
-        self, plan: BatchPlan, out: torch.Tensor | list[torch.Tensor], config: AugmentConfig
+        self,
+        plan: BatchPlan,
+        out: torch.Tensor | list[torch.Tensor],
+        config: AugmentConfig,
+        clock: StageClock,
     ) -> BatchMeta:
         n = len(plan.indices)
-        expected = config.batch_spec(n)
+        expected = self._spec(config, n)
         outs = out if isinstance(out, (list, tuple)) else [out]
         if len(outs) != len(expected.view_specs) or any(
             list(o.shape) != e.shape or o.dtype != e.torch_dtype
@@ -158,9 +190,11 @@ class BatchProducer:
             raise ValueError(
                 f"out must be {expected.view_shapes} {expected.torch_dtype}, got {got}"
             )
-        samples = self.samples.load(plan.epoch, plan.indices, config=config)
+        samples = self.samples.load(plan.epoch, plan.indices, config=config, clock=clock)
+        clock.enter(AUGMENT)
         if self.transform is not None:
             samples = self._transform_into(plan.epoch, samples, out)
+            clock.enter(LABEL)
             return self._meta(plan, samples)
         device = outs[0].device
         non_blocking = device.type == "cuda"
@@ -175,12 +209,14 @@ class BatchProducer:
             flips = torch.tensor([s.plan.flip for s in samples], dtype=torch.bool)
             jitter = torch.tensor([s.plan.jitter for s in samples], dtype=torch.float32)
             self._augment(images, boxes, flips, jitter, self._mean, self._std, outs[0])
+            clock.enter(LABEL)
             return self._meta(plan, samples)
         for k, view_out in enumerate(outs):
             boxes = torch.tensor([s.views[k][1] for s in samples], dtype=torch.float32)
             flips = torch.tensor([s.views[k][0].flip for s in samples], dtype=torch.bool)
             jitter = torch.tensor([s.views[k][0].jitter for s in samples], dtype=torch.float32)
             self._augment(images, boxes, flips, jitter, self._mean, self._std, view_out)
+        clock.enter(LABEL)
         return self._meta(plan, samples)
 
     def _produce_reusing(
@@ -190,10 +226,11 @@ class BatchProducer:
         config: AugmentConfig,
         window: SampleWindow,
         prefix: Hashable,
+        clock: StageClock,
     ) -> BatchMeta:
         """`produce` through the sample window (module doc of pipeline/sample_window.py)."""
         n = len(plan.indices)
-        expected = config.batch_spec(n)
+        expected = self._spec(config, n)
         if list(out.shape) != expected.shape or out.dtype != expected.torch_dtype:
             raise ValueError(
                 f"out must be {expected.shape} {expected.torch_dtype}, "
@@ -214,7 +251,8 @@ class BatchProducer:
             taken = window.take(need.values(), CHUNK)
             if taken:
                 try:
-                    self._make(plan, [k[2] for k in taken], config, entries, window, keys)
+                    todo = [k[2] for k in taken]
+                    self._make(plan, todo, config, entries, window, keys, clock)
                 except BaseException:
                     window.abandon(taken)
                     raise
@@ -226,9 +264,11 @@ class BatchProducer:
             events = window.events(need.values())
             if events:
                 events[0].wait(WAIT_S)
+        clock.enter(AUGMENT)  # the batch's samples, made or found, into the output
         for pos, i in enumerate(indices):
             out[pos].copy_(entries[i].image)
         window.count(reused, made)
+        clock.enter(LABEL)
         return self._batch_meta(
             plan,
             labels=np.fromiter((entries[i].label for i in indices), dtype=np.int64, count=n),
@@ -244,6 +284,7 @@ class BatchProducer:
         entries: dict[int, SampleEntry],
         window: SampleWindow | None,
         keys: dict[int, Hashable],
+        clock: StageClock,
     ) -> int:
         """Produce samples ``todo`` as a batch of their own into a scratch tensor; each into
         ``entries`` and, with a window, published there. Returns how many."""
@@ -255,8 +296,8 @@ class BatchProducer:
             indices=np.asarray(todo, dtype=np.int64),
             valid=np.ones(len(todo), dtype=bool),
         )
-        scratch = config.batch_spec(len(todo)).empty()
-        meta = self._produce(sub, scratch, config)
+        scratch = self._spec(config, len(todo)).empty()
+        meta = self._produce(sub, scratch, config, clock)
         for j, i in enumerate(todo):
             source = int(meta.sources[j])
             # The sample's own (scalar) label, as `SampleLoader` gives it; multi-label rows are

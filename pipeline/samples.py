@@ -24,11 +24,12 @@ a bad file, unless most reads are: then the credentials expired or were revoked
 too; the files found denied so far are forgotten as bad, so they are read again once the
 credentials are renewed.
 
-`load` (what `BatchProducer.produce` calls for a batch, on a producer thread) does the work in
-two steps: `read_and_plan` (read bytes, parse headers, plan augmentation; the reads run on the
-decoder's threads) and `decode` (pixels of the whole batch in one `BatchDecoder.decode_batch`
-call, which lets GPU decoders batch); a file that fails to decode is replaced then by reading
-and planning its next substitute.
+`load` (what `BatchProducer.produce` calls for a batch, on a producer thread) runs the
+producer's first four stages (pipeline/stages.py) over a `SampleBatch`: read (the bytes),
+verify (checksum and header), plan (augmentation draws), decode (pixels of the whole batch in
+one `BatchDecoder.decode_batch` call, which lets GPU decoders batch). A file that verify or
+decode finds bad sends its sample back to read, for its next substitute. Reads and checks run
+on the decoder's threads where it has a pool (`CpuBatchDecoder.pool`).
 
 Object stores answer a request in 10-50 ms: read one by one on the decoder's few threads, a
 batch would wait for its samples in turn. So where the dataset reads many samples at once
@@ -52,11 +53,13 @@ once per view on the same decoded image (`BatchProducer.produce`).
 from __future__ import annotations
 
 import errno
+import itertools
 import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -73,7 +76,9 @@ from batchwire.pipeline.decode import (
     is_transient,
     read_header,
 )
+from batchwire.pipeline.decode.cpu import chunked
 from batchwire.pipeline.image_dataset import ImageDataset
+from batchwire.pipeline.stages import DECODE, PLAN, READ, UNTIMED, VERIFY, StageClock
 
 log = logging.getLogger("batchwire.pipeline")
 
@@ -184,6 +189,34 @@ class LoadedSample:
     views: tuple[tuple[SamplePlan, Box], ...] = ()
 
 
+#: A read sample: (slot, requested, index, attempt, bytes).
+_Read = tuple[int, int, int, int, bytes]
+#: A verified one: (slot, requested, index, attempt, bytes, header, intact).
+_Found = tuple[int, int, int, int, bytes, ImageHeader, bool]
+
+
+@dataclass
+class SampleBatch:
+    """One batch's samples on their way through read -> verify -> plan -> decode
+    (pipeline/stages.py): each stage takes its own list and fills the next stage's (or sends
+    a sample back to read). A slot is a sample's place in the batch."""
+
+    epoch: int
+    config: AugmentConfig
+    to_read: list[tuple[int, int, int]]  # (slot, requested, attempt): that candidate's bytes
+    planned: list[PlannedSample | None]  # by slot, once planned (the latest plan)
+    loaded: list[LoadedSample | None]  # by slot, once decoded
+    to_verify: list[_Read] = field(default_factory=list)
+    to_plan: list[_Found] = field(default_factory=list)
+    to_decode: list[tuple[int, PlannedSample]] = field(default_factory=list)
+    tries: int = 0  # transient decode failures retried so far
+
+
+def _apply(fn: Callable[[Any], Any], chunk: Sequence) -> list:
+    """``fn`` over one chunk of items (a pool thread's share of `SampleLoader._each`)."""
+    return [fn(item) for item in chunk]
+
+
 def substitute_candidates(seed: int, index: int, count: int, num_samples: int) -> np.ndarray:
     """The first `count` substitutes for `index` (int64), a pure function of (seed, index).
 
@@ -239,6 +272,7 @@ class SampleLoader:
         self._bad: dict[int, str] = {}
         self._bad_paths: set[str] = set()
         self._bad_order: list[str] = []  # the same paths, in the order found
+        self._bad_taken = 0  # of them, handed out by `take_bad_files`
         # Every read's outcome, denied or not: most denied means credentials, not files.
         self.access = AccessWatch()
         self._denied: set[int] = set()  # indices in `_bad` because their read was denied
@@ -272,6 +306,14 @@ class SampleLoader:
         with self._lock:
             return self._bad_order[start:]
 
+    def take_bad_files(self) -> tuple[str, ...]:
+        """The bad files' paths found since the last call (each path handed out once: a
+        producer thread reports them with its batch, `BatchStats.bad_files`)."""
+        with self._lock:
+            taken = self._bad_order[self._bad_taken :]
+            self._bad_taken = len(self._bad_order)
+        return tuple(taken)
+
     @property
     def known_bad(self) -> dict[int, str]:
         """Index -> reason for every bad file found so far (a copy)."""
@@ -298,14 +340,257 @@ class SampleLoader:
         with self._lock:
             return index in self._bad
 
-    # -- steps -------------------------------------------------------------------------------
+    # -- the stages (pipeline/stages.py) ------------------------------------------------------
 
-    def _read(
-        self, index: int, fetched: bytes | OSError | None = None
-    ) -> tuple[bytes, ImageHeader, bool] | str:
-        """Bytes, header and intact verdict (`PlannedSample.intact`) of one file, or the reason
-        it is unusable; TransientReadError when reading kept failing transiently. `fetched`:
-        the file's bytes (or the error) from a batched read, used as the first try."""
+    def load(
+        self,
+        epoch: int,
+        indices: Sequence[int],
+        *,
+        config: AugmentConfig | None = None,
+        clock: StageClock = UNTIMED,
+    ) -> list[LoadedSample]:
+        """read -> verify -> plan -> decode: one LoadedSample per index, in order (``config``:
+        another output size's, `BatchProducer.config_at`; ``clock``: the batch's, told each
+        stage it enters)."""
+        batch = self._batch(epoch, indices, None, config)
+        self._run(batch, READ, clock)
+        return batch.loaded  # type: ignore[return-value]  # every slot filled, or raised
+
+    def read_and_plan(
+        self,
+        epoch: int,
+        indices: Sequence[int],
+        *,
+        start_attempts: Sequence[int] | None = None,
+        config: AugmentConfig | None = None,
+    ) -> list[PlannedSample]:
+        """read -> verify -> plan only: each index's usable file (substituting bad ones) and
+        its plan, in order; ``start_attempts``: where each index's substitute sequence starts
+        (0: the file itself)."""
+        batch = self._batch(epoch, indices, start_attempts, config)
+        self._run(batch, READ, UNTIMED, stop_at=DECODE)
+        return batch.planned  # type: ignore[return-value]
+
+    def substitute(self, epoch: int, sample: LoadedSample) -> LoadedSample:
+        """The next substitute of ``sample.requested`` after ``sample``, decoded: for a sample
+        that decoded but could not be used (a user transform failed on it). The sample is not
+        marked bad (the failure may be this epoch's draws, not the file)."""
+        batch = self._batch(epoch, [sample.requested], [sample.attempt + 1], None)
+        self._run(batch, READ, UNTIMED)
+        return batch.loaded[0]  # type: ignore[return-value]
+
+    def _batch(
+        self,
+        epoch: int,
+        indices: Sequence[int],
+        start_attempts: Sequence[int] | None,
+        config: AugmentConfig | None,
+    ) -> SampleBatch:
+        n = len(indices)
+        attempts = [0] * n if start_attempts is None else [int(a) for a in start_attempts]
+        return SampleBatch(
+            epoch=int(epoch),
+            config=config or self.config,
+            to_read=[(k, int(r), attempts[k]) for k, r in enumerate(indices)],
+            planned=[None] * n,
+            loaded=[None] * n,
+        )
+
+    def _run(
+        self, batch: SampleBatch, stage: str | None, clock: StageClock, stop_at: str = ""
+    ) -> None:
+        """Run the stages from ``stage`` (each names the next, None at the end) until the
+        batch is done or reaches ``stop_at``."""
+        steps = {READ: self.read, VERIFY: self.verify, PLAN: self.plan, DECODE: self.decode}
+        while stage is not None and stage != stop_at:
+            clock.enter(stage)
+            stage = steps[stage](batch)
+
+    def read(self, batch: SampleBatch) -> str:
+        """Stage read: the bytes of each sample in ``to_read``, into ``to_verify``.
+
+        A file that cannot be read (missing, denied, not a regular file) is bad: the next
+        substitute is read instead. Reads run on the decoder's threads where it has a pool
+        (reading releases the GIL); where the dataset reads many samples at once (an object
+        store), the first candidates are fetched together first (module doc)."""
+        jobs, batch.to_read = batch.to_read, []
+        fetched = self._fetch([(requested, attempt) for _, requested, attempt in jobs])
+
+        def read_one(job: tuple[int, int, int]) -> _Read:
+            slot, requested, attempt = job
+            got = self._read_candidate(requested, attempt, fetched.get((requested, attempt)))
+            return (slot, requested, *got)
+
+        batch.to_verify += self._each(read_one, jobs)
+        return VERIFY
+
+    def verify(self, batch: SampleBatch) -> str:
+        """Stage verify: each read file's bytes against its checksum, and its header (size,
+        orientation, route; too large or implausible is a `DecodeError`). A bad file goes
+        back to read (its next substitute); the rest wait in ``to_plan``."""
+        read, batch.to_verify = batch.to_verify, []
+        checked = self._each(lambda r: self._check(r[2], r[4]), read)
+        for (slot, requested, index, attempt, data), got in zip(read, checked, strict=True):
+            if isinstance(got, str):
+                self._mark_bad(index, got)
+                batch.to_read.append((slot, requested, attempt + 1))
+            else:
+                batch.to_plan.append((slot, requested, index, attempt, data, *got))
+        return READ if batch.to_read else PLAN
+
+    def plan(self, batch: SampleBatch) -> str:
+        """Stage plan: the augmentation draws of every verified sample (one plan per view of
+        a multi-view config), into ``planned`` and ``to_decode``."""
+        found, batch.to_plan = batch.to_plan, []
+        config = batch.config
+        sources = [f[2] for f in found]
+        heights = [f[5].height for f in found]
+        widths = [f[5].width for f in found]
+        plans = plan_samples(config, self.seed, batch.epoch, sources, heights, widths)
+        view_plans: list[tuple[SamplePlan, ...]] = [()] * len(found)
+        if config.views:
+            per_view = [
+                plan_samples(config, self.seed, batch.epoch, sources, heights, widths, view=k)
+                for k in range(len(config.views))
+            ]
+            view_plans = list(zip(*per_view, strict=True))
+        labels = self.dataset.labels
+        for (slot, requested, index, attempt, data, header, intact), plan, views in zip(
+            found, plans, view_plans, strict=True
+        ):
+            planned = PlannedSample(
+                requested=requested,
+                index=index,
+                data=data,
+                header=header,
+                plan=plan,
+                label=int(labels[index]),
+                replaced=attempt > 0,
+                attempt=attempt,
+                intact=intact,
+                views=views,
+            )
+            batch.planned[slot] = planned
+            batch.to_decode.append((slot, planned))
+        return DECODE
+
+    def decode(self, batch: SampleBatch) -> str | None:
+        """Stage decode: the pixels of every planned sample in one `decode_batch` call (GPU
+        decoders batch), into ``loaded``.
+
+        A file that fails to decode is bad: back to read for its next substitute. A transient
+        failure (`DecodeResult.transient`, out of memory) is decoded again after
+        `retry_delays`; TransientReadError when it persists (the file is not marked bad)."""
+        todo, batch.to_decode = batch.to_decode, []
+        out_hw = batch.config.image_size
+        # A user transform decides the crop itself: it gets the whole image at full size; so
+        # do the views of a multi-view config (module doc).
+        whole = batch.config.transform is not None or bool(batch.config.views)
+        requests = [
+            DecodeRequest(p.index, p.data, p.header, p.plan.box, out_hw, p.intact)
+            if not whole
+            else DecodeRequest(
+                p.index,
+                p.data,
+                p.header,
+                (0.0, 0.0, float(p.header.height), float(p.header.width)),
+                (p.header.height, p.header.width),
+                p.intact,
+            )
+            for _, p in todo
+        ]
+        results = self.decoder.decode_batch(requests)
+        transient_error = ""
+        for (slot, p), r in zip(todo, results, strict=True):
+            if r.image is None and r.transient:
+                self._count_transient()
+                batch.to_decode.append((slot, p))
+                transient_error = f"decoding {self.dataset.paths[p.index]}: {r.error}"
+            elif r.image is None:
+                self._mark_bad(p.index, r.error or "decode failed")
+                batch.to_read.append((slot, p.requested, p.attempt + 1))
+            else:
+                batch.loaded[slot] = LoadedSample(
+                    requested=p.requested,
+                    index=p.index,
+                    image=r.image,
+                    plan=p.plan,
+                    box=tuple(float(v) for v in r.box),
+                    label=p.label,
+                    replaced=p.replaced,
+                    route=r.route,
+                    attempt=p.attempt,
+                    views=_view_boxes(p, r.box),
+                )
+        if batch.to_decode:
+            if batch.tries == len(self.retry_delays):
+                raise TransientReadError(
+                    None,
+                    f"{transient_error} (transient; {batch.tries + 1} tries): the batch fails, "
+                    "the file is not marked bad",
+                )
+            self._sleep(self.retry_delays[batch.tries])
+            batch.tries += 1
+        if batch.to_read:
+            return READ
+        if batch.to_decode:
+            return DECODE
+        replaced = sum(s.replaced for s in batch.loaded if s is not None)
+        if replaced:
+            with self._lock:
+                self.replaced_total += replaced
+        return None
+
+    # -- the stages' parts ---------------------------------------------------------------------
+
+    def _each(self, fn: Callable[[Any], Any], items: Sequence) -> list:
+        """``fn`` over ``items``, results in order: on the decoder's threads where it has a
+        pool (`CpuBatchDecoder.pool`, in its chunks), else here."""
+        pool = getattr(self.decoder, "pool", None)
+        if pool is None or len(items) <= 1:
+            return [fn(item) for item in items]
+        parts = chunked(items, self.decoder.threads)
+        return [r for part in pool.map(_apply, itertools.repeat(fn), parts) for r in part]
+
+    def _read_candidate(
+        self, requested: int, attempt: int, fetched: bytes | OSError | None = None
+    ) -> tuple[int, int, bytes]:
+        """(index, attempt, bytes) of the first readable file at or after ``attempt`` in
+        ``requested``'s substitute sequence (known-bad files are not read again); raises
+        UnreadableDatasetError after `max_attempts` unusable candidates in a row.
+        ``fetched``: what a batched read got for the candidate at ``attempt``."""
+        # Substitutes are drawn only once the requested file turned out bad: drawing them
+        # costs ~0.1 ms, as much as a quarter of the pipeline's per-image overhead.
+        candidates: np.ndarray | None = None
+        lo, hi = self.dataset.substitute_range(requested)
+        limit = self.max_attempts if hi - lo >= 2 else 0  # one file: nothing to swap in
+        while attempt <= limit:
+            if attempt == 0:
+                index = requested
+            else:
+                if candidates is None:
+                    candidates = self._substitutes(requested)
+                index = int(candidates[attempt - 1])
+            if not self._is_bad(index):
+                got = self._read_bytes(index, fetched)
+                if not isinstance(got, str):
+                    return index, attempt, got
+                self._mark_bad(index, got)
+            fetched = None
+            attempt += 1
+        with self._lock:
+            bad = len(self._bad)
+        raise UnreadableDatasetError(
+            f"sample {requested} ({self.dataset.paths[requested]}) and {self.max_attempts} "
+            f"substitutes for it are all unreadable ({bad} of {len(self.dataset)} files in "
+            f"{self.dataset.root} found bad so far): the dataset looks broken"
+        )
+
+    def _read_bytes(self, index: int, fetched: bytes | OSError | None = None) -> bytes | str:
+        """One file's bytes, or the reason it is unusable; TransientReadError when reading
+        kept failing transiently. ``fetched``: its bytes (or the error) from a batched read,
+        used as the first try."""
         first: list[bytes | OSError | None] = [fetched]
 
         def read() -> bytes:
@@ -324,14 +609,6 @@ class SampleLoader:
                 self._sleep,
                 self._count_transient,
             )
-            assert isinstance(data, bytes)
-            self._note_access(denied=False)
-            verdict = self.dataset.checksum_verdict(index, data)
-            if verdict.problem is not None:  # bytes that may still decode, to wrong pixels
-                return verdict.problem
-            return data, read_header(data, max_pixels=self.max_pixels), verdict.intact
-        except DecodeError as e:
-            return str(e)
         except TransientReadError:
             raise
         except PermissionError as e:
@@ -339,6 +616,23 @@ class SampleLoader:
             return f"cannot read: {e.strerror or e}"
         except OSError as e:
             self._note_access(denied=False)
+            return f"cannot read: {e.strerror or e}"
+        assert isinstance(data, bytes)
+        self._note_access(denied=False)
+        return data
+
+    def _check(self, index: int, data: bytes) -> tuple[ImageHeader, bool] | str:
+        """Header and intact verdict (`PlannedSample.intact`) of file ``index``'s bytes, or
+        the reason they are unusable (not the bytes its checksum manifest recorded, a header
+        no decoder should be given)."""
+        try:
+            verdict = self.dataset.checksum_verdict(index, data)
+            if verdict.problem is not None:  # bytes that may still decode, to wrong pixels
+                return verdict.problem
+            return read_header(data, max_pixels=self.max_pixels), verdict.intact
+        except DecodeError as e:
+            return str(e)
+        except OSError as e:
             return f"cannot read: {e.strerror or e}"
 
     def _note_access(self, denied: bool) -> AccessState:
@@ -368,107 +662,12 @@ class SampleLoader:
             errno.EACCES, f"reading {self.dataset.paths[index]}: {state.message()}"
         )
 
-    def _next_readable(
-        self, requested: int, attempt: int, fetched: bytes | OSError | None = None
-    ) -> tuple[int, int, bytes, ImageHeader, bool]:
-        """The first usable file at or after `attempt` in `requested`'s substitute sequence.
-
-        Returns (index, attempt, data, header, intact); raises UnreadableDatasetError after
-        `max_attempts` unusable candidates in a row. `fetched`: what a batched read got for
-        the candidate at `attempt` (substitutes after it are read one by one: they are rare).
-        """
-        n = len(self.dataset)
-        # Substitutes are drawn only once the requested file turned out bad: drawing them
-        # costs ~0.1 ms, as much as a quarter of the pipeline's per-image overhead.
-        candidates: np.ndarray | None = None
-        lo, hi = self.dataset.substitute_range(requested)
-        limit = self.max_attempts if hi - lo >= 2 else 0  # one file: nothing to swap in
-        while attempt <= limit:
-            if attempt == 0:
-                index = requested
-            else:
-                if candidates is None:
-                    candidates = self._substitutes(requested)
-                index = int(candidates[attempt - 1])
-            if not self._is_bad(index):
-                got = self._read(index, fetched)
-                if not isinstance(got, str):
-                    return index, attempt, *got
-                self._mark_bad(index, got)
-            fetched = None
-            attempt += 1
-        with self._lock:
-            bad = len(self._bad)
-        raise UnreadableDatasetError(
-            f"sample {requested} ({self.dataset.paths[requested]}) and {self.max_attempts} "
-            f"substitutes for it are all unreadable ({bad} of {n} files in "
-            f"{self.dataset.root} found bad so far): the dataset looks broken"
-        )
-
     def _substitutes(self, requested: int) -> np.ndarray:
         """`substitute_candidates` of ``requested`` within its dataset's substitute range (a
         mix's part: a bad web image is replaced by a web image, as the part alone would)."""
         lo, hi = self.dataset.substitute_range(requested)
         subs = substitute_candidates(self.seed, requested - lo, self.max_attempts, hi - lo)
         return lo + subs
-
-    def read_and_plan(
-        self,
-        epoch: int,
-        indices: Sequence[int],
-        *,
-        start_attempts: Sequence[int] | None = None,
-        config: AugmentConfig | None = None,
-    ) -> list[PlannedSample]:
-        """Read and plan each index (substituting unreadable files).
-
-        Files are read on the decoder's threads when it offers `map` (CpuBatchDecoder does):
-        reading and header parsing release the GIL for most of their time. Where the dataset
-        reads many samples at once (an object store), the batch's samples are fetched together
-        first (module doc). ``config``: plan with it instead of the loader's (the same config
-        at another output size: `BatchProducer.config_at`).
-        """
-        config = config or self.config
-        jobs = [
-            (int(r), 0 if start_attempts is None else int(start_attempts[k]))
-            for k, r in enumerate(indices)
-        ]
-        fetched = self._fetch(jobs)
-
-        def find(job: tuple[int, int]) -> tuple[int, int, int, bytes, ImageHeader, bool]:
-            return (job[0], *self._next_readable(*job, fetched.get(job)))
-
-        mapper = getattr(self.decoder, "map", None)
-        found = mapper(find, jobs) if callable(mapper) else [find(j) for j in jobs]
-        sources = [f[1] for f in found]
-        heights = [f[4].height for f in found]
-        widths = [f[4].width for f in found]
-        plans = plan_samples(config, self.seed, epoch, sources, heights, widths)
-        view_plans: list[tuple[SamplePlan, ...]] = [()] * len(found)
-        if config.views:
-            per_view = [
-                plan_samples(config, self.seed, epoch, sources, heights, widths, view=k)
-                for k in range(len(config.views))
-            ]
-            view_plans = list(zip(*per_view, strict=True))
-        labels = self.dataset.labels
-        return [
-            PlannedSample(
-                requested=requested,
-                index=index,
-                data=data,
-                header=header,
-                plan=plan,
-                label=int(labels[index]),
-                replaced=attempt > 0,
-                attempt=attempt,
-                intact=intact,
-                views=views,
-            )
-            for (requested, index, attempt, data, header, intact), plan, views in zip(
-                found, plans, view_plans, strict=True
-            )
-        ]
 
     def _fetch(self, jobs: Sequence[tuple[int, int]]) -> dict[tuple[int, int], bytes | OSError]:
         """The first candidates of `jobs` ((requested, attempt) pairs) read in one batched
@@ -495,108 +694,6 @@ class SampleLoader:
             return {}
         by_index = dict(zip(unique, got, strict=True))
         return {job: by_index[index] for job, index in wanted.items()}
-
-    def decode(
-        self,
-        epoch: int,
-        planned: Sequence[PlannedSample],
-        *,
-        config: AugmentConfig | None = None,
-    ) -> list[LoadedSample]:
-        """Decode planned samples; files that fail to decode are replaced (and re-decoded).
-
-        A transient failure (`DecodeResult.transient`, out of memory) is decoded again after
-        `retry_delays`; TransientReadError when it persists (the file is not marked bad).
-        ``config``: as `read_and_plan`'s (the one the samples were planned with).
-        """
-        config = config or self.config
-        out: list[LoadedSample | None] = [None] * len(planned)
-        todo = list(enumerate(planned))
-        out_hw = config.image_size
-        # A user transform decides the crop itself: it gets the whole image at full size; so
-        # do the views of a multi-view config (module doc).
-        whole = config.transform is not None or bool(config.views)
-        tries = 0
-        while todo:
-            requests = [
-                DecodeRequest(p.index, p.data, p.header, p.plan.box, out_hw, p.intact)
-                if not whole
-                else DecodeRequest(
-                    p.index,
-                    p.data,
-                    p.header,
-                    (0.0, 0.0, float(p.header.height), float(p.header.width)),
-                    (p.header.height, p.header.width),
-                    p.intact,
-                )
-                for _, p in todo
-            ]
-            results = self.decoder.decode_batch(requests)
-            retry: list[tuple[int, PlannedSample]] = []
-            again_as_is: list[tuple[int, PlannedSample]] = []
-            transient_error = ""
-            for (slot, p), r in zip(todo, results, strict=True):
-                if r.image is None and r.transient:
-                    self._count_transient()
-                    again_as_is.append((slot, p))
-                    transient_error = f"decoding {self.dataset.paths[p.index]}: {r.error}"
-                    continue
-                if r.image is None:
-                    self._mark_bad(p.index, r.error or "decode failed")
-                    retry.append((slot, p))
-                    continue
-                out[slot] = LoadedSample(
-                    requested=p.requested,
-                    index=p.index,
-                    image=r.image,
-                    plan=p.plan,
-                    box=tuple(float(v) for v in r.box),
-                    label=p.label,
-                    replaced=p.replaced,
-                    route=r.route,
-                    attempt=p.attempt,
-                    views=_view_boxes(p, r.box),
-                )
-            if again_as_is:
-                if tries == len(self.retry_delays):
-                    raise TransientReadError(
-                        None,
-                        f"{transient_error} (transient; {tries + 1} tries): the batch fails, "
-                        "the file is not marked bad",
-                    )
-                self._sleep(self.retry_delays[tries])
-                tries += 1
-            if not retry and not again_as_is:
-                break
-            again = self.read_and_plan(
-                epoch,
-                [p.requested for _, p in retry],
-                start_attempts=[p.attempt + 1 for _, p in retry],
-                config=config,
-            )
-            todo = again_as_is + [(slot, p) for (slot, _), p in zip(retry, again, strict=True)]
-        loaded = [s for s in out if s is not None]
-        replaced = sum(s.replaced for s in loaded)
-        if replaced:
-            with self._lock:
-                self.replaced_total += replaced
-        return loaded
-
-    def load(
-        self, epoch: int, indices: Sequence[int], *, config: AugmentConfig | None = None
-    ) -> list[LoadedSample]:
-        """`read_and_plan` then `decode`: one LoadedSample per index, in order (``config``:
-        another output size's, `BatchProducer.config_at`)."""
-        planned = self.read_and_plan(epoch, indices, config=config)
-        return self.decode(epoch, planned, config=config)
-
-    def substitute(self, epoch: int, sample: LoadedSample) -> LoadedSample:
-        """The next substitute of ``sample.requested`` after ``sample``, decoded: for a sample
-        that decoded but could not be used (a user transform failed on it). The sample is not
-        marked bad (the failure may be this epoch's draws, not the file)."""
-        after = [sample.attempt + 1]
-        planned = self.read_and_plan(epoch, [sample.requested], start_attempts=after)
-        return self.decode(epoch, planned)[0]
 
 
 def _span(dataset: ImageDataset, index: int) -> int:
@@ -671,8 +768,12 @@ def probe(
 
 class BadFileTally:
     """Distinct bad files over several SampleLoaders: a file that two splits (or two list
-    entries) hold counts once. `update(loaders)` returns how many new ones were found since
-    the last call; `total` is the count so far. For one thread (the server's loop)."""
+    entries) hold counts once. `add(paths)` (the bad files a batch reported,
+    `BatchStats.bad_files`) returns how many of them are new; `total` is the count so far.
+    For one thread (the server's loop).
+
+    `update(loaders)` reads the loaders' lists instead (what server/app.py does until it
+    takes the batches' reports): how many new ones since the last call."""
 
     def __init__(self) -> None:
         self._seen: set[str] = set()
@@ -682,14 +783,19 @@ class BadFileTally:
     def total(self) -> int:
         return len(self._seen)
 
+    def add(self, paths: Iterable[str]) -> int:
+        new = 0
+        for path in paths:
+            if path not in self._seen:
+                self._seen.add(path)
+                new += 1
+        return new
+
     def update(self, loaders: Iterable[SampleLoader]) -> int:
         new = 0
         for loader in loaders:
             start = self._offsets.get(loader, 0)
             paths = loader.bad_files(start)
             self._offsets[loader] = start + len(paths)
-            for path in paths:
-                if path not in self._seen:
-                    self._seen.add(path)
-                    new += 1
+            new += self.add(paths)
         return new

@@ -1,13 +1,14 @@
 """Producer threads: each turns a scheduled job into a finished batch in a buffer.
 
-A few workers each produce whole batches (`BatchProducer.produce`: read -> decode -> augment).
-Decoding and the augment op release the GIL, so batches in production keep the cores busy: one
-is augmented while others are read and decoded. Decoding runs in the worker itself when the
-workers fill the cores (CPU decoding's default: `ServerConfig.decode_threads`), else on the
-decoder's thread pool, which spreads one batch over more cores. The pipeline stages are still
-visible: a thin wrapper around the decoder notes when a batch enters and leaves decoding, which
-splits each batch's time into read (before decoding), decode and augment, for both the stage
-depths (batches in each stage now) and their latencies.
+A few workers each produce whole batches (`BatchProducer.produce`: the declared stages of
+pipeline/stages.py, read -> verify -> plan -> decode -> augment -> label). Decoding and the
+augment op release the GIL, so batches in production keep the cores busy: one is augmented
+while others are read and decoded. Decoding runs in the worker itself when the workers fill the
+cores (CPU decoding's default: `ServerConfig.decode_threads`), else on the decoder's thread
+pool, which spreads one batch over more cores. Each batch carries a `StageClock` of the
+threads' one `StageHook` through its stages: the hook's `depth` (batches in each stats row
+now) is read by the server's stats, and the batch's `BatchStats` (seconds per row, the
+decoder's fallback total, the bad files found) is data the loop records.
 
 Workers never touch the ROUTER socket: results go back through a queue, and a byte on a pipe
 wakes the loop (`os.write` is safe from any thread; zmq sockets are not).
@@ -27,9 +28,6 @@ exits with `EXIT_PRODUCER_DIED`, and `/healthz` fails meanwhile, so its supervis
 Ending the process rather than restarting the thread: what broke it may have broken shared
 state (the decoder, a half-written buffer), and a fresh process is what a supervisor knows how
 to make.
-
-The decoder's fallbacks (images a GPU decoder handed to the CPU decoder) are reported after each
-decode call (`StageTimingDecoder`) to the server's telemetry: stats, Prometheus, the monitor.
 """
 
 from __future__ import annotations
@@ -40,16 +38,17 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 import torch
 from batchwire.common.cuda_events import BufferFence
-from batchwire.pipeline.decode.contract import BatchDecoder, DecodeRequest, DecodeResult
+from batchwire.pipeline.decode.contract import BatchDecoder
 from batchwire.pipeline.decode.files import is_transient
 from batchwire.pipeline.producer import BatchMeta, BatchProducer
 from batchwire.pipeline.sample_window import SampleWindow
 from batchwire.pipeline.samples import AccessDeniedError, TransientReadError
+from batchwire.pipeline.stages import BatchStats, StageClock, StageHook
 from batchwire.server.jobs import BatchOrder, Job, JobResult
 from batchwire.wire import BatchSpec
 
@@ -57,8 +56,6 @@ if TYPE_CHECKING:
     from batchwire.pipeline.sampler import BatchPlan
 
 log = logging.getLogger("batchwire.server")
-
-STAGES = ("read", "decode", "augment")
 
 #: The exit code of a server whose CUDA context a sticky error broke (`sticky_cuda_error`).
 EXIT_CUDA_BROKEN = 3
@@ -151,85 +148,35 @@ def _exit_now(code: int) -> None:
     os._exit(code)
 
 
-class StagePhases:
-    """Counts batches per stage (for depths) and times each batch's stages (for latencies).
-
-    `report_fallbacks(decoder, total)` takes the decoders' fallback totals
-    (`StageTimingDecoder`); the server passes its `Telemetry.set_fallbacks`.
-    """
+class StagePhases(StageHook):
+    """The `StageHook` with the telemetry's callbacks, as server/app.py still builds it:
+    ``observe(row, seconds)`` and ``report_fallbacks(decoder, total)`` are given each batch's
+    `BatchStats` (`record`, on the producer thread). Transitional: once the loop records the
+    stats it is handed with each result, the server builds a plain `StageHook`."""
 
     def __init__(
         self,
         observe: Callable[[str, float], None],
         report_fallbacks: Callable[[str, int], None] | None = None,
     ) -> None:
+        super().__init__()
         self._observe = observe
         self.report_fallbacks = report_fallbacks
-        self._lock = threading.Lock()
-        self.depth = dict.fromkeys(STAGES, 0)
-        self._local = threading.local()
 
-    def enter(self, stage: str) -> None:
-        now = time.perf_counter()
-        prev = getattr(self._local, "stage", None)
-        with self._lock:
-            if prev is not None:
-                self.depth[prev] -= 1
-            if stage:
-                self.depth[stage] += 1
-        if prev is not None:
-            self._local.spent[prev] = self._local.spent.get(prev, 0.0) + now - self._local.t0
-        self._local.stage = stage or None
-        self._local.t0 = now
-
-    def begin(self) -> None:
-        self._local.spent = {}
-        self._local.stage = None
-        self.enter("read")
-
-    def end(self) -> None:
-        self.enter("")
-        for stage, seconds in self._local.spent.items():
-            self._observe(stage, seconds)
-
-    def current(self) -> str | None:
-        return getattr(self._local, "stage", None)
+    def record(self, stats: BatchStats) -> None:
+        for row, seconds in stats.seconds.items():
+            self._observe(row, seconds)
+        if self.report_fallbacks is not None:
+            self.report_fallbacks(stats.decoder, stats.fallbacks)
 
 
-class StageTimingDecoder:
-    """A `BatchDecoder` that forwards to another and marks the decode stage around each call.
-
-    It offers exactly the decoder's protocol (`name`, `device`, `decode_batch`) and the one
-    optional method the pipeline looks for, `map` (the decoder's thread pool for reads), as
-    the wrapped decoder's own: nothing else of the server is reachable from pipeline code.
-    """
-
-    def __init__(self, inner: BatchDecoder, phases: StagePhases) -> None:
-        self._inner = inner
-        self._phases = phases
-        self.name = inner.name
-        self.device = inner.device
-        self.map: Callable[..., object] | None = getattr(inner, "map", None)
-        self._report_fallbacks()  # known from the start: a CPU decoder reports its 0
-
-    def _report_fallbacks(self) -> None:
-        """The decoder's total of images decoded on the CPU instead (0 for a decoder without
-        a CPU safety net: the CPU decoder)."""
-        if self._phases.report_fallbacks is not None:
-            self._phases.report_fallbacks(self.name, int(getattr(self._inner, "fallbacks", 0)))
-
-    def decode_batch(self, requests: Sequence[DecodeRequest]) -> list[DecodeResult]:
-        outer = self._phases.current()
-        try:
-            if outer is None:  # called outside a job (e.g. a probe): nothing to attribute
-                return self._inner.decode_batch(requests)
-            self._phases.enter("decode")
-            try:
-                return self._inner.decode_batch(requests)
-            finally:
-                self._phases.enter("augment")
-        finally:
-            self._report_fallbacks()
+def StageTimingDecoder(inner: BatchDecoder, phases: StagePhases) -> BatchDecoder:
+    """``inner`` itself, its fallback total (0 for the CPU decoder) reported at once, so that
+    the stats show it from the start. Transitional, as server/app.py still calls it: the
+    producers time the decode stage themselves (`StageClock`), nothing wraps the decoder."""
+    if phases.report_fallbacks is not None:
+        phases.report_fallbacks(inner.name, int(getattr(inner, "fallbacks", 0)))
+    return inner
 
 
 def _batch_in(spec: BatchSpec, buffer: torch.Tensor) -> torch.Tensor | list[torch.Tensor]:
@@ -258,7 +205,7 @@ class ProducerThreads:
         self,
         producers: dict[str, BatchProducer],
         n: int,
-        phases: StagePhases,
+        phases: StageHook,
         wake_fd: int,
         spec: BatchSpec,
         device: str = "cpu",
@@ -338,7 +285,8 @@ class ProducerThreads:
         if order.cancelled.is_set() or self._stop.is_set():
             return JobResult(job, 0.0, error="cancelled", reason="cancelled")
         t0 = time.perf_counter()
-        self.phases.begin()
+        clock = self.phases.start()
+        producer = self.producers.get(order.split)
         try:
             plan = order.sampler.plan(order.epoch, order.batch_index)
             spec = order.spec or self.spec
@@ -348,10 +296,10 @@ class ProducerThreads:
                 if order.share_samples and self.samples is not None:
                     key = (order.split, spec.height, spec.width, spec.dtype, spec.layout)
                     kw["reuse"] = (self.samples, key)
-                meta = self.producers[order.split].produce(plan, out, **kw)
+                meta = self.producers[order.split].produce(plan, out, clock=clock, **kw)
             else:
                 meta = self._produce_on_device(
-                    order.split, plan, spec, job.slot.tensor, _sized(order)
+                    order.split, plan, spec, job.slot.tensor, _sized(order), clock
                 )
         except Exception as exc:  # travels to the loop as data; it tells the client
             log.exception("producing %s batch %d failed", order.split, order.batch_index)
@@ -370,7 +318,7 @@ class ProducerThreads:
                 public=self._public_reason(order.split, exc),
             )
         finally:
-            self.phases.end()
+            self._report(producer, clock)
         return JobResult(
             job,
             time.perf_counter() - t0,
@@ -378,6 +326,16 @@ class ProducerThreads:
             indices=tuple(meta.indices.tolist()),
             replaced=int(meta.replaced),
         )
+
+    def _report(self, producer: BatchProducer | None, clock: StageClock) -> None:
+        """The batch's `BatchStats` to the `StagePhases`' callbacks (until the loop records
+        them from the result); a plain `StageHook` only stops the clock."""
+        if producer is None:
+            clock.stop()
+            return
+        stats = producer.batch_stats(clock)
+        if isinstance(self.phases, StagePhases):
+            self.phases.record(stats)
 
     def _public_reason(self, split: str, exc: Exception) -> str | None:
         """Why the batch failed, in words a client may see (no path, URL or key), where that
@@ -388,7 +346,13 @@ class ProducerThreads:
         return self.producers[split].samples.access.state(time.monotonic()).message()
 
     def _produce_on_device(
-        self, split: str, plan: BatchPlan, spec: BatchSpec, host_out: torch.Tensor, sized: dict
+        self,
+        split: str,
+        plan: BatchPlan,
+        spec: BatchSpec,
+        host_out: torch.Tensor,
+        sized: dict,
+        clock: StageClock,
     ) -> BatchMeta:
         """Augment into this worker's device buffer, then copy into the pinned host buffer.
 
@@ -410,7 +374,7 @@ class ProducerThreads:
             local.copied = BufferFence()
         with torch.cuda.stream(local.cuda_stream):
             out = _batch_in(spec, local.device_out)
-            meta = self.producers[split].produce(plan, out, **sized)
+            meta = self.producers[split].produce(plan, out, clock=clock, **sized)
             if flat:
                 n = spec.nbytes
                 host_out[:n].copy_(local.device_out[:n], non_blocking=True)

@@ -80,6 +80,15 @@ def _decode_request(req: DecodeRequest) -> DecodeResult:
 _CHUNKS_PER_THREAD = 4
 
 
+def chunked(items: Sequence, threads: int) -> list[Sequence]:
+    """``items`` in chunks for a pool of ``threads``: about `_CHUNKS_PER_THREAD` chunks per
+    thread, not one future each. A future's handoff costs tens of microseconds of GIL-holding
+    Python, a noticeable share of the per-image overhead, while a few chunks per thread still
+    balance images of uneven decode cost. The sample loader cuts its reads so too."""
+    size = max(1, -(-len(items) // (max(1, threads) * _CHUNKS_PER_THREAD)))
+    return [items[i : i + size] for i in range(0, len(items), size)]
+
+
 def _map_chunk(fn: Callable, chunk: Sequence) -> list:
     return [fn(item) for item in chunk]
 
@@ -88,7 +97,8 @@ class CpuBatchDecoder:
     """TurboJPEG/OpenCV decoding on a thread pool (both release the GIL while decoding).
 
     Results come back in request order whatever the thread count, and decoding is a pure
-    function of the bytes, so 1 and N threads give bit-identical images.
+    function of the bytes, so 1 and N threads give bit-identical images. `pool` (None for one
+    thread) is lent to the sample loader for its reads (`SampleLoader._each`).
     """
 
     name = "cpu"
@@ -96,27 +106,17 @@ class CpuBatchDecoder:
     def __init__(self, threads: int | None = None) -> None:
         self.threads = max(1, int(threads if threads is not None else available_cores()))
         self.device = torch.device("cpu")
-        self._pool: ThreadPoolExecutor | None = None
+        self.pool: ThreadPoolExecutor | None = None
         if self.threads > 1:
-            self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="bw-decode")
+            self.pool = ThreadPoolExecutor(self.threads, thread_name_prefix="bw-decode")
 
     def map(self, fn: Callable, items: Sequence) -> list:
-        """Run `fn` over `items` on the decode threads, results in order (also used for reads).
-
-        Items go to the threads in chunks of a few (about 4 chunks per thread), not one future
-        each: a future's handoff costs tens of microseconds of GIL-holding Python, a
-        noticeable share of the per-image overhead, while a few chunks per thread still
-        balance images of uneven decode cost.
-        """
-        n = len(items)
-        if self._pool is None or n <= 1:
+        """Run `fn` over `items` on the decode threads, results in order (`chunked`)."""
+        if self.pool is None or len(items) <= 1:
             return [fn(item) for item in items]
-        size = max(1, -(-n // (self.threads * _CHUNKS_PER_THREAD)))
-        if size == 1:
-            return list(self._pool.map(fn, items))
-        chunks = [items[i : i + size] for i in range(0, n, size)]
         out: list = []
-        for part in self._pool.map(_map_chunk, [fn] * len(chunks), chunks):
+        chunks = chunked(items, self.threads)
+        for part in self.pool.map(_map_chunk, [fn] * len(chunks), chunks):
             out.extend(part)
         return out
 
@@ -124,9 +124,9 @@ class CpuBatchDecoder:
         return self.map(_decode_request, requests)
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            self._pool = None
+        if self.pool is not None:
+            self.pool.shutdown(wait=True)
+            self.pool = None
 
     def __enter__(self) -> CpuBatchDecoder:
         return self

@@ -14,6 +14,7 @@ import pytest
 import torch
 from batchwire.pipeline.decode import DecodeRequest, DecodeResult, read_header
 from batchwire.pipeline.decode.fallback import GpuDecoderBase
+from batchwire.pipeline.stages import DECODE, BatchStats, StageClock
 from batchwire.server.jobs import BatchOrder, Job
 from batchwire.server.telemetry import Telemetry
 from batchwire.server.workers import (
@@ -94,8 +95,11 @@ class _Producer:
     def __init__(self, exc: BaseException) -> None:
         self.exc = exc
 
-    def produce(self, plan: object, out: torch.Tensor) -> object:
+    def produce(self, plan: object, out: torch.Tensor, clock: StageClock) -> object:
         raise self.exc
+
+    def batch_stats(self, clock: StageClock) -> BatchStats:
+        return BatchStats(clock.stop(), "cpu", 0)
 
 
 def _run_one(exc: BaseException) -> tuple[list[str], object]:
@@ -182,13 +186,16 @@ def test_gpu_decoder_base_counts_every_image_the_cpu_decoded() -> None:
 
 
 def _telemetry_view(decoder: object, batches: list[list[DecodeRequest]]) -> tuple[object, dict]:
+    """Decode ``batches`` and record each one's stats as the server does (`StagePhases`)."""
     telemetry = Telemetry()
     phases = StagePhases(telemetry.observe_stage, telemetry.set_fallbacks)  # as the server does
     timed = StageTimingDecoder(decoder, phases)  # type: ignore[arg-type]
+    assert timed is decoder  # nothing wraps the decoder
     for batch in batches:
-        phases.begin()
+        clock = phases.start()
+        clock.enter(DECODE)
         timed.decode_batch(batch)
-        phases.end()
+        phases.record(BatchStats(clock.stop(), timed.name, int(getattr(timed, "fallbacks", 0))))
     snap = telemetry.snapshot([], [])
     return snap, parse_metrics(telemetry.prometheus_text().decode())
 
