@@ -4,7 +4,9 @@ Runs on worker threads: the transcoder releases the GIL, and so do file reads an
 threads use every core without processes (no pickling of file contents).
 
 A JPEG is recognised by its first bytes (FF D8 FF), not its name. It is rewritten with restart
-markers and verified (`batchwire.native.jpeg_transcode`); when it cannot be (corrupt,
+markers and verified (`batchwire.native.jpeg_transcode`), then given an interval index (an APP9
+segment recording where each restart interval begins: `native.jpeg_roi.with_interval_index`) so
+that the server's crops find their intervals without scanning the file; when it cannot be (corrupt,
 unsupported, not verified) the original bytes are copied instead and the outcome says why, so
 DST always holds every file. Writes go to a hidden temporary in the destination folder and are
 renamed into place, so DST never holds a partial file under a real name.
@@ -30,7 +32,13 @@ import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from batchwire.native.jpeg_roi import JpegRoiError, check_jpeg
+from batchwire.native.jpeg_roi import (
+    JpegRoiError,
+    check_jpeg,
+    has_interval_index,
+    restart_layout,
+    with_interval_index,
+)
 from batchwire.native.jpeg_transcode import (
     JpegCorruptError,
     JpegTranscodeError,
@@ -57,6 +65,9 @@ from batchwire.prepare.restarts import AUTO, AUTO_MOST
 _JUDGED = (REWRITTEN, UNVERIFIED, CHECKSUMMED)
 
 JPEG_START = b"\xff\xd8\xff"
+# Bytes of a rewritten file read on a rerun to find its interval index (the header up to the
+# SOS; more only for a header larger than this, e.g. a big ICC profile).
+HEADER_READ = 64 * 1024
 
 
 @dataclass(frozen=True)
@@ -109,8 +120,10 @@ def already_done(
 ) -> bool:
     """Whether an earlier run's record still holds: the source has the size and mtime it
     had, the destination file is there with the size written, and a JPEG was rewritten with
-    this restart interval. A file over the pixel cap is looked at again (the cap may have
-    changed; it costs a header read and a copy)."""
+    this restart interval, with its interval index (a file rewritten before the index existed
+    is rewritten again, from its source, so that every prepared file gets one). A file over the
+    pixel cap is looked at again (the cap may have changed; it costs a header read and a
+    copy)."""
     if previous is None or (previous.outcome == CHECKSUMMED) != checksums_only:
         return False
     try:
@@ -122,7 +135,26 @@ def already_done(
     interval_ok = previous.outcome in (COPIED, CHECKSUMMED) or (
         previous.outcome != TOO_LARGE and previous.restart_interval == restart_interval
     )
-    return same_source and interval_ok and out.st_size == previous.bytes_out
+    if not (same_source and interval_ok and out.st_size == previous.bytes_out):
+        return False
+    return previous.outcome != REWRITTEN or not lacks_index(dest)
+
+
+def lacks_index(dest: Path) -> bool:
+    """Whether a rewritten file could have an interval index but has none (written before the
+    index existed). Reads its header; the whole file only when the header has no index (to see
+    whether it has a restart layout to index: a fixed `--restart-interval` that does not divide
+    the MCU rows gives none). An unreadable file is left to the size check's verdict."""
+    try:
+        with open(dest, "rb") as f:
+            data = f.read(HEADER_READ)
+        found = has_interval_index(data)
+        if found is not True and len(data) == HEADER_READ:  # the file goes on: read it whole
+            data = read_file(str(dest))
+            found = has_interval_index(data)
+    except OSError:
+        return False
+    return found is False and restart_layout(data)[0] is not None
 
 
 def rewrite(
@@ -141,12 +173,25 @@ def rewrite(
         pass  # any other header problem: the strict transcoder judges the file
     try:
         if restart_interval == AUTO:
-            return transcode_restart(data, AUTO_MOST, fit_rows=True), REWRITTEN, ""
-        return transcode_restart(data, restart_interval), REWRITTEN, ""
+            out = transcode_restart(data, AUTO_MOST, fit_rows=True)
+        else:
+            out = transcode_restart(data, restart_interval)
     except JpegCorruptError as exc:
         return data, CORRUPT, str(exc)
     except JpegTranscodeError as exc:
         return data, UNVERIFIED, str(exc)
+    return indexed(out), REWRITTEN, ""
+
+
+def indexed(data: bytes) -> bytes:
+    """A rewritten JPEG with its interval index, or as it is when its intervals do not tile the
+    MCU rows (a fixed `--restart-interval` that does not divide them): no decoder enters those
+    at their markers, so there is nothing to index. Only an APP9 segment is added (every JPEG
+    reader skips it), so the transcoder's verification of the pixels still holds."""
+    try:
+        return with_interval_index(data)
+    except ValueError:
+        return data
 
 
 def strict_problem(data: bytes, max_pixels: int | None = DEFAULT_MAX_PIXELS) -> str | None:
