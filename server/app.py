@@ -23,13 +23,12 @@ from collections import deque
 from collections.abc import Callable
 
 import zmq
-from batchwire.pipeline.sample_window import CHUNK as SAMPLE_CHUNK
 from batchwire.pipeline.sample_window import SampleWindow
 from batchwire.pipeline.samples import BadFileTally
 from batchwire.pipeline.sources.mix import MixDataset
 from batchwire.pipeline.split import Split
 from batchwire.server.budget import BufferBudget
-from batchwire.server.bufpool import BufferPool, default_reserve
+from batchwire.server.bufpool import BufferPool
 from batchwire.server.config import ServerConfig
 from batchwire.server.core import (
     Action,
@@ -48,7 +47,7 @@ from batchwire.server.jobs import Job
 from batchwire.server.memory import gpu_memory_statement, host_memory_statement
 from batchwire.server.router_socket import RouterSocket, check_ipc_endpoint
 from batchwire.server.security import bind_policy
-from batchwire.server.sharing import sample_window_batches
+from batchwire.server.sizing import plan_buffers, stage_capacities
 from batchwire.server.splits import StartupError, make_decoder, open_splits
 from batchwire.server.telemetry import Telemetry
 from batchwire.server.workers import (
@@ -112,20 +111,16 @@ class ServerApp:
         # batch of any allowed size views their first bytes (smaller asks need no flag).
         self.spec = config.batch_spec()
         self.capacity = config.capacity_spec()
-        cap = config.buffer_cap
-        # Samples shared across batch sizes (pipeline/sample_window.py): its bytes are taken out
-        # of --max-buffers (as that many batches of the largest size), so the bound holds. Past
-        # its bytes, each producer can pin up to 2 x CHUNK - 1 more samples (its scratch chunk,
-        # and an evicted chunk a live entry still shares): those are taken from the window.
-        window = self._sample_batches = sample_window_batches(config, cap)
-        cap -= window
-        sample_nbytes = self.capacity.nbytes // self.capacity.batch_size
-        pinned = config.producers * (2 * SAMPLE_CHUNK - 1) * sample_nbytes
-        window_nbytes = max(0, window * self.capacity.nbytes - pinned)
-        self.samples = SampleWindow(window_nbytes) if window else None
+        # --max-buffers divided between batch buffers and the samples shared across batch
+        # sizes (pipeline/sample_window.py): server/sizing.py decides, this allocates.
+        plan = plan_buffers(config, self.capacity)
+        self._sample_batches = plan.sample_batches
+        self.samples = SampleWindow(plan.sample_window_nbytes) if plan.sample_batches else None
         # Pinned only where a GPU copy reads them (a --device cuda server's device-to-host
         # copies): a CPU server on a training node must not open a CUDA context on GPU 0.
-        self.buffers = BufferPool(self.capacity, cap, pin=config.device != "cpu", flat=True)
+        self.buffers = BufferPool(
+            self.capacity, plan.buffers, pin=config.device != "cpu", flat=True
+        )
         self._bad_files = BadFileTally()  # bad_total: distinct files over all splits
         # The splits' user transforms: their error totals feed transform_errors_total.
         self._transforms = [
@@ -158,7 +153,7 @@ class ServerApp:
             config,
             {name: SplitInfo.of(s) for name, s in self.splits.items()},
             self.spec,
-            BufferBudget(cap, default_reserve(cap, config.producers)),
+            BufferBudget(plan.buffers, plan.reserve),
             time.monotonic(),
         )
         # The cancellation flag of each job out (by production): set on the core's `Cancel`.
@@ -176,8 +171,6 @@ class ServerApp:
         # is the loop's alone); the HTTP thread reads these and `_heartbeat` without a lock:
         # single attribute reads and writes, at worst one loop turn stale.
         self._drain_requested = False
-        self._drain_deadline = math.inf
-        self._drain_started = math.inf
         self._heartbeat: float | None = None  # monotonic time of the loop's last turn
         # Why production cannot go on (a producer thread died), else None: set once, by that
         # thread; /healthz fails from then on and the process exits with EXIT_PRODUCER_DIED.
@@ -201,10 +194,8 @@ class ServerApp:
         if timeout <= 0 or self._drain_requested or self._stopping:
             self.request_stop()
             return
-        now = time.monotonic()
-        self._drain_deadline = now + timeout
-        # The watchdog's bound covers the drain and the stop after it.
-        self._stop_deadline = now + timeout + STOP_DEADLINE_S
+        # The watchdog's bound covers the drain (the core's --drain-timeout) and the stop after.
+        self._stop_deadline = time.monotonic() + timeout + STOP_DEADLINE_S
         self._drain_requested = True
         self._stop_requested.set()
         self._wake()
@@ -497,14 +488,14 @@ class ServerApp:
         """Start the drain once asked; True once it is over (done, or --drain-timeout)."""
         now = time.monotonic()
         if not self.core.draining:
-            self._drain_started = now
             log.info(
                 "SIGTERM: draining for up to %g s (--drain-timeout)", self.config.drain_timeout
             )
             self._carry_out(self.core.begin_drain(now))
-        if self.core.drained(now):
-            log.info("drained in %.2f s", now - self._drain_started)
-        elif now >= self._drain_deadline:
+        over = self.core.drain_over(now)
+        if over == "drained":
+            log.info("drained in %.2f s", now - self.core.drain_started)
+        elif over == "timed out":
             log.warning(
                 "drain not done after %g s (--drain-timeout): %d client(s) still owed batches, "
                 "%d batch(es) in production; stopping now (their clients ask other servers)",
@@ -618,25 +609,16 @@ class ServerApp:
         """The Stats schema (wire/stats.py, built by `Telemetry.snapshot`); safe to call from
         another thread (Prometheus)."""
         now = time.monotonic()
-        depth = self.phases.depth
-        n = self.producers.n
-        clients = len(self.core.sessions)
+        depth = dict(self.phases.depth)
+        depth["read"] += self.producers.queued
+        depth["ready"] = self.core.ready
+        capacity = stage_capacities(
+            self.producers.n, len(self.core.sessions), self.config.prefetch_depth
+        )
         # latency_ms: the telemetry's recent mean for each stage replaces it (0 until observed).
         stages = [
-            StageStats(
-                name="read",
-                depth=self.producers.queued + depth["read"],
-                capacity=2 * n,
-                latency_ms=0.0,
-            ),
-            StageStats(name="decode", depth=depth["decode"], capacity=n, latency_ms=0.0),
-            StageStats(name="augment", depth=depth["augment"], capacity=n, latency_ms=0.0),
-            StageStats(
-                name="ready",
-                depth=self.core.ready,
-                capacity=max(1, clients) * self.config.prefetch_depth,
-                latency_ms=0.0,
-            ),
+            StageStats(name=name, depth=depth[name], capacity=capacity[name], latency_ms=0.0)
+            for name in ("read", "decode", "augment", "ready")
         ]
         rows, unlisted = self.core.client_rows(now)
         buffers = BufferStats(

@@ -84,7 +84,13 @@ from batchwire.server.delivery import Deliveries
 from batchwire.server.jobs import BatchOrder, JobResult
 from batchwire.server.peers import PeerLedger
 from batchwire.server.sessions import ClientSession, ReadyBatch, Scheduler
-from batchwire.server.sharing import BatchKey, Production, SharedBatches, window_batches
+from batchwire.server.sharing import (
+    BatchKey,
+    Production,
+    SharedBatches,
+    sample_window_applies,
+    window_batches,
+)
 from batchwire.wire import (
     BatchHeader,
     BatchSpec,
@@ -285,6 +291,8 @@ class ServerCore:
         self._debts_logged = 0
         self._served_from_window = False
         self.shared = SharedBatches(window_batches(config.share_window, budget.max_buffers))
+        # Orders go through the producers' sample window: sharing is on and it applies.
+        self._share_samples = self.shared.enabled and sample_window_applies(config)
         # Jobs submitted whose result has not come back: one in production and one queued per
         # producer at most, so a job never waits long behind others for a client that left.
         self.jobs_out = 0
@@ -294,6 +302,7 @@ class ServerCore:
         self._malformed_seen = 0
         self._errors_seen = 0
         self.draining = False  # begin_drain: admit nothing, finish what is under way
+        self.drain_started = self.drain_deadline = float("inf")  # begin_drain: --drain-timeout
 
     # ------------------------------------------------------------------------- events
 
@@ -466,6 +475,8 @@ class ServerCore:
         promised (in production or ready) is sent (see "Draining" in the module doc)."""
         if not self.draining:
             self.draining = True
+            self.drain_started = now
+            self.drain_deadline = now + self.config.drain_timeout
             log.info(
                 "draining: no new clients; finishing %d batch(es) in production and %d ready "
                 "for %d client(s)",
@@ -484,6 +495,15 @@ class ServerCore:
             self.deliveries.waiting(identity, now) > NOT_READING_S
             for identity in self.deliveries.held_by_peer()
         )
+
+    def drain_over(self, now: float) -> str | None:
+        """Is the drain over: "drained" (`drained`), "timed out" (--drain-timeout passed since
+        `begin_drain`: the shell stops anyway, the clients ask other servers), or None."""
+        if self.drained(now):
+            return "drained"
+        if self.draining and now >= self.drain_deadline:
+            return "timed out"
+        return None
 
     def _drain_step(self, now: float) -> list[Action]:
         """Tell each session whose promised batches are all sent (or whose peer does not
@@ -972,7 +992,7 @@ class ServerCore:
                 queued_at=now,
                 production=p.id,
                 spec=None if session.spec is self.spec else session.spec,
-                share_samples=self.shared.enabled,
+                share_samples=self._share_samples,
             )
             actions.append(Submit(order))
         return actions

@@ -67,19 +67,27 @@ def window_batches(requested: int | None, max_buffers: int) -> int:
     return min(want, max_buffers // 4)
 
 
-def sample_window_batches(config: ServerConfig, max_buffers: int) -> int:
-    """The sample window's bound, in batches of the largest size (`capacity_spec`): half the
-    batch window's bound, and only on a server that expects a mix of batch sizes (--max-batch-size
-    above --batch-size), decodes on the CPU, and writes single-view batches with the fused op
-    (pipeline/sample_window.py says why not otherwise); 0: no sample window. The server takes
-    these batches' bytes out of --max-buffers (server/app.py), so the memory bound stays."""
-    if (
+def sample_window_applies(config: ServerConfig) -> bool:
+    """Does this server share samples across batch sizes (pipeline/sample_window.py)? The one
+    place that decides: only a server that expects a mix of batch sizes (--max-batch-size above
+    --batch-size), decodes on the CPU and writes single-view batches with the fused op (no user
+    transform); the module doc of pipeline/sample_window.py says why not otherwise. The core
+    marks orders `share_samples` only where it applies (and sharing is on)."""
+    return not (
         config.batch_size_cap == config.batch_size
         or config.device != "cpu"
         or config.views
         or config.transform
         or config.val_transform
-    ):
+    )
+
+
+def sample_window_batches(config: ServerConfig, max_buffers: int) -> int:
+    """The sample window's bound, in batches of the largest size (`capacity_spec`): half the
+    batch window's bound where it applies (`sample_window_applies`); 0: no sample window. The
+    server takes these batches' bytes out of --max-buffers (server/sizing.py), so the memory
+    bound stays."""
+    if not sample_window_applies(config):
         return 0
     return window_batches(config.share_window, max_buffers) // 2
 

@@ -673,3 +673,20 @@ def test_a_re_hello_of_the_same_stream_carries_what_it_was_sent() -> None:
     assert s.core.debt(s.core.sessions[b"r"]) == 4
     s.run(s.core.on_peer_gone(b"r", "disconnected", s.clock()))
     assert s.core.peers.get(b"r") is None
+
+
+@pytest.mark.parametrize(
+    ("settings", "through_window"),
+    [
+        (dict(max_batch_size=2 * BATCH), True),  # batch sizes may mix: samples are shared
+        ({}, False),  # one batch size: no sample window to go through
+        (dict(max_batch_size=2 * BATCH, device="cuda"), False),
+    ],
+)
+def test_orders_go_through_the_sample_window_only_where_it_applies(settings, through_window):
+    """One place decides (`sharing.sample_window_applies`); an order says so as data."""
+    s = Server(config=dict(share_window=8, **settings))
+    s.hello(b"a", batches=(0,))
+    s.tick()
+    (job,) = s.jobs
+    assert job.order.share_samples is through_window

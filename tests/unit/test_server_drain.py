@@ -76,3 +76,21 @@ def test_drain_with_no_clients_is_done_at_once() -> None:
     assert not s.core.drained(s.clock())  # not draining
     s.run(s.core.begin_drain(s.clock()))
     assert s.core.drained(s.clock())
+
+
+def test_the_drain_is_over_when_drained_or_after_drain_timeout() -> None:
+    """The core decides when a drain ends (the shell then stops): once drained, or once
+    --drain-timeout has passed since `begin_drain` with a client still owed batches."""
+    s = Server(config=dict(drain_timeout=2.0))
+    s.hello(b"a", batches=tuple(range(10)))
+    s.tick()
+    assert s.core.drain_over(s.clock()) is None  # not draining
+    s.run(s.core.begin_drain(s.clock()))
+    s.tick(1.9)
+    assert s.core.drain_over(s.clock()) is None  # its batches are still in production
+    s.tick(0.1)
+    assert s.core.drain_over(s.clock()) == "timed out"
+    s.finish()
+    s.tick()
+    s.deliver(b"a")
+    assert s.core.drain_over(s.clock()) == "drained"
