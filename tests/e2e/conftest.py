@@ -1,5 +1,14 @@
-"""Order of the end-to-end tier: the longest files first.
+"""The end-to-end tier's session: a fork server for its Python children, the longest files first.
 
+Fork server: every test worker starts one (tests/forkserver.py) and `subprocess.Popen` forks
+the suite's `python -m ...`, `python -c ...` and console-script children from it, torch already
+imported, instead of starting a fresh interpreter each time (what fresh processes would differ
+in is exec'd for real: see its docstring). `BATCHWIRE_TEST_FORKSERVER=0` turns it off (e.g. to
+compare), and a test marked `fresh_python` (it checks what a fresh process imports) gets real
+execs; `BATCHWIRE_TEST_FORKSERVER_REPORT=DIR` writes each worker's count of forked and
+exec'd children (and why) there.
+
+Order:
 `make test` spreads whole files over xdist workers in collection order (`--dist loadfile`); a long
 file taken last would run alone at the end while the other workers idle. Measured per file on
 2 cores (CPU seconds, children included; 2026-11-25); files not listed keep their order after
@@ -8,7 +17,13 @@ these.
 
 from __future__ import annotations
 
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
 import pytest
+from forkserver import ForkServer
 
 LONGEST_FIRST = (
     "test_frameworks.py",  # 72 s: Lightning, Accelerate and torchrun, 2 ranks each
@@ -34,3 +49,29 @@ LONGEST_FIRST = (
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def fork_server() -> Iterator[ForkServer | None]:
+    """This worker's fork server, installed into `subprocess.Popen` for the whole session."""
+    if os.environ.get("BATCHWIRE_TEST_FORKSERVER", "1") == "0":
+        yield None
+        return
+    with ForkServer.start() as server:
+        server.install()
+        yield server
+        report = os.environ.get("BATCHWIRE_TEST_FORKSERVER_REPORT")
+        if report:
+            counts = {"forked": server.forked, "execd": server.execd}
+            Path(report, f"worker-{os.getpid()}.json").write_text(json.dumps(counts))
+
+
+@pytest.fixture(autouse=True)
+def _fresh_python_when_marked(
+    request: pytest.FixtureRequest, fork_server: ForkServer | None
+) -> Iterator[None]:
+    if fork_server is None or request.node.get_closest_marker("fresh_python") is None:
+        yield
+        return
+    with fork_server.real_execs():
+        yield

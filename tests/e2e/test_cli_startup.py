@@ -8,6 +8,9 @@ import sys
 
 import pytest
 
+# Whether torch was imported is a property of a fresh process, not of a fork server's child.
+pytestmark = pytest.mark.fresh_python
+
 # console script -> the module whose main() it runs (pyproject's [project.scripts])
 SCRIPTS = {
     "pipeline-monitor": "batchwire.monitor.cli",

@@ -24,6 +24,7 @@ print("torch imported:", "torch" in sys.modules)
 """
 
 
+@pytest.mark.fresh_python
 @pytest.mark.parametrize(("argv", "code"), [(["--bogus"], 2), (["--help"], 0)])
 def test_arguments_are_parsed_before_torch_is_imported(argv: list[str], code: int) -> None:
     done = subprocess.run(
@@ -34,6 +35,7 @@ def test_arguments_are_parsed_before_torch_is_imported(argv: list[str], code: in
     assert f"exit {code}\ntorch imported: False" in done.stdout, done.stdout + done.stderr
 
 
+@pytest.mark.fresh_python
 def test_the_package_and_its_config_import_without_torch() -> None:
     probe = (
         "import sys, batchwire.train as t\n"

@@ -1,0 +1,138 @@
+"""The suite's fork server (tests/forkserver.py) starts children that behave as fresh interpreters.
+
+Each case runs twice, through the fork server and as a real exec, and the two must agree on
+exit code, stdout and stderr: exit codes and `SystemExit` messages, an uncaught error's
+traceback, signals, atexit handlers and non-daemon threads at exit, pipes both ways, the
+environment and working directory, `-m`, `-c`, scripts and console scripts. And what must not
+be forked (a changed interpreter-start environment, a `preexec_fn`) is exec'd for real.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from forkserver import ForkServer
+
+CASES = {
+    "exit code": ["-c", "import sys; print('out'); sys.exit(3)"],
+    "exit message": ["-c", "import sys; sys.exit('bad thing')"],
+    "uncaught error": ["-c", "def f():\n    raise ValueError('boom')\nf()"],
+    "stdin to stdout": ["-c", "import sys; print(sys.stdin.read().upper(), end='')"],
+    "argv": ["-c", "import sys; print(sys.argv)", "a", "--b"],
+    "atexit after a thread": [
+        "-c",
+        "import atexit, threading, time\n"
+        "atexit.register(lambda: print('atexit', flush=True))\n"
+        "threading.Thread(target=lambda: (time.sleep(0.2), print('thread', flush=True))).start()\n"
+        "print('main', flush=True)",
+    ],
+    "environment and cwd": ["-c", "import os; print(os.getcwd(), os.environ['BW_FORK_PROBE'])"],
+    "module": ["-m", "json.tool", "--sort-keys"],
+    "module argv0": ["-m", "batchwire.wire.keys", "--help"],
+    "missing module": ["-m", "no_such_module_anywhere"],
+    "__main__ name": ["-c", "print(__name__)"],
+}
+
+
+def _run(argv: list[str], cwd: Path) -> tuple[int, str, str]:
+    env = {**os.environ, "BW_FORK_PROBE": "probe"}
+    done = subprocess.run(
+        argv, input='{"b": 1, "a": 2}', capture_output=True, text=True, cwd=cwd, env=env,
+        timeout=60,
+    )  # fmt: skip
+    return done.returncode, done.stdout, done.stderr
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_a_forked_child_behaves_as_a_fresh_interpreter(
+    case: str, fork_server: ForkServer | None, tmp_path: Path
+) -> None:
+    if fork_server is None:
+        pytest.skip("the fork server is off (BATCHWIRE_TEST_FORKSERVER=0)")
+    argv = [sys.executable, *CASES[case]]
+    forked_before = fork_server.forked
+    forked = _run(argv, tmp_path)
+    assert fork_server.forked == forked_before + 1, "the fork server did not start it"
+    with fork_server.real_execs():
+        fresh = _run(argv, tmp_path)
+    assert forked == fresh
+
+
+def test_a_console_script_is_forked_and_answers_as_exec_d(
+    fork_server: ForkServer | None, tmp_path: Path
+) -> None:
+    if fork_server is None:
+        pytest.skip("the fork server is off (BATCHWIRE_TEST_FORKSERVER=0)")
+    script = str(Path(sys.executable).parent / "pipeline-keys")
+    before = fork_server.forked
+    forked = _run([script, "--help"], tmp_path)
+    assert fork_server.forked == before + 1
+    with fork_server.real_execs():
+        assert forked == _run([script, "--help"], tmp_path)
+
+
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGTERM, -15), (signal.SIGINT, -2)])
+def test_signals_end_a_forked_child_as_they_end_an_interpreter(
+    sig: int, code: int, fork_server: ForkServer | None
+) -> None:
+    if fork_server is None:
+        pytest.skip("the fork server is off (BATCHWIRE_TEST_FORKSERVER=0)")
+    probe = "import sys, time\nprint('up', flush=True)\ntime.sleep(60)"
+    proc = subprocess.Popen([sys.executable, "-c", probe], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline() == "up\n"
+        with pytest.raises(subprocess.TimeoutExpired):
+            proc.wait(0.1)
+        assert proc.poll() is None
+        proc.send_signal(sig)
+        assert proc.wait(10) == code
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stdout.close()
+
+
+def test_what_a_fork_would_change_is_exec_d_for_real(fork_server: ForkServer | None) -> None:
+    if fork_server is None:
+        pytest.skip("the fork server is off (BATCHWIRE_TEST_FORKSERVER=0)")
+    probe = "import sys; print('torch' in sys.modules)"
+    argv = [sys.executable, "-c", probe]
+    fresh_env = {**os.environ, "PYTHONHASHSEED": "7"}
+    cases = [({}, "True"), ({"env": fresh_env}, "False"), ({"preexec_fn": os.getpid}, "False")]
+    for options, torch_loaded in cases:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=60, **options)
+        assert done.stdout.strip() == torch_loaded, (options, done.stderr)
+    assert fork_server.execd.get("startup environment: PYTHONHASHSEED", 0) >= 1
+    assert fork_server.execd.get("preexec_fn", 0) >= 1
+
+
+def test_thread_counts_and_warning_options_reach_a_forked_child(
+    fork_server: ForkServer | None,
+) -> None:
+    if fork_server is None:
+        pytest.skip("the fork server is off (BATCHWIRE_TEST_FORKSERVER=0)")
+    probe = "import sys, torch; print(torch.get_num_threads(), sys.warnoptions)"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore::UserWarning"}
+    before = fork_server.forked
+    done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True)
+    assert fork_server.forked == before + 1
+    assert done.stdout.split(maxsplit=1) == ["1", "['ignore::UserWarning']\n"], done.stderr
+
+
+def test_a_dead_fork_server_fails_its_children_s_waits_instead_of_hanging() -> None:
+    with ForkServer.start() as server:
+        server.install()
+        proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        server.uninstall()
+        server.proc.kill()
+        server.proc.wait()
+        started = time.monotonic()
+        assert proc.wait(10) == 255
+        assert time.monotonic() - started < 10
+        os.kill(proc.pid, signal.SIGKILL)
