@@ -181,6 +181,8 @@ class Fleet:
         speculate: bool = True,
         job: str = "",
         first_session: int = 1,
+        batch_size: int | None = None,
+        metadata: bool = False,
     ) -> None:
         self.split = split
         self.rank = rank
@@ -220,9 +222,9 @@ class Fleet:
         self.image_size: tuple[int, int] | None = None
         self.next_image_size: tuple[int, int] | None = None
         #: Ask for the samples' metadata in batch headers (`RemoteLoader(with_metadata=True)`).
-        self.metadata = False
+        self.metadata = bool(metadata)
         #: The batch size this loader's hellos ask for (None: the servers' --batch-size).
-        self.batch_size: int | None = None
+        self.batch_size = batch_size
         self._actions: list[Action] = []
 
     # ------------------------------------------------------------------ queries
@@ -299,6 +301,20 @@ class Fleet:
         self.cursor = k + 1
         self._refill(now)
         return self._flush()
+
+    def ask_image_size(self, image_size: tuple[int, int] | None) -> None:
+        """The loader asks for ``image_size`` (None: the servers') from its next `start` on
+        (progressive resizing); until then nothing of the next epoch is asked ahead."""
+        self.next_image_size = image_size
+
+    def ask_batch_size(self, batch_size: int | None) -> None:
+        """Hellos from now on ask for batches of ``batch_size`` (None: the servers')."""
+        self.batch_size = batch_size
+
+    def cap_budget(self) -> None:
+        """The shell's staging has as many slots as the budget now: it grows no more as
+        servers join (`_size_budget`)."""
+        self.max_budget = self.budget
 
     def on_endpoints(self, endpoints: Sequence[str], now: float) -> list[Action]:
         """The fleet is now ``endpoints`` (DNS discovery): new ones are connected to, the

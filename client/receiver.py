@@ -78,8 +78,9 @@ class BatchReceiver:
         timeout: float,
         heartbeat: float,
         make_stager: Callable[[wire.Welcome, int], Stager],
-        stats: Callable[[], dict | None],
         speculate: bool = True,
+        batch_size: int | None = None,
+        metadata: bool = False,
         job: str = "",
         keys: ClientKeys | None = None,
         clock: Callable[[], float] = time.monotonic,
@@ -105,11 +106,15 @@ class BatchReceiver:
             job=job,
             first_session=random.SystemRandom().randrange(1, 1 << 30),
             now=clock(),
+            batch_size=batch_size,
+            metadata=metadata,
         )
         # The budget, the batch the consumer holds and one whose release event is pending.
         self.slots_needed = self.fleet.budget + 2
         self._make_stager = make_stager
-        self._stats = stats
+        #: The loader's latest report (`wire.LoaderReport`'s map), put on every credit: handed
+        #: in with each `get`, as data (None until the first).
+        self._report: dict | None = None
         self._ctx = zmq.Context()
         #: One connection per server of the core, by its index; None once it left the fleet.
         self.conns: list[ServerConnection | None] = []
@@ -164,7 +169,7 @@ class BatchReceiver:
         and builds the stager again from the next welcome (its slots and outputs have the
         batch's size); the loader has released every batch it handed out by then."""
         resize = image_size != self.fleet.image_size
-        self.fleet.next_image_size = image_size
+        self.fleet.ask_image_size(image_size)
         if self.fleet.is_at(epoch, cursor, resume) and not resize:
             return
         self._discard_held()
@@ -174,18 +179,30 @@ class BatchReceiver:
         self._carry_out(self.fleet.start(epoch, cursor, self._clock(), resume))
         self._service()
 
+    def ask_image_size(self, image_size: tuple[int, int] | None) -> None:
+        """The next `start` asks for ``image_size``; nothing is asked ahead at another."""
+        self.fleet.ask_image_size(image_size)
+
+    def ask_batch_size(self, batch_size: int | None) -> None:
+        """Hellos from now on ask for batches of ``batch_size`` (None: the servers')."""
+        self.fleet.ask_batch_size(batch_size)
+
     def wait_welcome(self) -> wire.Welcome:
         """Block until a server has welcomed this loader (the epoch's length is known then)."""
         self._wait(lambda: self.fleet.welcome is not None)
         assert self.fleet.welcome is not None
         return self.fleet.welcome
 
-    def get(self, k: int) -> Arrived:
-        """Block until batch ``k`` (the cursor) arrives; hand it over and ask for another."""
+    def get(self, k: int, report: dict | None = None) -> Arrived:
+        """Block until batch ``k`` (the cursor) arrives; hand it over and ask for another.
+
+        ``report``: the loader's stats (`wire.LoaderReport`'s map), put on the credits sent
+        from now on."""
         if k != self.fleet.cursor:
             raise RuntimeError(
                 f"batches are handed out in order: asked {k}, next is {self.fleet.cursor}"
             )
+        self._report = report
         self._service()
         self._wait(lambda: k in self.held)
         arrived = self.held.pop(k)
@@ -261,7 +278,7 @@ class BatchReceiver:
                     self._carry_out(self.fleet.on_send_failed(action))
             elif isinstance(action, core.SendCredit):
                 # Every asked-for batch is one credit, so the loader's stats ride on credits.
-                credit = wire.Credit(batches=action.batches, stats=self._stats())
+                credit = wire.Credit(batches=action.batches, stats=self._report)
                 if not self._conn(action.server).send(credit.pack()):
                     self._carry_out(self.fleet.on_send_failed(action))
             elif isinstance(action, core.AdoptEarly):
@@ -354,7 +371,7 @@ class BatchReceiver:
             self.slots_needed = self.fleet.budget + 2
             self.stager = self._make_stager(msg, self.slots_needed)
             if isinstance(self.stager, CudaStager):
-                self.fleet.max_budget = self.fleet.budget
+                self.fleet.cap_budget()
         self._carry_out(self.fleet.on_message(i, msg, now))
 
     def _receive_batch(

@@ -85,6 +85,7 @@ from batchwire.client.frameworks import refuse_resharding_wrappers
 from batchwire.client.loader_stats import LoaderStats
 from batchwire.client.normalize import IMAGENET_MEAN, IMAGENET_STD, check_dtype
 from batchwire.client.placement import check_rank, default_job, resolve_device, resolve_rank
+from batchwire.client.progress import STATE_KEYS, Progress
 from batchwire.client.receiver import Arrived, BatchReceiver
 from batchwire.client.staging import BatchFormat, CpuStager, CudaStager, Staged
 from batchwire.wire.keys import client_keys
@@ -93,7 +94,6 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 log = logging.getLogger(__name__)
 
-_STATE_KEYS = ("epoch", "next_batch", "split", "rank", "world_size")
 _CPU_OUTPUT_BUFFERS = 4
 
 
@@ -281,22 +281,14 @@ class RemoteLoader(IterableDataset):
         self.hold = hold
         self._device_arg = device
         self.device: torch.device | None = None  # resolved on first connection
-        self.epoch = 0
-        self.next_batch = 0
-        self._positioned = False  # load_state_dict chose where the next pass starts
-        self._epoch_passed = False  # a full pass of `epoch` ended and set_epoch was not called
+        #: Epoch, next batch, pass and a restored position's checks: the position policy.
+        self._progress = Progress()
         self._receiver: BatchReceiver | None = None
         # Batches handed out and not yet recycled, oldest first (at most `hold`).
         self._handed: deque[Staged] = deque()
         self._iteration = 0  # bumps with every __iter__, so a stale iterator stops
         self._stats: LoaderStats | None = LoaderStats()  # None only in an unpickled copy
         self._finalizer: weakref.finalize | None = None
-        # A restored mid-epoch position's epoch shape and world size: checked at the next welcome.
-        self._resume_shape: dict[str, int] | None = None
-        self._resume_world: int | None = None
-        #: The pass of `epoch` being served: (first sample in the epoch order, world size the
-        #: epoch was started at); (0, 0): the epoch's own batches. Elastic resume sets it.
-        self._pass: tuple[int, int] = (0, 0)
 
     # ------------------------------------------------------------------ public API
 
@@ -308,6 +300,24 @@ class RemoteLoader(IterableDataset):
     @property
     def world_size(self) -> int:
         return (self._placement or resolve_rank(self._rank_arg, self._world_size_arg))[1]
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next pass iterates (`set_epoch`, a restored state, or the advance)."""
+        return self._progress.epoch
+
+    @epoch.setter
+    def epoch(self, epoch: int) -> None:
+        self._progress.epoch = epoch
+
+    @property
+    def next_batch(self) -> int:
+        """The next batch of the epoch to hand out."""
+        return self._progress.next_batch
+
+    @next_batch.setter
+    def next_batch(self, k: int) -> None:
+        self._progress.next_batch = k
 
     #: Lightning, having found ``sampler``, reads this too (as it would on a DataLoader).
     batch_sampler = None
@@ -322,10 +332,7 @@ class RemoteLoader(IterableDataset):
         if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
             raise ValueError(f"epoch must be an integer >= 0, got {epoch!r}")
         refuse_resharding_wrappers()  # Accelerate's shard calls this before iterating
-        self._epoch_passed = False
-        if epoch != self.epoch:
-            self.epoch, self.next_batch, self._positioned = epoch, 0, False
-            self._pass = (0, 0)
+        self._progress.set_epoch(epoch)
 
     @property
     def image_size(self) -> tuple[int, int] | None:
@@ -340,7 +347,7 @@ class RemoteLoader(IterableDataset):
         the output size); a server refuses a size beyond its --max-image-size."""
         self._image_size = _image_size(image_size)
         if self._receiver is not None:  # no next-epoch batches asked early at the old size
-            self._receiver.fleet.next_image_size = self._image_size
+            self._receiver.ask_image_size(self._image_size)
 
     def __len__(self) -> int:
         """This rank's number of batches per epoch (asks the server on first use)."""
@@ -353,7 +360,8 @@ class RemoteLoader(IterableDataset):
         """
         receiver = self._connect()
         if receiver.welcome is None:
-            receiver.start(self.epoch, self._pass_start(), self._pass, self._image_size)
+            progress = self._progress
+            receiver.start(progress.epoch, progress.start_batch(), progress.pass_, self._image_size)
             receiver.wait_welcome()
         assert receiver.welcome is not None
         return receiver.welcome
@@ -388,8 +396,10 @@ class RemoteLoader(IterableDataset):
                 "use DataLoader(loader, batch_size=None, num_workers=0) or iterate it directly"
             )
         refuse_resharding_wrappers()
-        self._advance_if_epoch_passed()
-        self.next_batch, self._positioned = self._pass_start(), False
+        if self._progress.begin_pass(repeats=self.split == "val"):
+            log.debug(
+                "RemoteLoader: split %r moves on to epoch %d by itself", self.split, self.epoch
+            )
         self._iteration += 1
         return self._iterate(self._iteration)
 
@@ -418,14 +428,15 @@ class RemoteLoader(IterableDataset):
         over the new ranks (`load_state_dict`).
         """
         rank, world_size = self._placement or resolve_rank(self._rank_arg, self._world_size_arg)
+        position = self._progress.position(world_size)
         state: dict[str, Any] = {
-            "epoch": self.epoch,
-            "next_batch": self.next_batch,
+            "epoch": position["epoch"],
+            "next_batch": position["next_batch"],
             "split": self.split,
             "rank": rank,  # informative: any rank's state restores on every rank
             "world_size": world_size,
-            "start_sample": self._pass[0],
-            "epoch_world_size": self._pass[1] or world_size,
+            "start_sample": position["start_sample"],
+            "epoch_world_size": position["epoch_world_size"],
         }
         if self._image_size is not None:
             state["image_size"] = list(self._image_size)
@@ -434,8 +445,8 @@ class RemoteLoader(IterableDataset):
         welcome = None if self._receiver is None else self._receiver.welcome
         if welcome is not None:
             state["epoch_shape"] = _epoch_shape(welcome)
-        elif self._resume_shape:
-            state["epoch_shape"] = dict(self._resume_shape)
+        elif self._progress.resume_shape:
+            state["epoch_shape"] = dict(self._progress.resume_shape)
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -452,49 +463,21 @@ class RemoteLoader(IterableDataset):
         the epoch is served exactly once; each sample's augmentation is unchanged. Its order
         is a pure function of (seed, epoch, saved world size, position, new world size).
         """
-        missing = [k for k in _STATE_KEYS if k not in state]
+        missing = [k for k in STATE_KEYS if k not in state]
         if missing:
             raise ValueError(f"RemoteLoader state is missing {missing}")
         if state["split"] != self.split:
             raise ValueError(
                 f"state is for split {state['split']!r}, this loader serves {self.split!r}"
             )
-        saved_world = int(state["world_size"])
-        epoch, nxt = int(state["epoch"]), int(state["next_batch"])
         if "image_size" in state:  # the size the saved pass was trained at (progressive)
             self._image_size = _image_size(state["image_size"])
         if state.get("batch_size") is not None:  # the batch size the saved pass asked for
             self._batch_size = _batch_size(state["batch_size"])
             if self._receiver is not None:
-                self._receiver.fleet.batch_size = self._batch_size
-        if epoch < 0 or nxt < 0:
-            raise ValueError(f"invalid RemoteLoader state position: epoch {epoch}, batch {nxt}")
-        shape = state.get("epoch_shape", state.get("stream"))
-        shape = dict(shape) if isinstance(shape, dict) else {}
-        start = int(state.get("start_sample", 0))
-        epoch_world = int(state.get("epoch_world_size", saved_world))
-        self.epoch, self._epoch_passed = epoch, False
-        if start == 0 and saved_world == self._current_world_size(saved_world):
-            # The epoch's own batches at the same world size: resume at the saved batch.
-            self.next_batch, self._positioned, self._pass = nxt, True, (0, 0)
-            self._resume_shape, self._resume_world = shape, saved_world
-            return
-        if nxt and "batch_size" not in shape:
-            raise ValueError(
-                "cannot resume this state at another world size: it does not record the batch "
-                "size (saved before the loader first connected)"
-            )
-        if nxt >= shape.get("num_batches", nxt + 1):  # the pass was over: the epoch is done
-            self.next_batch, self._positioned, self._pass = nxt, False, (0, 0)
-            self._epoch_passed = True  # the next pass is the next epoch (or set_epoch's)
-            self._resume_shape = self._resume_world = None
-            return
-        position = start + nxt * saved_world * int(shape.get("batch_size", 0))
-        self.next_batch, self._positioned = 0, True
-        self._pass = (position, epoch_world) if position else (0, 0)
-        # Another pass: its length differs; batch size and samples must still match.
-        self._resume_shape = {k: v for k, v in shape.items() if k != "num_batches"}
-        self._resume_world = None
+                self._receiver.ask_batch_size(self._batch_size)
+        saved_world = int(state["world_size"])
+        self._progress.restore(state, self._current_world_size(saved_world))
 
     def _current_world_size(self, default: int) -> int:
         """This loader's world size if it can be known now (argument, torch.distributed,
@@ -571,10 +554,9 @@ class RemoteLoader(IterableDataset):
                     reuse_buffers=self.reuse_buffers,
                     hold=self.hold,
                 ),
-                stats=self._stats.as_dict if self._stats is not None else lambda: None,
+                batch_size=self._batch_size,
+                metadata=self.with_metadata,
             )
-            self._receiver.fleet.batch_size = self._batch_size
-            self._receiver.fleet.metadata = self.with_metadata
             # Sockets and the context must close even if the user never calls close(); the
             # receiver holds no reference back to the loader, so the loader can be collected.
             self._finalizer = weakref.finalize(self, self._receiver.close)
@@ -590,53 +572,15 @@ class RemoteLoader(IterableDataset):
                 f"stream= is on {self.cuda_stream.device}, the loader delivers to {device}"
             )
 
-    def _check_world_size(self, saved: int) -> None:
+    def _known_world_size(self) -> int | None:
+        """This loader's world size if it is known (connected, the argument, or an initialised
+        torch.distributed), else None."""
         known = self._placement[1] if self._placement else self._world_size_arg
         if known is None:
             dist = torch.distributed
             if dist.is_available() and dist.is_initialized():
                 known = dist.get_world_size()
-        if known is not None and saved != known:
-            raise ValueError(
-                f"state is for world_size {saved}, this loader runs with world_size {known}: "
-                "each rank's shard depends on it (resume from an epoch boundary instead)"
-            )
-
-    def _check_resumed_shape(self, welcome: wire.Welcome | None) -> None:
-        """A mid-epoch position restored by `load_state_dict` must meet epochs of the same shape."""
-        expected = self._resume_shape
-        if expected is None or welcome is None or (self.next_batch == 0 and self._pass == (0, 0)):
-            self._resume_shape = self._resume_world = None
-            return
-        # On a refusal the restored state stays: asked again, the loader says the same.
-        if self._resume_world is not None:
-            self._check_world_size(self._resume_world)
-        now = _epoch_shape(welcome)
-        if any(key in expected and expected[key] != value for key, value in now.items()):
-            raise ValueError(
-                f"cannot resume epoch {self.epoch} at batch {self.next_batch}: the state was saved "
-                f"against epochs of {expected}, the server now serves {now}; a mid-epoch "
-                "position only holds for the same data, batch size and world size (restart the "
-                "server with the old settings, or resume from an epoch boundary)"
-            )
-        self._resume_shape = self._resume_world = None
-
-    def _pass_start(self) -> int:
-        """Where the next pass starts: the restored position, else the epoch's first batch."""
-        return self.next_batch if self._positioned else 0
-
-    def _advance_if_epoch_passed(self) -> None:
-        """A train epoch passed in full and iterated again without `set_epoch`: the next epoch.
-
-        Each rank iterates once per epoch, so every rank advances alike and they stay in step;
-        a val loader evaluates the same epoch again (the usual thing), and a restored position
-        or an explicit `set_epoch` since the pass decides instead.
-        """
-        if not self._epoch_passed or self._positioned or self.split == "val":
-            return
-        self._epoch_passed = False
-        self.epoch, self.next_batch, self._pass = self.epoch + 1, 0, (0, 0)
-        log.debug("RemoteLoader: split %r moves on to epoch %d by itself", self.split, self.epoch)
+        return known
 
     def _release_handed(self, keep: int = 0) -> None:
         """Recycle the batches handed out, oldest first, until ``keep`` are left."""
@@ -649,39 +593,38 @@ class RemoteLoader(IterableDataset):
         receiver = self._connect()
         # The last batches of an earlier pass were valid until now (see the module's docstring).
         self._release_handed()
+        progress, stats = self._progress, self._stats
         total = receiver.num_batches
-        if total is None or self.next_batch < total or self._image_size != receiver.image_size:
-            receiver.start(self.epoch, self.next_batch, self._pass, self._image_size)
+        if total is None or progress.next_batch < total or self._image_size != receiver.image_size:
+            receiver.start(progress.epoch, progress.next_batch, progress.pass_, self._image_size)
         if receiver.welcome is None:
             receiver.wait_welcome()
         total = len(self)
-        try:
-            self._check_resumed_shape(receiver.welcome)
-        except ValueError:
-            self._positioned = True  # nothing was served: the next pass meets the same check
-            raise
-        if self.next_batch >= total:  # a restored position at the epoch's end: an empty pass
-            self._epoch_passed = True
+        welcome = receiver.welcome
+        shape = None if welcome is None else _epoch_shape(welcome)
+        known_world = None if progress.resume_world is None else self._known_world_size()
+        progress.check_resumed(shape, known_world)
+        if progress.at_end(total):  # a restored position at the epoch's end: an empty pass
             return
         # Nothing is recycled when a pass ends (or is left): its last `hold` batches stay valid,
         # e.g. for the prefetch pattern's last step; the next pass or `close` recycles them.
-        while self.next_batch < total:
+        while progress.next_batch < total:
             if iteration != self._iteration:
                 raise LoaderError("this iterator was superseded by a newer iter(loader)")
             if self._receiver is not receiver:
                 raise LoaderError("the loader was closed while this iterator was in use")
             t0 = time.perf_counter()
             self._release_handed(keep=self.hold - 1)  # the oldest of `hold` is recycled
-            arrived = receiver.get(self.next_batch)
+            # The report rides on the credits this hand-out makes (data, not a callback).
+            report = None if stats is None else stats.as_dict()
+            arrived = receiver.get(progress.next_batch, report)
             receiver.hand_out(arrived, self.cuda_stream)
             self._handed.append(arrived.staged)
-            self.next_batch += 1
-            if self._stats is not None:
-                self._stats.record_wait(time.perf_counter() - t0)
-                self._stats.record_batch(arrived.header.batch_size, arrived.header.shared)
-                self._stats.set_prefetch_depth(receiver.depth)
-            if self.next_batch == total:
-                self._epoch_passed = True
+            progress.handed_out(total)
+            if stats is not None:
+                stats.record_wait(time.perf_counter() - t0)
+                stats.record_batch(arrived.header.batch_size, arrived.header.shared)
+                stats.set_prefetch_depth(receiver.depth)
             yield self._output(arrived)
 
     def _output(self, arrived: Arrived) -> tuple[torch.Tensor, ...]:

@@ -495,7 +495,7 @@ def test_another_image_size_drops_what_came_early_and_asks_at_that_size() -> Non
     shell.serve(0)
     while shell.fleet.cursor < NUM_BATCHES:
         shell.take()
-    shell.fleet.next_image_size = (48, 48)  # progressive resizing: the next epoch at 48 px
+    shell.fleet.ask_image_size((48, 48))  # progressive resizing: the next epoch at 48 px
     shell.start(1, 0)
     assert DropEarly(0) in shell.log and shell.early == {} and shell.fleet.adopted == 0
     assert shell.fleet.welcome is None  # the new size's welcome says the new shape
@@ -505,7 +505,7 @@ def test_another_image_size_drops_what_came_early_and_asks_at_that_size() -> Non
 
 def test_a_pending_image_size_asks_nothing_of_the_next_epoch_early() -> None:
     shell = streaming(2)
-    shell.fleet.next_image_size = (16, 16)
+    shell.fleet.ask_image_size((16, 16))
     for i in (0, 1):
         shell.serve(i)
     while shell.fleet.cursor < NUM_BATCHES - 4:
@@ -669,14 +669,14 @@ def test_a_welcome_unlike_what_the_hello_asked_is_a_protocol_error() -> None:
     """An older server ignores batch_size/image_size in the hello and welcomes at its own
     sizes: the loader says so instead of training on batches it did not ask for."""
     shell = Shell(1)
-    shell.fleet.batch_size = 64
+    shell.fleet.ask_batch_size(64)
     shell.connect()
     shell.start()
     assert shell.hellos(0)[-1].batch_size == 64
     with pytest.raises(ProtocolError, match=r"batches of \d+ where 64 were asked for"):
         shell.welcome()
     shell = Shell(1)
-    shell.fleet.next_image_size = (96, 96)
+    shell.fleet.ask_image_size((96, 96))
     shell.connect()
     shell.start()
     with pytest.raises(ProtocolError, match="where 96x96 were asked for"):
