@@ -286,21 +286,13 @@ class ProducerThreads:
             return JobResult(job, 0.0, error="cancelled", reason="cancelled")
         t0 = time.perf_counter()
         clock = self.phases.start()
-        producer = self.producers.get(order.split)
         try:
-            plan = order.sampler.plan(order.epoch, order.batch_index)
-            spec = order.spec or self.spec
-            if self.device == "cpu":
-                out = _batch_in(spec, job.slot.tensor)
-                kw: dict = dict(_sized(order))
-                if order.share_samples and self.samples is not None:
-                    key = (order.split, spec.height, spec.width, spec.dtype, spec.layout)
-                    kw["reuse"] = (self.samples, key)
-                meta = self.producers[order.split].produce(plan, out, clock=clock, **kw)
-            else:
-                meta = self._produce_on_device(
-                    order.split, plan, spec, job.slot.tensor, _sized(order), clock
-                )
+            try:
+                meta = self._batch(job, clock)
+            finally:  # a failed batch reports too: bad files it found count
+                stats = self._stats(self.producers.get(order.split), clock)
+                if stats is not None and isinstance(self.phases, StagePhases):
+                    self.phases.record(stats)
         except Exception as exc:  # travels to the loop as data; it tells the client
             log.exception("producing %s batch %d failed", order.split, order.batch_index)
             broken = sticky_cuda_error(exc)
@@ -317,8 +309,6 @@ class ProducerThreads:
                 reason=reason,
                 public=self._public_reason(order.split, exc),
             )
-        finally:
-            self._report(producer, clock)
         return JobResult(
             job,
             time.perf_counter() - t0,
@@ -327,15 +317,30 @@ class ProducerThreads:
             replaced=int(meta.replaced),
         )
 
-    def _report(self, producer: BatchProducer | None, clock: StageClock) -> None:
-        """The batch's `BatchStats` to the `StagePhases`' callbacks (until the loop records
-        them from the result); a plain `StageHook` only stops the clock."""
+    def _batch(self, job: Job, clock: StageClock) -> BatchMeta:
+        """Plan and produce the job's batch into its slot (through this worker's device
+        buffer for ``--device cuda``)."""
+        order = job.order
+        plan = order.sampler.plan(order.epoch, order.batch_index)
+        spec = order.spec or self.spec
+        if self.device != "cpu":
+            return self._produce_on_device(
+                order.split, plan, spec, job.slot.tensor, _sized(order), clock
+            )
+        out = _batch_in(spec, job.slot.tensor)
+        kw: dict = dict(_sized(order))
+        if order.share_samples and self.samples is not None:
+            key = (order.split, spec.height, spec.width, spec.dtype, spec.layout)
+            kw["reuse"] = (self.samples, key)
+        return self.producers[order.split].produce(plan, out, clock=clock, **kw)
+
+    @staticmethod
+    def _stats(producer: BatchProducer | None, clock: StageClock) -> BatchStats | None:
+        """The batch's `BatchStats`, produced or failed (None for a split nobody serves)."""
         if producer is None:
             clock.stop()
-            return
-        stats = producer.batch_stats(clock)
-        if isinstance(self.phases, StagePhases):
-            self.phases.record(stats)
+            return None
+        return producer.batch_stats(clock)
 
     def _public_reason(self, split: str, exc: Exception) -> str | None:
         """Why the batch failed, in words a client may see (no path, URL or key), where that

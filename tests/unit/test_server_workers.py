@@ -12,8 +12,12 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from batchwire.pipeline.decode import DecodeRequest, DecodeResult, read_header
+from batchwire.pipeline.augment_plan import AugmentConfig
+from batchwire.pipeline.dataset import open_dataset
+from batchwire.pipeline.decode import CpuBatchDecoder, DecodeRequest, DecodeResult, read_header
 from batchwire.pipeline.decode.fallback import GpuDecoderBase
+from batchwire.pipeline.producer import BatchProducer
+from batchwire.pipeline.sampler import ShardSampler
 from batchwire.pipeline.stages import DECODE, BatchStats, StageClock
 from batchwire.server.jobs import BatchOrder, Job
 from batchwire.server.telemetry import Telemetry
@@ -24,7 +28,7 @@ from batchwire.server.workers import (
     sticky_cuda_error,
 )
 from batchwire.wire import BatchSpec
-from oddfiles import jpeg_bytes, smooth_image
+from oddfiles import jpeg_bytes, smooth_image, write_image_folder
 from PIL import Image
 from promtext import parse_metrics
 
@@ -213,8 +217,6 @@ def test_fallbacks_reach_stats_and_prometheus_per_decoder() -> None:
 
 
 def test_the_cpu_decoder_reports_zero() -> None:
-    from batchwire.pipeline.decode import CpuBatchDecoder
-
     dec = CpuBatchDecoder(1)
     try:
         batch = [_request(0, jpeg_bytes(smooth_image(16, 24, seed=1)))]
@@ -274,3 +276,37 @@ def test_a_producer_thread_that_dies_reports_why() -> None:
         threads.stop()
         os.close(r)
         os.close(w)
+
+
+# ----------------------------------------------------------------------------- stage stats
+
+
+def test_a_producer_thread_reports_its_batch_stats(tmp_path) -> None:
+    """A real producer on a folder with a bad file: the producer thread hands on the batch's
+    seconds per stats row, the decoder's fallback total and the bad file found (once), and
+    the hook's depth is back to 0 once the batch is done."""
+    root = write_image_folder(tmp_path / "tree", classes=2, good_per_class=3, bad={"c": ("text",)})
+    dataset = open_dataset(root, cache_dir=tmp_path / "cache")
+    config = AugmentConfig(image_size=8, train=False, output_dtype="uint8")
+    sampler = ShardSampler(len(dataset), 4, seed=0, shuffle=False, drop_last=False)
+    spec = config.batch_spec(4)
+    rows: list[str] = []
+    fallbacks: list[tuple[str, int]] = []
+    phases = StagePhases(lambda row, s: rows.append(row), lambda d, t: fallbacks.append((d, t)))
+    r, w = os.pipe()
+    with CpuBatchDecoder(1) as dec:
+        producer = BatchProducer(dataset, config, 0, dec)
+        threads = ProducerThreads({"val": producer}, 1, phases, w, spec)
+        try:
+            for k in range(2):
+                order = BatchOrder("val", sampler, 0, k, 1, 0, 0.0)
+                threads.submit(Job(order, SimpleNamespace(tensor=spec.empty())))  # type: ignore[arg-type]
+                assert threads.results.get(timeout=30).ok
+        finally:
+            threads.stop()
+            os.close(r)
+            os.close(w)
+    assert rows == ["read", "decode", "augment"] * 2
+    assert fallbacks == [("cpu", 0)] * 2
+    assert phases.depth == {"read": 0, "decode": 0, "augment": 0}
+    assert producer.samples.take_bad_files() == ()  # reported with a batch already
