@@ -34,12 +34,12 @@ on the decoder's threads where it has a pool (`CpuBatchDecoder.pool`).
 Object stores answer a request in 10-50 ms: read one by one on the decoder's few threads, a
 batch would wait for its samples in turn. So where the dataset reads many samples at once
 (`ImageDataset.read_many`: a bucket keeps up to `--store-concurrency` requests in flight),
-`read_and_plan` first fetches every requested sample of the batch in one call, and each sample
-then starts from its fetched bytes; a fetched error goes the usual way (a transient one is
+the read stage first fetches every sample it is to read in one call, and each sample then
+starts from its fetched bytes; a fetched error goes the usual way (a transient one is
 retried by reading that sample again, any other makes it bad). With several producers (the
 default is three) one batch's fetch is in flight while the others decode, so the reads hide
-behind decoding. Local files have no batched read (`read_many` is None) and keep the
-per-sample reads on the decoder's threads, unchanged.
+behind decoding. Local files have no batched read (`read_many` is None): each sample is
+read alone, on the decoder's threads where it has a pool.
 
 Multi-view configs (`AugmentConfig.views`): each sample is read and decoded ONCE, and every
 view is planned (`PlannedSample.views`, view k on its own draws). The decoder is then asked for

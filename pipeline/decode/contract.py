@@ -133,7 +133,14 @@ class DecodeResult:
 
 @runtime_checkable
 class BatchDecoder(Protocol):
-    """Something that decodes a list of requests; one bad image never fails the batch."""
+    """Something that decodes a list of requests; one bad image never fails the batch.
+
+    Optional, looked up by name: ``pool`` and ``threads`` (a `concurrent.futures.Executor`
+    and its size, lent to the sample loader, which reads and checks a batch's files on it:
+    `CpuBatchDecoder`), ``fallbacks`` (the total of images decoded on the CPU instead, which
+    each batch reports: `GpuDecoderBase`), ``close``. The decoder is handed to the producer;
+    nothing wraps it.
+    """
 
     name: str
     device: torch.device
