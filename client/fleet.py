@@ -11,26 +11,24 @@ monitor), `on_message` (welcome, error reply, shutdown), `on_batch` (a batch hea
 the verdict says whether to receive it into the reorder buffer, keep it for the next epoch, or
 drop it), `on_handed_out` (the consumer took batch k), `on_send_failed` (a send would have
 blocked), `tick` (time passed; with ``waiting_since`` while the consumer waits for a batch).
+Requests: `ask_image_size`, `ask_batch_size`, `cap_budget` (the shell's staging is sized).
 Actions out: `SendHello`, `SendCredit`, `AdoptEarly` (next-epoch batches received ahead join
-the reorder buffer), `DropEarly` (discard them). Errors the user must see are raised:
-`ServerError` (refused by every server, or the same error again and again), `ServerUnavailable`
-(no batch within the timeout), `ProtocolError` (a server broke the protocol).
+the reorder buffer), `DropEarly` (discard them), `Connect`, `Disconnect`. Errors the user
+must see are raised: `ServerError` (refused by every server, or the same error again and
+again), `ServerUnavailable` (no batch within the timeout), `ProtocolError` (a server broke the
+protocol; `session.IllegalTransition` is one).
 
-Who produces what: any server can produce any batch, so nothing is split up front. The loader
-keeps at most ``budget`` batches asked for or waiting in the reorder buffer, and whenever one
-is free it takes the lowest batch nobody has been asked for (`UnaskedBatches`) and asks its
-*preferred* server: the one of highest rendezvous weight for (split, epoch, world size, rank,
-batch) among the servers in the assignment (`rendezvous`), so the jobs of a sweep ask the same
-server for the same batch and it produces that batch once for all (shared production). Only
-when that server is streaming with ``cap`` batches outstanding already (slow: 1.5 times its even
-share), or is not
-streaming (lost, refusing, not welcomed yet), does the batch go to the streaming server with
-the fewest outstanding: a slow server gets fewer, and a server whose session ends (lost,
-silent, an error, a refusal) has what it owed taken back and handed to the others. A server
-that refuses a hello is left out and asked again later with back-off: for good (a split it does
-not serve, a size beyond its bounds), and only when every server refuses so is that the user's
-error; or ``busy`` (its client limit, another world size held by a live session), which clears
-by itself and is waited out within the loader's timeout.
+Fleet composes four parts, each a module of its own with its own unit tests:
+- sessions (`session`): each server's `Peer` and its `SessionState`, moved only by the
+  transition table `session.TRANSITIONS`; Fleet opens and ends the sessions (hello, take-back,
+  back-off, adoption) and answers the servers' replies (below).
+- assignment (`assignment.Assignment`): the budget, each batch's preferred server (rendezvous
+  hashing) and who has room; a server whose session ends has what it owed taken back
+  (`UnaskedBatches`) and handed to the others.
+- speculation (`speculation.Speculation`): the next epoch's batches asked ahead, adopted by
+  the `start` of that epoch and ended by any other.
+- liveness (`liveness`): silence, heartbeats and pace; what the loader says while it waits,
+  and `ServerUnavailable` past its timeout.
 
 Servers come and go (`on_endpoints`, from DNS discovery in the shell): a new endpoint gets a
 `Connect` and joins the assignment once welcomed; one that left is *retiring*: asked for
@@ -39,24 +37,15 @@ server), then it is REMOVED with a `Disconnect`. Leaving is not a fault: nothing
 and nothing raised. Peers keep their index for life (actions name servers by index), so a
 server that comes back is a new peer.
 
-Next epoch early: once every batch of the epoch has been asked for, a server owing nothing is
-sent the next epoch's hello with ``share`` of its batches (SPECULATING), so it produces them
-while the consumer finishes this epoch; `start` of that epoch adopts those sessions. Any other
-`start` ends them. A session not sent to for ``ahead_max_age`` seconds is replaced on adoption
-(the server may have dropped it); a refused early hello stops guessing for that epoch.
-
-Errors: an error reply about a session that is no longer the server's current one is stale
+Replies: an error reply about a session that is no longer the server's current one is stale
 (the server answered an older hello) and dropped; a ``transient`` one (the batch failed for a
 reason that may pass) and a ``busy`` one (the hello cannot be served now, for a reason that
 clears by itself: another world size held by a session going away, --max-clients reached)
 back off and ask again, however often, within the loader's timeout, never counting as a
-refusal; any other error before the welcome is a refusal (above); an error after it restarts
-the session with back-off, and the same message `ERRORS_BEFORE_RAISING` times in a row raises
-`ServerError`.
-
-Silence: a server owing a welcome or batches and silent for longer than its heartbeat (which
-starts at ``heartbeat``, doubles per timeout up to max(timeout/2, 1 s), and each batch lowers
-to max(heartbeat, min(it, 4x that batch's gap))) loses its session and gets a new hello.
+refusal; any other error before the welcome is a refusal: that server is left out of the
+assignment and asked again later with back-off, and only when every server refuses is it the
+user's error; an error after the welcome restarts the session with back-off, and the same
+message `ERRORS_BEFORE_RAISING` times in a row raises `ServerError`.
 """
 
 from __future__ import annotations
@@ -69,9 +58,12 @@ from dataclasses import dataclass
 from enum import Enum
 
 from batchwire import wire
-from batchwire.client import rendezvous
-from batchwire.client.errors import ProtocolError, ServerError, ServerUnavailable
+from batchwire.client import liveness
+from batchwire.client.assignment import Assignment
+from batchwire.client.errors import ProtocolError, ServerError
+from batchwire.client.liveness import Waiting, in_fleet
 from batchwire.client.session import WAITING, Event, Peer, Session, SessionState
+from batchwire.client.speculation import Speculation
 from batchwire.client.unasked import UnaskedBatches
 
 log = logging.getLogger(__name__)
@@ -79,25 +71,11 @@ log = logging.getLogger(__name__)
 S = SessionState
 E = Event
 
-# A next-epoch session we have not spoken to for this long may have been dropped by the server
-# (its --client-timeout, 60 s by default, counts our silence): its batches already here are
-# used, but it is replaced rather than trusted to send the rest.
-AHEAD_MAX_AGE_S = 30.0
 # The same error reply this many times in a row (with no batch between) is the server's answer,
 # not a hiccup: it is raised as ServerError. Before that, each retry waits twice as long.
 ERRORS_BEFORE_RAISING = 3
 ERROR_BACKOFF_S = 0.25
 BACKOFF_MAX_S = 4.0  # transient errors and refusals: the longest wait between hellos
-_PER_SERVER = 4  # the least budget per server when a loader has several
-# A batch whose preferred server was sent a hello this recently waits for its welcome rather
-# than going to another server (bounded: a server that does not answer is passed over then).
-WELCOME_GRACE_S = 0.5
-# Slow: a server whose pace (seconds between its batches while it owes some, smoothed with
-# PACE_SMOOTHING) is SLOW_PACE_FACTOR times the fastest streaming server's is asked for at most
-# one batch, one the consumer needs late; the batches that prefer it go to the others. Sharing
-# holds between servers of like pace; a stalled or CPU-starved server no longer stalls the loader.
-SLOW_PACE_FACTOR = 4.0
-PACE_SMOOTHING = 0.25
 
 
 # ---------------------------------------------------------------------- actions
@@ -190,11 +168,11 @@ class Fleet:
         self.job = job
         self.timeout = float(timeout)
         self.heartbeat = float(heartbeat)
-        self.speculate = bool(speculate)
-        self.prefetch = int(prefetch)
-        #: The most `budget` may grow to as servers join (the shell's staging slots); None: any.
-        self.max_budget: int | None = None
-        self.budget = self.share = 0
+        #: The parts: who produces which batch, and what is asked of the next epoch early.
+        self.assignment = Assignment(
+            split=split, rank=rank, world_size=world_size, prefetch=prefetch
+        )
+        self.speculation = Speculation(speculate)
         self.peers: list[Peer] = []
         for ep in endpoints:
             self._add_peer(ep, now)
@@ -208,10 +186,7 @@ class Fleet:
         self.held: set[int] = set()  # batches in the receiver's reorder buffer
         self.dropped = 0  # batches received but not needed (stale, duplicate)
         self.adopted = 0  # batches of a next-epoch session that the epoch then used
-        self.ahead_max_age = AHEAD_MAX_AGE_S
-        self._no_speculation_in = -1  # an epoch in which a next-epoch hello was refused
         self._started = False
-        self._turn = 0  # the server first in line when several have as few outstanding
         #: A resumed pass's first sample in the epoch order (0: the epoch's own batches) and
         #: the world size the epoch was started at (elastic trainers, `wire.Hello`); part of
         #: each batch's rendezvous key, since such a pass's batch k is another batch.
@@ -228,6 +203,20 @@ class Fleet:
         self._actions: list[Action] = []
 
     # ------------------------------------------------------------------ queries
+
+    @property
+    def budget(self) -> int:
+        """Batches asked for or in the reorder buffer at most (`Assignment.size`)."""
+        return self.assignment.budget
+
+    @property
+    def ahead_max_age(self) -> float:
+        """Seconds a next-epoch session may go unspoken to and still be trusted on adoption."""
+        return self.speculation.ahead_max_age
+
+    @ahead_max_age.setter
+    def ahead_max_age(self, seconds: float) -> None:
+        self.speculation.ahead_max_age = seconds
 
     @property
     def num_batches(self) -> int | None:
@@ -313,8 +302,8 @@ class Fleet:
 
     def cap_budget(self) -> None:
         """The shell's staging has as many slots as the budget now: it grows no more as
-        servers join (`_size_budget`)."""
-        self.max_budget = self.budget
+        servers join (`Assignment.cap`)."""
+        self.assignment.cap()
 
     def on_endpoints(self, endpoints: Sequence[str], now: float) -> list[Action]:
         """The fleet is now ``endpoints`` (DNS discovery): new ones are connected to, the
@@ -412,15 +401,7 @@ class Fleet:
             self._refill(now)
             return Verdict.DROP, self._flush()
         self.held.add(k)
-        p.error_streak = p.transient_streak = 0  # progress: an error after this is a new one
-        # How long this batch took to come (since we last heard or asked): the silence check
-        # waits a few times that, so a server that is merely slow is not restarted in a loop.
-        gap = p.last_heard - max(p.last_sent, p.prev_heard)
-        p.heartbeat = max(self.heartbeat, min(p.heartbeat, 4 * gap))
-        # Its pace: time since it was last heard or, if it was idle, since it was given work (a
-        # credit to a server already busy does not restart the clock).
-        busy = p.last_heard - max(p.busy_since, p.prev_heard)
-        p.pace = busy if p.pace == 0.0 else p.pace + PACE_SMOOTHING * (busy - p.pace)
+        liveness.delivered(p, self.heartbeat)
         if not self.unasked:
             self._speculate(p, now)
         return Verdict.DELIVER, self._flush()
@@ -447,8 +428,9 @@ class Fleet:
         """
         if waiting_since is not None:
             if now > waiting_since + self.timeout:
-                raise self._unavailable(now)
-            self._check_silence(waiting_since, now)
+                raise liveness.unavailable(self._waiting(), now)
+            for p in liveness.silent(self.peers, waiting_since, now, self.timeout):
+                self._end_session(p)
         self._service(now)
         return self._flush()
 
@@ -466,25 +448,11 @@ class Fleet:
 
     def _members(self) -> list[Peer]:
         """The servers of the fleet now (not removed, not retiring)."""
-        return [p for p in self.peers if p.in_fleet()]
+        return in_fleet(self.peers)
 
     def _size_budget(self) -> None:
-        """Budget and next-epoch share for the servers in the fleet now.
-
-        With several servers at least 4 each: a server with fewer outstanding idles its
-        producers while a slower one holds the batch the consumer waits for (bench_fleet: 0.75
-        of the two servers' summed rate with 2 each, 0.97 with 4 each). A fleet that grows
-        stops at `max_budget` (the shell's staging slots); one that shrinks keeps its budget:
-        batches already received beyond the cursor may fill a smaller one, and the batch the
-        consumer waits for could then never be asked.
-        """
-        n = max(1, len(self._members()))
-        budget = self.prefetch if n == 1 else max(self.prefetch, _PER_SERVER * n)
-        if self.max_budget is not None:
-            budget = min(budget, max(self.max_budget, self.prefetch))
-        self.budget = max(self.budget, budget)
-        #: Next-epoch batches one server may be asked for ahead of time.
-        self.share = max(1, self.budget // n)
+        """Budget and next-epoch share for the servers in the fleet now (`Assignment.size`)."""
+        self.assignment.size(len(self._members()))
 
     def _remove_retired(self) -> None:
         """A retiring server that owes no batch of this epoch is done: its connection closes.
@@ -571,7 +539,7 @@ class Fleet:
             self._actions.append(AdoptEarly(p.index))
             log.debug("%s: %d batch(es) of epoch %d here already", p.endpoint, len(early), s.epoch)
         p.move(E.ADOPTED if s.welcomed else E.ADOPTED_UNWELCOMED)
-        if now - p.last_sent > self.ahead_max_age:
+        if self.speculation.stale(p, now):
             self._end_session(p)
 
     def _service(self, now: float) -> None:
@@ -588,22 +556,6 @@ class Fleet:
                     self._hello(p, max(self.epoch, 0), [], now)
         self._refill(now)
 
-    def _check_silence(self, since: float, now: float) -> None:
-        for p in self.peers:
-            if not p.owes():
-                continue
-            quiet = now - max(p.last_heard, p.last_sent, since)
-            if quiet > p.heartbeat:
-                log.info(
-                    "no message from %s for %.1f s while it owes %s; its batches go to the "
-                    "other servers and it gets a new hello",
-                    p.endpoint,
-                    quiet,
-                    "batches" if p.state is S.STREAMING else "a welcome",
-                )
-                p.heartbeat = min(2 * p.heartbeat, max(self.timeout / 2, 1.0))
-                self._end_session(p)
-
     # ------------------------------------------------------------------ who produces what
 
     def _in_use(self) -> int:
@@ -615,53 +567,21 @@ class Fleet:
         """Ask for the lowest unasked batches while the budget allows: each of its preferred
         server (rendezvous), unless that one is slow or not streaming; then fewest outstanding
         first."""
-        takers = [p for p in self.peers if p.state is S.STREAMING and not p.retiring]
-        if self.unasked and not takers:
+        if self.unasked and not any(p.state is S.STREAMING and not p.retiring for p in self.peers):
             # Lost batches came back, but every live server is busy with the next epoch.
             for p in self.peers:
                 if p.state is S.SPECULATING:
                     self._end_session(p)
             return
-        free = self.budget - self._in_use()
-        asks: dict[int, list[int]] = {}
-        n = len(self.peers)
-        candidates = self._candidates()
-        # Room: 1.5 times its even share of the budget outstanding (not less: at an epoch's
-        # start the whole budget is asked at once, and hashing spreads batches unevenly); a
-        # slow server (SLOW_PACE_FACTOR) is asked as `takes` says.
-        cap = max(1, -(-3 * self.budget // (2 * max(1, len(candidates)))))
-        fastest = min((p.pace for p in takers if p.pace > 0.0), default=0.0)
-
-        def outstanding(p: Peer) -> int:
-            return p.outstanding() + len(asks.get(p.index, ()))
-
-        def slow(p: Peer) -> bool:
-            return p.pace > SLOW_PACE_FACTOR * fastest > 0.0
-
-        def takes(p: Peer, k: int) -> bool:
-            """Does ``p``, batch ``k``'s preferred server, get it? Not past its room; a slow
-            one holds one batch, and only one the consumer needs late (batches come in order:
-            one it needs soon would stall it while the others idle), so it stays measured."""
-            if slow(p):
-                return outstanding(p) == 0 and k >= self.cursor + self.budget // 2
-            return outstanding(p) < cap
-
-        while free > 0 and self.unasked and takers:
-            k = self.unasked.take()
-            p = self.preferred(k, candidates)
-            if p is not None and self._welcome_due(p, now):
-                # Its welcome is due any moment (at an epoch's start every server is asked at
-                # once, and connections complete one by one): wait for it rather than send the
-                # batch elsewhere; after the grace a later tick gives it to another server.
-                self.unasked.give_back([k])
-                break
-            if p is None or p.state is not S.STREAMING or not takes(p, k):
-                # Fewest outstanding first, slow servers last; ties go round the servers, so a
-                # consumer slower than its servers still spreads the epoch over all of them.
-                p = min(takers, key=lambda p: (slow(p), outstanding(p), (p.index - self._turn) % n))
-                self._turn = p.index + 1
-            asks.setdefault(p.index, []).append(k)
-            free -= 1
+        asks = self.assignment.assign(
+            self.unasked,
+            self.budget - self._in_use(),
+            self.peers,
+            cursor=self.cursor,
+            epoch=self.epoch,
+            start=self.pass_start,
+            now=now,
+        )
         for i, batches in asks.items():
             p = self.peers[i]
             assert p.session is not None
@@ -681,21 +601,7 @@ class Fleet:
         ``candidates`` ((endpoint, peer) pairs). The next epoch is a whole pass (start 0)."""
         e = self.epoch if epoch is None else epoch
         start = self.pass_start if e == self.epoch else 0
-        key = rendezvous.batch_key(self.split, e, self.world_size, self.rank, k, start)
-        return rendezvous.preferred(key, candidates)
-
-    def _candidates(self) -> list[tuple[str, Peer]]:
-        """The servers batches may prefer: the assignable ones, and those whose first
-        connection is still under way (else the first server to answer a loader that just
-        started would be every batch's preferred one, unlike in the other jobs of a sweep)."""
-        return [(p.endpoint, p) for p in self.peers if p.assignable() or _connecting(p)]
-
-    def _welcome_due(self, p: Peer, now: float) -> bool:
-        """Is ``p`` about to stream? Its hello was sent less than `WELCOME_GRACE_S` ago, or
-        it joined (the loader started, or DNS added it) that recently and is still connecting."""
-        if p.state is S.HELLO_SENT:
-            return now - p.last_sent < WELCOME_GRACE_S
-        return _connecting(p) and now - p.last_heard < WELCOME_GRACE_S
+        return self.assignment.preferred(k, candidates, e, start)
 
     def _speculate(self, p: Peer, now: float) -> None:
         """Start ``p`` on the next epoch once nothing of this one is left to ask for.
@@ -703,38 +609,20 @@ class Fleet:
         Its session of this epoch owes nothing, so replacing it loses nothing; the next
         epoch's batches it is asked for wait in the receiver until that epoch starts.
         """
-        if (
-            not self.speculate
-            or self.pass_start  # this pass's welcome does not say the next epoch's length
-            or self.welcome is None
-            or self.epoch < 0
-            or self._no_speculation_in == self.epoch
-            or self.next_image_size != self.image_size  # the next epoch asks another size
-            or self.unasked
-            or not self.unasked_next
+        if not self.speculation.ready(p) or not self.speculation.may(
+            epoch=self.epoch,
+            welcomed=self.welcome is not None,
+            pass_start=self.pass_start,
+            resizing=self.next_image_size != self.image_size,
+            unasked=self.unasked,
+            unasked_next=self.unasked_next,
         ):
             return
-        if p.retiring or not (
-            p.state is S.IDLE or (p.state is S.STREAMING and not p.outstanding())
-        ):
-            return
-        # The lowest next-epoch batches that prefer ``p`` (as `_refill` will ask them once that
-        # epoch starts): the jobs of a sweep then ask the same server for each one, whichever
-        # of their servers runs out of work first.
-        candidates = self._candidates()
-        n = max(1, len(candidates))
-        batches: list[int] = []
-        others: list[int] = []
-        looked_at = 0  # bounded: a few shares' worth, so a tick never walks a whole epoch
-        while self.unasked_next and len(batches) < self.share and looked_at < 4 * self.share * n:
-            looked_at += 1
-            k = self.unasked_next.take()
-            mine = self.preferred(k, candidates, self.epoch + 1) is p
-            (batches if mine else others).append(k)
-        self.unasked_next.give_back(others)
-        if not batches:
-            return  # nothing of the next epoch prefers it
-        self._hello(p, self.epoch + 1, batches, now)
+        batches = self.speculation.pick(
+            p, self.unasked_next, self.peers, self.assignment, self.epoch + 1
+        )
+        if batches:  # else nothing of the next epoch prefers it
+            self._hello(p, self.epoch + 1, batches, now)
 
     # ------------------------------------------------------------------ replies
 
@@ -802,7 +690,7 @@ class Fleet:
             log.info(
                 "pipeline-server at %s refused the next epoch early: %s", p.endpoint, e.message
             )
-            self._no_speculation_in = self.epoch
+            self.speculation.refused(self.epoch)
             self._end_session(p)
             return
         if e.reason == "busy":  # not now, for a reason that clears by itself
@@ -886,105 +774,13 @@ class Fleet:
                 f"{'' if more else ' (and it has no data frames)'}"
             )
 
-    def _blocking_peer(self) -> Peer:
-        """The server most at fault for the batch the consumer waits for."""
-        members = self._members() or [p for p in self.peers if p.state is not S.REMOVED]
-        members = members or self.peers
-        return next((p for p in members if p.session is None or not p.session.welcomed), members[0])
-
     def waiting_note(self, now: float, since: float) -> str:
         """What the loader says while the consumer waits (every few seconds): where, how long,
-        and what that server is doing."""
-        p = self._blocking_peer()
-        if not p.connected:
-            if p.connect_failures:
-                doing = "nothing is listening there (connection refused); retrying"
-            elif p.ever_connected:
-                doing = f"the connection was lost {now - p.last_heard:.0f} s ago; reconnecting"
-            else:
-                doing = "no answer yet; connecting"
-        elif p.state is S.REFUSED:
-            doing = f"it refused this loader ({p.refusal}); asking again"
-        elif _busy(p):
-            doing = f"it cannot serve this loader until this clears ({p.refusal}); asking again"
-        elif p.state is S.BACKING_OFF:
-            doing = f"it answered with an error ({p.last_error}); asking again"
-        elif p.session is None or not p.session.welcomed:
-            doing = "connected, waiting for its answer to our hello"
-        else:
-            doing = f"connected, producing batch {self.cursor} of epoch {self.epoch}"
-        n = len(self._members())
-        others = f" (and {n - 1} other server(s))" if n > 1 else ""
-        return (
-            f"waiting for pipeline-server at {p.endpoint}{others} for {now - since:.0f} s "
-            f"(giving up after {self.timeout:g} s): {doing}"
-        )
+        and what that server is doing (`liveness.waiting_note`)."""
+        return liveness.waiting_note(self._waiting(), now, since)
 
-    def _unavailable(self, now: float) -> ServerUnavailable:
-        """Why the batch the consumer waits for did not come, naming the server most at fault."""
-        p = self._blocking_peer()
-        t = f"{self.timeout:g}"
-        if not p.ever_connected and p.connect_failures:
-            msg = (
-                f"no pipeline-server answered at {p.endpoint} within {t} s: nothing is listening "
-                "there, every connection was refused (is the port, or the ipc:// path, right? "
-                "pipeline-server says 'serving ... on ENDPOINT' when it starts)"
-            )
-        elif not p.ever_connected:
-            msg = (
-                f"no pipeline-server answered at {p.endpoint} within {t} s: no answer at all, "
-                "the connection never completed (is the host up, and the port open in its "
-                "firewall? is pipeline-server running there?)"
-            )
-        elif not p.connected:
-            msg = (
-                f"pipeline-server at {p.endpoint} went away (last heard "
-                f"{now - p.last_heard:.1f} s ago) and did not come back within {t} s"
-            )
-        elif p.state is S.REFUSED:
-            msg = f"pipeline-server at {p.endpoint} refused this loader for {t} s"
-        elif _busy(p):
-            msg = (
-                f"pipeline-server at {p.endpoint} could not serve this loader for {t} s, for "
-                "a reason it said would clear"
-            )
-        elif p.state is S.BACKING_OFF:
-            msg = f"pipeline-server at {p.endpoint} answered with errors for {t} s"
-        elif p.session is None or not p.session.welcomed:
-            msg = (
-                f"pipeline-server at {p.endpoint} is connected but did not answer the hello "
-                f"within {t} s (is it a pipeline-server speaking protocol "
-                f"v{wire.PROTOCOL_VERSION}?)"
-            )
-        else:
-            msg = (
-                f"pipeline-server at {p.endpoint} is connected but sent no batch for {t} s "
-                f"(waiting for batch {self.cursor} of epoch {self.epoch}, split {self.split!r})"
-            )
-        others = [o for o in self._members() if o is not p]
-        if others:
-            msg += f"; nor did {', '.join(o.endpoint for o in others)} deliver it"
-            refusals = [f"{o.endpoint} refused: {o.refusal}" for o in others if o.refusal]
-            if refusals:
-                msg += f" ({'; '.join(refusals)})"
-        if p.last_error:
-            msg += f"; its last error: {p.last_error}"
-        return ServerUnavailable(p.endpoint, msg)
-
-
-def _busy(p: Peer) -> bool:
-    """Is ``p`` waiting out a ``busy`` refusal (`Fleet._busy`)?"""
-    return p.state is S.BACKING_OFF and p.refusal is not None and p.refusal == p.last_error
-
-
-def _connecting(p: Peer) -> bool:
-    """Is ``p``'s first connection under way (never connected, no attempt refused yet)?"""
-    return (
-        p.state is S.DISCONNECTED
-        and not p.ever_connected
-        and not p.connect_failures
-        and p.in_fleet()
-    )
+    def _waiting(self) -> Waiting:
+        return Waiting(self.peers, self.cursor, self.epoch, self.split, self.timeout)
 
 
 def _welcome_key(w: wire.Welcome) -> dict[str, object]:

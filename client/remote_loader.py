@@ -31,7 +31,7 @@ for the next epoch (``epoch + 1`` from batch 0), so the usual ``set_epoch(epoch 
 its first batches already received instead of waiting for the servers to start. Any other next
 step (another epoch, ``load_state_dict``, iterating the same epoch again) discards those batches
 and asks for what it needs; the position above never counts them. After a long pause between
-epochs (over `fleet.AHEAD_MAX_AGE_S`, e.g. a long validation) the early session is replaced
+epochs (over `speculation.AHEAD_MAX_AGE_S`, e.g. a long validation) the early session is replaced
 rather than trusted, since the server may have dropped it meanwhile. ``prefetch_next_epoch=False``
 turns this off (e.g. a loader whose epochs are not consecutive).
 

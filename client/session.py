@@ -185,7 +185,7 @@ class Peer:
     #: Connection attempts that failed at once (refused) since its last completed one.
     connect_failures: int = 0
     #: Seconds between its batches while it owed some, smoothed (0: none received yet); the
-    #: fleet asks little of a server much slower than the fastest (`fleet.SLOW_PACE_FACTOR`).
+    #: fleet asks little of a server much slower than the fastest (`assignment.SLOW_PACE_FACTOR`).
     pace: float = 0.0
     #: When it last went from owing nothing to owing batches (`pace` counts from there).
     busy_since: float = 0.0
@@ -211,6 +211,23 @@ class Peer:
             self.connected
             and self.in_fleet()
             and self.state not in (*WAITING, SessionState.DRAINING, SessionState.DISCONNECTED)
+        )
+
+    def connecting(self) -> bool:
+        """Is its first connection under way (never connected, no attempt refused yet)?"""
+        return (
+            self.state is SessionState.DISCONNECTED
+            and not self.ever_connected
+            and not self.connect_failures
+            and self.in_fleet()
+        )
+
+    def waits_out_busy(self) -> bool:
+        """Is it waiting out a ``busy`` refusal (one that clears by itself)?"""
+        return (
+            self.state is SessionState.BACKING_OFF
+            and self.refusal is not None
+            and self.refusal == self.last_error
         )
 
     def move(self, event: Event) -> SessionState:
