@@ -204,7 +204,6 @@ class SampleBatch:
     epoch: int
     config: AugmentConfig
     to_read: list[tuple[int, int, int]]  # (slot, requested, attempt): that candidate's bytes
-    planned: list[PlannedSample | None]  # by slot, once planned (the latest plan)
     loaded: list[LoadedSample | None]  # by slot, once decoded
     to_verify: list[_Read] = field(default_factory=list)
     to_plan: list[_Found] = field(default_factory=list)
@@ -357,21 +356,6 @@ class SampleLoader:
         self._run(batch, READ, clock)
         return batch.loaded  # type: ignore[return-value]  # every slot filled, or raised
 
-    def read_and_plan(
-        self,
-        epoch: int,
-        indices: Sequence[int],
-        *,
-        start_attempts: Sequence[int] | None = None,
-        config: AugmentConfig | None = None,
-    ) -> list[PlannedSample]:
-        """read -> verify -> plan only: each index's usable file (substituting bad ones) and
-        its plan, in order; ``start_attempts``: where each index's substitute sequence starts
-        (0: the file itself)."""
-        batch = self._batch(epoch, indices, start_attempts, config)
-        self._run(batch, READ, UNTIMED, stop_at=DECODE)
-        return batch.planned  # type: ignore[return-value]
-
     def substitute(self, epoch: int, sample: LoadedSample) -> LoadedSample:
         """The next substitute of ``sample.requested`` after ``sample``, decoded: for a sample
         that decoded but could not be used (a user transform failed on it). The sample is not
@@ -393,17 +377,14 @@ class SampleLoader:
             epoch=int(epoch),
             config=config or self.config,
             to_read=[(k, int(r), attempts[k]) for k, r in enumerate(indices)],
-            planned=[None] * n,
             loaded=[None] * n,
         )
 
-    def _run(
-        self, batch: SampleBatch, stage: str | None, clock: StageClock, stop_at: str = ""
-    ) -> None:
-        """Run the stages from ``stage`` (each names the next, None at the end) until the
-        batch is done or reaches ``stop_at``."""
+    def _run(self, batch: SampleBatch, stage: str | None, clock: StageClock) -> None:
+        """Run the stages from ``stage`` on (each names the next, None once the batch is
+        done)."""
         steps = {READ: self.read, VERIFY: self.verify, PLAN: self.plan, DECODE: self.decode}
-        while stage is not None and stage != stop_at:
+        while stage is not None:
             clock.enter(stage)
             stage = steps[stage](batch)
 
@@ -441,7 +422,7 @@ class SampleLoader:
 
     def plan(self, batch: SampleBatch) -> str:
         """Stage plan: the augmentation draws of every verified sample (one plan per view of
-        a multi-view config), into ``planned`` and ``to_decode``."""
+        a multi-view config), into ``to_decode``."""
         found, batch.to_plan = batch.to_plan, []
         config = batch.config
         sources = [f[2] for f in found]
@@ -459,7 +440,7 @@ class SampleLoader:
         for (slot, requested, index, attempt, data, header, intact), plan, views in zip(
             found, plans, view_plans, strict=True
         ):
-            planned = PlannedSample(
+            sample = PlannedSample(
                 requested=requested,
                 index=index,
                 data=data,
@@ -471,8 +452,7 @@ class SampleLoader:
                 intact=intact,
                 views=views,
             )
-            batch.planned[slot] = planned
-            batch.to_decode.append((slot, planned))
+            batch.to_decode.append((slot, sample))
         return DECODE
 
     def decode(self, batch: SampleBatch) -> str | None:

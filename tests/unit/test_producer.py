@@ -73,9 +73,9 @@ def produce(ds: ImageDataset, config: AugmentConfig, threads: int, batch: int, s
 def test_batches_match_pil_on_photos(photos: ImageDataset, train: bool, size: int, mean_tol):
     config = AugmentConfig(image_size=size, train=train, output_dtype="uint8")
     producer, [(out, meta, plan)] = produce(photos, config, threads=2, batch=8)
-    planned = producer.samples.read_and_plan(0, plan.indices)
+    loaded = producer.samples.load(0, plan.indices)  # the same samples and plans again
     diffs = []
-    for k, s in enumerate(planned):
+    for k, s in enumerate(loaded):
         expected = pil_expected(photos.paths[s.index], s.plan.box, s.plan.flip, size)
         got = out[k].permute(1, 2, 0).numpy()
         diffs.append(np.abs(got.astype(np.int16) - expected.astype(np.int16)).mean())

@@ -46,7 +46,7 @@ def test_each_stage_fills_the_next_ones_list(folder: ImageDataset) -> None:
         assert loader.verify(batch) == PLAN and len(batch.to_plan) == 2 and not batch.to_read
         assert loader.plan(batch) == DECODE
         assert [slot for slot, _ in batch.to_decode] == [0, 1]
-        assert batch.planned[0] is not None and batch.planned[0].plan == batch.planned[1].plan
+        assert batch.to_decode[0][1].plan == batch.to_decode[1][1].plan
         assert loader.decode(batch) is None  # done
         assert all(s is not None and s.image.shape[2] == 3 for s in batch.loaded)
         assert loader.counts()["replaced_total"] == 0
