@@ -38,7 +38,8 @@ turns this off (e.g. a loader whose epochs are not consecutive).
 Tensor lifetime. On CPU every batch is yours to keep: it is never overwritten while any tensor,
 view or numpy array of it exists (a normalised batch's buffer is recycled only after that,
 ``reuse_buffers``). On CUDA a batch lives in one of a fixed ring of device slots
-(``max(prefetch, #servers) + hold + 1`` of them), and the contract is:
+(``budget + hold + 1`` of them; the budget is ``prefetch`` with one server,
+``max(prefetch, 4 x servers)`` with several), and the contract is:
 
 - **Which stream.** A batch is handed to the *consumer stream*: ``stream=`` if given, else the
   current CUDA stream when the batch is handed out (when ``next()`` returns it). That stream
