@@ -530,7 +530,7 @@ class SampleLoader:
         pool = getattr(self.decoder, "pool", None)
         if pool is None or len(items) <= 1:
             return [fn(item) for item in items]
-        parts = chunked(items, self.decoder.threads)
+        parts = chunked(items, getattr(self.decoder, "threads", 1))
         return [r for part in pool.map(_apply, itertools.repeat(fn), parts) for r in part]
 
     def _read_candidate(
