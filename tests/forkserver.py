@@ -18,7 +18,10 @@ What stays a real exec (`reusable` says why not): anything but this interpreter 
 console scripts; interpreter options other than -m/-c; `preexec_fn`, `pass_fds`, user/group/
 umask changes, `close_fds=False`, a shell; and an environment whose interpreter-start settings
 differ from the fork server's (PYTHON*, LD_*, thread-pool and CUDA variables...), since those
-take effect before any code runs and the fork server has already started. Only third-party
+take effect before any code runs and the fork server has already started. A child's own
+Python children fork here too (torchrun's ranks...): they are the fork server's children, not
+their parent's, and /proc shows the fork server's environment, so a test that looks up a
+process by its parent or its /proc environ is marked `fresh_python`. Only third-party
 libraries are imported ahead: batchwire's own modules are imported by each child, so a variable
 a test sets for batchwire is read as in a fresh process.
 
@@ -67,10 +70,19 @@ _STATUS_UNKNOWN = 255 << 8  # a wait status for a child whose status was lost: e
 TAKEN_AFTER_FORK = ("PYTHONUNBUFFERED", "OMP_NUM_THREADS", "PYTHONWARNINGS")
 
 
+#: Read when used, not at start, though their prefix says otherwise: the variables torchrun
+#: sets for each rank.
+READ_WHEN_USED = ("TORCHELASTIC_", "TORCH_NCCL_")
+
+
 def startup_env(env: Mapping[str, str]) -> dict[str, str]:
     """The part of ``env`` that takes effect only when a process starts (and not after a fork)."""
     return {
-        k: v for k, v in env.items() if k.startswith(STARTUP_PREFIXES) and k not in TAKEN_AFTER_FORK
+        k: v
+        for k, v in env.items()
+        if k.startswith(STARTUP_PREFIXES)
+        and not k.startswith(READ_WHEN_USED)
+        and k not in TAKEN_AFTER_FORK
     }
 
 
@@ -108,11 +120,14 @@ def _launch_spec(
         first = shutil.which(first, path=path) or first
     first = os.path.join(cwd, first)
     if first == executable:
-        if len(argv) >= 3 and argv[1] in ("-m", "-c"):
-            return ("module" if argv[1] == "-m" else "code"), argv[2], list(argv[3:])
-        if len(argv) >= 2 and not argv[1].startswith("-"):
-            script = os.path.join(cwd, argv[1])
-            return ("script", script, list(argv[2:])) if os.path.isfile(script) else None
+        args = list(argv[1:])
+        while args[:1] == ["-u"]:  # unbuffered: the fork server's streams already are
+            args = args[1:]
+        if len(args) >= 2 and args[0] in ("-m", "-c"):
+            return ("module" if args[0] == "-m" else "code"), args[1], args[2:]
+        if args and not args[0].startswith("-"):
+            script = os.path.join(cwd, args[0])
+            return ("script", script, args[1:]) if os.path.isfile(script) else None
         return None
     if os.path.isfile(first) and _shebang_is(first, executable):
         return "script", first, list(argv[1:])
@@ -209,6 +224,7 @@ def _child(request: dict, fds: list[int], close: list[int]) -> None:
         os.environ.clear()
         os.environ.update(request["env"])
         _take_startup_settings(request["env"])
+        ForkClient(request["server"], request["server_env"]).install()  # its children fork too
         sys.orig_argv = [sys.executable, *request["argv"][1:]]
     except BaseException:
         import traceback
@@ -241,6 +257,7 @@ def serve(path: str) -> None:
     Single-threaded, so that forking is safe; SIGCHLD wakes the loop through a pipe."""
     import importlib
 
+    own_env = startup_env(os.environ)
     for name in PRELOAD:
         importlib.import_module(name)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -260,15 +277,21 @@ def serve(path: str) -> None:
         for key, _ in selector.select():
             if key.fileobj is listener:
                 conn, _ = listener.accept()
-                _spawn(conn, children, [listener.fileno(), wake_r, wake_w, selector.fileno()])
+                own = [listener.fileno(), wake_r, wake_w, selector.fileno()]
+                _spawn(conn, children, own, {"server": path, "server_env": own_env})
             else:
                 with suppress(BlockingIOError):
                     os.read(wake_r, 4096)
                 _reap(children)
 
 
-def _spawn(conn: socket.socket, children: dict[int, socket.socket], own_fds: list[int]) -> None:
-    """Read one request from ``conn``, fork its child, answer its pid."""
+def _spawn(
+    conn: socket.socket, children: dict[int, socket.socket], own_fds: list[int], server: dict
+) -> None:
+    """Read one request from ``conn``, fork its child, answer its pid.
+
+    ``server`` (this fork server's socket path and start-up environment) goes to the child,
+    whose own children are then forked here too (torchrun's and Lightning's ranks...)."""
     try:
         message, fds = _recv_request(conn)
     except (OSError, ValueError) as err:
@@ -283,6 +306,7 @@ def _spawn(conn: socket.socket, children: dict[int, socket.socket], own_fds: lis
             os.close(fd)
         conn.close()
         return
+    request.update(server)
     sys.stdout.flush()
     sys.stderr.flush()
     close = [*own_fds, *(c.fileno() for c in children.values()), conn.fileno()]
@@ -345,43 +369,16 @@ def _recv_request(conn: socket.socket) -> tuple[bytes, list[int]]:
 # The test side.
 
 
-class ForkServer:
-    """A running fork server (a child of this process) and the requests it takes."""
+class ForkClient:
+    """What asks a fork server for children: decides, sends the request, counts."""
 
-    def __init__(self, proc: subprocess.Popen, path: str, tmp: tempfile.TemporaryDirectory) -> None:
-        self.proc = proc
+    def __init__(self, path: str, env: Mapping[str, str]) -> None:
         self.path = path
-        self._tmp = tmp
-        self.env = startup_env(os.environ)
+        self.env = dict(env)  # the fork server's start-up environment (`startup_env`)
         self.executable = sys.executable
         self.forked = 0
         self.execd: dict[str, int] = {}
         self._saved_popen: type[subprocess.Popen] | None = None
-
-    @classmethod
-    @contextmanager
-    def start(cls, timeout: float = 120.0) -> Iterator[ForkServer]:
-        """Start one, wait until its imports are done, stop it on exit."""
-        tmp = tempfile.TemporaryDirectory(prefix="bw-forkserver-")
-        path = os.path.join(tmp.name, "fork.sock")
-        proc = subprocess.Popen(
-            [sys.executable, __file__, path],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
-        server = cls(proc, path, tmp)
-        try:
-            line = proc.stdout.readline()  # type: ignore[union-attr]
-            if line.strip() != b"ready":
-                raise RuntimeError(f"fork server did not start (exit {proc.wait(timeout)})")
-            yield server
-        finally:
-            server.uninstall()
-            proc.kill()
-            proc.wait()
-            proc.stdout.close()  # type: ignore[union-attr]
-            tmp.cleanup()
 
     def install(self) -> None:
         """Make `subprocess.Popen` (and so run/check_output/call) fork here when it can."""
@@ -473,10 +470,44 @@ class ForkServer:
         return conn
 
 
+class ForkServer(ForkClient):
+    """A running fork server (a child of this process) and the client that asks it."""
+
+    def __init__(self, proc: subprocess.Popen, path: str, tmp: tempfile.TemporaryDirectory) -> None:
+        super().__init__(path, startup_env(os.environ))
+        self.proc = proc
+        self._tmp = tmp
+
+    @classmethod
+    @contextmanager
+    def start(cls, timeout: float = 120.0) -> Iterator[ForkServer]:
+        """Start one, wait until its imports are done, stop it on exit."""
+        tmp = tempfile.TemporaryDirectory(prefix="bw-forkserver-")
+        path = os.path.join(tmp.name, "fork.sock")
+        proc = subprocess.Popen(
+            [sys.executable, __file__, path],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        server = cls(proc, path, tmp)
+        try:
+            line = proc.stdout.readline()  # type: ignore[union-attr]
+            if line.strip() != b"ready":
+                raise RuntimeError(f"fork server did not start (exit {proc.wait(timeout)})")
+            yield server
+        finally:
+            server.uninstall()
+            proc.kill()
+            proc.wait()
+            proc.stdout.close()  # type: ignore[union-attr]
+            tmp.cleanup()
+
+
 class ForkedPopen(subprocess.Popen):
     """`subprocess.Popen`, started by `fork_server` when `reusable` allows, else as usual."""
 
-    fork_server: ForkServer
+    fork_server: ForkClient
     _status_conn: socket.socket | None = None
     _status_buf = b""
 

@@ -136,3 +136,18 @@ def test_a_dead_fork_server_fails_its_children_s_waits_instead_of_hanging() -> N
         assert proc.wait(10) == 255
         assert time.monotonic() - started < 10
         os.kill(proc.pid, signal.SIGKILL)
+
+
+def test_a_forked_child_s_own_python_children_are_forked_too(
+    fork_server: ForkServer | None,
+) -> None:
+    """torchrun's and Lightning's ranks are children of a child: `-u script`, `-m`, `-c`."""
+    if fork_server is None:
+        pytest.skip("the fork server is off (BATCHWIRE_TEST_FORKSERVER=0)")
+    probe = (
+        "import subprocess, sys\n"
+        "child = [sys.executable, '-u', '-c', \"import sys; print('torch' in sys.modules)\"]\n"
+        "print(subprocess.run(child, capture_output=True, text=True, check=True).stdout, end='')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert done.stdout == "True\n", done.stderr  # torch was there before the grandchild ran

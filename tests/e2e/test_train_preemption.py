@@ -131,6 +131,7 @@ def _rank_pid(torchrun: subprocess.Popen, rank: int) -> int:
 
 
 @pytest.mark.timeout(150)
+@pytest.mark.fresh_python  # finds the rank as torchrun's child, by its environment, in /proc
 def test_usr1_to_one_rank_checkpoints_every_rank_at_the_same_step(tmp_path):
     ckpt = tmp_path / "ckpt"
     with running_server(*SERVER_ARGS) as srv:
