@@ -81,6 +81,7 @@ class Assignment:
         unasked: UnaskedBatches,
         free: int,
         peers: Sequence[Peer],
+        takers: Sequence[Peer],
         *,
         cursor: int,
         epoch: int,
@@ -89,9 +90,9 @@ class Assignment:
     ) -> dict[int, list[int]]:
         """Up to ``free`` of the lowest ``unasked`` batches (of ``epoch``'s pass from sample
         ``start``), taken out of it, by server index: each to its preferred server unless that
-        one is slow, full or not streaming; then fewest outstanding first. ``cursor``: the
-        batch the consumer takes next."""
-        takers = [p for p in peers if p.state is SessionState.STREAMING and not p.retiring]
+        one is slow, full or not streaming; then fewest outstanding first among ``takers`` (the
+        streaming servers of ``peers`` not retiring). ``cursor``: the batch the consumer takes
+        next."""
         asks: dict[int, list[int]] = {}
         if not takers:
             return asks

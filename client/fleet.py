@@ -567,7 +567,8 @@ class Fleet:
         """Ask for the lowest unasked batches while the budget allows: each of its preferred
         server (rendezvous), unless that one is slow or not streaming; then fewest outstanding
         first."""
-        if self.unasked and not any(p.state is S.STREAMING and not p.retiring for p in self.peers):
+        takers = [p for p in self.peers if p.state is S.STREAMING and not p.retiring]
+        if self.unasked and not takers:
             # Lost batches came back, but every live server is busy with the next epoch.
             for p in self.peers:
                 if p.state is S.SPECULATING:
@@ -575,8 +576,9 @@ class Fleet:
             return
         asks = self.assignment.assign(
             self.unasked,
-            self.budget - self._in_use(),
+            self.assignment.budget - self._in_use(),
             self.peers,
+            takers,
             cursor=self.cursor,
             epoch=self.epoch,
             start=self.pass_start,

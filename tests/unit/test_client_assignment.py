@@ -31,6 +31,11 @@ def peers(n: int, state: SessionState = S.STREAMING) -> list[Peer]:
     return out
 
 
+def streaming(fleet: list[Peer]) -> list[Peer]:
+    """The takers: streaming servers not retiring (as `Fleet._refill` passes them)."""
+    return [p for p in fleet if p.state is S.STREAMING and not p.retiring]
+
+
 def assignment(servers: int, prefetch: int = 4) -> Assignment:
     a = Assignment(split="train", rank=0, world_size=1, prefetch=prefetch)
     a.size(servers)
@@ -59,7 +64,7 @@ def test_the_budget_is_prefetch_alone_at_least_four_a_server_in_a_fleet_and_neve
 def test_each_batch_goes_to_its_preferred_server_within_the_free_budget() -> None:
     a, fleet = assignment(2), peers(2)
     u = unasked(12)
-    asks = a.assign(u, 8, fleet, cursor=0, epoch=0, start=0, now=0.0)
+    asks = a.assign(u, 8, fleet, streaming(fleet), cursor=0, epoch=0, start=0, now=0.0)
     candidates = candidates_of(fleet)
     assert sorted(k for ks in asks.values() for k in ks) == list(range(8))
     for i, ks in asks.items():
@@ -71,14 +76,14 @@ def test_a_server_with_its_room_full_passes_batches_to_the_others() -> None:
     a, fleet = assignment(2), peers(2)
     cap = -(-3 * a.budget // 4)
     fleet[0].session.pending.extend(range(100, 100 + cap))  # server 0 holds its 1.5x share
-    asks = a.assign(unasked(12), 4, fleet, cursor=0, epoch=0, start=0, now=0.0)
+    asks = a.assign(unasked(12), 4, fleet, streaming(fleet), cursor=0, epoch=0, start=0, now=0.0)
     assert list(asks) == [1] and asks[1] == [0, 1, 2, 3]
 
 
 def test_a_slow_server_holds_one_batch_the_consumer_needs_late() -> None:
     a, fleet = assignment(2), peers(2)
     fleet[0].pace, fleet[1].pace = 1.0, 1.0 * SLOW_PACE_FACTOR + 0.1
-    asks = a.assign(unasked(40), 8, fleet, cursor=0, epoch=0, start=0, now=0.0)
+    asks = a.assign(unasked(40), 8, fleet, streaming(fleet), cursor=0, epoch=0, start=0, now=0.0)
     assert len(asks.get(1, [])) <= 1
     assert all(k >= a.budget // 2 for k in asks.get(1, []))
     assert len(asks[0]) >= 7
@@ -87,7 +92,8 @@ def test_a_slow_server_holds_one_batch_the_consumer_needs_late() -> None:
 def test_nothing_is_asked_without_a_streaming_server() -> None:
     fleet = peers(2, S.HELLO_SENT)
     u = unasked(12)
-    assert assignment(2).assign(u, 8, fleet, cursor=0, epoch=0, start=0, now=9.0) == {}
+    asks = assignment(2).assign(u, 8, fleet, streaming(fleet), cursor=0, epoch=0, start=0, now=9)
+    assert asks == {}
     assert u.take() == 0  # nothing taken
 
 
@@ -97,10 +103,10 @@ def test_a_batch_waits_for_its_preferred_servers_welcome_within_the_grace() -> N
     late.state, late.last_sent = S.HELLO_SENT, 10.0
     candidates = candidates_of(fleet)
     first_of_1 = next(k for k in range(12) if a.preferred(k, candidates, 0) is late)
-    asks = a.assign(unasked(12), 8, fleet, cursor=0, epoch=0, start=0, now=10.0)
+    asks = a.assign(unasked(12), 8, fleet, streaming(fleet), cursor=0, epoch=0, start=0, now=10.0)
     assert sorted(asks.get(0, [])) == list(range(first_of_1))  # stopped at server 1's first
     assert welcome_due(late, 10.0) and not welcome_due(late, 10.0 + WELCOME_GRACE_S)
-    later = a.assign(unasked(12), 8, fleet, cursor=0, epoch=0, start=0, now=11.0)
+    later = a.assign(unasked(12), 8, fleet, streaming(fleet), cursor=0, epoch=0, start=0, now=11.0)
     assert list(later) == [0] and later[0] == list(range(8))  # past the grace: to the others
 
 
