@@ -304,21 +304,14 @@ class RemoteLoader(IterableDataset):
 
     @property
     def epoch(self) -> int:
-        """The epoch the next pass iterates (`set_epoch`, a restored state, or the advance)."""
+        """The epoch the next pass iterates (`set_epoch`, a restored state, or the advance);
+        read-only: `set_epoch` and `load_state_dict` move it."""
         return self._progress.epoch
-
-    @epoch.setter
-    def epoch(self, epoch: int) -> None:
-        self._progress.epoch = epoch
 
     @property
     def next_batch(self) -> int:
         """The next batch of the epoch to hand out."""
         return self._progress.next_batch
-
-    @next_batch.setter
-    def next_batch(self, k: int) -> None:
-        self._progress.next_batch = k
 
     #: Lightning, having found ``sampler``, reads this too (as it would on a DataLoader).
     batch_sampler = None

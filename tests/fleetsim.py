@@ -3,7 +3,7 @@
 `Shell` plays the receiver (it carries out the core's actions and keeps a reorder buffer of batch
 indices) and the servers (each remembers what its session was asked for and sends it back on
 `serve`); `streaming` is a shell whose servers are all connected and welcomed. Shared by
-test_client_fleet.py and test_rendezvous.py.
+test_client_fleet.py, test_client_session.py and test_rendezvous.py.
 """
 
 from __future__ import annotations
