@@ -21,7 +21,7 @@ protocol; `session.IllegalTransition` is one).
 Fleet composes four parts, each a module of its own with its own unit tests:
 - sessions (`session`): each server's `Peer` and its `SessionState`, moved only by the
   transition table `session.TRANSITIONS`; Fleet opens and ends the sessions (hello, take-back,
-  back-off, adoption) and answers the servers' replies (below).
+  back-off, adoption) and answers the servers' replies (below; `welcomes` checks each welcome).
 - assignment (`assignment.Assignment`): the budget, each batch's preferred server (rendezvous
   hashing) and who has room; a server whose session ends has what it owed taken back
   (`UnaskedBatches`) and handed to the others.
@@ -58,7 +58,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from batchwire import wire
-from batchwire.client import liveness
+from batchwire.client import liveness, welcomes
 from batchwire.client.assignment import Assignment
 from batchwire.client.errors import ProtocolError, ServerError
 from batchwire.client.liveness import Waiting, in_fleet
@@ -632,40 +632,18 @@ class Fleet:
         s = p.session
         if s is None or w.session != s.id:
             return  # the welcome of an older hello
-        asked = self._unlike_the_ask(w)
-        if asked:
-            raise ProtocolError(
-                f"pipeline-server at {p.endpoint} welcomed {asked}: an older server ignores "
-                "batch_size/image_size in the hello; upgrade it, or leave them unset"
-            )
+        welcomes.check(
+            p.endpoint, w, self.welcome, batch_size=self.batch_size, image_size=self.image_size
+        )
         if self.welcome is None:
             self.welcome = w
             self.unasked.set_total(w.num_batches)
             self.unasked_next.set_total(w.num_batches)
-        else:
-            differs = _welcome_differences(w, self.welcome)
-            if differs:
-                raise ProtocolError(
-                    f"pipeline-server at {p.endpoint} serves batches unlike the first server "
-                    f"it talked to: {differs}; all servers of one loader must be "
-                    "started with the same data and options"
-                )
         s.welcomed = True
         p.refusal, p.refusal_streak = None, 0
         if p.state is S.HELLO_SENT:
             p.move(E.WELCOMED)
             self._refill(now)
-
-    def _unlike_the_ask(self, w: wire.Welcome) -> str:
-        """How ``w`` differs from the batch size and image size the hello asked for ("" if
-        it does not): a server that ignored them would stream batches the trainer did not ask
-        for, silently."""
-        if self.batch_size is not None and w.shape[0] != self.batch_size:
-            return f"batches of {w.shape[0]} where {self.batch_size} were asked for"
-        if self.image_size is not None and tuple(w.shape[2:]) != tuple(self.image_size):
-            h, w_ = self.image_size
-            return f"{w.shape[2]}x{w.shape[3]} px batches where {h}x{w_} were asked for"
-        return ""
 
     def _on_error(self, p: Peer, e: wire.ErrorReply, now: float) -> None:
         s = p.session
@@ -783,40 +761,3 @@ class Fleet:
 
     def _waiting(self) -> Waiting:
         return Waiting(self.peers, self.cursor, self.epoch, self.split, self.timeout)
-
-
-def _welcome_key(w: wire.Welcome) -> dict[str, object]:
-    """What must match across a loader's servers, by welcome field: batches differing in any
-    of it would mix (``mix_fingerprint``: two mixes of equal counts still draw differently)."""
-    return {
-        "num_batches": w.num_batches,
-        "num_samples": w.num_samples,
-        "shape": tuple(w.shape),
-        "dtype": w.dtype,
-        "layout": w.layout,
-        "num_classes": w.num_classes,
-        "classes": tuple(w.classes),
-        "views": tuple(map(tuple, w.views)),
-        "label_width": w.label_width,
-        "mix_fingerprint": w.mix_fingerprint,
-    }
-
-
-def _welcome_differences(theirs: wire.Welcome, mine: wire.Welcome) -> str:
-    """The fields of `_welcome_key` in which ``theirs`` differs from ``mine``, each as
-    "NAME X vs Y"; "" when none does."""
-    a, b = _welcome_key(theirs), _welcome_key(mine)
-    return ", ".join(
-        f"{name} {_shown(name, a[name])} vs {_shown(name, b[name])}"
-        for name in a
-        if a[name] != b[name]
-    )
-
-
-def _shown(name: str, value: object) -> str:
-    """A welcome field's value for a mismatch message (a class list, maybe long, by count)."""
-    if name == "classes":
-        return f"[{len(value)} names]"  # type: ignore[arg-type]
-    if name == "mix_fingerprint":
-        return str(value) or "(not a mix)"
-    return str(value)
