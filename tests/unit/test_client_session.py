@@ -129,3 +129,25 @@ def test_a_connection_dropped_while_idle_is_disconnected_and_gets_no_hello() -> 
     shell.connect()
     shell.tick()
     assert len(shell.hellos(0)) == 1 and shell.state(0) is S.HELLO_SENT
+
+
+CORES = ("fleet", "_progress")  # the shells' names for their cores
+
+
+def test_the_shells_write_no_attribute_of_the_core() -> None:
+    """receiver.py and remote_loader.py tell the core (``fleet``, ``_progress``) by its events
+    and requests: no assignment reaches into it."""
+    writes = []
+    for name in ("receiver.py", "remote_loader.py"):
+        path = CLIENT / name
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            targets = node.targets if isinstance(node, ast.Assign) else []
+            targets += [node.target] if isinstance(node, ast.AnnAssign | ast.AugAssign) else []
+            for t in targets:
+                for leaf in t.elts if isinstance(t, ast.Tuple) else [t]:
+                    inner = leaf.value if isinstance(leaf, ast.Attribute | ast.Subscript) else None
+                    while isinstance(inner, ast.Attribute | ast.Subscript):
+                        if isinstance(inner, ast.Attribute) and inner.attr in CORES:
+                            writes.append(f"{name}:{node.lineno}")
+                        inner = inner.value
+    assert writes == []
