@@ -124,6 +124,12 @@ def digest(root: Path) -> str:
     return h.hexdigest()
 
 
+def _is_interval_index(segment: tuple[int, bytes]) -> bool:
+    """An APP9 segment with the interval index's signature (native/csrc/jpeg_index.h)."""
+    marker, payload = segment
+    return marker == 0xE9 and payload.startswith(b"batchwire-intervals\0")
+
+
 def assert_prepared(src: Path, dst: Path, corrupt: set[str] = frozenset()) -> int:
     """DST holds SRC's files: sound JPEGs rewritten losslessly, everything else verbatim.
     Returns how many were rewritten."""
@@ -135,7 +141,10 @@ def assert_prepared(src: Path, dst: Path, corrupt: set[str] = frozenset()) -> in
             assert after[rel] == original, rel
             continue
         layout = assert_restart_layout(after[rel], interval=None)
-        assert layout.app_and_com() == parse_jpeg(original).app_and_com(), rel
+        # The original's APPn and COM segments, plus one: the interval index (APP9) prepare adds.
+        kept = [seg for seg in layout.app_and_com() if not _is_interval_index(seg)]
+        assert kept == parse_jpeg(original).app_and_com(), rel
+        assert len(layout.app_and_com()) == len(kept) + 1, f"{rel}: no interval index"
         np.testing.assert_array_equal(pil_pixels(after[rel]), pil_pixels(original), rel)
         rewritten += 1
     assert not [p for p in dst.rglob(f"{TMP_PREFIX}*")], "temporaries left in DST"
