@@ -7,7 +7,9 @@ JPEG of the restart intervals under the crop's reach (`region.reach_region`) plu
 `EDGE_MARGIN`, with the header and box re-expressed in it. Whatever decodes it then reads only
 the crop's share of the entropy-coded data, and produces the same crop pixels as from the
 whole file. A request it cannot narrow (no restart layout, not a JPEG, extension unavailable)
-comes back unchanged.
+comes back unchanged. The cut finds the intervals from the interval index pipeline-prepare writes
+into each file (native/csrc/jpeg_index.h) where it agrees with the file, else by scanning the
+file for its restart markers (files prepared before the index; about twice the cut's CPU).
 """
 
 from __future__ import annotations
