@@ -182,6 +182,22 @@ inline std::string read_index(const std::uint8_t* data, std::size_t size, const 
   return "";
 }
 
+// Whether `out`'s index gives the intervals the scan found in the file it was made from (the
+// same lengths: the offsets moved with the header). Fill bytes before a marker, which libjpeg
+// never writes, would make them differ; such a file gets no index.
+inline bool reads_back(const std::vector<std::uint8_t>& out, const RestartLayout& scanned) {
+  RestartLayout back;
+  HeaderWalk walk;
+  if (walk_header(out.data(), out.size(), &walk) != 1 || walk.index_at == 0) return false;
+  if (!parse_header_only(out.data(), walk.scan_at, &back).empty()) return false;
+  if (!read_index(out.data(), out.size(), walk, &back).empty()) return false;
+  if (back.begin.size() != scanned.begin.size()) return false;
+  for (std::size_t k = 0; k < back.begin.size(); ++k) {
+    if (back.end[k] - back.begin[k] != scanned.end[k] - scanned.begin[k]) return false;
+  }
+  return true;
+}
+
 }  // namespace index_detail
 
 // Fills `out` from the file's interval index and returns "" when the file has an index that
@@ -233,7 +249,8 @@ inline std::vector<std::uint8_t> with_interval_index(const std::uint8_t* data, s
     const std::size_t next = k + 1 < n ? layout.begin[k + 1] : layout.end[k];
     write_varint(static_cast<std::uint32_t>(next - layout.begin[k]), &index);
   }
-  if (index.size() > kMaxPayload) {  // too many intervals: an empty index (see jpeg_index.h)
+  const bool recorded = index.size() <= kMaxPayload;
+  if (!recorded) {  // too many intervals for one segment: an empty index (the file comment)
     index.resize(kSignatureSize + 1);
     write_varint(0, &index);
   }
@@ -260,6 +277,10 @@ inline std::vector<std::uint8_t> with_interval_index(const std::uint8_t* data, s
   out.push_back(static_cast<std::uint8_t>(length & 0xFF));
   out.insert(out.end(), index.begin(), index.end());
   out.insert(out.end(), data + walk.sos_at, data + layout.end.back() + 2);
+  if (recorded && !reads_back(out, layout)) {
+    *why = "the index does not read back (fill bytes before a marker?)";
+    return {};
+  }
   return out;
 }
 

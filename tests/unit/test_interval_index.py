@@ -284,3 +284,32 @@ def test_random_damage_to_the_index_never_changes_the_picture():
                 assert got in ("error", intact[region]), trial
                 jpeg_roi.crop_bitstream(bad, *region)  # no crash
     assert used == 0  # only the exact index agrees with the file
+
+
+def test_too_many_intervals_for_one_segment_give_an_empty_index():
+    """A 2048 x 2056 greyscale file with a restart after every 8 x 8 block: 65,792 intervals,
+    more than one APP9 segment can list. It gets an index that records none (so a rerun of
+    pipeline-prepare sees the file as done), and is read by the scan."""
+    grey = np.random.default_rng(9).integers(0, 256, (2056, 2048), dtype=np.uint8)
+    out = io.BytesIO()
+    Image.fromarray(grey).save(out, "JPEG", quality=50, restart_marker_blocks=1)
+    plain = out.getvalue()
+    assert jpeg_roi.restart_layout(plain)[0]["intervals"] == 65792
+    indexed = jpeg_roi.with_interval_index(plain)
+    assert entries_of(indexed) == [0]
+    assert jpeg_roi.has_interval_index(indexed) is True and not jpeg_roi.index_agrees(indexed)
+    region = (1000, 700, 1100, 900)
+    assert outcome(indexed, region, 2) == outcome(plain, region, 2)
+    assert jpeg_roi.crop_bitstream(indexed, *region) == jpeg_roi.crop_bitstream(plain, *region)
+
+
+def test_fill_bytes_before_a_marker_get_no_index():
+    """0xFF fill bytes before a restart marker or EOI are legal but never written by libjpeg; the
+    index would not give the scan's intervals there, so the file is refused an index rather than
+    given a wrong one (and the EOI is never cut off)."""
+    plain = pil_restart_jpeg(noise(32, 32, seed=10), "420")
+    rst = plain.index(b"\xff\xd0")
+    for filled in (plain[:rst] + b"\xff" + plain[rst:], plain[:-2] + b"\xff\xff\xd9"):
+        assert jpeg_roi.restart_layout(filled)[0] is not None
+        with pytest.raises(ValueError, match="does not read back"):
+            jpeg_roi.with_interval_index(filled)
