@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 
 import pytest
+from batchwire.native.build import cache_root
 from batchwire.pipeline.augment_plan import AugmentConfig
 from batchwire.pipeline.checksums import (
     CHECKSUMS_MANIFEST,
@@ -156,6 +157,8 @@ def bad_count(root: Path, **options: object) -> dict[str, int]:
 def test_local_loader_catches_a_bit_flip_every_decoder_accepts(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str
 ) -> None:
+    # A private cache for the dataset's index, the suite's native builds (no 30 s rebuild).
+    monkeypatch.setenv("BATCHWIRE_NATIVE_CACHE", str(cache_root()))
     monkeypatch.setenv("BATCHWIRE_CACHE", str(tmp_path / "cache"))
     src = tree(tmp_path / "src", photos(6))
     if how == "prepared":
