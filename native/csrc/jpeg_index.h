@@ -145,7 +145,7 @@ inline std::string parse_header_only(const std::uint8_t* data, std::size_t scan_
 
 // Fills begin/end from the index's varints and checks them against the file (the file comment).
 inline std::string read_index(const std::uint8_t* data, std::size_t size, const HeaderWalk& walk,
-                       RestartLayout* out) {
+                              RestartLayout* out) {
   const std::uint8_t* p = data + walk.index_at + kSignatureSize;
   const std::uint8_t* const end = data + walk.index_end;
   if (*p++ != kVersion) return "interval index: unknown version";
@@ -213,14 +213,13 @@ inline std::string layout_from_index(const std::uint8_t* data, std::size_t size,
   return read_index(data, size, walk, out);
 }
 
-// The restart layout by the index where it is usable, else by the scan (`find_restart_layout`,
-// whose `damaged` rule then applies). `*indexed` says which one gave it.
-inline std::string find_layout_fast(const std::uint8_t* data, std::size_t size, RestartLayout* out,
-                             bool* damaged, bool* indexed) {
-  using namespace index_detail;
-  *indexed = layout_from_index(data, size, out).empty();
-  if (*indexed) {
-    *damaged = false;
+// The restart layout by the index where it agrees with the file, else by the scan
+// (`find_restart_layout`, whose optional `damaged` then applies: an index that agrees is a sound
+// structure). The same layout either way; `layout_from_index` alone tells whether it is indexed.
+inline std::string find_layout_fast(const std::uint8_t* data, std::size_t size,
+                                    RestartLayout* out, bool* damaged = nullptr) {
+  if (layout_from_index(data, size, out).empty()) {
+    if (damaged != nullptr) *damaged = false;
     return "";
   }
   *out = RestartLayout{};
@@ -231,7 +230,7 @@ inline std::string find_layout_fast(const std::uint8_t* data, std::size_t size, 
 // header dropped: pipeline-prepare's transcoder copies the source's APPn segments), or "" plus
 // why not in `why` when the file has no restart layout the scan can find.
 inline std::vector<std::uint8_t> with_interval_index(const std::uint8_t* data, std::size_t size,
-                                              std::string* why) {
+                                                     std::string* why) {
   using namespace index_detail;
   RestartLayout layout;
   *why = find_restart_layout(data, size, &layout);

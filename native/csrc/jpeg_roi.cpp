@@ -251,10 +251,10 @@ bool check_stream(const unsigned char* data, std::size_t size, char* message,
 bool check_restart_layout(const unsigned char* data, std::size_t size,
                           batchwire_jpeg::RestartLayout* layout, bool* entered, char* message,
                           std::size_t message_size, bool use_index) {
-  bool damaged = false, indexed = false;
-  const std::string why =
-      use_index ? batchwire_jpeg::find_layout_fast(data, size, layout, &damaged, &indexed)
-                : batchwire_jpeg::find_restart_layout(data, size, layout, &damaged);
+  bool damaged = false;
+  const std::string why = use_index
+                              ? batchwire_jpeg::find_layout_fast(data, size, layout, &damaged)
+                              : batchwire_jpeg::find_restart_layout(data, size, layout, &damaged);
   *entered = why.empty();
   if (damaged) {
     std::snprintf(message, message_size, "Corrupt JPEG data: restart intervals: %s",
@@ -380,12 +380,9 @@ void check_jpeg(const py::buffer& data) {
 py::tuple restart_layout(const py::buffer& data) {
   const py::buffer_info info = contiguous_bytes(data);
   batchwire_jpeg::RestartLayout layout;
-  bool damaged = false, indexed = false;
-  std::string why = batchwire_jpeg::find_layout_fast(static_cast<const std::uint8_t*>(info.ptr),
-                                                     static_cast<std::size_t>(info.size),
-                                                     &layout, &damaged, &indexed);
+  std::string why = batchwire_jpeg::find_layout_fast(
+      static_cast<const std::uint8_t*>(info.ptr), static_cast<std::size_t>(info.size), &layout);
   if (!why.empty()) return py::make_tuple(py::none(), why);
-  (void)indexed;  // the same layout either way: `index_agrees` tells which
   py::dict d;
   d["height"] = layout.height;
   d["width"] = layout.width;
@@ -448,9 +445,7 @@ py::object crop_bitstream(const py::buffer& data, long long y0, long long x0, lo
     // The interval index, where pipeline-prepare wrote one that agrees with the file, spares
     // that scan (jpeg_index.h).
     py::gil_scoped_release release;
-    bool damaged = false, indexed = false;
-    if (batchwire_jpeg::find_layout_fast(bytes, static_cast<std::size_t>(info.size), &layout,
-                                         &damaged, &indexed)
+    if (batchwire_jpeg::find_layout_fast(bytes, static_cast<std::size_t>(info.size), &layout)
             .empty()) {
       rect = batchwire_jpeg::context_rect(layout, y0, x0, y1, x1);
       cut = rect.row1 > rect.row0 && rect.col1 > rect.col0;
