@@ -653,7 +653,7 @@ def test_next_epoch_batches_asked_early_go_to_their_preferred_server() -> None:
         (early,) = [h for h in shell.hellos(i) if h.epoch == 1]
         assert early.batches and all(preferred_of_all(shell, k, 1) == i for k in early.batches)
         mine = [k for k in range(NUM_BATCHES) if preferred_of_all(shell, k, 1) == i]
-        assert list(early.batches) == mine[: shell.fleet.assignment.share]  # its lowest, share of them
+        assert list(early.batches) == mine[: shell.fleet.assignment.share]  # its lowest share
 
 
 def test_a_header_with_another_label_width_is_a_protocol_error() -> None:
