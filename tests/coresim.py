@@ -31,6 +31,7 @@ from batchwire.server.core import (
     TrimBuffers,
 )
 from batchwire.server.jobs import Job, JobResult
+from batchwire.server.sessions import ClientSession
 from batchwire.server.telemetry import Telemetry
 from batchwire.wire import ErrorReply, Hello
 from fakeclock import FakeClock
@@ -171,7 +172,25 @@ class Server:
         return [s.header.batch_index for s in self.sends if s.identity == identity]
 
     def holding(self, identity: bytes) -> int:
-        return self.core._holding(self.core.sessions[identity])
+        return self.core.lender.holding(self.core.sessions[identity])
+
+
+def session(
+    identity: bytes = b"a",
+    *,
+    asked: tuple[int, ...] = (),
+    depth: int = 4,
+    now: float = 0.0,
+    **hello: object,
+) -> ClientSession:
+    """A session of the core's parts' unit tests: a hello of split train (``hello``: other
+    fields), its batches ``asked`` at ``now``, work-ahead ``depth``."""
+    fields = dict(split="train", rank=0, world_size=1, epoch=0, batches=asked, session=1)
+    h = Hello(**{**fields, **hello})  # type: ignore[arg-type]
+    sampler = split_info().sampler(BATCH, 0, h.rank, h.world_size)
+    s = ClientSession(identity, h, sampler, depth, now)
+    assert s.ask(h.batches, now) is None
+    return s
 
 
 def error_of(reply) -> ErrorReply:

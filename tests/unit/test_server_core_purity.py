@@ -15,6 +15,11 @@ SERVER = Path(__file__).resolve().parents[2] / "server"
 # The core and its parts, and the data that crosses to the producers.
 CORE = (
     "core.py",
+    "actions.py",
+    "admission.py",
+    "lending.py",
+    "scheduling.py",
+    "housekeeping.py",
     "sessions.py",
     "jobs.py",
     "sharing.py",

@@ -1,0 +1,281 @@
+"""Scheduling and sharing: which session's batch starts next, joined or produced, and sending.
+
+Part of the server's core (core.py, no I/O). Each turn (`schedule`): the `Scheduler`
+(sessions.py) offers the session whose turn it is, lowest rank first (`Lender.rank`, set here
+as data before it asks); this part checks it may start its next batch (`_may_take`: joining a
+production already lent costs the budget nothing, anything else needs a producer slot, its
+turn if it is in debt, and `Lender.may_lend`) and either joins that batch's `Production`
+(sharing.py: in production, or done and still held or in the share window) or submits a new
+one. `send_ready` sends what is ready, in the order asked, at most --prefetch-depth batches of a
+peer in ZeroMQ's hands. A production's buffer goes back when its last reference goes and the
+window lets it go (`unref`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from batchwire.server.actions import Action, Release, SendBatch, Submit
+from batchwire.server.admission import SplitInfo
+from batchwire.server.budget import BufferBudget
+from batchwire.server.config import ServerConfig
+from batchwire.server.delivery import Deliveries
+from batchwire.server.jobs import BatchOrder
+from batchwire.server.lending import DEBTOR_EVERY_S, Lender, Lending
+from batchwire.server.peers import PeerLedger
+from batchwire.server.sessions import ClientSession, ReadyBatch, Scheduler
+from batchwire.server.sharing import BatchKey, Production, SharedBatches
+from batchwire.wire import BatchHeader, BatchSpec
+
+
+class Scheduling:
+    """Starts, joins and sends the sessions' batches (see the module doc)."""
+
+    def __init__(
+        self,
+        config: ServerConfig,
+        spec: BatchSpec,
+        splits: Mapping[str, SplitInfo],
+        sessions: Mapping[bytes, ClientSession],
+        by_serial: Mapping[int, ClientSession],
+        budget: BufferBudget,
+        deliveries: Deliveries,
+        peers: PeerLedger,
+        shared: SharedBatches,
+        lender: Lender,
+        share_samples: bool,
+        now: float,
+    ) -> None:
+        self.config = config
+        self.spec = spec
+        self.splits = splits
+        self.sessions = sessions  # the core's, read only here
+        self.by_serial = by_serial
+        self.budget = budget
+        self.deliveries = deliveries
+        self.peers = peers
+        self.shared = shared
+        self.lender = lender
+        self.share_samples = share_samples  # orders go through the producers' sample window
+        self.scheduler = Scheduler()
+        # Jobs submitted whose result has not come back: one in production and one queued per
+        # producer at most, so a job never waits long behind others for a client that left.
+        self.jobs_out = 0
+        self.max_jobs = 2 * config.producers
+        self.buffers_used_at = now  # last time a buffer was lent
+        self._debtor_started_at = -DEBTOR_EVERY_S  # the last job started for a client in debt
+        self._served_from_window = False
+
+    # ------------------------------------------------------------------------- starting
+
+    def schedule(self, now: float) -> list[Action]:
+        """Start every batch the sessions may start now; then, if some were served at once
+        from the window, send those this turn too."""
+        actions = self._start_batches(now)
+        if self._served_from_window:  # batches ready at once: out this turn, not next
+            self._served_from_window = False
+            actions += self.send_ready(now)
+        return actions
+
+    def _start_batches(self, now: float) -> list[Action]:
+        sessions = self.sessions.values()
+        lending = self.lender.lending(sessions, now)
+        debtors_limited = self.lender.good_standing_busy(sessions, now)
+        for s in sessions:  # what the scheduler ranks by, as data
+            if s.has_room():
+                s.rank = self.lender.rank(s)
+        actions: list[Action] = []
+        refused: set[bytes] = set()  # may not start a batch now (asked again after a start)
+        while True:
+            session = self.scheduler.next(self.sessions, refused)  # type: ignore[arg-type]
+            if session is None:
+                break
+            if not self._may_take(session, lending, debtors_limited, now):
+                refused.add(session.identity)
+                continue
+            self.scheduler.served()
+            refused.clear()  # a start can let another join it, or change whose turn it is
+            p = self._next_production(session)
+            pos, batch_index = session.take_next()
+            if p is not None:
+                self._join(session, p, pos, batch_index, now)
+                continue
+            actions += self._produce(session, pos, batch_index, now)
+        return actions
+
+    def _produce(
+        self, session: ClientSession, pos: int, batch_index: int, now: float
+    ) -> list[Action]:
+        """A new production of the session's batch: a buffer lent, one `Submit`."""
+        key = self._key(session, batch_index)
+        room = self.shared.make_room(self.budget.held, self.budget.max_buffers)
+        actions: list[Action] = [Release(s) for s in room]
+        self.budget.lend()
+        self.jobs_out += 1
+        self.buffers_used_at = now
+        p = self.shared.start(key, session.serial, pos, batch_index)
+        p.peers.add(session.identity)
+        if not self.lender.in_good_standing(session):
+            self._debtor_started_at = now
+        if self.shared.enabled:
+            session.sharing = "lagging" if self.shared.lagging(key) else "solo"
+        h = session.hello
+        order = BatchOrder(
+            split=h.split,
+            sampler=session.sampler,
+            epoch=h.epoch,
+            batch_index=batch_index,
+            session_serial=session.serial,
+            pos=pos,
+            queued_at=now,
+            production=p.id,
+            spec=None if session.spec is self.spec else session.spec,
+            share_samples=self.share_samples,
+        )
+        actions.append(Submit(order))
+        return actions
+
+    def _may_take(
+        self, session: ClientSession, lending: Lending, debtors_limited: bool, now: float
+    ) -> bool:
+        """May the session start its next batch? Joining a buffer already lent costs the
+        budget nothing (only the session's own work-ahead, `has_room`, bounds it); anything
+        else needs a buffer: a producer slot too for a new production (for a client in debt,
+        while ``debtors_limited``, not before its turn, `_debtors_wait`), and `may_lend`."""
+        p = self._next_production(session)
+        if not self.shared.costs_a_buffer(p):
+            return not self.lender.not_reading(session, now)
+        if p is None and self.jobs_out >= self.max_jobs:
+            return False
+        if p is None and debtors_limited and self._debtors_wait(session, now):
+            return False
+        clients = len(self.sessions)
+        return not self.budget.full and self.lender.may_lend(session, lending, clients, now)
+
+    def _debtors_wait(self, session: ClientSession, now: float) -> bool:
+        """Must this session, if in debt, wait for its next job? Those in debt start one job
+        every `DEBTOR_EVERY_S` between them (while a client in good standing is busy)."""
+        if self.lender.in_good_standing(session):
+            return False
+        return now - self._debtor_started_at < DEBTOR_EVERY_S
+
+    # ------------------------------------------------------------------------- sharing
+
+    def _key(self, session: ClientSession, k: int) -> BatchKey | None:
+        h = session.hello
+        if h.start_sample:  # a resumed pass (elastic): its batch k is not the epoch's: unshared
+            return None
+        spec = self.spec_of(session)
+        size = None if spec is self.spec else (spec.batch_size, spec.height, spec.width)
+        return self.shared.key(h.split, h.epoch, h.rank, h.world_size, k, size)
+
+    def _next_production(self, session: ClientSession) -> Production | None:
+        """The production the session's next batch would join (None: produce it anew)."""
+        if not self.shared.enabled:
+            return None
+        return self.shared.find(self._key(session, session.batches[session.next_pos]))
+
+    def _join(self, session: ClientSession, p: Production, pos: int, k: int, now: float) -> None:
+        """The session's batch ``k`` is production ``p``'s: wait for it, or take it now."""
+        session.sharing = "shared"
+        p.peers.add(session.identity)
+        leader = self.by_serial.get(p.leader)
+        if leader is not None and leader is not session:
+            leader.sharing = "shared"
+        if not p.done:
+            p.waiters.append((session.serial, pos, k))
+            return
+        if self.shared.join_done(p):  # an idle window buffer: lent again
+            self.budget.lend()
+            self.buffers_used_at = now
+        session.completed(pos, self.ready(p, k))
+        self._served_from_window = True
+
+    def ready(self, p: Production, k: int) -> ReadyBatch:
+        """A session's ready batch of production ``p`` (its own batch index ``k``)."""
+        assert p.slot is not None and p.labels is not None
+        return ReadyBatch(
+            batch_index=k,
+            slot=p.slot,
+            labels=p.labels,
+            indices=p.indices,
+            replaced=p.replaced,
+            produce_s=p.produce_s,
+            done_at=p.done_at,
+            production=p.id,
+        )
+
+    def unref(self, production: int) -> list[Action]:
+        """A session let go of a shared buffer: back to the budget once nobody holds it."""
+        returned, slots = self.shared.unref(production)
+        if returned:
+            self.budget.returned()
+        return [Release(s) for s in slots]
+
+    # ------------------------------------------------------------------------- sending
+
+    def spec_of(self, session: ClientSession) -> BatchSpec:
+        return session.spec if session.spec is not None else self.spec
+
+    def send_ready(self, now: float) -> list[Action]:
+        actions: list[Action] = []
+        for session in self.sessions.values():
+            # At most --prefetch-depth batches of a peer in ZeroMQ's hands: a peer that asks
+            # for many and reads none pins no more (memory is bounded by the server's setting).
+            room = self.config.prefetch_depth - self.deliveries.held(session.identity)
+            for batch in session.pop_sendable(room):
+                actions.append(self._send(session, batch, now))
+        return actions
+
+    def _send(self, session: ClientSession, batch: ReadyBatch, now: float) -> SendBatch:
+        h = session.hello
+        spec = self.spec_of(session)
+        p = self.shared.get(batch.production)
+        split = self.splits[h.split]
+        header = BatchHeader(
+            session=h.session,
+            split=h.split,
+            epoch=h.epoch,
+            batch_index=batch.batch_index,
+            shape=spec.shape,
+            dtype=spec.dtype,
+            layout=spec.layout,
+            indices=batch.indices,
+            replaced=batch.replaced,
+            nbytes=spec.nbytes,
+            views=[list(v) for v in spec.views],
+            label_width=split.label_width,
+            metadata=split.batch_metadata(batch.indices) if h.metadata else None,
+            shared=self._shared_with_another(p, session),
+        )
+        resent = False
+        if p is not None:
+            p.sends += 1
+            resent = p.sends > 1
+        session.meter.add(spec.batch_size, now)
+        session.progress_at = now
+        self.peers.sent(session.identity)
+        ticket = self.deliveries.sent(
+            session.identity, batch.slot, session.serial, now, production=batch.production
+        )
+        return SendBatch(
+            session.identity,
+            header,
+            batch.slot,
+            batch.labels,
+            ticket,
+            spec.batch_size,
+            spec.nbytes + header.labels_nbytes,
+            resent,
+            now - batch.done_at,
+        )
+
+    def _shared_with_another(self, p: Production | None, session: ClientSession) -> bool:
+        """Is production ``p`` also another connected client's (`BatchHeader.shared`)? One
+        that waited for it or joined it and still has a session: a loader's own earlier socket
+        (a probe closed before its trainer connected, a restarted process) is gone and shares
+        nothing with it. A client that asked first and was sent the batch before a later one
+        joined it from the window is not told: what a trainer counts is a lower bound."""
+        if p is None:
+            return False
+        return any(peer != session.identity and peer in self.sessions for peer in p.peers)
