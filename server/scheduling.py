@@ -1,10 +1,11 @@
 """Scheduling and sharing: which session's batch starts next, joined or produced, and sending.
 
-Part of the server's core (core.py, no I/O). Each turn (`schedule`): the `Scheduler`
-(sessions.py) offers the session whose turn it is, lowest rank first (`Lender.rank`, set here
-as data before it asks); this part checks it may start its next batch (`_may_take`: joining a
-production already lent costs the budget nothing, anything else needs a producer slot, its
-turn if it is in debt, and `Lender.may_lend`) and either joins that batch's `Production`
+Part of the server's core (core.py, no I/O). Each turn (`schedule`), round-robin over the
+sessions (`RoundRobin`: every client gets its share of the producers), the lowest rank first
+(`Lender.rank`: clients in good standing, then the least indebted), the first session with room
+that may start its next batch (`_may_take`: joining a production already lent costs the budget
+nothing, anything else needs a producer slot, its turn if it is in debt, and
+`Lender.may_lend`) either joins that batch's `Production`
 (sharing.py: in production, or done and still held or in the share window) or submits a new
 one. `send_ready` sends what is ready, in the order asked, at most --prefetch-depth batches of a
 peer in ZeroMQ's hands. A production's buffer goes back when its last reference goes and the
@@ -13,6 +14,7 @@ window lets it go (`unref`).
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Mapping
 
 from batchwire.server.actions import Action, Release, SendBatch, Submit
@@ -23,9 +25,29 @@ from batchwire.server.delivery import Deliveries
 from batchwire.server.jobs import BatchOrder
 from batchwire.server.lending import DEBTOR_EVERY_S, Lender, Lending
 from batchwire.server.peers import PeerLedger
-from batchwire.server.sessions import ClientSession, ReadyBatch, Scheduler
+from batchwire.server.sessions import ClientSession, ReadyBatch
 from batchwire.server.sharing import BatchKey, Production, SharedBatches
 from batchwire.wire import BatchHeader, BatchSpec
+
+
+class RoundRobin:
+    """The order sessions take turns in: whoever starts a batch goes to the back, and those
+    passed over before it with it; one that may not start now keeps its place."""
+
+    def __init__(self) -> None:
+        self.order: deque[bytes] = deque()
+
+    def add(self, identity: bytes) -> None:
+        if identity not in self.order:
+            self.order.append(identity)
+
+    def remove(self, identity: bytes) -> None:
+        if identity in self.order:
+            self.order.remove(identity)
+
+    def served(self, at: int) -> None:
+        """The session at place ``at`` started a batch: it and those before it go back."""
+        self.order.rotate(-(at + 1))
 
 
 class Scheduling:
@@ -57,7 +79,7 @@ class Scheduling:
         self.shared = shared
         self.lender = lender
         self.share_samples = share_samples  # orders go through the producers' sample window
-        self.scheduler = Scheduler()
+        self.scheduler = RoundRobin()
         # Jobs submitted whose result has not come back: one in production and one queued per
         # producer at most, so a job never waits long behind others for a client that left.
         self.jobs_out = 0
@@ -81,20 +103,11 @@ class Scheduling:
         sessions = self.sessions.values()
         lending = self.lender.lending(sessions, now)
         debtors_limited = self.lender.good_standing_busy(sessions, now)
-        for s in sessions:  # what the scheduler ranks by, as data
-            if s.has_room():
-                s.rank = self.lender.rank(s)
         actions: list[Action] = []
-        refused: set[bytes] = set()  # may not start a batch now (asked again after a start)
         while True:
-            session = self.scheduler.next(self.sessions, refused)  # type: ignore[arg-type]
+            session = self._next(lending, debtors_limited, now)
             if session is None:
                 break
-            if not self._may_take(session, lending, debtors_limited, now):
-                refused.add(session.identity)
-                continue
-            self.scheduler.served()
-            refused.clear()  # a start can let another join it, or change whose turn it is
             p = self._next_production(session)
             pos, batch_index = session.take_next()
             if p is not None:
@@ -102,6 +115,27 @@ class Scheduling:
                 continue
             actions += self._produce(session, pos, batch_index, now)
         return actions
+
+    def _next(self, lending: Lending, debtors_limited: bool, now: float) -> ClientSession | None:
+        """The session to start a batch now, or None: of those with room that may start one
+        (`_may_take`), the lowest rank, and of one rank the first in turn; it (and those passed
+        over before it) go to the back of the order."""
+        best: ClientSession | None = None
+        best_rank = best_at = 0
+        for at, identity in enumerate(self.scheduler.order):
+            session = self.sessions.get(identity)
+            if session is None or not session.has_room():
+                continue
+            r = self.lender.rank(session)
+            if best is not None and r >= best_rank:
+                continue
+            if self._may_take(session, lending, debtors_limited, now):
+                best, best_rank, best_at = session, r, at
+                if r <= 0:
+                    break
+        if best is not None:
+            self.scheduler.served(best_at)
+        return best
 
     def _produce(
         self, session: ClientSession, pos: int, batch_index: int, now: float

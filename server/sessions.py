@@ -15,10 +15,9 @@ memory live here:
 
 from __future__ import annotations
 
-from collections import deque
-from collections.abc import Container, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
-from itertools import islice
+from enum import IntEnum
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -32,6 +31,57 @@ if TYPE_CHECKING:
 
 # The per-client figure of the stats row: as the server's own throughput, over a few seconds.
 CLIENT_RATE_WINDOW_S = 5.0
+
+
+class SessionState(IntEnum):
+    """Where a session is in its life: ``OPEN`` from its welcome, ``CLOSED`` once dropped (a
+    bye, a new hello, its peer gone, silent or stalled, a drain, shutdown)."""
+
+    OPEN = 0
+    CLOSED = 1
+
+
+class SessionEvent(IntEnum):
+    """What happens to a session (the method that makes it happen)."""
+
+    ASK = 0  # `ask`: batches asked for (a hello's, a credit's)
+    TAKE = 1  # `take_next`: its next batch goes into production (or joins one)
+    COMPLETE = 2  # `completed`: a batch of it is ready
+    ABANDON = 3  # `abandoned`: a producer gave up on one
+    SEND = 4  # `pop_sendable`: a ready batch goes out
+    CLOSE = 5  # `drain`: dropped
+
+
+#: The session's state machine (h11's `_state.py` is the model): state -> event -> next state.
+#: An event missing here is a bug of the core's: `next_state` raises on it. A closed
+#: session takes no event (the core forgets it as it closes it).
+TRANSITIONS: dict[SessionState, dict[SessionEvent, SessionState]] = {
+    SessionState.OPEN: {
+        SessionEvent.ASK: SessionState.OPEN,
+        SessionEvent.TAKE: SessionState.OPEN,
+        SessionEvent.COMPLETE: SessionState.OPEN,
+        SessionEvent.ABANDON: SessionState.OPEN,
+        SessionEvent.SEND: SessionState.OPEN,
+        SessionEvent.CLOSE: SessionState.CLOSED,
+    },
+    SessionState.CLOSED: {},
+}
+
+
+_OPEN = SessionState.OPEN  # `has_room` runs per session per loop turn: one global read
+
+
+class IllegalSessionEvent(RuntimeError):
+    """An event the session's state does not take (`TRANSITIONS`)."""
+
+
+def next_state(state: SessionState, event: SessionEvent) -> SessionState:
+    """The state after ``event`` in ``state``; raises `IllegalSessionEvent` where the table
+    has no such transition."""
+    try:
+        return TRANSITIONS[state][event]
+    except KeyError:
+        raise IllegalSessionEvent(f"{event.name} in state {state.name}") from None
 
 
 @dataclass
@@ -80,7 +130,7 @@ class ClientSession:
         self.in_production = 0
         self.sent = 0
         self._finished: dict[int, ReadyBatch] = {}  # position -> batch, out of order
-        self.closed = False
+        self.state = SessionState.OPEN
         self.loader_stats: LoaderReport | None = None  # its last credit's, as the server read it
         self.opened_at = now
         self.last_seen = now  # any message
@@ -98,13 +148,14 @@ class ClientSession:
         # (produced for it alone so far), "shared" (one buffer with another session's batch),
         # "lagging" (produced again: it asked after the window let the batch go).
         self.sharing = "off"
-        # Its place in the scheduler's order (`Scheduler.next`): 0 for a client in good
-        # standing, else its debt (server/peers.py); set by the core before it schedules.
-        self.rank = 0
 
     @property
     def id(self) -> str:
         return self.identity.hex()
+
+    @property
+    def closed(self) -> bool:
+        return self.state is SessionState.CLOSED
 
     @property
     def ready(self) -> int:
@@ -129,6 +180,7 @@ class ClientSession:
         Out-of-range or repeated indices, or more owed than the client may ask at once
         (`wire.MAX_PREFETCH`), are refused whole: a correct client never sends them.
         """
+        self.state = next_state(self.state, SessionEvent.ASK)
         bad = [k for k in batches if not 0 <= k < self.num_batches or k in self._asked]
         if bad:
             return (
@@ -146,13 +198,14 @@ class ClientSession:
     def has_room(self) -> bool:
         """May the scheduler start another batch for this session?"""
         return (
-            not self.closed
+            self.state is _OPEN
             and self.next_pos < len(self.batches)
             and self.in_production + self.ready < self.prefetch_depth
         )
 
     def take_next(self) -> tuple[int, int]:
         """Reserve the next batch to produce: returns (position, batch_index)."""
+        self.state = next_state(self.state, SessionEvent.TAKE)
         pos = self.next_pos
         self.next_pos += 1
         self.in_production += 1
@@ -160,17 +213,20 @@ class ClientSession:
 
     def completed(self, pos: int, batch: ReadyBatch) -> None:
         """A producer finished position ``pos`` (the caller checked the session is open)."""
+        self.state = next_state(self.state, SessionEvent.COMPLETE)
         self.in_production -= 1
         self._finished[pos] = batch
 
     def abandoned(self) -> None:
         """A producer gave up on a batch of this session (error or shutdown)."""
+        self.state = next_state(self.state, SessionEvent.ABANDON)
         self.in_production -= 1
 
     def pop_sendable(self, limit: int) -> Iterator[ReadyBatch]:
         """Yield the batches finished in the order asked, at most ``limit``."""
         while limit > 0 and self.send_pos in self._finished:
             limit -= 1
+            self.state = next_state(self.state, SessionEvent.SEND)
             batch = self._finished.pop(self.send_pos)
             self.send_pos += 1
             self.sent += 1
@@ -178,7 +234,7 @@ class ClientSession:
 
     def drain(self) -> list[ReadyBatch]:
         """Close the session and return its queued batches so their buffers can be released."""
-        self.closed = True
+        self.state = next_state(self.state, SessionEvent.CLOSE)
         out = list(self._finished.values())
         self._finished.clear()
         return out
@@ -204,86 +260,3 @@ class ClientSession:
             job=h.job,
             sharing=self.sharing,
         )
-
-
-class Scheduler:
-    """Round-robin over sessions with room, so every client gets its share of the producers;
-    the lower ``rank`` first (the core sets it: a client's debt, server/peers.py).
-
-    It calls nothing of the core: the core asks `next` for the session it would serve, checks
-    that session may start a batch (the buffer budget), and either says `served` or asks again
-    with that session among those to ``skip``.
-    """
-
-    def __init__(self) -> None:
-        self._order: deque[bytes] = deque()
-        self._offered_at = -1  # `next`'s answer's place in the order, for `served`
-        self._offered_rank = 0
-
-    def add(self, identity: bytes) -> None:
-        if identity not in self._order:
-            self._order.append(identity)
-
-    def remove(self, identity: bytes) -> None:
-        if identity in self._order:
-            self._order.remove(identity)
-            self._offered_at = -1
-
-    def next(
-        self, sessions: dict[bytes, ClientSession], skip: Container[bytes] = ()
-    ) -> ClientSession | None:
-        """The session to serve next, or None: of the sessions with room and not in ``skip``
-        (those the core found may not start a batch now), the lowest rank, and of one rank the
-        first after the last one served.
-
-        Asked again after a refusal (no `served` between), it goes on from the refused one
-        rather than from the start: one pass over the order per rank, not per refusal.
-        """
-        if self._offered_at < 0:
-            found = self._scan(sessions, skip, 0, None)
-        else:  # the refused one's rank after it first, then the next rank up
-            rank = self._offered_rank
-            found = self._scan(sessions, skip, self._offered_at + 1, rank, only=True)
-            if found is None:
-                found = self._scan(sessions, skip, 0, rank)
-        if found is None:
-            self._offered_at = -1
-            return None
-        self._offered_at, self._offered_rank = found[1], found[0].rank
-        return found[0]
-
-    def _scan(
-        self,
-        sessions: dict[bytes, ClientSession],
-        skip: Container[bytes],
-        start: int,
-        rank: int | None,
-        only: bool = False,
-    ) -> tuple[ClientSession, int] | None:
-        """From ``start``: the first session of ``rank`` (``only``), or the first of the
-        lowest rank above ``rank`` (None: of any rank)."""
-        best: ClientSession | None = None
-        best_rank = best_at = 0
-        for at, identity in enumerate(islice(self._order, start, None), start):
-            session = sessions.get(identity)
-            if session is None or identity in skip or not session.has_room():
-                continue
-            r = session.rank
-            if only:
-                if r == rank:
-                    return session, at
-                continue
-            if rank is not None and r <= rank:
-                continue
-            if best is None or r < best_rank:
-                best, best_rank, best_at = session, r, at
-                if r <= 0:
-                    break
-        return None if best is None else (best, best_at)
-
-    def served(self) -> None:
-        """The session `next` offered starts a batch: it, and those passed over before it, go
-        to the back of the order."""
-        if self._offered_at >= 0:
-            self._order.rotate(-(self._offered_at + 1))
-            self._offered_at = -1

@@ -10,7 +10,7 @@ from batchwire.server.config import ServerConfig
 from batchwire.server.delivery import Deliveries
 from batchwire.server.lending import Lender
 from batchwire.server.peers import PeerLedger
-from batchwire.server.scheduling import Scheduling
+from batchwire.server.scheduling import RoundRobin, Scheduling
 from batchwire.server.sessions import ClientSession
 from batchwire.server.sharing import SharedBatches
 from coresim import BATCH, FakeSlot, session, split_info
@@ -93,3 +93,31 @@ def test_send_ready_leaves_at_most_prefetch_depth_with_zeromq() -> None:
         t.finish(order, now=0.0)
     assert len(t.part.send_ready(0.0)) == 2  # --prefetch-depth 2 in ZeroMQ's hands
     assert t.part.send_ready(0.0) == []  # until the peer takes them
+
+
+def test_round_robin_moves_the_served_and_those_passed_over_to_the_back() -> None:
+    rr = RoundRobin()
+    for identity in (b"a", b"b", b"c", b"a"):
+        rr.add(identity)  # once each
+    assert list(rr.order) == [b"a", b"b", b"c"]
+    rr.served(1)  # b started a batch; a was passed over
+    assert list(rr.order) == [b"c", b"a", b"b"]
+    rr.remove(b"a")
+    assert list(rr.order) == [b"c", b"b"]
+
+
+def test_a_client_in_debt_goes_after_those_in_good_standing() -> None:
+    t = Part(producers=1)
+    debtor = t.add(b"d", (0, 1, 2, 3), 1)
+    peers = t.part.peers
+    peers.opened(b"d", debtor.hello, 0.0)
+    for _ in range(4):  # sent its batches, never a credit; then asks them all again
+        peers.sent(b"d")
+    debtor.send_pos = 4
+    peers.closed(b"d", finished=True)
+    debtor = t.add(b"d", (0, 1, 2, 3), 1)
+    peers.opened(b"d", debtor.hello, 0.0)
+    t.add(b"g", (0, 1, 2, 3), 2)
+    assert not t.part.lender.in_good_standing(debtor)
+    orders = [a.order for a in t.part.schedule(0.0) if isinstance(a, Submit)]
+    assert [o.session_serial for o in orders] == [2, 2]  # the producers' two jobs: g's

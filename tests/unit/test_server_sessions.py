@@ -1,10 +1,11 @@
-"""ClientSession bookkeeping: asked-for batches in order, bounded work-ahead and sending,
-and round-robin scheduling (the invariants that bound server memory and keep clients fair)."""
+"""ClientSession bookkeeping: asked-for batches in order, bounded work-ahead and sending (the
+invariants that bound server memory); its state machine: test_server_session_state.py; the
+round-robin over sessions: test_server_scheduling.py."""
 
 from __future__ import annotations
 
 from batchwire.pipeline.sampler import ShardSampler
-from batchwire.server.sessions import ClientSession, ReadyBatch, Scheduler
+from batchwire.server.sessions import ClientSession, ReadyBatch
 from batchwire.wire import MAX_PREFETCH, ClientRow, Hello, LoaderReport
 
 ANY = 1 << 30  # no limit from unread batches
@@ -84,57 +85,6 @@ def test_drain_closes_and_returns_queued_batches():
     s.completed(pos, _batch(k))
     assert [b.batch_index for b in s.drain()] == [0]
     assert s.closed and not s.has_room() and s.ready == 0
-
-
-def test_scheduler_round_robin_skips_full_streams():
-    streams = {i: _stream(i, asked=range(10), depth=2) for i in (b"a", b"b", b"c")}
-    sched = Scheduler()
-    for i in streams:
-        sched.add(i)
-    order = []
-    while (s := sched.next(streams)) is not None:
-        sched.served()
-        s.take_next()
-        order.append(s.identity)
-    assert order == [b"a", b"b", b"c", b"a", b"b", b"c"]
-    sched.remove(b"b")
-    pos_a = streams[b"a"]
-    pos_a.completed(0, _batch(0))
-    list(pos_a.pop_sendable(ANY))
-    assert sched.next(streams) is pos_a  # only a has room again
-    sched.served()
-    assert sched.next(streams) is pos_a
-    assert sched.next(streams, skip={b"a"}) is None  # refused: nobody else has room
-
-
-def test_scheduler_serves_lower_ranks_first_and_equal_ranks_in_turn():
-    """The core's rank is a client's debt (server/peers.py): the least indebted go first."""
-    streams = {i: _stream(i, asked=range(10), depth=3) for i in (b"a", b"b", b"c", b"d")}
-    for identity, rank in {b"a": 5, b"b": 0, b"c": 2, b"d": 0}.items():
-        streams[identity].rank = rank  # data the core sets, not a function of the core
-    sched = Scheduler()
-    for i in streams:
-        sched.add(i)
-    order = []
-    while (s := sched.next(streams)) is not None:
-        sched.served()
-        s.take_next()
-        order.append(s.identity)
-    assert order == [b"b", b"d", b"b", b"d", b"b", b"d", b"c", b"c", b"c", b"a", b"a", b"a"]
-
-
-def test_scheduler_skips_what_the_core_refused_and_keeps_its_place():
-    """A session the core found may not start a batch (``skip``) keeps its turn: the next
-    one is offered, and once served only those before it move to the back."""
-    streams = {i: _stream(i, asked=range(10), depth=3) for i in (b"a", b"b", b"c")}
-    sched = Scheduler()
-    for i in streams:
-        sched.add(i)
-    assert sched.next(streams, skip={b"a"}) is streams[b"b"]
-    sched.served()
-    assert sched.next(streams) is streams[b"c"]
-    sched.served()
-    assert sched.next(streams) is streams[b"a"]  # a kept its place ahead of b
 
 
 def test_row_is_the_stats_schema_row_with_the_last_loader_report():
