@@ -43,7 +43,7 @@ from batchwire.server.core import (
     TrimBuffers,
 )
 from batchwire.server.footprint import expected_rss_statement, median_pixels, resident_mib
-from batchwire.server.jobs import Job
+from batchwire.server.jobs import Job, JobResult
 from batchwire.server.memory import gpu_memory_statement, host_memory_statement
 from batchwire.server.router_socket import RouterSocket, check_ipc_endpoint
 from batchwire.server.security import bind_policy
@@ -532,18 +532,29 @@ class ServerApp:
         while not self.producers.results.empty():
             result = self.producers.results.get_nowait()
             self._cancels.pop(result.job.order.production, None)
-            if result.ok:
-                order = result.job.order
-                self.telemetry.add_produced((order.spec or self.spec).batch_size)
             # Before the core sees a failure: bad files found by a batch that failed count too.
-            new_bad = self._bad_files.update(self._sample_loaders)
-            if new_bad:
-                self.telemetry.add_bad(new_bad)
-            if self._transforms:
-                self.telemetry.set_transform_errors(sum(t.errors_total for t in self._transforms))
-            if self.samples is not None:
-                self.telemetry.set_samples(self.samples.reused_total)
+            self._record(result)
             self._carry_out(self.core.on_result(result, time.monotonic()))
+
+    def _record(self, result: JobResult) -> None:
+        """What a finished (or failed) job tells the telemetry: the shell's one hook for the
+        producers' figures (the batch produced, its `BatchStats`: seconds per stats row and
+        its decoder's fallback total), and the totals the loop reads of the splits."""
+        if result.ok:
+            order = result.job.order
+            self.telemetry.add_produced((order.spec or self.spec).batch_size)
+        stats = result.stats
+        if stats is not None:
+            for row, seconds in stats.seconds.items():
+                self.telemetry.observe_stage(row, seconds)
+            self.telemetry.set_fallbacks(stats.decoder, stats.fallbacks)
+        new_bad = self._bad_files.update(self._sample_loaders)
+        if new_bad:
+            self.telemetry.add_bad(new_bad)
+        if self._transforms:
+            self.telemetry.set_transform_errors(sum(t.errors_total for t in self._transforms))
+        if self.samples is not None:
+            self.telemetry.set_samples(self.samples.reused_total)
 
     def _release_sent(self) -> None:
         """Tell the core of batches whose frames ZeroMQ no longer holds (never blocks)."""

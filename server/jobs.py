@@ -19,6 +19,7 @@ import numpy as np
 from batchwire.pipeline.sampler import ShardSampler
 
 if TYPE_CHECKING:
+    from batchwire.pipeline.stages import BatchStats
     from batchwire.server.bufpool import Slot
     from batchwire.wire import BatchSpec
 
@@ -88,6 +89,8 @@ class JobResult:
     "cancelled" (the session was gone: nobody is told). ``public``, where the producer knows
     why in words that hold no path, URL or secret (most reads denied: credentials expired?),
     is shown to the clients too, so that a trainer's log says why and not only the error's type.
+    ``stats``: the batch's figures (seconds per stats row, its decoder's fallback total), which
+    the shell records (`ServerApp._record`); None where the producer reported none.
     """
 
     job: Job
@@ -98,6 +101,7 @@ class JobResult:
     error: str | None = None
     reason: str = "failed"
     public: str | None = None
+    stats: BatchStats | None = None
 
     @property
     def ok(self) -> bool:
