@@ -129,17 +129,30 @@ class ImageDataset:
         dataset (a mix: its part, `pipeline.sources.mix`)."""
         return 0, len(self.paths)
 
-    def read_many(self, indices: Sequence[int]) -> list[bytes | OSError | None] | None:
+    @property
+    def read_ahead_batches(self) -> int:
+        """How many upcoming batches' samples `read_many` may read along (0: it reads none:
+        local files, any source but tar shards in a bucket; `pipeline.storage.readahead`)."""
+        return int(getattr(self.reader, "ahead_batches", 0))
+
+    def read_many(
+        self, indices: Sequence[int], epoch: int | None = None, upcoming: Sequence[int] = ()
+    ) -> list[bytes | OSError | None] | None:
         """The bytes of several samples read together (an object store keeps many requests
         in flight: `pipeline.storage`), a failed one as its OSError; None when the source
         reads one sample at a time (local files: the sample loader reads each on the
         decoder's threads), and a None entry for a sample to read alone (a mix's local
-        part). A source offers it through `reader.read_many`."""
+        part). A source offers it through `reader.read_many`. ``epoch`` and ``upcoming``
+        (the samples of the epoch's next batches, in order) let a source that reads ahead
+        (`read_ahead_batches`) read them along and have them ready for their batch."""
         many = getattr(self.reader, "read_many", None)
         if many is None:
             return None
         n = len(self.paths)
-        return many([int(i) % n for i in indices])
+        wanted = [int(i) % n for i in indices]
+        if epoch is None or not self.read_ahead_batches:
+            return many(wanted)
+        return many(wanted, epoch, [int(i) % n for i in upcoming])
 
     def checksum_problem(self, i: int, data: bytes) -> str | None:
         """Why `data` is not what the checksum manifest recorded for sample `i`, or None (also

@@ -78,6 +78,7 @@ from batchwire.pipeline.decode import (
 )
 from batchwire.pipeline.decode.cpu import chunked
 from batchwire.pipeline.image_dataset import ImageDataset
+from batchwire.pipeline.sampler import BatchPlan, ShardSampler
 from batchwire.pipeline.stages import DECODE, PLAN, READ, UNTIMED, VERIFY, StageClock
 
 log = logging.getLogger("batchwire.pipeline")
@@ -193,6 +194,21 @@ class LoadedSample:
 _Read = tuple[int, int, int, int, bytes]
 #: A verified one: (slot, requested, index, attempt, bytes, header, intact).
 _Found = tuple[int, int, int, int, bytes, ImageHeader, bool]
+#: The samples of the next (at most) k batches of the epoch, batch after batch: `next_batches`.
+Upcoming = Callable[[int], Sequence[Sequence[int]]]
+
+
+def next_batches(sampler: ShardSampler, plan: BatchPlan) -> Upcoming:
+    """What `SampleLoader.load` may read along for batch ``plan`` of ``sampler``'s stream:
+    the samples of its next batches of the same epoch (the sampler is a pure function of its
+    stream, so they are known now). Cheap until asked: a source that reads nothing ahead never
+    calls it."""
+
+    def upcoming(k: int) -> list[np.ndarray]:
+        last = min(plan.batch_index + 1 + int(k), sampler.num_batches)
+        return [sampler.plan(plan.epoch, b).indices for b in range(plan.batch_index + 1, last)]
+
+    return upcoming
 
 
 @dataclass
@@ -209,6 +225,9 @@ class SampleBatch:
     to_plan: list[_Found] = field(default_factory=list)
     to_decode: list[tuple[int, PlannedSample]] = field(default_factory=list)
     tries: int = 0  # transient decode failures retried so far
+    # The epoch's next batches' samples, given how many batches: what the first read may read
+    # along (`Upcoming`); None once read, and for a substitute's batch.
+    upcoming: Upcoming | None = None
 
 
 def _apply(fn: Callable[[Any], Any], chunk: Sequence) -> list:
@@ -348,11 +367,14 @@ class SampleLoader:
         *,
         config: AugmentConfig | None = None,
         clock: StageClock = UNTIMED,
+        upcoming: Upcoming | None = None,
     ) -> list[LoadedSample]:
         """read -> verify -> plan -> decode: one LoadedSample per index, in order (``config``:
         another output size's, `BatchProducer.config_at`; ``clock``: the batch's, told each
-        stage it enters)."""
+        stage it enters; ``upcoming``: the epoch's next batches (`next_batches`), whose
+        samples a source that reads ahead reads along with these: never what is loaded)."""
         batch = self._batch(epoch, indices, None, config)
+        batch.upcoming = upcoming
         self._run(batch, READ, clock)
         return batch.loaded  # type: ignore[return-value]  # every slot filled, or raised
 
@@ -396,7 +418,10 @@ class SampleLoader:
         (reading releases the GIL); where the dataset reads many samples at once (an object
         store), the first candidates are fetched together first (module doc)."""
         jobs, batch.to_read = batch.to_read, []
-        fetched = self._fetch([(requested, attempt) for _, requested, attempt in jobs])
+        upcoming, batch.upcoming = batch.upcoming, None
+        fetched = self._fetch(
+            [(requested, attempt) for _, requested, attempt in jobs], batch.epoch, upcoming
+        )
 
         def read_one(job: tuple[int, int, int]) -> _Read:
             slot, requested, attempt = job
@@ -649,10 +674,13 @@ class SampleLoader:
         subs = substitute_candidates(self.seed, requested - lo, self.max_attempts, hi - lo)
         return lo + subs
 
-    def _fetch(self, jobs: Sequence[tuple[int, int]]) -> dict[tuple[int, int], bytes | OSError]:
+    def _fetch(
+        self, jobs: Sequence[tuple[int, int]], epoch: int = 0, upcoming: Upcoming | None = None
+    ) -> dict[tuple[int, int], bytes | OSError]:
         """The first candidates of `jobs` ((requested, attempt) pairs) read in one batched
         call where the dataset has one (`ImageDataset.read_many`); {} where it has not (local
-        files) or for candidates already known bad."""
+        files) or for candidates already known bad. ``upcoming``: the next batches, whose
+        samples (not known bad) the call reads along where the dataset reads ahead."""
         read_many = getattr(self.dataset, "read_many", None)
         if read_many is None or not jobs:
             return {}
@@ -669,11 +697,21 @@ class SampleLoader:
         if not wanted:
             return {}
         unique = sorted(set(wanted.values()))
-        got = read_many(unique)
+        ahead = self.dataset.read_ahead_batches if upcoming is not None else 0
+        if ahead and upcoming is not None:
+            got = read_many(unique, epoch, self._readable(upcoming(ahead)))
+        else:
+            got = read_many(unique)
         if got is None:  # the source reads one sample at a time
             return {}
         by_index = dict(zip(unique, got, strict=True))
         return {job: by_index[index] for job, index in wanted.items()}
+
+    def _readable(self, batches: Sequence[Sequence[int]]) -> list[int]:
+        """The samples of ``batches``, in order, less those known bad (their substitutes are
+        read when their batch comes)."""
+        with self._lock:
+            return [int(i) for b in batches for i in b if int(i) not in self._bad]
 
 
 def _span(dataset: ImageDataset, index: int) -> int:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +36,8 @@ from batchwire.pipeline.sources.shardsets import (
 )
 from batchwire.pipeline.sources.tarindex import ShardIndex, cached_index
 from batchwire.pipeline.storage import ObjectInfo
+from batchwire.pipeline.storage.objects import ObjectStore
+from batchwire.pipeline.storage.readahead import ReadAhead
 
 log = logging.getLogger("batchwire.pipeline")
 #: Problems named one by one in the log; the rest are counted.
@@ -60,6 +62,14 @@ class TarReader:
     sizes: np.ndarray  # int64
     members: list[str] | None = None  # per sample: its image member's name in its shard
     shard_sizes: np.ndarray | None = None  # int64 per shard, as indexed
+    # Members read for upcoming batches (`storage.readahead`): shards in a bucket only (a
+    # local read costs no request, so it reads nothing ahead).
+    ahead: ReadAhead | None = None
+
+    @property
+    def ahead_batches(self) -> int:
+        """How many upcoming batches a read may take members of (0: none)."""
+        return 0 if self.ahead is None else self.ahead.batches
 
     def sample_keys(self) -> SampleKeys:
         """Checksum-manifest names ("SHARD:MEMBER"), with each shard's size and the member's
@@ -79,7 +89,40 @@ class TarReader:
             raise got
         return got
 
-    def read_many(self, indices: Sequence[int]) -> list[bytes | OSError]:
+    def read_many(
+        self, indices: Sequence[int], epoch: int | None = None, upcoming: Sequence[int] = ()
+    ) -> list[bytes | OSError]:
+        """Several samples (`_read`); with ``epoch`` and ``upcoming`` (the next batches'
+        samples, in order) where this reader reads ahead, the members already read for this
+        batch are taken from `ahead` (or awaited there) and the read takes along the upcoming
+        members that lie in the shards it reads, in the same coalesced requests."""
+        if self.ahead is None or epoch is None:
+            return self._read(indices)
+        claim = self.ahead.claim(epoch, indices, upcoming, self._size, self._in_shards_of)
+        got: dict[int, bytes | OSError] = dict(claim.taken)
+        fetched: dict[int, bytes | OSError] = {}
+        try:
+            wanted = claim.fetch + claim.along
+            if wanted:
+                fetched = dict(zip(wanted, self._read(wanted), strict=True))
+        finally:
+            self.ahead.settle(claim, fetched)
+        got.update((i, fetched[i]) for i in claim.fetch)
+        got.update(self.ahead.await_claimed(claim))
+        rest = [i for i in dict.fromkeys(int(i) for i in indices) if i not in got]
+        if rest:  # awaited members whose read-along failed as a whole
+            got.update(zip(rest, self._read(rest), strict=True))
+        return [got[int(i)] for i in indices]
+
+    def _size(self, i: int) -> int:
+        return int(self.sizes[i])
+
+    def _in_shards_of(self, indices: Sequence[int]) -> Callable[[int], bool]:
+        """Whether a sample lies in one of the shards of ``indices``."""
+        shards = set(self.shard_of[np.asarray(indices, dtype=np.int64)].tolist())
+        return lambda i: int(self.shard_of[i]) in shards
+
+    def _read(self, indices: Sequence[int]) -> list[bytes | OSError]:
         """Several samples, their ranges grouped by shard: one `read_ranges` per shard, all
         shards at once where the store has `read_ranges_many` (an object store keeps them in
         flight together); a failed shard read is the error of each of its samples, a short
@@ -250,6 +293,7 @@ def open_tar(located: Located, cache_dir: str | os.PathLike[str]) -> ImageDatase
         np.concatenate([ix.sizes for ix in indexes]),
         members,
         np.asarray([info.size for info in infos], dtype=np.int64),
+        ahead=ReadAhead() if isinstance(located.store, ObjectStore) else None,
     )
     return ImageDataset(
         paths=names,

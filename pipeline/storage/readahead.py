@@ -1,0 +1,191 @@
+"""Members read for batches still to come, held until their batch takes them.
+
+A shuffled batch of 50 holds about 7 members of each 16 MB shard, ~2 MB apart: too far apart
+to share a GET (`coalesce`), so a batch costs ~31 GETs. The sampler knows the next batches of
+the epoch (a pure function of seed, epoch, rank, world size, batch size), so a batch's read can
+take along the members of the next few batches that lie in the shards it reads: 8 batches'
+members per shard are ~0.3 MB apart and share GETs (5 GETs per 50 images instead of 37 in the
+simulation of bench/RESULTS.md, at no more bytes per image). Those members wait here until
+their batch comes.
+
+`ReadAhead` is that waiting room, one per split (a tar split's `TarReader` holds it):
+
+- bounded: members held plus members in flight for later batches never exceed `budget`
+  bytes (sizes are known from the shard index before a byte is read); a member that does not
+  fit is not read along (its batch reads it), and room is made by dropping the oldest held
+  members first (leftovers of an earlier window that no batch took);
+- shared: a member in flight for a later batch is awaited by that batch's producer thread,
+  never fetched twice; the reader settles its fetch before it waits for anyone's, so no two
+  threads wait on each other;
+- short-lived: a member is dropped once taken, and everything held when a newer epoch's batch
+  reads (the next epoch's order is another permutation).
+
+What is held is what the read returned, an error included: a member that failed while read
+along is still its own batch's failed read (a counted bad sample there, a transient error
+retried there). Nothing here judges bytes: the sample loader verifies them as any read's.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+#: Bytes one split may hold for upcoming batches (held and in flight together).
+DEFAULT_BUDGET = 48 << 20
+#: Upcoming batches whose members a read takes along (the simulation's 8: ~5 GETs per batch
+#: of 50 on 16 MB shards); the budget may cut the window shorter.
+DEFAULT_BATCHES = 8
+
+Got = bytes | OSError
+
+
+class _Flight:
+    """A member being read along by one thread; others wait on `done`."""
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+
+
+@dataclass
+class Claim:
+    """One read's share of the work (`ReadAhead.claim`): `taken`, own members found held;
+    `fetch`, own members this read must get; `along`, upcoming members it reads too (its
+    flights); `waits`, own members in flight for another read, to await."""
+
+    epoch: int
+    taken: dict[int, Got] = field(default_factory=dict)
+    fetch: list[int] = field(default_factory=list)
+    along: list[int] = field(default_factory=list)
+    waits: dict[int, _Flight] = field(default_factory=dict)
+
+
+class ReadAhead:
+    """Members (by sample index) read for upcoming batches: see the module doc.
+
+    Counters (`counters()`): `taken` members a batch found here (held or awaited), `along`
+    members read for a later batch, `dropped` members read along that no batch took (evicted
+    for room, or their epoch passed), `held_bytes` / `flight_bytes` now."""
+
+    def __init__(self, budget: int = DEFAULT_BUDGET, batches: int = DEFAULT_BATCHES) -> None:
+        if budget < 0 or batches < 0:
+            raise ValueError(f"read-ahead budget and batches must be >= 0: {budget}, {batches}")
+        self.budget = int(budget)
+        self.batches = int(batches)
+        self._lock = threading.Lock()
+        self._epoch = -1
+        self._held: OrderedDict[int, tuple[Got, int]] = OrderedDict()  # oldest first
+        self._held_bytes = 0
+        self._flights: dict[int, tuple[_Flight, int]] = {}  # index -> (flight, bytes)
+        self._flight_bytes = 0
+        self._taken = self._along = self._dropped = 0
+
+    def counters(self) -> dict[str, int]:
+        with self._lock:
+            return {
+                "taken": self._taken,
+                "along": self._along,
+                "dropped": self._dropped,
+                "held_bytes": self._held_bytes,
+                "flight_bytes": self._flight_bytes,
+            }
+
+    def claim(
+        self,
+        epoch: int,
+        own: Iterable[int],
+        upcoming: Sequence[int],
+        size: Callable[[int], int],
+        along_with: Callable[[Sequence[int]], Callable[[int], bool]],
+    ) -> Claim:
+        """Split the read of ``own`` (this batch's members) of ``epoch``: members held are
+        taken, members in flight awaited, the rest fetched. When something is fetched,
+        ``upcoming`` members (the next batches', in order) that ``along_with(fetch)`` accepts
+        (e.g. those in the shards the fetch reads) and that are neither held nor in flight
+        are read along while they fit the budget; only a batch of the newest epoch reads
+        along (a newer epoch first drops what is held)."""
+        claim = Claim(int(epoch))
+        with self._lock:
+            if claim.epoch > self._epoch:
+                self._epoch = claim.epoch
+                self._drop(list(self._held))
+            for i in dict.fromkeys(int(i) for i in own):
+                if i in self._held:
+                    claim.taken[i] = self._take(i)
+                elif i in self._flights:
+                    claim.waits[i] = self._flights[i][0]
+                else:
+                    claim.fetch.append(i)
+            if claim.fetch and claim.epoch == self._epoch and upcoming:
+                self._plan_along(claim, upcoming, size, along_with(claim.fetch))
+        return claim
+
+    def _plan_along(
+        self,
+        claim: Claim,
+        upcoming: Sequence[int],
+        size: Callable[[int], int],
+        wanted: Callable[[int], bool],
+    ) -> None:
+        """The members ``claim`` reads along: in order, while they fit (lock held)."""
+        mine = set(claim.fetch)
+        for i in dict.fromkeys(int(i) for i in upcoming):
+            if i in mine or i in self._held or i in self._flights or not wanted(i):
+                continue
+            n = int(size(i))
+            if not self._room(n):
+                break  # the window ends here: later members are later batches'
+            self._flights[i] = (_Flight(), n)
+            self._flight_bytes += n
+            claim.along.append(i)
+            mine.add(i)
+
+    def _room(self, n: int) -> bool:
+        """Whether ``n`` more bytes fit, dropping the oldest held members if need be."""
+        if n + self._flight_bytes > self.budget:
+            return False
+        while self._held and n + self._flight_bytes + self._held_bytes > self.budget:
+            self._drop([next(iter(self._held))])
+        return n + self._flight_bytes + self._held_bytes <= self.budget
+
+    def settle(self, claim: Claim, got: dict[int, Got]) -> None:
+        """What ``claim``'s read returned for its `along` members (a member missing from
+        ``got``: the read failed as a whole, so nothing is held and its waiters read it
+        themselves): held while the epoch lasts, and their waiters woken. Call it once, in a
+        `finally`, before awaiting anything."""
+        with self._lock:
+            for i in claim.along:
+                flight, n = self._flights.pop(i)
+                self._flight_bytes -= n
+                data = got.get(i)
+                if data is None or claim.epoch != self._epoch:
+                    self._dropped += data is not None
+                else:
+                    self._held[i] = (data, n)
+                    self._held_bytes += n
+                    self._along += 1
+                flight.done.set()
+
+    def await_claimed(self, claim: Claim) -> dict[int, Got]:
+        """The members ``claim`` awaits, once their reads settled; a member whose read failed
+        as a whole (or that another batch took first) is left out: read it yourself."""
+        out: dict[int, Got] = {}
+        for i, flight in claim.waits.items():
+            flight.done.wait()
+            with self._lock:
+                if i in self._held:
+                    out[i] = self._take(i)
+        return out
+
+    def _take(self, i: int) -> Got:
+        data, n = self._held.pop(i)
+        self._held_bytes -= n
+        self._taken += 1
+        return data
+
+    def _drop(self, indices: list[int]) -> None:
+        for i in indices:
+            _, n = self._held.pop(i)
+            self._held_bytes -= n
+            self._dropped += 1

@@ -1,0 +1,151 @@
+"""Tar shards on a real S3 store (SeaweedFS, tests/objectstore.py) read with the epoch's next
+batches along (`storage.readahead`, `SampleLoader.load(upcoming=...)`): the same samples and
+pixels as the local shards, on three producer threads at once, in fewer GETs (the store's own
+count, and `ObjectStore.counters()`); a member whose read along failed is still a counted bad
+sample of its own batch, replaced there as without reading ahead, the reads still seen by the
+loader's AccessWatch."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from batchwire.pipeline.augment_plan import AugmentConfig
+from batchwire.pipeline.dataset import ImageDataset, open_dataset
+from batchwire.pipeline.decode import CpuBatchDecoder
+from batchwire.pipeline.sampler import ShardSampler
+from batchwire.pipeline.samples import LoadedSample, SampleLoader, next_batches
+from batchwire.pipeline.synthetic import default_dataset
+from batchwire.prepare.shards import write_shards
+
+seaweed = pytest.importorskip("objectstore", reason="needs tests/objectstore.py").seaweed
+BUCKET = "readahead"
+CONFIG = AugmentConfig(image_size=24, train=True)
+BATCH = 4
+
+
+@pytest.fixture(scope="module")
+def shards(seaweed, tmp_path_factory) -> Iterator[dict[str, str]]:
+    """The local shards' pattern, and the same shards in the bucket under two prefixes (one
+    for a test to damage)."""
+    root = tmp_path_factory.mktemp("readahead")
+    src = default_dataset().val_root
+    for cls in sorted(p for p in src.iterdir() if p.is_dir())[:4]:
+        (root / "folder" / cls.name).mkdir(parents=True)
+        for f in sorted(cls.iterdir())[:12]:
+            shutil.copyfile(f, root / "folder" / cls.name / f.name)
+    summary = write_shards(str(root / "folder"), str(root / "shards"), 150_000, jobs=1)
+    last = len(summary.shards) - 1
+    assert last >= 2
+    seaweed.upload_folder(root / "shards", BUCKET, "a")
+    seaweed.upload_folder(root / "shards", BUCKET, "b")
+    span = f"train-{{000000..{last:06d}}}.tar"
+    with pytest.MonkeyPatch.context() as mp:
+        for name, value in seaweed.env().items():
+            mp.setenv(name, value)
+        yield {
+            "local": str(root / "shards" / span),
+            "a": f"s3://{BUCKET}/a/{span}",
+            "b": f"s3://{BUCKET}/b/{span}",
+            "cache": str(root / "cache"),
+        }
+
+
+def _open(spec: str, cache: str) -> ImageDataset:
+    return open_dataset(spec, verify_checksums="off", cache_dir=cache)
+
+
+def _epoch(
+    loader: SampleLoader, sampler: ShardSampler, epoch: int, ahead: bool, threads: int = 1
+) -> list[list[LoadedSample]]:
+    """Every batch of ``epoch``, ``threads`` batches in flight at once (as producers are)."""
+
+    def one(b: int) -> list[LoadedSample]:
+        plan = sampler.plan(epoch, b)
+        upcoming = next_batches(sampler, plan) if ahead else None
+        return loader.load(epoch, plan.indices, upcoming=upcoming)
+
+    with ThreadPoolExecutor(threads) as pool:
+        return list(pool.map(one, range(sampler.num_batches)))
+
+
+def _same(got: list[list[LoadedSample]], want: list[list[LoadedSample]]) -> None:
+    for batch, expected in zip(got, want, strict=True):
+        assert [s.index for s in batch] == [s.index for s in expected]
+        for s, e in zip(batch, expected, strict=True):
+            assert torch.equal(s.image, e.image)
+
+
+def test_the_local_batches_in_fewer_gets(seaweed, shards) -> None:
+    local = _open(shards["local"], shards["cache"])
+    remote = _open(shards["a"], shards["cache"])
+    assert local.read_ahead_batches == 0 and remote.read_ahead_batches > 0  # local pays nothing
+    sampler = ShardSampler(len(remote), BATCH, seed=5, shuffle=True, drop_last=True)
+    store = remote.reader.located.store
+    with CpuBatchDecoder(2) as dec:
+        want = _epoch(SampleLoader(local, CONFIG, 5, dec), sampler, 1, ahead=False)
+        gets = []
+        for ahead in (False, True):
+            loader = SampleLoader(remote, CONFIG, 5, dec)
+            gets0, ours0 = seaweed.s3_requests("GET"), store.counters()["requests"]
+            got = _epoch(loader, sampler, 1, ahead, threads=3)
+            gets.append(seaweed.s3_requests("GET") - gets0)
+            assert store.counters()["requests"] - ours0 == gets[-1]
+            _same(got, want)
+            assert loader.bad_total == 0
+    plain, read_ahead = gets
+    assert plain >= sampler.num_batches  # one GET per shard a batch touches at least
+    assert read_ahead * 2 <= plain, gets
+    counters = remote.reader.ahead.counters()
+    assert counters["taken"] > 0 and counters["held_bytes"] + counters["flight_bytes"] == 0
+
+
+def _read_along_case(remote: ImageDataset) -> tuple[int, int]:
+    """(seed, member): the last member of the last shard, in batch 1 of epoch 0 of that seed,
+    whose batch 0 reads every shard batch 1 holds (so batch 0 reads all of batch 1 along)."""
+    reader = remote.reader
+    last = int(reader.shard_of.max())
+    member = int(np.flatnonzero(reader.shard_of == last)[-1])
+    for seed in range(500):
+        sampler = ShardSampler(len(remote), BATCH, seed=seed, shuffle=True, drop_last=True)
+        first, second = sampler.plan(0, 0).indices, sampler.plan(0, 1).indices
+        held = set(reader.shard_of[first].tolist())
+        if member in second and member not in first and set(reader.shard_of[second]) <= held:
+            return seed, member
+    raise AssertionError("no seed puts the member in batch 1 and its shard in batch 0")
+
+
+def test_a_member_failing_in_a_read_along_is_a_bad_sample_of_its_own_batch(seaweed, shards) -> None:
+    remote = _open(shards["b"], shards["cache"])
+    seed, member = _read_along_case(remote)
+    reader = remote.reader
+    key = reader.located.keys[int(reader.shard_of[member])]
+    data = (Path(shards["local"]).parent / Path(key).name).read_bytes()
+    cut = int(reader.offsets[member] + reader.sizes[member] // 2)
+    seaweed.put(BUCKET, f"b/{Path(key).name}", data[:cut])  # the shard cut short since indexed
+    sampler = ShardSampler(len(remote), BATCH, seed=seed, shuffle=True, drop_last=True)
+    with CpuBatchDecoder(1) as dec:
+        ahead = SampleLoader(remote, CONFIG, seed, dec, check_start=False)
+        got = []
+        for b in range(sampler.num_batches):
+            plan, gets0 = sampler.plan(0, b), seaweed.s3_requests("GET")
+            got.append(ahead.load(0, plan.indices, upcoming=next_batches(sampler, plan)))
+            if b == 1:  # its members, the cut one too, came with batch 0's read: the one GET
+                assert seaweed.s3_requests("GET") == gets0 + 1  # is the substitute's
+        plain = SampleLoader(remote, CONFIG, seed, dec, check_start=False)
+        want = _epoch(plain, sampler, 0, ahead=False)
+    _same(got, want)  # the same substitute, the same pixels, as without reading ahead
+    slot = [s.requested for s in got[1]].index(member)
+    assert got[1][slot].index != member  # replaced in its own batch
+    assert all(s.index == s.requested for s in got[0])  # batch 0, which read it, is whole
+    assert ahead.counts() == plain.counts()
+    assert ahead.bad_total == 1 and ahead.bad_files() == [remote.paths[member]]
+    assert reader.ahead.counters()["taken"] > 0
+    state = ahead.access.state(time.monotonic())
+    assert state.reads == plain.access.state(time.monotonic()).reads > 0
