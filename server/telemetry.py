@@ -462,14 +462,6 @@ class Telemetry:
             samples.append((now, seconds))
         self._histogram.labels(stage=stage).observe(seconds)
 
-    def add_batch(self, images: int, nbytes: int) -> None:
-        """Count one batch of ``images`` images and ``nbytes`` payload bytes sent to a client."""
-        with self._lock:
-            self._counters["batches_total"] += 1
-            self._counters["images_total"] += int(images)
-            self._counters["bytes_total"] += int(nbytes)
-            self._sent.add((1, int(images), int(nbytes)))
-
     def sent_batch(
         self, images: int, nbytes: int, replaced: int, resent: bool, ready_s: float
     ) -> None:
@@ -501,9 +493,6 @@ class Telemetry:
         with self._lock:
             tally.add(int(epoch), counts)
 
-    def add_replaced(self, n: int) -> None:
-        self._add("replaced_total", n)
-
     def add_produced(self, images: int = 0) -> None:
         """One batch produced, of ``images`` samples (some may have been reused: the
         snapshot's samples_produced_total subtracts samples_reused_total)."""
@@ -511,17 +500,8 @@ class Telemetry:
             self._counters["batches_produced_total"] += 1
             self._batch_images += int(images)
 
-    def add_shared(self) -> None:
-        self._add("batches_shared_total", 1)
-
     def add_bad(self, n: int) -> None:
         self._add("bad_total", n)
-
-    def add_error(self) -> None:
-        self._add("errors_total", 1)
-
-    def add_malformed(self) -> None:
-        self._add("malformed_total", 1)
 
     def add_handshake_failure(self, reason: str) -> None:
         """Count one connection rejected in the security handshake (`server.handshakes`)."""

@@ -47,13 +47,12 @@ CLIENT = wire.ClientRow(**CLIENT_MAP)
 
 def test_snapshot_schema_and_counters() -> None:
     tel = Telemetry()
-    tel.add_batch(64, 64 * 3 * 32 * 32)
-    tel.add_batch(64, 64 * 3 * 32 * 32)
-    tel.add_replaced(3)
+    tel.sent_batch(64, 64 * 3 * 32 * 32, 0, False, 0.0)
+    tel.sent_batch(64, 64 * 3 * 32 * 32, 3, True, 0.0)  # 3 replaced samples, a shared buffer
     tel.add_bad(2)
-    tel.add_error()
-    tel.add_malformed()
-    tel.add_malformed()
+    tel.count("errors_total")
+    tel.count("malformed_total")
+    tel.count("malformed_total")
     snap = tel.snapshot(STAGES, [CLIENT])
     assert isinstance(snap, wire.ServerStats) and snap.v == wire.STATS_VERSION == 1
     assert snap.counters == wire.Counters(
@@ -65,7 +64,7 @@ def test_snapshot_schema_and_counters() -> None:
         errors_total=1,
         malformed_total=2,
         batches_produced_total=0,
-        batches_shared_total=0,
+        batches_shared_total=1,
         transform_errors_total=0,
         samples_reused_total=0,
         samples_produced_total=0,
@@ -175,7 +174,7 @@ def test_throughput_is_a_sliding_window() -> None:
     tel = Telemetry(clock=clock)
     clock.t += 10  # well past start-up, so the full window applies
     for _ in range(10):  # 10 batches of 32 images over 2.5 s
-        tel.add_batch(32, 1000)
+        tel.sent_batch(32, 1000, 0, False, 0.0)
         clock.t += 0.25
     tp = tel.snapshot([], []).throughput
     assert tp.batches_per_s == pytest.approx(10 / THROUGHPUT_WINDOW_S)
@@ -229,8 +228,7 @@ def test_concurrent_updates_are_not_lost() -> None:
     def work() -> None:
         barrier.wait()
         for _ in range(per_thread):
-            tel.add_batch(2, 10)
-            tel.add_replaced(1)
+            tel.sent_batch(2, 10, 1, False, 0.0)
             tel.observe_stage("decode", 0.001)
 
     def read() -> None:
@@ -282,7 +280,7 @@ def test_serve_prometheus_on_a_free_port_and_stop() -> None:
     stop = tel.serve_prometheus(0, lambda: tel.snapshot(stages, [client]), host="127.0.0.1")
     try:
         assert stop.port > 0
-        tel.add_batch(16, 4096)
+        tel.sent_batch(16, 4096, 0, False, 0.0)
         tel.observe_stage("read", 0.002)
         first = _scrape(stop.url)
         assert first["batchwire_images_total"] == 16
@@ -306,7 +304,7 @@ def test_serve_prometheus_on_a_free_port_and_stop() -> None:
         ):
             assert name in first
         # Gauges are read at scrape time: a change shows on the next scrape.
-        tel.add_batch(16, 4096)
+        tel.sent_batch(16, 4096, 0, False, 0.0)
         stages[0] = replace(stages[0], depth=7)
         second = _scrape(stop.url)
         assert second["batchwire_images_total"] == 32
@@ -328,7 +326,7 @@ def test_serve_prometheus_on_a_free_port_and_stop() -> None:
 @pytest.mark.timeout(30)
 def test_a_failing_snapshot_still_scrapes_own_counters() -> None:
     tel = Telemetry()
-    tel.add_error()
+    tel.count("errors_total")
 
     def broken() -> wire.ServerStats:
         raise RuntimeError("server is shutting down")
