@@ -1,9 +1,11 @@
 """Per-client session state: which batches a client gets, what is produced, queued and sent.
 
 A `ClientSession` is what one hello opened (its ``hello.session`` number travels in every reply
-about it); the next hello of the same client replaces it. Owned by the core (`core.py`), on
-the loop thread only (no locks); producer threads never see it. The invariants that bound
-memory live here:
+about it); the next hello of the same client replaces it. Owned by the core (`core.py`) and
+changed on the loop thread only; producer threads never see it, a stats scrape reads its row
+(its send-rate `meter` is the one object with a lock). Its life is a transition table
+(`TRANSITIONS`: open until dropped, then it takes no event). The invariants that bound memory
+live here:
 
 - work-ahead: ``in_production + ready <= prefetch_depth`` (`has_room`): the server's
   --prefetch-depth, whatever the client asks for, so a client that asks for much and reads
