@@ -788,14 +788,10 @@ class BadFileTally:
     """Distinct bad files over several SampleLoaders: a file that two splits (or two list
     entries) hold counts once. `add(paths)` (the bad files a batch reported,
     `BatchStats.bad_files`) returns how many of them are new; `total` is the count so far.
-    For one thread (the server's loop).
-
-    `update(loaders)` reads the loaders' lists instead (what server/app.py does until it
-    takes the batches' reports): how many new ones since the last call."""
+    For one thread (the server's loop)."""
 
     def __init__(self) -> None:
         self._seen: set[str] = set()
-        self._offsets: dict[SampleLoader, int] = {}
 
     @property
     def total(self) -> int:
@@ -807,13 +803,4 @@ class BadFileTally:
             if path not in self._seen:
                 self._seen.add(path)
                 new += 1
-        return new
-
-    def update(self, loaders: Iterable[SampleLoader]) -> int:
-        new = 0
-        for loader in loaders:
-            start = self._offsets.get(loader, 0)
-            paths = loader.bad_files(start)
-            self._offsets[loader] = start + len(paths)
-            new += self.add(paths)
         return new

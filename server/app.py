@@ -27,6 +27,7 @@ from batchwire.pipeline.sample_window import SampleWindow
 from batchwire.pipeline.samples import BadFileTally
 from batchwire.pipeline.sources.mix import MixDataset
 from batchwire.pipeline.split import Split
+from batchwire.pipeline.stages import StageHook
 from batchwire.server.budget import BufferBudget
 from batchwire.server.bufpool import BufferPool
 from batchwire.server.config import ServerConfig
@@ -50,12 +51,7 @@ from batchwire.server.security import bind_policy
 from batchwire.server.sizing import plan_buffers, stage_capacities
 from batchwire.server.splits import StartupError, make_decoder, open_splits
 from batchwire.server.telemetry import Telemetry
-from batchwire.server.workers import (
-    EXIT_PRODUCER_DIED,
-    ProducerThreads,
-    StagePhases,
-    StageTimingDecoder,
-)
+from batchwire.server.workers import EXIT_PRODUCER_DIED, ProducerThreads
 from batchwire.wire import BufferStats, ServerStats, StageStats, StatsReply, tensor_bytes
 from batchwire.wire.keys import KeysError, ServerKeys
 
@@ -91,11 +87,11 @@ class ServerApp:
             raise StartupError(f"--keys {config.keys}: {exc}") from None
         self.telemetry = Telemetry()
         self.decoder = make_decoder(config)
-        self.phases = StagePhases(self.telemetry.observe_stage, self.telemetry.set_fallbacks)
+        # The decoder's fallback total from the start (a CPU decoder's 0); then each batch's.
+        self.telemetry.set_fallbacks(self.decoder.name, int(getattr(self.decoder, "fallbacks", 0)))
+        self.phases = StageHook()  # the producers' stages: depth now, each batch's clock
         try:
-            self.splits: dict[str, Split] = open_splits(
-                config, StageTimingDecoder(self.decoder, self.phases)
-            )
+            self.splits: dict[str, Split] = open_splits(config, self.decoder)
         except ValueError as exc:
             self._close_decoder()
             raise StartupError(str(exc)) from None
@@ -158,7 +154,6 @@ class ServerApp:
         )
         # The cancellation flag of each job out (by production): set on the core's `Cancel`.
         self._cancels: dict[int, threading.Event] = {}
-        self._sample_loaders = [s.samples for s in self.splits.values()]  # for the bad tally
         # Sent batches ZeroMQ still holds: each tracker and the core's ticket for it.
         self._in_flight: deque[tuple[zmq.MessageTracker, int]] = deque()
         self._tracker_wait_ms = 1
@@ -548,9 +543,9 @@ class ServerApp:
             for row, seconds in stats.seconds.items():
                 self.telemetry.observe_stage(row, seconds)
             self.telemetry.set_fallbacks(stats.decoder, stats.fallbacks)
-        new_bad = self._bad_files.update(self._sample_loaders)
-        if new_bad:
-            self.telemetry.add_bad(new_bad)
+            new_bad = self._bad_files.add(stats.bad_files)
+            if new_bad:
+                self.telemetry.add_bad(new_bad)
         if self._transforms:
             self.telemetry.set_transform_errors(sum(t.errors_total for t in self._transforms))
         if self.samples is not None:

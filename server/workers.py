@@ -43,7 +43,6 @@ from typing import TYPE_CHECKING
 
 import torch
 from batchwire.common.cuda_events import BufferFence
-from batchwire.pipeline.decode.contract import BatchDecoder
 from batchwire.pipeline.decode.files import is_transient
 from batchwire.pipeline.producer import BatchMeta, BatchProducer
 from batchwire.pipeline.sample_window import SampleWindow
@@ -146,37 +145,6 @@ def _exit_now(code: int) -> None:
         with contextlib.suppress(Exception):  # a broken handler must not keep the server up
             handler.flush()
     os._exit(code)
-
-
-class StagePhases(StageHook):
-    """The `StageHook` with the telemetry's callbacks, as server/app.py still builds it:
-    ``observe(row, seconds)`` and ``report_fallbacks(decoder, total)`` are given each batch's
-    `BatchStats` (`record`, on the producer thread). Transitional: once the loop records the
-    stats it is handed with each result, the server builds a plain `StageHook`."""
-
-    def __init__(
-        self,
-        observe: Callable[[str, float], None],
-        report_fallbacks: Callable[[str, int], None] | None = None,
-    ) -> None:
-        super().__init__()
-        self._observe = observe
-        self.report_fallbacks = report_fallbacks
-
-    def record(self, stats: BatchStats) -> None:
-        for row, seconds in stats.seconds.items():
-            self._observe(row, seconds)
-        if self.report_fallbacks is not None:
-            self.report_fallbacks(stats.decoder, stats.fallbacks)
-
-
-def StageTimingDecoder(inner: BatchDecoder, phases: StagePhases) -> BatchDecoder:
-    """``inner`` itself, its fallback total (0 for the CPU decoder) reported at once, so that
-    the stats show it from the start. Transitional, as server/app.py still calls it: the
-    producers time the decode stage themselves (`StageClock`), nothing wraps the decoder."""
-    if phases.report_fallbacks is not None:
-        phases.report_fallbacks(inner.name, int(getattr(inner, "fallbacks", 0)))
-    return inner
 
 
 def _batch_in(spec: BatchSpec, buffer: torch.Tensor) -> torch.Tensor | list[torch.Tensor]:
@@ -291,8 +259,6 @@ class ProducerThreads:
                 meta = self._batch(job, clock)
             finally:  # a failed batch reports too: bad files it found count
                 stats = self._stats(self.producers.get(order.split), clock)
-                if stats is not None and isinstance(self.phases, StagePhases):
-                    self.phases.record(stats)
         except Exception as exc:  # travels to the loop as data; it tells the client
             log.exception("producing %s batch %d failed", order.split, order.batch_index)
             broken = sticky_cuda_error(exc)
@@ -308,6 +274,7 @@ class ProducerThreads:
                 error=f"{type(exc).__name__}: {exc}",
                 reason=reason,
                 public=self._public_reason(order.split, exc),
+                stats=stats,
             )
         return JobResult(
             job,
@@ -315,6 +282,7 @@ class ProducerThreads:
             labels=meta.labels,
             indices=tuple(meta.indices.tolist()),
             replaced=int(meta.replaced),
+            stats=stats,
         )
 
     def _batch(self, job: Job, clock: StageClock) -> BatchMeta:

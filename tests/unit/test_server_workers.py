@@ -18,15 +18,10 @@ from batchwire.pipeline.decode import CpuBatchDecoder, DecodeRequest, DecodeResu
 from batchwire.pipeline.decode.fallback import GpuDecoderBase
 from batchwire.pipeline.producer import BatchProducer
 from batchwire.pipeline.sampler import ShardSampler
-from batchwire.pipeline.stages import DECODE, BatchStats, StageClock
+from batchwire.pipeline.stages import DECODE, BatchStats, StageClock, StageHook
 from batchwire.server.jobs import BatchOrder, Job
 from batchwire.server.telemetry import Telemetry
-from batchwire.server.workers import (
-    ProducerThreads,
-    StagePhases,
-    StageTimingDecoder,
-    sticky_cuda_error,
-)
+from batchwire.server.workers import ProducerThreads, sticky_cuda_error
 from batchwire.wire import BatchSpec
 from oddfiles import jpeg_bytes, smooth_image, write_image_folder
 from PIL import Image
@@ -113,7 +108,7 @@ def _run_one(exc: BaseException) -> tuple[list[str], object]:
     threads = ProducerThreads(
         {"train": _Producer(exc)},  # type: ignore[dict-item]
         1,
-        StagePhases(lambda stage, s: None),
+        StageHook(),
         w,
         spec,
         on_broken_cuda=broken.append,
@@ -190,16 +185,19 @@ def test_gpu_decoder_base_counts_every_image_the_cpu_decoded() -> None:
 
 
 def _telemetry_view(decoder: object, batches: list[list[DecodeRequest]]) -> tuple[object, dict]:
-    """Decode ``batches`` and record each one's stats as the server does (`StagePhases`)."""
+    """Decode ``batches`` and record each one's `BatchStats` as the server's loop does
+    (`ServerApp._record`: the decoder's fallback total, a total, per decoder)."""
     telemetry = Telemetry()
-    phases = StagePhases(telemetry.observe_stage, telemetry.set_fallbacks)  # as the server does
-    timed = StageTimingDecoder(decoder, phases)  # type: ignore[arg-type]
-    assert timed is decoder  # nothing wraps the decoder
+    hook = StageHook()
     for batch in batches:
-        clock = phases.start()
+        clock = hook.start()
         clock.enter(DECODE)
-        timed.decode_batch(batch)
-        phases.record(BatchStats(clock.stop(), timed.name, int(getattr(timed, "fallbacks", 0))))
+        decoder.decode_batch(batch)  # type: ignore[attr-defined]
+        name, total = decoder.name, int(getattr(decoder, "fallbacks", 0))  # type: ignore[attr-defined]
+        stats = BatchStats(clock.stop(), name, total)
+        for row, seconds in stats.seconds.items():
+            telemetry.observe_stage(row, seconds)
+        telemetry.set_fallbacks(stats.decoder, stats.fallbacks)
     snap = telemetry.snapshot([], [])
     return snap, parse_metrics(telemetry.prometheus_text().decode())
 
@@ -261,7 +259,7 @@ def test_a_producer_thread_that_dies_reports_why() -> None:
     threads = ProducerThreads(
         {"train": _Producer(SystemExit("library called sys.exit"))},  # type: ignore[dict-item]
         1,
-        StagePhases(lambda stage, s: None),
+        StageHook(),
         w,
         spec,
         on_death=deaths.append,
@@ -282,31 +280,33 @@ def test_a_producer_thread_that_dies_reports_why() -> None:
 
 
 def test_a_producer_thread_reports_its_batch_stats(tmp_path) -> None:
-    """A real producer on a folder with a bad file: the producer thread hands on the batch's
-    seconds per stats row, the decoder's fallback total and the bad file found (once), and
-    the hook's depth is back to 0 once the batch is done."""
+    """A real producer on a folder with a bad file: each result carries the batch's seconds
+    per stats row, the decoder's fallback total and the bad file found (once), and the
+    hook's depth is back to 0 once the batch is done."""
     root = write_image_folder(tmp_path / "tree", classes=2, good_per_class=3, bad={"c": ("text",)})
     dataset = open_dataset(root, cache_dir=tmp_path / "cache")
     config = AugmentConfig(image_size=8, train=False, output_dtype="uint8")
     sampler = ShardSampler(len(dataset), 4, seed=0, shuffle=False, drop_last=False)
     spec = config.batch_spec(4)
-    rows: list[str] = []
-    fallbacks: list[tuple[str, int]] = []
-    phases = StagePhases(lambda row, s: rows.append(row), lambda d, t: fallbacks.append((d, t)))
+    hook = StageHook()
+    results = []
     r, w = os.pipe()
     with CpuBatchDecoder(1) as dec:
         producer = BatchProducer(dataset, config, 0, dec)
-        threads = ProducerThreads({"val": producer}, 1, phases, w, spec)
+        threads = ProducerThreads({"val": producer}, 1, hook, w, spec)
         try:
             for k in range(2):
                 order = BatchOrder("val", sampler, 0, k, 1, 0, 0.0)
                 threads.submit(Job(order, SimpleNamespace(tensor=spec.empty())))  # type: ignore[arg-type]
-                assert threads.results.get(timeout=30).ok
+                results.append(threads.results.get(timeout=30))
         finally:
             threads.stop()
             os.close(r)
             os.close(w)
-    assert rows == ["read", "decode", "augment"] * 2
-    assert fallbacks == [("cpu", 0)] * 2
-    assert phases.depth == {"read": 0, "decode": 0, "augment": 0}
-    assert producer.samples.take_bad_files() == ()  # reported with a batch already
+    assert all(res.ok for res in results)
+    for res in results:
+        assert list(res.stats.seconds) == ["read", "decode", "augment"]
+        assert (res.stats.decoder, res.stats.fallbacks) == ("cpu", 0)
+    bad = [p for p in dataset.paths if "bad_text" in p]
+    assert [p for res in results for p in res.stats.bad_files] == bad  # once
+    assert hook.depth == {"read": 0, "decode": 0, "augment": 0}
