@@ -27,7 +27,7 @@ start it: tests/objectstore.py) holds the same JPEGs as a local ImageFolder. Row
   loader on the others (as a deployment has the store on another machine); `--images N` keeps
   only the first N JPEGs; `--baseline-site DIR` adds a row per round whose server imports
   `batchwire` from DIR (another commit's tree laid out as a package: before against after,
-  same run, same store).
+  same run, same store); `--site NAME=DIR` (repeatable) adds a row "s3 shards, NAME" so.
 - `--request-costs`: the coalescing rule's constants (`pipeline/storage/coalesce.py`): client
   and store CPU of one `get_ranges` of 8 members of 110 kB 2 MB apart (8 GETs), adjacent (1
   GET) and 1.5 MB apart in one GET: the cost of a GET, and of a MB of gap read in vain.
@@ -313,7 +313,13 @@ def ratios(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def shard_rounds(
-    folder: Path, out: Path, store: Any, env: dict[str, str], rounds: int, baseline: Path | None
+    folder: Path,
+    out: Path,
+    store: Any,
+    env: dict[str, str],
+    rounds: int,
+    baseline: Path | None,
+    sites: dict[str, Path] | None = None,
 ) -> list[dict[str, Any]]:
     """Local tar shards against the same shards on S3 (loopback), `rounds` interleaved rounds;
     prints each round's rows and ratios, then the medians."""
@@ -329,6 +335,8 @@ def shard_rounds(
     cases = {"local shards": (str(out / "shards" / span), env), "s3 shards": (s3, env)}
     if baseline is not None:
         cases["s3 shards, baseline"] = (s3, {**env, "PYTHONPATH": str(baseline)})
+    for name, site in (sites or {}).items():
+        cases[f"s3 shards, {name}"] = (s3, {**env, "PYTHONPATH": str(site)})
     rows: list[dict[str, Any]] = []
     for k in range(rounds):
         got = {name: server_row(name, t, store, e, [], None) for name, (t, e) in cases.items()}
@@ -436,6 +444,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pin-store", type=int, metavar="CPU", help="the store on this core")
     parser.add_argument("--images", type=int, help="only the first N JPEGs of --dir")
     parser.add_argument("--baseline-site", type=Path, help="a baseline tree (--shard-rounds)")
+    parser.add_argument(
+        "--site",
+        action="append",
+        default=[],
+        metavar="NAME=DIR",
+        help="one more tree's S3 shards row (--shard-rounds; repeatable)",
+    )
     parser.add_argument("--request-costs", action="store_true", help="GET and MB costs only")
     parser.add_argument(
         "--samples-patch",
@@ -462,8 +477,9 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(request_costs(store))
             args.skip_client = args.skip_server = True
         if args.shard_rounds:
+            sites = {n: Path(d) for n, _, d in (s.partition("=") for s in args.site)}
             rows += shard_rounds(
-                folder, tmp / "formats", store, env, args.shard_rounds, args.baseline_site
+                folder, tmp / "formats", store, env, args.shard_rounds, args.baseline_site, sites
             )
             args.skip_client = args.skip_server = True
         if not args.skip_client:

@@ -136,15 +136,18 @@ class ImageDataset:
         return int(getattr(self.reader, "ahead_batches", 0))
 
     def read_many(
-        self, indices: Sequence[int], epoch: int | None = None, upcoming: Sequence[int] = ()
+        self,
+        indices: Sequence[int],
+        epoch: int | None = None,
+        upcoming: Sequence[Sequence[int]] = (),
     ) -> list[bytes | OSError | None] | None:
         """The bytes of several samples read together (an object store keeps many requests
         in flight: `pipeline.storage`), a failed one as its OSError; None when the source
         reads one sample at a time (local files: the sample loader reads each on the
         decoder's threads), and a None entry for a sample to read alone (a mix's local
         part). A source offers it through `reader.read_many`. ``epoch`` and ``upcoming``
-        (the samples of the epoch's next batches, in order) let a source that reads ahead
-        (`read_ahead_batches`) read them along and have them ready for their batch."""
+        (the samples of the epoch's next `read_ahead_batches` batches, batch by batch) let a
+        source that reads ahead read them along and have them ready for their batch."""
         many = getattr(self.reader, "read_many", None)
         if many is None:
             return None
@@ -152,7 +155,7 @@ class ImageDataset:
         wanted = [int(i) % n for i in indices]
         if epoch is None or not self.read_ahead_batches:
             return many(wanted)
-        return many(wanted, epoch, [int(i) % n for i in upcoming])
+        return many(wanted, epoch, [[int(i) % n for i in batch] for batch in upcoming])
 
     def checksum_problem(self, i: int, data: bytes) -> str | None:
         """Why `data` is not what the checksum manifest recorded for sample `i`, or None (also

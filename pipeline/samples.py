@@ -707,11 +707,11 @@ class SampleLoader:
         by_index = dict(zip(unique, got, strict=True))
         return {job: by_index[index] for job, index in wanted.items()}
 
-    def _readable(self, batches: Sequence[Sequence[int]]) -> list[int]:
-        """The samples of ``batches``, in order, less those known bad (their substitutes are
-        read when their batch comes)."""
+    def _readable(self, batches: Sequence[Sequence[int]]) -> list[list[int]]:
+        """``batches`` less their samples known bad (their substitutes are read when their
+        batch comes)."""
         with self._lock:
-            return [int(i) for b in batches for i in b if int(i) not in self._bad]
+            return [[int(i) for i in b if int(i) not in self._bad] for b in batches]
 
 
 def _span(dataset: ImageDataset, index: int) -> int:

@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -37,7 +38,7 @@ from batchwire.pipeline.sources.shardsets import (
 from batchwire.pipeline.sources.tarindex import ShardIndex, cached_index
 from batchwire.pipeline.storage import ObjectInfo
 from batchwire.pipeline.storage.objects import ObjectStore
-from batchwire.pipeline.storage.readahead import ReadAhead
+from batchwire.pipeline.storage.readahead import Claim, ReadAhead
 
 log = logging.getLogger("batchwire.pipeline")
 #: Problems named one by one in the log; the rest are counted.
@@ -45,6 +46,7 @@ PROBLEMS_SHOWN = 20
 _INDEX_THREADS = 8
 CLASSES_NAME = "classes.txt"
 MAX_CLASSES_BYTES = 16 << 20
+_BACKGROUND_LOCK = threading.Lock()
 
 
 class MemberCutShort(OSError):
@@ -65,11 +67,12 @@ class TarReader:
     # Members read for upcoming batches (`storage.readahead`): shards in a bucket only (a
     # local read costs no request, so it reads nothing ahead).
     ahead: ReadAhead | None = None
+    _pool: ThreadPoolExecutor | None = field(default=None, repr=False)
 
     @property
     def ahead_batches(self) -> int:
-        """How many upcoming batches a read may take members of (0: none)."""
-        return 0 if self.ahead is None else self.ahead.batches
+        """How many upcoming batches a read is to be handed (0: it reads none ahead)."""
+        return 0 if self.ahead is None else self.ahead.wants
 
     def sample_keys(self) -> SampleKeys:
         """Checksum-manifest names ("SHARD:MEMBER"), with each shard's size and the member's
@@ -90,29 +93,47 @@ class TarReader:
         return got
 
     def read_many(
-        self, indices: Sequence[int], epoch: int | None = None, upcoming: Sequence[int] = ()
+        self,
+        indices: Sequence[int],
+        epoch: int | None = None,
+        upcoming: Sequence[Sequence[int]] = (),
     ) -> list[bytes | OSError]:
         """Several samples (`_read`); with ``epoch`` and ``upcoming`` (the next batches'
-        samples, in order) where this reader reads ahead, the members already read for this
-        batch are taken from `ahead` (or awaited there) and the read takes along the upcoming
-        members that lie in the shards it reads, in the same coalesced requests."""
+        samples, batch by batch) where this reader reads ahead, the members already read for
+        this batch are taken from `ahead` (or awaited there), a read takes along the upcoming
+        members that lie in the shards it reads, in the same coalesced requests, and the next
+        window is read in the background (`storage.readahead`)."""
         if self.ahead is None or epoch is None:
             return self._read(indices)
         claim = self.ahead.claim(epoch, indices, upcoming, self._size, self._in_shards_of)
         got: dict[int, bytes | OSError] = dict(claim.taken)
-        fetched: dict[int, bytes | OSError] = {}
-        try:
-            wanted = claim.fetch + claim.along
-            if wanted:
-                fetched = dict(zip(wanted, self._read(wanted), strict=True))
-        finally:
-            self.ahead.settle(claim, fetched)
+        fetched = self._read_claimed(claim, claim.fetch + claim.along)
+        if claim.later is not None:
+            self._background().submit(self._read_claimed, claim.later, claim.later.along)
         got.update((i, fetched[i]) for i in claim.fetch)
         got.update(self.ahead.await_claimed(claim))
         rest = [i for i in dict.fromkeys(int(i) for i in indices) if i not in got]
         if rest:  # awaited members whose read-along failed as a whole
             got.update(zip(rest, self._read(rest), strict=True))
         return [got[int(i)] for i in indices]
+
+    def _read_claimed(self, claim: Claim, wanted: list[int]) -> dict[int, bytes | OSError]:
+        """``wanted``'s bytes, ``claim``'s read-along settled whatever happens."""
+        fetched: dict[int, bytes | OSError] = {}
+        try:
+            if wanted:
+                fetched = dict(zip(wanted, self._read(wanted), strict=True))
+        finally:
+            assert self.ahead is not None
+            self.ahead.settle(claim, fetched)
+        return fetched
+
+    def _background(self) -> ThreadPoolExecutor:
+        """The one thread that reads windows ahead (made on first use)."""
+        with _BACKGROUND_LOCK:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(1, thread_name_prefix="read-ahead")
+            return self._pool
 
     def _size(self, i: int) -> int:
         return int(self.sizes[i])

@@ -8,6 +8,13 @@ members per shard are ~0.3 MB apart and share GETs (5 GETs per 50 images instead
 simulation of bench/RESULTS.md, at no more bytes per image). Those members wait here until
 their batch comes.
 
+Two reads bring a window: the batch that finds its own members missing reads them and, in the
+same requests, the next `batches - 1` batches' members of the shards it reads (the first batch
+of an epoch, or one after a miss); and once a batch finds that the members held or in flight
+run out within `batches // 2` batches, it hands the next window (`batches` batches, all their
+shards) to a background read (`Claim.later`) and goes on with its own: the next window arrives
+while this one is decoded, so no producer waits for a window's GETs at its start.
+
 `ReadAhead` is that waiting room, one per split (a tar split's `TarReader` holds it):
 
 - bounded: members held plus members in flight for later batches never exceed `budget`
@@ -32,8 +39,9 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-#: Bytes one split may hold for upcoming batches (held and in flight together).
-DEFAULT_BUDGET = 48 << 20
+#: Bytes one split may hold for upcoming batches (held and in flight together): a window
+#: being read plus what is left of the one before (8 + 4 batches of 50 members of 110 kB).
+DEFAULT_BUDGET = 64 << 20
 #: Upcoming batches whose members a read takes along (the simulation's 8: ~5 GETs per batch
 #: of 50 on 16 MB shards); the budget may cut the window shorter.
 DEFAULT_BATCHES = 8
@@ -52,13 +60,15 @@ class _Flight:
 class Claim:
     """One read's share of the work (`ReadAhead.claim`): `taken`, own members found held;
     `fetch`, own members this read must get; `along`, upcoming members it reads too (its
-    flights); `waits`, own members in flight for another read, to await."""
+    flights); `waits`, own members in flight for another read, to await; `later`, the next
+    window for a background read (its own `along`, settled when that read returns)."""
 
     epoch: int
     taken: dict[int, Got] = field(default_factory=dict)
     fetch: list[int] = field(default_factory=list)
     along: list[int] = field(default_factory=list)
     waits: dict[int, _Flight] = field(default_factory=dict)
+    later: Claim | None = None
 
 
 class ReadAhead:
@@ -81,6 +91,12 @@ class ReadAhead:
         self._flight_bytes = 0
         self._taken = self._along = self._dropped = 0
 
+    @property
+    def wants(self) -> int:
+        """Upcoming batches a read is to be handed: up to the end of a window read in the
+        background from `batches // 2` batches ahead."""
+        return self.batches + self.batches // 2
+
     def counters(self) -> dict[str, int]:
         with self._lock:
             return {
@@ -95,16 +111,19 @@ class ReadAhead:
         self,
         epoch: int,
         own: Iterable[int],
-        upcoming: Sequence[int],
+        upcoming: Sequence[Sequence[int]],
         size: Callable[[int], int],
         along_with: Callable[[Sequence[int]], Callable[[int], bool]],
     ) -> Claim:
         """Split the read of ``own`` (this batch's members) of ``epoch``: members held are
-        taken, members in flight awaited, the rest fetched. When something is fetched,
-        ``upcoming`` members (the next batches', in order) that ``along_with(fetch)`` accepts
-        (e.g. those in the shards the fetch reads) and that are neither held nor in flight
-        are read along while they fit the budget; only a batch of the newest epoch reads
-        along (a newer epoch first drops what is held)."""
+        taken, members in flight awaited, the rest fetched. ``upcoming``: the next batches'
+        members, batch by batch. When something is fetched, the members of the next
+        `batches - 1` batches that ``along_with(fetch)`` accepts (e.g. those in the shards
+        the fetch reads) and that are neither held nor in flight are read along while they
+        fit the budget; when nothing is, and the next `batches // 2` batches hold a member
+        neither held nor in flight, the window from that batch on is `later`'s (module doc).
+        Only a batch of the newest epoch reads ahead (a newer epoch first drops what is
+        held)."""
         claim = Claim(int(epoch))
         with self._lock:
             if claim.epoch > self._epoch:
@@ -117,9 +136,26 @@ class ReadAhead:
                     claim.waits[i] = self._flights[i][0]
                 else:
                     claim.fetch.append(i)
-            if claim.fetch and claim.epoch == self._epoch and upcoming:
-                self._plan_along(claim, upcoming, size, along_with(claim.fetch))
+            if claim.epoch != self._epoch or not upcoming:
+                return claim
+            if claim.fetch:
+                window = [i for batch in upcoming[: self.batches - 1] for i in batch]
+                self._plan_along(claim, window, size, along_with(claim.fetch))
+                return claim
+            start = self._first_uncovered(upcoming[: self.batches // 2])
+            if start is not None:
+                later = Claim(claim.epoch)
+                window = [i for batch in upcoming[start : start + self.batches] for i in batch]
+                self._plan_along(later, window, size, lambda i: True)
+                claim.later = later if later.along else None
         return claim
+
+    def _first_uncovered(self, batches: Sequence[Sequence[int]]) -> int | None:
+        """The first of ``batches`` with a member neither held nor in flight (lock held)."""
+        for k, batch in enumerate(batches):
+            if any(int(i) not in self._held and int(i) not in self._flights for i in batch):
+                return k
+        return None
 
     def _plan_along(
         self,
