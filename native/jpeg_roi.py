@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import logging
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -52,6 +53,30 @@ def _load_module() -> Any | None:
 def jpeg_roi_available() -> bool:
     """True when the ROI decoder builds and loads here (the first call may compile it)."""
     return _module() is not None
+
+
+def native_function(name: str) -> Callable[..., Any] | None:
+    """The extension's own function `name`, without this module's wrapper (no lock, no argument
+    conversion per call), or None when the extension is unavailable: for callers that look it
+    up once and call it for every image (the GPU path's header and cut). Its arguments must
+    already be what the wrapper would pass (ints, contiguous bytes)."""
+    module = _module()
+    return None if module is None else getattr(module, name)
+
+
+def jpeg_header(data: bytes | memoryview) -> tuple[int, int, int] | None:
+    """(height, width, EXIF orientation) of a JPEG as stored (the orientation not applied), or
+    None: `read_header`'s fast path. It answers only for a header that libjpeg reads without
+    error, Huffman-coded, greyscale or YCbCr/RGB at a sampling TurboJPEG names (4:4:4, 4:2:2,
+    4:2:0, 4:4:0, 4:1:1), where TurboJPEG's header call gives the same size and a colour space
+    that routes to "jpeg"; the orientation is exif.py's, by a port of its walk. None for
+    anything else (CMYK, odd sampling, arithmetic coding, any error): ask TurboJPEG. RuntimeError
+    when the extension is unavailable."""
+    module = _module()
+    if module is None:
+        raise RuntimeError("the ROI JPEG decoder is unavailable (see the logged build error)")
+    found = module.jpeg_header(data)
+    return None if found is None else tuple(found)
 
 
 def decode_jpeg_roi(

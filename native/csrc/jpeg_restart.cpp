@@ -187,12 +187,7 @@ McuRect context_rect(const RestartLayout& layout, long long y0, long long x0, lo
                        y1 + layout.mcu_height, x1 + layout.mcu_width);
 }
 
-std::vector<std::uint8_t> assemble_rect(const std::uint8_t* data, const RestartLayout& layout,
-                                        const McuRect& rect) {
-  const int width = std::min(layout.width, rect.col1 * layout.mcu_width) -
-                    rect.col0 * layout.mcu_width;
-  const int height = std::min(layout.height, rect.row1 * layout.mcu_height) -
-                     rect.row0 * layout.mcu_height;
+std::size_t assembled_size_bound(const RestartLayout& layout, const McuRect& rect) {
   const int per_row = layout.mcus_per_row / layout.interval;
   const int first = rect.col0 / layout.interval, last = rect.col1 / layout.interval;
   std::size_t bytes = 4;
@@ -202,38 +197,50 @@ std::vector<std::uint8_t> assemble_rect(const std::uint8_t* data, const RestartL
     const std::size_t k1 = static_cast<std::size_t>(r) * per_row + last - 1;
     bytes += layout.end[k1] - layout.begin[k0] + 2;  // an upper bound: markers included
   }
-  std::vector<std::uint8_t> out;
-  out.reserve(bytes);
-  out.push_back(0xFF);
-  out.push_back(kSOI);
+  return bytes;
+}
+
+std::size_t assemble_rect_into(const std::uint8_t* data, const RestartLayout& layout,
+                               const McuRect& rect, std::uint8_t* out) {
+  const int width = std::min(layout.width, rect.col1 * layout.mcu_width) -
+                    rect.col0 * layout.mcu_width;
+  const int height = std::min(layout.height, rect.row1 * layout.mcu_height) -
+                     rect.row0 * layout.mcu_height;
+  const int per_row = layout.mcus_per_row / layout.interval;
+  const int first = rect.col0 / layout.interval, last = rect.col1 / layout.interval;
+  std::uint8_t* p = out;
+  *p++ = 0xFF;
+  *p++ = kSOI;
   for (std::size_t i = 0; i < layout.header.size(); ++i) {
     const HeaderSegment& s = layout.header[i];
-    out.push_back(0xFF);
-    out.push_back(s.marker);
-    const std::size_t at = out.size();
-    out.insert(out.end(), data + s.offset, data + s.offset + s.length);
+    *p++ = 0xFF;
+    *p++ = s.marker;
+    std::memcpy(p, data + s.offset, s.length);
     if (i == layout.frame_index) {  // length(2) precision(1) height(2) width(2)
-      out[at + 3] = static_cast<std::uint8_t>(height >> 8);
-      out[at + 4] = static_cast<std::uint8_t>(height & 0xFF);
-      out[at + 5] = static_cast<std::uint8_t>(width >> 8);
-      out[at + 6] = static_cast<std::uint8_t>(width & 0xFF);
+      p[3] = static_cast<std::uint8_t>(height >> 8);
+      p[4] = static_cast<std::uint8_t>(height & 0xFF);
+      p[5] = static_cast<std::uint8_t>(width >> 8);
+      p[6] = static_cast<std::uint8_t>(width & 0xFF);
     }
+    p += s.length;
   }
   int written = 0;
   for (int r = rect.row0; r < rect.row1; ++r) {
     for (int k = first; k < last; ++k) {
       const std::size_t i = static_cast<std::size_t>(r) * per_row + k;
       if (written > 0) {
-        out.push_back(0xFF);
-        out.push_back(static_cast<std::uint8_t>(kRST0 + (written - 1) % 8));
+        *p++ = 0xFF;
+        *p++ = static_cast<std::uint8_t>(kRST0 + (written - 1) % 8);
       }
-      out.insert(out.end(), data + layout.begin[i], data + layout.end[i]);
+      const std::size_t n = layout.end[i] - layout.begin[i];
+      std::memcpy(p, data + layout.begin[i], n);
+      p += n;
       ++written;
     }
   }
-  out.push_back(0xFF);
-  out.push_back(kEOI);
-  return out;
+  *p++ = 0xFF;
+  *p++ = kEOI;
+  return static_cast<std::size_t>(p - out);
 }
 
 }  // namespace batchwire_jpeg

@@ -68,9 +68,16 @@ McuRect context_rect(const RestartLayout& layout, long long y0, long long x0, lo
 McuRect covering_rect(const RestartLayout& layout, long long y0, long long x0, long long y1,
                       long long x1);
 
-// A complete JPEG of the rectangle's MCUs: the original's header segments (APPn other than JFIF
-// and Adobe, and COM, left out), a frame of the rectangle's size, its intervals, EOI.
-std::vector<std::uint8_t> assemble_rect(const std::uint8_t* data, const RestartLayout& layout,
-                                        const McuRect& rect);
+// At least the size of `assemble_rect_into`'s JPEG (the markers between a row's intervals counted
+// as the file's, 2 bytes more per row): what a caller allocates for it.
+std::size_t assembled_size_bound(const RestartLayout& layout, const McuRect& rect);
+
+// Writes a complete JPEG of the rectangle's MCUs into `out` (which holds `assembled_size_bound`
+// bytes) and returns its size: the original's header segments (APPn other than JFIF and Adobe,
+// and COM, left out), a frame of the rectangle's size, its intervals, EOI. The caller owns the
+// destination, so crop_bitstream writes straight into the `bytes` it returns (one copy of the
+// small JPEG, not two).
+std::size_t assemble_rect_into(const std::uint8_t* data, const RestartLayout& layout,
+                               const McuRect& rect, std::uint8_t* out);
 
 }  // namespace batchwire_jpeg

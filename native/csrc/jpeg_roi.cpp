@@ -53,6 +53,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -281,9 +282,12 @@ bool decode_from_restarts(const Request& req, const batchwire_jpeg::RestartLayou
   if (!*tried) return false;
   const batchwire_jpeg::McuRect rect =
       batchwire_jpeg::context_rect(layout, y0 * d, x0 * d, y1 * d, x1 * d);
-  const std::vector<std::uint8_t> small = batchwire_jpeg::assemble_rect(req.data, layout, rect);
+  const std::unique_ptr<std::uint8_t[]> small(
+      new std::uint8_t[batchwire_jpeg::assembled_size_bound(layout, rect)]);
+  const std::size_t small_size =
+      batchwire_jpeg::assemble_rect_into(req.data, layout, rect, small.get());
   const long long oy = rect.row0 * layout.mcu_height / d, ox = rect.col0 * layout.mcu_width / d;
-  const Request sub{small.data(), small.size(), y0 - oy, x0 - ox, y1 - oy, x1 - ox,
+  const Request sub{small.get(), small_size, y0 - oy, x0 - ox, y1 - oy, x1 - ox,
                     req.scale_denom, true, false};
   if (!decode_region(sub, out, message, message_size)) return false;
   out->y0 += static_cast<int>(oy);
@@ -437,27 +441,203 @@ py::object crop_bitstream(const py::buffer& data, long long y0, long long x0, lo
   const auto* bytes = static_cast<const std::uint8_t*>(info.ptr);
   batchwire_jpeg::RestartLayout layout;
   batchwire_jpeg::McuRect rect{};
-  std::vector<std::uint8_t> small;
   bool cut = false;
   {
-    // All of it is byte work on the caller's immutable buffer (kept alive by `info`): the scan
-    // for restart markers is most of the cost, so other producers' Python runs meanwhile.
-    // The interval index, where pipeline-prepare wrote one that agrees with the file, spares
-    // that scan (jpeg_index.h).
+    // Byte work on the caller's immutable buffer (kept alive by `info`), so other producers'
+    // Python runs meanwhile. The interval index, where pipeline-prepare wrote one that agrees
+    // with the file, spares the scan for restart markers (jpeg_index.h).
     py::gil_scoped_release release;
     if (batchwire_jpeg::find_layout_fast(bytes, static_cast<std::size_t>(info.size), &layout)
             .empty()) {
       rect = batchwire_jpeg::context_rect(layout, y0, x0, y1, x1);
       cut = rect.row1 > rect.row0 && rect.col1 > rect.col0;
-      if (cut) small = batchwire_jpeg::assemble_rect(bytes, layout, rect);
     }
   }
   if (!cut) return py::none();
+  // The small JPEG is written straight into the `bytes` returned (allocated at its bound, with
+  // the GIL, then shrunk in place): nobody else holds it while the GIL is released.
+  const std::size_t bound = batchwire_jpeg::assembled_size_bound(layout, rect);
+  PyObject* small = PyBytes_FromStringAndSize(nullptr, static_cast<Py_ssize_t>(bound));
+  if (small == nullptr) throw py::error_already_set();
+  std::size_t size;
+  {
+    py::gil_scoped_release release;
+    size = batchwire_jpeg::assemble_rect_into(
+        bytes, layout, rect, reinterpret_cast<std::uint8_t*>(PyBytes_AS_STRING(small)));
+  }
+  if (_PyBytes_Resize(&small, static_cast<Py_ssize_t>(size)) != 0) throw py::error_already_set();
   const int top = rect.row0 * layout.mcu_height, left = rect.col0 * layout.mcu_width;
   const int bottom = std::min(layout.height, rect.row1 * layout.mcu_height);
   const int right = std::min(layout.width, rect.col1 * layout.mcu_width);
-  return py::make_tuple(py::bytes(reinterpret_cast<const char*>(small.data()), small.size()),
+  return py::make_tuple(py::reinterpret_steal<py::bytes>(small),
                         py::make_tuple(top, left, bottom, right));
+}
+
+// ---- read_header's fast path (pipeline/decode/headers.py) ----------------------------------
+//
+// read_header asks TurboJPEG for a JPEG's size and colour space (tjDecompressHeader3: a libjpeg
+// handle made and destroyed per call, through ctypes) and walks the header again in Python for
+// the EXIF orientation (exif.py): about 8 us an image, a quarter of the GPU path's CPU per image
+// on prepared files. `jpeg_header` answers both in one call: jpeg_read_header on a libjpeg
+// handle kept per thread (reset by jpeg_abort_decompress, libjpeg's documented way to reuse one)
+// and exif.py's walk and IFD0 lookup, ported line for line. It only ever answers "yes": for a
+// header that libjpeg reads without error, Huffman-coded, greyscale or 3-component YCbCr/RGB with
+// a sampling TurboJPEG names (4:4:4, 4:2:2, 4:2:0, 4:4:0, 4:1:1, the chroma at 1x1), TurboJPEG's
+// call returns the same size and a colour space read_header routes to "jpeg". Anything else
+// (CMYK/YCCK, odd sampling, arithmetic coding, an error, a tables-only stream) gets None, and
+// read_header asks TurboJPEG as before, so every refusal and its message stay TurboJPEG's.
+// Warnings are ignored, as TurboJPEG's header call ignores them (the decoders judge the data).
+
+struct LenientErrors {
+  jpeg_error_mgr pub;
+  std::jmp_buf jump;
+};
+
+[[noreturn]] void lenient_error_exit(j_common_ptr cinfo) {
+  std::longjmp(reinterpret_cast<LenientErrors*>(cinfo->err)->jump, 1);
+}
+
+void ignore_message(j_common_ptr, int) {}
+
+struct HeaderReader {
+  jpeg_decompress_struct cinfo;
+  LenientErrors jerr;
+  bool made = false;
+  ~HeaderReader() {
+    if (made) jpeg_destroy_decompress(&cinfo);
+  }
+};
+
+// The sampling of a greyscale or YCbCr/RGB frame that TurboJPEG's getSubsamp names: the luma's
+// factors are 1x1, 2x1, 2x2, 1x2 or 4x1 and both chroma components' 1x1.
+bool turbo_names_sampling(const jpeg_decompress_struct& c) {
+  if (c.num_components == 1) return c.jpeg_color_space == JCS_GRAYSCALE;
+  if (c.num_components != 3 || (c.jpeg_color_space != JCS_YCbCr && c.jpeg_color_space != JCS_RGB)) {
+    return false;
+  }
+  for (int k = 1; k < 3; ++k) {
+    if (c.comp_info[k].h_samp_factor != 1 || c.comp_info[k].v_samp_factor != 1) return false;
+  }
+  const int h = c.comp_info[0].h_samp_factor, v = c.comp_info[0].v_samp_factor;
+  return (v == 1 && (h == 1 || h == 2 || h == 4)) || (v == 2 && (h == 1 || h == 2));
+}
+
+// The frame's size when the header qualifies (see above); false otherwise. Plain C control flow
+// between setjmp and the libjpeg calls.
+bool libjpeg_header(const std::uint8_t* data, std::size_t size, int* height, int* width) {
+  thread_local HeaderReader reader;
+  jpeg_decompress_struct* const cinfo = &reader.cinfo;
+  if (!reader.made) {
+    std::memset(cinfo, 0, sizeof *cinfo);
+    cinfo->err = jpeg_std_error(&reader.jerr.pub);
+    reader.jerr.pub.error_exit = lenient_error_exit;
+    reader.jerr.pub.emit_message = ignore_message;
+    if (setjmp(reader.jerr.jump)) {
+      jpeg_destroy_decompress(cinfo);  // safe on a half-made handle (its memset)
+      return false;
+    }
+    jpeg_create_decompress(cinfo);
+    reader.made = true;
+  }
+  if (setjmp(reader.jerr.jump)) {
+    jpeg_abort_decompress(cinfo);
+    return false;
+  }
+  jpeg_mem_src(cinfo, data, static_cast<unsigned long>(size));
+  const bool ok = jpeg_read_header(cinfo, FALSE) == JPEG_HEADER_OK && !cinfo->arith_code &&
+                  turbo_names_sampling(*cinfo);
+  if (ok) {
+    *height = static_cast<int>(cinfo->image_height);
+    *width = static_cast<int>(cinfo->image_width);
+  }
+  jpeg_abort_decompress(cinfo);
+  return ok;
+}
+
+// exif.py's `_jpeg_exif`, step for step: the TIFF payload of the first "Exif" APP1 segment.
+bool jpeg_exif(const std::uint8_t* data, std::size_t n, const std::uint8_t** tiff,
+               std::size_t* tiff_size) {
+  if (n < 4 || data[0] != 0xFF || data[1] != 0xD8) return false;
+  std::size_t pos = 2;
+  while (pos + 4 <= n) {
+    if (data[pos] != 0xFF) return false;  // lost sync
+    const std::uint8_t marker = data[pos + 1];
+    if (marker == 0xFF) {  // fill byte
+      pos += 1;
+      continue;
+    }
+    if (marker == 0xD9 || marker == 0xDA) return false;
+    if (marker == 0x01 || (marker >= 0xD0 && marker <= 0xD7)) {
+      pos += 2;
+      continue;
+    }
+    const std::size_t length = static_cast<std::size_t>((data[pos + 2] << 8) | data[pos + 3]);
+    if (length < 2) return false;
+    const std::size_t start = pos + 4, end = pos + 2 + length;
+    if (marker == 0xE1 && end <= n && start + 6 <= n &&
+        std::memcmp(data + start, "Exif\0\0", 6) == 0) {
+      *tiff = data + start + 6;
+      *tiff_size = end > start + 6 ? end - (start + 6) : 0;
+      return true;
+    }
+    pos = end;
+  }
+  return false;
+}
+
+// exif.py's `orientation_from_tiff`, step for step: IFD0's Orientation, 1 if absent or bad.
+int orientation_from_tiff(const std::uint8_t* b, std::size_t len) {
+  if (len < 8) return 1;
+  bool little;
+  if (std::memcmp(b, "II*\0", 4) == 0) {
+    little = true;
+  } else if (std::memcmp(b, "MM\0*", 4) == 0) {
+    little = false;
+  } else {
+    return 1;
+  }
+  auto u16 = [&](std::size_t at) -> std::uint32_t {
+    return little ? b[at] | (b[at + 1] << 8) : (b[at] << 8) | b[at + 1];
+  };
+  auto u32 = [&](std::size_t at) -> std::uint64_t {
+    return little ? u16(at) | (static_cast<std::uint64_t>(u16(at + 2)) << 16)
+                  : (static_cast<std::uint64_t>(u16(at)) << 16) | u16(at + 2);
+  };
+  const std::uint64_t ifd = u32(4);
+  if (ifd < 8 || ifd + 2 > len) return 1;
+  const std::uint64_t count =
+      std::min<std::uint64_t>({u16(ifd), 1024, (len - ifd - 2) / 12});  // exif.py's bounds
+  for (std::uint64_t k = 0; k < count; ++k) {
+    const std::size_t at = static_cast<std::size_t>(ifd + 2 + 12 * k);
+    if (u16(at) != 0x0112) continue;
+    const std::uint32_t type = u16(at + 2);
+    const std::uint64_t n = u32(at + 4);
+    std::uint64_t value;
+    if (type == 3 && n >= 1) {  // SHORT, the standard type; LONG from some writers
+      value = u16(at + 8);
+    } else if (type == 4 && n >= 1) {
+      value = u32(at + 8);
+    } else {
+      return 1;
+    }
+    return value >= 1 && value <= 8 ? static_cast<int>(value) : 1;
+  }
+  return 1;
+}
+
+// (height, width, EXIF orientation) as stored (orientation not applied), or None: see above.
+py::object jpeg_header(const py::buffer& data) {
+  const py::buffer_info info = contiguous_bytes(data);
+  const auto* bytes = static_cast<const std::uint8_t*>(info.ptr);
+  const auto size = static_cast<std::size_t>(info.size);
+  int height = 0, width = 0;
+  if (!libjpeg_header(bytes, size, &height, &width)) return py::none();
+  const std::uint8_t* tiff = nullptr;
+  std::size_t tiff_size = 0;
+  const int orientation = jpeg_exif(bytes, size, &tiff, &tiff_size)
+                              ? orientation_from_tiff(tiff, tiff_size)
+                              : 1;
+  return py::make_tuple(height, width, orientation);
 }
 
 }  // namespace
@@ -501,6 +681,10 @@ restart interval begins, any earlier one dropped: ValueError when it has no rest
   m.def("has_interval_index", &has_interval_index, py::arg("data"),
         R"(Whether the JPEG's header holds an interval index segment (valid or not): True or
 False, or None when the header runs past the bytes given.)");
+  m.def("jpeg_header", &jpeg_header, py::arg("data"),
+        R"((height, width, EXIF orientation) of a JPEG as stored, or None: what TurboJPEG's
+header call and exif.py's walk give, for a header libjpeg reads without error that is
+Huffman-coded greyscale or YCbCr/RGB at a sampling TurboJPEG names; None for anything else.)");
   m.def("crop_bitstream", &crop_bitstream, py::arg("data"), py::arg("y0"), py::arg("x0"),
         py::arg("y1"), py::arg("x1"),
         R"(A small JPEG of the whole restart intervals covering full-size rows [y0, y1) and

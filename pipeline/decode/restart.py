@@ -36,13 +36,14 @@ EDGE_MARGIN = 2
 
 @functools.cache
 def _crop_bitstream():
-    """`batchwire.native.jpeg_roi.crop_bitstream`, or None when the extension is unavailable.
+    """The extension's `crop_bitstream` itself (`batchwire.native.jpeg_roi.crop_bitstream` less
+    its wrapper), or None when the extension is unavailable.
 
     Looked up once per process (the extension's build is tried once and remembered): the
-    lookup's import and lock would otherwise run for every image."""
+    lookup's import and the wrapper's lock would otherwise run for every image."""
     from batchwire.native import jpeg_roi
 
-    return jpeg_roi.crop_bitstream if jpeg_roi.jpeg_roi_available() else None
+    return jpeg_roi.native_function("crop_bitstream")
 
 
 def narrow_request(req: DecodeRequest, *, upright_only: bool = False) -> DecodeRequest:
