@@ -8,12 +8,13 @@ members per shard are ~0.3 MB apart and share GETs (5 GETs per 50 images instead
 simulation of bench/RESULTS.md, at no more bytes per image). Those members wait here until
 their batch comes.
 
-Two reads bring a window: the batch that finds its own members missing reads them and, in the
-same requests, the next `batches - 1` batches' members of the shards it reads (the first batch
-of an epoch, or one after a miss); and once a batch finds that the members held or in flight
-run out within `batches // 2` batches, it hands the next window (`batches` batches, all their
-shards) to a background read (`Claim.later`) and goes on with its own: the next window arrives
-while this one is decoded, so no producer waits for a window's GETs at its start.
+Two reads bring a window: the batch that finds its own members missing (the first batch of an
+epoch, or one after a miss) reads them and, in the same requests, the next `batches // 2 - 1`
+batches' members of the shards it reads (half a window: it is waited for); and once a batch
+finds that the members held or in flight run out within `batches // 2` batches, it hands the
+next window (`batches` batches, all their shards) to a background read (`Claim.later`) and
+goes on with its own: the next window arrives while this one is decoded, so no producer waits
+for a window's GETs.
 
 `ReadAhead` is that waiting room, one per split (a tar split's `TarReader` holds it):
 
@@ -118,7 +119,7 @@ class ReadAhead:
         """Split the read of ``own`` (this batch's members) of ``epoch``: members held are
         taken, members in flight awaited, the rest fetched. ``upcoming``: the next batches'
         members, batch by batch. When something is fetched, the members of the next
-        `batches - 1` batches that ``along_with(fetch)`` accepts (e.g. those in the shards
+        `batches // 2 - 1` batches that ``along_with(fetch)`` accepts (e.g. those in the shards
         the fetch reads) and that are neither held nor in flight are read along while they
         fit the budget; when nothing is, and the next `batches // 2` batches hold a member
         neither held nor in flight, the window from that batch on is `later`'s (module doc).
@@ -139,7 +140,7 @@ class ReadAhead:
             if claim.epoch != self._epoch or not upcoming:
                 return claim
             if claim.fetch:
-                window = [i for batch in upcoming[: self.batches - 1] for i in batch]
+                window = [i for batch in upcoming[: self.batches // 2 - 1] for i in batch]
                 self._plan_along(claim, window, size, along_with(claim.fetch))
                 return claim
             start = self._first_uncovered(upcoming[: self.batches // 2])

@@ -61,17 +61,19 @@ def test_a_batch_whose_members_are_all_held_reads_nothing_itself() -> None:
 def test_the_next_window_is_read_in_the_background_once_the_held_ones_run_short() -> None:
     ahead = ReadAhead(batches=4)  # windows of 4 batches, the next one from 2 batches ahead
     first = ahead.claim(0, [1], [[2], [3], [4], [5], [6], [7]], _size, _any)
-    assert first.along == [2, 3, 4] and first.later is None  # the batch's read, 3 batches on
-    ahead.settle(first, {i: b"x" for i in (1, 2, 3, 4)})
-    early = ahead.claim(0, [2], [[3], [4], [5], [6], [7], [8]], _size, _any)
-    assert early.later is None  # 3 and 4 held: 5 is 2 batches away
-    late = ahead.claim(0, [3], [[4], [5], [6], [7], [8], [9]], _size, _any)
+    assert first.along == [2] and first.later is None  # waited for: half a window in all
+    ahead.settle(first, {i: b"x" for i in (1, 2)})
+    late = ahead.claim(0, [2], [[3], [4], [5], [6], [7], [8]], _size, _any)
     assert late.fetch == [] and late.along == []
-    assert late.later is not None and late.later.along == [5, 6, 7, 8]  # 4 batches from 5
-    again = ahead.claim(0, [4], [[5], [6], [7], [8], [9], [10]], _size, _any)
-    assert again.later is None and set(again.taken) == {4}  # 5 to 8 are in flight
-    assert set(ahead.claim(0, [5], [], _size, _any).waits) == {5}
-    ahead.settle(late.later, {i: b"y" for i in (5, 6, 7, 8)})
+    assert late.later is not None and late.later.along == [3, 4, 5, 6]  # 4 batches from 3
+    ahead.settle(late.later, {i: b"y" for i in (3, 4, 5, 6)})
+    early = ahead.claim(0, [3], [[4], [5], [6], [7], [8], [9]], _size, _any)
+    assert early.later is None  # the next 2 batches (4, 5) are held
+    assert ahead.claim(0, [4], [[5], [6], [7]], _size, _any).later is None  # 5, 6 held
+    again = ahead.claim(0, [5], [[6], [7], [8], [9], [10]], _size, _any)
+    assert again.later is not None and again.later.along == [7, 8, 9, 10]
+    assert set(ahead.claim(0, [7], [], _size, _any).waits) == {7}  # in flight: awaited
+    ahead.settle(again.later, {i: b"z" for i in (7, 8, 9, 10)})
 
 
 def test_only_members_the_reader_accepts_are_read_along() -> None:
