@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -143,12 +144,15 @@ def main(argv: list[str] | None = None) -> int:
         base += ["--max-batch-size", str(2 * args.batch_size)]
     base += args.server_args.split()
 
-    def row(name: str, ranks: list[Rank], *extra: str) -> float:
+    def row(name: str, ranks: list[Rank], *extra: str) -> tuple[float, float]:
+        """(aggregate images/s, server CPU ms per delivered image) of one sweep."""
         with (
             tempfile.TemporaryDirectory() as tmp,
             PipelineServer([*base, *extra], log_path=Path(tmp) / "server.log") as srv,
         ):
+            cpu_before = process_cpu_s(srv.pid)
             images, rate = run_sweep(srv.endpoint, ranks, args.epochs)
+            cpu_ms = 1000 * (process_cpu_s(srv.pid) - cpu_before) / max(images, 1)
             c = srv_counters(srv.endpoint)
         produced, sent = c.get("batches_produced_total") or 0, c.get("batches_total") or 0
         ratio = sent / produced if produced else 0.0
@@ -159,11 +163,12 @@ def main(argv: list[str] | None = None) -> int:
                 f"{c.get('samples_reused_total') or 0} reused"
             )
         print(
-            f"  {name:<34} {rate:8.0f} img/s  ({images} images; {produced} batches produced, "
-            f"{sent} sent, share ratio {ratio:.2f}{samples})",
+            f"  {name:<34} {rate:8.0f} img/s, server {cpu_ms:.3f} CPU ms per delivered image  "
+            f"({images} images; {produced} batches produced, {sent} sent, share ratio "
+            f"{ratio:.2f}{samples})",
             flush=True,
         )
-        return rate
+        return rate, cpu_ms
 
     print(
         f"{len(data.paths)} images from {data.shown}; batch {args.batch_size}, "
@@ -174,29 +179,38 @@ def main(argv: list[str] | None = None) -> int:
     rates: dict[str, float] = {}
     if args.rows == "batch-sizes":
         b, b2 = args.batch_size, 2 * args.batch_size
-        one = row(f"1 job alone (batch {b})", [("solo", 0, 1, b)])
+        one, one_cpu = row(f"1 job alone (batch {b})", [("solo", 0, 1, b)])
         mixed_b = [("a", 0, 1, b), ("b", 0, 1, b2), *(("c", r, 2, b2) for r in range(2))]
         mixed_b += [("d", r, 4, b) for r in range(4)]
-        rate = row(f"world sizes 1, 1, 2, 4; batch {b}, {b2}, {b2}, {b}", mixed_b)
-        print(f"  mixed batch sizes {rate / one:5.2f} x one job")
+        rate, cpu = row(f"world sizes 1, 1, 2, 4; batch {b}, {b2}, {b2}, {b}", mixed_b)
+        print(
+            f"  mixed batch sizes {rate / one:5.2f} x one job by images/s, "
+            f"{one_cpu / cpu:5.2f} x by server CPU per delivered image"
+        )
         return 0
     for n in (int(v) for v in args.jobs.split(",")):
-        rates[f"{n} jobs"] = row(
+        rates[f"{n} jobs"], _ = row(
             f"{n} job(s) of world size 1", [(f"j{i}", 0, 1, 0) for i in range(n)]
         )
     mixed = [("a", 0, 1, 0), ("b", 0, 1, 0), *(("c", r, 2, 0) for r in range(2))]
     mixed += [("d", r, 4, 0) for r in range(4)]
-    rates["mixed"] = row("mixed: world sizes 1, 1, 2, 4", mixed)
+    rates["mixed"], _ = row("mixed: world sizes 1, 1, 2, 4", mixed)
     on, off = [], []
     for _ in range(2):
-        on.append(row("1 job, sharing on (default window)", [("solo", 0, 1, 0)]))
-        off.append(row("1 job, --share-window 0", [("solo", 0, 1, 0)], "--share-window", "0"))
+        on.append(row("1 job, sharing on (default window)", [("solo", 0, 1, 0)])[0])
+        off.append(row("1 job, --share-window 0", [("solo", 0, 1, 0)], "--share-window", "0")[0])
     one = rates.get("1 jobs") or max(on)
     for name, rate in rates.items():
         print(f"  {name:<10} {rate / one:5.2f} x one job")
     cost = 1 - max(on) / max(off)
     print(f"  sharing on vs off, one job (best of 2 each): {100 * cost:+.1f} % slower")
     return 0
+
+
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (Linux /proc; its threads too)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def srv_counters(endpoint: str) -> dict[str, int]:

@@ -107,7 +107,12 @@ from batchwire.server.lending import DEBTOR_EVERY_S, NOT_READING_S, Lender, Lend
 from batchwire.server.peers import PeerLedger
 from batchwire.server.scheduling import Scheduling
 from batchwire.server.sessions import ClientSession
-from batchwire.server.sharing import SharedBatches, sample_window_applies, window_batches
+from batchwire.server.sharing import (
+    SharedBatches,
+    sample_window_applies,
+    sample_window_batches,
+    window_batches,
+)
 from batchwire.wire import (
     BatchSpec,
     Bye,
@@ -182,6 +187,7 @@ class ServerCore:
         self._debts_logged = 0
         self.shared = SharedBatches(window_batches(config.share_window, budget.max_buffers))
         self.lender = Lender(config.prefetch_depth, budget, self.deliveries, self.peers)
+        share_samples = self.shared.enabled and sample_window_applies(config)
         self.scheduling = Scheduling(
             config,
             spec,
@@ -194,7 +200,8 @@ class ServerCore:
             self.shared,
             self.lender,
             # Orders go through the producers' sample window: sharing is on and it applies.
-            self.shared.enabled and sample_window_applies(config),
+            share_samples,
+            _share_span(config, self.shared.window, budget.max_buffers, share_samples),
             now,
         )
         self._next_housekeeping = now + HOUSEKEEPING_S
@@ -660,3 +667,12 @@ def clip(message: str) -> str:
     if len(message) <= MESSAGE_MAX:
         return message
     return f"{message[: MESSAGE_MAX - 20]}... ({len(message)} characters)"
+
+
+def _share_span(config: ServerConfig, window: int, max_buffers: int, share_samples: bool) -> int:
+    """How many samples of a split's epoch order the share window holds (0: sharing off): the
+    sample window's (its batches of the largest size) where it applies, else the batch
+    window's. Pacing keeps a split's sessions within it (server/pacing.py)."""
+    if share_samples:
+        return sample_window_batches(config, max_buffers) * config.batch_size_cap
+    return window * int(config.batch_size)

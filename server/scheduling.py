@@ -24,6 +24,7 @@ from batchwire.server.config import ServerConfig
 from batchwire.server.delivery import Deliveries
 from batchwire.server.jobs import BatchOrder
 from batchwire.server.lending import DEBTOR_EVERY_S, Lender, Lending
+from batchwire.server.pacing import Pacing, sample_position
 from batchwire.server.peers import PeerLedger
 from batchwire.server.sessions import ClientSession, ReadyBatch
 from batchwire.server.sharing import BatchKey, Production, SharedBatches
@@ -66,6 +67,7 @@ class Scheduling:
         shared: SharedBatches,
         lender: Lender,
         share_samples: bool,
+        pace_span: int,
         now: float,
     ) -> None:
         self.config = config
@@ -80,6 +82,9 @@ class Scheduling:
         self.lender = lender
         self.share_samples = share_samples  # orders go through the producers' sample window
         self.scheduler = RoundRobin()
+        # A session far ahead on its split waits for the others (pacing.py): ``pace_span`` is
+        # the share window in samples (0: sharing off, no pacing).
+        self.pacing = Pacing(pace_span, self._position)
         # Jobs submitted whose result has not come back: one in production and one queued per
         # producer at most, so a job never waits long behind others for a client that left.
         self.jobs_out = 0
@@ -103,11 +108,15 @@ class Scheduling:
         sessions = self.sessions.values()
         lending = self.lender.lending(sessions, now)
         debtors_limited = self.lender.good_standing_busy(sessions, now)
+        paced = len(self.sessions) > 1 and self.pacing.enabled
+        laggards = self.pacing.laggards(sessions, now) if paced else {}
         actions: list[Action] = []
         while True:
-            session = self._next(lending, debtors_limited, now)
+            session = self._next(lending, debtors_limited, laggards, now)
             if session is None:
                 break
+            if paced:
+                self.pacing.started(session, now)
             p = self._next_production(session)
             pos, batch_index = session.take_next()
             if p is not None:
@@ -116,7 +125,9 @@ class Scheduling:
             actions += self._produce(session, pos, batch_index, now)
         return actions
 
-    def _next(self, lending: Lending, debtors_limited: bool, now: float) -> ClientSession | None:
+    def _next(
+        self, lending: Lending, debtors_limited: bool, laggards: dict[str, list[int]], now: float
+    ) -> ClientSession | None:
         """The session to start a batch now, or None: of those with room that may start one
         (`_may_take`), the lowest rank, and of one rank the first in turn; it (and those passed
         over before it) go to the back of the order."""
@@ -129,7 +140,7 @@ class Scheduling:
             r = self.lender.rank(session)
             if best is not None and r >= best_rank:
                 continue
-            if self._may_take(session, lending, debtors_limited, now):
+            if self._may_take(session, lending, debtors_limited, laggards, now):
                 best, best_rank, best_at = session, r, at
                 if r <= 0:
                     break
@@ -170,12 +181,19 @@ class Scheduling:
         return actions
 
     def _may_take(
-        self, session: ClientSession, lending: Lending, debtors_limited: bool, now: float
+        self,
+        session: ClientSession,
+        lending: Lending,
+        debtors_limited: bool,
+        laggards: dict[str, list[int]],
+        now: float,
     ) -> bool:
         """May the session start its next batch? Joining a buffer already lent costs the
         budget nothing (only the session's own work-ahead, `has_room`, bounds it); anything
         else needs a buffer: a producer slot too for a new production (for a client in debt,
-        while ``debtors_limited``, not before its turn, `_debtors_wait`), and `may_lend`."""
+        while ``debtors_limited``, not before its turn, `_debtors_wait`), and `may_lend`; and
+        a new production waits while the session is far ahead of its split's others
+        (`Pacing.holds`: ``laggards``, their positions)."""
         p = self._next_production(session)
         if not self.shared.costs_a_buffer(p):
             return not self.lender.not_reading(session, now)
@@ -184,7 +202,9 @@ class Scheduling:
         if p is None and debtors_limited and self._debtors_wait(session, now):
             return False
         clients = len(self.sessions)
-        return not self.budget.full and self.lender.may_lend(session, lending, clients, now)
+        if self.budget.full or not self.lender.may_lend(session, lending, clients, now):
+            return False
+        return p is not None or not laggards or not self.pacing.holds(session, laggards, now)
 
     def _debtors_wait(self, session: ClientSession, now: float) -> bool:
         """Must this session, if in debt, wait for its next job? Those in debt start one job
@@ -247,6 +267,11 @@ class Scheduling:
         return [Release(s) for s in slots]
 
     # ------------------------------------------------------------------------- sending
+
+    def _position(self, session: ClientSession) -> int | None:
+        """Where the session's next batch starts in its split's epoch order (pacing.py)."""
+        num_samples = self.splits[session.hello.split].num_samples
+        return sample_position(session, self.spec_of(session).batch_size, num_samples)
 
     def spec_of(self, session: ClientSession) -> BatchSpec:
         return session.spec if session.spec is not None else self.spec

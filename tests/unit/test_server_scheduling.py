@@ -41,6 +41,7 @@ class Part:
             self.shared,
             lender,
             False,
+            window * BATCH,  # pacing within the share window
             0.0,
         )
 

@@ -1,0 +1,127 @@
+"""Pacing: a job far ahead of the others on its split waits for them, so a sweep stays shared.
+
+Part of the server's core (no I/O, `now` given). Jobs of a sweep read the same epoch order,
+and a sample is decoded once only while every job asks for it within the share window
+(sharing.py: batches; pipeline/sample_window.py: samples across batch sizes). Unpaced, a job
+that reads faster drifts ahead until the others' samples have left the window and are decoded
+again (a mixed sweep of batch sizes 64/128 decoded 1.9x its distinct samples with the default
+window, bench/RESULTS.md, issue 23). So a session whose next batch would start a new
+production more than `PACE_FRACTION` of the window ahead of another session on its split, and
+not more than `PACE_REACH` windows ahead (a job that far behind, say one started late, cannot
+catch up by a short wait: it produces its own, `lagging`), waits while that one keeps up:
+
+- it made progress (asked for a batch) within `PACE_IDLE_S`: a stopped or finished job holds
+  nobody for longer than that;
+- and the held session's hold allowance lasts: a session is held at most `PACE_SHARE` of the
+  time (a token bucket of `PACE_BURST_S`), so a job much faster than the others on the split
+  (another model, another trainer) loses at most that share of its rate to pacing, while jobs
+  of one speed, which drift only by the server's own unevenness, are kept together by short
+  holds.
+
+A held session loses its turn, not its place; joining a production (a batch already made or
+being made for another session) is never held. Positions are in samples of the epoch order
+(`sample_position`): a batch of world size W, rank r and size B starts at sample (kW + r) B,
+later epochs after earlier ones.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from batchwire.server.sessions import ClientSession
+
+#: A job behind by this long without asking for a batch holds nobody (seconds).
+PACE_IDLE_S = 1.0
+#: A session waits when its next new batch is this fraction of the window ahead of another's,
+#: and no more than this many windows ahead.
+PACE_FRACTION = 0.75
+PACE_REACH = 2.0
+#: The most of its time a session spends held, and the longest hold at once (seconds).
+PACE_SHARE = 0.25
+PACE_BURST_S = 2.0
+
+
+@dataclass
+class _Allowance:
+    """A session's hold allowance: earned at `PACE_SHARE` seconds a second, spent while held."""
+
+    seconds: float = PACE_BURST_S
+    at: float = 0.0
+    held: bool = False
+
+    def hold(self, wanted: bool, now: float) -> bool:
+        elapsed = max(0.0, now - self.at)
+        spent = 1.0 if self.held else 0.0  # it was held since the last look
+        self.seconds = min(PACE_BURST_S, self.seconds + elapsed * (PACE_SHARE - spent))
+        self.at = now
+        self.held = wanted and self.seconds > 0
+        return self.held
+
+
+def sample_position(session: ClientSession, batch_size: int, num_samples: int) -> int | None:
+    """Where the session's next batch to start begins, in samples (epochs laid end to end);
+    None for a session outside the shared order (a resumed pass)."""
+    h = session.hello
+    if h.start_sample:
+        return None
+    if session.next_pos < len(session.batches):
+        k = session.batches[session.next_pos]
+    else:  # nothing asked beyond what started: it will ask for the batch after its last
+        k = session.batches[-1] + 1 if session.batches else 0
+    return h.epoch * num_samples + (k * h.world_size + h.rank) * batch_size
+
+
+class Pacing:
+    """Holds sessions more than `PACE_FRACTION` of ``span`` samples ahead (module doc)."""
+
+    def __init__(self, span: int, position: Callable[[ClientSession], int | None]) -> None:
+        self.span = int(span)  # the window, in samples; 0: no pacing
+        self.position = position
+        self._allowances: dict[int, _Allowance] = {}  # by session serial
+
+    @property
+    def enabled(self) -> bool:
+        return self.span > 0
+
+    def laggards(self, sessions: Iterable[ClientSession], now: float) -> dict[str, list[int]]:
+        """Per split, the positions (sorted) of the sessions that made progress within
+        `PACE_IDLE_S`; the allowances of sessions gone are dropped."""
+        out: dict[str, list[int]] = {}
+        live: set[int] = set()
+        for s in sessions:
+            live.add(s.serial)
+            if s.closed or s.progress_at is None or now - s.progress_at > PACE_IDLE_S:
+                continue
+            pos = self.position(s)
+            if pos is not None:
+                out.setdefault(s.hello.split, []).append(pos)
+        for positions in out.values():
+            positions.sort()
+        for serial in self._allowances.keys() - live:
+            del self._allowances[serial]
+        return out
+
+    def holds(self, session: ClientSession, laggards: dict[str, list[int]], now: float) -> bool:
+        """Must ``session`` wait before starting a new production of its next batch?"""
+        positions = laggards.get(session.hello.split)
+        pos = self.position(session) if positions else None
+        ahead = pos is not None and self._within_reach(positions, pos)  # type: ignore[arg-type]
+        allowance = self._allowances.get(session.serial)
+        if allowance is None:
+            if not ahead:
+                return False
+            allowance = self._allowances[session.serial] = _Allowance(at=now)
+        return allowance.hold(ahead, now)
+
+    def _within_reach(self, positions: list[int], pos: int) -> bool:
+        """Is a session between `PACE_REACH` and `PACE_FRACTION` windows behind ``pos``?"""
+        i = bisect_left(positions, pos - PACE_REACH * self.span)
+        return i < len(positions) and positions[i] < pos - PACE_FRACTION * self.span
+
+    def started(self, session: ClientSession, now: float) -> None:
+        """The session started a batch: it is held no more (its allowance counts that)."""
+        allowance = self._allowances.get(session.serial)
+        if allowance is not None:
+            allowance.hold(False, now)
