@@ -68,8 +68,10 @@ McuRect context_rect(const RestartLayout& layout, long long y0, long long x0, lo
 McuRect covering_rect(const RestartLayout& layout, long long y0, long long x0, long long y1,
                       long long x1);
 
-// At least the size of `assemble_rect_into`'s JPEG (the markers between a row's intervals counted
-// as the file's, 2 bytes more per row): what a caller allocates for it.
+// At least the size of `assemble_rect_into`'s JPEG: what a caller allocates for it. Per MCU row
+// it counts the file's bytes from the row's first chosen interval to the end of its last, plus 2
+// (the marker before the row): every layout (scanned or indexed) has at least a 2-byte marker
+// between consecutive intervals, where the small JPEG writes exactly 2, so this is never short.
 std::size_t assembled_size_bound(const RestartLayout& layout, const McuRect& rect);
 
 // Writes a complete JPEG of the rectangle's MCUs into `out` (which holds `assembled_size_bound`
