@@ -122,3 +122,24 @@ def test_a_client_in_debt_goes_after_those_in_good_standing() -> None:
     assert not t.part.lender.in_good_standing(debtor)
     orders = [a.order for a in t.part.schedule(0.0) if isinstance(a, Submit)]
     assert [o.session_serial for o in orders] == [2, 2]  # the producers' two jobs: g's
+
+
+def test_a_session_far_ahead_waits_while_the_one_behind_produces() -> None:
+    """Pacing through the scheduler (server/pacing.py): a 8-batch window; b is 7 batches ahead
+    of a (past 3/4 of it): a's batches start, b's wait until a has moved on."""
+    t = Part(window=8, producers=4)
+    t.add(b"a", (0, 1), 1)
+    t.add(b"b", (7, 8), 2)
+    started = [a.order.session_serial for a in t.part.schedule(0.0) if isinstance(a, Submit)]
+    assert started == [1, 1]  # a's two; b held
+    t.sessions[b"a"].progress_at = 0.5  # a keeps asking; its next batch is 2: b is 5 ahead
+    later = [a.order.session_serial for a in t.part.schedule(0.5) if isinstance(a, Submit)]
+    assert later == [2, 2]
+
+
+def test_a_session_far_ahead_of_one_that_went_quiet_does_not_wait() -> None:
+    t = Part(window=8, producers=4)
+    t.add(b"a", (0,), 1)
+    t.add(b"b", (7, 8), 2)
+    started = [a.order.session_serial for a in t.part.schedule(1.5) if isinstance(a, Submit)]
+    assert sorted(started) == [1, 2, 2]  # a asked at 0: quiet for over a second by 1.5
