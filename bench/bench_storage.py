@@ -71,6 +71,18 @@ def proc_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def peak_rss_mib(pid: int) -> float | None:
+    """Process `pid`'s peak resident memory so far (VmHWM), MiB; None without /proc."""
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return round(int(line.split()[1]) / 1024, 1)
+    except OSError:
+        pass
+    return None
+
+
 # -- latency ----------------------------------------------------------------------------------
 
 
@@ -266,6 +278,7 @@ def server_row(
         wall = time.perf_counter() - t0
         cpu = proc_cpu_s(srv.pid) - cpu0
         weed, gets = proc_cpu_s(store.proc.pid) - weed0, store.s3_requests("GET") - gets0
+        peak = peak_rss_mib(srv.pid)
     row = {
         "row": "server",
         "source": name,
@@ -277,6 +290,7 @@ def server_row(
         "store_gets_per_batch": round(gets * batch / n, 1),
         "epoch0_images_per_s": round(n0 / wall0, 1),
         "epoch0_server_cpu_ms_per_img": round(1e3 * cpu_0 / n0, 2),
+        "server_peak_rss_mib": peak,
         "samples_patch": patched is not None,
     }
     print(json.dumps(row), flush=True)
@@ -351,7 +365,8 @@ def shard_rounds(
                 print(json.dumps({"round": k, "source": row["source"], **ratios(row)}))
         rows += got.values()
     fields = ("images_per_s", "server_cpu_ms_per_img", "store_cpu_ms_per_img")
-    fields += ("store_gets_per_batch", "vs_local_images_per_s", "vs_local_cpu")
+    fields += ("store_gets_per_batch", "server_peak_rss_mib", "vs_local_images_per_s")
+    fields += ("vs_local_cpu",)
     for name in cases:
         mine = [r for r in rows if r["source"] == name]
         summary = {f: median(r[f] for r in mine) for f in fields if f in mine[0]}

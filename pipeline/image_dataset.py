@@ -135,6 +135,12 @@ class ImageDataset:
         local files, any source but tar shards in a bucket; `pipeline.storage.readahead`)."""
         return int(getattr(self.reader, "ahead_batches", 0))
 
+    @property
+    def read_ahead_bytes(self) -> int:
+        """The most bytes of upcoming batches' samples the source holds (0 where it reads
+        none ahead): what a server adds to its expected memory for this dataset."""
+        return int(getattr(self.reader, "ahead_bytes", 0))
+
     def read_many(
         self,
         indices: Sequence[int],

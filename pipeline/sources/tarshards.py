@@ -74,6 +74,11 @@ class TarReader:
         """How many upcoming batches a read is to be handed (0: it reads none ahead)."""
         return 0 if self.ahead is None else self.ahead.wants
 
+    @property
+    def ahead_bytes(self) -> int:
+        """The most bytes of members `ahead` holds and reads at once (0: none)."""
+        return 0 if self.ahead is None else self.ahead.budget
+
     def sample_keys(self) -> SampleKeys:
         """Checksum-manifest names ("SHARD:MEMBER"), with each shard's size and the member's
         offset (`pipeline.checksums`: what tells a rewritten shard from a damaged one)."""

@@ -8,6 +8,7 @@ loader's AccessWatch."""
 from __future__ import annotations
 
 import shutil
+import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -20,7 +21,12 @@ from batchwire.pipeline.augment_plan import AugmentConfig
 from batchwire.pipeline.dataset import ImageDataset, open_dataset
 from batchwire.pipeline.decode import CpuBatchDecoder
 from batchwire.pipeline.sampler import ShardSampler
-from batchwire.pipeline.samples import LoadedSample, SampleLoader, next_batches
+from batchwire.pipeline.samples import (
+    LoadedSample,
+    SampleLoader,
+    TransientReadError,
+    next_batches,
+)
 from batchwire.pipeline.synthetic import default_dataset
 from batchwire.prepare.shards import write_shards
 
@@ -86,6 +92,7 @@ def test_the_local_batches_in_fewer_gets(seaweed, shards) -> None:
     local = _open(shards["local"], shards["cache"])
     remote = _open(shards["a"], shards["cache"])
     assert local.read_ahead_batches == 0 and remote.read_ahead_batches > 0  # local pays nothing
+    assert local.read_ahead_bytes == 0 and remote.read_ahead_bytes == 64 << 20
     sampler = ShardSampler(len(remote), BATCH, seed=5, shuffle=True, drop_last=True)
     store = remote.reader.located.store
     with CpuBatchDecoder(2) as dec:
@@ -151,3 +158,32 @@ def test_a_member_failing_in_a_read_along_is_a_bad_sample_of_its_own_batch(seawe
     assert reader.ahead.counters()["taken"] > 0
     state = ahead.access.state(time.monotonic())
     assert state.reads == plain.access.state(time.monotonic()).reads > 0
+
+
+def test_a_store_killed_mid_epoch_costs_retries_never_a_sample(seaweed, shards) -> None:
+    """SIGKILL the store after batch 1 (a window read ahead in flight or held), start it again
+    3 s later: batches that fail do so as transient (as the client retries them), and the
+    epoch ends with the local shards' batches, no sample marked bad."""
+    local = _open(shards["local"], shards["cache"])
+    remote = _open(shards["a"], shards["cache"])
+    sampler = ShardSampler(len(remote), BATCH, seed=11, shuffle=True, drop_last=True)
+    with CpuBatchDecoder(1) as dec:
+        want = _epoch(SampleLoader(local, CONFIG, 11, dec), sampler, 2, ahead=False)
+        loader = SampleLoader(remote, CONFIG, 11, dec, check_start=False)
+        got, failed = [], 0
+        for b in range(sampler.num_batches):
+            plan = sampler.plan(2, b)
+            if b == 2:
+                seaweed.kill()
+                threading.Timer(3.0, seaweed.start).start()
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    got.append(loader.load(2, plan.indices, upcoming=next_batches(sampler, plan)))
+                    break
+                except TransientReadError:  # what the client retries
+                    failed += 1
+                    assert time.monotonic() < deadline
+    _same(got, want)
+    assert failed > 0, "the outage was not met"
+    assert loader.bad_total == 0 and loader.transient_total > 0
