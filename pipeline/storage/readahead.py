@@ -26,7 +26,10 @@ for a window's GETs.
   never fetched twice; the reader settles its fetch before it waits for anyone's, so no two
   threads wait on each other;
 - short-lived: a member is dropped once taken, and everything held when a newer epoch's batch
-  reads (the next epoch's order is another permutation).
+  reads (the next epoch's order is another permutation);
+- read once: producers run batches out of order, so a window may hold a batch another
+  producer already read; the last `SEEN` members taken or fetched this epoch are remembered
+  and not read along again.
 
 What is held is what the read returned, an error included: a member that failed while read
 along is still its own batch's failed read (a counted bad sample there, a transient error
@@ -46,6 +49,9 @@ DEFAULT_BUDGET = 64 << 20
 #: Upcoming batches whose members a read takes along (the simulation's 8: ~5 GETs per batch
 #: of 50 on 16 MB shards); the budget may cut the window shorter.
 DEFAULT_BATCHES = 8
+#: Members taken or fetched this epoch remembered, not to be read along again (~1.5 MB; five
+#: windows of 12 batches of 256).
+SEEN = 16384
 
 Got = bytes | OSError
 
@@ -90,6 +96,7 @@ class ReadAhead:
         self._held_bytes = 0
         self._flights: dict[int, tuple[_Flight, int]] = {}  # index -> (flight, bytes)
         self._flight_bytes = 0
+        self._seen: OrderedDict[int, None] = OrderedDict()  # the last SEEN, oldest first
         self._taken = self._along = self._dropped = 0
 
     @property
@@ -130,6 +137,7 @@ class ReadAhead:
             if claim.epoch > self._epoch:
                 self._epoch = claim.epoch
                 self._drop(list(self._held))
+                self._seen.clear()
             for i in dict.fromkeys(int(i) for i in own):
                 if i in self._held:
                     claim.taken[i] = self._take(i)
@@ -137,6 +145,7 @@ class ReadAhead:
                     claim.waits[i] = self._flights[i][0]
                 else:
                     claim.fetch.append(i)
+                    self._see(i)
             if claim.epoch != self._epoch or not upcoming:
                 return claim
             if claim.fetch:
@@ -154,9 +163,19 @@ class ReadAhead:
     def _first_uncovered(self, batches: Sequence[Sequence[int]]) -> int | None:
         """The first of ``batches`` with a member neither held nor in flight (lock held)."""
         for k, batch in enumerate(batches):
-            if any(int(i) not in self._held and int(i) not in self._flights for i in batch):
+            if any(self._uncovered(int(i)) for i in batch):
                 return k
         return None
+
+    def _uncovered(self, i: int) -> bool:
+        """Whether member ``i`` is neither held, in flight nor read this epoch (lock held)."""
+        return i not in self._held and i not in self._flights and i not in self._seen
+
+    def _see(self, i: int) -> None:
+        self._seen[i] = None
+        self._seen.move_to_end(i)
+        if len(self._seen) > SEEN:
+            self._seen.popitem(last=False)
 
     def _plan_along(
         self,
@@ -168,7 +187,7 @@ class ReadAhead:
         """The members ``claim`` reads along: in order, while they fit (lock held)."""
         mine = set(claim.fetch)
         for i in dict.fromkeys(int(i) for i in upcoming):
-            if i in mine or i in self._held or i in self._flights or not wanted(i):
+            if i in mine or not self._uncovered(i) or not wanted(i):
                 continue
             n = int(size(i))
             if not self._room(n):
@@ -219,6 +238,7 @@ class ReadAhead:
         data, n = self._held.pop(i)
         self._held_bytes -= n
         self._taken += 1
+        self._see(i)
         return data
 
     def _drop(self, indices: list[int]) -> None:

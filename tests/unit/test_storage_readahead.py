@@ -76,6 +76,14 @@ def test_the_next_window_is_read_in_the_background_once_the_held_ones_run_short(
     ahead.settle(again.later, {i: b"z" for i in (7, 8, 9, 10)})
 
 
+def test_a_member_read_this_epoch_is_not_read_along_again() -> None:
+    ahead = ReadAhead()
+    _read(ahead, 0, [5, 6], [])  # a producer ahead of the others read batch [5, 6] first
+    assert _read(ahead, 0, [1], [2, 5, 6, 7]) == {1: b"m1"}
+    assert ahead.counters()["held_bytes"] == 2 * SIZE  # 2 and 7: not 5 and 6 again
+    assert ahead.claim(1, [8], _batches([5]), _size, _any).along == [5]  # a new epoch: again
+
+
 def test_only_members_the_reader_accepts_are_read_along() -> None:
     ahead = ReadAhead()
     claim = ahead.claim(0, [1], _batches([2, 3, 4]), _size, lambda fetch: lambda i: i % 2 == 0)
