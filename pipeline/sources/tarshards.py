@@ -114,7 +114,7 @@ class TarReader:
         got: dict[int, bytes | OSError] = dict(claim.taken)
         fetched = self._read_claimed(claim, claim.fetch + claim.along)
         if claim.later is not None:
-            self._background().submit(self._read_claimed, claim.later, claim.later.along)
+            self._read_later(claim.later)
         got.update((i, fetched[i]) for i in claim.fetch)
         got.update(self.ahead.await_claimed(claim))
         rest = [i for i in dict.fromkeys(int(i) for i in indices) if i not in got]
@@ -132,6 +132,15 @@ class TarReader:
             assert self.ahead is not None
             self.ahead.settle(claim, fetched)
         return fetched
+
+    def _read_later(self, later: Claim) -> None:
+        """``later``'s window read on the background thread; settled empty (its batches read
+        their members themselves) when it cannot start (the interpreter is exiting)."""
+        try:
+            self._background().submit(self._read_claimed, later, later.along)
+        except RuntimeError:
+            assert self.ahead is not None
+            self.ahead.settle(later, {})
 
     def _background(self) -> ThreadPoolExecutor:
         """The one thread that reads windows ahead (made on first use)."""

@@ -187,3 +187,19 @@ def test_a_store_killed_mid_epoch_costs_retries_never_a_sample(seaweed, shards) 
     _same(got, want)
     assert failed > 0, "the outage was not met"
     assert loader.bad_total == 0 and loader.transient_total > 0
+
+
+def test_a_window_that_cannot_be_read_in_the_background_is_read_by_its_batches(
+    seaweed, shards
+) -> None:
+    """The background thread gone (as at interpreter exit): a window handed to it is settled
+    empty, and its batches read their members themselves, nobody waiting forever."""
+    local = _open(shards["local"], shards["cache"])
+    remote = _open(shards["a"], shards["cache"])
+    remote.reader._background().shutdown()
+    sampler = ShardSampler(len(remote), BATCH, seed=4, shuffle=True, drop_last=True)
+    with CpuBatchDecoder(1) as dec:
+        want = _epoch(SampleLoader(local, CONFIG, 4, dec), sampler, 0, ahead=False)
+        got = _epoch(SampleLoader(remote, CONFIG, 4, dec), sampler, 0, ahead=True)
+    _same(got, want)
+    assert remote.reader.ahead.counters()["flight_bytes"] == 0
