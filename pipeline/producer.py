@@ -25,7 +25,7 @@ from batchwire.pipeline.decode import DEFAULT_MAX_PIXELS, BatchDecoder
 from batchwire.pipeline.image_dataset import ImageDataset
 from batchwire.pipeline.sample_window import CHUNK, WAIT_S, SampleEntry, SampleWindow
 from batchwire.pipeline.sampler import PADDING_INDEX, PADDING_LABEL, BatchPlan
-from batchwire.pipeline.samples import LoadedSample, SampleLoader
+from batchwire.pipeline.samples import LoadedSample, SampleLoader, Upcoming
 from batchwire.pipeline.stages import AUGMENT, LABEL, UNTIMED, BatchStats, StageClock
 from batchwire.pipeline.transforms import TransformError, TransformRunner, transform_seeds
 from batchwire.wire import BatchSpec
@@ -149,6 +149,7 @@ class BatchProducer:
         image_size: tuple[int, int] | None = None,
         reuse: tuple[SampleWindow, Hashable] | None = None,
         clock: StageClock = UNTIMED,
+        upcoming: Upcoming | None = None,
     ) -> BatchMeta:
         """Fill `out` ([B, 3, H, W], config dtype, any memory format) with batch `plan`.
 
@@ -159,7 +160,9 @@ class BatchProducer:
         `SampleWindow` and this output's key there (split, size, dtype, layout): samples of
         the batch in the window are copied instead of produced, those produced are published
         (pipeline/sample_window.py; single-view, no user transform, CPU tensors only).
-        ``clock``: the batch's `StageClock`, told each stage it enters.
+        ``clock``: the batch's `StageClock`, told each stage it enters. ``upcoming``: the
+        epoch's next batches (`samples.next_batches`), which a source that reads ahead reads
+        along (`SampleLoader.load`).
         """
         config = self.config_at(image_size)
         if (
@@ -170,7 +173,7 @@ class BatchProducer:
             and out.device.type == "cpu"
         ):
             return self._produce_reusing(plan, out, config, *reuse, clock)
-        return self._produce(plan, out, config, clock)
+        return self._produce(plan, out, config, clock, upcoming)
 
     def _produce(
         self,
@@ -178,6 +181,7 @@ class BatchProducer:
         out: torch.Tensor | list[torch.Tensor],
         config: AugmentConfig,
         clock: StageClock,
+        upcoming: Upcoming | None = None,
     ) -> BatchMeta:
         n = len(plan.indices)
         expected = self._spec(config, n)
@@ -190,7 +194,9 @@ class BatchProducer:
             raise ValueError(
                 f"out must be {expected.view_shapes} {expected.torch_dtype}, got {got}"
             )
-        samples = self.samples.load(plan.epoch, plan.indices, config=config, clock=clock)
+        samples = self.samples.load(
+            plan.epoch, plan.indices, config=config, clock=clock, upcoming=upcoming
+        )
         clock.enter(AUGMENT)
         if self.transform is not None:
             samples = self._transform_into(plan.epoch, samples, out)

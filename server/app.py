@@ -393,6 +393,7 @@ class ServerApp:
             self.capacity.batch_size,
             median_pixels([s.dataset for s in self.splits.values()]),
             self.capacity.height * self.capacity.width,
+            sum(s.dataset.read_ahead_bytes for s in self.splits.values()),
         )
 
     def _stop_watchdog(self) -> None:

@@ -11,6 +11,8 @@ server holds: an operator sizing a pod or a Slurm job needs the whole figure. It
 - the producers' decoded images: each producer holds one batch of decoded images at a time (a
   crop never decodes more than its whole image: the median image's pixels x 3 bytes, the median
   of a few images sampled at start; datasets of larger images take more);
+- for tar shards in a bucket, the read-ahead (pipeline/storage/readahead.py: members of the next
+  batches held, at most a budget per split; `READ_AHEAD_RSS_FACTOR` x that budget);
 - allocator slack (`SLACK_MIB`): freed decode buffers the C allocator keeps per thread for
   reuse rather than give back (measured below).
 
@@ -34,6 +36,10 @@ from batchwire.pipeline.image_dataset import ImageDataset
 
 #: Freed decode buffers kept by the C allocator's per-thread arenas (measured, see the doc).
 SLACK_MIB = 64
+#: Resident memory per byte of a bucket tar split's read-ahead budget (`ImageDataset.
+#: read_ahead_bytes`): its held members, the requests' buffers in flight and their copies. Measured:
+#: peak RSS +157-183 MiB for a 64 MiB budget (bench/RESULTS.md, "Object storage: reading ahead").
+READ_AHEAD_RSS_FACTOR = 3
 _SAMPLED = 16  # images whose headers give the median image size
 
 
@@ -71,13 +77,16 @@ def expected_rss_statement(
     batch: int,
     pixels: int | None,
     out_pixels: int,
+    read_ahead_bytes: int = 0,
 ) -> str:
     """The start line: the whole expected resident memory and its parts (module doc).
     ``pixels``: the median image's (None: unknown, then the output size's x 4, a crop of
-    twice the output's side); ``out_pixels``: one output image's."""
+    twice the output's side); ``out_pixels``: one output image's; ``read_ahead_bytes``: the
+    splits' read-ahead budgets (tar shards in a bucket), x `READ_AHEAD_RSS_FACTOR`."""
     each = pixels if pixels is not None else 4 * out_pixels
     decode_mib = producers * batch * each * 3 / 2**20
-    total = base_mib + buffers_mib + decode_mib + SLACK_MIB
+    ahead_mib = READ_AHEAD_RSS_FACTOR * read_ahead_bytes / 2**20
+    total = base_mib + buffers_mib + decode_mib + ahead_mib + SLACK_MIB
     size = (
         f"the median sampled image's {each / 1e6:.2f} Mpx"
         if pixels is not None
@@ -87,5 +96,7 @@ def expected_rss_statement(
         f"expected resident memory: up to about {total:.0f} MiB = {base_mib:.0f} MiB the "
         f"process now (Python, torch, the datasets) + {buffers_mib:.0f} MiB batch buffers at "
         f"most + {decode_mib:.0f} MiB decoded images ({producers} producers x {batch} images x "
-        f"{size} x 3 bytes; larger images take more) + {SLACK_MIB} MiB allocator slack"
+        f"{size} x 3 bytes; larger images take more)"
+        + (f" + {ahead_mib:.0f} MiB read-ahead (tar shards in a bucket)" if ahead_mib else "")
+        + f" + {SLACK_MIB} MiB allocator slack"
     )

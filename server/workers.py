@@ -46,7 +46,7 @@ from batchwire.common.cuda_events import BufferFence
 from batchwire.pipeline.decode.files import is_transient
 from batchwire.pipeline.producer import BatchMeta, BatchProducer
 from batchwire.pipeline.sample_window import SampleWindow
-from batchwire.pipeline.samples import AccessDeniedError, TransientReadError
+from batchwire.pipeline.samples import AccessDeniedError, TransientReadError, next_batches
 from batchwire.pipeline.stages import BatchStats, StageClock, StageHook
 from batchwire.server.jobs import BatchOrder, Job, JobResult
 from batchwire.wire import BatchSpec
@@ -296,7 +296,7 @@ class ProducerThreads:
                 order.split, plan, spec, job.slot.tensor, _sized(order), clock
             )
         out = _batch_in(spec, job.slot.tensor)
-        kw: dict = dict(_sized(order))
+        kw: dict = dict(_sized(order), upcoming=next_batches(order.sampler, plan))
         if order.share_samples and self.samples is not None:
             key = (order.split, spec.height, spec.width, spec.dtype, spec.layout)
             kw["reuse"] = (self.samples, key)

@@ -105,6 +105,9 @@ def test_shards_and_parquet_on_s3_serve_the_local_batches(seaweed, data, want, t
             finally:
                 ld.close()
             assert srv.stats()["counters"]["bad_total"] == 0
+            # The start line's memory counts the read-ahead of tar shards in a bucket only.
+            ahead = "MiB read-ahead (tar shards in a bucket)" in srv.log()
+            assert ahead == (kind == "s3-shards"), srv.log()[-2000:]
             if kind == "s3-shards":
                 first = loader(srv.endpoint, "train")
                 first.set_epoch(1)
