@@ -94,7 +94,9 @@ class _Producer:
     def __init__(self, exc: BaseException) -> None:
         self.exc = exc
 
-    def produce(self, plan: object, out: torch.Tensor, clock: StageClock) -> object:
+    def produce(
+        self, plan: object, out: torch.Tensor, clock: StageClock, upcoming: object = None
+    ) -> object:
         raise self.exc
 
     def batch_stats(self, clock: StageClock) -> BatchStats:
