@@ -73,6 +73,20 @@ def sample_position(session: ClientSession, batch_size: int, num_samples: int) -
     return h.epoch * num_samples + (k * h.world_size + h.rank) * batch_size
 
 
+#: Per split: (position, session serial, job) of the sessions that hold others back, sorted.
+Laggards = dict[str, list[tuple[int, int, "tuple | None"]]]
+
+
+def _job_of(session: ClientSession) -> tuple | None:
+    """What tells a session's job apart: its hello's job name and world size; None for an
+    unnamed job of world size 1 (a job of its own). Ranks of an unnamed multi-rank job cannot be
+    told from another unnamed job of that size: such sessions do not pace each other."""
+    h = session.hello
+    if not h.job and h.world_size == 1:
+        return None
+    return (h.job, h.world_size)
+
+
 class Pacing:
     """Holds sessions more than `PACE_FRACTION` of ``span`` samples ahead (module doc)."""
 
@@ -85,10 +99,10 @@ class Pacing:
     def enabled(self) -> bool:
         return self.span > 0
 
-    def laggards(self, sessions: Iterable[ClientSession], now: float) -> dict[str, list[int]]:
-        """Per split, the positions (sorted) of the sessions that made progress within
-        `PACE_IDLE_S`; the allowances of sessions gone are dropped."""
-        out: dict[str, list[int]] = {}
+    def laggards(self, sessions: Iterable[ClientSession], now: float) -> Laggards:
+        """Per split, the sessions that made progress within `PACE_IDLE_S`, by position
+        (sorted); the allowances of sessions gone are dropped."""
+        out: Laggards = {}
         live: set[int] = set()
         for s in sessions:
             live.add(s.serial)
@@ -96,18 +110,18 @@ class Pacing:
                 continue
             pos = self.position(s)
             if pos is not None:
-                out.setdefault(s.hello.split, []).append(pos)
-        for positions in out.values():
-            positions.sort()
+                out.setdefault(s.hello.split, []).append((pos, s.serial, _job_of(s)))
+        for entries in out.values():
+            entries.sort()
         for serial in self._allowances.keys() - live:
             del self._allowances[serial]
         return out
 
-    def holds(self, session: ClientSession, laggards: dict[str, list[int]], now: float) -> bool:
+    def holds(self, session: ClientSession, laggards: Laggards, now: float) -> bool:
         """Must ``session`` wait before starting a new production of its next batch?"""
-        positions = laggards.get(session.hello.split)
-        pos = self.position(session) if positions else None
-        ahead = pos is not None and self._within_reach(positions, pos)  # type: ignore[arg-type]
+        entries = laggards.get(session.hello.split)
+        pos = self.position(session) if entries else None
+        ahead = pos is not None and self._another_in_reach(session, entries, pos)  # type: ignore[arg-type]
         allowance = self._allowances.get(session.serial)
         if allowance is None:
             if not ahead:
@@ -115,10 +129,20 @@ class Pacing:
             allowance = self._allowances[session.serial] = _Allowance(at=now)
         return allowance.hold(ahead, now)
 
-    def _within_reach(self, positions: list[int], pos: int) -> bool:
-        """Is a session between `PACE_REACH` and `PACE_FRACTION` windows behind ``pos``?"""
-        i = bisect_left(positions, pos - PACE_REACH * self.span)
-        return i < len(positions) and positions[i] < pos - PACE_FRACTION * self.span
+    def _another_in_reach(
+        self, session: ClientSession, entries: list[tuple[int, int, tuple | None]], pos: int
+    ) -> bool:
+        """Is another job's session between `PACE_REACH` and `PACE_FRACTION` windows behind
+        ``pos``? (Not this session's own earlier place, nor a rank of its own job: a job's
+        ranks are apart by design and never share a batch.)"""
+        job = _job_of(session)
+        i = bisect_left(entries, (pos - PACE_REACH * self.span,))
+        for other_pos, serial, other_job in entries[i:]:
+            if other_pos >= pos - PACE_FRACTION * self.span:
+                return False
+            if serial != session.serial and (job is None or other_job != job):
+                return True
+        return False
 
     def started(self, session: ClientSession, now: float) -> None:
         """The session started a batch: it is held no more (its allowance counts that)."""

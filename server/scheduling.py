@@ -24,7 +24,7 @@ from batchwire.server.config import ServerConfig
 from batchwire.server.delivery import Deliveries
 from batchwire.server.jobs import BatchOrder
 from batchwire.server.lending import DEBTOR_EVERY_S, Lender, Lending
-from batchwire.server.pacing import Pacing, sample_position
+from batchwire.server.pacing import Laggards, Pacing, sample_position
 from batchwire.server.peers import PeerLedger
 from batchwire.server.sessions import ClientSession, ReadyBatch
 from batchwire.server.sharing import BatchKey, Production, SharedBatches
@@ -126,7 +126,7 @@ class Scheduling:
         return actions
 
     def _next(
-        self, lending: Lending, debtors_limited: bool, laggards: dict[str, list[int]], now: float
+        self, lending: Lending, debtors_limited: bool, laggards: Laggards, now: float
     ) -> ClientSession | None:
         """The session to start a batch now, or None: of those with room that may start one
         (`_may_take`), the lowest rank, and of one rank the first in turn; it (and those passed
@@ -185,7 +185,7 @@ class Scheduling:
         session: ClientSession,
         lending: Lending,
         debtors_limited: bool,
-        laggards: dict[str, list[int]],
+        laggards: Laggards,
         now: float,
     ) -> bool:
         """May the session start its next batch? Joining a buffer already lent costs the

@@ -95,3 +95,25 @@ def test_allowances_of_sessions_gone_are_dropped() -> None:
     p.holds(lead, p.laggards([lead, lag], 0.0), 0.0)
     p.laggards([lag], 1.0)
     assert not p._allowances
+
+
+def test_ranks_of_one_job_never_hold_each_other() -> None:
+    """Ranks of a job are apart by design ((kW + r) B) and never share a batch."""
+    p = pacing()
+    ranks = [at(bytes([65 + r]), 0, rank=r, world_size=16, job="run-1") for r in range(16)]
+    laggards = p.laggards(ranks, 0.0)
+    assert not any(p.holds(s, laggards, 0.0) for s in ranks)
+    unnamed = [at(bytes([97 + r]), 0, rank=r, world_size=16) for r in range(16)]
+    laggards = p.laggards(unnamed, 0.0)
+    assert not any(p.holds(s, laggards, 0.0) for s in unnamed)
+    other = at(b"other", 0, rank=0, world_size=16, job="run-2")  # another job, behind rank 15
+    assert p.holds(ranks[15], p.laggards([*ranks, other], 0.0), 0.0)
+
+
+def test_a_session_is_never_held_by_its_own_earlier_place() -> None:
+    p, lead = pacing(), session(b"lead", asked=tuple(range(12)))
+    lead.serial = 1
+    laggards = p.laggards([lead], 0.0)  # taken at the start of a turn
+    for _ in range(10):  # it starts 10 batches in that turn: 10 batches past its own entry
+        assert not p.holds(lead, laggards, 0.0)
+        lead.take_next()
