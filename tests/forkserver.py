@@ -186,13 +186,20 @@ def _exit_code(code: object) -> int:
 
 
 def _finish(code: int, interrupted: bool) -> None:
-    """Exit as the interpreter does: join non-daemon threads, atexit, flush, then the code."""
+    """Exit as the interpreter does: join non-daemon threads, atexit, then `__main__`'s names
+    dropped and a collection (so `__del__`s run and files left open are flushed and closed),
+    flush, then the code. (Objects still referenced from elsewhere are not finalized, as the
+    interpreter's own shutdown does not promise either.)"""
     import atexit
+    import gc
     import threading
 
     with suppress(BaseException):  # a Ctrl-C while joining: exit anyway
         threading._shutdown()  # type: ignore[attr-defined]  # what Py_FinalizeEx calls first
     atexit._run_exitfuncs()
+    with suppress(BaseException):
+        sys.modules["__main__"].__dict__.clear()
+        gc.collect()
     for stream in (sys.stdout, sys.stderr):
         with suppress(OSError, ValueError):
             stream.flush()
@@ -236,7 +243,9 @@ def _child(request: dict, fds: list[int], close: list[int]) -> None:
         _run_as_main(*request["spec"])
     except SystemExit as exit_:
         code = _exit_code(exit_.code)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as error:  # printed, then the interpreter dies by SIGINT
+        error = error.with_traceback(_user_frames(error.__traceback__))
+        sys.excepthook(type(error), error, error.__traceback__)
         code, interrupted = 1, True
     except BaseException as error:
         error = error.with_traceback(_user_frames(error.__traceback__))
@@ -257,6 +266,7 @@ def serve(path: str) -> None:
     Single-threaded, so that forking is safe; SIGCHLD wakes the loop through a pipe."""
     import importlib
 
+    _die_with_parent()
     own_env = startup_env(os.environ)
     for name in PRELOAD:
         importlib.import_module(name)
@@ -283,6 +293,18 @@ def serve(path: str) -> None:
                 with suppress(BlockingIOError):
                     os.read(wake_r, 4096)
                 _reap(children)
+
+
+def _die_with_parent() -> None:
+    """SIGKILL this fork server when the test worker that started it dies (Linux prctl), so a
+    crashed worker leaves no process holding torch and a socket behind."""
+    import ctypes
+
+    parent = os.getppid()
+    with suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # it died before the prctl
+        os._exit(1)
 
 
 def _spawn(
@@ -324,7 +346,8 @@ def _spawn(
         conn.close()
         return
     children[pid] = conn
-    conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
+    with suppress(OSError):  # the test gave up on it (a timeout): _reap still reaps it
+        conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
 
 
 def _reap(children: dict[int, socket.socket]) -> None:
@@ -357,11 +380,16 @@ def _recv_request(conn: socket.socket) -> tuple[bytes, list[int]]:
         raise ValueError("expected an 8-byte length and 3 descriptors")
     size = int.from_bytes(header, "big")
     body = b""
-    while len(body) < size:
-        chunk = conn.recv(size - len(body))
-        if not chunk:
-            raise ValueError("request cut short")
-        body += chunk
+    try:
+        while len(body) < size:
+            chunk = conn.recv(size - len(body))
+            if not chunk:
+                raise ValueError("request cut short")
+            body += chunk
+    except (OSError, ValueError):
+        for fd in fds:
+            os.close(fd)
+        raise
     return body, list(fds)
 
 
@@ -510,6 +538,16 @@ class ForkedPopen(subprocess.Popen):
     fork_server: ForkClient
     _status_conn: socket.socket | None = None
     _status_buf = b""
+    _status_lost = False  # the fork server died: returncode says 255, the child may live on
+
+    def send_signal(self, sig: int) -> None:
+        """Popen's, except that a child whose status was lost can still be signalled (its
+        returncode, 255, says nothing of whether it runs)."""
+        if not self._status_lost:
+            super().send_signal(sig)
+            return
+        with suppress(ProcessLookupError):
+            os.kill(self.pid, sig)
 
     def _execute_child(  # type: ignore[override]
         self, args, executable, preexec_fn, close_fds, pass_fds, cwd, env, startupinfo,
@@ -563,6 +601,7 @@ class ForkedPopen(subprocess.Popen):
             except (TimeoutError, BlockingIOError):
                 return None
             if not chunk:  # the fork server died: the status is lost
+                self._status_lost = True
                 return {"status": _STATUS_UNKNOWN}
             self._status_buf += chunk
         line, _, self._status_buf = self._status_buf.partition(b"\n")
@@ -598,12 +637,19 @@ class ForkedPopen(subprocess.Popen):
         if self._status_conn is None:
             return super()._wait(timeout)
         endtime = None if timeout is None else time.monotonic() + timeout
-        with self._waitpid_lock:
+        # Another thread may be waiting already: as Popen's own wait, give up on time.
+        if not self._waitpid_lock.acquire(timeout=-1 if timeout is None else max(timeout, 0)):
+            raise subprocess.TimeoutExpired(self.args, timeout)
+        try:
+            if self.returncode is None and self._status_conn is not None:
+                self._collect(0)  # already over: a wait(0) sees it
             while self.returncode is None:
                 remaining = None if endtime is None else endtime - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     raise subprocess.TimeoutExpired(self.args, timeout)
                 self._collect(remaining)
+        finally:
+            self._waitpid_lock.release()
         return self.returncode
 
 

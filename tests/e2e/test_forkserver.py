@@ -37,6 +37,13 @@ CASES = {
     "module argv0": ["-m", "batchwire.wire.keys", "--help"],
     "missing module": ["-m", "no_such_module_anywhere"],
     "__main__ name": ["-c", "print(__name__)"],
+    "__del__ at exit": ["-c", "class A:\n    def __del__(self):\n        print('del')\na = A()"],
+    "uncaught KeyboardInterrupt": ["-c", "raise KeyboardInterrupt"],
+    "a file left open is flushed": [
+        "-c",
+        "f = open('left-open.txt', 'w'); f.write('data')\n"
+        "import atexit; atexit.register(lambda: print('atexit'))",
+    ],
 }
 
 
@@ -59,9 +66,13 @@ def test_a_forked_child_behaves_as_a_fresh_interpreter(
     forked_before = fork_server.forked
     forked = _run(argv, tmp_path)
     assert fork_server.forked == forked_before + 1, "the fork server did not start it"
+    forked_files = {p.name: p.read_text() for p in tmp_path.iterdir()}
+    for p in tmp_path.iterdir():
+        p.unlink()
     with fork_server.real_execs():
         fresh = _run(argv, tmp_path)
     assert forked == fresh
+    assert forked_files == {p.name: p.read_text() for p in tmp_path.iterdir()}
 
 
 def test_a_console_script_is_forked_and_answers_as_exec_d(
@@ -135,7 +146,36 @@ def test_a_dead_fork_server_fails_its_children_s_waits_instead_of_hanging() -> N
         started = time.monotonic()
         assert proc.wait(10) == 255
         assert time.monotonic() - started < 10
-        os.kill(proc.pid, signal.SIGKILL)
+        proc.kill()  # its status is lost, not the child: it can still be stopped
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                os.kill(proc.pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.05)
+        else:
+            raise AssertionError("the child outlived kill()")
+
+
+def test_a_wait_with_a_timeout_returns_on_time_while_another_thread_waits(
+    fork_server: ForkServer | None,
+) -> None:
+    if fork_server is None:
+        pytest.skip("the fork server is off (BATCHWIRE_TEST_FORKSERVER=0)")
+    import threading
+
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3)"])
+    waiter = threading.Thread(target=proc.wait)
+    waiter.start()
+    time.sleep(0.2)
+    started = time.monotonic()
+    with pytest.raises(subprocess.TimeoutExpired):
+        proc.wait(0.5)
+    assert time.monotonic() - started < 1.5
+    proc.kill()
+    waiter.join(10)
+    assert proc.returncode == -9
 
 
 def test_a_forked_child_s_own_python_children_are_forked_too(
