@@ -153,6 +153,9 @@ inline std::string read_index(const std::uint8_t* data, std::size_t size, const 
   if (!read_varint(&p, end, &count)) return "interval index: truncated";
   if (count == 0) return "interval index: none recorded (too many intervals)";
   if (count != expected_intervals(*out)) return "interval index: wrong count for the frame";
+  // Each interval takes at least one byte of the segment: a count the segment cannot hold is
+  // refused before anything is sized by it.
+  if (count > static_cast<std::size_t>(end - p)) return "interval index: truncated";
   if (size > UINT32_MAX || size < 2) return "interval index: file size";
   const std::size_t eoi = size - 2;  // prepared files end at their EOI
   if (walk.scan_at >= eoi) return "interval index: no scan data";
