@@ -26,7 +26,8 @@ demo: setup-runtime
 # (--dist loadfile) keeps each file's module-scoped servers started once.
 TEST_WORKERS ?= 4
 # Bytecode for our packages first: this environment sets PYTHONDONTWRITEBYTECODE, so each of the
-# suite's ~300 server and CLI processes would otherwise compile batchwire from source (~70 ms each).
+# suite's ~400 server and CLI processes would otherwise compile batchwire from source (~70 ms each).
+# (They fork from one process per worker that imported torch: tests/forkserver.py.)
 PACKAGES := src bench client common monitor native pipeline prepare server train wire
 test: native
 	@$(PY) -m compileall -q $(PACKAGES) tests > /dev/null
