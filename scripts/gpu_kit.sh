@@ -40,9 +40,10 @@ cp /usr/include/jpeglib.h /usr/include/jerror.h /usr/include/jmorecfg.h \
     /usr/include/x86_64-linux-gnu/jconfig.h "$kit/include/"
 
 if [ $# -ge 1 ]; then
-    # A subset: the whole 1,000-image sample (107 MB) is over what a carry may take.
-    find "$1" -maxdepth 1 -type f \( -iname '*.jpeg' -o -iname '*.jpg' \) | sort | head -n "${2:-200}" \
-        | xargs -r cp -t "$kit/images/"
+    # A subset: the whole 1,000-image sample (107 MB) is over what a carry may take. (sed, not
+    # head: head exits early, sort then dies of SIGPIPE, and pipefail ends the script with 141.)
+    find "$1" -maxdepth 1 -type f \( -iname '*.jpeg' -o -iname '*.jpg' \) | sort \
+        | sed -n "1,${2:-200}p" | xargs -r cp -t "$kit/images/"
 fi
 ls -l "$kit/whl"
 echo "$(find "$kit/images" -type f | wc -l) images; kit size: $(du -sm "$kit" | cut -f1) MiB" \
