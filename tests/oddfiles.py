@@ -223,3 +223,22 @@ def pil_jpeg(pixels: np.ndarray, **options) -> bytes:
     out = io.BytesIO()
     img.save(out, "JPEG", quality=90, **options)
     return out.getvalue()
+
+
+def noise_image(height: int, width: int, seed: int) -> np.ndarray:
+    """Uniform noise, HWC uint8 RGB: every block busy, so every restart interval has data."""
+    return np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8)
+
+
+def pil_restart_jpeg(pixels: np.ndarray, layout: str, quality: int = 80) -> bytes:
+    """PIL's JPEG of ``pixels`` with a restart marker after every MCU; ``layout`` "grey" or a
+    chroma subsampling "444", "422", "420"."""
+    img = Image.fromarray(pixels)
+    options: dict = {"quality": quality, "restart_marker_blocks": 1}
+    if layout == "grey":
+        img = img.convert("L")
+    else:
+        options["subsampling"] = {"444": 0, "422": 1, "420": 2}[layout]
+    out = io.BytesIO()
+    img.save(out, "JPEG", **options)
+    return out.getvalue()

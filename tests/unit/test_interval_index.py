@@ -25,6 +25,7 @@ import pytest
 from batchwire import native
 from batchwire.native import jpeg_roi
 from batchwire.native.jpeg_transcode import transcode_available, transcode_restart
+from oddfiles import noise_image, pil_restart_jpeg
 from PIL import Image
 
 SAMPLE_DIR = Path(__file__).resolve().parents[3] / "shared" / "imagenet-sample"
@@ -33,22 +34,6 @@ SIGNATURE = b"batchwire-intervals\0"
 
 if not native.jpeg_roi_available() or not transcode_available():
     pytest.skip("the ROI JPEG decoder does not build here", allow_module_level=True)
-
-
-def noise(height: int, width: int, seed: int) -> np.ndarray:
-    return np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8)
-
-
-def pil_restart_jpeg(pixels: np.ndarray, layout: str, quality: int = 80) -> bytes:
-    img = Image.fromarray(pixels)
-    options: dict = {"quality": quality, "restart_marker_blocks": 1}
-    if layout == "grey":
-        img = img.convert("L")
-    else:
-        options["subsampling"] = {"444": 0, "422": 1, "420": 2}[layout]
-    out = io.BytesIO()
-    img.save(out, "JPEG", **options)
-    return out.getvalue()
 
 
 def cjpeg_restart_jpeg(pixels: np.ndarray, sample: str) -> bytes:
@@ -140,8 +125,10 @@ def assert_same_as_without_index(plain: bytes, seed: int = 0) -> bytes:
 def test_index_gives_the_scans_pixels_and_crops_for_every_sampling(layout):
     """37 x 45 noise (partial MCUs at the edges), one MCU per interval; 70 x 90 rewritten with up
     to 4 MCUs per interval as pipeline-prepare does."""
-    assert_same_as_without_index(pil_restart_jpeg(noise(37, 45, seed=1), layout), seed=1)
-    rewritten = transcode_restart(pil_restart_jpeg(noise(70, 90, seed=2), layout), 4, fit_rows=True)
+    assert_same_as_without_index(pil_restart_jpeg(noise_image(37, 45, seed=1), layout), seed=1)
+    rewritten = transcode_restart(
+        pil_restart_jpeg(noise_image(70, 90, seed=2), layout), 4, fit_rows=True
+    )
     assert jpeg_roi.restart_layout(rewritten)[0]["interval"] > 1
     assert_same_as_without_index(rewritten, seed=2)
 
@@ -149,7 +136,7 @@ def test_index_gives_the_scans_pixels_and_crops_for_every_sampling(layout):
 @pytest.mark.skipif(shutil.which("cjpeg") is None, reason="needs cjpeg (libjpeg-turbo-progs)")
 @pytest.mark.parametrize("sample", ["1x2", "4x1"])
 def test_index_gives_the_scans_pixels_for_cjpeg_samplings(sample):
-    assert_same_as_without_index(cjpeg_restart_jpeg(noise(41, 70, seed=3), sample), seed=3)
+    assert_same_as_without_index(cjpeg_restart_jpeg(noise_image(41, 70, seed=3), sample), seed=3)
 
 
 @pytest.mark.skipif(not SAMPLE_DIR.is_dir(), reason="needs the shared imagenet-sample")
@@ -165,7 +152,7 @@ def test_index_gives_the_scans_pixels_on_prepared_real_photos():
 def test_indexing_is_idempotent_and_replaces_an_earlier_index():
     """pipeline-prepare's transcoder copies a source's APPn segments, so a prepared file
     prepared again carries the old index: it is replaced, never doubled."""
-    plain = pil_restart_jpeg(noise(40, 48, seed=4), "420")
+    plain = pil_restart_jpeg(noise_image(40, 48, seed=4), "420")
     indexed = jpeg_roi.with_interval_index(plain)
     assert jpeg_roi.with_interval_index(indexed) == indexed
     assert indexed.count(SIGNATURE) == 1
@@ -181,7 +168,7 @@ def test_indexing_is_idempotent_and_replaces_an_earlier_index():
 
 def jpeg_without_restarts() -> bytes:
     out = io.BytesIO()
-    Image.fromarray(noise(16, 16, seed=0)).save(out, "JPEG")
+    Image.fromarray(noise_image(16, 16, seed=0)).save(out, "JPEG")
     return out.getvalue()
 
 
@@ -225,7 +212,9 @@ def inconsistent_indexes(indexed: bytes) -> dict[str, bytes]:
 def test_inconsistent_indexes_are_ignored_for_the_scan():
     """Every way a well-formed index can disagree with the file: the scan is used, so the
     layout, the pixels and the crop bytes are the plain file's."""
-    plain = transcode_restart(pil_restart_jpeg(noise(64, 80, seed=5), "420"), 2, fit_rows=True)
+    plain = transcode_restart(
+        pil_restart_jpeg(noise_image(64, 80, seed=5), "420"), 2, fit_rows=True
+    )
     indexed = jpeg_roi.with_interval_index(plain)
     scanned, _ = jpeg_roi.restart_layout(plain)
     regions = [(0, 0, 64, 80), (10, 20, 30, 50), (40, 60, 64, 80)]
@@ -239,8 +228,8 @@ def test_inconsistent_indexes_are_ignored_for_the_scan():
 
 def test_an_index_of_another_file_is_never_trusted():
     """Same frame and MCU layout, other content: the other file's interval lengths."""
-    a = pil_restart_jpeg(noise(48, 48, seed=6), "420")
-    b = pil_restart_jpeg(noise(48, 48, seed=7) // 2, "420")
+    a = pil_restart_jpeg(noise_image(48, 48, seed=6), "420")
+    b = pil_restart_jpeg(noise_image(48, 48, seed=7) // 2, "420")
     a_indexed, b_indexed = jpeg_roi.with_interval_index(a), jpeg_roi.with_interval_index(b)
     transplanted = with_entries(a_indexed, entries_of(b_indexed))
     assert not jpeg_roi.index_agrees(transplanted)
@@ -253,7 +242,9 @@ def test_random_damage_to_the_index_never_changes_the_picture():
     where it still agrees, so pixels and crop bytes are the intact file's. Damage to the length
     field or marker breaks the file's header: the decode may fail, but never returns other
     pixels. No crash either way."""
-    plain = transcode_restart(pil_restart_jpeg(noise(56, 72, seed=8), "422"), 4, fit_rows=True)
+    plain = transcode_restart(
+        pil_restart_jpeg(noise_image(56, 72, seed=8), "422"), 4, fit_rows=True
+    )
     indexed = jpeg_roi.with_interval_index(plain)
     at, end = index_span(indexed)
     rng = random.Random(8)
@@ -307,7 +298,7 @@ def test_fill_bytes_before_a_marker_get_no_index():
     """0xFF fill bytes before a restart marker or EOI are legal but never written by libjpeg; the
     index would not give the scan's intervals there, so the file is refused an index rather than
     given a wrong one (and the EOI is never cut off)."""
-    plain = pil_restart_jpeg(noise(32, 32, seed=10), "420")
+    plain = pil_restart_jpeg(noise_image(32, 32, seed=10), "420")
     rst = plain.index(b"\xff\xd0")
     for filled in (plain[:rst] + b"\xff" + plain[rst:], plain[:-2] + b"\xff\xff\xd9"):
         assert jpeg_roi.restart_layout(filled)[0] is not None

@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 from batchwire import native
 from batchwire.native import jpeg_roi
+from oddfiles import noise_image, pil_restart_jpeg
 from PIL import Image
 
 SAMPLE_DIR = Path(__file__).resolve().parents[3] / "shared" / "imagenet-sample"
@@ -28,22 +29,6 @@ SCALES = (1, 2, 4, 8)
 
 if not native.jpeg_roi_available():
     pytest.skip("the ROI JPEG decoder does not build here", allow_module_level=True)
-
-
-def noise(height: int, width: int, seed: int) -> np.ndarray:
-    return np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8)
-
-
-def pil_restart_jpeg(pixels: np.ndarray, layout: str, quality: int) -> bytes:
-    img = Image.fromarray(pixels)
-    options: dict = {"quality": quality, "restart_marker_blocks": 1}
-    if layout == "grey":
-        img = img.convert("L")
-    else:
-        options["subsampling"] = {"444": 0, "422": 1, "420": 2}[layout]
-    out = io.BytesIO()
-    img.save(out, "JPEG", **options)
-    return out.getvalue()
 
 
 def cjpeg_restart_jpeg(pixels: np.ndarray, sample: str, quality: int) -> bytes:
@@ -89,7 +74,7 @@ LAYOUT_FILES = [
 @pytest.mark.parametrize(("layout", "quality"), LAYOUT_FILES)
 def test_every_small_region_of_noise_matches_the_whole_file(layout, quality):
     """37 x 45: partial MCUs on the right and bottom edges, 3 x 3 MCUs at 4:2:0."""
-    data = pil_restart_jpeg(noise(37, 45, seed=quality), layout, quality)
+    data = pil_restart_jpeg(noise_image(37, 45, seed=quality), layout, quality)
     assert jpeg_roi.restart_layout(data)[0]["interval"] == 1
     for denom in SCALES:
         h, w = -(-37 // denom), -(-45 // denom)
@@ -99,7 +84,7 @@ def test_every_small_region_of_noise_matches_the_whole_file(layout, quality):
 @pytest.mark.skipif(shutil.which("cjpeg") is None, reason="needs cjpeg (libjpeg-turbo-progs)")
 @pytest.mark.parametrize("sample", ["1x2", "4x1", "2x2"])
 def test_every_small_region_of_cjpeg_samplings_matches_the_whole_file(sample):
-    data = cjpeg_restart_jpeg(noise(41, 70, seed=3), sample, 80)
+    data = cjpeg_restart_jpeg(noise_image(41, 70, seed=3), sample, 80)
     _layout, why = jpeg_roi.restart_layout(data)
     assert why == "", why
     for denom in SCALES:
@@ -112,7 +97,7 @@ def test_wide_regions_and_rows_of_noise_match_the_whole_file():
     """Regions spanning several MCUs, whole rows and whole columns, on a 4:2:2 file with
     restart intervals of one MCU and one of whole MCU rows."""
     rng = random.Random(5)
-    pixels = noise(70, 90, seed=9)
+    pixels = noise_image(70, 90, seed=9)
     for data in (
         pil_restart_jpeg(pixels, "422", 75),
         pil_restart_jpeg(pixels, "420", 75),
@@ -150,7 +135,7 @@ def test_real_photos_corners_and_random_regions_match_the_whole_file():
 
 
 def test_crop_bitstream_holds_a_context_mcu_around_the_region():
-    data = pil_restart_jpeg(noise(96, 128, seed=1), "420", 80)
+    data = pil_restart_jpeg(noise_image(96, 128, seed=1), "420", 80)
     small, (top, left, bottom, right) = jpeg_roi.crop_bitstream(data, 40, 50, 41, 51)
     assert (top, left, bottom, right) == (16, 32, 64, 80)  # MCUs 1..3 x 2..4 (16 px each)
     assert small.startswith(b"\xff\xd8") and small.endswith(b"\xff\xd9")
