@@ -30,6 +30,7 @@ LONGEST_FIRST = (
     "test_packaging.py",  # 53 s: a wheel into a fresh venv, and its native build
     "test_object_store.py",  # 43 s (+ a SeaweedFS start)
     "test_discovery.py",  # 36 s, mostly waiting on DNS re-resolves and servers
+    "test_train_preemption.py",  # 22-27 s: SIGUSR1 checkpoints, 1 and 2 ranks
     "test_native_lock.py",  # 32 s: a real build
     "test_train_data.py",  # 30 s: multi-label, mixing, resize, resumes
     "test_prepared_identity.py",  # 28 s
@@ -46,6 +47,7 @@ LONGEST_FIRST = (
     "test_remote_loader.py",  # 21 s
     "test_train.py",  # 20 s
     "test_sources_identity.py",  # 19 s
+    "test_object_store_readahead.py",  # 18 s alone: a store outage
 )
 
 
