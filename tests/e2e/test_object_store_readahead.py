@@ -27,6 +27,7 @@ from batchwire.pipeline.samples import (
     TransientReadError,
     next_batches,
 )
+from batchwire.pipeline.storage.readahead import ReadAhead
 from batchwire.pipeline.synthetic import default_dataset
 from batchwire.prepare.shards import write_shards
 
@@ -162,11 +163,15 @@ def test_a_member_failing_in_a_read_along_is_a_bad_sample_of_its_own_batch(seawe
 
 def test_a_store_killed_mid_epoch_costs_retries_never_a_sample(seaweed, shards) -> None:
     """SIGKILL the store after batch 1 (a window read ahead in flight or held), start it again
-    3 s later: batches that fail do so as transient (as the client retries them), and the
-    epoch ends with the local shards' batches, no sample marked bad."""
+    3 s after a batch first fails: batches that fail do so as transient (as the client retries
+    them), and the epoch ends with the local shards' batches, no sample marked bad. Windows of
+    2 batches, so that the epoch's 12 batches outrun what was read ahead before the kill (with
+    the default 8, the whole epoch could be held by then and the outage never met)."""
     local = _open(shards["local"], shards["cache"])
     remote = _open(shards["a"], shards["cache"])
+    remote.reader.ahead = ReadAhead(batches=2)
     sampler = ShardSampler(len(remote), BATCH, seed=11, shuffle=True, drop_last=True)
+    assert sampler.num_batches >= 8
     with CpuBatchDecoder(1) as dec:
         want = _epoch(SampleLoader(local, CONFIG, 11, dec), sampler, 2, ahead=False)
         loader = SampleLoader(remote, CONFIG, 11, dec, check_start=False)
@@ -175,13 +180,14 @@ def test_a_store_killed_mid_epoch_costs_retries_never_a_sample(seaweed, shards) 
             plan = sampler.plan(2, b)
             if b == 2:
                 seaweed.kill()
-                threading.Timer(3.0, seaweed.start).start()
             deadline = time.monotonic() + 60
             while True:
                 try:
                     got.append(loader.load(2, plan.indices, upcoming=next_batches(sampler, plan)))
                     break
                 except TransientReadError:  # what the client retries
+                    if failed == 0:  # the outage is met: the store comes back 3 s later
+                        threading.Timer(3.0, seaweed.start).start()
                     failed += 1
                     assert time.monotonic() < deadline
     _same(got, want)
