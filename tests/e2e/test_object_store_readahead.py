@@ -64,8 +64,24 @@ def shards(seaweed, tmp_path_factory) -> Iterator[dict[str, str]]:
         }
 
 
+_OPENED: list[ImageDataset] = []
+
+
 def _open(spec: str, cache: str) -> ImageDataset:
-    return open_dataset(spec, verify_checksums="off", cache_dir=cache)
+    dataset = open_dataset(spec, verify_checksums="off", cache_dir=cache)
+    _OPENED.append(dataset)
+    return dataset
+
+
+@pytest.fixture(autouse=True)
+def _background_reads_end_with_the_test() -> Iterator[None]:
+    """A window still being read in the background when a test ends would make GETs on the
+    shared store during the next test (whose GET counts would be off): wait for them."""
+    yield
+    while _OPENED:
+        pool = getattr(_OPENED.pop().reader, "_pool", None)
+        if pool is not None:
+            pool.shutdown(wait=True)
 
 
 def _epoch(
