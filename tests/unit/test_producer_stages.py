@@ -4,8 +4,6 @@ recorder and rules, in this process: the decoder handed in is called, nothing ca
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,6 +15,7 @@ from batchwire.pipeline.producer import BatchProducer
 from batchwire.pipeline.sampler import BatchPlan, ShardSampler
 from batchwire.pipeline.stages import STAGES, StageHook
 from oddfiles import write_image_folder
+from tracejourney import trace_journey
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = AugmentConfig(image_size=16, train=True, output_dtype="uint8")
@@ -60,19 +59,9 @@ def test_a_batch_enters_all_six_stages_and_reports_data(folder: ImageDataset) ->
     assert hook.depth == {"read": 0, "decode": 0, "augment": 0}
 
 
-def _trace_journey():
-    spec = importlib.util.spec_from_file_location(
-        "trace_journey", REPO / "scripts/trace_journey.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.mark.parametrize("threads", [1, 3])  # reads in the producer's thread, or on the pool
 def test_producing_a_batch_makes_no_call_back(folder: ImageDataset, threads: int) -> None:
-    tj = _trace_journey()
+    tj = trace_journey()
     rules = tj.import_rules()
     layers = tj.Layers(rules)
     recorder = tj.Recorder([str(rules.folder_of(pkg)) for pkg in rules.ALLOWED])

@@ -2,25 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
+
+from tracejourney import trace_journey
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _script():
-    spec = importlib.util.spec_from_file_location(
-        "trace_journey", REPO / "scripts/trace_journey.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_calls_down_up_and_through_what_was_handed() -> None:
-    tj = _script()
+    tj = trace_journey()
     layers = tj.Layers(tj.import_rules())
     assert layers.direction("server/app.py", "server/core.py") == ""  # app imports core
     assert layers.direction("server/workers.py", "pipeline/sampler.py") == ""  # a layer down
@@ -30,7 +20,7 @@ def test_calls_down_up_and_through_what_was_handed() -> None:
 
 
 def test_properties_and_operators_are_not_hops() -> None:
-    tj = _script()
+    tj = trace_journey()
     spec = str(REPO / "wire/batch_spec.py")
     lines = Path(spec).read_text().splitlines()
     nbytes = next(i for i, line in enumerate(lines) if line.strip().startswith("def nbytes("))
