@@ -25,7 +25,7 @@ import torch
 from batchwire.pipeline.augment_plan import AugmentConfig, plan_samples
 from batchwire.pipeline.decode import DecodeRequest, DecodeResult, read_header
 from batchwire.pipeline.decode.backends import check_jpeg_data
-from batchwire.pipeline.decode.fallback import GpuDecoderBase
+from batchwire.pipeline.decode.fallback import GpuBatch, GpuDecoderBase
 from batchwire.pipeline.decode.orientation import swaps_axes
 from batchwire.pipeline.decode.region import reach_region, stored_region
 from batchwire.pipeline.decode.restart import EDGE_MARGIN, narrow_request
@@ -45,17 +45,11 @@ class StubGpuDecoder(GpuDecoderBase):
         self._start_fallback(1)
         self._image = torch.zeros((8, 8, 3), dtype=torch.uint8)
 
-    def _decode_group(
-        self,
-        items: list[int],
-        requests: Sequence[DecodeRequest],
-        results: list[DecodeResult | None],
-        rejected: dict[int, str],
-    ) -> None:
+    def _decode_group(self, items: list[int], batch: GpuBatch) -> None:
         # What nvJPEG's path does in Python per image besides the call: wrap the bytes.
         for i in items:
-            torch.frombuffer(bytearray(requests[i].data), dtype=torch.uint8)
-            results[i] = DecodeResult(image=self._image, box=requests[i].box)
+            torch.frombuffer(bytearray(batch.requests[i].data), dtype=torch.uint8)
+            batch.results[i] = DecodeResult(image=self._image, box=batch.requests[i].box)
 
 
 def native_cuts(requests: Sequence[DecodeRequest]) -> Callable[[], object] | None:

@@ -25,13 +25,13 @@ from __future__ import annotations
 import functools
 import logging
 import re
-from collections.abc import Sequence
 
 import numpy as np
 import torch
 from batchwire.pipeline.decode.contract import DecodeRequest, DecodeResult
 from batchwire.pipeline.decode.fallback import (
     DEFAULT_MAX_GPU_IMAGE_PIXELS,
+    GpuBatch,
     GpuDecoderBase,
     parse_device,
 )
@@ -270,14 +270,9 @@ class DaliBatchDecoder(GpuDecoderBase):
             self._broken = f"DALI pipeline could not be rebuilt: {_short(e)}"
             log.error("dali decoder: %s; decoding everything on the CPU from now on", self._broken)
 
-    def _decode_group(
-        self,
-        items: list[int],
-        requests: Sequence[DecodeRequest],
-        results: list[DecodeResult | None],
-        rejected: dict[int, str],
-    ) -> None:
+    def _decode_group(self, items: list[int], batch: GpuBatch) -> None:
         """Decode `items` (request positions) on DALI, setting aside what makes DALI fail."""
+        requests, results, rejected = batch.requests, batch.results, batch.rejected
         pending = list(items)
         while pending:
             if self._broken is not None:
@@ -300,7 +295,7 @@ class DaliBatchDecoder(GpuDecoderBase):
                     rejected[pending.pop(culprit)] = reason
                     continue
                 mid = len(pending) // 2
-                self._decode_group(pending[:mid], requests, results, rejected)
+                self._decode_group(pending[:mid], batch)
                 pending = pending[mid:]
                 continue
             for i, image, (ry0, rx0, ry1, rx1) in zip(pending, images, regions, strict=True):
@@ -318,13 +313,12 @@ class DaliBatchDecoder(GpuDecoderBase):
     def _decode_probe(self, request: DecodeRequest) -> list[DecodeResult | None]:
         """`request` decoded by DALI alone (no CPU safety net, no strict check): the probe
         must see what DALI does, not what the fallback hides."""
-        results: list[DecodeResult | None] = [None]
-        rejected: dict[int, str] = {}
+        batch = GpuBatch.of([request])
         with self._lock:
-            self._decode_group([0], [request], results, rejected)
-        if rejected:
-            raise RuntimeError(rejected[0])
-        return results
+            self._decode_group([0], batch)
+        if batch.rejected:
+            raise RuntimeError(batch.rejected[0])
+        return batch.results
 
     def _routine(self, reason: str) -> bool:
         # A pipeline that cannot be rebuilt was logged as an error once: no warning per image.

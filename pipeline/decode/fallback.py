@@ -146,6 +146,23 @@ class CpuFallback:
                 self._cpu = None
 
 
+@dataclasses.dataclass
+class GpuBatch:
+    """One `decode_batch` call as a GPU decoder's `_decode_group` sees it: the requests (strictly
+    checked and cut to their restart intervals) and, per position, what became of each: its
+    `results[i]`, or the reason the GPU decoder gave it up, `rejected[i]` (the CPU decoder then
+    decodes it). One object because every group of the call writes into the same two."""
+
+    requests: Sequence[DecodeRequest]
+    results: list[DecodeResult | None]
+    rejected: dict[int, str]
+
+    @classmethod
+    def of(cls, requests: Sequence[DecodeRequest]) -> GpuBatch:
+        """Nothing decoded or rejected yet."""
+        return cls(requests, [None] * len(requests), {})
+
+
 class GpuDecoderBase:
     """The `BatchDecoder` skeleton of a GPU-side decoder with the CPU decoder as safety net.
 
@@ -209,15 +226,9 @@ class GpuDecoderBase:
             return "no end-of-image marker (truncated?)"
         return None
 
-    def _decode_group(
-        self,
-        items: list[int],
-        requests: Sequence[DecodeRequest],
-        results: list[DecodeResult | None],
-        rejected: dict[int, str],
-    ) -> None:
-        """Decode `requests[i]` for i in `items` (<= max_batch) into `results[i]`, or put the
-        reason it failed into `rejected[i]`. Called under the decoder's lock."""
+    def _decode_group(self, items: list[int], batch: GpuBatch) -> None:
+        """Decode `batch.requests[i]` for i in `items` (<= max_batch) into `batch.results[i]`, or
+        put the reason it failed into `batch.rejected[i]`. Called under the decoder's lock."""
         raise NotImplementedError
 
     def _routine(self, reason: str) -> bool:
@@ -225,9 +236,9 @@ class GpuDecoderBase:
         return False
 
     def decode_batch(self, requests: Sequence[DecodeRequest]) -> list[DecodeResult]:
-        results: list[DecodeResult | None] = [None] * len(requests)
         rejected: dict[int, str] = {}
         work = self._strictly_checked(requests, rejected)
+        batch = GpuBatch(work, [None] * len(work), rejected)
         routed: set[int] = set()
         eligible: list[int] = []
         upright_only = self.orientation_from_bitstream
@@ -244,7 +255,7 @@ class GpuDecoderBase:
         with self._lock:
             for start in range(0, len(eligible), self.max_batch):
                 chunk = eligible[start : start + self.max_batch]
-                self._decode_group(chunk, work, results, rejected)
+                self._decode_group(chunk, batch)
         if rejected:
             order = sorted(rejected)
             redone = self._fallback.decode(
@@ -253,8 +264,8 @@ class GpuDecoderBase:
                 [i in routed or self._routine(rejected[i]) for i in order],
             )
             for i, res in zip(order, redone, strict=True):
-                results[i] = res
-        return results  # type: ignore[return-value]  # every slot is filled above
+                batch.results[i] = res
+        return batch.results  # type: ignore[return-value]  # every slot is filled above
 
     def _strictly_checked(
         self, requests: Sequence[DecodeRequest], rejected: dict[int, str]

@@ -24,12 +24,12 @@ from __future__ import annotations
 import base64
 import contextlib
 import functools
-from collections.abc import Sequence
 
 import torch
-from batchwire.pipeline.decode.contract import DecodeRequest, DecodeResult
+from batchwire.pipeline.decode.contract import DecodeResult
 from batchwire.pipeline.decode.fallback import (
     DEFAULT_MAX_GPU_IMAGE_PIXELS,
+    GpuBatch,
     GpuDecoderBase,
     parse_device,
 )
@@ -145,30 +145,19 @@ class NvjpegBatchDecoder(GpuDecoderBase):
         encoded = [torch.frombuffer(bytearray(d), dtype=torch.uint8) for d in datas]
         return decode_jpeg(encoded, mode=ImageReadMode.RGB, device=self.device)
 
-    def _decode_group(
-        self,
-        items: list[int],
-        requests: Sequence[DecodeRequest],
-        results: list[DecodeResult | None],
-        rejected: dict[int, str],
-    ) -> None:
+    def _decode_group(self, items: list[int], batch: GpuBatch) -> None:
         """Decode on the decoder's own stream; the caller's stream waits for the results."""
         consumer = torch.cuda.current_stream(self.device)
         with torch.cuda.stream(self._stream):
-            self._decode_items(items, requests, results, rejected)
+            self._decode_items(items, batch)
         consumer.wait_stream(self._stream)
         for i in items:
-            result = results[i]
+            result = batch.results[i]
             if result is not None and result.image is not None:
                 result.image.record_stream(consumer)  # freed only once the caller is done
 
-    def _decode_items(
-        self,
-        items: list[int],
-        requests: Sequence[DecodeRequest],
-        results: list[DecodeResult | None],
-        rejected: dict[int, str],
-    ) -> None:
+    def _decode_items(self, items: list[int], batch: GpuBatch) -> None:
+        requests, results, rejected = batch.requests, batch.results, batch.rejected
         try:
             images: list[torch.Tensor | None] = list(
                 self._decode([requests[i].data for i in items])
@@ -180,7 +169,7 @@ class NvjpegBatchDecoder(GpuDecoderBase):
                 rejected[items[0]] = f"nvjpeg: {batch_error}"[:200]
                 return
             for i in items:  # retry alone, so only the bad images leave the GPU path
-                self._decode_items([i], requests, results, rejected)
+                self._decode_items([i], batch)
             return
         for j, i in enumerate(items):
             # Taken out of the list and dropped once its HWC copy is queued: a freed block

@@ -34,7 +34,7 @@ from batchwire.pipeline.decode import (
 )
 from batchwire.pipeline.decode.backends import arithmetic_frame
 from batchwire.pipeline.decode.contract import DecodeResult
-from batchwire.pipeline.decode.fallback import GpuDecoderBase
+from batchwire.pipeline.decode.fallback import GpuBatch, GpuDecoderBase
 from batchwire.pipeline.decode.restart import narrow_request
 from corrupt_corpus import corpus, seed_jpeg, strict_rejects
 from decodepaths import OUT, crops, served
@@ -259,12 +259,12 @@ class LenientGpu(GpuDecoderBase):
         self._start_fallback(1)
         self.seen: list[DecodeRequest] = []
 
-    def _decode_group(self, items, requests, results, rejected) -> None:
+    def _decode_group(self, items: list[int], batch: GpuBatch) -> None:
         for i in items:
-            req = requests[i]
+            req = batch.requests[i]
             self.seen.append(req)
             got = decode_for_crop(req.data, req.header, req.box, req.out_hw, intact=True)
-            results[i] = DecodeResult(torch.from_numpy(got.pixels), got.box)
+            batch.results[i] = DecodeResult(torch.from_numpy(got.pixels), got.box)
 
 
 def test_gpu_decoders_strictly_check_the_whole_file_unless_intact():

@@ -7,15 +7,14 @@ from __future__ import annotations
 
 import io
 import os
-from collections.abc import Sequence
 from types import SimpleNamespace
 
 import pytest
 import torch
 from batchwire.pipeline.augment_plan import AugmentConfig
 from batchwire.pipeline.dataset import open_dataset
-from batchwire.pipeline.decode import CpuBatchDecoder, DecodeRequest, DecodeResult, read_header
-from batchwire.pipeline.decode.fallback import GpuDecoderBase
+from batchwire.pipeline.decode import CpuBatchDecoder, DecodeRequest, read_header
+from batchwire.pipeline.decode.fallback import GpuBatch, GpuDecoderBase
 from batchwire.pipeline.producer import BatchProducer
 from batchwire.pipeline.sampler import ShardSampler
 from batchwire.pipeline.stages import DECODE, BatchStats, StageClock, StageHook
@@ -152,15 +151,9 @@ class RefusingGpuDecoder(GpuDecoderBase):
         self.max_image_pixels = None
         self._start_fallback(1)
 
-    def _decode_group(
-        self,
-        items: list[int],
-        requests: Sequence[DecodeRequest],
-        results: list[DecodeResult | None],
-        rejected: dict[int, str],
-    ) -> None:
+    def _decode_group(self, items: list[int], batch: GpuBatch) -> None:
         for i in items:
-            rejected[i] = "refused by the test library"
+            batch.rejected[i] = "refused by the test library"
 
 
 def _request(index: int, data: bytes) -> DecodeRequest:
