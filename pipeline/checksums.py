@@ -22,7 +22,10 @@ manifest too. It is stored as "xxh3_64:" and 16 hex digits.
 
 Where a manifest is looked for (`manifest_paths`): in the dataset's folder (an ImageFolder's
 root, a list file's folder), both names; and in each extra folder given, a file named after the
-dataset (`keyed_name`). Where several apply, the newer manifest wins for a path they share.
+dataset (`keyed_name`). Where several apply, the newer manifest wins for a path they share. A
+list file kept apart from its images (`pipeline-prepare SRC DST`, then a list elsewhere naming
+DST's files) also reads the manifests of the folder all its files lie in (`shared_folder`),
+their names relative to that folder; a record found beside the list wins over one found there.
 A manifest that cannot be read, or lines of it that make no sense, are never fatal with
 `verify="auto"` (a warning, those lines skipped); with `verify="on"` no usable manifest at all
 is an error (`ChecksumManifestError`).
@@ -113,13 +116,7 @@ def manifest_paths(
     root: Path, kind: str, manifest_dirs: Sequence[str | os.PathLike[str]] = ()
 ) -> list[Path]:
     """Every manifest that exists for the dataset at `root`, oldest first (later ones win)."""
-    found: list[tuple[int, Path]] = []
-    for path in _looked_for(root, kind, manifest_dirs):
-        try:
-            found.append((path.stat().st_mtime_ns, path))
-        except OSError:
-            continue
-    return [path for _, path in sorted(found, key=lambda f: f[0])]
+    return _existing(_looked_for(root, kind, manifest_dirs))
 
 
 @dataclass(frozen=True)
@@ -249,6 +246,17 @@ class Checksums:
     def count(self) -> int:
         return int(self.known.sum())
 
+    def over(self, other: Checksums) -> Checksums:
+        """These records, and `other`'s for the files these have none for (same indices)."""
+        take = ~self.known & other.known
+        sources = list(dict.fromkeys(self.sources + other.sources))
+        return Checksums(
+            np.where(take, other.sizes, self.sizes),
+            np.where(take, other.values, self.values),
+            sources,
+            np.where(take, other.intact, self.intact),
+        )
+
     def problem(self, index: int, data: bytes) -> str | None:
         """Why `data` is not the recorded contents of file `index`, or None when it is (or
         nothing was recorded for it)."""
@@ -302,24 +310,30 @@ def load_checksums(
             )
         return None
     max_bytes = max(MAX_BYTES_FLOOR, MAX_BYTES_PER_FILE * len(paths))
-    merged: dict[str, Entry] = {}
     sources: list[str] = []
-    for path in manifest_paths(root, kind, manifest_dirs):
-        try:
-            got = read_manifest(path, max_bytes)
-        except (OSError, ValueError) as exc:
-            log.warning("checksum manifest %s not used: %s", path, _reason(exc))
-            continue
-        _merge_manifest(got, str(path), merged, sources)
-    if not merged:
+    beside_data = shared_folder(paths) if kind == "list" else None
+    if beside_data == dataset_folder(root, kind):
+        beside_data = None  # the list sits with its files: its folder is read below
+    data_entries = (
+        _read_manifests(_existing(_folder_manifests(beside_data)), max_bytes, sources)
+        if beside_data is not None
+        else {}
+    )
+    merged = _read_manifests(manifest_paths(root, kind, manifest_dirs), max_bytes, sources)
+    if not merged and not data_entries:
         if verify == "on":
+            looked = _looked_for(root, kind, manifest_dirs)
+            if beside_data is not None:
+                looked = _folder_manifests(beside_data) + looked
             raise ChecksumManifestError(
                 f"no usable checksum manifest for {root} (looked for "
-                f"{', '.join(str(p) for p in _looked_for(root, kind, manifest_dirs))}); "
+                f"{', '.join(str(p) for p in looked)}); "
                 "write one with `pipeline-prepare --checksums-only`"
             )
         return None
     checksums = _aligned(paths, dataset_folder(root, kind), merged, sources)
+    if data_entries:
+        checksums = checksums.over(_aligned(paths, beside_data, data_entries, sources))
     log.info(
         "%s: checking %d of %d files against the checksums in %s",
         root,
@@ -359,10 +373,54 @@ def _aligned(
 def _looked_for(
     root: Path, kind: str, manifest_dirs: Sequence[str | os.PathLike[str]]
 ) -> list[Path]:
-    folder = dataset_folder(root, kind)
-    return [folder / PREPARE_MANIFEST, folder / CHECKSUMS_MANIFEST] + [
+    return _folder_manifests(dataset_folder(root, kind)) + [
         Path(d).expanduser() / keyed_name(root) for d in manifest_dirs
     ]
+
+
+def _folder_manifests(folder: Path) -> list[Path]:
+    """The two manifests a folder of data may hold (pipeline-prepare's, --checksums-only's)."""
+    return [folder / PREPARE_MANIFEST, folder / CHECKSUMS_MANIFEST]
+
+
+def _existing(paths: list[Path]) -> list[Path]:
+    """`paths` that exist, oldest first (a later one wins), as `manifest_paths` orders them."""
+    found: list[tuple[int, Path]] = []
+    for path in paths:
+        try:
+            found.append((path.stat().st_mtime_ns, path))
+        except OSError:
+            continue
+    return [path for _, path in sorted(found, key=lambda f: f[0])]
+
+
+def shared_folder(paths: Sequence[str]) -> Path | None:
+    """The deepest folder every one of `paths` (absolute file paths) lies in, or None (no
+    paths, or only the filesystem's root in common: no manifest is looked for there). The
+    common prefix of the smallest and largest path is every path's, so this costs two passes
+    over the names, not a split of each."""
+    if not paths:
+        return None
+    # A string prefix, cut back to its last separator: a folder every path lies in.
+    prefix = os.path.commonprefix([min(paths), max(paths)])  # noqa: RUF071
+    folder = prefix[: prefix.rfind(os.sep)] if os.sep in prefix else ""
+    if not folder or not os.path.isabs(folder):
+        return None
+    return Path(folder)
+
+
+def _read_manifests(paths: list[Path], max_bytes: int, sources: list[str]) -> dict[str, Entry]:
+    """The records of the manifests at `paths`, a later one's over an earlier one's; each one
+    that gave records is named in `sources`, one that cannot be read is logged and skipped."""
+    merged: dict[str, Entry] = {}
+    for path in paths:
+        try:
+            got = read_manifest(path, max_bytes)
+        except (OSError, ValueError) as exc:
+            log.warning("checksum manifest %s not used: %s", path, _reason(exc))
+            continue
+        _merge_manifest(got, str(path), merged, sources)
+    return merged
 
 
 def _merge_manifest(

@@ -23,6 +23,7 @@ from batchwire.pipeline.checksums import (
     load_checksums,
     parse_checksum,
     read_manifest,
+    shared_folder,
 )
 from batchwire.pipeline.dataset import open_dataset
 from batchwire.pipeline.decode import CpuBatchDecoder
@@ -119,6 +120,44 @@ def test_list_file_manifests_and_a_manifest_folder(tmp_path: Path) -> None:
     assert ds.checksums is not None and ds.checksum_problem(0, b"aaaa") is not None
     assert ds.checksum_problem(0, b"AAAA") is None
     assert keyed_name(listing) != keyed_name(data / "val.txt")
+
+
+def test_a_list_kept_apart_from_its_files_reads_the_manifest_beside_them(tmp_path: Path) -> None:
+    # pipeline-prepare SRC DST, then a list file elsewhere naming DST's files (what
+    # pipeline-prepare suggests for a flat folder): DST's records apply, intact ones too.
+    dst = tree(tmp_path / "dst", {"a.jpg": b"aaaa", "sub/b.jpg": b"bbbb", "c.jpg": b"cccc"})
+    (dst / PREPARE_MANIFEST).write_text(
+        line("a.jpg", b"aaaa", intact=True) + line("sub/b.jpg", b"bbbb")
+    )
+    lists = tmp_path / "lists"
+    names = [dst / "a.jpg", dst / "sub/b.jpg", dst / "c.jpg"]
+    listing = write(lists / "train.txt", "".join(f"{p} 0\n" for p in names).encode())
+    ds = open_dataset(listing, allow_outside_root=True)
+    assert ds.checksums is not None and ds.checksums.count == 2
+    assert ds.checksums.verdict(0, b"aaaa").intact and not ds.checksums.verdict(1, b"bbbb").intact
+    assert "differ" in (ds.checksum_problem(0, b"AAAA") or "")
+    assert ds.checksum_problem(2, b"anything") is None  # not recorded
+    assert ds.checksums.sources == [str(dst / PREPARE_MANIFEST)]
+    # A record beside the list wins over the data folder's for the file both name.
+    (lists / CHECKSUMS_MANIFEST).write_text(line("../dst/a.jpg", b"A2"))  # relative to its folder
+    ds = open_dataset(listing, allow_outside_root=True)
+    assert ds.checksum_problem(0, b"A2") is None and ds.checksum_problem(0, b"aaaa") is not None
+    assert ds.checksum_problem(1, b"bbbb") is None and ds.checksums.count == 2
+    assert open_dataset(listing, allow_outside_root=True, verify_checksums="off").checksums is None
+    # verify="on" without any: the error names the data folder's manifests too.
+    (dst / PREPARE_MANIFEST).unlink()
+    (lists / CHECKSUMS_MANIFEST).unlink()
+    with pytest.raises(ChecksumManifestError, match=str(dst / PREPARE_MANIFEST)):
+        open_dataset(listing, allow_outside_root=True, verify_checksums="on")
+
+
+def test_shared_folder_is_a_folder_every_path_lies_in() -> None:
+    assert shared_folder(["/d/x/a.jpg", "/d/x/b.jpg"]) == Path("/d/x")
+    assert shared_folder(["/d/x/a.jpg", "/d/xy/b.jpg"]) == Path("/d")  # not "/d/x"
+    assert shared_folder(["/d/b-c.jpg", "/d/b/x.jpg", "/d/b/y.jpg"]) == Path("/d")
+    assert shared_folder(["/d/x/only.jpg"]) == Path("/d/x")
+    assert shared_folder(["/a.jpg", "/b/c.jpg"]) is None  # only the root in common
+    assert shared_folder([]) is None
 
 
 def test_unusable_manifests_warn_with_auto_and_fail_with_on(
