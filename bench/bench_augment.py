@@ -27,13 +27,13 @@ from pathlib import Path
 import numpy as np
 import torch
 from batchwire import native
+from batchwire.bench.data import DEFAULT_DATA
 from batchwire.common.cores import available_cores
 from PIL import Image
 
 MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)
 DTYPES = ("float32", "float16", "bfloat16", "uint8")
-DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "imagenet-sample"
 
 
 def random_resized_crop(

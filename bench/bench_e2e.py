@@ -27,11 +27,10 @@ import time
 from pathlib import Path
 
 from batchwire.bench.baselines import dataloader_baseline
-from batchwire.bench.data import resolve_data
+from batchwire.bench.data import DEFAULT_DATA, resolve_data
 from batchwire.bench.e2e_row import pipeline_server, time_remote_loader
 from batchwire.common.cores import available_cores
 
-DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "imagenet-sample"
 GOAL = 2.5  # issue 4: batchwire at least this many times the DataLoader's rate
 
 

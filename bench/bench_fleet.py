@@ -45,23 +45,15 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from batchwire.bench.data import resolve_data
+from batchwire.bench.data import resolve_data, server_bench_parser
 from batchwire.client import RemoteLoader, discovery
 from batchwire.common.launcher import PipelineServer
 from batchwire.wire.dns import DNS_SERVER_ENV, DnsError, dnspython_resolver
 from batchwire.wire.stats_client import StatsClient, StatsUnavailable
 
-DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "imagenet-sample"
-
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m batchwire.bench.bench_fleet", description=__doc__.split("\n\n")[0]
-    )
-    default = str(DEFAULT_DATA) if DEFAULT_DATA.is_dir() else None
-    p.add_argument("--data", default=default, help="images (default: ../shared/imagenet-sample)")
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--image-size", type=int, default=224)
+    p = server_bench_parser("bench_fleet", __doc__, batch_size=32, image_size=224)
     p.add_argument("--images", type=int, default=1024, help="images timed per row")
     p.add_argument("--prefetch", type=int, default=4, help="the loader's prefetch (budget)")
     p.add_argument("--slow-duty", type=float, default=0.5, help="share of time the slow one stops")

@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
+from batchwire.bench.data import DEFAULT_DATA
 from batchwire.pipeline.augment_plan import AugmentConfig, plan_samples
 from batchwire.pipeline.decode import DecodeRequest, DecodeResult, read_header
 from batchwire.pipeline.decode.backends import check_jpeg_data
@@ -29,8 +30,6 @@ from batchwire.pipeline.decode.fallback import GpuBatch, GpuDecoderBase
 from batchwire.pipeline.decode.orientation import swaps_axes
 from batchwire.pipeline.decode.region import reach_region, stored_region
 from batchwire.pipeline.decode.restart import EDGE_MARGIN, narrow_request
-
-SAMPLE = Path(__file__).resolve().parents[2] / "shared" / "imagenet-sample"
 
 
 class StubGpuDecoder(GpuDecoderBase):
@@ -138,7 +137,7 @@ def measure(files: list[bytes], label: str, size: int = 224, batch: int = 64) ->
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data", type=Path, default=SAMPLE)
+    parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
     parser.add_argument("--prepared", type=Path)
     parser.add_argument("--images", type=int, default=256)
     args = parser.parse_args(argv)

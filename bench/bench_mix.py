@@ -13,8 +13,7 @@ import argparse
 import time
 
 import torch
-from batchwire.bench.bench_augment import DEFAULT_DATA
-from batchwire.bench.data import resolve_data
+from batchwire.bench.data import DEFAULT_DATA, resolve_data
 from batchwire.pipeline.augment_plan import AugmentConfig
 from batchwire.pipeline.dataset import ImageDataset, open_dataset
 from batchwire.pipeline.decode import CpuBatchDecoder

@@ -33,13 +33,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import zmq
-from batchwire.bench.data import resolve_data
+from batchwire.bench.data import resolve_data, server_bench_parser
 from batchwire.client import RemoteLoader
 from batchwire.common.launcher import PipelineServer
 from batchwire.wire import Credit, Hello
 from batchwire.wire.stats_client import fetch_stats
 
-DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "imagenet-sample"
 WARMUP_BATCHES = 3
 LOADER_TIMEOUT_S = 120.0  # before the fix a trainer among them waited long for a batch
 HOSTILE_PREFIX = b"rehello-"
@@ -52,13 +51,7 @@ EPOCHS_PER_ROW = 1000
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m batchwire.bench.bench_rehello", description=__doc__.split("\n\n")[0]
-    )
-    default = str(DEFAULT_DATA) if DEFAULT_DATA.is_dir() else None
-    p.add_argument("--data", default=default, help="images (default: ../shared/imagenet-sample)")
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--image-size", type=int, default=128)
+    p = server_bench_parser("bench_rehello", __doc__, batch_size=32, image_size=128)
     p.add_argument("--seconds", type=float, default=8.0, help="seconds timed per row")
     p.add_argument("--clients", type=int, default=30, help="hostile clients")
     p.add_argument("--window", type=int, default=4, help="batches each hostile hello asks for")

@@ -36,10 +36,8 @@ import tempfile
 import textwrap
 from pathlib import Path
 
-from batchwire.bench.data import resolve_data
+from batchwire.bench.data import resolve_data, server_bench_parser
 from batchwire.common.launcher import PipelineServer
-
-DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "imagenet-sample"
 
 _JOB = textwrap.dedent(
     """
@@ -64,13 +62,7 @@ _JOB = textwrap.dedent(
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m batchwire.bench.bench_sweep", description=__doc__.split("\n\n")[0]
-    )
-    default = str(DEFAULT_DATA) if DEFAULT_DATA.is_dir() else None
-    p.add_argument("--data", default=default, help="images (default: ../shared/imagenet-sample)")
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--image-size", type=int, default=224)
+    p = server_bench_parser("bench_sweep", __doc__, batch_size=64, image_size=224)
     p.add_argument("--epochs", type=int, default=4, help="epochs each job reads")
     p.add_argument("--jobs", default="1,2,4,8", help="job counts of the world-size-1 rows")
     p.add_argument(

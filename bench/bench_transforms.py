@@ -13,18 +13,15 @@ from __future__ import annotations
 
 import argparse
 import time
-from pathlib import Path
 
 import torch
-from batchwire.bench.data import resolve_data
+from batchwire.bench.data import DEFAULT_DATA, resolve_data
 from batchwire.pipeline.augment_plan import AugmentConfig
 from batchwire.pipeline.dataset import open_dataset
 from batchwire.pipeline.decode import CpuBatchDecoder
 from batchwire.pipeline.producer import BatchProducer
 from batchwire.pipeline.sampler import ShardSampler
 from batchwire.pipeline.transforms import RandomResizedCropFlip
-
-DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "imagenet-sample"
 
 
 def run(

@@ -15,13 +15,12 @@ machine).
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 import torch
 from batchwire.bench.bench_transforms import time_produce
+from batchwire.bench.data import DEFAULT_DATA
 from batchwire.pipeline.augment_plan import AugmentConfig
 
-DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "imagenet-sample"
 DINO = "2x224:0.4-1.0,6x96:0.05-0.4"
 
 

@@ -9,12 +9,16 @@ same names in the same order, so `check_prepared` refuses anything else before a
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+#: The sample images beside this checkout (../shared/imagenet-sample): every bench's default data.
+DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "imagenet-sample"
 
 #: What `BenchData.kind` says, as a person would name it in an error.
 KIND_NAMES = {"tree": "an ImageFolder tree", "list": "a list file", "flat": "a flat folder"}
@@ -39,6 +43,22 @@ class BenchData:
     def relative_names(self) -> list[str]:
         """Each image's path below `root`, in dataset order."""
         return [os.path.relpath(p, self.root) for p in self.paths]
+
+
+def server_bench_parser(
+    module: str, doc: str | None, *, batch_size: int, image_size: int
+) -> argparse.ArgumentParser:
+    """The command line a bench that starts servers begins with (`python -m
+    batchwire.bench.MODULE`, its doc's first paragraph): `--data` (the sample images where they
+    are here, else required by `resolve_data`), `--batch-size` and `--image-size`."""
+    p = argparse.ArgumentParser(
+        prog=f"python -m batchwire.bench.{module}", description=(doc or "").split("\n\n")[0]
+    )
+    default = str(DEFAULT_DATA) if DEFAULT_DATA.is_dir() else None
+    p.add_argument("--data", default=default, help="images (default: ../shared/imagenet-sample)")
+    p.add_argument("--batch-size", type=int, default=batch_size)
+    p.add_argument("--image-size", type=int, default=image_size)
+    return p
 
 
 def resolve_data(path: str | None, option: str = "--data") -> BenchData:

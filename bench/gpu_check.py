@@ -147,13 +147,11 @@ def compare_augment(device: str) -> dict[str, Any]:
 def card_bandwidth(index: int = 0) -> float | None:
     """Bytes/s of the card's memory by NVML (2 transfers per memory clock x bus width), or
     None where NVML cannot say."""
-    try:
-        nvml = ctypes.CDLL("libnvidia-ml.so.1")
-    except OSError:
-        return None
-    if nvml.nvmlInit_v2() != 0:
-        return None
-    try:
+    from batchwire.native.build import nvml_session
+
+    with nvml_session() as nvml:
+        if nvml is None:
+            return None
         handle = ctypes.c_void_p()
         if nvml.nvmlDeviceGetHandleByIndex_v2(ctypes.c_uint(index), ctypes.byref(handle)):
             return None
@@ -163,8 +161,6 @@ def card_bandwidth(index: int = 0) -> float | None:
         if nvml.nvmlDeviceGetMemoryBusWidth(handle, ctypes.byref(width)):
             return None
         return 2.0 * clock.value * 1e6 * width.value / 8
-    finally:
-        nvml.nvmlShutdown()
 
 
 def describe_compare(result: dict[str, Any]) -> str:

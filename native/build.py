@@ -432,18 +432,33 @@ def _visible_gpus() -> int:
         return 0
 
 
-def _nvml_capabilities() -> list[tuple[int, int]] | None:
-    """Compute capabilities of every GPU of this host through NVML (libnvidia-ml, the driver's
-    management library), or None where NVML cannot say. NVML opens no CUDA context, so a
-    process that forks later stays safe; it ignores CUDA_VISIBLE_DEVICES, so the list may hold
-    more GPUs than this process sees (a build for all of them serves every one)."""
+@contextlib.contextmanager
+def nvml_session() -> Iterator[ctypes.CDLL | None]:
+    """NVML (libnvidia-ml, the driver's management library) initialised for the block and shut
+    down after it; None where the library does not load or start. NVML opens no CUDA context,
+    so a process that forks later stays safe. The one place that loads it (the build's GPU
+    list here, the card's memory bandwidth in `bench.gpu_check`)."""
     try:
         nvml = ctypes.CDLL("libnvidia-ml.so.1")
     except OSError:
-        return None
+        yield None
+        return
     if nvml.nvmlInit_v2() != 0:
-        return None
+        yield None
+        return
     try:
+        yield nvml
+    finally:
+        nvml.nvmlShutdown()
+
+
+def _nvml_capabilities() -> list[tuple[int, int]] | None:
+    """Compute capabilities of every GPU of this host through NVML, or None where NVML cannot
+    say. NVML ignores CUDA_VISIBLE_DEVICES, so the list may hold more GPUs than this process
+    sees (a build for all of them serves every one)."""
+    with nvml_session() as nvml:
+        if nvml is None:
+            return None
         count = ctypes.c_uint(0)
         if nvml.nvmlDeviceGetCount_v2(ctypes.byref(count)) != 0:
             return None
@@ -460,8 +475,6 @@ def _nvml_capabilities() -> list[tuple[int, int]] | None:
                 return None
             found.append((major.value, minor.value))
         return found
-    finally:
-        nvml.nvmlShutdown()
 
 
 def gpu_capabilities() -> list[tuple[int, int]]:

@@ -80,6 +80,12 @@ def _jpeg_exif(data: bytes) -> memoryview | None:
     return None
 
 
+def _chunk_tiff(payload: memoryview) -> memoryview:
+    """The TIFF structure of a PNG or WebP EXIF chunk: some writers keep the JPEG-style
+    `_EXIF_MAGIC` prefix inside the chunk."""
+    return payload[6:] if bytes(payload[:6]) == _EXIF_MAGIC else payload
+
+
 def _png_exif(data: bytes) -> memoryview | None:
     """The payload of a PNG eXIf chunk (a bare TIFF structure), or None."""
     if not data.startswith(_PNG_MAGIC):
@@ -93,9 +99,7 @@ def _png_exif(data: bytes) -> memoryview | None:
         if end > n:
             return None
         if kind == b"eXIf":
-            payload = view[start:end]
-            # Some writers keep the JPEG-style prefix inside the chunk.
-            return payload[6:] if bytes(payload[:6]) == _EXIF_MAGIC else payload
+            return _chunk_tiff(view[start:end])
         if kind == b"IEND":
             return None
         pos = end + 4  # skip the CRC
@@ -115,9 +119,7 @@ def _webp_exif(data: bytes) -> memoryview | None:
         if end > n:
             return None
         if kind == b"EXIF":
-            payload = view[start:end]
-            # Some writers keep the JPEG-style prefix inside the chunk.
-            return payload[6:] if bytes(payload[:6]) == _EXIF_MAGIC else payload
+            return _chunk_tiff(view[start:end])
         pos = end + (length & 1)  # chunks are padded to an even size
     return None
 
