@@ -142,37 +142,41 @@ class Verdict(Enum):
 # ---------------------------------------------------------------------- the core
 
 
+@dataclass(frozen=True)
+class FleetConfig:
+    """What one loader asks of every server, set when it connects: one rank's batches of one
+    split (the hellos' fields), how many ahead (`prefetch`, the budget with one server), how
+    long silence may last (`timeout`, `heartbeat`), whether to ask for the next epoch early
+    (`speculate`). `batch_size` (None: the servers') is the first; `Fleet.ask_batch_size`
+    changes it later. `RemoteLoader` builds it, `BatchReceiver` hands it to the `Fleet`."""
+
+    split: str
+    rank: int
+    world_size: int
+    prefetch: int
+    timeout: float
+    heartbeat: float
+    speculate: bool = True
+    job: str = ""
+    batch_size: int | None = None
+    metadata: bool = False
+
+
 class Fleet:
     """Sessions with ``endpoints`` and the assignment of one rank's batches of one split."""
 
     def __init__(
-        self,
-        endpoints: Sequence[str],
-        *,
-        split: str,
-        rank: int,
-        world_size: int,
-        prefetch: int,
-        timeout: float,
-        heartbeat: float,
-        now: float,
-        speculate: bool = True,
-        job: str = "",
-        first_session: int = 1,
-        batch_size: int | None = None,
-        metadata: bool = False,
+        self, endpoints: Sequence[str], config: FleetConfig, *, now: float, first_session: int = 1
     ) -> None:
-        self.split = split
-        self.rank = rank
-        self.world_size = world_size
-        self.job = job
-        self.timeout = float(timeout)
-        self.heartbeat = float(heartbeat)
+        self.config = config
         #: The parts: who produces which batch, and what is asked of the next epoch early.
         self.assignment = Assignment(
-            split=split, rank=rank, world_size=world_size, prefetch=prefetch
+            split=config.split,
+            rank=config.rank,
+            world_size=config.world_size,
+            prefetch=config.prefetch,
         )
-        self.speculation = Speculation(speculate)
+        self.speculation = Speculation(config.speculate)
         self.peers: list[Peer] = []
         for ep in endpoints:
             self._add_peer(ep, now)
@@ -196,10 +200,8 @@ class Fleet:
         #: servers' --image-size), and the one the next `start` applies (`wire.Hello`).
         self.image_size: tuple[int, int] | None = None
         self.next_image_size: tuple[int, int] | None = None
-        #: Ask for the samples' metadata in batch headers (`RemoteLoader(with_metadata=True)`).
-        self.metadata = bool(metadata)
         #: The batch size this loader's hellos ask for (None: the servers' --batch-size).
-        self.batch_size = batch_size
+        self.batch_size = config.batch_size
         self._actions: list[Action] = []
 
     # ------------------------------------------------------------------ queries
@@ -278,7 +280,7 @@ class Fleet:
                 self._adopt(p, now)
             else:
                 self._end_session(p)
-            p.heartbeat = self.heartbeat
+            p.heartbeat = self.config.heartbeat
         self._service(now)
         return self._flush()
 
@@ -385,10 +387,10 @@ class Fleet:
                 f"was to send {expected}"
             )
         s.pending.popleft()
-        if h.epoch != s.epoch or h.split != self.split:
+        if h.epoch != s.epoch or h.split != self.config.split:
             raise ProtocolError(
                 f"pipeline-server at {p.endpoint} sent {h.split!r} batch {h.batch_index} of "
-                f"epoch {h.epoch} in a session of {self.split!r} epoch {s.epoch}"
+                f"epoch {h.epoch} in a session of {self.config.split!r} epoch {s.epoch}"
             )
         self._check_shape(p, h, more)
         if p.state is S.SPECULATING:
@@ -401,7 +403,7 @@ class Fleet:
             self._refill(now)
             return Verdict.DROP, self._flush()
         self.held.add(k)
-        liveness.delivered(p, self.heartbeat)
+        liveness.delivered(p, self.config.heartbeat)
         if not self.unasked:
             self._speculate(p, now)
         return Verdict.DELIVER, self._flush()
@@ -427,9 +429,9 @@ class Fleet:
         timeout this raises `ServerUnavailable`.
         """
         if waiting_since is not None:
-            if now > waiting_since + self.timeout:
+            if now > waiting_since + self.config.timeout:
                 raise liveness.unavailable(self._waiting(), now)
-            for p in liveness.silent(self.peers, waiting_since, now, self.timeout):
+            for p in liveness.silent(self.peers, waiting_since, now, self.config.timeout):
                 self._end_session(p)
         self._service(now)
         return self._flush()
@@ -442,7 +444,7 @@ class Fleet:
         return actions
 
     def _add_peer(self, endpoint: str, now: float) -> Peer:
-        p = Peer(len(self.peers), endpoint, self.heartbeat, last_heard=now, prev_heard=now)
+        p = Peer(len(self.peers), endpoint, self.config.heartbeat, last_heard=now, prev_heard=now)
         self.peers.append(p)
         return p
 
@@ -473,19 +475,20 @@ class Fleet:
             self._size_budget()
 
     def _hello(self, p: Peer, epoch: int, batches: list[int], now: float) -> None:
+        c = self.config
         hello = wire.Hello(
-            split=self.split,
-            rank=self.rank,
-            world_size=self.world_size,
+            split=c.split,
+            rank=c.rank,
+            world_size=c.world_size,
             epoch=epoch,
             batches=tuple(batches),
             session=next(self._session_ids),
-            job=self.job,
+            job=c.job,
             # Only this epoch's hellos are of a resumed pass; the next epoch is a whole one.
             start_sample=self.pass_start if epoch == self.epoch else 0,
             epoch_world_size=self.pass_world if epoch == self.epoch else 0,
             image_size=self.image_size,
-            metadata=self.metadata,
+            metadata=c.metadata,
             batch_size=self.batch_size,
         )
         p.session = Session(hello.session, epoch, deque(batches))
@@ -708,7 +711,7 @@ class Fleet:
             p.endpoint,
             message,
             delay,
-            self.timeout,
+            self.config.timeout,
         )
 
     def _refused(self, p: Peer, message: str, now: float) -> None:
@@ -760,4 +763,4 @@ class Fleet:
         return liveness.waiting_note(self._waiting(), now, since)
 
     def _waiting(self) -> Waiting:
-        return Waiting(self.peers, self.cursor, self.epoch, self.split, self.timeout)
+        return Waiting(self.peers, self.cursor, self.epoch, self.config.split, self.config.timeout)

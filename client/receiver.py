@@ -70,18 +70,9 @@ class BatchReceiver:
     def __init__(
         self,
         endpoints: Sequence[str],
+        config: core.FleetConfig,
         *,
-        split: str,
-        rank: int,
-        world_size: int,
-        prefetch: int,
-        timeout: float,
-        heartbeat: float,
         make_stager: Callable[[wire.Welcome, int], Stager],
-        speculate: bool = True,
-        batch_size: int | None = None,
-        metadata: bool = False,
-        job: str = "",
         keys: ClientKeys | None = None,
         clock: Callable[[], float] = time.monotonic,
         resolve: Resolve | None = None,
@@ -96,18 +87,9 @@ class BatchReceiver:
         self._keys = keys
         self.fleet = core.Fleet(
             endpoints,
-            split=split,
-            rank=rank,
-            world_size=world_size,
-            prefetch=prefetch,
-            timeout=timeout,
-            heartbeat=heartbeat,
-            speculate=speculate,
-            job=job,
-            first_session=random.SystemRandom().randrange(1, 1 << 30),
+            config,
             now=clock(),
-            batch_size=batch_size,
-            metadata=metadata,
+            first_session=random.SystemRandom().randrange(1, 1 << 30),
         )
         # The budget, the batch the consumer holds and one whose release event is pending.
         self.slots_needed = self.fleet.budget + 2
@@ -323,7 +305,7 @@ class BatchReceiver:
     def _wait(self, done: Callable[[], bool]) -> None:
         """Receive until ``done()``; the core raises `ServerUnavailable` after the timeout."""
         start = self._clock()
-        deadline = start + self.fleet.timeout
+        deadline = start + self.fleet.config.timeout
         say_at = start + WAIT_SAY_S
         while True:
             self._receive_ready()

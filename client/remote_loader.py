@@ -82,6 +82,7 @@ from typing import Any
 import torch
 from batchwire import wire
 from batchwire.client.errors import LoaderError
+from batchwire.client.fleet import FleetConfig
 from batchwire.client.frameworks import refuse_resharding_wrappers
 from batchwire.client.loader_stats import LoaderStats
 from batchwire.client.normalize import IMAGENET_MEAN, IMAGENET_STD, check_dtype
@@ -527,8 +528,7 @@ class RemoteLoader(IterableDataset):
             self.device = resolve_device(self._device_arg)
             self._check_cuda_stream(self.device)
             self._placement = (rank, world_size)
-            self._receiver = BatchReceiver(
-                self.endpoints,
+            config = FleetConfig(
                 split=self.split,
                 rank=rank,
                 world_size=world_size,
@@ -537,6 +537,12 @@ class RemoteLoader(IterableDataset):
                 heartbeat=self.heartbeat,
                 speculate=self.prefetch_next_epoch,
                 job=self.job,
+                batch_size=self._batch_size,
+                metadata=self.with_metadata,
+            )
+            self._receiver = BatchReceiver(
+                self.endpoints,
+                config,
                 keys=self.keys,
                 make_stager=functools.partial(
                     _make_stager,
@@ -548,8 +554,6 @@ class RemoteLoader(IterableDataset):
                     reuse_buffers=self.reuse_buffers,
                     hold=self.hold,
                 ),
-                batch_size=self._batch_size,
-                metadata=self.with_metadata,
             )
             # Sockets and the context must close even if the user never calls close(); the
             # receiver holds no reference back to the loader, so the loader can be collected.

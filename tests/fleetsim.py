@@ -17,6 +17,7 @@ from batchwire.client.fleet import (
     Disconnect,
     DropEarly,
     Fleet,
+    FleetConfig,
     SendCredit,
     SendHello,
     Verdict,
@@ -44,16 +45,8 @@ class Shell:
         kw.setdefault("timeout", 10.0)
         kw.setdefault("heartbeat", 1.0)
         self.endpoints = [f"tcp://server-{i}:5555" for i in range(servers)]
-        self.fleet = Fleet(
-            self.endpoints,
-            split="train",
-            rank=0,
-            world_size=1,
-            prefetch=prefetch,
-            now=self.clock(),
-            first_session=100,
-            **kw,
-        )
+        config = FleetConfig(split="train", rank=0, world_size=1, prefetch=prefetch, **kw)
+        self.fleet = Fleet(self.endpoints, config, now=self.clock(), first_session=100)
         self.log: list[Action] = []
         self.fail_sends_to: set[int] = set()
         # Per server: (session, epoch, batches asked and not sent) of the last hello it got.

@@ -19,6 +19,7 @@ import torch
 import wirefakes
 import zmq
 from batchwire import wire
+from batchwire.client.fleet import FleetConfig
 from batchwire.client.receiver import BatchReceiver
 from batchwire.client.staging import BatchFormat, CpuStager
 
@@ -87,17 +88,9 @@ def cpu_stager(welcome: wire.Welcome, slots: int) -> CpuStager:
 def test_credits_carry_the_report_handed_to_get_and_batches_come_in_order() -> None:
     ctx = zmq.Context()
     server = PlayedServer(ctx)
-    receiver = BatchReceiver(
-        [server.endpoint],
-        split="train",
-        rank=0,
-        world_size=1,
-        prefetch=2,
-        timeout=10.0,
-        heartbeat=1.0,
-        make_stager=cpu_stager,
-        speculate=False,  # one epoch: no next-epoch hello at its end
-    )
+    # speculate=False: one epoch, no next-epoch hello at its end.
+    config = FleetConfig("train", 0, 1, prefetch=2, timeout=10.0, heartbeat=1.0, speculate=False)
+    receiver = BatchReceiver([server.endpoint], config, make_stager=cpu_stager)
     try:
         with server.running():
             receiver.start(0, 0)
