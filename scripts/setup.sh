@@ -77,14 +77,19 @@ if [ -f "$stamp" ]; then
 fi
 
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
-pip="$VENV/bin/python -m pip"
-$pip install -q --upgrade pip setuptools wheel
-# torch first and pinned: an unpinned resolve would pull several GB of CUDA wheels.
-$pip install -q "$TORCH_SPEC"
-if [ -n "$EXTRAS" ]; then
-  $pip install -q -e ".[$EXTRAS]"
-else
-  $pip install -q -e .
-fi
+py="$VENV/bin/python"
+# pip chooses torch's wheel, pinned, from its own configuration (index, find-links, constraints:
+# the CPU build where this machine provides one); an unpinned resolve would pull several GB of
+# CUDA wheels. uv installs that wheel and resolves the rest in one go: 17-21 s for what took
+# pip 48 s here (bench/RESULTS.md, "make test from a fresh clone"); its cache is ~/.cache/uv.
+$py -m pip install -q uv
+torch_wheel=$($py -m pip install -q --dry-run --no-deps --ignore-installed --report - "$TORCH_SPEC" \
+  | $py -c 'import json, sys; print(json.load(sys.stdin)["install"][0]["download_info"]["url"])')
+target=.
+[ -n "$EXTRAS" ] && target=".[$EXTRAS]"
+# pip, setuptools and wheel upgraded as before (tests/e2e/test_packaging.py builds a wheel with
+# this venv's setuptools, no build isolation).
+"$VENV/bin/uv" pip install -q --python "$py" --upgrade-package pip --upgrade-package setuptools \
+  --upgrade-package wheel pip setuptools wheel "torch @ $torch_wheel" -e "$target"
 echo "$base $EXTRAS" > "$stamp"
 echo "setup: $VENV ready"
