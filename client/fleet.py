@@ -188,7 +188,6 @@ class Fleet:
         self.unasked = UnaskedBatches()  # this epoch's batches nobody was asked for
         self.unasked_next = UnaskedBatches()  # the next epoch's, for early sessions
         self.held: set[int] = set()  # batches in the receiver's reorder buffer
-        self.dropped = 0  # batches received but not needed (stale, duplicate)
         self.adopted = 0  # batches of a next-epoch session that the epoch then used
         self._started = False
         #: A resumed pass's first sample in the epoch order (0: the epoch's own batches) and
@@ -399,8 +398,7 @@ class Fleet:
         assert self.welcome is not None
         k = h.batch_index
         if not self.cursor <= k < self.welcome.num_batches or k in self.held:
-            self.dropped += 1  # e.g. asked again after a reconnect and delivered twice
-            self._refill(now)
+            self._refill(now)  # e.g. asked again after a reconnect and delivered twice
             return Verdict.DROP, self._flush()
         self.held.add(k)
         liveness.delivered(p, self.config.heartbeat)

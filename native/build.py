@@ -381,12 +381,6 @@ def current_cuda_decision() -> CudaDecision:
     return decision
 
 
-def cuda_decision() -> tuple[bool, str]:
-    """Whether to compile the CUDA kernel, and the reason in words (for `info` and errors)."""
-    decision = current_cuda_decision()
-    return decision.with_cuda, decision.reason
-
-
 def _arch_name(arch: str) -> str | None:
     """torch.cuda.get_arch_list()'s 'sm_90' / 'sm_100a' as TORCH_CUDA_ARCH_LIST's '9.0' /
     '10.0a'; None for other entries (compute_XX)."""
@@ -781,7 +775,6 @@ class BuildLock:
         self.poll_s = poll_s
         self.log_every_s = log_every_s
         self.owner: LockOwner | None = None
-        self.waited_s = 0.0
         self._stop = threading.Event()
         self._beat: threading.Thread | None = None
 
@@ -833,7 +826,6 @@ class BuildLock:
                 )
                 logged, last_log = True, now
             time.sleep(self.poll_s)
-        self.waited_s = time.monotonic() - start
         self._stop.clear()
         self._beat = threading.Thread(
             target=self._heartbeat, name="batchwire-build-lock", daemon=True

@@ -118,11 +118,6 @@ class View:
     size: tuple[int, int]
     scale: tuple[float, float]
 
-    def spelling(self) -> str:
-        h, w = self.size
-        px = f"{h}" if h == w else f"{h}x{w}"
-        return f"{px}:{self.scale[0]:g}-{self.scale[1]:g}"
-
 
 _VIEWS_HELP = (
     "expected COUNTxSIZE:LO-HI[,COUNTxSIZE:LO-HI...], SIZE = PX or HxW, 0 < LO <= HI <= 1, "
@@ -156,19 +151,6 @@ def parse_views(text: str) -> tuple[View, ...]:
             raise ValueError(f"views: {item!r}: scale must satisfy 0 < LO <= HI <= 1")
         views += [View(hw, (lo, hi))] * n
     return tuple(views)
-
-
-def format_views(views: Sequence[View]) -> str:
-    """The `--views` spelling of ``views`` (consecutive equal views grouped)."""
-    parts: list[str] = []
-    i = 0
-    while i < len(views):
-        j = i
-        while j < len(views) and views[j] == views[i]:
-            j += 1
-        parts.append(f"{j - i}x{views[i].spelling()}")
-        i = j
-    return ",".join(parts)
 
 
 def _views(value: Any) -> tuple[View, ...]:
@@ -276,10 +258,6 @@ class AugmentConfig:
         if views and t is not None:
             raise ValueError("views cannot be combined with a user transform")
         object.__setattr__(self, "views", views)
-
-    @property
-    def has_jitter(self) -> bool:
-        return bool(self.brightness or self.contrast or self.saturation or self.hue)
 
     def batch_spec(self, batch_size: int) -> BatchSpec:
         """The batches this augmentation writes: the wire's one description of a batch."""

@@ -51,7 +51,6 @@ class BatchOrder:
     batch_index: int
     session_serial: int
     pos: int
-    queued_at: float
     # The shell's flag, set on the core's `Cancel` (attached as the shell queues the job).
     cancelled: CancelFlag = field(default=NEVER_CANCELLED, compare=False)
     # The core's `sharing.Production` (one per buffer: several sessions may wait for it; the

@@ -103,9 +103,6 @@ class PeerLedger:
         record = self._records.get(identity)
         return 0 if record is None else record.debt(owed)
 
-    def in_debt(self, identity: bytes, owed: int) -> bool:
-        return self.debt(identity, owed) > self.slack
-
     def opened(self, identity: bytes, hello: Hello, now: float) -> bool:
         """A session of ``hello`` was admitted (the peer's previous one has `closed`); True
         when this hello puts the peer in debt (the core logs it)."""

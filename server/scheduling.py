@@ -172,7 +172,6 @@ class Scheduling:
             batch_index=batch_index,
             session_serial=session.serial,
             pos=pos,
-            queued_at=now,
             production=p.id,
             spec=None if session.spec is self.spec else session.spec,
             share_samples=self.share_samples,

@@ -282,8 +282,3 @@ class SharedBatches:
             del self._by_key[p.key]
         self._recent.pop(p.id, None)
         return p.slot  # type: ignore[return-value]
-
-    @property
-    def windowed_count(self) -> int:
-        """Batches in the window (idle or still referenced)."""
-        return len(self._recent)

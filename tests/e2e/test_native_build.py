@@ -76,19 +76,20 @@ def test_cuda_sources_compile(tmp_path):
 
 def test_cuda_switch_decides_the_build(monkeypatch):
     monkeypatch.setenv("BATCHWIRE_CUDA", "0")
-    assert build.cuda_decision() == (False, "BATCHWIRE_CUDA=0")
+    decision = build.current_cuda_decision()
+    assert (decision.with_cuda, decision.reason) == (False, "BATCHWIRE_CUDA=0")
     monkeypatch.setenv("BATCHWIRE_CUDA", "yes")
     with pytest.raises(build.NativeBuildError, match="must be 0 or 1"):
-        build.cuda_decision()
+        build.current_cuda_decision()
     monkeypatch.delenv("BATCHWIRE_CUDA")
-    with_cuda, reason = build.cuda_decision()
+    decision = build.current_cuda_decision()
     if torch.version.cuda is None:
-        assert not with_cuda and "CPU-only" in reason
+        assert not decision.with_cuda and "CPU-only" in decision.reason
         monkeypatch.setenv("BATCHWIRE_CUDA", "1")
         with pytest.raises(build.NativeBuildError, match=r"CPU-only build.*BATCHWIRE_CUDA=0"):
-            build.cuda_decision()
+            build.current_cuda_decision()
     else:
-        assert not with_cuda or build._nvcc_path() is not None, reason
+        assert not decision.with_cuda or build._nvcc_path() is not None, decision.reason
 
 
 def test_plan_is_keyed_by_sources_and_flags(monkeypatch, tmp_path):

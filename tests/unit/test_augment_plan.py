@@ -279,7 +279,6 @@ def test_config_normalises_and_exposes_torch_settings() -> None:
     assert AugmentConfig(image_size=(8, 9), train=False).memory_format is torch.contiguous_format
     assert AugmentConfig(image_size=(8, 9), train=False).torch_dtype is torch.float32
     assert AugmentConfig(image_size=8, train=True, scale=[0.2, 0.9]).scale == (0.2, 0.9)
-    assert not cfg.has_jitter and AugmentConfig(image_size=8, train=True, hue=0.1).has_jitter
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.flip_prob = 0.1  # type: ignore[misc]
 

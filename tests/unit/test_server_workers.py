@@ -115,7 +115,7 @@ def _run_one(exc: BaseException) -> tuple[list[str], object]:
         on_broken_cuda=broken.append,
     )
     try:
-        order = BatchOrder("train", _Sampler(), 0, 3, 1, 0, 0.0)  # type: ignore[arg-type]
+        order = BatchOrder("train", _Sampler(), 0, 3, 1, 0)  # type: ignore[arg-type]
         threads.submit(Job(order, SimpleNamespace(tensor=torch.empty(1))))  # type: ignore[arg-type]
         result = threads.results.get(timeout=10)
     finally:
@@ -260,7 +260,7 @@ def test_a_producer_thread_that_dies_reports_why() -> None:
         on_death=deaths.append,
     )
     try:
-        order = BatchOrder("train", _Sampler(), 0, 3, 1, 0, 0.0)  # type: ignore[arg-type]
+        order = BatchOrder("train", _Sampler(), 0, 3, 1, 0)  # type: ignore[arg-type]
         threads.submit(Job(order, SimpleNamespace(tensor=torch.empty(1))))  # type: ignore[arg-type]
         threads._threads[0].join(10)
         assert not threads._threads[0].is_alive()
@@ -291,7 +291,7 @@ def test_a_producer_thread_reports_its_batch_stats(tmp_path) -> None:
         threads = ProducerThreads({"val": producer}, 1, hook, w, spec)
         try:
             for k in range(2):
-                order = BatchOrder("val", sampler, 0, k, 1, 0, 0.0)
+                order = BatchOrder("val", sampler, 0, k, 1, 0)
                 threads.submit(Job(order, SimpleNamespace(tensor=spec.empty())))  # type: ignore[arg-type]
                 results.append(threads.results.get(timeout=30))
         finally:
