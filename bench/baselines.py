@@ -165,7 +165,7 @@ def decode_limit(
 # torch DataLoader baseline
 
 
-def _rrc_box(width: int, height: int, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3)):
+def rrc_box(width: int, height: int, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3)):
     """torchvision's RandomResizedCrop.get_params: (left, top, w, h), torch's RNG (seeded per
     DataLoader worker, so workers do not repeat each other)."""
     area = width * height
@@ -200,7 +200,7 @@ class PilTransform:
     def __call__(self, img):
         from PIL import Image
 
-        left, top, w, h = _rrc_box(*img.size)
+        left, top, w, h = rrc_box(*img.size)
         img = img.resize(
             (self.size, self.size), Image.Resampling.BILINEAR, box=(left, top, left + w, top + h)
         )

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 from batchwire.bench.chart import plot_unavailable, write_plot
 from batchwire.bench.data import BenchData, check_prepared, resolve_data
 from batchwire.bench.report import Report, format_table, write_json
-from batchwire.bench.rows import ROWS, best_row, plan_rows, run_row
+from batchwire.bench.rows import DEFAULT_ROWS, ROWS, best_row, plan_rows, run_row
 from batchwire.common.cores import available_cores
 from batchwire.wire.cli import ArgumentParser
 from batchwire.wire.version import add_version_argument
@@ -128,9 +128,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--rows",
-        default=",".join(ROWS),
+        default=",".join(DEFAULT_ROWS),
         metavar="LIST",
-        help=f"comma-separated rows to run, from {','.join(ROWS)} (default: all)",
+        help=f"comma-separated rows to run, from {','.join(ROWS)} (default: "
+        f"{','.join(DEFAULT_ROWS)})",
     )
     p.add_argument(
         "--prepared",

@@ -160,7 +160,9 @@ def batchwire_row(
         measured, _stats = time_remote_loader(
             endpoint,
             device=device,
-            normalize_on_device=wire == "uint8",
+            # The trainer's float normalize runs where its model does: on a GPU it is GPU work,
+            # on a CPU device the row yields the wire's raw uint8 (as the decode and DALI rows do).
+            normalize_on_device=wire == "uint8" and torch.device(device).type != "cpu",
             measure_images=measure_images,
             warmup=warmup,
             max_seconds=max_seconds,

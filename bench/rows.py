@@ -28,7 +28,9 @@ from batchwire.wire.keys import create_keys
 if TYPE_CHECKING:  # imported where a row runs: `pipeline-bench --help` needs no torch
     from batchwire.bench import baselines
 
-ROWS = ("decode", "dataloader", "dali", "batchwire")
+#: Every row, in table order; `DEFAULT_ROWS` those a bare `pipeline-bench` runs.
+ROWS = ("decode", "dataloader", "dataloader-tuned", "dali", "spdl", "batchwire")
+DEFAULT_ROWS = ("decode", "dataloader", "dali", "batchwire")
 log = logging.getLogger("batchwire.bench")
 
 
@@ -107,8 +109,12 @@ def plan_rows(
         plans += _decode_plans(args, data, prepared)
     if "dataloader" in rows:
         plans.append(_dataloader_plan(args, data))
+    if "dataloader-tuned" in rows:
+        plans.append(_dataloader_tuned_plan(args, data))
     if "dali" in rows:
         plans.append(_dali_plan(args, device, data))
+    if "spdl" in rows:
+        plans.append(_spdl_plan(args, data))
     if "batchwire" in rows:
         plans += _batchwire_plans(args, device, data, prepared)
     return plans
@@ -168,6 +174,33 @@ def _dataloader_plan(args: argparse.Namespace, data: BenchData) -> RowPlan:
         )[0],
         note=how,
     )
+
+
+def _dataloader_tuned_plan(args: argparse.Namespace, data: BenchData) -> RowPlan:
+    from batchwire.bench.tuned_baselines import dataloader_tuned
+
+    return RowPlan(
+        "dataloader_tuned",
+        f"torch DataLoader tuned ({args.workers} workers, PIL draft, uint8)",
+        functools.partial(
+            dataloader_tuned, data.paths, data.labels, workers=args.workers, **_loop(args)
+        ),
+        note="PIL decodes at the DCT scale the crop allows; uint8 batches",
+    )
+
+
+def _spdl_plan(args: argparse.Namespace, data: BenchData) -> RowPlan:
+    from batchwire.bench.tuned_baselines import spdl_missing, spdl_pipeline
+
+    plan = RowPlan(
+        "spdl",
+        f"SPDL pipeline (FFmpeg, {row_threads(args)} threads, uint8)",
+        functools.partial(spdl_pipeline, data.paths, threads=row_threads(args), **_loop(args)),
+    )
+    missing = spdl_missing()
+    if missing is not None:
+        plan.best = Row("spdl", plan.name, skipped=missing)
+    return plan
 
 
 def _dali_plan(args: argparse.Namespace, device: str, data: BenchData) -> RowPlan:
