@@ -161,7 +161,7 @@ def batchwire_row(
             endpoint,
             device=device,
             # The trainer's float normalize runs where its model does: on a GPU it is GPU work,
-            # on a CPU device the row yields the wire's raw uint8 (as the decode and DALI rows do).
+            # on a CPU device the row yields the wire's raw uint8, as the decode-only row does.
             normalize_on_device=wire == "uint8" and torch.device(device).type != "cpu",
             measure_images=measure_images,
             warmup=warmup,
