@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from batchwire.common.rates import RateWindow
+from batchwire.common.rates import RateMeter
 from batchwire.wire.stats import LoaderReport
 
 # Long enough to average over a handful of steps of a slow model, short enough to follow a change.
@@ -35,7 +35,7 @@ class LoaderStats:
 
     def __init__(self, window_s: float = WINDOW_S, clock: Callable[[], float] = time.monotonic):
         # Columns: batches, images. Waits are intervals, so a long one is clipped to the window.
-        self._window = RateWindow(window_s, columns=2, clock=clock, start_at_first_event=True)
+        self._window = RateMeter(window_s, columns=2, clock=clock, start_at_first_event=True)
         self.window_s = self._window.window_s
         self._prefetch_depth = 0
         self._totals_lock = threading.Lock()  # the two totals move together

@@ -3,7 +3,7 @@
 They import nothing of batchwire but `batchwire.wire`, so every side can use them without
 pulling in the server.
 
-- `rates`: `RateWindow`, the one sliding-window sum and rate behind every "per second" and
+- `rates`: `RateMeter`, the one sliding-window sum and rate behind every "per second" and
   "data-wait" figure (server throughput and per-client rate, the loader's stats, the trainer's
   log lines);
 - `launcher`: `PipelineServer`, a `pipeline-server` child process started, waited for until it

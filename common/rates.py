@@ -1,7 +1,7 @@
 """Sliding-window sums and rates: "images per second over the last few seconds" and the like.
 
 One implementation serves every figure of that kind: the server's throughput (`Telemetry`), its
-per-client send rate (`ClientStream`), the loader's wait and throughput figures that ride on
+per-client send rate (`ClientSession.meter`), the loader's wait and throughput figures that ride on
 credits (`LoaderStats`) and the trainer's log lines (`pipeline-train`). They used to be four
 copies, each with its own take on the edge cases a reader of the figures cares about:
 
@@ -28,12 +28,12 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-__all__ = ["RateWindow", "WindowReading"]
+__all__ = ["MeterReading", "RateMeter"]
 
 
 @dataclass(frozen=True)
-class WindowReading:
-    """What a `RateWindow` holds at one instant; every figure below comes from the same ``now``.
+class MeterReading:
+    """What a `RateMeter` holds at one instant; every figure below comes from the same ``now``.
 
     ``span_s`` is the time the window covers: ``window_s``, or less while the window is younger
     than that (0 before the first event when the window starts at its first event).
@@ -64,7 +64,7 @@ class WindowReading:
         return min(1.0, self.interval_s / self.span_s)
 
 
-class RateWindow:
+class RateMeter:
     """Sums of timestamped amounts over the last ``window_s`` seconds, and rates from them.
 
     Two kinds of records, both stamped with ``now`` (the clock, or the time the caller passes,
@@ -151,7 +151,7 @@ class RateWindow:
 
     # -- reading ------------------------------------------------------------------------------
 
-    def read(self, now: float | None = None) -> WindowReading:
+    def read(self, now: float | None = None) -> MeterReading:
         """All figures of the window at ``now`` (default: the clock), consistently."""
         with self._lock:
             now = self._now(now)
@@ -168,7 +168,7 @@ class RateWindow:
                     break
                 clipped += horizon - began
             span = 0.0 if self._start is None else max(0.0, min(self.window_s, now - self._start))
-            return WindowReading(
+            return MeterReading(
                 span_s=span,
                 totals=tuple(self._totals),
                 interval_s=max(0.0, self._interval_total - clipped),
@@ -176,7 +176,7 @@ class RateWindow:
             )
 
     def rates(self, now: float | None = None) -> tuple[float, ...]:
-        """Per-second rate of every column (see `WindowReading.rate`)."""
+        """Per-second rate of every column (see `MeterReading.rate`)."""
         return self.read(now).rates()
 
     def rate(self, now: float | None = None) -> float:

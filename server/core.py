@@ -6,7 +6,7 @@ touches a socket, a thread, a lock or the clock (tests/unit/test_server_core_pur
 the imports): every event carries ``now`` (monotonic seconds), what the shell records travels
 in the actions (`SendBatch`'s figures, `Reply.counts`), and cancelling a job is an action
 (`Cancel`), so the unit tests drive it with a fake clock and read the actions
-(tests/unit/test_server_core.py). One lock is left: a session's `RateWindow` meter, which a
+(tests/unit/test_server_core.py). One lock is left: a session's `RateMeter`, which a
 stats scrape on another thread reads.
 
 Events                                        Actions (returned, in order)

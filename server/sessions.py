@@ -23,7 +23,7 @@ from enum import IntEnum
 from typing import TYPE_CHECKING
 
 import numpy as np
-from batchwire.common.rates import RateWindow
+from batchwire.common.rates import RateMeter
 from batchwire.pipeline.sampler import ShardSampler
 from batchwire.wire import MAX_PREFETCH, ClientRow, Hello, LoaderReport, show
 
@@ -145,7 +145,7 @@ class ClientSession:
         self.taken_at: float | None = None
         # Images sent to this client; the loop thread adds (``meter.add(images, now)``), a stats
         # request or a Prometheus scrape reads, and the window's lock keeps the two apart.
-        self.meter = RateWindow(CLIENT_RATE_WINDOW_S)
+        self.meter = RateMeter(CLIENT_RATE_WINDOW_S)
         # Its last batch's production (core.py, "Sharing"): "off" (--share-window 0), "solo"
         # (produced for it alone so far), "shared" (one buffer with another session's batch),
         # "lagging" (produced again: it asked after the window let the batch go).

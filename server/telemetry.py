@@ -19,7 +19,7 @@ from dataclasses import fields, replace
 from typing import Any
 
 import numpy as np
-from batchwire.common.rates import RateWindow
+from batchwire.common.rates import RateMeter
 from batchwire.pipeline.mix_order import MixPlan
 from batchwire.server.handshakes import REASONS as HANDSHAKE_REASONS
 from batchwire.server.metrics_http import HealthCheck, start_metrics_server
@@ -409,7 +409,7 @@ class Telemetry:
         self._fallbacks: dict[str, int] = {}  # decoder name -> its images decoded on the CPU
         # Columns: batches, images, bytes sent. Its age counts from the server's start, so a
         # server that has sent nothing yet reports a true 0.
-        self._sent = RateWindow(THROUGHPUT_WINDOW_S, columns=3, clock=clock)
+        self._sent = RateMeter(THROUGHPUT_WINDOW_S, columns=3, clock=clock)
         self._latency: dict[str, deque[tuple[float, float]]] = {}
         # Private registry: several servers (or tests) in one process must not collide in
         # prometheus_client's global one. No auto_describe: it would call snapshot_fn at

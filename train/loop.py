@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 from batchwire.client.mixing import BatchMixer
-from batchwire.common.rates import RateWindow
+from batchwire.common.rates import RateMeter
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -46,7 +46,7 @@ from .metrics import MultiLabelScores
 from .models import build_model
 from .objective import Objective
 from .preemption import CheckpointedOnSignal, CheckpointRequest
-from .progress import EpochBar, LossAverage, loader_totals, throughput_window
+from .progress import EpochBar, LossAverage, loader_totals, throughput_meter
 from .record import IndexRecorder
 from .resize import size_at
 from .schedule import build_scheduler, resume_schedule
@@ -310,18 +310,18 @@ class Trainer:
         self.scheduler.step()
         self.step += 1
 
-    def train_epoch(self, epoch: int, start: int) -> tuple[bool, RateWindow, float]:
+    def train_epoch(self, epoch: int, start: int) -> tuple[bool, RateMeter, float]:
         """Train from batch `start`; returns (stopped by --max-steps, epoch meter, mean loss).
 
         The meters count images (column 0) and the time blocked on each batch (intervals).
         """
         n = self.num_batches
         self.model.train()
-        epoch_meter, window = throughput_window(), throughput_window()
-        epoch_loss, window_loss = LossAverage(self.ctx.device), LossAverage(self.ctx.device)
+        epoch_meter, line_meter = throughput_meter(), throughput_meter()
+        epoch_loss, line_loss = LossAverage(self.ctx.device), LossAverage(self.ctx.device)
         self._bar = EpochBar(self.ctx.is_main, n, initial=start, desc=f"epoch {epoch}")
         try:
-            return self._train_batches(epoch, start, epoch_meter, window, epoch_loss, window_loss)
+            return self._train_batches(epoch, start, epoch_meter, line_meter, epoch_loss, line_loss)
         finally:
             self._bar.close()
             self._bar = None
@@ -330,11 +330,11 @@ class Trainer:
         self,
         epoch: int,
         start: int,
-        epoch_meter: RateWindow,
-        window: RateWindow,
+        epoch_meter: RateMeter,
+        line_meter: RateMeter,
         epoch_loss: LossAverage,
-        window_loss: LossAverage,
-    ) -> tuple[bool, RateWindow, float]:
+        line_loss: LossAverage,
+    ) -> tuple[bool, RateMeter, float]:
         cfg, accum, n = self.cfg, self.cfg.accum_steps, self.num_batches
         assert self._bar is not None
         k = start
@@ -355,11 +355,11 @@ class Trainer:
                 scaled = loss / (group_end - group_start)
                 (self.scaler.scale(scaled) if self.scaler else scaled).backward()
             k += 1
-            for meter in (epoch_meter, window):
+            for meter in (epoch_meter, line_meter):
                 meter.add(images.shape[0])
                 meter.add_interval(wait_s)
             epoch_loss.add(loss)
-            window_loss.add(loss)
+            line_loss.add(loss)
             self._bar.update(1)
             if not last_micro:
                 continue
@@ -369,7 +369,7 @@ class Trainer:
             # batches flow, not after --log-every steps (minutes at 224 px on a CPU).
             if self.step % cfg.log_every == 0 or not self._logged_first_step:
                 self._logged_first_step = True
-                self._log_window(epoch, k, window, window_loss)
+                self._log_line(epoch, k, line_meter, line_loss)
             if k < n and self._checkpoint_requested():
                 self._stop_on_signal(epoch, k)
             if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0 and k < n:
@@ -437,9 +437,9 @@ class Trainer:
             log.warning("--fail-at-step %d: rank %d kills itself", self.step, self.ctx.rank)
             os.kill(os.getpid(), signal.SIGKILL)
 
-    def _log_window(self, epoch: int, k: int, window: RateWindow, loss: LossAverage) -> None:
+    def _log_line(self, epoch: int, k: int, meter: RateMeter, loss: LossAverage) -> None:
         lr = self.optimizer.param_groups[0]["lr"]
-        figures = window.read()
+        figures = meter.read()
         row = {
             "step": self.step,
             "epoch": epoch,
@@ -460,7 +460,7 @@ class Trainer:
             else:
                 self.say(line)
         self.metrics.step(row)
-        window.reset()
+        meter.reset()
 
     # ------------------------------------------------------------------ epochs
 

@@ -15,19 +15,19 @@ import time
 from typing import Any, TextIO
 
 import torch
-from batchwire.common.rates import RateWindow
+from batchwire.common.rates import RateMeter
 from tqdm import tqdm
 
 
-def throughput_window() -> RateWindow:
+def throughput_meter() -> RateMeter:
     """Images trained (column 0) and data-wait intervals since the start or the last `reset`.
 
-    The trainer reports per log line and per epoch, so its window is not sliding but tumbling:
+    The trainer reports per log line and per epoch, so its meter does not slide but tumbles:
     an infinite one, reset after each log line (the epoch's is a fresh one per epoch). Wall time
     runs on ``perf_counter`` (the step timings use it too); the rate's floor is only there to
     never divide by zero, since a log interval shorter than a second is a real interval.
     """
-    return RateWindow(math.inf, clock=time.perf_counter, min_span_s=1e-9)
+    return RateMeter(math.inf, clock=time.perf_counter, min_span_s=1e-9)
 
 
 def loader_totals(loader: Any) -> tuple[int, int]:

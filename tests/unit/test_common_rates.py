@@ -1,4 +1,4 @@
-"""RateWindow: the one sliding-window sum/rate behind every "per second" figure of batchwire.
+"""RateMeter: the one sliding-window sum/rate behind every "per second" figure of batchwire.
 
 Each test pins one edge case that a reader of the figures would notice if it went wrong: the
 first second, the window boundary, a wait straddling the horizon, the tumbling (infinite) form.
@@ -10,13 +10,13 @@ import math
 import threading
 
 import pytest
-from batchwire.common.rates import RateWindow
+from batchwire.common.rates import RateMeter
 from fakeclock import FakeClock
 
 
 def test_full_window_rate_of_several_columns() -> None:
     clock = FakeClock()
-    w = RateWindow(5.0, columns=3, clock=clock)
+    w = RateMeter(5.0, columns=3, clock=clock)
     clock.t += 100  # long past start: the whole window applies
     for _ in range(20):  # 4 events per second for 5 s, the last one now
         clock.t += 0.25
@@ -27,7 +27,7 @@ def test_full_window_rate_of_several_columns() -> None:
 
 def test_window_is_half_open_so_a_steady_stream_reads_exactly() -> None:
     clock = FakeClock()
-    w = RateWindow(5.0, clock=clock)
+    w = RateMeter(5.0, clock=clock)
     clock.t += 100
     for _ in range(11):  # events at 0, 1, ..., 10 s: the window (5, 10] holds 5 of them
         w.add(1)
@@ -39,17 +39,17 @@ def test_window_is_half_open_so_a_steady_stream_reads_exactly() -> None:
 
 def test_young_window_divides_by_its_age_with_a_floor() -> None:
     clock = FakeClock()
-    w = RateWindow(10.0, clock=clock)
+    w = RateMeter(10.0, clock=clock)
     w.add(50)
     assert w.rate() == pytest.approx(50.0)  # 1 s floor, not 50 / 0 s
     clock.t += 4.0
     assert w.rate() == pytest.approx(50 / 4.0)  # 4 s old: not 50 / 10 s
-    assert RateWindow(0.5, clock=clock).min_span_s == 0.5  # a short window is its own floor
+    assert RateMeter(0.5, clock=clock).min_span_s == 0.5  # a short window is its own floor
 
 
 def test_old_events_leave_and_sums_return_to_exact_zero() -> None:
     clock = FakeClock()
-    w = RateWindow(2.0, columns=2, clock=clock)
+    w = RateMeter(2.0, columns=2, clock=clock)
     for _ in range(1000):
         w.add((0.1, 0.7))
         w.add_interval(0.001)
@@ -63,7 +63,7 @@ def test_old_events_leave_and_sums_return_to_exact_zero() -> None:
 
 def test_explicit_now_instead_of_the_clock() -> None:
     """The server's loop passes the time it already read (``meter.add(images, now)``)."""
-    w = RateWindow(
+    w = RateMeter(
         5.0, clock=lambda: pytest.fail("the clock must not be read"), start_at_first_event=True
     )
     w.add(10, 100.0)
@@ -74,7 +74,7 @@ def test_explicit_now_instead_of_the_clock() -> None:
 
 def test_intervals_are_clipped_to_the_window() -> None:
     clock = FakeClock(0.0)
-    w = RateWindow(10.0, columns=2, clock=clock, start_at_first_event=True)
+    w = RateMeter(10.0, columns=2, clock=clock, start_at_first_event=True)
     clock.t = 6.0
     w.add_interval(6.0)  # one wait from 0 to 6 s
     w.add((1, 8))
@@ -88,7 +88,7 @@ def test_intervals_are_clipped_to_the_window() -> None:
 
 def test_window_starts_at_the_first_event_including_an_interval_start() -> None:
     clock = FakeClock(500.0)
-    w = RateWindow(10.0, columns=2, clock=clock, start_at_first_event=True)
+    w = RateMeter(10.0, columns=2, clock=clock, start_at_first_event=True)
     clock.t += 100  # nothing recorded: still no span, nothing to report
     r = w.read()
     assert (r.span_s, r.rate(1), r.interval_fraction()) == (0.0, 0.0, 0.0)
@@ -103,7 +103,7 @@ def test_window_starts_at_the_first_event_including_an_interval_start() -> None:
 
 def test_fraction_is_capped_and_negative_intervals_count_as_zero() -> None:
     clock = FakeClock()
-    w = RateWindow(10.0, clock=clock, start_at_first_event=True)
+    w = RateMeter(10.0, clock=clock, start_at_first_event=True)
     clock.t += 1.0
     w.add_interval(5.0)
     w.add_interval(3.0)  # overlapping waits claim more than all of the time
@@ -114,7 +114,7 @@ def test_fraction_is_capped_and_negative_intervals_count_as_zero() -> None:
 
 def test_infinite_window_is_tumbling_with_reset() -> None:
     clock = FakeClock(10.0)
-    w = RateWindow(math.inf, clock=clock, min_span_s=1e-9)
+    w = RateMeter(math.inf, clock=clock, min_span_s=1e-9)
     for _ in range(4):
         w.add(16)
         w.add_interval(0.05)
@@ -133,23 +133,23 @@ def test_infinite_window_is_tumbling_with_reset() -> None:
 def test_bad_arguments() -> None:
     for window in (0, -1.0, float("nan")):
         with pytest.raises(ValueError, match="window_s"):
-            RateWindow(window)
+            RateMeter(window)
     with pytest.raises(ValueError, match="columns"):
-        RateWindow(1.0, columns=0)
+        RateMeter(1.0, columns=0)
     with pytest.raises(ValueError, match="2 amounts"):
-        RateWindow(1.0).add((1, 2))
+        RateMeter(1.0).add((1, 2))
 
 
 def test_missing_trailing_columns_count_as_zero() -> None:
     clock = FakeClock()
-    w = RateWindow(5.0, columns=3, clock=clock)
+    w = RateMeter(5.0, columns=3, clock=clock)
     w.add(2)
     assert w.read().totals == (2.0, 0.0, 0.0)
 
 
 def test_one_thread_records_while_another_reads() -> None:
     clock = FakeClock()
-    w = RateWindow(1.0, columns=2, clock=clock)
+    w = RateMeter(1.0, columns=2, clock=clock)
     stop = threading.Event()
     seen: list[tuple[float, ...]] = []
 

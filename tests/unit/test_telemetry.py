@@ -11,7 +11,7 @@ from dataclasses import fields, replace
 import msgpack
 import pytest
 from batchwire import wire
-from batchwire.common.rates import RateWindow
+from batchwire.common.rates import RateMeter
 from batchwire.pipeline.mix_order import MixPlan
 from batchwire.server.telemetry import (
     COUNTER_NAMES,
@@ -188,7 +188,7 @@ def test_throughput_is_a_sliding_window() -> None:
 
 def test_rate_right_after_start_uses_elapsed_time_with_a_floor() -> None:
     clock = FakeClock()
-    window = RateWindow(5.0, clock=clock)
+    window = RateMeter(5.0, clock=clock)
     window.add(100)
     assert window.rate() == pytest.approx(100.0)  # 1 s floor, not 100 / 1e-6
     clock.t += 2.0
