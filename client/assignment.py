@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from batchwire.client import rendezvous
-from batchwire.client.session import Peer, SessionState
+from batchwire.client.session import Peer, PeerState
 from batchwire.client.unasked import UnaskedBatches
 
 _PER_SERVER = 4  # the least budget per server when a loader has several
@@ -127,7 +127,7 @@ class Assignment:
                 # batch elsewhere; after the grace a later tick gives it to another server.
                 unasked.give_back([k])
                 break
-            if p is None or p.state is not SessionState.STREAMING or not takes(p, k):
+            if p is None or p.state is not PeerState.STREAMING or not takes(p, k):
                 # Fewest outstanding first, slow servers last; ties go round the servers, so a
                 # consumer slower than its servers still spreads the epoch over all of them.
                 p = min(takers, key=lambda p: (slow(p), outstanding(p), (p.index - self._turn) % n))
@@ -147,6 +147,6 @@ def candidates_of(peers: Sequence[Peer]) -> list[tuple[str, Peer]]:
 def welcome_due(p: Peer, now: float) -> bool:
     """Is ``p`` about to stream? Its hello was sent less than `WELCOME_GRACE_S` ago, or it
     joined (the loader started, or DNS added it) that recently and is still connecting."""
-    if p.state is SessionState.HELLO_SENT:
+    if p.state is PeerState.HELLO_SENT:
         return now - p.last_sent < WELCOME_GRACE_S
     return p.connecting() and now - p.last_heard < WELCOME_GRACE_S

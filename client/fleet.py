@@ -19,7 +19,7 @@ again), `ServerUnavailable` (no batch within the timeout), `ProtocolError` (a se
 protocol; `session.IllegalTransition` is one).
 
 Fleet composes four parts, each a module of its own with its own unit tests:
-- sessions (`session`): each server's `Peer` and its `SessionState`, moved only by the
+- sessions (`session`): each server's `Peer` and its `PeerState`, moved only by the
   transition table `session.TRANSITIONS`; Fleet opens and ends the sessions (hello, take-back,
   back-off, adoption) and answers the servers' replies (below; `welcomes` checks each welcome).
 - assignment (`assignment.Assignment`): the budget, each batch's preferred server (rendezvous
@@ -62,13 +62,13 @@ from batchwire.client import liveness, welcomes
 from batchwire.client.assignment import Assignment
 from batchwire.client.errors import ProtocolError, ServerError
 from batchwire.client.liveness import Waiting, in_fleet
-from batchwire.client.session import WAITING, Event, Peer, Session, SessionState
+from batchwire.client.session import WAITING, Event, Peer, PeerState, Session
 from batchwire.client.speculation import Speculation
 from batchwire.client.unasked import UnaskedBatches
 
 log = logging.getLogger(__name__)
 
-S = SessionState
+S = PeerState
 E = Event
 
 # The same error reply this many times in a row (with no batch between) is the server's answer,

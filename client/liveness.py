@@ -18,7 +18,7 @@ from typing import NamedTuple
 
 from batchwire import wire
 from batchwire.client.errors import ServerUnavailable
-from batchwire.client.session import Peer, SessionState
+from batchwire.client.session import Peer, PeerState
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ def silent(peers: Sequence[Peer], since: float, now: float, timeout: float) -> l
                 "other servers and it gets a new hello",
                 p.endpoint,
                 quiet,
-                "batches" if p.state is SessionState.STREAMING else "a welcome",
+                "batches" if p.state is PeerState.STREAMING else "a welcome",
             )
             p.heartbeat = min(2 * p.heartbeat, max(timeout / 2, 1.0))
             quiet_ones.append(p)
@@ -79,7 +79,7 @@ def in_fleet(peers: Sequence[Peer]) -> list[Peer]:
 
 def blocking_peer(peers: Sequence[Peer]) -> Peer:
     """The server most at fault for the batch the consumer waits for."""
-    members = in_fleet(peers) or [p for p in peers if p.state is not SessionState.REMOVED]
+    members = in_fleet(peers) or [p for p in peers if p.state is not PeerState.REMOVED]
     members = members or peers
     return next((p for p in members if p.session is None or not p.session.welcomed), members[0])
 
@@ -95,11 +95,11 @@ def waiting_note(waiting: Waiting, now: float, since: float) -> str:
             doing = f"the connection was lost {now - p.last_heard:.0f} s ago; reconnecting"
         else:
             doing = "no answer yet; connecting"
-    elif p.state is SessionState.REFUSED:
+    elif p.state is PeerState.REFUSED:
         doing = f"it refused this loader ({p.refusal}); asking again"
     elif p.waits_out_busy():
         doing = f"it cannot serve this loader until this clears ({p.refusal}); asking again"
-    elif p.state is SessionState.BACKING_OFF:
+    elif p.state is PeerState.BACKING_OFF:
         doing = f"it answered with an error ({p.last_error}); asking again"
     elif p.session is None or not p.session.welcomed:
         doing = "connected, waiting for its answer to our hello"
@@ -134,14 +134,14 @@ def unavailable(waiting: Waiting, now: float) -> ServerUnavailable:
             f"pipeline-server at {p.endpoint} went away (last heard "
             f"{now - p.last_heard:.1f} s ago) and did not come back within {t} s"
         )
-    elif p.state is SessionState.REFUSED:
+    elif p.state is PeerState.REFUSED:
         msg = f"pipeline-server at {p.endpoint} refused this loader for {t} s"
     elif p.waits_out_busy():
         msg = (
             f"pipeline-server at {p.endpoint} could not serve this loader for {t} s, for "
             "a reason it said would clear"
         )
-    elif p.state is SessionState.BACKING_OFF:
+    elif p.state is PeerState.BACKING_OFF:
         msg = f"pipeline-server at {p.endpoint} answered with errors for {t} s"
     elif p.session is None or not p.session.welcomed:
         msg = (

@@ -22,7 +22,7 @@ Read as a diagram:
     any but DISCONNECTED --shutdown--> DRAINING --disconnected--> DISCONNECTED
     at rest (no session) --left (its endpoint left the fleet and it owes nothing)--> REMOVED
 
-A session's states (HELLO_SENT, STREAMING, SPECULATING) hold one only while connected: a
+The states that hold a session (HELLO_SENT, STREAMING, SPECULATING) hold it only while connected: a
 dropped connection ends it (``disconnected``), so ``ended`` always lands on IDLE.
 
 The connection itself (`Peer.connected`) is a fact about the socket, kept beside the state:
@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from batchwire.wire import ProtocolError
 
 
-class SessionState(enum.Enum):
+class PeerState(enum.Enum):
     """Where one server stands with this loader."""
 
     DISCONNECTED = "disconnected"  # no connection (not yet, or it dropped); no session
@@ -53,7 +53,7 @@ class SessionState(enum.Enum):
 
 
 #: States that wait for ``retry_at`` before the next hello.
-WAITING = frozenset({SessionState.BACKING_OFF, SessionState.REFUSED})
+WAITING = frozenset({PeerState.BACKING_OFF, PeerState.REFUSED})
 
 
 class Event(enum.Enum):
@@ -75,18 +75,18 @@ class Event(enum.Enum):
     LEFT = "left"  # its endpoint left the fleet and it owes nothing: closed for good
 
 
-_SESSION = (SessionState.HELLO_SENT, SessionState.STREAMING, SessionState.SPECULATING)
+_SESSION = (PeerState.HELLO_SENT, PeerState.STREAMING, PeerState.SPECULATING)
 _AT_REST = (
-    SessionState.DISCONNECTED,
-    SessionState.IDLE,
-    SessionState.BACKING_OFF,
-    SessionState.REFUSED,
-    SessionState.DRAINING,
+    PeerState.DISCONNECTED,
+    PeerState.IDLE,
+    PeerState.BACKING_OFF,
+    PeerState.REFUSED,
+    PeerState.DRAINING,
 )
 
 
-def _table() -> dict[tuple[SessionState, Event], SessionState]:
-    S, E = SessionState, Event
+def _table() -> dict[tuple[PeerState, Event], PeerState]:
+    S, E = PeerState, Event
     table = {
         (S.DISCONNECTED, E.CONNECTED): S.IDLE,
         (S.IDLE, E.HELLO): S.HELLO_SENT,
@@ -121,14 +121,14 @@ def _table() -> dict[tuple[SessionState, Event], SessionState]:
 
 
 #: Every legal (state, event) and the state it leads to; any other pair is `IllegalTransition`.
-TRANSITIONS: dict[tuple[SessionState, Event], SessionState] = _table()
+TRANSITIONS: dict[tuple[PeerState, Event], PeerState] = _table()
 
 
 class IllegalTransition(ProtocolError):
     """An event that the server's state does not allow (a bug of the core, or a server that
     broke the protocol in a way no check caught): raised where it happens."""
 
-    def __init__(self, endpoint: str, state: SessionState, event: Event) -> None:
+    def __init__(self, endpoint: str, state: PeerState, event: Event) -> None:
         self.endpoint, self.transition = endpoint, (state, event)
         super().__init__(
             f"pipeline-server at {endpoint}: event {event.value!r} is not allowed in state "
@@ -163,7 +163,7 @@ class Peer:
     heartbeat: float
     last_heard: float  # when its last frame arrived
     prev_heard: float  # when the frame before that arrived
-    state: SessionState = SessionState.DISCONNECTED
+    state: PeerState = PeerState.DISCONNECTED
     session: Session | None = None
     connected: bool = False
     ever_connected: bool = False
@@ -192,9 +192,9 @@ class Peer:
 
     def owes(self) -> bool:
         """Does its session of the current epoch owe a welcome or batches?"""
-        if self.state is SessionState.HELLO_SENT:
+        if self.state is PeerState.HELLO_SENT:
             return True
-        return self.state is SessionState.STREAMING and bool(self.session and self.session.pending)
+        return self.state is PeerState.STREAMING and bool(self.session and self.session.pending)
 
     def outstanding(self) -> int:
         """Batches asked of its session and not received yet."""
@@ -202,7 +202,7 @@ class Peer:
 
     def in_fleet(self) -> bool:
         """Is it one of the loader's servers now (not removed, not on its way out)?"""
-        return self.state is not SessionState.REMOVED and not self.retiring
+        return self.state is not PeerState.REMOVED and not self.retiring
 
     def assignable(self) -> bool:
         """May batches prefer it (`rendezvous`)? Connected, in the fleet, not refusing, not
@@ -210,13 +210,13 @@ class Peer:
         return (
             self.connected
             and self.in_fleet()
-            and self.state not in (*WAITING, SessionState.DRAINING, SessionState.DISCONNECTED)
+            and self.state not in (*WAITING, PeerState.DRAINING, PeerState.DISCONNECTED)
         )
 
     def connecting(self) -> bool:
         """Is its first connection under way (never connected, no attempt refused yet)?"""
         return (
-            self.state is SessionState.DISCONNECTED
+            self.state is PeerState.DISCONNECTED
             and not self.ever_connected
             and not self.connect_failures
             and self.in_fleet()
@@ -225,12 +225,12 @@ class Peer:
     def waits_out_busy(self) -> bool:
         """Is it waiting out a ``busy`` refusal (one that clears by itself)?"""
         return (
-            self.state is SessionState.BACKING_OFF
+            self.state is PeerState.BACKING_OFF
             and self.refusal is not None
             and self.refusal == self.last_error
         )
 
-    def move(self, event: Event) -> SessionState:
+    def move(self, event: Event) -> PeerState:
         """Take ``event`` (`TRANSITIONS`); the only way `state` changes."""
         try:
             self.state = TRANSITIONS[self.state, event]

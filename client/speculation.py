@@ -13,7 +13,7 @@ that epoch (`refused`).
 from __future__ import annotations
 
 from batchwire.client.assignment import Assignment, candidates_of
-from batchwire.client.session import Peer, SessionState
+from batchwire.client.session import Peer, PeerState
 from batchwire.client.unasked import UnaskedBatches
 
 # A next-epoch session we have not spoken to for this long may have been dropped by the server
@@ -65,9 +65,7 @@ class Speculation:
         """Is ``p`` free for the next epoch: in the fleet, idle or streaming and owing none?"""
         if p.retiring:
             return False
-        return p.state is SessionState.IDLE or (
-            p.state is SessionState.STREAMING and not p.outstanding()
-        )
+        return p.state is PeerState.IDLE or (p.state is PeerState.STREAMING and not p.outstanding())
 
     def pick(
         self,

@@ -22,7 +22,7 @@ from batchwire.client.fleet import (
     SendHello,
     Verdict,
 )
-from batchwire.client.session import SessionState
+from batchwire.client.session import PeerState
 from fakeclock import FakeClock
 from wirefakes import SHAPE
 
@@ -143,7 +143,7 @@ class Shell:
             sent.append(k)
         return sent
 
-    def state(self, server: int) -> SessionState:
+    def state(self, server: int) -> PeerState:
         return self.fleet.peers[server].state
 
     def run_epoch(self, servers: list[int]) -> list[int]:

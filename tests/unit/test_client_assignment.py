@@ -15,13 +15,13 @@ from batchwire.client.assignment import (
     candidates_of,
     welcome_due,
 )
-from batchwire.client.session import Peer, Session, SessionState
+from batchwire.client.session import Peer, PeerState, Session
 from batchwire.client.unasked import UnaskedBatches
 
-S = SessionState
+S = PeerState
 
 
-def peers(n: int, state: SessionState = S.STREAMING) -> list[Peer]:
+def peers(n: int, state: PeerState = S.STREAMING) -> list[Peer]:
     out = []
     for i in range(n):
         p = Peer(i, f"tcp://server-{i}:5555", heartbeat=1.0, last_heard=0.0, prev_heard=0.0)

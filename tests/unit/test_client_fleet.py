@@ -23,10 +23,10 @@ from batchwire.client.fleet import (
     SendCredit,
     Verdict,
 )
-from batchwire.client.session import SessionState
+from batchwire.client.session import PeerState
 from fleetsim import NUM_BATCHES, Shell, header_for, streaming, welcome_for
 
-S = SessionState
+S = PeerState
 
 
 # ---------------------------------------------------------------------- sessions and assignment

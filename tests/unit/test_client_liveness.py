@@ -18,9 +18,9 @@ from batchwire.client.liveness import (
     unavailable,
     waiting_note,
 )
-from batchwire.client.session import Peer, Session, SessionState
+from batchwire.client.session import Peer, PeerState, Session
 
-S = SessionState
+S = PeerState
 
 
 def owing(i: int = 0, *, heartbeat: float = 1.0) -> Peer:

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 from batchwire.client import ProtocolError
-from batchwire.client.session import TRANSITIONS, Event, IllegalTransition, Peer, SessionState
+from batchwire.client.session import TRANSITIONS, Event, IllegalTransition, Peer, PeerState
 from fleetsim import Shell
 
-S, E = SessionState, Event
+S, E = PeerState, Event
 CLIENT = Path(__file__).resolve().parents[2] / "client"
 
 #: The diagram of session.py's docstring, written out: every legal move and nothing else.
@@ -65,7 +65,7 @@ LEGAL = {
 ILLEGAL = [(s, e) for s in S for e in E if (s, e) not in LEGAL]
 
 
-def peer(state: SessionState) -> Peer:
+def peer(state: PeerState) -> Peer:
     p = Peer(0, "tcp://server-0:5555", heartbeat=1.0, last_heard=0.0, prev_heard=0.0)
     p.state = state  # a test sets the starting point directly; the core moves by events only
     return p
@@ -76,16 +76,14 @@ def test_the_table_is_the_diagram() -> None:
 
 
 @pytest.mark.parametrize(("state", "event"), sorted(LEGAL, key=str))
-def test_each_legal_transition(state: SessionState, event: Event) -> None:
+def test_each_legal_transition(state: PeerState, event: Event) -> None:
     p = peer(state)
     assert p.move(event) is LEGAL[state, event]
     assert p.state is LEGAL[state, event]
 
 
 @pytest.mark.parametrize(("state", "event"), sorted(ILLEGAL, key=str))
-def test_each_illegal_event_raises_naming_state_and_event(
-    state: SessionState, event: Event
-) -> None:
+def test_each_illegal_event_raises_naming_state_and_event(state: PeerState, event: Event) -> None:
     p = peer(state)
     with pytest.raises(IllegalTransition) as raised:
         p.move(event)

@@ -8,11 +8,11 @@ from __future__ import annotations
 from collections import deque
 
 from batchwire.client.assignment import Assignment, candidates_of
-from batchwire.client.session import Peer, Session, SessionState
+from batchwire.client.session import Peer, PeerState, Session
 from batchwire.client.speculation import AHEAD_MAX_AGE_S, Speculation
 from batchwire.client.unasked import UnaskedBatches
 
-S = SessionState
+S = PeerState
 
 
 def peers(n: int) -> list[Peer]:
