@@ -13,15 +13,15 @@ sessions:
 - ``unacked``: batches sent to it less the batches its credits asked for (below 0 while
   credits run ahead of the sends; back to at least 0 when a session ends, since the asks it
   was never sent are gone with it);
-- ``advance``: the batches the first hello of its stream asked for (a loader's window: it is
-  sent them before it takes anything). A hello re-sent for the same stream (after a silence or
+- ``advance``: the batches the first hello of its pass asked for (a loader's window: it is
+  sent them before it takes anything). A hello re-sent for the same pass (after a silence or
   an error) asks only for what the loader did not get, and gets no new advance;
 - its ``debt``: what it would have been sent and not acknowledged once its session's owed
   batches are sent, ``unacked + owed - advance``. Sends and credits leave it as it is (a send
   moves one batch from owed to unacked, a credit one the other way); a hello sets it: one that
   asks again for batches the peer was sent raises it by as many. A trainer's is 0 (within a
-  stream, all it asks beyond its window is asked by credits), or the few batches a re-sent
-  hello asked again because they were lost in flight; a client that asks the same stream again
+  pass, all it asks beyond its window is asked by credits), or the few batches a re-sent
+  hello asked again because they were lost in flight; a client that asks the same pass again
   and again, with no credit, owes what it was sent of each hello's window.
 
 A peer whose debt is over `SLACK` (what a loader's re-sent hello may ask again of the batches
@@ -32,18 +32,18 @@ start one; they are lent buffers as a client that never took one
 (`core.ServerCore.in_good_standing`). A client that re-sends its hello every second and never
 reads is in debt after two or three hellos. Credits pay a debt back (`PeerLedger.acknowledged`).
 
-A hello that starts another stream (epoch, split, rank, world size, job, resumed pass, batch
+A hello that starts another pass (epoch, split, rank, world size, job, resumed pass, batch
 size or output size) has its own window as its advance. What the peer owes is wiped by a hello
 after a session that was sent everything it asked for (``finished``) and either was of another
-stream (a loader's next epoch; a validation pass of another epoch, which may ask for all its
+pass (a loader's next epoch; a validation pass of another epoch, which may ask for all its
 batches in the hello and send no credit) or came after credits asking for at least its window
 since the last wipe (a validation loader evaluating the same epoch again: it took the pass).
-A re-hello of the same stream with fewer credits since, or one before the last session was
+A re-hello of the same pass with fewer credits since, or one before the last session was
 served, carries the debt: so does a validation loader's pass of the same epoch when the split
 has fewer batches than twice its window, one pass's worth at a time.
 
 What this cannot tell apart: a client that sends credits without reading (its libzmq takes
-the batches; nothing on the wire says it did not read), or one that starts a new stream once
+the batches; nothing on the wire says it did not read), or one that starts a new pass once
 its last one was served; both ask only as fast as they are served, as a trainer does. A record
 is forgotten when the peer's connection closes (a new connection is a new identity unless the
 client sets one) and when it has had no session for --client-timeout.
@@ -57,13 +57,13 @@ from dataclasses import dataclass, replace
 from batchwire.wire import Hello
 
 #: Batches a peer may owe and still be in good standing: those a loader's hello re-sent for the
-#: same stream (after a silence or an error) may ask again because they were on their way when
+#: same pass (after a silence or an error) may ask again because they were on their way when
 #: it gave up on its session, and reached it after, when it drops them as stale.
 SLACK = 2
 
 
-def stream_of(hello: Hello) -> Hello:
-    """The stream a hello asks for: everything in it but its batches, session and metadata."""
+def pass_of(hello: Hello) -> Hello:
+    """The pass a hello asks for: everything in it but its batches, session and metadata."""
     return replace(hello, batches=(), session=0, metadata=False)
 
 
@@ -73,11 +73,11 @@ class PeerRecord:
 
     seen_at: float
     unacked: int = 0
-    advance: int = 0  # batches the first hello of its stream asked for
-    stream: Hello | None = None  # the `stream_of` its current (or last) session's hello
+    advance: int = 0  # batches the first hello of its pass asked for
+    last_pass: Hello | None = None  # the `pass_of` its current (or last) session's hello
     finished: bool = False  # that session had been sent all it asked for when it ended
     repaid: int = 0  # batches its credits asked for since it went into debt
-    credited: int = 0  # batches its credits asked for since its stream started or was wiped
+    credited: int = 0  # batches its credits asked for since its pass started or was wiped
     in_debt_since: float | None = None
 
     def debt(self, owed: int) -> int:
@@ -109,13 +109,13 @@ class PeerLedger:
         record = self._records.get(identity)
         if record is None:
             record = self._records[identity] = PeerRecord(seen_at=now)
-        stream = stream_of(hello)
-        other = record.stream != stream
+        this_pass = pass_of(hello)
+        other = record.last_pass != this_pass
         if record.finished and (other or record.credited >= record.advance):
             record.unacked = record.credited = 0  # its next epoch, or a whole pass taken
         if other:
             record.advance, record.credited = len(hello.batches), 0
-        record.stream, record.finished, record.seen_at = stream, False, now
+        record.last_pass, record.finished, record.seen_at = this_pass, False, now
         if record.debt(len(hello.batches)) <= self.slack:
             record.in_debt_since = None
         elif record.in_debt_since is None:
