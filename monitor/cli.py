@@ -150,7 +150,7 @@ def server_json(endpoint: str, snapshot: ServerStats) -> dict[str, Any]:
     return {**snapshot.to_map(), **fleet.to_map()}
 
 
-def _run_json_stream(client: StatsClient, args: argparse.Namespace, out: TextIO) -> int:
+def _run_json_lines(client: StatsClient, args: argparse.Namespace, out: TextIO) -> int:
     """One JSON line per interval; a missed answer goes to stderr and polling goes on."""
     while True:
         started = time.monotonic()
@@ -238,41 +238,41 @@ def main(argv: list[str] | None = None) -> int:
         client.close()
         print(f"pipeline-monitor: {exc}", file=sys.stderr)
         return 2
-    return _run_view(client, args, out, _run_once, _run_json_stream, _run_live)
+    return _run_view(client, args, out, _run_once, _run_json_lines, _run_live)
 
 
-class _Source(Protocol):
+class _StatsFeed(Protocol):
     def close(self) -> None: ...
 
 
-_S = TypeVar("_S", bound=_Source)
+_S = TypeVar("_S", bound=_StatsFeed)
 _View = Callable[[_S, argparse.Namespace, TextIO], int]
 
 
 def _run_view(
-    source: _S,
+    feed: _S,
     args: argparse.Namespace,
     out: TextIO,
     once: _View[_S],
-    json_stream: _View[_S],
+    json_lines: _View[_S],
     live: _View[_S],
 ) -> int:
-    """The view `args` asks for (`--once`, `--json`, else live) over `source`, then `source`
+    """The view `args` asks for (`--once`, `--json`, else live) over `feed`, then `feed`
     closed. One server's `StatsClient` and a fleet's `FleetPoller` must end the same way:
     Ctrl-C exits 0, a reader gone from the pipe (`| head`) stops quietly, and the connections
     are closed whatever happened."""
     try:
         if args.once:
-            return once(source, args, out)
+            return once(feed, args, out)
         if args.json:
-            return json_stream(source, args, out)
-        return live(source, args, out)
+            return json_lines(feed, args, out)
+        return live(feed, args, out)
     except KeyboardInterrupt:
         return 0
     except BrokenPipeError:
         return _reader_gone()
     finally:
-        source.close()
+        feed.close()
 
 
 def _reader_gone() -> int:
@@ -295,7 +295,7 @@ def _main_fleet(args: argparse.Namespace, keys: ClientKeys | None, out: TextIO) 
     except DnsError as exc:
         print(f"pipeline-monitor: {lookup_failure(args.endpoint, exc)}", file=sys.stderr)
         return 2
-    return _run_view(poller, args, out, _fleet_once, _fleet_json_stream, _fleet_live)
+    return _run_view(poller, args, out, _fleet_once, _fleet_json_lines, _fleet_live)
 
 
 def _fleet_once(poller: FleetPoller, args: argparse.Namespace, out: TextIO) -> int:
@@ -316,7 +316,7 @@ def _fleet_once(poller: FleetPoller, args: argparse.Namespace, out: TextIO) -> i
     return 1
 
 
-def _fleet_json_stream(poller: FleetPoller, args: argparse.Namespace, out: TextIO) -> int:
+def _fleet_json_lines(poller: FleetPoller, args: argparse.Namespace, out: TextIO) -> int:
     """One JSON object per interval, one entry per server (an error in place of stats)."""
     first = True  # the name was just resolved
     while True:

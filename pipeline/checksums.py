@@ -229,12 +229,12 @@ class Checksums:
         self,
         sizes: np.ndarray,
         values: np.ndarray,
-        sources: list[str],
+        manifests_read: list[str],
         intact: np.ndarray | None = None,
     ) -> None:
         self.sizes = sizes  # int64, -1 where unknown
         self.values = values  # uint64
-        self.sources = sources  # the manifests read, for messages
+        self.manifests_read = manifests_read  # the manifests read, for messages
         # bool: recorded as passing the strict full decode (False where unknown)
         self.intact = np.zeros(len(sizes), dtype=bool) if intact is None else intact
 
@@ -249,11 +249,11 @@ class Checksums:
     def over(self, other: Checksums) -> Checksums:
         """These records, and `other`'s for the files these have none for (same indices)."""
         take = ~self.known & other.known
-        sources = list(dict.fromkeys(self.sources + other.sources))
+        manifests_read = list(dict.fromkeys(self.manifests_read + other.manifests_read))
         return Checksums(
             np.where(take, other.sizes, self.sizes),
             np.where(take, other.values, self.values),
-            sources,
+            manifests_read,
             np.where(take, other.intact, self.intact),
         )
 
@@ -280,7 +280,7 @@ class Checksums:
         return Verdict(None, bool(self.intact[index]))
 
     def _where(self) -> str:
-        return " and ".join(self.sources)
+        return " and ".join(self.manifests_read)
 
 
 def load_checksums(
@@ -310,16 +310,16 @@ def load_checksums(
             )
         return None
     max_bytes = max(MAX_BYTES_FLOOR, MAX_BYTES_PER_FILE * len(paths))
-    sources: list[str] = []
+    manifests_read: list[str] = []
     beside_data = shared_folder(paths) if kind == "list" else None
     if beside_data == dataset_folder(root, kind):
         beside_data = None  # the list sits with its files: its folder is read below
     data_entries = (
-        _read_manifests(_existing(_folder_manifests(beside_data)), max_bytes, sources)
+        _read_manifests(_existing(_folder_manifests(beside_data)), max_bytes, manifests_read)
         if beside_data is not None
         else {}
     )
-    merged = _read_manifests(manifest_paths(root, kind, manifest_dirs), max_bytes, sources)
+    merged = _read_manifests(manifest_paths(root, kind, manifest_dirs), max_bytes, manifests_read)
     if not merged and not data_entries:
         if verify == "on":
             looked = _looked_for(root, kind, manifest_dirs)
@@ -331,15 +331,15 @@ def load_checksums(
                 "write one with `pipeline-prepare --checksums-only`"
             )
         return None
-    checksums = _aligned(paths, dataset_folder(root, kind), merged, sources)
+    checksums = _aligned(paths, dataset_folder(root, kind), merged, manifests_read)
     if data_entries:
-        checksums = checksums.over(_aligned(paths, beside_data, data_entries, sources))
+        checksums = checksums.over(_aligned(paths, beside_data, data_entries, manifests_read))
     log.info(
         "%s: checking %d of %d files against the checksums in %s",
         root,
         checksums.count,
         len(paths),
-        " and ".join(sources),
+        " and ".join(manifests_read),
     )
     if checksums.count < len(paths):
         log.info(
@@ -352,7 +352,7 @@ def load_checksums(
 
 
 def _aligned(
-    paths: Sequence[str], folder: Path, entries: dict[str, Entry], sources: list[str]
+    paths: Sequence[str], folder: Path, entries: dict[str, Entry], manifests_read: list[str]
 ) -> Checksums:
     sizes = np.full(len(paths), -1, dtype=np.int64)
     values = np.zeros(len(paths), dtype=np.uint64)
@@ -367,7 +367,7 @@ def _aligned(
             sizes[i] = entry.size
             values[i] = entry.value
             intact[i] = entry.intact
-    return Checksums(sizes, values, sources, intact)
+    return Checksums(sizes, values, manifests_read, intact)
 
 
 def _looked_for(
@@ -409,9 +409,12 @@ def shared_folder(paths: Sequence[str]) -> Path | None:
     return Path(folder)
 
 
-def _read_manifests(paths: list[Path], max_bytes: int, sources: list[str]) -> dict[str, Entry]:
+def _read_manifests(
+    paths: list[Path], max_bytes: int, manifests_read: list[str]
+) -> dict[str, Entry]:
     """The records of the manifests at `paths`, a later one's over an earlier one's; each one
-    that gave records is named in `sources`, one that cannot be read is logged and skipped."""
+    that gave records is named in `manifests_read`, one that cannot be read is logged and
+    skipped."""
     merged: dict[str, Entry] = {}
     for path in paths:
         try:
@@ -419,15 +422,15 @@ def _read_manifests(paths: list[Path], max_bytes: int, sources: list[str]) -> di
         except (OSError, ValueError) as exc:
             log.warning("checksum manifest %s not used: %s", path, _reason(exc))
             continue
-        _merge_manifest(got, str(path), merged, sources)
+        _merge_manifest(got, str(path), merged, manifests_read)
     return merged
 
 
 def _merge_manifest(
-    got: ManifestRead, shown: str, merged: dict[str, Entry], sources: list[str]
+    got: ManifestRead, shown: str, merged: dict[str, Entry], manifests_read: list[str]
 ) -> None:
     """Add one manifest's records (read from `shown`) to `merged`, over those of manifests
-    read before it (a later manifest wins), and name it in `sources` if it gave any; lines
+    read before it (a later manifest wins), and name it in `manifests_read` if it gave any; lines
     that are not checksummed records are logged. Shared by local datasets and samples read
     through a store, so both treat a manifest the same way."""
     if got.skipped:
@@ -438,7 +441,7 @@ def _merge_manifest(
         )
     if got.entries:
         merged.update(got.entries)
-        sources.append(shown)
+        manifests_read.append(shown)
 
 
 def _reason(exc: BaseException) -> str:
@@ -478,7 +481,7 @@ def load_sample_checksums(
     n = len(sample_keys.keys)
     max_bytes = max(MAX_BYTES_FLOOR, MAX_BYTES_PER_FILE * n)
     merged: dict[str, Entry] = {}
-    sources: list[str] = []
+    manifests_read: list[str] = []
     for shown, store, key in sample_manifests(sample_keys, manifest_dirs):
         try:
             if store is None:
@@ -493,7 +496,7 @@ def load_sample_checksums(
         except (OSError, ValueError) as exc:
             log.warning("checksum manifest %s not used: %s", shown, _reason(exc))
             continue
-        _merge_manifest(got, shown, merged, sources)
+        _merge_manifest(got, shown, merged, manifests_read)
     display = sample_keys.store.display
     if not merged:
         if verify == "on":
@@ -528,12 +531,12 @@ def load_sample_checksums(
             holder,
             count,
         )
-    checksums = Checksums(sizes, values, sources, intact)
+    checksums = Checksums(sizes, values, manifests_read, intact)
     log.info(
         "%s: checking %d of %d samples against the checksums in %s",
         display,
         checksums.count,
         n,
-        " and ".join(sources),
+        " and ".join(manifests_read),
     )
     return checksums

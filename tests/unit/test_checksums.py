@@ -137,7 +137,7 @@ def test_a_list_kept_apart_from_its_files_reads_the_manifest_beside_them(tmp_pat
     assert ds.checksums.verdict(0, b"aaaa").intact and not ds.checksums.verdict(1, b"bbbb").intact
     assert "differ" in (ds.checksum_problem(0, b"AAAA") or "")
     assert ds.checksum_problem(2, b"anything") is None  # not recorded
-    assert ds.checksums.sources == [str(dst / PREPARE_MANIFEST)]
+    assert ds.checksums.manifests_read == [str(dst / PREPARE_MANIFEST)]
     # A record beside the list wins over the data folder's for the file both name.
     (lists / CHECKSUMS_MANIFEST).write_text(line("../dst/a.jpg", b"A2"))  # relative to its folder
     ds = open_dataset(listing, allow_outside_root=True)
