@@ -20,12 +20,13 @@ The checksum is xxHash's XXH3 (64 bits): about 5 us for a 110 KB photo on this m
 It guards against accidents (bit rot, torn copies), not against an attacker who can write the
 manifest too. It is stored as "xxh3_64:" and 16 hex digits.
 
-Where a manifest is looked for (`manifest_paths`): in the dataset's folder (an ImageFolder's
-root, a list file's folder), both names; and in each extra folder given, a file named after the
-dataset (`keyed_name`). Where several apply, the newer manifest wins for a path they share. A
-list file kept apart from its images (`pipeline-prepare SRC DST`, then a list elsewhere naming
-DST's files) also reads the manifests of the folder all its files lie in (`shared_folder`),
-their names relative to that folder; a record found beside the list wins over one found there.
+Where a manifest is looked for (`checksum_manifest_paths`): in the dataset's folder (an
+ImageFolder's root, a list file's folder), both names; and in each extra folder given, a file
+named after the dataset (`keyed_name`). Where several apply, the newer manifest wins for a path
+they share. A list file kept apart from its images (`pipeline-prepare SRC DST`, then a list
+elsewhere naming DST's files) also reads the manifests of the folder all its files lie in
+(`shared_folder`), their names relative to that folder; a record found beside the list wins
+over one found there.
 A manifest that cannot be read, or lines of it that make no sense, are never fatal with
 `verify="auto"` (a warning, those lines skipped); with `verify="on"` no usable manifest at all
 is an error (`ChecksumManifestError`).
@@ -112,7 +113,7 @@ def keyed_name(dataset_path: str | os.PathLike[str]) -> str:
     return f"{resolved.rpartition('/')[2] or 'root'}-{key}{KEYED_SUFFIX}"
 
 
-def manifest_paths(
+def checksum_manifest_paths(
     root: Path, kind: str, manifest_dirs: Sequence[str | os.PathLike[str]] = ()
 ) -> list[Path]:
     """Every manifest that exists for the dataset at `root`, oldest first (later ones win)."""
@@ -157,14 +158,14 @@ class Verdict:
 
 
 @dataclass
-class ManifestRead:
+class ChecksumManifestRead:
     """What one manifest holds: path -> entry, and how many lines were skipped as senseless."""
 
     entries: dict[str, Entry]
     skipped: int = 0
 
 
-def read_manifest(path: Path, max_bytes: int) -> ManifestRead:
+def read_checksum_manifest(path: Path, max_bytes: int) -> ChecksumManifestRead:
     """The checksummed files of one manifest (JSON lines with "path", "bytes_out" or "size",
     and "checksum"; other lines ignored, as are records without a checksum). A later line
     for a path wins (the manifest is appended to as files finish). OSError when it cannot be
@@ -178,11 +179,11 @@ def read_manifest(path: Path, max_bytes: int) -> ManifestRead:
     raw = read_file(path)
     if len(raw) > max_bytes:  # grew since
         raise ValueError(f"more than {max_bytes} bytes for this dataset")
-    return parse_manifest(raw)
+    return parse_checksum_manifest(raw)
 
 
-def parse_manifest(raw: bytes) -> ManifestRead:
-    """`read_manifest` of bytes already read (a manifest in an object store)."""
+def parse_checksum_manifest(raw: bytes) -> ChecksumManifestRead:
+    """`read_checksum_manifest` of bytes already read (a manifest in an object store)."""
     entries: dict[str, Entry] = {}
     skipped = 0
     for line in raw.decode("utf-8", "surrogateescape").splitlines():
@@ -200,7 +201,7 @@ def parse_manifest(raw: bytes) -> ManifestRead:
             skipped += 1
             continue
         entries[data["path"]] = entry
-    return ManifestRead(entries, skipped)
+    return ChecksumManifestRead(entries, skipped)
 
 
 def _entry(data: dict) -> Entry | None:
@@ -315,16 +316,20 @@ def load_checksums(
     if beside_data == dataset_folder(root, kind):
         beside_data = None  # the list sits with its files: its folder is read below
     data_entries = (
-        _read_manifests(_existing(_folder_manifests(beside_data)), max_bytes, manifests_read)
+        _read_checksum_manifests(
+            _existing(_folder_checksum_manifests(beside_data)), max_bytes, manifests_read
+        )
         if beside_data is not None
         else {}
     )
-    merged = _read_manifests(manifest_paths(root, kind, manifest_dirs), max_bytes, manifests_read)
+    merged = _read_checksum_manifests(
+        checksum_manifest_paths(root, kind, manifest_dirs), max_bytes, manifests_read
+    )
     if not merged and not data_entries:
         if verify == "on":
             looked = _looked_for(root, kind, manifest_dirs)
             if beside_data is not None:
-                looked = _folder_manifests(beside_data) + looked
+                looked = _folder_checksum_manifests(beside_data) + looked
             raise ChecksumManifestError(
                 f"no usable checksum manifest for {root} (looked for "
                 f"{', '.join(str(p) for p in looked)}); "
@@ -373,18 +378,19 @@ def _aligned(
 def _looked_for(
     root: Path, kind: str, manifest_dirs: Sequence[str | os.PathLike[str]]
 ) -> list[Path]:
-    return _folder_manifests(dataset_folder(root, kind)) + [
+    return _folder_checksum_manifests(dataset_folder(root, kind)) + [
         Path(d).expanduser() / keyed_name(root) for d in manifest_dirs
     ]
 
 
-def _folder_manifests(folder: Path) -> list[Path]:
+def _folder_checksum_manifests(folder: Path) -> list[Path]:
     """The two manifests a folder of data may hold (pipeline-prepare's, --checksums-only's)."""
     return [folder / PREPARE_MANIFEST, folder / CHECKSUMS_MANIFEST]
 
 
 def _existing(paths: list[Path]) -> list[Path]:
-    """`paths` that exist, oldest first (a later one wins), as `manifest_paths` orders them."""
+    """`paths` that exist, oldest first (a later one wins), as `checksum_manifest_paths`
+    orders them."""
     found: list[tuple[int, Path]] = []
     for path in paths:
         try:
@@ -409,7 +415,7 @@ def shared_folder(paths: Sequence[str]) -> Path | None:
     return Path(folder)
 
 
-def _read_manifests(
+def _read_checksum_manifests(
     paths: list[Path], max_bytes: int, manifests_read: list[str]
 ) -> dict[str, Entry]:
     """The records of the manifests at `paths`, a later one's over an earlier one's; each one
@@ -418,16 +424,16 @@ def _read_manifests(
     merged: dict[str, Entry] = {}
     for path in paths:
         try:
-            got = read_manifest(path, max_bytes)
+            got = read_checksum_manifest(path, max_bytes)
         except (OSError, ValueError) as exc:
             log.warning("checksum manifest %s not used: %s", path, _reason(exc))
             continue
-        _merge_manifest(got, str(path), merged, manifests_read)
+        _merge_checksum_manifest(got, str(path), merged, manifests_read)
     return merged
 
 
-def _merge_manifest(
-    got: ManifestRead, shown: str, merged: dict[str, Entry], manifests_read: list[str]
+def _merge_checksum_manifest(
+    got: ChecksumManifestRead, shown: str, merged: dict[str, Entry], manifests_read: list[str]
 ) -> None:
     """Add one manifest's records (read from `shown`) to `merged`, over those of manifests
     read before it (a later manifest wins), and name it in `manifests_read` if it gave any; lines
@@ -451,7 +457,7 @@ def _reason(exc: BaseException) -> str:
 # -- samples that are not local files (tar members, Parquet rows, objects) ----------------
 
 
-def sample_manifests(
+def sample_checksum_manifests(
     sample_keys: SampleKeys, manifest_dirs: Sequence[str | os.PathLike[str]] = ()
 ) -> list[tuple[str, Store | None, str]]:
     """Where a manifest of these samples may be, in the order read (later ones win):
@@ -482,25 +488,27 @@ def load_sample_checksums(
     max_bytes = max(MAX_BYTES_FLOOR, MAX_BYTES_PER_FILE * n)
     merged: dict[str, Entry] = {}
     manifests_read: list[str] = []
-    for shown, store, key in sample_manifests(sample_keys, manifest_dirs):
+    for shown, store, key in sample_checksum_manifests(sample_keys, manifest_dirs):
         try:
             if store is None:
-                got = read_manifest(Path(key), max_bytes)
+                got = read_checksum_manifest(Path(key), max_bytes)
             else:
                 size = store.head(key).size
                 if size > max_bytes:
                     raise ValueError(f"{size} bytes, more than {max_bytes} for this dataset")
-                got = parse_manifest(store.read(key))
+                got = parse_checksum_manifest(store.read(key))
         except FileNotFoundError:
             continue
         except (OSError, ValueError) as exc:
             log.warning("checksum manifest %s not used: %s", shown, _reason(exc))
             continue
-        _merge_manifest(got, shown, merged, manifests_read)
+        _merge_checksum_manifest(got, shown, merged, manifests_read)
     display = sample_keys.store.display
     if not merged:
         if verify == "on":
-            looked = ", ".join(s for s, _, _ in sample_manifests(sample_keys, manifest_dirs))
+            looked = ", ".join(
+                s for s, _, _ in sample_checksum_manifests(sample_keys, manifest_dirs)
+            )
             raise ChecksumManifestError(
                 f"no usable checksum manifest for {display} (looked for {looked}); write one "
                 "with `pipeline-prepare --checksums-only`"

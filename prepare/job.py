@@ -48,7 +48,7 @@ from batchwire.pipeline.checksums import checksum
 from batchwire.pipeline.decode import DEFAULT_MAX_PIXELS, DecodeError, read_header
 from batchwire.pipeline.decode.files import NotARegularFile, read_file, read_file_and_stat
 from batchwire.pipeline.decode.headers import ImageTooLarge, ImplausibleHeader
-from batchwire.prepare.manifest import (
+from batchwire.prepare.checksum_manifest import (
     CHECKSUMMED,
     COPIED,
     CORRUPT,

@@ -3,8 +3,8 @@ what pipeline-prepare never wrote is kept and reported.
 
 Without this, deleting or renaming files in SRC and rerunning left the old copies in DST, and
 DST stopped being the same dataset (more files; an old class folder still taking a label id).
-The manifest knows what earlier runs wrote (`prepare.manifest`: a record per file, the folders
-in each run's header), so only that is ever removed, and only:
+The manifest knows what earlier runs wrote (`prepare.checksum_manifest`: a record per file, the
+folders in each run's header), so only that is ever removed, and only:
 - when the manifest comes from the same source (a folder, or the same list file: two lists
   prepared into one DST each keep their files; a manifest older than headers counts as a
   folder's);
@@ -27,7 +27,7 @@ from pathlib import Path
 
 from batchwire.pipeline.checksums import checksum
 from batchwire.pipeline.decode.files import read_file
-from batchwire.prepare.manifest import Previous, Record
+from batchwire.prepare.checksum_manifest import Previous, Record
 from batchwire.prepare.source import RESERVED_PREFIX, Source
 
 

@@ -28,20 +28,20 @@ from batchwire.native.jpeg_transcode import transcode_available
 from batchwire.pipeline.checksums import keyed_name
 from batchwire.pipeline.decode import DEFAULT_MAX_PIXELS
 from batchwire.pipeline.decode.files import read_file_and_stat
-from batchwire.prepare import manifest
-from batchwire.prepare.job import (
-    Result,
-    Settings,
-    prepare_file,
-    write_atomically,
-)
-from batchwire.prepare.manifest import (
+from batchwire.prepare import checksum_manifest
+from batchwire.prepare.checksum_manifest import (
     CHECKSUMMED,
     DONE_OUTCOMES,
     FAILED,
     TMP_PREFIX,
     Header,
     Record,
+)
+from batchwire.prepare.job import (
+    Result,
+    Settings,
+    prepare_file,
+    write_atomically,
 )
 from batchwire.prepare.mirror import find_foreign, remove_gone, source_id
 from batchwire.prepare.progress import Progress
@@ -91,10 +91,13 @@ class Places:
 def _places(options: Options, source: Source, dst: Path | None) -> Places:
     if dst is not None:
         return Places(
-            dst, dst / manifest.MANIFEST_NAME, dst / manifest.LOCK_NAME, dst / manifest.REPORT_NAME
+            dst,
+            dst / checksum_manifest.MANIFEST_NAME,
+            dst / checksum_manifest.LOCK_NAME,
+            dst / checksum_manifest.REPORT_NAME,
         )
     if options.manifest_dir is None:
-        path = source.root / manifest.CHECKSUMS_NAME
+        path = source.root / checksum_manifest.CHECKSUMS_NAME
     else:
         folder = Path(os.path.realpath(Path(options.manifest_dir).expanduser()))
         path = folder / keyed_name(options.src)
@@ -207,10 +210,10 @@ def run(options: Options, progress_stream: TextIO | None = None) -> Summary:
     summary = Summary(str(options.src), where, options.restart_interval, options.jobs, cores=cores)
     summary.checksums_only = options.checksums_only
     summary.notes = _notes(source) if dst is not None else []
-    with manifest.locked(places.lock):
-        previous = manifest.load(places.manifest)
+    with checksum_manifest.locked(places.lock):
+        previous = checksum_manifest.load(places.manifest)
         if not previous.finished:
-            removed = manifest.remove_temporaries(places.manifest.parent, dst is not None)
+            removed = checksum_manifest.remove_temporaries(places.manifest.parent, dst is not None)
             if removed:
                 summary.notes.append(f"removed {removed} temporaries left by an interrupted run")
         if dst is not None:
@@ -220,7 +223,7 @@ def run(options: Options, progress_stream: TextIO | None = None) -> Summary:
         for rel, why in source.unreadable:
             summary.add(Record(rel, 0, 0, FAILED, 0, 0, options.restart_interval, why), False)
         header = Header(source_id(source), tuple(source.dirs) if dst is not None else ())
-        writer = manifest.Writer(places.manifest, header)
+        writer = checksum_manifest.Writer(places.manifest, header)
         try:
             _prepare_all(
                 options, source, places, previous.records, summary, writer, progress_stream
@@ -274,7 +277,7 @@ def _prepare_all(
     places: Places,
     previous: dict[str, Record],
     summary: Summary,
-    writer: manifest.Writer,
+    writer: checksum_manifest.Writer,
     progress_stream: TextIO | None,
 ) -> None:
     """Runs every file's job, appending each finished one to the manifest as it comes."""

@@ -38,8 +38,8 @@ from batchwire.pipeline.decode import DEFAULT_MAX_PIXELS
 from batchwire.pipeline.storage import LocalStore, Store
 from batchwire.pipeline.storage.cache import uncached
 from batchwire.pipeline.storage.urls import redact_url
+from batchwire.prepare.checksum_manifest import CHECKSUMMED
 from batchwire.prepare.job import _checksummed
-from batchwire.prepare.manifest import CHECKSUMMED
 from batchwire.prepare.source import UsageError
 
 #: Samples read and judged per task (a task is one `read_many`: requests in flight together).
@@ -119,7 +119,7 @@ def record_line(record: dict) -> bytes:
     )
 
 
-def write_manifest(
+def write_checksum_manifest(
     store: Store, key: str, source: str, kept: Iterable[str], spool: IO[bytes]
 ) -> None:
     """A manifest at `key` of `store`, streamed and atomic (`Store.open_writer`): a header
@@ -219,9 +219,9 @@ def checksum_samples(
         summary.kept = len(kept)
         source = f"{dataset.kind}:{folder}"
         if target is None:
-            write_manifest(store, CHECKSUMS_MANIFEST, source, kept.values(), spool)
+            write_checksum_manifest(store, CHECKSUMS_MANIFEST, source, kept.values(), spool)
         else:
-            write_manifest(target, keyed_name(folder), source, kept.values(), spool)
+            write_checksum_manifest(target, keyed_name(folder), source, kept.values(), spool)
     summary.seconds = time.monotonic() - started
     if report is not None:
         doc = {**asdict(summary), "exit_status": summary.exit_status}

@@ -50,7 +50,7 @@ from batchwire.pipeline.dataset import ImageDataset
 from batchwire.pipeline.sources.shardsets import shard_sets, top_level_names
 from batchwire.pipeline.storage import LocalStore, ObjectWriter, Store, StoreOptions, open_store
 from batchwire.pipeline.storage.urls import is_url, redact_url
-from batchwire.prepare.samplesums import previous_records, record_line, write_manifest
+from batchwire.prepare.samplesums import previous_records, record_line, write_checksum_manifest
 from batchwire.prepare.source import UsageError
 
 CLASSES_NAME = "classes.txt"
@@ -337,4 +337,4 @@ def _write_checksums(store: Store, writer: _ShardWriter) -> None:
     kept = previous_records(old)
     for path in writer.recorded:
         kept.pop(path, None)
-    write_manifest(store, CHECKSUMS_MANIFEST, "shards", kept.values(), writer.records)
+    write_checksum_manifest(store, CHECKSUMS_MANIFEST, "shards", kept.values(), writer.records)

@@ -14,7 +14,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from batchwire.prepare.manifest import (
+from batchwire.prepare.checksum_manifest import (
     CHECKSUMMED,
     COPIED,
     CORRUPT,

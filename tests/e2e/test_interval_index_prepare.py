@@ -19,8 +19,8 @@ import pytest
 from batchwire.native import jpeg_roi
 from batchwire.native import jpeg_transcode as jt
 from batchwire.pipeline.checksums import checksum
+from batchwire.prepare.checksum_manifest import MANIFEST_NAME
 from batchwire.prepare.cli import main
-from batchwire.prepare.manifest import MANIFEST_NAME
 from jpegchecks import pil_jpeg, pil_pixels
 from oddfiles import smooth_image
 

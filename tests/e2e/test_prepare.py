@@ -28,8 +28,8 @@ from batchwire.native import jpeg_transcode as jt
 from batchwire.pipeline.checksums import checksum, keyed_name
 from batchwire.pipeline.dataset import open_dataset
 from batchwire.pipeline.synthetic import SyntheticSpec, ensure_dataset
+from batchwire.prepare.checksum_manifest import LOCK_NAME, MANIFEST_NAME, REPORT_NAME, TMP_PREFIX
 from batchwire.prepare.cli import main
-from batchwire.prepare.manifest import LOCK_NAME, MANIFEST_NAME, REPORT_NAME, TMP_PREFIX
 from batchwire.prepare.progress import Progress
 from jpegchecks import (
     HAS_DJPEG,

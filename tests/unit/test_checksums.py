@@ -22,7 +22,7 @@ from batchwire.pipeline.checksums import (
     keyed_name,
     load_checksums,
     parse_checksum,
-    read_manifest,
+    read_checksum_manifest,
     shared_folder,
 )
 from batchwire.pipeline.dataset import open_dataset
@@ -78,14 +78,14 @@ def test_a_hostile_or_truncated_manifest_gives_its_good_lines_only(tmp_path: Pat
     text = header + good + "".join(junk) + no_checksum + '{"finished": true}\n'
     path = tmp_path / "m.jsonl"
     path.write_bytes(text.encode("utf-8", "surrogateescape") + b'{"path":"a/z.jp')  # cut short
-    got = read_manifest(path, 1 << 20)
+    got = read_checksum_manifest(path, 1 << 20)
     assert sorted(got.entries) == ["a/x.jpg", "a/y.jpg"]
     assert got.entries["a/y.jpg"].size == 3  # bytes_out (what is in the folder) wins over size
     # Skipped: what is not JSON (2 lines and the cut-short one) and the 5 broken records;
     # JSON that is no object, and a record without a checksum, are no records to check.
     assert got.skipped == 8
     with pytest.raises(ValueError, match="more than"):
-        read_manifest(path, 100)
+        read_checksum_manifest(path, 100)
 
 
 def test_open_dataset_aligns_checksums_with_indices(tmp_path: Path) -> None:
