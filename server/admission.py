@@ -149,7 +149,7 @@ def world_size_conflict(hello: Hello, other: ClientSession, now: float, timeout:
     job = f" of job {wire.show(hello.job)}" if hello.job else ""
     return (
         f"world_size mismatch on split {hello.split!r}{job}: this client says "
-        f"world_size={hello.world_size}, but client {other.id} (rank {o.rank} of "
+        f"world_size={hello.world_size}, but client {other.peer_hex} (rank {o.rank} of "
         f"world_size={o.world_size}, epoch {o.epoch}) is streaming it, last heard from "
         f"{silent:.1f} s ago; it is dropped when it disconnects or says bye, else after "
         f"--client-timeout {timeout:g} s of silence, in {max(0.0, timeout - silent):.1f} s "

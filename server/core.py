@@ -606,7 +606,7 @@ class ServerCore:
             "client %s asks again for %d batch(es) it was sent (a new hello of the same stream, "
             "no credit after them): while other clients are served, clients in debt get one "
             "batch every %g s, until their credits pay it back or they start another stream",
-            session.id,
+            session.peer_hex,
             self.peers.debt(session.identity, session.owed),
             DEBTOR_EVERY_S,
         )

@@ -152,7 +152,9 @@ class ClientSession:
         self.sharing = "off"
 
     @property
-    def id(self) -> str:
+    def peer_hex(self) -> str:
+        """The peer's ZeroMQ identity in hex (the stats row's ``id``): not the session id,
+        which is ``hello.session``."""
         return self.identity.hex()
 
     @property
@@ -246,7 +248,7 @@ class ClientSession:
         ZeroMQ still holds for this peer (the server counts them per peer, across sessions)."""
         h = self.hello
         return ClientRow(
-            id=self.id,
+            id=self.peer_hex,
             split=h.split,
             rank=h.rank,
             world_size=h.world_size,
