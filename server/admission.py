@@ -4,7 +4,7 @@ Part of the server's core (core.py, no I/O): `ServerCore` hands a hello here for
 opens the session itself. What decides:
 
 - the split: one this server serves (`SplitInfo`, what the core knows of it);
-- the stream's spec (`spec_for`): the server's, or the batch size and output size the hello
+- the session's spec (`spec_for`): the server's, or the batch size and output size the hello
   asks for, up to --max-batch-size and --max-image-size, never for multi-view batches or a user
   transform (their sizes are theirs);
 - world-size agreement per (split, job) (`world_size_holder`): a session holds its world size
@@ -71,7 +71,7 @@ class SplitInfo:
 
 
 def spec_for(hello: Hello, spec: BatchSpec, config: ServerConfig) -> BatchSpec | str:
-    """The spec of a hello's stream: the server's (``spec``), or at the batch size and output
+    """The spec of a hello's session: the server's (``spec``), or at the batch size and output
     size it asks for (a sweep's batch sizes, progressive resizing); a string says why that
     cannot be served."""
     batch = spec.batch_size if hello.batch_size is None else hello.batch_size
@@ -158,8 +158,8 @@ def world_size_conflict(hello: Hello, other: ClientSession, now: float, timeout:
     )
 
 
-def stream_text(spec: BatchSpec, server: BatchSpec) -> str:
-    """How a session's stream differs from the server's, for its admission log line."""
+def spec_text(spec: BatchSpec, server: BatchSpec) -> str:
+    """How a session's spec differs from the server's, for its admission log line."""
     text = ""
     if (spec.height, spec.width) != (server.height, server.width):
         text += f" at {spec.height}x{spec.width}"

@@ -94,7 +94,7 @@ from batchwire.server.actions import (
 from batchwire.server.admission import (
     SplitInfo,
     spec_for,
-    stream_text,
+    spec_text,
     world_size_conflict,
     world_size_holder,
 )
@@ -321,7 +321,7 @@ class ServerCore:
         if session is not None:
             h = session.hello
             log.info(
-                "client %s (%s rank %d/%d) %s: its stream and queued batches dropped",
+                "client %s (%s rank %d/%d) %s: its session and queued batches dropped",
                 identity.hex(),
                 h.split,
                 h.rank,
@@ -531,7 +531,7 @@ class ServerCore:
             hello.epoch,
             hello.rank,
             hello.world_size,
-            stream_text(spec, self.spec),
+            spec_text(spec, self.spec),
             asks,
             len(hello.batches),
             sampler.num_batches,
@@ -603,9 +603,9 @@ class ServerCore:
         level = logging.WARNING if self._debts_logged <= DEBTS_LOGGED else logging.DEBUG
         log.log(
             level,
-            "client %s asks again for %d batch(es) it was sent (a new hello of the same stream, "
+            "client %s asks again for %d batch(es) it was sent (a new hello of the same pass, "
             "no credit after them): while other clients are served, clients in debt get one "
-            "batch every %g s, until their credits pay it back or they start another stream",
+            "batch every %g s, until their credits pay it back or they start another pass",
             session.peer_hex,
             self.peers.debt(session.identity, session.owed),
             DEBTOR_EVERY_S,

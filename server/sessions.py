@@ -119,7 +119,7 @@ class ClientSession:
         self.identity = identity
         self.hello = hello
         self.sampler = sampler
-        # What this stream's batches are (set by the core at admission: the server's spec, or
+        # What this session's batches are (set by the core at admission: the server's spec, or
         # the output size the hello asked for).
         self.spec: BatchSpec | None = None
         self.num_batches = sampler.num_batches
@@ -188,7 +188,7 @@ class ClientSession:
         bad = [k for k in batches if not 0 <= k < self.num_batches or k in self._asked]
         if bad:
             return (
-                f"batches {show(bad)} are out of range (this stream has {self.num_batches}) or "
+                f"batches {show(bad)} are out of range (this session has {self.num_batches}) or "
                 "were asked for already in this session"
             )
         if self.owed + len(batches) > MAX_PREFETCH:

@@ -133,11 +133,11 @@ _CLIENT_GAUGES = {
         "Batches sent to a client and not yet credited back.",
     ),
 }
-# Rates come from counters (PromQL's rate()); the one per client is its stream's batches sent.
-# A new stream (an epoch, a reconnect) starts it at 0 again: rate() treats that as a reset.
+# Rates come from counters (PromQL's rate()); the one per client is its session's batches sent.
+# A new session (an epoch, a reconnect) starts it at 0 again: rate() treats that as a reset.
 _CLIENT_SENT = (
     "batchwire_client_sent_batches_total",
-    "Batches sent to a client in its current stream (restarts at 0 with a new stream).",
+    "Batches sent to a client in its current session (restarts at 0 with a new session).",
 )
 # From the client's own report (its LoaderReport): a ratio, 0..1.
 _CLIENT_WAIT = (
@@ -333,7 +333,7 @@ def _families(snap: ServerStats, fallbacks: dict[str, int] | None = None) -> Ite
     unlisted = snap.clients_unlisted
     yield GaugeMetricFamily(
         "batchwire_clients",
-        "Clients with a stream (those beyond the per-client gauges' limit included).",
+        "Clients with a session (those beyond the per-client gauges' limit included).",
         value=float(len(snap.clients) + (0 if unlisted is None else unlisted.count)),
     )
     if unlisted is not None:

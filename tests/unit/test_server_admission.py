@@ -7,7 +7,7 @@ from batchwire.server.admission import (
     AGREEMENT_IDLE_S,
     holds_world_size,
     spec_for,
-    stream_text,
+    spec_text,
     world_size_conflict,
     world_size_holder,
 )
@@ -61,7 +61,7 @@ def test_another_world_size_of_the_same_split_and_job_is_held_off() -> None:
     assert "world_size=2" in text and "in 26.0 s" in text
 
 
-def test_stream_text() -> None:
-    assert stream_text(SPEC, SPEC) == ""
+def test_spec_text() -> None:
+    assert spec_text(SPEC, SPEC) == ""
     other = BatchSpec(16, 48, 48, SPEC.dtype, SPEC.layout)
-    assert stream_text(other, SPEC) == " at 48x48 in batches of 16"
+    assert spec_text(other, SPEC) == " at 48x48 in batches of 16"

@@ -569,7 +569,7 @@ def _run_among_rehellos(
 
 
 def test_clients_that_re_hello_and_never_read_cannot_starve_a_trainer() -> None:
-    """30 clients send a new hello (the same stream, 4 batches) and an empty credit every second
+    """30 clients send a new hello (the same pass, 4 batches) and an empty credit every second
     and never read; their libzmq takes the frames off the socket all the same, so ZeroMQ's
     hand-over says they read. Each hello used to start them afresh, and round-robin gave the
     trainer one job in 31. What they were sent and never acknowledged now follows them across
@@ -651,7 +651,7 @@ def test_a_validation_pass_asking_everything_in_the_hello_owes_nothing() -> None
 def test_a_re_hello_of_the_same_stream_carries_what_it_was_sent() -> None:
     """The same epoch asked again and again, nothing credited: it owes what it was sent beyond
     its window, more than `peers.SLACK` after two hellos; neither a credit nor a bye wipes it,
-    a finished session followed by another stream or a closed connection does."""
+    a finished session followed by another pass or a closed connection does."""
     s = Server()
     for n in range(4):
         s.hello(b"r", batches=(0, 1, 2, 3), session=n)

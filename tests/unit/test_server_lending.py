@@ -57,7 +57,7 @@ def test_rank_is_zero_in_good_standing_else_the_debt() -> None:
         lender.peers.sent(b"a")
     s.send_pos = 2
     lender.peers.closed(b"a", finished=True)
-    again = session(b"a", asked=tuple(range(8)))  # the same stream, asked again
+    again = session(b"a", asked=tuple(range(8)))  # the same pass, asked again
     lender.peers.opened(b"a", again.hello, 1.0)
     debt = lender.debt(again)
     assert debt > lender.peers.slack and lender.rank(again) == debt
