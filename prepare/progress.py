@@ -29,14 +29,14 @@ class Progress:
         self,
         total: int,
         *,
-        stream: TextIO | None = None,
+        out: TextIO | None = None,
         enabled: bool = True,
         interval_s: float | None = None,
     ) -> None:
         self.total = total
-        self.stream = stream if stream is not None else sys.stderr
+        self.out = out if out is not None else sys.stderr
         self.enabled = enabled
-        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.tty = bool(getattr(self.out, "isatty", lambda: False)())
         self.interval_s = interval_s or (TTY_INTERVAL_S if self.tty else LOG_INTERVAL_S)
         self.started = time.monotonic()
         self._last_draw = self.started
@@ -48,7 +48,7 @@ class Progress:
                 total=total,
                 desc="prepare",
                 unit="file",
-                file=self.stream,
+                file=self.out,
                 mininterval=self.interval_s,
                 dynamic_ncols=True,
             )
@@ -78,18 +78,18 @@ class Progress:
             self._draw()
 
     def _draw(self) -> None:
-        self.stream.write(self.line() + "\n")
-        self.stream.flush()
+        self.out.write(self.line() + "\n")
+        self.out.flush()
 
     def note(self, message: str) -> None:
         """A line of its own (a problem file), above the redrawn progress line."""
         if not self.enabled:
             return
         if self._bar is not None:
-            self._bar.write(message, file=self.stream)
+            self._bar.write(message, file=self.out)
             return
-        self.stream.write(message + "\n")
-        self.stream.flush()
+        self.out.write(message + "\n")
+        self.out.flush()
 
     def close(self) -> None:
         if self._bar is not None:

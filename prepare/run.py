@@ -193,7 +193,7 @@ def _validated(options: Options) -> tuple[Source, Path | None]:
     return source, dst
 
 
-def run(options: Options, progress_stream: TextIO | None = None) -> Summary:
+def run(options: Options, progress_out: TextIO | None = None) -> Summary:
     """Prepares SRC into DST (see the package doc), or with `checksums_only` writes SRC's
     checksum manifest; raises UsageError before doing anything when the command cannot run
     (DST not writable included), OSError when DST cannot be set up."""
@@ -225,9 +225,7 @@ def run(options: Options, progress_stream: TextIO | None = None) -> Summary:
         header = Header(source_id(source), tuple(source.dirs) if dst is not None else ())
         writer = checksum_manifest.Writer(places.manifest, header)
         try:
-            _prepare_all(
-                options, source, places, previous.records, summary, writer, progress_stream
-            )
+            _prepare_all(options, source, places, previous.records, summary, writer, progress_out)
         finally:
             writer.close()
         if not summary.interrupted:
@@ -278,7 +276,7 @@ def _prepare_all(
     previous: dict[str, Record],
     summary: Summary,
     writer: checksum_manifest.Writer,
-    progress_stream: TextIO | None,
+    progress_out: TextIO | None,
 ) -> None:
     """Runs every file's job, appending each finished one to the manifest as it comes."""
     settings = Settings(
@@ -290,7 +288,7 @@ def _prepare_all(
         checksums_only=options.checksums_only,
     )
     total = len(source.files) + len(source.unreadable)
-    progress = Progress(total, stream=progress_stream, enabled=not options.quiet)
+    progress = Progress(total, out=progress_out, enabled=not options.quiet)
     for record in summary.records:
         progress.note(problem_line(record))
     problems = len(summary.records)

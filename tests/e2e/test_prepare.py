@@ -356,7 +356,7 @@ class Terminal(io.StringIO):
 def test_progress_redraws_on_a_terminal_and_prints_lines_elsewhere() -> None:
     log, tty = io.StringIO(), Terminal()
     for stream in (log, tty):
-        progress = Progress(10, stream=stream, interval_s=1e-9)
+        progress = Progress(10, out=stream, interval_s=1e-9)
         progress.update(4, 0)
         progress.note("corrupt: a.jpg: bad")
         progress.update(10, 1)
@@ -375,7 +375,7 @@ def test_progress_redraws_on_a_terminal_and_prints_lines_elsewhere() -> None:
     ]
     assert frames[-1].endswith("1 problem files]")
     quiet = io.StringIO()
-    silent = Progress(10, stream=quiet, enabled=False, interval_s=1e-9)
+    silent = Progress(10, out=quiet, enabled=False, interval_s=1e-9)
     silent.update(5, 0)
     silent.close()
     assert quiet.getvalue() == ""
