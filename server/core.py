@@ -106,7 +106,7 @@ from batchwire.server.jobs import JobResult
 from batchwire.server.lending import DEBTOR_EVERY_S, NOT_READING_S, Lender, Lending
 from batchwire.server.peers import PeerLedger
 from batchwire.server.scheduling import Scheduling
-from batchwire.server.sessions import ClientSession
+from batchwire.server.sessions import ClientSession, Produced
 from batchwire.server.sharing import (
     SharedBatches,
     sample_window_applies,
@@ -287,9 +287,10 @@ class ServerCore:
                 )
                 actions += self._drop(session.identity)
             return actions
-        self.shared.finished(p, slot)
-        p.labels, p.indices = result.labels, list(result.indices)
-        p.replaced, p.produce_s, p.done_at = int(result.replaced), result.seconds, now
+        output = Produced(
+            slot, result.labels, list(result.indices), int(result.replaced), result.seconds, now
+        )
+        self.shared.finished(p, output)
         for serial, pos, k in waiters:
             session = self._by_serial.get(serial)
             if session is None or session.closed:

@@ -246,17 +246,8 @@ class Scheduling:
 
     def ready(self, p: Production, k: int) -> ReadyBatch:
         """A session's ready batch of production ``p`` (its own batch index ``k``)."""
-        assert p.slot is not None and p.labels is not None
-        return ReadyBatch(
-            batch_index=k,
-            slot=p.slot,
-            labels=p.labels,
-            indices=p.indices,
-            replaced=p.replaced,
-            produce_s=p.produce_s,
-            done_at=p.done_at,
-            production=p.id,
-        )
+        assert p.output is not None
+        return ReadyBatch(k, p.output, p.id)
 
     def unref(self, production: int) -> list[Action]:
         """A session let go of a shared buffer: back to the budget once nobody holds it."""
@@ -290,6 +281,7 @@ class Scheduling:
         spec = self.spec_of(session)
         p = self.shared.get(batch.production)
         split = self.splits[h.split]
+        out = batch.output
         header = BatchHeader(
             session=h.session,
             split=h.split,
@@ -298,12 +290,12 @@ class Scheduling:
             shape=spec.shape,
             dtype=spec.dtype,
             layout=spec.layout,
-            indices=batch.indices,
-            replaced=batch.replaced,
+            indices=out.indices,
+            replaced=out.replaced,
             nbytes=spec.nbytes,
             views=[list(v) for v in spec.views],
             label_width=split.label_width,
-            metadata=split.batch_metadata(batch.indices) if h.metadata else None,
+            metadata=split.batch_metadata(out.indices) if h.metadata else None,
             shared=self._shared_with_another(p, session),
         )
         resent = False
@@ -314,18 +306,18 @@ class Scheduling:
         session.progress_at = now
         self.peers.sent(session.identity)
         ticket = self.deliveries.sent(
-            session.identity, batch.slot, session.serial, now, production=batch.production
+            session.identity, out.slot, session.serial, now, production=batch.production
         )
         return SendBatch(
             session.identity,
             header,
-            batch.slot,
-            batch.labels,
+            out.slot,
+            out.labels,
             ticket,
             spec.batch_size,
             spec.nbytes + header.labels_nbytes,
             resent,
-            now - batch.done_at,
+            now - out.done_at,
         )
 
     def _shared_with_another(self, p: Production | None, session: ClientSession) -> bool:

@@ -86,18 +86,27 @@ def next_state(state: SessionState, event: SessionEvent) -> SessionState:
         raise IllegalSessionEvent(f"{event.name} in state {state.name}") from None
 
 
-@dataclass
-class ReadyBatch:
-    """A finished batch waiting to be sent: the buffer slot and what the header needs."""
+@dataclass(frozen=True)
+class Produced:
+    """What a production made, set once when it finished (`sharing.Production.output`): the
+    buffer slot and what every header of the batch says, whichever session it is sent to."""
 
-    batch_index: int
-    slot: Slot  # released by whoever drops or sends the batch
+    slot: Slot  # released by whoever drops or sends the last reference to it
     labels: np.ndarray  # int64 [B]
     indices: list[int]  # -1 for padding
     replaced: int
     produce_s: float
     done_at: float
-    production: int = 0  # the core's `sharing.Production`: the slot may be shared
+
+
+@dataclass
+class ReadyBatch:
+    """A finished batch waiting to be sent: a session's batch ``batch_index`` is production
+    ``production``'s ``output`` (the slot may be shared with other sessions)."""
+
+    batch_index: int
+    output: Produced
+    production: int = 0
 
 
 class ClientSession:

@@ -40,11 +40,10 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-import numpy as np
-
 if TYPE_CHECKING:
     from batchwire.server.bufpool import Slot
     from batchwire.server.config import ServerConfig
+    from batchwire.server.sessions import Produced
 
 #: (split, epoch, global batch index g = k * world_size + rank, (batch size, H, W) or None for
 #: the server's --batch-size and --image-size): a session's batch size and output size
@@ -101,13 +100,7 @@ class Production:
     leader: int  # serial of the session that asked first
     cancelled: bool = False  # nobody waits for it any more (the core returned `Cancel`)
     waiters: list[tuple[int, int, int]] = field(default_factory=list)  # (serial, pos, k)
-    done: bool = False
-    slot: Slot | None = None
-    labels: np.ndarray | None = None
-    indices: list[int] = field(default_factory=list)
-    replaced: int = 0
-    produce_s: float = 0.0
-    done_at: float = 0.0
+    output: Produced | None = None  # set when it finished
     refs: int = 0  # ready or sent batches of sessions that point at this buffer
     windowed: bool = False
     sends: int = 0
@@ -116,6 +109,10 @@ class Production:
     # Peers, not sessions: a loader's own new hello that finds its batch in the window shares
     # it with nobody.
     peers: set[bytes] = field(default_factory=set)
+
+    @property
+    def done(self) -> bool:
+        return self.output is not None
 
 
 class SharedBatches:
@@ -201,12 +198,11 @@ class SharedBatches:
 
     def failed(self, p: Production) -> None:
         """A production that gave up: forgotten (the caller releases its slot)."""
-        self._remove(p)
+        self._forget(p)
 
-    def finished(self, p: Production, slot: Slot) -> None:
+    def finished(self, p: Production, output: Produced) -> None:
         """A production succeeded: its slot now holds the batch."""
-        p.done = True
-        p.slot = slot
+        p.output = output
         if p.key is not None:
             split, epoch = p.key[0], p.key[1]
             seen = self._seen.get((split, epoch))
@@ -277,8 +273,13 @@ class SharedBatches:
         return self.make_room(0, 0)
 
     def _remove(self, p: Production) -> Slot:
+        """Forget a done production; its slot, which the caller releases."""
+        self._forget(p)
+        assert p.output is not None
+        return p.output.slot
+
+    def _forget(self, p: Production) -> None:
         self._by_id.pop(p.id, None)
         if p.key is not None and self._by_key.get(p.key) is p:
             del self._by_key[p.key]
         self._recent.pop(p.id, None)
-        return p.slot  # type: ignore[return-value]

@@ -13,7 +13,7 @@ from batchwire.server.housekeeping import (
     may_tell_shutdown,
     why_drop,
 )
-from batchwire.server.sessions import ReadyBatch
+from batchwire.server.sessions import Produced, ReadyBatch
 from coresim import FakeSlot, session
 
 TIMEOUT = 30.0
@@ -59,6 +59,6 @@ def test_a_drain_tells_a_session_once_its_promised_batches_are_sent() -> None:
     assert may_tell_shutdown(s, not_reading=False)  # nothing in production or ready
     pos, k = s.take_next()
     assert not may_tell_shutdown(s, not_reading=True)  # in production: it comes first
-    s.completed(pos, ReadyBatch(k, FakeSlot(1), np.zeros(4, np.int64), [], 0, 0.0, 0.0))
+    s.completed(pos, ReadyBatch(k, Produced(FakeSlot(1), np.zeros(4, np.int64), [], 0, 0.0, 0.0)))
     assert not may_tell_shutdown(s, not_reading=False)  # ready, unsent
     assert may_tell_shutdown(s, not_reading=True)  # a peer that does not read is told at once

@@ -11,7 +11,7 @@ from batchwire.server.delivery import Deliveries
 from batchwire.server.lending import Lender
 from batchwire.server.peers import PeerLedger
 from batchwire.server.scheduling import RoundRobin, Scheduling
-from batchwire.server.sessions import ClientSession
+from batchwire.server.sessions import ClientSession, Produced
 from batchwire.server.sharing import SharedBatches
 from coresim import BATCH, FakeSlot, session, split_info
 
@@ -55,8 +55,8 @@ class Part:
     def finish(self, order, now: float) -> None:
         """A producer finished ``order``: its waiters' batches are ready (as the core does)."""
         p = self.shared.get(order.production)
-        self.shared.finished(p, FakeSlot(order.production))
-        p.labels, p.indices, p.done_at = np.zeros(BATCH, np.int64), [1, 2, 3, 4], now
+        slot, labels = FakeSlot(order.production), np.zeros(BATCH, np.int64)
+        self.shared.finished(p, Produced(slot, labels, [1, 2, 3, 4], 0, 0.0, now))
         for serial, pos, k in p.waiters:
             p.refs += 1
             self.by_serial[serial].completed(pos, self.part.ready(p, k))

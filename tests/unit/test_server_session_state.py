@@ -11,6 +11,7 @@ import pytest
 from batchwire.server.sessions import (
     TRANSITIONS,
     IllegalSessionEvent,
+    Produced,
     ReadyBatch,
     SessionEvent,
     SessionState,
@@ -45,7 +46,7 @@ def test_the_table_is_the_one_above() -> None:
 
 
 def _ready(k: int) -> ReadyBatch:
-    return ReadyBatch(k, FakeSlot(k), np.zeros(4, np.int64), [], 0, 0.0, 0.0)
+    return ReadyBatch(k, Produced(FakeSlot(k), np.zeros(4, np.int64), [], 0, 0.0, 0.0))
 
 
 def test_a_session_lives_open_and_takes_nothing_once_closed() -> None:

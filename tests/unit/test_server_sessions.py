@@ -5,7 +5,7 @@ round-robin over sessions: test_server_scheduling.py."""
 from __future__ import annotations
 
 from batchwire.pipeline.sampler import ShardSampler
-from batchwire.server.sessions import ClientSession, ReadyBatch
+from batchwire.server.sessions import ClientSession, Produced, ReadyBatch
 from batchwire.wire import MAX_PREFETCH, ClientRow, Hello, LoaderReport
 
 ANY = 1 << 30  # no limit from unread batches
@@ -20,9 +20,7 @@ def _stream(identity=b"a", *, asked=(0, 1), depth=3, num_batches=10):
 
 
 def _batch(k):
-    return ReadyBatch(
-        batch_index=k, slot=None, labels=None, indices=[], replaced=0, produce_s=0, done_at=0
-    )
+    return ReadyBatch(k, Produced(None, None, [], 0, 0.0, 0.0))  # type: ignore[arg-type]
 
 
 def _produce_all(s):
