@@ -148,6 +148,12 @@ class BatchSpec:
             raise ProtocolError(f"batches have {CHANNELS} channels, got shape {list(shape)}")
         return cls(b, h, w, dtype, layout, tuple(tuple(v) for v in views))  # type: ignore[misc]
 
+    def wire_fields(self) -> dict[str, Any]:
+        """What a `Welcome` or a `BatchHeader` says of this spec: the logical shape, dtype,
+        layout and every view's size (`from_shape` reads them back)."""
+        views = [list(v) for v in self.views]
+        return {"shape": self.shape, "dtype": self.dtype, "layout": self.layout, "views": views}
+
     @property
     def shape(self) -> list[int]:
         """The logical shape, ``[B, 3, H, W]`` whatever the layout (the first view's)."""

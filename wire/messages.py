@@ -230,7 +230,7 @@ class _Message:
 
 @dataclass(frozen=True)
 class Hello(_Message):
-    """Start or restart this client's stream of (split, epoch, rank, world_size) batches.
+    """Start or restart this client's session of (split, epoch, rank, world_size) batches.
 
     ``batches`` lists the batch indices the server should produce and send, in that order (it
     may be empty: the welcome alone tells the client the epoch's length); each `Credit` appends
@@ -244,11 +244,11 @@ class Hello(_Message):
     end of the epoch's samples at ``epoch_world_size`` (0: ``world_size``), split over this
     hello's ranks (`ShardSampler.resumed`). Absent (0) on the wire otherwise.
 
-    ``image_size`` ([H, W]): produce this stream's batches at that output size instead of the
+    ``image_size`` ([H, W]): produce this session's batches at that output size instead of the
     server's --image-size (progressive resizing; the server refuses a size beyond its
     --max-image-size). Absent (None) on the wire otherwise.
 
-    ``batch_size``: images per batch of this stream instead of the server's --batch-size
+    ``batch_size``: images per batch of this session instead of the server's --batch-size
     (jobs of a sweep with different batch sizes on one server; the server refuses more than
     its --max-batch-size). Absent (None) on the wire otherwise.
     """
@@ -311,11 +311,11 @@ class Hello(_Message):
 
 @dataclass(frozen=True)
 class Credit(_Message):
-    """Append ``batches`` to the stream (one credit each); ``stats`` is the loader's
+    """Append ``batches`` to the session (one credit each); ``stats`` is the loader's
     `LoaderStats.as_dict()` or None (it may travel alone, with no batches).
 
     A credit from a client the server does not know (after a server restart, or once it dropped
-    a silent client) is ignored: the client's re-sent hello starts a new stream.
+    a silent client) is ignored: the client's re-sent hello starts a new session.
     """
 
     TYPE: ClassVar[str] = "credit"
@@ -334,7 +334,7 @@ class Credit(_Message):
 
 @dataclass(frozen=True)
 class Bye(_Message):
-    """The client leaves; its stream and queued batches are dropped."""
+    """The client leaves; its session and queued batches are dropped."""
 
     TYPE: ClassVar[str] = "bye"
 
@@ -348,7 +348,7 @@ class StatsRequest(_Message):
 
 @dataclass(frozen=True)
 class Welcome(_Message):
-    """The server accepted a hello: what the stream's batches will look like."""
+    """The server accepted a hello: what the session's batches will look like."""
 
     TYPE: ClassVar[str] = "welcome"
     session: int
@@ -370,7 +370,7 @@ class Welcome(_Message):
     # wire): one label per sample, [B].
     label_width: int = 0
     # Shared production (sweeps): the server's --share-window in batches, as it applies it; 0
-    # (absent on the wire): each batch is produced for its stream alone.
+    # (absent on the wire): each batch is produced for its session alone.
     share_window: int = 0
     # A mixture split (`mix:...`): a short hash of the mix (parts, sizes, how each is drawn,
     # labels mode, schedule), which a fleet's servers must agree on; "" (absent on the wire):
@@ -387,7 +387,7 @@ class Welcome(_Message):
 
     @property
     def spec(self) -> BatchSpec:
-        """What a full batch of this stream is."""
+        """What a full batch of this session is."""
         return BatchSpec.from_shape(self.shape, self.dtype, self.layout, self.views)
 
     @classmethod
@@ -459,7 +459,7 @@ class ErrorReply(_Message):
     """The server refused a request; ``message`` says why in words a user can act on.
 
     ``reason`` is the class of the refusal, which decides what a client does next:
-    ``refused`` (this hello cannot be served: unknown split, a stream the server cannot make),
+    ``refused`` (this hello cannot be served: unknown split, a session the server cannot serve),
     ``busy`` (this hello cannot be served now, for a reason that clears by itself: another world
     size held by a live session of the split, which is dropped once it leaves or falls silent;
     --max-clients reached: ask again, backing off, until the loader's timeout),
@@ -468,8 +468,8 @@ class ErrorReply(_Message):
     (producing a batch failed otherwise). Messages name batch and sample indices,
     never a server path or file content: those stay in the server's log.
 
-    ``session`` is the session of the hello or stream the error concerns (None for one that
-    concerns no session, e.g. a malformed frame or a credit with no stream): a client that has
+    ``session`` is the session of the hello or session the error concerns (None for one that
+    concerns no session, e.g. a malformed frame or a credit with no session): a client that has
     since sent a new hello drops an error about an older session instead of taking it as a
     refusal of the new one.
     """
@@ -516,8 +516,8 @@ class BatchHeader(_Message):
     label_width: int = 0  # as `Welcome.label_width`: the labels frame is [B, K] when > 0
     # Per-sample metadata (a manifest's other columns), only for hellos that asked for it.
     metadata: list[dict[str, Any] | None] | None = None
-    # Produced once for this stream and another client's (a sweep's shared production), as far
-    # as the server knows when it sends it; False (absent on the wire): this stream's alone.
+    # Produced once for this session and another client's (a sweep's shared production), as far
+    # as the server knows when it sends it; False (absent on the wire): this session's alone.
     shared: bool = False
 
     def to_map(self) -> dict[str, Any]:
@@ -536,7 +536,7 @@ class BatchHeader(_Message):
 
     @property
     def spec(self) -> BatchSpec:
-        """This batch's format (its batch size may be below the stream's)."""
+        """This batch's format (its batch size may be below the session's)."""
         return BatchSpec.from_shape(self.shape, self.dtype, self.layout, self.views)
 
     @classmethod
