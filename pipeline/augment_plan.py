@@ -26,7 +26,6 @@ settings are the config's). Without views nothing changes: stream 0, as always.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -340,25 +339,6 @@ def _rrc_arrays(
     return np.stack([top, left, top + h, left + w], axis=1)
 
 
-def random_resized_crop_box(
-    u: Sequence[float] | np.ndarray,
-    height: int,
-    width: int,
-    scale: tuple[float, float] = (0.08, 1.0),
-    ratio: tuple[float, float] = (3.0 / 4.0, 4.0 / 3.0),
-) -> Box:
-    """torchvision's RandomResizedCrop.get_params driven by the draws `u` (layout: module doc).
-
-    Up to RRC_ATTEMPTS tries of a random area fraction and log-uniform aspect ratio; the first
-    that fits wins, at a uniform integer offset; else a centred crop with the ratio clamped.
-    """
-    uu = np.asarray(u, dtype=np.float64).reshape(1, -1)
-    if uu.shape[1] < 4 * RRC_ATTEMPTS:
-        raise ValueError(f"need at least {4 * RRC_ATTEMPTS} draws, got {uu.shape[1]}")
-    _check_size(height, width)
-    return _as_box(_rrc_arrays(uu, np.array([height]), np.array([width]), scale, ratio)[0])
-
-
 def _center_arrays(
     heights: np.ndarray, widths: np.ndarray, out_h: int, out_w: int, crop_fraction: float
 ) -> np.ndarray:
@@ -372,28 +352,6 @@ def _center_arrays(
     y0 = (H - ch) / 2.0
     x0 = (W - cw) / 2.0
     return np.stack([y0, x0, y0 + ch, x0 + cw], axis=1)
-
-
-def center_crop_box(
-    height: int, width: int, out_h: int, out_w: int, crop_fraction: float = 0.875
-) -> Box:
-    """The validation crop (resize shorter side to out / crop_fraction, centre crop out) as a
-    float box in the source image, so decode and resize happen once, straight from the source."""
-    _check_size(height, width)
-    if not (0.0 < crop_fraction <= 1.0):
-        raise ValueError(f"crop_fraction must be in (0, 1], got {crop_fraction}")
-    box = _center_arrays(np.array([height]), np.array([width]), out_h, out_w, crop_fraction)[0]
-    return _as_box(box)
-
-
-def _check_size(height: int, width: int) -> None:
-    if height < 1 or width < 1:
-        raise ValueError(f"image size must be >= 1x1, got {height}x{width}")
-
-
-def _as_box(row: np.ndarray) -> Box:
-    y0, x0, y1, x1 = row.tolist()
-    return (y0, x0, y1, x1)
 
 
 # ---------------------------------------------------------------------------------------------

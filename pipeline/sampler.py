@@ -43,10 +43,6 @@ class BatchPlan:
     indices: np.ndarray  # int64 [batch_size]
     valid: np.ndarray  # bool [batch_size]
 
-    @property
-    def num_valid(self) -> int:
-        return int(self.valid.sum())
-
     def public_indices(self) -> np.ndarray:
         """Indices with padding shown as `PADDING_INDEX` (the user-facing convention)."""
         return np.where(self.valid, self.indices, np.int64(PADDING_INDEX))

@@ -16,12 +16,10 @@ from batchwire.pipeline.augment_plan import (
     RRC_ATTEMPTS,
     AugmentConfig,
     SamplePlan,
-    center_crop_box,
     draw_uniforms,
     plan_arrays,
     plan_sample,
     plan_samples,
-    random_resized_crop_box,
 )
 
 SCALE = (0.08, 1.0)
@@ -116,11 +114,14 @@ def _reference_rrc(next_u, height: int, width: int, scale=SCALE, ratio=RATIO):
     "height,width", [(375, 500), (224, 224), (100, 600), (600, 101), (1, 1), (3, 1000), (37, 41)]
 )
 def test_rrc_matches_reference_draw_for_draw(height: int, width: int) -> None:
-    u = draw_uniforms(1, 0, np.arange(300), NUM_DRAWS)
-    for row in u:
+    n = 300
+    u = draw_uniforms(1, 0, np.arange(n), NUM_DRAWS)
+    config = AugmentConfig(image_size=32, train=True, scale=SCALE, ratio=RATIO)
+    boxes = plan_arrays(config, 1, 0, np.arange(n), [height] * n, [width] * n)[0]
+    for row, planned in zip(u, boxes.tolist(), strict=True):
         it = iter(row.tolist())
         i, j, h, w = _reference_rrc(lambda it=it: next(it), height, width)
-        box = random_resized_crop_box(row, height, width, SCALE, RATIO)
+        box = tuple(planned)
         assert box == (i, j, i + h, j + w)
         y0, x0, y1, x1 = box
         assert 0 <= y0 < y1 <= height and 0 <= x0 < x1 <= width
@@ -169,6 +170,14 @@ def test_rrc_distribution_matches_torchvision_semantics(height: int, width: int)
 
 
 # --- validation crop ---------------------------------------------------------------------------
+
+
+def center_crop_box(
+    height: int, width: int, out_h: int, out_w: int, crop_fraction: float
+) -> tuple[float, ...]:
+    """The validation crop `plan_samples` plans for one image (the source's float box)."""
+    config = AugmentConfig(image_size=(out_h, out_w), train=False, val_crop_fraction=crop_fraction)
+    return plan_samples(config, 0, 0, [0], [height], [width])[0].box
 
 
 def test_center_crop_box_follows_resize_then_center_crop() -> None:
@@ -264,8 +273,6 @@ def test_plan_input_errors() -> None:
         plan_samples(cfg, 0, 0, [1, 2], [10], [10])
     with pytest.raises(ValueError, match=">= 1"):
         plan_samples(cfg, 0, 0, [1], [0], [10])
-    with pytest.raises(ValueError, match="draws"):
-        random_resized_crop_box([0.5] * 10, 10, 10)
 
 
 # --- config ------------------------------------------------------------------------------------
