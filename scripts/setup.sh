@@ -80,16 +80,19 @@ fi
 py="$VENV/bin/python"
 # pip chooses torch's wheel, pinned, from its own configuration (index, find-links, constraints:
 # the CPU build where this machine provides one); an unpinned resolve would pull several GB of
-# CUDA wheels. uv installs that wheel and resolves the rest in one go: 17-21 s for what took
-# pip 48 s here (bench/RESULTS.md, "make test from a fresh clone"); its cache is ~/.cache/uv.
+# CUDA wheels. uv installs that wheel and resolves the rest in one go: 31 s with a cold cache
+# (~/.cache/uv) for what took pip 48 s here, the same packages and versions.
 $py -m pip install -q uv
 torch_wheel=$($py -m pip install -q --dry-run --no-deps --ignore-installed --report - "$TORCH_SPEC" \
   | $py -c 'import json, sys; print(json.load(sys.stdin)["install"][0]["download_info"]["url"])')
 target=.
 [ -n "$EXTRAS" ] && target=".[$EXTRAS]"
 # pip, setuptools and wheel upgraded as before (tests/e2e/test_packaging.py builds a wheel with
-# this venv's setuptools, no build isolation).
-"$VENV/bin/uv" pip install -q --python "$py" --upgrade-package pip --upgrade-package setuptools \
-  --upgrade-package wheel pip setuptools wheel "torch @ $torch_wheel" -e "$target"
+# this venv's setuptools, no build isolation). --compile-bytecode: the .pyc files pip writes at
+# install and uv does not; without them, where PYTHONDONTWRITEBYTECODE is set, every process
+# compiles what it imports from source (3 s of CPU for each process importing Lightning).
+"$VENV/bin/uv" pip install -q --python "$py" --compile-bytecode --upgrade-package pip \
+  --upgrade-package setuptools --upgrade-package wheel pip setuptools wheel \
+  "torch @ $torch_wheel" -e "$target"
 echo "$base $EXTRAS" > "$stamp"
 echo "setup: $VENV ready"
