@@ -49,6 +49,27 @@ class Measured:
         return self.images / self.seconds if self.seconds > 0 else 0.0
 
 
+@dataclass(frozen=True)
+class RowLoop:
+    """What every batch-delivering row is asked, one value for all rows of a run: its batch and
+    output size, the images it times after `warmup` batches, and when it stops early."""
+
+    batch_size: int
+    image_size: int
+    measure_images: int
+    warmup: int = 10
+    max_seconds: float = 60
+
+    def time(self, batches: Iterator[int], sync: Callable[[], None] = lambda: None) -> Measured:
+        """`time_batches` over `batches` with this loop's counts."""
+        return time_batches(batches, self.warmup, self.measure_images, self.max_seconds, sync)
+
+    @property
+    def images_needed(self) -> int:
+        """How many samples a row may draw at most (sizes finite samplers)."""
+        return batches_needed(self.warmup, self.measure_images, self.batch_size) * self.batch_size
+
+
 def tree_cpu_seconds(root: int | None = None) -> float | None:
     """User + system CPU seconds of process `root` (default: this one) and its live descendants.
 
@@ -246,31 +267,27 @@ class FileDataset(torch.utils.data.Dataset):
 
 
 def dataloader_baseline(
-    paths: Sequence[str],
-    labels: Sequence[int],
-    *,
-    batch_size: int,
-    image_size: int,
-    workers: int,
-    measure_images: int,
-    warmup: int = 10,
-    max_seconds: float = 60,
+    paths: Sequence[str], labels: Sequence[int], loop: RowLoop, *, workers: int
 ) -> tuple[Measured, str]:
     """A torch DataLoader with `workers` processes; returns the rate and which ops it used."""
-    transform, how = make_transform(image_size)
-    dataset = FileDataset(paths, labels, transform)
-    total = batches_needed(warmup, measure_images, batch_size) * batch_size
-    sampler = torch.utils.data.RandomSampler(dataset, num_samples=total)
+    transform, how = make_transform(loop.image_size)
+    return time_dataloader(FileDataset(paths, labels, transform), loop, workers=workers), how
+
+
+def time_dataloader(dataset: torch.utils.data.Dataset, loop: RowLoop, *, workers: int) -> Measured:
+    """Time a DataLoader over `dataset` (random samples, `workers` processes): the DataLoader
+    rows differ only in their dataset."""
+    sampler = torch.utils.data.RandomSampler(dataset, num_samples=loop.images_needed)
     loader = torch.utils.data.DataLoader(
         dataset,
-        batch_size=batch_size,
+        batch_size=loop.batch_size,
         sampler=sampler,
         num_workers=workers,
         drop_last=True,
     )
     it = (len(images) for images, _labels in loader)
     try:
-        return time_batches(it, warmup, measure_images, max_seconds), how
+        return loop.time(it)
     finally:
         it.close()  # shuts the worker processes down
 
@@ -280,22 +297,15 @@ def dataloader_baseline(
 
 
 def dali_pipeline(
-    paths: Sequence[str],
-    labels: Sequence[int],
-    *,
-    batch_size: int,
-    image_size: int,
-    device: str,
-    threads: int,
-    measure_images: int,
-    warmup: int = 10,
-    max_seconds: float = 60,
+    paths: Sequence[str], labels: Sequence[int], loop: RowLoop, *, device: str, threads: int
 ) -> Measured:
     """DALI reading, random-crop decoding, resizing, flipping and normalizing by itself."""
     from nvidia.dali import fn, pipeline_def, types
 
     on_gpu = torch.device(device).type == "cuda"
     device_id = (torch.device(device).index or 0) if on_gpu else None
+
+    batch_size, image_size = loop.batch_size, loop.image_size
 
     @pipeline_def(batch_size=batch_size, num_threads=threads, device_id=device_id, seed=1)
     def graph():
@@ -330,4 +340,4 @@ def dali_pipeline(
             yield int(tensor.shape[0])
 
     sync = torch.cuda.synchronize if on_gpu else (lambda: None)
-    return time_batches(batches(pipe), warmup, measure_images, max_seconds, sync)
+    return loop.time(batches(pipe), sync)

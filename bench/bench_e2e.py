@@ -26,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-from batchwire.bench.baselines import dataloader_baseline
+from batchwire.bench.baselines import RowLoop, dataloader_baseline
 from batchwire.bench.data import DEFAULT_DATA, resolve_data
 from batchwire.bench.e2e_row import pipeline_server, time_remote_loader
 from batchwire.common.cores import available_cores
@@ -64,14 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     timing = {"measure_images": args.images, "warmup": args.warmup, "max_seconds": args.max_seconds}
 
     t0 = time.perf_counter()
-    base, how = dataloader_baseline(
-        data.paths,
-        data.labels,
-        batch_size=args.batch_size,
-        image_size=args.image_size,
-        workers=args.workers,
-        **timing,
-    )
+    loop = RowLoop(args.batch_size, args.image_size, **timing)
+    base, how = dataloader_baseline(data.paths, data.labels, loop, workers=args.workers)
     print(
         f"torch DataLoader ({args.workers} workers, {how}): {base.images_per_s:8.1f} images/s "
         f"({base.images} images in {base.seconds:.1f} s; row took "

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from batchwire.bench.baselines import Measured, time_batches
+from batchwire.bench.baselines import Measured, RowLoop, time_batches
 from batchwire.common.launcher import PipelineServer, free_tcp_endpoint
 
 #: How the benchmark's RemoteLoader reaches its server.
@@ -129,17 +129,13 @@ def time_remote_loader(
 
 def batchwire_row(
     train: str,
+    loop: RowLoop,
     *,
     device: str,
     threads: int | None,
     decoder: str,
-    batch_size: int,
-    image_size: int,
-    measure_images: int,
     wire: str = "uint8",
     transport: str = "ipc",
-    warmup: int = 10,
-    max_seconds: float = 60,
     start_timeout: float = 120,
     keys: str | None = None,
 ) -> Measured:
@@ -147,8 +143,8 @@ def batchwire_row(
     (a `pipeline-keys` folder) both sides use them: every byte CURVE-encrypted."""
     with pipeline_server(
         train,
-        batch_size=batch_size,
-        image_size=image_size,
+        batch_size=loop.batch_size,
+        image_size=loop.image_size,
         threads=threads,
         wire=wire,
         decoder=decoder,
@@ -163,9 +159,9 @@ def batchwire_row(
             # The trainer's float normalize runs where its model does: on a GPU it is GPU work,
             # on a CPU device the row yields the wire's raw uint8, as the decode-only row does.
             normalize_on_device=wire == "uint8" and torch.device(device).type != "cpu",
-            measure_images=measure_images,
-            warmup=warmup,
-            max_seconds=max_seconds,
+            measure_images=loop.measure_images,
+            warmup=loop.warmup,
+            max_seconds=loop.max_seconds,
             start_timeout=start_timeout,
             keys=keys,
         )

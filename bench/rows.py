@@ -151,15 +151,17 @@ def _decode_plans(
     return _with_prepared(plan, label, run_on, prepared)
 
 
-def _loop(args: argparse.Namespace) -> dict:
-    """The keyword arguments every batch-delivering row takes."""
-    return {
-        "measure_images": args.images,
-        "max_seconds": args.max_seconds,
-        "batch_size": args.batch_size,
-        "image_size": args.image_size,
-        "warmup": args.warmup_batches,
-    }
+def _loop(args: argparse.Namespace) -> baselines.RowLoop:
+    """What every batch-delivering row is asked."""
+    from batchwire.bench.baselines import RowLoop
+
+    return RowLoop(
+        batch_size=args.batch_size,
+        image_size=args.image_size,
+        measure_images=args.images,
+        warmup=args.warmup_batches,
+        max_seconds=args.max_seconds,
+    )
 
 
 def _dataloader_plan(args: argparse.Namespace, data: BenchData) -> RowPlan:
@@ -170,7 +172,7 @@ def _dataloader_plan(args: argparse.Namespace, data: BenchData) -> RowPlan:
         "dataloader",
         f"torch DataLoader ({args.workers} workers, PIL)",
         lambda: baselines.dataloader_baseline(
-            data.paths, data.labels, workers=args.workers, **_loop(args)
+            data.paths, data.labels, _loop(args), workers=args.workers
         )[0],
         note=how,
     )
@@ -183,7 +185,7 @@ def _dataloader_tuned_plan(args: argparse.Namespace, data: BenchData) -> RowPlan
         "dataloader_tuned",
         f"torch DataLoader tuned ({args.workers} workers, PIL draft, uint8)",
         functools.partial(
-            dataloader_tuned, data.paths, data.labels, workers=args.workers, **_loop(args)
+            dataloader_tuned, data.paths, data.labels, _loop(args), workers=args.workers
         ),
         note="PIL decodes at the DCT scale the crop allows; uint8 batches",
     )
@@ -195,7 +197,7 @@ def _spdl_plan(args: argparse.Namespace, data: BenchData) -> RowPlan:
     plan = RowPlan(
         "spdl",
         f"SPDL pipeline (FFmpeg, {row_threads(args)} threads, uint8)",
-        functools.partial(spdl_pipeline, data.paths, threads=row_threads(args), **_loop(args)),
+        functools.partial(spdl_pipeline, data.paths, _loop(args), threads=row_threads(args)),
     )
     missing = spdl_missing()
     if missing is not None:
@@ -214,9 +216,9 @@ def _dali_plan(args: argparse.Namespace, device: str, data: BenchData) -> RowPla
             baselines.dali_pipeline,
             data.paths,
             data.labels,
+            _loop(args),
             device=device,
             threads=row_threads(args),
-            **_loop(args),
         ),
     )
     try:
@@ -232,17 +234,17 @@ def _batchwire_plans(
     from batchwire.bench.e2e_row import batchwire_row
 
     dev_type = device.split(":", 1)[0]
+    loop = _loop(args)
     row = functools.partial(
         batchwire_row,
         device=device,
         threads=args.threads,
         decoder=args.decoder,
         wire=args.wire,
-        **_loop(args),
     )
 
     def run_on(files: BenchData) -> Callable[[], baselines.Measured]:
-        return functools.partial(row, files.server_train, transport=args.transport)
+        return functools.partial(row, files.server_train, loop, transport=args.transport)
 
     label = "batchwire"
     plan = RowPlan(
@@ -260,7 +262,7 @@ def _batchwire_plans(
             RowPlan(
                 "batchwire-keys",
                 f"batchwire with keys (CURVE over tcp, {dev_type}, {args.wire} wire)",
-                functools.partial(row, data.server_train, transport="tcp", keys=keys),
+                functools.partial(row, data.server_train, loop, transport="tcp", keys=keys),
                 note=f"pipeline-server --keys{_server_flags(args)}, tcp",
             )
         )

@@ -22,9 +22,9 @@ import torch
 from batchwire.bench.baselines import (
     FileDataset,
     Measured,
-    batches_needed,
+    RowLoop,
     rrc_box,
-    time_batches,
+    time_dataloader,
 )
 
 
@@ -61,28 +61,11 @@ class DraftFileDataset(FileDataset):
 
 
 def dataloader_tuned(
-    paths: Sequence[str],
-    labels: Sequence[int],
-    *,
-    batch_size: int,
-    image_size: int,
-    workers: int,
-    measure_images: int,
-    warmup: int = 10,
-    max_seconds: float = 60,
+    paths: Sequence[str], labels: Sequence[int], loop: RowLoop, *, workers: int
 ) -> Measured:
     """A torch DataLoader with `workers` processes, PIL draft decoding, uint8 batches."""
-    dataset = DraftFileDataset(paths, labels, PilDraftTransform(image_size))
-    total = batches_needed(warmup, measure_images, batch_size) * batch_size
-    sampler = torch.utils.data.RandomSampler(dataset, num_samples=total)
-    loader = torch.utils.data.DataLoader(
-        dataset, batch_size=batch_size, sampler=sampler, num_workers=workers, drop_last=True
-    )
-    it = (len(images) for images, _labels in loader)
-    try:
-        return time_batches(it, warmup, measure_images, max_seconds)
-    finally:
-        it.close()  # shuts the worker processes down
+    transform = PilDraftTransform(loop.image_size)
+    return time_dataloader(DraftFileDataset(paths, labels, transform), loop, workers=workers)
 
 
 def spdl_missing() -> str | None:
@@ -98,16 +81,7 @@ def spdl_missing() -> str | None:
     return None
 
 
-def spdl_pipeline(
-    paths: Sequence[str],
-    *,
-    batch_size: int,
-    image_size: int,
-    threads: int,
-    measure_images: int,
-    warmup: int = 10,
-    max_seconds: float = 60,
-) -> Measured:
+def spdl_pipeline(paths: Sequence[str], loop: RowLoop, *, threads: int) -> Measured:
     """SPDL decoding, cropping, scaling and flipping on `threads` threads, batched uint8."""
     import spdl.io
     from spdl.pipeline import PipelineBuilder
@@ -116,8 +90,9 @@ def spdl_pipeline(
         packets = spdl.io.demux_image(paths[index])
         left, top, w, h = rrc_box(packets.width, packets.height)
         flip = ",hflip" if torch.rand(1).item() < 0.5 else ""
+        size = loop.image_size
         graph = (
-            f"crop={w}:{h}:{left}:{top},scale={image_size}:{image_size}:flags=bilinear"
+            f"crop={w}:{h}:{left}:{top},scale={size}:{size}:flags=bilinear"
             f"{flip},format=pix_fmts=rgb24"
         )
         frames = spdl.io.decode_packets(packets, filter_desc=graph)
@@ -126,17 +101,16 @@ def spdl_pipeline(
     def collate(images: list[np.ndarray]) -> torch.Tensor:
         return torch.from_numpy(np.stack(images)).permute(0, 3, 1, 2)
 
-    total = batches_needed(warmup, measure_images, batch_size) * batch_size
-    order = np.random.default_rng(0).integers(0, len(paths), total).tolist()
+    order = np.random.default_rng(0).integers(0, len(paths), loop.images_needed).tolist()
     pipeline = (
         PipelineBuilder()
         .add_source(order)
         .pipe(load, concurrency=threads)
-        .aggregate(batch_size, drop_last=True)
+        .aggregate(loop.batch_size, drop_last=True)
         .pipe(collate)
         .add_sink(3)
         .build(num_threads=threads)
     )
     with pipeline.auto_stop():
         batches: Iterator[int] = (int(batch.shape[0]) for batch in pipeline)
-        return time_batches(batches, warmup, measure_images, max_seconds)
+        return loop.time(batches)

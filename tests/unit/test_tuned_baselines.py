@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from batchwire.bench.baselines import rrc_box
+from batchwire.bench.baselines import RowLoop, rrc_box
 from batchwire.bench.tuned_baselines import (
     PilDraftTransform,
     dataloader_tuned,
@@ -19,6 +19,7 @@ from oddfiles import jpeg_bytes, smooth_image
 from PIL import Image
 
 SIZE = 32
+LOOP = RowLoop(batch_size=4, image_size=SIZE, measure_images=8, warmup=1)
 
 
 def photo(tmp_path: Path, name: str, height: int, width: int, seed: int) -> Path:
@@ -57,9 +58,7 @@ def test_the_draft_decode_serves_the_crop_it_drew(tmp_path: Path, seed: int) -> 
 
 def test_the_tuned_dataloader_delivers_uint8_batches(tmp_path: Path) -> None:
     paths = [str(photo(tmp_path, f"{i}.jpg", 90 + i, 120, i)) for i in range(6)]
-    measured = dataloader_tuned(
-        paths, [0] * 6, batch_size=4, image_size=SIZE, workers=0, measure_images=8, warmup=1
-    )
+    measured = dataloader_tuned(paths, [0] * 6, LOOP, workers=0)
     assert measured.images >= 8 and measured.seconds > 0
 
 
@@ -69,7 +68,5 @@ def test_the_spdl_row_runs_or_says_why_not(tmp_path: Path) -> None:
         assert missing.startswith("SPDL ") and ("pip install" in missing or "FFmpeg" in missing)
         return
     paths = [str(photo(tmp_path, f"{i}.jpg", 90 + i, 120, i)) for i in range(6)]
-    measured = spdl_pipeline(
-        paths, batch_size=4, image_size=SIZE, threads=2, measure_images=8, warmup=1
-    )
+    measured = spdl_pipeline(paths, LOOP, threads=2)
     assert measured.images >= 8 and measured.seconds > 0
