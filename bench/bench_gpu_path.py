@@ -27,9 +27,7 @@ from batchwire.pipeline.augment_plan import AugmentConfig, plan_samples
 from batchwire.pipeline.decode import DecodeRequest, DecodeResult, read_header
 from batchwire.pipeline.decode.backends import check_jpeg_data
 from batchwire.pipeline.decode.fallback import GpuBatch, GpuDecoderBase
-from batchwire.pipeline.decode.orientation import swaps_axes
-from batchwire.pipeline.decode.region import reach_region, stored_region
-from batchwire.pipeline.decode.restart import EDGE_MARGIN, narrow_request
+from batchwire.pipeline.decode.restart import cut_region, narrow_request
 
 
 class StubGpuDecoder(GpuDecoderBase):
@@ -61,16 +59,9 @@ def native_cuts(requests: Sequence[DecodeRequest]) -> Callable[[], object] | Non
         return None
     calls = []
     for r in requests:
-        h, w = r.header.height, r.header.width
-        y0, x0, y1, x1 = reach_region(r.box, r.out_hw, (h, w))
-        wanted = (
-            max(0, y0 - EDGE_MARGIN),
-            max(0, x0 - EDGE_MARGIN),
-            min(h, y1 + EDGE_MARGIN),
-            min(w, x1 + EDGE_MARGIN),
-        )
-        stored_hw = (w, h) if swaps_axes(r.header.orientation) else (h, w)
-        calls.append((r.data, *stored_region(r.header.orientation, stored_hw, wanted)))
+        region = cut_region(r.header, r.box, r.out_hw)
+        if region is not None:
+            calls.append((r.data, *region))
     crop = jpeg_roi.crop_bitstream
     return lambda: [crop(*args) for args in calls]
 

@@ -22,7 +22,7 @@ from batchwire.pipeline.decode.contract import DecodeRequest
 from batchwire.pipeline.decode.files import read_file
 from batchwire.pipeline.decode.headers import ImageHeader
 from batchwire.pipeline.decode.orientation import swaps_axes
-from batchwire.pipeline.decode.region import displayed_region, reach_region, stored_region
+from batchwire.pipeline.decode.region import Box, displayed_region, reach_region, stored_region
 
 log = logging.getLogger("batchwire.pipeline")
 
@@ -63,21 +63,15 @@ def narrow_request(req: DecodeRequest, *, upright_only: bool = False) -> DecodeR
     crop = _crop_bitstream()
     if crop is None:
         return req
-    h, w = header.height, header.width
-    y0, x0, y1, x1 = reach_region(req.box, req.out_hw, (h, w))
-    wanted = (
-        max(0, y0 - EDGE_MARGIN),
-        max(0, x0 - EDGE_MARGIN),
-        min(h, y1 + EDGE_MARGIN),
-        min(w, x1 + EDGE_MARGIN),
-    )
-    if wanted[2] <= wanted[0] or wanted[3] <= wanted[1]:
+    region = cut_region(header, req.box, req.out_hw)
+    if region is None:
         return req
-    stored_hw = (w, h) if swaps_axes(orientation) else (h, w)
-    found = crop(req.data, *stored_region(orientation, stored_hw, wanted))
+    found = crop(req.data, *region)
     if found is None:
         return req
     small, held = found
+    h, w = header.height, header.width
+    stored_hw = (w, h) if swaps_axes(orientation) else (h, w)
     top, left, bottom, right = displayed_region(orientation, stored_hw, held)
     by0, bx0, by1, bx1 = map(float, req.box)
     # Built directly rather than through dataclasses.replace (several times the cost): a field
@@ -92,6 +86,26 @@ def narrow_request(req: DecodeRequest, *, upright_only: bool = False) -> DecodeR
         out_hw=req.out_hw,
         intact=req.intact,
     )
+
+
+def cut_region(
+    header: ImageHeader, box: Box, out_hw: tuple[int, int]
+) -> tuple[int, int, int, int] | None:
+    """The region of the stored image (before EXIF orientation) the cut asks the native code
+    for: what the resize of `box` to `out_hw` reads, EDGE_MARGIN more on each side, clamped;
+    None when nothing is left of it."""
+    h, w = header.height, header.width
+    y0, x0, y1, x1 = reach_region(box, out_hw, (h, w))
+    wanted = (
+        max(0, y0 - EDGE_MARGIN),
+        max(0, x0 - EDGE_MARGIN),
+        min(h, y1 + EDGE_MARGIN),
+        min(w, x1 + EDGE_MARGIN),
+    )
+    if wanted[2] <= wanted[0] or wanted[3] <= wanted[1]:
+        return None
+    stored_hw = (w, h) if swaps_axes(header.orientation) else (h, w)
+    return stored_region(header.orientation, stored_hw, wanted)
 
 
 def restart_share(paths: Sequence[str], sample: int = 16) -> tuple[int, int]:
