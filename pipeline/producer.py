@@ -24,7 +24,7 @@ from batchwire.pipeline.augment_plan import AugmentConfig
 from batchwire.pipeline.decode import DEFAULT_MAX_PIXELS, BatchDecoder
 from batchwire.pipeline.image_dataset import ImageDataset
 from batchwire.pipeline.sample_window import CHUNK, WAIT_S, SampleEntry, SampleWindow
-from batchwire.pipeline.sampler import PADDING_INDEX, PADDING_LABEL, BatchPlan
+from batchwire.pipeline.sampler import PADDING_LABEL, BatchPlan
 from batchwire.pipeline.samples import LoadedSample, SampleLoader, Upcoming
 from batchwire.pipeline.stages import AUGMENT, LABEL, UNTIMED, BatchStats, StageClock
 from batchwire.pipeline.transforms import TransformError, TransformRunner, transform_seeds
@@ -364,9 +364,7 @@ class BatchProducer:
             epoch=int(plan.epoch),
             batch_index=int(plan.batch_index),
             labels=labels if multi is None else multi(sources, labels, valid),  # [B, K]
-            indices=np.where(
-                valid, np.asarray(plan.indices, dtype=np.int64), np.int64(PADDING_INDEX)
-            ),
+            indices=plan.public_indices(),
             valid=valid,
             sources=sources,
             replaced=int((replaced & valid).sum()),
