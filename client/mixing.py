@@ -30,7 +30,7 @@ import torch
 
 _MASK64 = (1 << 64) - 1
 #: Keeps the mixing draws apart from any other use of the same (seed, epoch, batch) key.
-_MIX_STREAM = 0x4D495855  # "MIXU"
+_MIX_SALT = 0x4D495855  # "MIXU"
 
 
 def _splitmix64(x: int) -> int:
@@ -42,7 +42,7 @@ def _splitmix64(x: int) -> int:
 
 def mixing_rng(seed: int, epoch: int, batch_index: int, rank: int = 0) -> np.random.Generator:
     """The draws of one batch's mixing: a function of (seed, epoch, batch_index, rank) only."""
-    key = _MIX_STREAM
+    key = _MIX_SALT
     for part in (seed, epoch, batch_index, rank):
         key = _splitmix64(key ^ (int(part) & _MASK64))
     return np.random.Generator(np.random.PCG64(key))

@@ -15,12 +15,12 @@ Layout of a training sample's uniform draws (`draw_uniforms(..., n=NUM_DRAWS)`),
     [JITTER_DRAW + 0..3] brightness, contrast, saturation, hue factors
 
 Draw j of a sample never depends on how many draws were requested, so other consumers may use
-draws past NUM_DRAWS (or another `stream`) without disturbing these.
+draws past NUM_DRAWS (or another `salt`) without disturbing these.
 
 Multi-view crops (`AugmentConfig.views`, `--views 2x224:0.4-1.0,6x96:0.05-0.4`): view k of a
-sample has its own draws, the same layout on stream ``VIEW_STREAM + k``, so it depends on
+sample has its own draws, the same layout with salt ``VIEW_SALT + k``, so it depends on
 (seed, epoch, index, k) only; its crop uses the view's scale range (ratio, flip and jitter
-settings are the config's). Without views nothing changes: stream 0, as always.
+settings are the config's). Without views nothing changes: salt 0, as always.
 """
 
 from __future__ import annotations
@@ -41,8 +41,8 @@ FLIP_DRAW = 4 * RRC_ATTEMPTS
 JITTER_DRAW = FLIP_DRAW + 1
 NUM_DRAWS = JITTER_DRAW + 4
 
-#: View k of a multi-view config draws on stream VIEW_STREAM + k ("VIEW" + k).
-VIEW_STREAM = 0x56494557 << 8
+#: View k of a multi-view config draws with salt VIEW_SALT + k ("VIEW" + k).
+VIEW_SALT = 0x56494557 << 8
 
 Jitter = tuple[float, float, float, float]
 IDENTITY_JITTER: Jitter = (1.0, 1.0, 1.0, 0.0)
@@ -68,17 +68,17 @@ def _mix(x: np.ndarray) -> np.ndarray:
     return x ^ (x >> _S31)
 
 
-def _key(seed: int, epoch: int, stream: int) -> np.ndarray:
+def _key(seed: int, epoch: int, salt: int) -> np.ndarray:
     k = _mix(np.array([seed & _MASK64], dtype=np.uint64))
     k = _mix(k ^ np.array([epoch & _MASK64], dtype=np.uint64))
-    return _mix(k ^ np.array([stream & _MASK64], dtype=np.uint64))
+    return _mix(k ^ np.array([salt & _MASK64], dtype=np.uint64))
 
 
-def draw_uniforms(seed: int, epoch: int, indices: Any, n: int, *, stream: int = 0) -> np.ndarray:
+def draw_uniforms(seed: int, epoch: int, indices: Any, n: int, *, salt: int = 0) -> np.ndarray:
     """Uniform floats in [0, 1), float64 `[len(indices), n]`, keyed on (seed, epoch, index).
 
-    Row i depends only on (seed, epoch, stream, indices[i]); column j is the j-th draw of that
-    sample, independent of `n`. `stream` separates unrelated uses of the same key (0 is the
+    Row i depends only on (seed, epoch, salt, indices[i]); column j is the j-th draw of that
+    sample, independent of `n`. `salt` separates unrelated uses of the same key (0 is the
     augmentation plan). Each sample seeds a splitmix64 sequence at mix(key ^ mix(index)).
     """
     if n < 0:
@@ -89,7 +89,7 @@ def draw_uniforms(seed: int, epoch: int, indices: Any, n: int, *, stream: int = 
     if idx.size and not np.issubdtype(idx.dtype, np.integer):
         raise TypeError(f"indices must be integers, got dtype {idx.dtype}")
     idx64 = idx.astype(np.int64, copy=False).view(np.uint64)
-    state = _mix(_key(seed, epoch, stream) ^ _mix(idx64 + _GAMMA))
+    state = _mix(_key(seed, epoch, salt) ^ _mix(idx64 + _GAMMA))
     counters = np.arange(1, n + 1, dtype=np.uint64) * _GAMMA
     bits = _mix(state[:, None] + counters[None, :])
     return (bits >> _S11).astype(np.float64) * _INV_2_53
@@ -372,14 +372,14 @@ def plan_arrays(
 
     This is the form `batchwire.native.augment_batch` takes. `heights`/`widths` are the
     full-size, EXIF-oriented image sizes. `view`: the plan of view ``view`` of a multi-view
-    config (its size, its scale, its draws on stream ``VIEW_STREAM + view``).
+    config (its size, its scale, its draws with salt ``VIEW_SALT + view``).
     """
-    stream, scale, out_hw = 0, config.scale, config.image_size
+    salt, scale, out_hw = 0, config.scale, config.image_size
     if view is not None:
         if not 0 <= view < len(config.views):
             raise ValueError(f"view {view} out of range: the config has {len(config.views)}")
         v = config.views[view]
-        stream, scale, out_hw = VIEW_STREAM + view, v.scale, v.size
+        salt, scale, out_hw = VIEW_SALT + view, v.scale, v.size
     idx = np.asarray(indices, dtype=np.int64).reshape(-1)
     hs = np.asarray(heights, dtype=np.int64).reshape(-1)
     ws = np.asarray(widths, dtype=np.int64).reshape(-1)
@@ -397,7 +397,7 @@ def plan_arrays(
         boxes = _center_arrays(hs, ws, out_h, out_w, config.val_crop_fraction)
         return boxes.astype(np.float32), np.zeros(n, dtype=bool), jitter
 
-    u = draw_uniforms(seed, epoch, idx, NUM_DRAWS, stream=stream)
+    u = draw_uniforms(seed, epoch, idx, NUM_DRAWS, salt=salt)
     boxes = _rrc_arrays(u, hs, ws, scale, config.ratio)
     flips = u[:, FLIP_DRAW] < config.flip_prob
     for col, name in enumerate(("brightness", "contrast", "saturation")):

@@ -34,9 +34,9 @@ import numpy as np
 
 #: How a part's share of a mix epoch is given.
 MODES = ("weight", "repeat", "choose")
-# Separate the mix's random streams from the sampler's and the augmentation's.
-_PHASE_STREAM = 0x4D495850  # "MIXP"
-_PART_STREAM = 0x4D495844  # "MIXD"
+# Separate the mix's random draws from the sampler's and the augmentation's.
+_PHASE_SALT = 0x4D495850  # "MIXP"
+_PART_SALT = 0x4D495844  # "MIXD"
 
 
 def apportion(weights: Sequence[float], total: int) -> np.ndarray:
@@ -200,7 +200,7 @@ class MixPlan:
         while done < n:
             q, r = divmod(first + done, size)
             take = min(size - r, n - done)
-            seq = np.random.SeedSequence([seed, q, _PART_STREAM, part])
+            seq = np.random.SeedSequence([seed, q, _PART_SALT, part])
             perm = np.random.Generator(np.random.PCG64(seq)).permutation(size)
             copy = q - q0 if n > size else 0
             out[done : done + take] = starts[(part, copy)] + perm[r : r + take]
@@ -211,7 +211,7 @@ class MixPlan:
 def _interleave(seed: int, epoch: int, counts: np.ndarray) -> np.ndarray:
     """For each position of the epoch, which entry of the parts' draws (concatenated in part
     order) fills it: draw j of part p sits at time (j + u_p) / n_p (module doc, step 2)."""
-    seq = np.random.SeedSequence([seed, epoch, _PHASE_STREAM])
+    seq = np.random.SeedSequence([seed, epoch, _PHASE_SALT])
     phases = np.random.Generator(np.random.PCG64(seq)).random(len(counts))
     times = np.concatenate(
         [

@@ -24,8 +24,8 @@ from batchwire.pipeline.mix_order import MixPlan
 # A padded slot's index and label: defined in wire/batch_spec.py, re-exported here.
 from batchwire.wire import PADDING_INDEX, PADDING_LABEL  # noqa: F401
 
-# Separates the sampler's random stream from any other consumer of the same user seed.
-_ORDER_STREAM = 0x5A4D504C  # "ZMPL"
+# Separates the sampler's random draws from any other consumer of the same user seed.
+_ORDER_SALT = 0x5A4D504C  # "ZMPL"
 _CACHED_EPOCHS = 2
 
 
@@ -166,7 +166,7 @@ class ShardSampler:
         """A permutation of the dataset drawn from (seed, epoch), or its identity."""
         if not self.shuffle:
             return np.arange(self.num_samples, dtype=np.int64)
-        seq = np.random.SeedSequence([self.seed, epoch, _ORDER_STREAM])
+        seq = np.random.SeedSequence([self.seed, epoch, _ORDER_SALT])
         order = np.random.Generator(np.random.PCG64(seq)).permutation(self.num_samples)
         return order.astype(np.int64, copy=False)
 

@@ -84,7 +84,7 @@ from batchwire.pipeline.stages import DECODE, PLAN, READ, UNTIMED, VERIFY, Stage
 log = logging.getLogger("batchwire.pipeline")
 
 # Separates the substitute sequence from the augmentation draws of the same (seed, index).
-_SUBSTITUTE_STREAM = 0x53554253  # "SUBS"
+_SUBSTITUTE_SALT = 0x53554253  # "SUBS"
 DEFAULT_MAX_ATTEMPTS = 64
 # Sleeps between the tries of a transiently failing read (or decode): 5 tries over ~0.94 s.
 DEFAULT_RETRY_DELAYS = (0.0625, 0.125, 0.25, 0.5)
@@ -199,10 +199,10 @@ Upcoming = Callable[[int], Sequence[Sequence[int]]]
 
 
 def next_batches(sampler: ShardSampler, plan: BatchPlan) -> Upcoming:
-    """What `SampleLoader.load` may read along for batch ``plan`` of ``sampler``'s stream:
+    """What `SampleLoader.load` may read along for batch ``plan`` of ``sampler``'s session:
     the samples of its next batches of the same epoch (the sampler is a pure function of its
-    stream, so they are known now). Cheap until asked: a source that reads nothing ahead never
-    calls it."""
+    seed and position, so they are known now). Cheap until asked: a source that reads nothing
+    ahead never calls it."""
 
     def upcoming(k: int) -> list[np.ndarray]:
         last = min(plan.batch_index + 1 + int(k), sampler.num_batches)
@@ -243,7 +243,7 @@ def substitute_candidates(seed: int, index: int, count: int, num_samples: int) -
     """
     if num_samples < 2:
         return np.zeros(0, dtype=np.int64)
-    u = draw_uniforms(seed, 0, [index], count, stream=_SUBSTITUTE_STREAM)[0]
+    u = draw_uniforms(seed, 0, [index], count, salt=_SUBSTITUTE_SALT)[0]
     offsets = 1 + np.minimum(np.floor(u * (num_samples - 1)), num_samples - 2).astype(np.int64)
     return (index + offsets) % num_samples
 

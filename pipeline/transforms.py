@@ -9,7 +9,7 @@ called on each decoded sample in the producer threads. ``image`` is the whole de
 HWC uint8 RGB, at full resolution (no crop-region decode and no DCT reduction: the transform
 decides the crop, so the decoder cannot know which part or scale it will read). ``generator``
 is a CPU `torch.Generator` seeded from (seed, epoch, sample index) through the pipeline's
-counter-based draws (`augment_plan.draw_uniforms` on `TRANSFORM_STREAM`), so a sample's output
+counter-based draws (`augment_plan.draw_uniforms` with `TRANSFORM_SALT`), so a sample's output
 depends on nothing else: any server, thread count or resume point produces the same bytes, as
 long as the transform draws its randomness from ``generator`` only. It returns a CHW tensor of
 the configured output size; the server casts it to the output dtype (a float result into uint8
@@ -58,9 +58,9 @@ from batchwire.pipeline.augment_plan import draw_uniforms
 
 log = logging.getLogger("batchwire.pipeline")
 
-#: `draw_uniforms` stream of the transforms' generator seeds ("XFRM"): the augmentation plan's
-#: draws (stream 0) and the substitutes' keep their values.
-TRANSFORM_STREAM = 0x5846524D
+#: `draw_uniforms` salt of the transforms' generator seeds ("XFRM"): the augmentation plan's
+#: draws (salt 0) and the substitutes' keep their values.
+TRANSFORM_SALT = 0x5846524D
 #: Distinct errors logged with a traceback; past that only counted (and logged at debug).
 MAX_LOGGED_ERRORS = 64
 #: A transform's first calls watched for draws from a global RNG (`TransformRunner`): enough to
@@ -77,10 +77,10 @@ Transform = Callable[[torch.Tensor, torch.Generator], torch.Tensor]
 def transform_seeds(seed: int, epoch: int, indices: Sequence[int], view: int = 0) -> list[int]:
     """The generator seed of each sample: 53 random bits of (seed, epoch, index, view).
 
-    View v draws on stream ``TRANSFORM_STREAM + v``; view 0 is the single-view case.
+    View v draws with salt ``TRANSFORM_SALT + v``; view 0 is the single-view case.
     """
     u = draw_uniforms(
-        seed, epoch, np.asarray(indices, dtype=np.int64), 1, stream=TRANSFORM_STREAM + int(view)
+        seed, epoch, np.asarray(indices, dtype=np.int64), 1, salt=TRANSFORM_SALT + int(view)
     )
     return [int(x) for x in (u[:, 0] * float(1 << 53)).astype(np.int64).tolist()]
 

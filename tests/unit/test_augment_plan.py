@@ -53,7 +53,7 @@ def test_draws_are_uniform_and_keyed_per_sample() -> None:
     for other in (
         draw_uniforms(6, 2, idx[:50], 8),
         draw_uniforms(5, 3, idx[:50], 8),
-        draw_uniforms(5, 2, idx[:50], 8, stream=1),
+        draw_uniforms(5, 2, idx[:50], 8, salt=1),
         draw_uniforms(5, 2, idx[:50] + 1, 8),
     ):
         assert not np.any(other == u[:50])

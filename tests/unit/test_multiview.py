@@ -10,7 +10,7 @@ from batchwire import native, wire
 from batchwire.client.staging import BatchFormat, CpuStager
 from batchwire.pipeline.augment_plan import (
     NUM_DRAWS,
-    VIEW_STREAM,
+    VIEW_SALT,
     AugmentConfig,
     View,
     draw_uniforms,
@@ -55,18 +55,18 @@ def test_views_live_in_the_config_file_and_refuse_a_transform(tmp_path) -> None:
         ServerConfig(train="/data", views="2x32")
 
 
-def test_views_draw_on_their_own_streams_and_one_view_is_unchanged() -> None:
+def test_views_draw_with_their_own_salts_and_one_view_is_unchanged() -> None:
     plain = AugmentConfig(image_size=32, train=True, brightness=0.4)
     multi = AugmentConfig(image_size=32, train=True, brightness=0.4, views=VIEWS)
     idx, hs, ws = [3, 7, 11], [200, 300, 120], [150, 180, 400]
-    # The single-view plan is what stream 0 gives, as before views existed.
+    # The single-view plan is what salt 0 gives, as before views existed.
     u = draw_uniforms(5, 2, idx, NUM_DRAWS)
     boxes, flips, _ = plan_arrays(plain, 5, 2, idx, hs, ws)
     assert np.array_equal(flips, u[:, 40] < 0.5)
     assert np.array_equal(boxes, plan_arrays(multi, 5, 2, idx, hs, ws)[0])  # views aside
     plans = [plan_arrays(multi, 5, 2, idx, hs, ws, view=k) for k in range(5)]
     for k, (b, f, _) in enumerate(plans):
-        uk = draw_uniforms(5, 2, idx, NUM_DRAWS, stream=VIEW_STREAM + k)
+        uk = draw_uniforms(5, 2, idx, NUM_DRAWS, salt=VIEW_SALT + k)
         assert np.array_equal(f, uk[:, 40] < 0.5)
         assert not np.array_equal(b, boxes)
         # A view's plan is per sample: planning one sample alone gives the same.
