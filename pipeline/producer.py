@@ -40,10 +40,10 @@ class BatchMeta:
     """What goes with a produced batch.
 
     `indices`: the sampler's dataset indices (`PADDING_INDEX`, -1, for padding slots).
-    `sources`: the indices whose pixels are actually in the batch (they differ from `indices`
-    where a bad file was replaced). `labels` belong to `sources`, except that a padding slot's
-    label is `PADDING_LABEL` (-100, cross-entropy's default ``ignore_index``), so a loss or an
-    accuracy that honours it never counts padding. `replaced`: replaced valid slots.
+    `pixel_indices`: the indices whose pixels are actually in the batch (they differ from
+    `indices` where a bad file was replaced). `labels` belong to `pixel_indices`, except that a
+    padding slot's label is `PADDING_LABEL` (-100, cross-entropy's default ``ignore_index``), so
+    a loss or an accuracy that honours it never counts padding. `replaced`: replaced valid slots.
     """
 
     epoch: int
@@ -51,7 +51,7 @@ class BatchMeta:
     labels: np.ndarray  # int64 [B]
     indices: np.ndarray  # int64 [B], PADDING_INDEX (-1) = padding
     valid: np.ndarray  # bool [B]
-    sources: np.ndarray  # int64 [B]
+    pixel_indices: np.ndarray  # int64 [B]
     replaced: int
 
 
@@ -279,7 +279,9 @@ class BatchProducer:
             plan,
             labels=np.fromiter((entries[i].label for i in indices), dtype=np.int64, count=n),
             replaced=np.fromiter((entries[i].replaced for i in indices), dtype=bool, count=n),
-            sources=np.fromiter((entries[i].source for i in indices), dtype=np.int64, count=n),
+            pixel_indices=np.fromiter(
+                (entries[i].pixel_index for i in indices), dtype=np.int64, count=n
+            ),
         )
 
     def _make(
@@ -305,11 +307,11 @@ class BatchProducer:
         scratch = self._spec(config, len(todo)).empty()
         meta = self._produce(sub, scratch, config, clock)
         for j, i in enumerate(todo):
-            source = int(meta.sources[j])
+            pixel_index = int(meta.pixel_indices[j])
             # The sample's own (scalar) label, as `SampleLoader` gives it; multi-label rows are
-            # built per batch from the sources (`_produce_reusing`, as `_meta`).
-            label = int(self.dataset.labels[source])
-            entry = SampleEntry(scratch[j], label, source, source != i)
+            # built per batch from the pixel indices (`_produce_reusing`, as `_meta`).
+            label = int(self.dataset.labels[pixel_index])
+            entry = SampleEntry(scratch[j], label, pixel_index, pixel_index != i)
             entries[i] = entry
             if window is not None:
                 window.publish(keys[i], entry)
@@ -347,25 +349,29 @@ class BatchProducer:
             plan,
             labels=np.fromiter((s.label for s in samples), dtype=np.int64, count=n),
             replaced=np.fromiter((s.replaced for s in samples), dtype=bool, count=n),
-            sources=np.fromiter((s.index for s in samples), dtype=np.int64, count=n),
+            pixel_indices=np.fromiter((s.index for s in samples), dtype=np.int64, count=n),
         )
 
     def _batch_meta(
-        self, plan: BatchPlan, labels: np.ndarray, replaced: np.ndarray, sources: np.ndarray
+        self,
+        plan: BatchPlan,
+        labels: np.ndarray,
+        replaced: np.ndarray,
+        pixel_indices: np.ndarray,
     ) -> BatchMeta:
-        """A batch's metadata from its slots' labels, substitution flags and source samples,
+        """A batch's metadata from its slots' labels, substitution flags and pixel indices,
         whether the samples were produced here or taken from the sample window: padding slots
         get PADDING_LABEL and PADDING_INDEX, and a multi-label dataset (ImageDataset's
-        `batch_labels`) gets its [B, K] rows built from the sources."""
+        `batch_labels`) gets its [B, K] rows built from the pixel indices."""
         valid = np.asarray(plan.valid, dtype=bool)
         labels[~valid] = PADDING_LABEL
         multi = getattr(self.dataset, "batch_labels", None)
         return BatchMeta(
             epoch=int(plan.epoch),
             batch_index=int(plan.batch_index),
-            labels=labels if multi is None else multi(sources, labels, valid),  # [B, K]
+            labels=labels if multi is None else multi(pixel_indices, labels, valid),  # [B, K]
             indices=plan.public_indices(),
             valid=valid,
-            sources=sources,
+            pixel_indices=pixel_indices,
             replaced=int((replaced & valid).sum()),
         )

@@ -62,7 +62,7 @@ class SampleEntry:
 
     image: torch.Tensor
     label: int
-    source: int
+    pixel_index: int
     replaced: bool
 
     @property

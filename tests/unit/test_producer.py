@@ -108,8 +108,10 @@ def test_meta_and_bad_input(mixed: ImageDataset) -> None:
         assert np.array_equal(meta.valid, plan.valid)
         assert np.array_equal(meta.indices, plan.public_indices())
         # padding slots carry label -100 (cross-entropy's ignore_index), real slots their source's
-        assert np.array_equal(meta.labels, np.where(meta.valid, mixed.labels[meta.sources], -100))
-        assert not (set(meta.sources.tolist()) & bad)
+        assert np.array_equal(
+            meta.labels, np.where(meta.valid, mixed.labels[meta.pixel_indices], -100)
+        )
+        assert not (set(meta.pixel_indices.tolist()) & bad)
         replaced += meta.replaced
         seen += [i for i in meta.indices.tolist() if i >= 0]
     assert sorted(seen) == list(range(len(mixed)))  # every image once, padding excluded
@@ -123,7 +125,9 @@ def test_thread_count_gives_bit_identical_batches(mixed: ImageDataset) -> None:
     _, four = produce(mixed, config, threads=4, batch=7, seed=5)
     for (a, ma, _), (b, mb, _) in zip(one, four, strict=True):
         assert torch.equal(a, b)
-        assert np.array_equal(ma.sources, mb.sources) and np.array_equal(ma.labels, mb.labels)
+        assert np.array_equal(ma.pixel_indices, mb.pixel_indices) and np.array_equal(
+            ma.labels, mb.labels
+        )
 
 
 def test_full_colour_jitter_matches_the_reference_op(photos: ImageDataset) -> None:
