@@ -20,9 +20,11 @@ demo: setup-runtime
 	@$(PY) -m batchwire.native build
 	@$(PY) -m batchwire.train.demo
 
-# The whole suite: tests/unit (in-process, seconds) then tests/e2e (real server processes,
-# sockets, DDP ranks) spread over TEST_WORKERS processes: most of an end-to-end test's time is
-# spent waiting on servers and timeouts, so more workers than cores pay. One file per worker
+# The whole suite: tests/e2e (real server processes, sockets, DDP ranks) and tests/unit
+# (in-process, seconds) in one session of TEST_WORKERS processes: most of an end-to-end test's
+# time is spent waiting on servers and timeouts, so more workers than cores pay, and the unit
+# files fill that time (tests/conftest.py: the longest files first, the unit files last; a
+# unit tier run on its own after the e2e one cost 30-50 s more here). One file per worker
 # (--dist loadfile) keeps each file's module-scoped servers started once.
 TEST_WORKERS ?= 4
 # Bytecode for our packages first: this environment sets PYTHONDONTWRITEBYTECODE, so each of the
@@ -32,8 +34,8 @@ PACKAGES := src bench client common monitor native pipeline prepare server train
 test: native
 	@$(PY) -m compileall -q $(PACKAGES) tests > /dev/null
 	@$(PY) -m ruff check .
-	@$(PY) -m pytest -q -p no:cacheprovider -n 2 tests/unit
-	@$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile tests/e2e
+	@$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile \
+		--no-loadscope-reorder tests/e2e tests/unit
 
 # The unit tier and lint only: under a minute, for every edit.
 test-fast: native

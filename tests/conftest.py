@@ -1,4 +1,13 @@
-"""Fixtures shared by test files (helpers that are not fixtures live in their own modules)."""
+"""Fixtures shared by test files (helpers that are not fixtures live in their own modules), and
+the order of the files for `make test`.
+
+Order: `make test` runs both tiers in one pytest-xdist session, whole files per worker
+(`--dist loadfile`) in collection order (`--no-loadscope-reorder`: xdist's default would reorder
+files by their number of tests). The longest end-to-end files go first, so that none is taken
+last and runs alone while the other workers idle; the unit files, many and short, in-process
+CPU work, go last and fill the workers that the end-to-end files leave waiting on servers and
+timeouts, and the end of the run.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +15,43 @@ from collections.abc import Iterator
 
 import pytest
 import zmq
+
+# Seconds of each file's tests, from a fresh clone's `make test` on the 2-core host with 4
+# workers (2026-11-27); e2e files not listed keep their order after these.
+LONGEST_FIRST = (
+    "test_frameworks.py",  # 104 s: Lightning, Accelerate and torchrun, 2 ranks each
+    "test_packaging.py",  # 60 s: a wheel into a fresh venv, and its native build
+    "test_object_store.py",  # 49 s (+ a SeaweedFS start)
+    "test_train_preemption.py",  # 41 s: SIGUSR1 checkpoints, 1 and 2 ranks
+    "test_discovery.py",  # 35 s, mostly waiting on DNS re-resolves and servers
+    "test_demo.py",  # 34 s
+    "test_sharing.py",  # 34 s
+    "test_train.py",  # 32 s
+    "test_server_limits.py",  # 21 s
+    "test_bad_input_sources.py",  # 21 s
+    "test_remote_loader.py",  # 21 s
+    "test_forkserver.py",  # 18 s
+    "test_native_build.py",  # 17 s
+    "test_progressive_resize.py",  # 17 s
+    "test_object_store_cache.py",  # 17 s
+    "test_fleet.py",  # 16 s
+    "test_pipeline_store.py",  # 16 s
+    "test_sources_identity.py",  # 16 s
+    "test_object_store_readahead.py",  # 15 s
+    "test_multilabel_server.py",  # 15 s
+    "test_native_lock.py",  # 15 s: a real build
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+
+    def key(item: pytest.Item) -> int:
+        if item.path.parent.name == "unit":
+            return len(rank) + 1
+        return rank.get(item.path.name, len(rank))
+
+    items.sort(key=key)
 
 
 @pytest.fixture
