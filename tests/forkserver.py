@@ -258,8 +258,11 @@ def _child(request: dict, fds: list[int], close: list[int]) -> None:
 # The fork server process.
 
 
-def serve(path: str) -> None:
+def serve(path: str, preload: Sequence[str] = ()) -> None:
     """Listen on the unix socket ``path``; fork a child per request; report each exit status.
+
+    ``preload``: third-party modules imported ahead besides `PRELOAD` (a test module's own
+    fork server: `ForkServer.start`).
 
     One connection per child: the request (JSON and the child's stdin/stdout/stderr as
     SCM_RIGHTS), then the reply `{"pid": ...}`, later `{"status": ...}` when it ends.
@@ -268,7 +271,7 @@ def serve(path: str) -> None:
 
     _die_with_parent()
     own_env = startup_env(os.environ)
-    for name in PRELOAD:
+    for name in (*PRELOAD, *preload):
         importlib.import_module(name)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
@@ -508,12 +511,14 @@ class ForkServer(ForkClient):
 
     @classmethod
     @contextmanager
-    def start(cls, timeout: float = 120.0) -> Iterator[ForkServer]:
-        """Start one, wait until its imports are done, stop it on exit."""
+    def start(cls, timeout: float = 120.0, preload: Sequence[str] = ()) -> Iterator[ForkServer]:
+        """Start one, wait until its imports are done, stop it on exit. ``preload``: more
+        third-party modules to import ahead, for a test module whose children all import them
+        (tests/e2e/test_frameworks.py: Lightning, 1.4 s of CPU in each of its ranks)."""
         tmp = tempfile.TemporaryDirectory(prefix="bw-forkserver-")
         path = os.path.join(tmp.name, "fork.sock")
         proc = subprocess.Popen(
-            [sys.executable, __file__, path],
+            [sys.executable, __file__, path, *preload],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
@@ -654,4 +659,4 @@ class ForkedPopen(subprocess.Popen):
 
 
 if __name__ == "__main__":
-    serve(sys.argv[1])
+    serve(sys.argv[1], sys.argv[2:])

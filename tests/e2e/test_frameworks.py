@@ -14,16 +14,24 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
+from importlib.util import find_spec
 from pathlib import Path
 
 import pytest
 from batchwire.pipeline.synthetic import default_dataset
+from forkserver import ForkServer
 from serverproc import running_server
 
-pytest.importorskip("lightning")
-pytest.importorskip("accelerate")
+# Found, not imported: importing Lightning costs each worker that collects this file 1.4 s.
+FRAMEWORKS = ("lightning", "accelerate")
+missing = [name for name in FRAMEWORKS if find_spec(name) is None]
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+pytestmark = [
+    pytest.mark.skipif(bool(missing), reason=f"needs {', '.join(missing)} (the dev extra)"),
+    pytest.mark.slow,
+    pytest.mark.timeout(600),
+]
 
 ROOT = Path(__file__).resolve().parents[2]
 HARNESS = Path(__file__).resolve().parents[1] / "recipe_harness.py"
@@ -31,6 +39,32 @@ BIN = Path(sys.executable).parent
 B = 16
 RANKS = 2
 CKPT_STEP = 17  # epoch 1, batch 5: 12 batches per rank and epoch (400 images, 2 x 16)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def framework_fork_server(fork_server: ForkServer | None) -> Iterator[ForkServer | None]:
+    """This module's children fork from a fork server that imported Lightning and Accelerate
+    once: each of the ~20 processes here (launchers and ranks) imports one of them, 1.4 s of CPU
+    for Lightning. Set up before the module's server, torn down after it."""
+    if fork_server is None:  # BATCHWIRE_TEST_FORKSERVER=0: fresh interpreters throughout
+        yield None
+        return
+    with ForkServer.start(preload=FRAMEWORKS) as server:
+        server.install()
+        try:
+            yield server
+        finally:
+            server.uninstall()
+
+
+def test_the_children_here_start_with_the_frameworks_imported(
+    framework_fork_server: ForkServer | None,
+) -> None:
+    if framework_fork_server is None:
+        pytest.skip("the fork server is off (BATCHWIRE_TEST_FORKSERVER=0)")
+    code = "import sys; print(sorted(set(sys.argv[1:]) & set(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code, *FRAMEWORKS], capture_output=True, text=True)
+    assert out.stdout.strip() == repr(sorted(FRAMEWORKS)), out.stdout + out.stderr
 
 
 @pytest.fixture(scope="module")
@@ -124,6 +158,8 @@ def assert_resumed_exactly(full: Path, resumed: Path, step: int) -> None:
 
 @pytest.mark.parametrize("form", ["loader", "dataloader"])
 def test_lightning_ddp_recipe(server, tmp_path, num_images, form):
+    """Slow (2 DDP launches): the direct form resumes through Lightning's loader state and the
+    callback, the wrapped one through the callback alone; each form is a user's path."""
     wrap = ["--wrap"] if form == "dataloader" else []
     common = ["--server", server.endpoint, "--devices", str(RANKS), "--epochs", "2", *wrap]
     ckpt = tmp_path / "ckpt"
@@ -150,6 +186,7 @@ def test_lightning_ddp_recipe(server, tmp_path, num_images, form):
 
 @pytest.mark.parametrize("form", ["loader", "dataloader"])
 def test_accelerate_recipe(server, tmp_path, form):
+    """Slow (2 torchrun launches, 1 wrapped): Accelerate's checkpoint carries the loader's state."""
     wrap = ["--wrap"] if form == "dataloader" else []
     common = ["--server", server.endpoint, "--epochs", "2", *wrap]
     ckpt = tmp_path / "ckpt"
@@ -166,6 +203,7 @@ def test_accelerate_recipe(server, tmp_path, form):
 
 
 def test_torchrun_recipe_resumes_after_a_crash(server, tmp_path):
+    """Slow (3 torchrun launches): a crash after the checkpoint, then a resume, as a user has it."""
     common = ["--server", server.endpoint, "--epochs", "2", "--every-n-steps", str(CKPT_STEP)]
     proc = run("torchrun_ddp.py", tmp_path / "full", *common, "--ckpt", str(tmp_path / "a.pt"))
     ok(proc)

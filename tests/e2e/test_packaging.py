@@ -39,6 +39,8 @@ def wheel_names(wheel: Path) -> list[str]:
 def test_the_wheel_installs_into_a_fresh_venv_and_works(wheel: Path, tmp_path: Path) -> None:
     """A user's `pip install batchwire-*.whl` in a venv of their own: the version, the CLIs, and
     the op compiled from the installed sources (a fresh build cache, so nothing is reused).
+    Slow (a real compile, 12 s of CPU): only a build from the installed files shows that the
+    wheel carries everything the compiler reads and that the build finds it there.
 
     The venv borrows this one's dependencies (torch and the rest: a path line, as
     `--system-site-packages` would for a system install) so that nothing is downloaded; its
