@@ -83,7 +83,7 @@ DEFAULT_CUDA_ARCHS = "8.0;9.0+PTX"
 
 JPEG_ROI_NAME = "batchwire_jpeg_roi"
 JPEG_ROI_SOURCES = ("jpeg_roi.cpp", "jpeg_restart.cpp", "jpeg_transcode.cpp")
-JPEG_ROI_HEADERS = ("jpeg_strict.h", "jpeg_restart.h", "jpeg_index.h")
+JPEG_ROI_HEADERS = ("jpeg_strict.h", "jpeg_restart.h", "jpeg_index.h", "jpeg_fast_huffman.h")
 JPEG_ROI_CFLAGS = ("-O2",)
 JPEG_ROI_LDFLAGS = ("-ljpeg",)
 

@@ -89,6 +89,7 @@ def decode_jpeg_roi(
     *,
     verify: bool = True,
     restarts: bool = True,
+    fast_entropy: bool = True,
 ) -> tuple[np.ndarray, Region, tuple[int, int]]:
     """Rows [y0, y1) and at least columns [x0, x1) of a JPEG at 1/scale_denom, as RGB.
 
@@ -108,13 +109,27 @@ def decode_jpeg_roi(
     fails exactly as a full strict decode fails; without `verify` rows below the region are never
     read and only a missing EOI marker is checked there. Raises JpegRoiError for bad data,
     RuntimeError when the extension is unavailable. The GIL is released while decoding.
+
+    The restart path entropy decodes with batchwire's own baseline Huffman decoder
+    (csrc/jpeg_fast_huffman.h; libjpeg's slow one is the only one it offers for files with
+    restart markers), which gives libjpeg's coefficients and, by handing anything unsound back
+    to libjpeg, its verdicts; `fast_entropy=False` uses libjpeg's, for tests and benchmarks
+    that compare the two.
     """
     module = _module()
     if module is None:
         raise RuntimeError("the ROI JPEG decoder is unavailable (see the logged build error)")
     try:
         pixels, region, full = module.decode_jpeg_roi(
-            data, int(y0), int(x0), int(y1), int(x1), int(scale_denom), bool(verify), bool(restarts)
+            data,
+            int(y0),
+            int(x0),
+            int(y1),
+            int(x1),
+            int(scale_denom),
+            bool(verify),
+            bool(restarts),
+            bool(fast_entropy),
         )
     except module.JpegRoiError as exc:
         raise JpegRoiError(str(exc)) from None

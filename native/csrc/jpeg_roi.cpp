@@ -37,6 +37,10 @@
 //   long one hits a marker early or leaves bytes before the next). The other intervals' data is
 //   not decoded: damage there that keeps the markers intact is caught by pipeline-prepare's
 //   check of every interval when it wrote the file, and by checksums (issue 20, item 3).
+//   The small JPEG's entropy-coded data is read by our own baseline Huffman decoder
+//   (jpeg_fast_huffman.h: libjpeg-turbo reads files with restart markers with its slow one
+//   only), which gives libjpeg's coefficients and hands anything but sound intervals back to
+//   libjpeg's decoder, whose verdict is then the one given.
 //   Where pipeline-prepare recorded an interval index (jpeg_index.h) that agrees with the file,
 //   the layout comes from it instead of a scan of every entropy-coded byte: the same structure
 //   is checked (every interval boundary is the restart marker of its number, the count is the
@@ -58,6 +62,7 @@
 #include <string>
 #include <vector>
 
+#include "jpeg_fast_huffman.h"
 #include "jpeg_index.h"
 #include "jpeg_restart.h"
 #include "jpeg_strict.h"
@@ -76,6 +81,7 @@ struct Request {
   int scale_denom;
   bool verify;    // entropy decode the rows below the region too (see the file comment)
   bool restarts;  // enter a file with a restart layout at its markers
+  bool fast_entropy;  // the restart path's small JPEG: our entropy decoder (jpeg_fast_huffman.h)
 };
 
 struct Region {
@@ -98,8 +104,12 @@ bool has_eoi_after(const unsigned char* data, std::size_t size, std::size_t from
 long long clamp(long long v, long long lo, long long hi) { return v < lo ? lo : (v > hi ? hi : v); }
 
 // Plain C control flow only between setjmp and every libjpeg call (see the file comment).
-// Returns true on success; on failure writes the reason into `message`.
-bool decode_region(const Request& req, Region* out, char* message, std::size_t message_size) {
+// Returns true on success; on failure writes the reason into `message`. With `fast` (the
+// caller's, so that its `gave_up` outlives the longjmp), the scan is entropy decoded by
+// jpeg_fast_huffman.h's decoder where it qualifies; a failure with `fast->gave_up` set is its
+// giving up, which the caller answers by decoding again without it.
+bool decode_region(const Request& req, Region* out, char* message, std::size_t message_size,
+                   batchwire_jpeg::FastEntropy* fast = nullptr) {
   jpeg_decompress_struct cinfo;
   ErrorManager jerr;
   out->pixels = nullptr;
@@ -148,6 +158,7 @@ bool decode_region(const Request& req, Region* out, char* message, std::size_t m
   JDIMENSION xoffset = static_cast<JDIMENSION>(x0);
   JDIMENSION width = static_cast<JDIMENSION>(x1 - x0);
   if (width < cinfo.output_width) jpeg_crop_scanline(&cinfo, &xoffset, &width);
+  if (fast != nullptr) batchwire_jpeg::install_fast_entropy(&cinfo, fast);
   out->y0 = static_cast<int>(y0);
   out->x0 = static_cast<int>(xoffset);
   out->height = static_cast<int>(y1 - y0);
@@ -288,8 +299,17 @@ bool decode_from_restarts(const Request& req, const batchwire_jpeg::RestartLayou
       batchwire_jpeg::assemble_rect_into(req.data, layout, rect, small.get());
   const long long oy = rect.row0 * layout.mcu_height / d, ox = rect.col0 * layout.mcu_width / d;
   const Request sub{small.get(), small_size, y0 - oy, x0 - ox, y1 - oy, x1 - ox,
-                    req.scale_denom, true, false};
-  if (!decode_region(sub, out, message, message_size)) return false;
+                    req.scale_denom, true, false, false};
+  // Our entropy decoder first; where it gives up (data that is not a sound interval), libjpeg's
+  // own decodes the small JPEG again and gives its verdict (jpeg_fast_huffman.h).
+  bool decoded = false;
+  if (req.fast_entropy) {
+    batchwire_jpeg::FastEntropy fast;
+    fast.gave_up = false;
+    decoded = decode_region(sub, out, message, message_size, &fast);
+    if (!decoded && !fast.gave_up) return false;
+  }
+  if (!decoded && !decode_region(sub, out, message, message_size)) return false;
   out->y0 += static_cast<int>(oy);
   out->x0 += static_cast<int>(ox);
   out->full_height = static_cast<int>(full_h);
@@ -340,13 +360,14 @@ const py::buffer_info contiguous_bytes(const py::buffer& data) {
 }
 
 py::tuple decode_jpeg_roi(const py::buffer& data, long long y0, long long x0, long long y1,
-                          long long x1, int scale_denom, bool verify, bool restarts) {
+                          long long x1, int scale_denom, bool verify, bool restarts,
+                          bool fast_entropy) {
   if (scale_denom != 1 && scale_denom != 2 && scale_denom != 4 && scale_denom != 8) {
     throw py::value_error("scale_denom must be 1, 2, 4 or 8, got " + std::to_string(scale_denom));
   }
   const py::buffer_info info = contiguous_bytes(data);  // holds the bytes until return
   Request req{static_cast<const unsigned char*>(info.ptr), static_cast<std::size_t>(info.size),
-              y0, x0, y1, x1, scale_denom, verify, restarts};
+              y0, x0, y1, x1, scale_denom, verify, restarts, fast_entropy};
   Region region{};
   char message[JMSG_LENGTH_MAX + 64];
   bool ok;
@@ -651,7 +672,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   py::register_exception<JpegRoiError>(m, "JpegRoiError", PyExc_ValueError);
   m.def("decode_jpeg_roi", &decode_jpeg_roi, py::arg("data"), py::arg("y0"), py::arg("x0"),
         py::arg("y1"), py::arg("x1"), py::arg("scale_denom") = 1, py::arg("verify") = true,
-        py::arg("restarts") = true,
+        py::arg("restarts") = true, py::arg("fast_entropy") = true,
         R"(Decodes rows [y0, y1) and at least columns [x0, x1) of a JPEG, as RGB, at 1/scale_denom.
 
 Coordinates are in the stored (EXIF-unoriented) image at that scale and are clamped to it.
@@ -660,7 +681,9 @@ whole scaled image): libjpeg widens the columns to iMCU boundaries. With restart
 restart intervals tile its MCU rows is read through a small JPEG of the intervals under the
 region (their data strictly, the whole scan's structure); otherwise with verify the rest of the
 file is entropy decoded too, so corrupt or truncated data anywhere raises JpegRoiError (a
-ValueError), as a full decode would; without it only a missing EOI marker is checked.)");
+ValueError), as a full decode would; without it only a missing EOI marker is checked.
+fast_entropy=False makes the restart path use libjpeg's own entropy decoder rather than ours
+(the same pixels and verdicts, slower): for tests and benchmarks that compare the two.)");
   m.def("check_jpeg", &check_jpeg, py::arg("data"),
         R"(Entropy decodes a whole JPEG (CMYK/YCCK too) strictly, producing no pixels, and checks
 the structure of its restart intervals where the header promises ones that tile the MCU rows.
@@ -692,6 +715,9 @@ columns [x0, x1) of the stored image, and (y0, x0, y1, x1) the pixels of the fil
 None when the file has no restart layout. The intervals cover the region plus one MCU of context
 on every side, but its own edges replicate in upsampling where an independent decoder reads
 them: the region itself decodes as in the whole file.)");
+  m.def("fast_entropy_gave_up", &batchwire_jpeg::fast_entropy_gave_up,
+        R"(How many restart-path decodes in this process the fast entropy decoder handed back to
+libjpeg's (data that is not a sound interval): for tests; sound files never need it.)");
   m.attr("LIBJPEG_VERSION") = JPEG_LIB_VERSION;
   register_transcode(m);
 }
