@@ -226,3 +226,172 @@ def test_truncated_files_fail_alike():
         height, width = full_size(data, 1)
         for cut in sorted(rng.sample(range(len(data) // 2, len(data)), 12)):
             assert differences(data[:cut], [(0, 0, height, width)], 1) == [], name
+
+
+# --- Streams no encoder writes: hostile (but libjpeg-valid) tables and odd entropy-coded data ---
+
+
+def random_code_lengths(rng: random.Random, count: int, long: bool) -> list[int]:
+    """bits[0..16] for `count` symbols as libjpeg accepts them (no code of all ones); `long`
+    puts every code at 11 bits or more, past the decoder's lookahead."""
+    while True:
+        bits, code, left = [0] * 17, 0, count
+        for length in range(1, 17):
+            room = (1 << length) - 1 - code
+            if length == 16:
+                take = min(left, room)  # the rest, when they fit: else try again
+            elif (long and length < 11) or rng.random() < 0.5:
+                take = 0
+            else:
+                take = rng.randint(0, min(left, room))
+            bits[length], left, code = take, left - take, code + take
+            code <<= 1
+        if left == 0:
+            return bits
+
+
+def canonical_codes(bits: list[int], symbols: list[int]) -> dict[int, tuple[int, int]]:
+    """symbol -> (code, length), as jdhuff.c assigns them."""
+    codes, code, p = {}, 0, 0
+    for length in range(1, 17):
+        for _ in range(bits[length]):
+            codes[symbols[p]] = (code, length)
+            code, p = code + 1, p + 1
+        code <<= 1
+    return codes
+
+
+class BitWriter:
+    """Entropy-coded bytes: FF stuffed as FF 00, or now and then FF FF 00 (libjpeg reads both as
+    one FF), and an interval's last byte padded with ones or, at times, anything."""
+
+    def __init__(self, rng: random.Random):
+        self.rng, self.acc, self.count, self.out = rng, 0, 0, bytearray()
+
+    def put(self, value: int, length: int) -> None:
+        for i in range(length - 1, -1, -1):
+            self.acc, self.count = (self.acc << 1) | ((value >> i) & 1), self.count + 1
+            if self.count == 8:
+                self.out += (
+                    b"\xff\xff\x00"
+                    if self.acc == 0xFF and self.rng.random() < 0.3
+                    else (b"\xff\x00" if self.acc == 0xFF else bytes([self.acc]))
+                )
+                self.acc = self.count = 0
+
+    def pad(self) -> bytes:
+        if self.count:
+            free = 8 - self.count
+            self.put(
+                (1 << free) - 1 if self.rng.random() < 0.6 else self.rng.getrandbits(free), free
+            )
+        return bytes(self.out)
+
+
+def write_block(rng: random.Random, out: BitWriter, dc: dict, ac: dict) -> None:
+    """One block of random symbols: DC sizes up to 15, any AC symbol (0x10..0xE0 end the block
+    as EOB does), runs past the 64th coefficient, ZRL up to the block's end."""
+    size = rng.choice(list(dc))
+    out.put(*dc[size])
+    out.put(rng.getrandbits(size), size)
+    k, symbols = 1, list(ac)
+    while k < 64:
+        symbol = 0 if 0 in ac and rng.random() < 0.2 else rng.choice(symbols)
+        out.put(*ac[symbol])
+        run, size = symbol >> 4, symbol & 15
+        if size == 0 and run != 15:
+            break
+        out.put(rng.getrandbits(size), size)
+        k += 16 if size == 0 else run + 1
+
+
+HOSTILE_SAMPLINGS = (
+    ((1, 1),),
+    ((1, 1),) * 3,
+    ((2, 2), (1, 1), (1, 1)),
+    ((4, 1), (1, 1), (1, 1)),
+    ((1, 2), (1, 1), (1, 1)),
+    ((2, 1), (1, 2), (1, 1)),
+)
+
+
+def segment(marker: int, payload: bytes) -> bytes:
+    return bytes([0xFF, marker]) + (2 + len(payload)).to_bytes(2, "big") + payload
+
+
+def hostile_tables(rng: random.Random, count: int) -> tuple[bytes, dict]:
+    """`count` DC and AC tables (the DHT segments, and their codes by (class, number)): any DC
+    size, any of the 256 AC symbols, codes as long as 16 bits, at times none shorter than 11."""
+    long = rng.random() < 0.3
+    segments, codes = b"", {}
+    for t in range(count):
+        dc_symbols = rng.sample(range(16), rng.randint(1, 16))
+        ac_symbols = list(set(rng.sample(range(256), rng.randint(1, 255))) | {0, 0xF0})
+        for cls, symbols in ((0, dc_symbols), (1, ac_symbols)):
+            rng.shuffle(symbols)
+            bits = random_code_lengths(rng, len(symbols), long)
+            segments += segment(0xC4, bytes([(cls << 4) | t, *bits[1:], *symbols]))
+            codes[(cls, t)] = canonical_codes(bits, symbols)
+    return segments, codes
+
+
+def hostile_jpeg(rng: random.Random) -> bytes:
+    """A baseline JPEG with restart intervals that tile its MCU rows, random tables and random
+    symbol streams that libjpeg decodes without a warning; fill bytes before some markers."""
+    sampling = rng.choice(HOSTILE_SAMPLINGS)
+    width, height = rng.randint(1, 60), rng.randint(1, 40)
+    grey = len(sampling) == 1
+    mcu_w = 8 * (1 if grey else max(h for h, _ in sampling))
+    mcu_h = 8 * (1 if grey else max(v for _, v in sampling))
+    per_row, mcus = -(-width // mcu_w), -(-width // mcu_w) * -(-height // mcu_h)
+    interval = rng.choice([d for d in range(1, per_row + 1) if per_row % d == 0])
+    tables, codes = hostile_tables(rng, min(len(sampling), 2))
+    frame = bytes([8, *height.to_bytes(2, "big"), *width.to_bytes(2, "big"), len(sampling)])
+    frame += b"".join(bytes([c + 1, (h << 4) | v, 0]) for c, (h, v) in enumerate(sampling))
+    scan = bytes([len(sampling)])
+    scan += b"".join(bytes([c + 1, min(c, 1) * 0x11]) for c in range(len(sampling)))
+    quant = bytes([0, *(rng.choice([1, 2, 16]) for _ in range(64))])
+    out = bytearray(b"\xff\xd8" + segment(0xDB, quant))
+    out += segment(0xC0, frame) + tables + segment(0xDD, interval.to_bytes(2, "big"))
+    out += segment(0xDA, scan + b"\x00\x3f\x00")
+    blocks = [min(c, 1) for c, (h, v) in enumerate(sampling) for _ in range(1 if grey else h * v)]
+    intervals = -(-mcus // interval)
+    for i in range(intervals):
+        writer = BitWriter(rng)
+        for _ in range(min(interval, mcus - i * interval)):
+            for t in blocks:
+                write_block(rng, writer, codes[(0, t)], codes[(1, t)])
+        out += writer.pad() + b"\xff" * rng.choice([0, 0, 1, 3])
+        out += bytes([0xFF, 0xD0 + i % 8]) if i < intervals - 1 else b"\xff\xd9"
+    return bytes(out)
+
+
+def test_hostile_tables_and_odd_streams_decode_alike():
+    """Codes up to 16 bits (all of them past the lookahead at times), DC sizes to 15, runs past
+    the 64th coefficient, ZRL at a block's end, EOB-like symbols, padding bits not all ones,
+    FF FF 00 stuffing and fill bytes before markers: our decoder reads every one of these
+    sound files itself, with libjpeg's pixels."""
+    rng = random.Random(3202)
+    before = gave_up()
+    for _ in range(150):
+        data = hostile_jpeg(rng)
+        assert jpeg_roi.restart_layout(data)[0] is not None
+        for denom in SCALES:
+            height, width = full_size(data, denom)
+            regions = [(0, 0, height, width), *random_regions(rng, height, width, 1)]
+            assert differences(data, regions, denom) == []
+    assert gave_up() == before
+
+
+def test_damaged_hostile_streams_give_libjpegs_verdict():
+    rng = random.Random(3203)
+    checked = 0
+    for _ in range(60):
+        data = hostile_jpeg(rng)
+        if not any(end - begin >= 4 for begin, end in interval_spans(data)):
+            continue
+        for damaged, _ in zip(mutations(data, rng), range(4), strict=False):
+            for denom in (1, 8):
+                assert differences(damaged, [(0, 0, 10**6, 10**6)], denom) == []
+                checked += 1
+    assert checked > 300
