@@ -25,6 +25,7 @@ from __future__ import annotations
 import re
 import shutil
 import tempfile
+import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -56,6 +57,21 @@ class SeaweedS3(devstore.SeaweedS3):
         """Upload every regular file under `folder` to `bucket` under `prefix` (keys are the
         '/'-separated relative paths); returns how many."""
         return upload_folder(folder, self.client(bucket), prefix)
+
+    def settled_requests(
+        self, kind: str = "GET", settle_s: float = 0.25, timeout: float = 10.0
+    ) -> int:
+        """`s3_requests(kind)` once the counter has stopped moving (two reads `settle_s` apart
+        agree): the gateway counts a request after it has answered it, so a count read right
+        after the client got its bytes can miss the last one on a loaded machine."""
+        deadline = time.monotonic() + timeout
+        last = self.s3_requests(kind)
+        while True:
+            time.sleep(settle_s)
+            now = self.s3_requests(kind)
+            if now == last or time.monotonic() > deadline:
+                return now
+            last = now
 
     def s3_requests(self, kind: str = "GET") -> int:
         """How many S3 requests of `kind` (GET, PUT, LIST, HEAD...) the gateway has served

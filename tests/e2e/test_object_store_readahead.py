@@ -122,7 +122,7 @@ def test_the_local_batches_in_fewer_gets(seaweed, shards) -> None:
             # A window read in the background may still be in flight: count once it is done
             # (the pool has one thread, so a no-op submitted now runs after it).
             remote.reader._background().submit(lambda: None).result()
-            gets.append(seaweed.s3_requests("GET") - gets0)
+            gets.append(seaweed.settled_requests("GET") - gets0)
             assert store.counters()["requests"] - ours0 == gets[-1]
             _same(got, want)
             assert loader.bad_total == 0
