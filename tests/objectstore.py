@@ -59,23 +59,29 @@ class SeaweedS3(devstore.SeaweedS3):
         return upload_folder(folder, self.client(bucket), prefix)
 
     def settled_requests(
-        self, kind: str = "GET", settle_s: float = 0.25, timeout: float = 10.0
+        self,
+        kind: str = "GET",
+        bucket: str | None = None,
+        settle_s: float = 0.25,
+        timeout: float = 10.0,
     ) -> int:
-        """`s3_requests(kind)` once the counter has stopped moving (two reads `settle_s` apart
-        agree): the gateway counts a request after it has answered it, so a count read right
-        after the client got its bytes can miss the last one on a loaded machine."""
+        """`s3_requests(kind, bucket)` once the counter has stopped moving (two reads
+        `settle_s` apart agree): the gateway counts a request after it has answered it, so a
+        count read right after the client got its bytes can miss the last one on a loaded
+        machine."""
         deadline = time.monotonic() + timeout
-        last = self.s3_requests(kind)
+        last = self.s3_requests(kind, bucket)
         while True:
             time.sleep(settle_s)
-            now = self.s3_requests(kind)
+            now = self.s3_requests(kind, bucket)
             if now == last or time.monotonic() > deadline:
                 return now
             last = now
 
-    def s3_requests(self, kind: str = "GET") -> int:
+    def s3_requests(self, kind: str = "GET", bucket: str | None = None) -> int:
         """How many S3 requests of `kind` (GET, PUT, LIST, HEAD...) the gateway has served
-        (its Prometheus counter `SeaweedFS_s3_request_total`), over every bucket and status."""
+        (its Prometheus counter `SeaweedFS_s3_request_total`), over every status, in `bucket`
+        or in all: the store is shared by a worker's tests, so a test counts its own bucket."""
         url = f"http://127.0.0.1:{self.ports['metrics']}/metrics"
         with urllib.request.urlopen(url, timeout=5) as reply:
             text = reply.read().decode()
@@ -84,6 +90,9 @@ class SeaweedS3(devstore.SeaweedS3):
             if not line.startswith("SeaweedFS_s3_request_total{"):
                 continue
             m = re.search(r'type="([^"]*)"', line)
+            b = re.search(r'bucket="([^"]*)"', line)
+            if bucket is not None and (b is None or b.group(1) != bucket):
+                continue
             if m and m.group(1) == kind:
                 total += int(float(line.rsplit(None, 1)[1]))
         return total

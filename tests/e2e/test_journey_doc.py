@@ -4,6 +4,11 @@ The script traces a real server child and a RemoteLoader (the embedded dataset, 
 32 px, a few batches: seconds) and prints one batch's hops per thread and its calls back; the
 document must hold that summary verbatim, so its counts cannot drift from the code. After a
 change of the path a batch takes, run the script and paste its summary into the document.
+
+One part of a window depends on timing: a consumer that had to wait for its batch runs the
+liveness check (`Fleet.tick` -> `liveness.silent` -> `Peer.owes`), one whose batch was already
+there does not. On a loaded machine the trace can miss it, so the test traces up to three times
+and passes when one summary is the document's.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "trace_journey.py"
 
 
-def test_architecture_quotes_the_traced_journey() -> None:
+def traced_summary() -> str:
     run = subprocess.run(
         [sys.executable, str(SCRIPT)], capture_output=True, text=True, timeout=120, cwd=REPO
     )
@@ -25,8 +30,17 @@ def test_architecture_quotes_the_traced_journey() -> None:
     start = next(i for i, line in enumerate(lines) if line.startswith("journey of batch"))
     summary = "\n".join(lines[start:])
     assert "calls back:" in summary and " hops, " in summary, run.stdout
+    return summary
+
+
+def test_architecture_quotes_the_traced_journey() -> None:
     doc = (REPO / "ARCHITECTURE.md").read_text()
-    assert summary in doc, (
+    seen = []
+    for _ in range(3):
+        seen.append(traced_summary())
+        if seen[-1] in doc:
+            return
+    raise AssertionError(
         "ARCHITECTURE.md's journey section must quote the traced summary verbatim "
-        f"(`{SCRIPT.relative_to(REPO)}`):\n{summary}"
+        f"(`{SCRIPT.relative_to(REPO)}`); traced:\n" + "\n---\n".join(seen)
     )

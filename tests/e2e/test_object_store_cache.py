@@ -45,9 +45,9 @@ def test_second_epoch_reads_nothing_from_the_store(seaweed, tmp_path):  # noqa: 
         running_server("--train", "s3://cached/val", *args, *cache, env=seaweed.env()) as b,
     ):
         first = _epoch(b.endpoint, 0)
-        gets = seaweed.settled_requests("GET")
+        gets = seaweed.settled_requests("GET", "cached")
         second = _epoch(b.endpoint, 1)
-        assert seaweed.settled_requests("GET") == gets, "epoch 1 read from the store"
+        assert seaweed.settled_requests("GET", "cached") == gets, "epoch 1 read from the store"
         for epoch, got in ((0, first), (1, second)):
             want = _epoch(a.endpoint, epoch)
             assert len(want) == len(got) == 25
@@ -58,9 +58,9 @@ def test_second_epoch_reads_nothing_from_the_store(seaweed, tmp_path):  # noqa: 
     assert len(entries) == 400
     # A restarted server finds its cache: once it has listed the prefix, no read of an object.
     with running_server("--train", "s3://cached/val", *args, *cache, env=seaweed.env()) as c:
-        gets = seaweed.settled_requests("GET")
+        gets = seaweed.settled_requests("GET", "cached")
         _epoch(c.endpoint, 2)
-        assert seaweed.settled_requests("GET") == gets
+        assert seaweed.settled_requests("GET", "cached") == gets
 
 
 _WRITER = """

@@ -45,9 +45,9 @@ def test_a_shuffled_batch_makes_the_planned_gets(seaweed, tmp_path: Path, monkey
     assert len(plan) == 4  # {0}, {2, 3}, {6}, {9}; obstore's 1 MiB rule made 3
 
     store = reader.located.store
-    gets0, ours0 = seaweed.s3_requests("GET"), store.counters()["requests"]
+    gets0, ours0 = seaweed.settled_requests("GET", BUCKET), store.counters()["requests"]
     got = reader.read_many(batch)
-    gets = seaweed.settled_requests("GET") - gets0
+    gets = seaweed.settled_requests("GET", BUCKET) - gets0
     assert gets == len(plan)  # what the cost model planned, no more, no fewer
     assert store.counters()["requests"] - ours0 == gets  # the counter is the store's count
     assert got == [local.reader(i) for i in batch]

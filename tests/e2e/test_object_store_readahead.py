@@ -117,12 +117,12 @@ def test_the_local_batches_in_fewer_gets(seaweed, shards) -> None:
         gets = []
         for ahead in (False, True):
             loader = SampleLoader(remote, CONFIG, 5, dec)
-            gets0, ours0 = seaweed.s3_requests("GET"), store.counters()["requests"]
+            gets0, ours0 = seaweed.settled_requests("GET", BUCKET), store.counters()["requests"]
             got = _epoch(loader, sampler, 1, ahead, threads=3)
             # A window read in the background may still be in flight: count once it is done
             # (the pool has one thread, so a no-op submitted now runs after it).
             remote.reader._background().submit(lambda: None).result()
-            gets.append(seaweed.settled_requests("GET") - gets0)
+            gets.append(seaweed.settled_requests("GET", BUCKET) - gets0)
             assert store.counters()["requests"] - ours0 == gets[-1]
             _same(got, want)
             assert loader.bad_total == 0
