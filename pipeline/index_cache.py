@@ -23,6 +23,7 @@ import hashlib
 import logging
 import os
 import tempfile
+import threading
 import time
 import zipfile
 from dataclasses import dataclass
@@ -133,6 +134,24 @@ def pack_strings(strings: list[str]) -> np.ndarray:
     return np.frombuffer(data, dtype=np.uint8)
 
 
+#: Held while numpy parses an .npz member's header. numpy parses it with `ast.literal_eval`, and
+#: CPython 3.11 keeps the AST constructor's recursion depth per interpreter, not per thread: two
+#: threads building ASTs at once (the GIL can change hands inside, when a garbage collection runs
+#: a finalizer) fail with "SystemError: AST constructor recursion depth mismatch"
+#: (python/cpython#106905). Caches are read from a pool (a tar dataset's shard indexes), so every
+#: read of one goes through `read_npz`.
+_NPZ_READ = threading.Lock()
+
+
+def read_npz(path: str | os.PathLike[str]) -> dict[str, np.ndarray]:
+    """Every array of the .npz cache file at `path`, read at once (no pickles).
+
+    Raises what np.load raises (FileNotFoundError, OSError, ValueError, zipfile.BadZipFile).
+    """
+    with _NPZ_READ, np.load(path, allow_pickle=False) as z:
+        return {name: z[name] for name in z.files}
+
+
 def unpack_strings(arr: np.ndarray, count: int) -> list[str]:
     """Inverse of `pack_strings`; ValueError when the table does not hold `count` strings."""
     if count == 0:
@@ -185,24 +204,24 @@ def load_index(
     path = index_file(root, cache_dir)
     root_s = os.path.abspath(os.fspath(root))
     try:
-        with np.load(path, allow_pickle=False) as z:
-            if int(z["version"][0]) != _FORMAT_VERSION:
-                return None
-            if unpack_strings(z["root"], 1)[0] != root_s:
-                return None  # hash collision or a moved cache: never trust it
-            dirs_arr, mtimes = z["dirs"], z["dir_mtimes"]
-            dirs = unpack_strings(dirs_arr, len(mtimes))
-            index = FolderIndex(
-                root=root_s,
-                classes=unpack_strings(z["classes"], int(z["num_classes"][0])),
-                rel_paths=[],
-                labels=z["labels"],
-                dirs=dirs,
-                dir_mtimes=mtimes,
-            )
-            if not _still_valid(index):
-                return None
-            index.rel_paths = unpack_strings(z["paths"], len(index.labels))
+        z = read_npz(path)
+        if int(z["version"][0]) != _FORMAT_VERSION:
+            return None
+        if unpack_strings(z["root"], 1)[0] != root_s:
+            return None  # hash collision or a moved cache: never trust it
+        dirs_arr, mtimes = z["dirs"], z["dir_mtimes"]
+        dirs = unpack_strings(dirs_arr, len(mtimes))
+        index = FolderIndex(
+            root=root_s,
+            classes=unpack_strings(z["classes"], int(z["num_classes"][0])),
+            rel_paths=[],
+            labels=z["labels"],
+            dirs=dirs,
+            dir_mtimes=mtimes,
+        )
+        if not _still_valid(index):
+            return None
+        index.rel_paths = unpack_strings(z["paths"], len(index.labels))
     except FileNotFoundError:
         return None
     except (OSError, ValueError, KeyError, zipfile.BadZipFile) as exc:

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from batchwire.pipeline.index_cache import pack_strings, unpack_strings
+from batchwire.pipeline.index_cache import pack_strings, read_npz, unpack_strings
 from batchwire.pipeline.sources.labels import LabelError, parse_label
 from batchwire.pipeline.sources.tarheaders import BLOCK, Listing, Member, ReadAt, list_members
 from batchwire.pipeline.storage import LocalStore, ObjectInfo, Store
@@ -234,17 +234,17 @@ def save(path: Path, index: ShardIndex) -> None:
 
 def load(path: Path) -> ShardIndex | None:
     try:
-        with np.load(path, allow_pickle=False) as z:
-            n, p = (int(v) for v in z["counts"])
-            index = ShardIndex(
-                keys=unpack_strings(z["keys"], n),
-                exts=unpack_strings(z["exts"], n),
-                offsets=z["offsets"],
-                sizes=z["sizes"],
-                label_text=unpack_strings(z["label_text"], n),
-                label_is_name=z["label_is_name"],
-                problems=unpack_strings(z["problems"], p),
-            )
+        z = read_npz(path)
+        n, p = (int(v) for v in z["counts"])
+        index = ShardIndex(
+            keys=unpack_strings(z["keys"], n),
+            exts=unpack_strings(z["exts"], n),
+            offsets=z["offsets"],
+            sizes=z["sizes"],
+            label_text=unpack_strings(z["label_text"], n),
+            label_is_name=z["label_is_name"],
+            problems=unpack_strings(z["problems"], p),
+        )
         if not (len(index.offsets) == len(index.sizes) == len(index.label_is_name) == n):
             raise ValueError("arrays of different lengths")
         return index

@@ -39,7 +39,12 @@ from typing import Any
 import numpy as np
 from batchwire.pipeline import paths as _paths
 from batchwire.pipeline.image_dataset import ImageDataset
-from batchwire.pipeline.index_cache import IMAGE_EXTENSIONS, pack_strings, unpack_strings
+from batchwire.pipeline.index_cache import (
+    IMAGE_EXTENSIONS,
+    pack_strings,
+    read_npz,
+    unpack_strings,
+)
 from batchwire.pipeline.listfile import parse_list_line
 from batchwire.pipeline.storage.base import ObjectInfo, Store
 from batchwire.pipeline.storage.errors import CredentialsError
@@ -139,22 +144,22 @@ def load_listing(
         return None
     path = listing_file(namespace, cache_dir)
     try:
-        with np.load(path, allow_pickle=False) as z:
-            if int(z["version"][0]) != _FORMAT_VERSION:
-                return None
-            if unpack_strings(z["namespace"], 1)[0] != namespace:
-                return None
-            listed_at = float(z["listed_at"][0])
-            if not 0 <= time.time() - listed_at < ttl_s:
-                return None
-            labels = z["labels"]
-            return StoreListing(
-                classes=unpack_strings(z["classes"], int(z["num_classes"][0])),
-                keys=unpack_strings(z["keys"], len(labels)),
-                labels=labels,
-                versions=unpack_strings(z["versions"], len(labels)),
-                listed_at=listed_at,
-            )
+        z = read_npz(path)
+        if int(z["version"][0]) != _FORMAT_VERSION:
+            return None
+        if unpack_strings(z["namespace"], 1)[0] != namespace:
+            return None
+        listed_at = float(z["listed_at"][0])
+        if not 0 <= time.time() - listed_at < ttl_s:
+            return None
+        labels = z["labels"]
+        return StoreListing(
+            classes=unpack_strings(z["classes"], int(z["num_classes"][0])),
+            keys=unpack_strings(z["keys"], len(labels)),
+            labels=labels,
+            versions=unpack_strings(z["versions"], len(labels)),
+            listed_at=listed_at,
+        )
     except FileNotFoundError:
         return None
     except (OSError, ValueError, KeyError, zipfile.BadZipFile) as exc:
