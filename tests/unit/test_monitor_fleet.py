@@ -283,7 +283,11 @@ def test_live_json_re_resolves_each_refresh(fake_fleet, monkeypatch, capsys) -> 
             raise KeyboardInterrupt
 
     monkeypatch.setattr(cli.time, "sleep", stop_after_three)
+    before = set(threading.enumerate())  # other tests of this worker may have left threads
     assert cli.main([NAME, "--json", "--interval", "0.01"]) == 0
     counts = [len(json.loads(line)["servers"]) for line in lines]
     assert counts == [2, 3, 3]
-    assert threading.active_count() < 10  # the per-server threads end with their request
+    started = [t for t in threading.enumerate() if t not in before]
+    for thread in started:  # the per-server threads end with their request
+        thread.join(timeout=5.0)
+    assert not [t.name for t in started if t.is_alive()]
