@@ -71,8 +71,17 @@ TAKEN_AFTER_FORK = ("PYTHONUNBUFFERED", "OMP_NUM_THREADS", "PYTHONWARNINGS")
 
 
 #: Read when used, not at start, though their prefix says otherwise: the variables torchrun
-#: sets for each rank.
-READ_WHEN_USED = ("TORCHELASTIC_", "TORCH_NCCL_")
+#: sets for each rank, and two that torch and Lightning write into a running process's
+#: environment (torch's inductor its cache folder, the first time it asks for it; Lightning's
+#: CUDA accelerator the NVML check): torch reads both again each time it needs them. Counted as
+#: start-up settings, each test worker's children were exec'd for real from the first test
+#: that set them on (99 of ~340 Python children, about 1.5 s of CPU each, in one `make test`).
+READ_WHEN_USED = (
+    "TORCHELASTIC_",
+    "TORCH_NCCL_",
+    "TORCHINDUCTOR_CACHE_DIR",
+    "PYTORCH_NVML_BASED_CUDA_CHECK",
+)
 
 
 def startup_env(env: Mapping[str, str]) -> dict[str, str]:

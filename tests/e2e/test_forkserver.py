@@ -136,6 +136,28 @@ def test_thread_counts_and_warning_options_reach_a_forked_child(
     assert done.stdout.split(maxsplit=1) == ["1", "['ignore::UserWarning']\n"], done.stderr
 
 
+def test_variables_torch_reads_when_used_reach_a_forked_child(
+    fork_server: ForkServer | None, tmp_path: Path
+) -> None:
+    """torch and Lightning set these in a running test worker (torch's inductor cache folder,
+    Lightning's NVML check); torch reads them when it needs them, so a fork serves."""
+    if fork_server is None:
+        pytest.skip("the fork server is off (BATCHWIRE_TEST_FORKSERVER=0)")
+    probe = (
+        "import torch; from torch._inductor.runtime.cache_dir_utils import cache_dir; "
+        "print(cache_dir(), torch.cuda._nvml_based_avail())"
+    )
+    env = {
+        **os.environ,
+        "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"),
+        "PYTORCH_NVML_BASED_CUDA_CHECK": "1",
+    }
+    before = fork_server.forked
+    done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True)
+    assert fork_server.forked == before + 1, fork_server.execd
+    assert done.stdout.split() == [str(tmp_path / "inductor"), "True"], done.stderr
+
+
 def test_a_dead_fork_server_fails_its_children_s_waits_instead_of_hanging() -> None:
     with ForkServer.start() as server:
         server.install()
