@@ -5,10 +5,12 @@
 - `loader`, `epoch`, `assert_identical`: one rank's whole epoch, compared bit for bit across
   sources and dtypes (test_sources_identity, test_sources_s3, test_sources_gcs_azure, test_mix_s3).
 - `counting_loader`: a loader whose batches are exactly those the server counts
-  (test_corrupt_served, test_checksums_server).
+  (test_corrupt_served, test_checksums_server, test_mix_s3).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 from batchwire.client import RemoteLoader
@@ -37,8 +39,12 @@ def loader(endpoint: str, split: str) -> RemoteLoader:
     )
 
 
-def epoch(endpoint: str, split: str, n: int) -> list[tuple[torch.Tensor, ...]]:
-    ld = loader(endpoint, split)
+def epoch(
+    endpoint: str, split: str, n: int, make: Callable[[str, str], RemoteLoader] | None = None
+) -> list[tuple[torch.Tensor, ...]]:
+    """Epoch ``n`` of ``split`` from a fresh loader (`loader`, or ``make``: `counting_loader`
+    where the server's counts are checked against what was taken)."""
+    ld = (make or loader)(endpoint, split)
     ld.set_epoch(n)
     try:
         return [tuple(t.clone() for t in batch) for batch in ld]
@@ -55,10 +61,12 @@ def assert_identical(want, got, what: str) -> None:
 
 
 def counting_loader(endpoint: str, split: str) -> RemoteLoader:
-    """The only rank of `split`, each batch with its sampler indices, and no next-epoch
-    batches asked ahead: the server's `replaced_total` must count exactly the slots served
-    here (a batch produced ahead and never taken would count too). Also used by
-    test_checksums_server."""
+    """The only rank of `split`, each batch with its sampler indices, no next-epoch batches
+    asked ahead and a heartbeat as long as the timeout: the server's counts (`replaced_total`,
+    a mix's `served_total`) must count exactly the batches taken here. A batch asked ahead and
+    never taken would count too, and so would one sent again after a hello re-sent to a server
+    that was silent past the default 1 s heartbeat (a loaded machine). Also used by
+    test_checksums_server and test_mix_s3."""
     return RemoteLoader(
         endpoint,
         split,
@@ -66,5 +74,6 @@ def counting_loader(endpoint: str, split: str) -> RemoteLoader:
         world_size=1,
         with_indices=True,
         timeout=60,
+        heartbeat=60,
         prefetch_next_epoch=False,
     )

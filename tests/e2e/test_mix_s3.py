@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from batchwire.pipeline.synthetic import default_dataset
-from loaderchecks import assert_identical, epoch
+from loaderchecks import assert_identical, counting_loader, epoch
 from serverproc import running_server
 
 seaweed = pytest.importorskip("objectstore", reason="needs tests/objectstore.py").seaweed
@@ -64,7 +64,8 @@ def test_a_mix_with_a_part_on_s3_serves_the_local_copies_batches(seaweed, source
     env = seaweed.env()
     with running_server(*args(sources["s3"]), env=env) as srv:
         for (split, n), batches in want.items():
-            assert_identical(batches, epoch(srv.endpoint, split, n), f"S3 mix {split} {n}")
+            got = epoch(srv.endpoint, split, n, counting_loader)  # its sends are counted
+            assert_identical(batches, got, f"S3 mix {split} {n}")
         stats = srv.stats()
         log = srv.log()
     assert stats["counters"]["bad_total"] == 0
