@@ -97,7 +97,7 @@ def _traced_peak_and_kept(fn) -> tuple[object, int, int]:
     return got, peak, kept
 
 
-ROWS = 50_000
+ROWS = 20_000
 
 
 def test_a_large_manifest_costs_little_memory(tmp_path: Path):
