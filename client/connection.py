@@ -78,21 +78,37 @@ class ServerConnection:
         #: Why the last handshake failed (a key problem), or None.
         self.handshake_error: str | None = None
         self._sock = ctx.socket(zmq.DEALER)
-        self._sock.linger = 0
-        self._sock.immediate = True
-        self._sock.ipv6 = endpoint.startswith("tcp://[")  # an AAAA record's address
-        self._sock.rcvtimeo = 0  # every receive below is preceded by a poll
-        # Reconnect quickly after a restart; back off to at most 1 s while the server is gone.
-        self._sock.reconnect_ivl = 100
-        self._sock.reconnect_ivl_max = 1000
-        if keys is not None:
-            keys.apply(self._sock)
-        self._monitor = self._sock.get_monitor_socket(_MONITOR_EVENTS)
+        try:  # a socket left open here would make the context's term() wait for ever
+            self._configure(keys)
+            self._monitor = self._sock.get_monitor_socket(_MONITOR_EVENTS)
+        except BaseException:
+            self._sock.close(linger=0)
+            raise
         try:
             self._sock.connect(endpoint)
         except zmq.ZMQError as exc:
             self.close()
             raise ValueError(f"cannot connect to {endpoint!r}: {exc}") from None
+
+    def _configure(self, keys: wire_keys.ClientKeys | None) -> None:
+        """The DEALER's options (see the module's docstring), then its CURVE keys: `KeysError`
+        for keys ZeroMQ refuses (a hand-edited or truncated file that still parses)."""
+        self._sock.linger = 0
+        self._sock.immediate = True
+        self._sock.ipv6 = self.endpoint.startswith("tcp://[")  # an AAAA record's address
+        self._sock.rcvtimeo = 0  # every receive below is preceded by a poll
+        # Reconnect quickly after a restart; back off to at most 1 s while the server is gone.
+        self._sock.reconnect_ivl = 100
+        self._sock.reconnect_ivl_max = 1000
+        if keys is None:
+            return
+        try:
+            keys.apply(self._sock)
+        except zmq.ZMQError as exc:  # a key of the wrong length or alphabet: a damaged file
+            raise wire_keys.KeysError(
+                f"the keys folder's keys are not usable CURVE keys ({exc}): make the folder "
+                "again with `pipeline-keys DIR` and copy it here"
+            ) from None
 
     # ------------------------------------------------------------------ sockets for polling
 
