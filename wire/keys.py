@@ -24,6 +24,10 @@ from pathlib import Path
 import zmq
 import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
+from zmq.utils import z85
+
+_Z85_KEY_LENGTH = 40  # a 32-byte Curve25519 key in Z85, as pyzmq writes certificates
+_Z85_ALPHABET = frozenset(z85.Z85CHARS)
 
 #: Set to a keys folder to give every RemoteLoader (and pipeline-monitor) keys without code.
 KEYS_ENV = "BATCHWIRE_KEYS"
@@ -66,7 +70,21 @@ def _load(path: Path, secret: bool) -> tuple[bytes, bytes | None]:
         raise KeysError(f"{path} is not a ZeroMQ certificate: {exc}") from None
     if secret and not private:
         raise KeysError(f"{path} holds no secret key")
+    _check_key(path, "public", public)
+    if private:
+        _check_key(path, "secret", private)
     return public, private
+
+
+def _check_key(path: Path, which: str, key: bytes) -> None:
+    """A CURVE key is 40 Z85 characters (32 bytes); `zmq.auth` reads any quoted text, and a
+    hand-edited or truncated file would fail later, at a socket, without naming the file. The
+    message never shows the key."""
+    if len(key) != _Z85_KEY_LENGTH or not set(key) <= _Z85_ALPHABET:
+        raise KeysError(
+            f"{path}: its {which} key is not a CURVE key ({len(key)} characters, 40 Z85 "
+            "expected): the file is damaged; make the folder again with `pipeline-keys DIR`"
+        )
 
 
 @dataclass(frozen=True)
