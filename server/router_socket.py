@@ -51,9 +51,7 @@ _HANDSHAKE_FAILED = (
     | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
     | zmq.EVENT_HANDSHAKE_FAILED_AUTH
 )
-_PEER_EVENTS = (
-    zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_ACCEPT_FAILED | _HANDSHAKE_FAILED
-)
+_PEER_EVENTS = zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_ACCEPT_FAILED
 _LISTEN_BACKLOG = 1024  # the kernel caps it at net.core.somaxconn
 _ACCEPT_FAILED_LOG_S = 10.0  # one warning per this long while accepts fail (e.g. EMFILE)
 
@@ -101,8 +99,11 @@ class RouterSocket:
         # Which peers left: ROUTER_NOTIFY would say it in-band, but it is a draft option that
         # pyzmq's bundled libzmq lacks; the socket monitor reports every connection accepted and
         # closed by its file descriptor, and each received frame says which descriptor it came
-        # in on (SRCFD), so a peer is tied to its connection (see `track`).
-        self.monitor = self.router.get_monitor_socket(_PEER_EVENTS)
+        # in on (SRCFD), so a peer is tied to its connection (see `track`). Failed handshakes
+        # only with keys: without, there is no security handshake to fail, and a connection
+        # that hangs up before ZeroMQ's greeting (a health check, a port scan) is no rejection.
+        events = _PEER_EVENTS | (_HANDSHAKE_FAILED if keys is not None else 0)
+        self.monitor = self.router.get_monitor_socket(events)
         self._peer_fd: dict[bytes, int] = {}  # identity with a session -> its connection's fd
         self._fd_open: dict[int, bool] = {}  # fd -> last event was ACCEPTED (not DISCONNECTED)
         self._gone: list[tuple[bytes, str]] = []
