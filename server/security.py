@@ -54,7 +54,8 @@ def bind_policy(endpoints: list[str], keys: str | None, insecure: bool) -> str |
 
 @contextlib.contextmanager
 def owner_only(endpoint: str) -> Iterator[None]:
-    """Around binding ``endpoint``: an ipc socket file is born owner-only (0600)."""
+    """Around binding ``endpoint``: an ipc socket file is born owner-only (umask 077: 0700 for
+    a socket, no group or other access)."""
     if not endpoint.startswith("ipc://"):
         yield
         return
