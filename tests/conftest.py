@@ -11,10 +11,19 @@ timeouts, and the end of the run.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 
 import pytest
 import zmq
+
+# pytest rewrites the asserts of every test module it imports (~6 s of CPU for the whole suite,
+# in each xdist worker) and caches the result beside the module's bytecode, unless bytecode is
+# not to be written: where PYTHONDONTWRITEBYTECODE is set (this machine and CI), every run of
+# every worker rewrote them again. `make test` compiles our packages and the tests with
+# compileall for the same reason; the rewritten modules are cached likewise (tests/**/__pycache__,
+# ignored by git).
+sys.dont_write_bytecode = False
 
 # Seconds of each file's tests, from a fresh clone's `make test` on the 2-core host with 4
 # workers (2026-11-27); e2e files not listed keep their order after these.
