@@ -10,6 +10,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+# Labels are stored as int64 (`ImageDataset.labels`): a larger one is a bad line, named as such,
+# not an OverflowError from numpy that names no file or line.
+MAX_LABEL = 2**63 - 1
+
 
 def parse_list_line(
     raw: str, where: str, *, no_label: str = "no label field"
@@ -33,6 +37,8 @@ def parse_list_line(
         raise ValueError(f"{where}: label must be an integer, got {label_s!r} in {raw!r}") from None
     if label < 0:
         raise ValueError(f"{where}: label must be >= 0, got {label}")
+    if label > MAX_LABEL:
+        raise ValueError(f"{where}: label {label} does not fit in int64 (at most {MAX_LABEL})")
     return rel, label
 
 
