@@ -46,11 +46,13 @@ def check_resolvable(endpoint: str) -> None:
     parsed = tcp_host_port(endpoint)
     if parsed is None:
         return
-    host, port = parsed
+    host, _port = parsed
     if not host or host == "*":
         return  # not a destination: libzmq refuses it with its own error
     try:
-        socket.getaddrinfo(host, port if port.isdigit() else None, type=socket.SOCK_STREAM)
+        # The host alone: getaddrinfo's refusal of a port ("99999999999", "５５５５") would read
+        # as a name DNS cannot resolve; a bad port is libzmq's to refuse, with its own error.
+        socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
     except socket.gaierror as exc:
         raise UnresolvableHost(endpoint, host, exc.strerror or str(exc)) from None
     except UnicodeError as exc:  # an invalid IDNA label, e.g. an empty one: "a..b"
