@@ -1,8 +1,11 @@
 """The metrics port: ``GET /metrics`` (Prometheus) and the probes ``/healthz`` and ``/readyz``.
 
 prometheus_client's own server answers any path with the metrics; ours answers only these
-paths (404 elsewhere, 405 for anything but GET/HEAD), so a scanner learns nothing from other
-paths, and it binds to ``--metrics-host`` (127.0.0.1 by default), not every interface.
+paths (404 elsewhere, 501 for any method but GET/HEAD: http.server's answer for a method it has
+no handler for), so a scanner learns nothing from other paths, and it binds to
+``--metrics-host`` (127.0.0.1 by default), not every interface. A connection silent for
+`REQUEST_TIMEOUT_S` is closed: each holds a thread and a socket of the server's process while
+it waits, and a scanner's or a stuck client's would otherwise pile up for ever.
 
 The probes live here because a scheduler (a Kubernetes kubelet, a load balancer) already has
 to reach this port to scrape: one port to open, one to protect. Their answers come from a
@@ -21,6 +24,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 METRICS_PATH = "/metrics"
 HEALTH_PATHS = ("/healthz", "/readyz")
+#: Seconds a connection may take per read or write (a scrape or a probe takes milliseconds).
+REQUEST_TIMEOUT_S = 10.0
 
 #: ``health(path)`` -> (HTTP status, body): 200 when the check passes, 503 when it does not.
 HealthCheck = Callable[[str], tuple[int, bytes]]
@@ -31,11 +36,15 @@ def start_metrics_server(
     host: str,
     registry: CollectorRegistry,
     health: HealthCheck | None = None,
+    request_timeout_s: float = REQUEST_TIMEOUT_S,
 ) -> tuple[ThreadingHTTPServer, threading.Thread]:
     """Serve ``registry`` at ``http://host:port/metrics`` from a daemon thread, and
-    ``/healthz`` and ``/readyz`` from ``health`` when one is given (404 otherwise)."""
+    ``/healthz`` and ``/readyz`` from ``health`` when one is given (404 otherwise); a
+    connection idle for ``request_timeout_s`` is closed."""
 
     class Handler(BaseHTTPRequestHandler):
+        timeout = request_timeout_s  # StreamRequestHandler: the connection's socket timeout
+
         def do_GET(self) -> None:
             self._answer(body=True)
 
