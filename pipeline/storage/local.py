@@ -4,21 +4,24 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 import threading
 from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import BinaryIO, TypeVar
 
-from batchwire.pipeline.decode.files import read_file
+from batchwire.pipeline.decode.files import _check_regular, read_file
 from batchwire.pipeline.storage.base import ObjectInfo
 
 
 class LocalStore:
     """Objects are the regular files under `root`; keys are '/'-separated relative paths.
 
-    Reads go through `decode.files.read_file`, so a FIFO or device under the root is refused
-    without being opened, as everywhere else the pipeline reads a file."""
+    Reads go through `decode.files.read_file` (range reads through its same check), so a FIFO
+    or device under the root is refused without being opened, as everywhere else the pipeline
+    reads a file, and `list` leaves them out. Symlinks are followed (a folder of links to a
+    shared copy is a dataset), a linked folder listed once: a link to an ancestor cannot loop."""
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root).expanduser().resolve()
@@ -36,7 +39,17 @@ class LocalStore:
 
     def list(self, prefix: str = "") -> list[ObjectInfo]:
         out: list[ObjectInfo] = []
-        for dirpath, _dirs, files in os.walk(self.root, followlinks=True):
+        seen: set[tuple[int, int]] = set()  # (device, inode) of the folders walked
+        for dirpath, dirs, files in os.walk(self.root, followlinks=True):
+            try:
+                here = os.stat(dirpath)
+            except OSError:
+                dirs[:] = []
+                continue
+            if (here.st_dev, here.st_ino) in seen:  # a symlink loop or a second link to it
+                dirs[:] = []
+                continue
+            seen.add((here.st_dev, here.st_ino))
             for name in files:
                 full = os.path.join(dirpath, name)
                 key = os.path.relpath(full, self.root).replace(os.sep, "/")
@@ -46,7 +59,8 @@ class LocalStore:
                     st = os.stat(full)
                 except OSError:
                     continue  # vanished or a dangling link: not an object
-                out.append(ObjectInfo(key, st.st_size, f"{st.st_size}-{st.st_mtime_ns}"))
+                if stat.S_ISREG(st.st_mode):  # not a FIFO, device or socket
+                    out.append(ObjectInfo(key, st.st_size, f"{st.st_size}-{st.st_mtime_ns}"))
         out.sort(key=lambda o: o.key)
         return out
 
@@ -58,9 +72,20 @@ class LocalStore:
         return read_file(self.path(key))
 
     def read_ranges(self, key: str, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
-        fd = os.open(self.path(key), os.O_RDONLY)
+        """`Store.read_ranges`: the file is checked as `read_file` checks it (a FIFO would
+        block the open for good), and each read is cut at the end of the file, so a range far
+        past it (a corrupt member size) comes back short rather than allocating its length."""
+        path = self.path(key)
+        _check_regular(os.stat(path).st_mode, path)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         try:
-            return [os.pread(fd, end - start, start) for start, end in ranges]
+            st = os.fstat(fd)
+            _check_regular(st.st_mode, path)
+            # end < start or start < 0 stay an OSError (EINVAL) from pread
+            return [
+                os.pread(fd, min(end, max(start, st.st_size)) - start, start)
+                for start, end in ranges
+            ]
         finally:
             os.close(fd)
 
