@@ -4,7 +4,8 @@ Secure by default: a tcp:// endpoint that other hosts can reach needs ``--keys``
 holders of the keys folder are served, everything encrypted, `wire.keys`), or an explicit
 ``--insecure``, which is then logged at every start. Loopback tcp and ipc stay plain: on one
 host, file permissions guard an ipc socket (it is created owner-only) and loopback cannot be
-reached from elsewhere.
+reached from elsewhere. An abstract ipc socket (``ipc://@name``, Linux) has no file and so no
+permissions: like loopback tcp, any process on the host (in its network namespace) may connect.
 """
 
 from __future__ import annotations
@@ -55,7 +56,8 @@ def bind_policy(endpoints: list[str], keys: str | None, insecure: bool) -> str |
 @contextlib.contextmanager
 def owner_only(endpoint: str) -> Iterator[None]:
     """Around binding ``endpoint``: an ipc socket file is born owner-only (umask 077: 0700 for
-    a socket, no group or other access)."""
+    a socket, no group or other access). An abstract one (``ipc://@name``) has no file to
+    guard (module doc)."""
     if not endpoint.startswith("ipc://"):
         yield
         return
