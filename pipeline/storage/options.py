@@ -60,7 +60,7 @@ class StoreOptions:
                 "a local cache needs both a directory and a size (--cache-dir DIR "
                 "--cache-size BYTES)"
             )
-        if float(self.listing_ttl_s) < 0:
+        if not float(self.listing_ttl_s) >= 0:  # NaN too: it would list at every open, silently
             problems.append(f"listing TTL must be >= 0 s, got {self.listing_ttl_s}")
         if problems:
             raise ValueError("; ".join(problems))
