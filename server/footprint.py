@@ -61,7 +61,8 @@ def median_pixels(datasets: Sequence[ImageDataset], sample: int = _SAMPLED) -> i
     pixels: list[int] = []
     for dataset in datasets:
         n = len(dataset)
-        for i in range(0, n, max(1, n // sample)):
+        count = min(n, sample)
+        for i in (j * n // count for j in range(count)):  # evenly spaced, 0 first
             try:
                 header = read_header(dataset.read_bytes(i), max_pixels=None)
             except Exception:  # an estimate: a sample that cannot be read is skipped
