@@ -54,7 +54,9 @@ def is_transient(exc: BaseException) -> bool:
     return isinstance(exc, OSError) and exc.errno in TRANSIENT_ERRNOS
 
 
-def _check_regular(mode: int, path: str | os.PathLike[str]) -> None:
+def check_regular(mode: int, path: str | os.PathLike[str]) -> None:
+    """`NotARegularFile` naming what ``path`` is (a FIFO, a device, a folder...) unless ``mode``
+    is a regular file's: checked before an open (a FIFO's would block) and again after it."""
     if stat.S_ISREG(mode):
         return
     what = next((name for test, name in _FILE_TYPES if test(mode)), "not a regular file")
@@ -70,11 +72,11 @@ def read_file(path: str | os.PathLike[str]) -> bytes:
 def read_file_and_stat(path: str | os.PathLike[str]) -> tuple[bytes, os.stat_result]:
     """`read_file`, with the file's stat as it was opened (pipeline-prepare's manifest keeps
     its size and mtime)."""
-    _check_regular(os.stat(path).st_mode, path)
+    check_regular(os.stat(path).st_mode, path)
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
         st = os.fstat(fd)
-        _check_regular(st.st_mode, path)
+        check_regular(st.st_mode, path)
         # A regular file ignores O_NONBLOCK. Plain reads (no buffered file object: this runs
         # for every sample) of the size fstat gave, then until EOF in case the file grew.
         parts = []

@@ -11,7 +11,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import BinaryIO, TypeVar
 
-from batchwire.pipeline.decode.files import _check_regular, read_file
+from batchwire.pipeline.decode.files import check_regular, read_file
 from batchwire.pipeline.storage.base import ObjectInfo
 
 
@@ -76,11 +76,11 @@ class LocalStore:
         block the open for good), and each read is cut at the end of the file, so a range far
         past it (a corrupt member size) comes back short rather than allocating its length."""
         path = self.path(key)
-        _check_regular(os.stat(path).st_mode, path)
+        check_regular(os.stat(path).st_mode, path)
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         try:
             st = os.fstat(fd)
-            _check_regular(st.st_mode, path)
+            check_regular(st.st_mode, path)
             # end < start or start < 0 stay an OSError (EINVAL) from pread
             return [
                 os.pread(fd, min(end, max(start, st.st_size)) - start, start)
