@@ -10,9 +10,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-# Labels are stored as int64 (`ImageDataset.labels`): a larger one is a bad line, named as such,
-# not an OverflowError from numpy that names no file or line.
-MAX_LABEL = 2**63 - 1
+#: Largest label id, as for every other source (`sources.labels.MAX_LABEL`, which cannot be
+#: imported here: `pipeline.sources` imports this module). A list file's classes are the names
+#: "0" .. its largest label, so a stray huge id must be an error naming its line, not millions
+#: of class names (or an OverflowError naming nothing, beyond int64).
+MAX_LABEL = (1 << 22) - 1
 
 
 def parse_list_line(
@@ -38,7 +40,7 @@ def parse_list_line(
     if label < 0:
         raise ValueError(f"{where}: label must be >= 0, got {label}")
     if label > MAX_LABEL:
-        raise ValueError(f"{where}: label {label} does not fit in int64 (at most {MAX_LABEL})")
+        raise ValueError(f"{where}: label must be 0 to {MAX_LABEL}, got {label}")
     return rel, label
 
 

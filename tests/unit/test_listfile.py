@@ -6,9 +6,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import numpy as np
 import pytest
-from batchwire.pipeline.listfile import confined_path, parse_list_line
+from batchwire.pipeline.listfile import MAX_LABEL, confined_path, parse_list_line
+from batchwire.pipeline.sources import labels
+from batchwire.pipeline.sources.folder import read_list_file
+from batchwire.pipeline.storage.listing import parse_list_text
 
 
 @pytest.mark.parametrize("raw", ["", "   ", "\t\n", "# a comment", "   # indented 3"])
@@ -50,16 +52,21 @@ def test_the_missing_label_note_is_the_callers() -> None:
         parse_list_line("lonely.jpg", "b.txt:9", no_label="no label")
 
 
-def test_a_label_beyond_int64_is_a_bad_line_not_an_overflow() -> None:
-    """Every reader stores labels as int64: a larger one must be refused here, naming the line,
-    not raise a bare OverflowError (no file, no line) when the readers build their arrays."""
-    biggest = np.iinfo(np.int64).max
-    assert parse_list_line(f"a.jpg {biggest}", "w") == ("a.jpg", biggest)
-    np.asarray([biggest], dtype=np.int64)  # what the readers do with it
-    with pytest.raises(ValueError, match=r"^list\.txt:2: label .*int64"):
-        parse_list_line(f"a.jpg {biggest + 1}", "list.txt:2")
-    with pytest.raises(ValueError, match=r"^list\.txt:2: label"):
-        parse_list_line("a.jpg 99999999999999999999999", "list.txt:2")
+def test_a_huge_label_is_a_bad_line_not_millions_of_classes(tmp_path: Path) -> None:
+    """A list file's classes are "0" .. its largest label: one stray id of 10**12 would build
+    10**12 class names (memory exhaustion), one beyond int64 raised a bare OverflowError naming
+    no line. Both are refused at the line, at the bound every other source applies."""
+    assert MAX_LABEL == labels.MAX_LABEL  # one bound for list files, manifests, tar shards...
+    assert parse_list_line(f"a.jpg {MAX_LABEL}", "w") == ("a.jpg", MAX_LABEL)
+    for label in (MAX_LABEL + 1, 10**12, 2**63, 10**30):
+        with pytest.raises(ValueError, match=rf"^list\.txt:2: label must be 0 to {MAX_LABEL}, got"):
+            parse_list_line(f"a.jpg {label}", "list.txt:2")
+    listing = tmp_path / "list.txt"
+    listing.write_text("a.jpg 0\nb.jpg 1000000000000\n")
+    with pytest.raises(ValueError, match=rf"^{listing}:2: label must be 0 to"):
+        read_list_file(listing)  # the local list reader (a bucket's: `parse_list_text`)
+    with pytest.raises(ValueError, match=r"^s3://b/list\.txt:1: label must be 0 to"):
+        parse_list_text("a.jpg 99999999999999999999\n", "s3://b/list.txt")
 
 
 # ---- confinement ------------------------------------------------------------------------------
