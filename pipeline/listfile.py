@@ -10,10 +10,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-#: Largest label id, as for every other source (`sources.labels.MAX_LABEL`, which cannot be
-#: imported here: `pipeline.sources` imports this module). A list file's classes are the names
-#: "0" .. its largest label, so a stray huge id must be an error naming its line, not millions
-#: of class names (or an OverflowError naming nothing, beyond int64).
+#: Largest label id (4 M classes), for every source (`sources.labels` takes it from here:
+#: `pipeline.sources` imports this module, not the other way). Ids index a list of class names
+#: built from them (a list file's classes are the names "0" .. its largest label), so a stray
+#: huge id must be an error naming its line, not millions of class names (or an OverflowError
+#: naming nothing, beyond int64).
 MAX_LABEL = (1 << 22) - 1
 
 

@@ -15,10 +15,8 @@ from __future__ import annotations
 from array import array
 
 import numpy as np
+from batchwire.pipeline.listfile import MAX_LABEL  # the one bound, list files' too
 
-#: Largest label id (4 M classes): ids index a list of class names built from them, so a stray
-#: huge id must be an error naming it, not a memory exhaustion.
-MAX_LABEL = (1 << 22) - 1
 #: Longest class name accepted (the names reach the trainer in the welcome).
 MAX_CLASS_NAME = 256
 #: Most labels one sample may have (a multi-label row): the wire carries [B, K] int64.
