@@ -118,35 +118,6 @@ def test_a_reader_that_fails_a_sample_hands_back_its_oserror(embedded: ImageData
         ds.read_bytes(1)
 
 
-class _AheadReader:
-    """A source that reads ahead, as `ImageDataset` sees one (`tarshards.TarShardReader` in a
-    bucket): `ahead_batches`, `ahead_bytes` and `read_many(indices, epoch, upcoming)`. It
-    records what it is handed: the forwarding is what is under test."""
-
-    ahead_batches = 2
-    ahead_bytes = 1 << 20
-
-    def __init__(self) -> None:
-        self.calls: list[tuple] = []
-
-    def __call__(self, i: int) -> bytes:
-        return b"%d" % i
-
-    def read_many(self, indices, epoch=None, upcoming=()):
-        self.calls.append((list(indices), epoch, [list(b) for b in upcoming]))
-        return [b"%d" % i for i in indices]
-
-
-def test_read_ahead_hands_the_source_the_upcoming_batches_wrapped() -> None:
-    reader = _AheadReader()
-    ds = ImageDataset(["a", "b", "c", "d"], np.arange(4) % 2, ["x", "y"], "s3://b/p", reader=reader)
-    assert ds.read_ahead_batches == 2 and ds.read_ahead_bytes == 1 << 20
-    assert ds.read_many([5, -1], epoch=1, upcoming=[[6, 7], [-4]]) == [b"1", b"3"]
-    assert ds.read_many([2]) == [b"2"]  # no epoch: nothing to read ahead for
-    assert reader.calls == [([1, 3], 1, [[2, 3], [0]]), ([2], None, [])]
-    assert ds.read_bytes(-3) == b"1"
-
-
 def test_root_keeps_a_url_as_a_string_and_makes_anything_else_a_path(tmp_path: Path) -> None:
     assert dataset_root("s3://bucket/prefix") == "s3://bucket/prefix"
     assert dataset_root("gs://b//double") == "gs://b//double"
