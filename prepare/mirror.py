@@ -10,7 +10,9 @@ folders in each run's header), so only that is ever removed, and only:
   folder's);
 - when the file is still what was written (size, and checksum where recorded): a file changed
   in DST since is someone else's now, kept and reported;
-- folders only once empty (a folder holding files prepare never wrote stays, and so do they).
+- folders only once empty (a folder holding files prepare never wrote stays, and so do they);
+- never outside DST: a manifest row edited to "../x" or "/x", or naming a file under a folder
+  of DST since replaced by a symlink, is kept and reported.
 Removal comes before any file is prepared, so a file that became a folder (or the reverse) in
 SRC is not in the way. Everything in DST that the current source does not account for, and that
 prepare did not just remove, is listed (`foreign`), never touched. Names of prepare's own files
@@ -61,7 +63,12 @@ def remove_gone(dst: Path, previous: Previous, source: Source, mirror: Mirror) -
     """Removes what earlier runs wrote for files and folders SRC no longer has (see the
     module doc), recording it in `mirror`."""
     files, dirs = _accounted(source)
-    gone = sorted(rel for rel in previous.records if rel not in files)
+    gone = []
+    for rel in sorted(rel for rel in previous.records if rel not in files):
+        if _under(dst, rel):
+            gone.append(rel)
+        else:
+            mirror.kept.append((rel, OUTSIDE))
     same = previous.source == source_id(source) or (
         previous.source is None and source.kind == "tree"
     )
@@ -77,11 +84,26 @@ def remove_gone(dst: Path, previous: Previous, source: Source, mirror: Mirror) -
             emptied.update(_parents(rel))
         elif why:
             mirror.kept.append((rel, why))
-    candidates = (previous.dirs | emptied) - dirs
+    candidates = {d for d in (previous.dirs | emptied) - dirs if _under(dst, d)}
     for rel in sorted(candidates, key=lambda d: (-d.count("/"), d)):
         with contextlib.suppress(OSError):  # not empty (someone else's files), or gone
             os.rmdir(dst / rel)
             mirror.removed_dirs.append(rel)
+
+
+OUTSIDE = "outside DST (an absolute or '..' path, or a folder symlinked elsewhere): never removed"
+
+
+def _under(dst: Path, rel: str) -> bool:
+    """Whether a manifest's path names a place inside DST: a plain relative path whose folder,
+    symlinks resolved, is DST or under it. A row edited by hand ("../x", "/etc/x") or a folder
+    of DST replaced by a symlink must never make a rerun remove anything outside DST."""
+    parts = rel.split("/")
+    if rel.startswith("/") or any(part in ("", ".", "..") for part in parts):
+        return False
+    root = Path(os.path.realpath(dst))
+    folder = Path(os.path.realpath(dst.joinpath(*parts[:-1])))
+    return folder == root or root in folder.parents
 
 
 def _parents(rel: str) -> list[str]:
