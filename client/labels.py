@@ -18,7 +18,12 @@ def multi_hot(
     """[B, num_classes] targets: 1 where a row of ``labels`` ([B, K] padded ids, or [B] single
     labels) names the class, 0 elsewhere. Negative entries (the -1 padding, a padded slot's
     -100) set nothing, so a padded slot's row is all zeros; an id >= ``num_classes`` is a
-    ValueError. Same device as ``labels``."""
+    ValueError, and so are float or bool ``labels`` (a truncated float, or a multi-hot row
+    read as ids, would be a silently wrong target). Same device as ``labels``."""
+    if num_classes < 0:
+        raise ValueError(f"num_classes must be >= 0, got {num_classes}")
+    if labels.dtype == torch.bool or labels.is_floating_point() or labels.is_complex():
+        raise ValueError(f"labels must be integer class ids, got dtype {labels.dtype}")
     if labels.dim() == 1:
         labels = labels[:, None]
     if labels.dim() != 2:
