@@ -55,9 +55,10 @@ def test_the_dtype_asked_for(dtype: torch.dtype) -> None:
     assert got.to(torch.int64).tolist() == [[1, 1, 0], [0, 0, 1]]
 
 
-def test_int32_and_non_contiguous_ids() -> None:
+@pytest.mark.parametrize("dtype", [torch.int8, torch.int16, torch.int32])
+def test_narrow_and_non_contiguous_ids(dtype: torch.dtype) -> None:
     """Ids of any integer type and layout (a transposed view): the same targets, contiguous."""
-    ids = torch.tensor([[2, 1], [-1, 0]], dtype=torch.int32).t()  # rows [2, -1] and [1, 0]
+    ids = torch.tensor([[2, 1], [-1, 0]], dtype=dtype).t()  # rows [2, -1] and [1, 0]
     assert not ids.is_contiguous()
     got = multi_hot(ids, 3)
     assert got.tolist() == [[0, 0, 1], [1, 1, 0]] and got.is_contiguous()
