@@ -14,13 +14,16 @@ and "namedlist" (manifests; the last a list file whose labels are class names), 
 
 from __future__ import annotations
 
+import itertools
+import math
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from batchwire.pipeline.storage import LocalStore, Store
+from batchwire.pipeline.storage.urls import redact
 
 TAR_SUFFIXES = (".tar",)
 #: Tars a shard folder may not hold (a sample is one read at its offset, which they do not allow):
@@ -44,7 +47,10 @@ JSONL_SUFFIXES = (".jsonl", ".ndjson")
 _SNIFF_BYTES = 4096
 #: Most objects a brace pattern may expand to (a typo like {0..99999999} must not eat memory).
 MAX_PATTERN_ITEMS = 1_000_000
+#: Most digits a range bound may have (more cannot be a shard number; int() refuses ~4300).
+_MAX_RANGE_DIGITS = 18
 _BRACE = re.compile(r"\{([^{}]*)\}")
+_RANGE = re.compile(r"([0-9]+)\.\.([0-9]+)")  # ASCII digits: str.isdigit() also takes '²'
 
 
 @dataclass(frozen=True)
@@ -68,32 +74,51 @@ def is_url(text: str) -> bool:
 
 def expand_braces(pattern: str) -> list[str]:
     """`a-{000..003}.tar` -> a-000.tar .. a-003.tar (zero padding kept, as in WebDataset and
-    bash), `{a,b}` alternatives, several groups; ValueError for a malformed or huge one."""
-    m = _BRACE.search(pattern)
+    bash: a bound written with a leading zero pads every number to the wider bound's width),
+    `{a,b}` alternatives, several groups; ValueError for a malformed or huge one, naming the
+    whole pattern (without a URL's credentials). The count is checked before any name is made."""
+    shown = redact(pattern)
+    groups = [_brace_group(m.group(1), shown) for m in _BRACE.finditer(pattern)]
+    literals = _BRACE.split(pattern)[::2]  # the text between the groups
+    if any("{" in text or "}" in text for text in literals):
+        raise ValueError(f"{shown!r}: unbalanced or nested braces")
+    if math.prod(len(g) for g in groups) > MAX_PATTERN_ITEMS:
+        raise ValueError(f"{shown!r}: expands to more than {MAX_PATTERN_ITEMS} names")
+    parts: list[Iterable[str]] = [[literals[0]]]
+    for group, text in zip(groups, literals[1:], strict=True):
+        parts += [group, [text]]
+    return ["".join(chosen) for chosen in itertools.product(*parts)]
+
+
+@dataclass(frozen=True)
+class _Numbers:
+    """A brace range's names, made when iterated (its length is checked first)."""
+
+    values: range
+    width: int
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    def __iter__(self) -> Iterator[str]:
+        return (str(v).zfill(self.width) for v in self.values)
+
+
+def _brace_group(body: str, shown: str) -> list[str] | _Numbers:
+    """One `{...}`'s names: `LOW..HIGH` (ASCII digits) or comma-separated alternatives."""
+    if ".." not in body:
+        return body.split(",")
+    m = _RANGE.fullmatch(body)
     if m is None:
-        if "{" in pattern or "}" in pattern:
-            raise ValueError(f"{pattern!r}: unbalanced or nested braces")
-        return [pattern]
-    body = m.group(1)
-    head, tail = pattern[: m.start()], pattern[m.end() :]
-    if ".." in body:
-        lo_s, _, hi_s = body.partition("..")
-        if not (lo_s.isdigit() and hi_s.isdigit()):
-            raise ValueError(f"{pattern!r}: a range must be {{LOW..HIGH}} with digits")
-        lo, hi = int(lo_s), int(hi_s)
-        if hi < lo or hi - lo + 1 > MAX_PATTERN_ITEMS:
-            raise ValueError(f"{pattern!r}: empty or too large range {{{body}}}")
-        width = len(lo_s) if lo_s.startswith("0") and len(lo_s) > 1 else 0
-        items = [str(v).zfill(width) for v in range(lo, hi + 1)]
-    else:
-        items = body.split(",")
-    out: list[str] = []
-    for item in items:
-        for rest in expand_braces(tail):
-            out.append(head + item + rest)
-            if len(out) > MAX_PATTERN_ITEMS:
-                raise ValueError(f"{pattern!r}: expands to more than {MAX_PATTERN_ITEMS} names")
-    return out
+        raise ValueError(f"{shown!r}: a range must be {{LOW..HIGH}} with digits")
+    lo_s, hi_s = m.groups()
+    if max(len(lo_s), len(hi_s)) > _MAX_RANGE_DIGITS:
+        raise ValueError(f"{shown!r}: a range bound of more than {_MAX_RANGE_DIGITS} digits")
+    lo, hi = int(lo_s), int(hi_s)
+    if hi < lo or hi - lo + 1 > MAX_PATTERN_ITEMS:
+        raise ValueError(f"{shown!r}: empty or too large range {{{body}}}")
+    padded = any(len(s) > 1 and s.startswith("0") for s in (lo_s, hi_s))
+    return _Numbers(range(lo, hi + 1), max(len(lo_s), len(hi_s)) if padded else 0)
 
 
 def _suffix_kind(name: str) -> str | None:
@@ -218,7 +243,7 @@ def _common_url(urls: list[str]) -> tuple[Store, list[str]]:
     open_store = getattr(storage, "open_store", None)
     if open_store is None:
         raise ValueError(
-            f"{urls[0]}: reading object storage needs batchwire's object-store backend "
+            f"{redact(urls[0])}: reading object storage needs batchwire's object-store backend "
             "(pipeline.storage.open_store), which this installation lacks"
         )
     parents = {u.rsplit("/", 1)[0] for u in urls}
@@ -234,7 +259,7 @@ def _common_url(urls: list[str]) -> tuple[Store, list[str]]:
             common = common[:n]
         root = "/".join(common)
     if "://" not in root or root.endswith(":/"):
-        raise ValueError(f"{urls[0]}: objects of one source must be in one bucket")
+        raise ValueError(f"{redact(urls[0])}: objects of one source must be in one bucket")
     store = open_store(root)
     return store, [u[len(root) + 1 :] for u in urls]
 
@@ -286,11 +311,19 @@ def _single_url(url: str, display: str) -> Located | None:
     return Located("folder", store, [], display)
 
 
+def _beside(path: Path) -> Path:
+    """`path` made absolute with its folder resolved but not its name: a shard that is a symlink
+    (into a content-addressed cache, say) keeps its own name and folder, so that it is shown,
+    and `classes.txt` beside it is found, as when its folder is given."""
+    return path.expanduser().absolute().parent.resolve() / path.name
+
+
 def locate(spec: str | os.PathLike[str] | Sequence[str]) -> Located:
     """The kind and objects of a non-classic source (see `is_classic`).
 
-    FileNotFoundError for a missing local object; ValueError for a mix of kinds or places."""
-    display = (
+    FileNotFoundError for a missing local object; ValueError for a mix of kinds or places.
+    Neither errors nor `Located.display` repeat a URL's user info or query string."""
+    display = redact(
         os.fspath(spec) if isinstance(spec, (str, os.PathLike)) else ", ".join(map(str, spec[:3]))
     )
     names = _names_of(spec)
@@ -298,9 +331,9 @@ def locate(spec: str | os.PathLike[str] | Sequence[str]) -> Located:
         p = Path(names[0]).expanduser()
         if not p.exists():
             raise FileNotFoundError(f"dataset path does not exist: {p}")
-        p = p.resolve()
-        kind = local_kind(p)
+        kind = local_kind(p.resolve())
         if p.is_dir():
+            p = p.resolve()
             files = sorted(
                 e.name
                 for e in os.scandir(p)
@@ -308,8 +341,9 @@ def locate(spec: str | os.PathLike[str] | Sequence[str]) -> Located:
             )
             return Located(kind, LocalStore(p), files, display)
         if kind == "shardlist":
-            names = _read_shard_list(p)
+            names = _read_shard_list(p.resolve())
         else:
+            p = _beside(p) if kind in ("tar", "parquet") else p.resolve()
             return Located(kind, LocalStore(p.parent), [p.name], display)
     if len(names) == 1 and is_url(names[0]):
         located = _single_url(names[0], display)
@@ -320,7 +354,8 @@ def locate(spec: str | os.PathLike[str] | Sequence[str]) -> Located:
         kind = _suffix_kind(PurePosixPath(name).name)
         if kind not in ("tar", "parquet"):
             raise ValueError(
-                f"{name}: a pattern or list of objects must name .tar shards or .parquet files"
+                f"{redact(name)}: a pattern or list of objects must name .tar shards or .parquet "
+                "files"
             )
         kinds.add(kind)
     if len(kinds) != 1:
@@ -332,7 +367,7 @@ def locate(spec: str | os.PathLike[str] | Sequence[str]) -> Located:
     if urls:
         store, keys = _common_url(names)
         return Located(kind, store, keys, display)
-    paths = [Path(n).expanduser().resolve() for n in names]
+    paths = [_beside(Path(n)) for n in names]
     missing = [p for p in paths if not p.exists()]
     if missing:
         raise FileNotFoundError(
