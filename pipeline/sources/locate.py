@@ -15,6 +15,7 @@ and "namedlist" (manifests; the last a list file whose labels are class names), 
 from __future__ import annotations
 
 import itertools
+import logging
 import math
 import os
 import re
@@ -24,6 +25,8 @@ from pathlib import Path, PurePosixPath
 
 from batchwire.pipeline.storage import LocalStore, Store
 from batchwire.pipeline.storage.urls import redact
+
+log = logging.getLogger(__name__)
 
 TAR_SUFFIXES = (".tar",)
 #: Tars a shard folder may not hold (a sample is one read at its offset, which they do not allow):
@@ -318,6 +321,25 @@ def _beside(path: Path) -> Path:
     return path.expanduser().absolute().parent.resolve() / path.name
 
 
+def _shards_in(folder: Path, kind: str) -> list[str]:
+    """The visible regular files of ``kind`` in ``folder``, sorted. One named as a shard but not
+    a regular file (a FIFO, a device, a folder, a dangling link) is left out with a warning: the
+    dataset is then smaller than its names say."""
+    named = [
+        e for e in os.scandir(folder) if not e.name.startswith(".") and _suffix_kind(e.name) == kind
+    ]
+    left_out = sorted(e.name for e in named if not e.is_file())
+    if left_out:
+        log.warning(
+            "%s: %d name(s) of %s shards left out, not regular files: %s",
+            folder,
+            len(left_out),
+            kind,
+            ", ".join(left_out[:5]) + (", ..." if len(left_out) > 5 else ""),
+        )
+    return sorted(e.name for e in named if e.is_file())
+
+
 def locate(spec: str | os.PathLike[str] | Sequence[str]) -> Located:
     """The kind and objects of a non-classic source (see `is_classic`).
 
@@ -334,12 +356,7 @@ def locate(spec: str | os.PathLike[str] | Sequence[str]) -> Located:
         kind = local_kind(p.resolve())
         if p.is_dir():
             p = p.resolve()
-            files = sorted(
-                e.name
-                for e in os.scandir(p)
-                if not e.name.startswith(".") and _suffix_kind(e.name) == kind and e.is_file()
-            )
-            return Located(kind, LocalStore(p), files, display)
+            return Located(kind, LocalStore(p), _shards_in(p, kind), display)
         if kind == "shardlist":
             names = _read_shard_list(p.resolve())
         else:

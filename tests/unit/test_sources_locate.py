@@ -8,6 +8,7 @@ names, missing files, and URLs (only what needs no network) whose credentials mu
 from __future__ import annotations
 
 import importlib
+import logging
 import os
 import tarfile
 import tracemalloc
@@ -282,17 +283,22 @@ def test_a_single_file_is_its_folder_and_name(tmp_path) -> None:
     assert (got.kind, got.keys) == ("jsonl", ["m.jsonl"]) and got.name("") == str(manifest.parent)
 
 
-def test_a_folder_of_shards(tmp_path) -> None:
-    """Its visible regular .tar files, sorted; hidden files, other files and FIFOs left out."""
+def test_a_folder_of_shards(tmp_path, caplog) -> None:
+    """Its visible regular .tar files, sorted; hidden files and other files left out, and a
+    FIFO named as a shard left out with a warning that names it."""
     folder = tmp_path / "shards"
     for name in ("t-2.tar", "t-10.TAR", "t-1.tar", ".t-0.tar"):
         _tar(folder / name)
     (folder / "classes.txt").write_text("a\n")
     (folder / "._t-1.tar").write_bytes(b"AppleDouble")
     os.mkfifo(folder / "fifo.tar")
-    got = locate(folder)
+    with caplog.at_level(logging.WARNING, logger="batchwire.pipeline.sources.locate"):
+        got = locate(folder)
     assert got.kind == "tar" and got.store.display == str(folder)
     assert got.keys == ["t-1.tar", "t-10.TAR", "t-2.tar"]
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warned) == 1 and "1 name(s) of tar shards left out" in warned[0]
+    assert "fifo.tar" in warned[0] and str(folder) in warned[0]
 
 
 def test_folders_that_are_not_shard_folders(tmp_path) -> None:
