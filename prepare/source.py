@@ -54,7 +54,8 @@ def _reserved(name: str) -> bool:
 
 
 def walk_tree(root: Path) -> Source:
-    """Every file and folder under `root` (sorted), following symlinks, each folder once."""
+    """Every file and folder under `root` (sorted), following symlinks, each folder's files
+    once (a folder linked twice is listed, empty, under its second name)."""
     files: list[str] = []
     dirs: list[str] = []
     unreadable: list[tuple[str, str]] = []
@@ -66,7 +67,12 @@ def walk_tree(root: Path) -> Source:
         try:
             st = os.stat(full)
             if (st.st_dev, st.st_ino) in seen:
-                continue  # a symlink loop or a second link to a folder already mirrored
+                # A symlink loop or a second link to a folder already mirrored: its files once,
+                # but the folder itself kept (empty), as the server's scan keeps it: a second
+                # link at the top is still a class, so DST keeps SRC's classes and label ids.
+                if rel_dir:
+                    dirs.append(rel_dir)
+                continue
             seen.add((st.st_dev, st.st_ino))
             with os.scandir(full) as it:
                 entries = sorted(it, key=lambda e: e.name)

@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 
 import pytest
+from batchwire.pipeline.index_cache import scan_image_folder
 from batchwire.pipeline.synthetic import default_dataset
 from batchwire.prepare.source import (
     UsageError,
@@ -85,7 +86,11 @@ def test_symlinks_followed_once_and_odd_entries_listed(tmp_path: Path) -> None:
         "farm/o1.jpg",
         "farm/sub/o2.jpg",
     ]
-    assert s.dirs == ["again", "farm", "farm/sub"]
+    # "real" and the loop stay as empty folders: the server's scan of SRC has "real" as a
+    # class (with no images), so a prepared DST must have it too, or every later label shifts
+    assert s.dirs == ["again", "again/loop", "farm", "farm/sub", "real"]
+    top = [d for d in s.dirs if "/" not in d]
+    assert top == scan_image_folder(src).classes
     assert sorted(s.unreadable) == [
         ("again/dangling.jpg", "a broken symlink"),
         ("again/pipe.jpg", "not a regular file"),
