@@ -13,6 +13,7 @@ from __future__ import annotations
 import io
 import itertools
 import math
+import mmap
 import re
 import resource
 from pathlib import Path
@@ -69,9 +70,12 @@ def test_resident_mib_is_this_processs_rss_and_follows_what_it_holds() -> None:
     with open("/proc/self/statm") as fh:  # resident pages: the same figure, another file
         statm_mib = int(fh.read().split()[1]) * resource.getpagesize() / MIB
     assert abs(before - statm_mib) < 1
-    block = b"\x01" * (64 * MIB)  # written, so resident
+    # Fresh pages of its own (an anonymous mapping), written so resident: a heap block could
+    # reuse memory that earlier tests of this worker freed and that is resident already.
+    block = mmap.mmap(-1, 64 * MIB)
+    block.write(b"\x01" * (64 * MIB))
     held = resident_mib()
-    del block
+    block.close()  # unmapped: given back at once
     after = resident_mib()
     assert held is not None and after is not None
     assert 63.5 < held - before < 65  # MiB of 2**20 bytes
