@@ -23,7 +23,7 @@ from batchwire.prepare.checksum_manifest import (
 from batchwire.prepare.mirror import Mirror, find_foreign, remove_gone, source_id
 from batchwire.prepare.source import discover
 
-SAMPLE = Path("/work/shared/imagenet-sample")
+SAMPLE = Path(__file__).resolve().parents[3] / "shared" / "imagenet-sample"
 TENCH = SAMPLE / "n01440764_tench.JPEG"
 
 

@@ -26,7 +26,7 @@ from batchwire.prepare.samplesums import (
 )
 from batchwire.prepare.source import UsageError
 
-SAMPLE = Path("/work/shared/imagenet-sample")
+SAMPLE = Path(__file__).resolve().parents[3] / "shared" / "imagenet-sample"
 
 
 def jpegs(n: int) -> list[bytes]:

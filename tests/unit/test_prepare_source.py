@@ -21,7 +21,7 @@ from batchwire.prepare.source import (
     walk_tree,
 )
 
-SAMPLE = Path("/work/shared/imagenet-sample")
+SAMPLE = Path(__file__).resolve().parents[3] / "shared" / "imagenet-sample"
 
 
 def put(root: Path, rel: str, data: bytes = b"x") -> Path:
@@ -219,7 +219,7 @@ def test_report_and_manifest_dir_stay_out_of_src(tmp_path: Path) -> None:
     check_manifest_dir(s, tmp_path / "sums")
 
 
-@pytest.mark.skipif(not SAMPLE.is_dir(), reason="needs /work/shared/imagenet-sample")
+@pytest.mark.skipif(not SAMPLE.is_dir(), reason="needs the shared imagenet-sample")
 def test_real_jpegs_read_in_place() -> None:
     """A flat folder of real JPEGs, read in place: every one a file, no class folders."""
     s = walk_tree(SAMPLE)
