@@ -26,7 +26,7 @@ def open_store(location: str | os.PathLike[str], options: StoreOptions | None = 
     if not is_url(text):
         return LocalStore(text)
     if text.lower().startswith("file://"):
-        return LocalStore(text[len("file://") :])
+        return LocalStore(_file_url_path(text[len("file://") :]))
     parse_url(text)  # ValueError first, naming the problem
     from batchwire.pipeline.storage.objects import ObjectStore
 
@@ -37,3 +37,12 @@ def open_store(location: str | os.PathLike[str], options: StoreOptions | None = 
 
         store = CachedStore(store, options.cache_dir, options.cache_size)
     return store
+
+
+def _file_url_path(rest: str) -> str:
+    """The path of a `file://` URL (what follows the scheme): `file:///data` and, as RFC 8089
+    writes the same place, `file://localhost/data` are `/data`; anything else is taken as it is
+    written (a relative `file://data` stays the relative path `data`, as it always has)."""
+    if rest.lower().startswith("localhost/"):
+        return rest[len("localhost") :]
+    return rest

@@ -113,3 +113,10 @@ def test_credentials_from_the_environment_stay_out_of_the_display(
     shown = f"{store.display} {getattr(store, 'namespace', '')} {store!r}"
     assert "not-a-real-secret-for-tests" not in shown and "AKIDEXAMPLE0000TEST" not in shown
     assert os.environ["AWS_SECRET_ACCESS_KEY"]  # set: the store was built with it
+
+
+def test_a_file_url_naming_localhost_is_the_absolute_path(tmp_path: Path) -> None:
+    """RFC 8089: `file://localhost/p` is `file:///p` (it opened the relative `localhost/p`)."""
+    for url in (f"file://localhost{tmp_path}", f"file://LOCALHOST{tmp_path}", f"file://{tmp_path}"):
+        store = open_store(url)
+        assert isinstance(store, LocalStore) and store.root == tmp_path.resolve(), url
