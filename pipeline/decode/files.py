@@ -22,9 +22,11 @@ either. Neither costs measurably next to the read.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
+from collections.abc import Iterator
 
 # errno values that describe the machine's state at the time, not the file.
 TRANSIENT_ERRNOS = frozenset(
@@ -54,13 +56,26 @@ def is_transient(exc: BaseException) -> bool:
     return isinstance(exc, OSError) and exc.errno in TRANSIENT_ERRNOS
 
 
-def check_regular(mode: int, path: str | os.PathLike[str]) -> None:
-    """`NotARegularFile` naming what ``path`` is (a FIFO, a device, a folder...) unless ``mode``
-    is a regular file's: checked before an open (a FIFO's would block) and again after it."""
+def _check_regular(mode: int, path: str | os.PathLike[str]) -> None:
     if stat.S_ISREG(mode):
         return
     what = next((name for test, name in _FILE_TYPES if test(mode)), "not a regular file")
     raise NotARegularFile(f"not a regular file ({what}): {os.fspath(path)}")
+
+
+@contextlib.contextmanager
+def open_regular(path: str | os.PathLike[str]) -> Iterator[tuple[int, os.stat_result]]:
+    """A read-only descriptor of the regular file ``path`` and its stat as opened, closed on
+    exit. `NotARegularFile` for anything else, checked before the open (a FIFO's or a device's
+    open can block or act) and again on the descriptor (the path may have changed between)."""
+    _check_regular(os.stat(path).st_mode, path)
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        _check_regular(st.st_mode, path)
+        yield fd, st  # a regular file ignores O_NONBLOCK
+    finally:
+        os.close(fd)
 
 
 def read_file(path: str | os.PathLike[str]) -> bytes:
@@ -72,16 +87,10 @@ def read_file(path: str | os.PathLike[str]) -> bytes:
 def read_file_and_stat(path: str | os.PathLike[str]) -> tuple[bytes, os.stat_result]:
     """`read_file`, with the file's stat as it was opened (pipeline-prepare's manifest keeps
     its size and mtime)."""
-    check_regular(os.stat(path).st_mode, path)
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    try:
-        st = os.fstat(fd)
-        check_regular(st.st_mode, path)
-        # A regular file ignores O_NONBLOCK. Plain reads (no buffered file object: this runs
-        # for every sample) of the size fstat gave, then until EOF in case the file grew.
+    with open_regular(path) as (fd, st):
+        # Plain reads (no buffered file object: this runs for every sample) of the size fstat
+        # gave, then until EOF in case the file grew.
         parts = []
         while chunk := os.read(fd, max(st.st_size, 65536)):
             parts.append(chunk)
         return b"".join(parts), st
-    finally:
-        os.close(fd)

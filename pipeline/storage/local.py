@@ -11,7 +11,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import BinaryIO, TypeVar
 
-from batchwire.pipeline.decode.files import check_regular, read_file
+from batchwire.pipeline.decode.files import open_regular, read_file
 from batchwire.pipeline.storage.base import ObjectInfo
 
 
@@ -72,22 +72,15 @@ class LocalStore:
         return read_file(self.path(key))
 
     def read_ranges(self, key: str, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
-        """`Store.read_ranges`: the file is checked as `read_file` checks it (a FIFO would
-        block the open for good), and each read is cut at the end of the file, so a range far
-        past it (a corrupt member size) comes back short rather than allocating its length."""
-        path = self.path(key)
-        check_regular(os.stat(path).st_mode, path)
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-        try:
-            st = os.fstat(fd)
-            check_regular(st.st_mode, path)
+        """`Store.read_ranges`: opened as `read_file` opens (`decode.files.open_regular`: a FIFO
+        would block the open for good), and each read is cut at the end of the file, so a range
+        far past it (a corrupt member size) comes back short rather than allocating its length."""
+        with open_regular(self.path(key)) as (fd, st):
             # end < start or start < 0 stay an OSError (EINVAL) from pread
             return [
                 os.pread(fd, min(end, max(start, st.st_size)) - start, start)
                 for start, end in ranges
             ]
-        finally:
-            os.close(fd)
 
     @property
     def namespace(self) -> str:
