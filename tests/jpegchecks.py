@@ -1,7 +1,7 @@
 """Independent checks of JPEG bytes for the transcoder and prepare tests: a marker parser
 (`parse_jpeg`, `assert_restart_layout`) and decoders that are not ours (PIL, djpeg) to compare
-pixels with, plus `pil_jpeg` to encode test images. Shared by test_jpeg_transcode and
-test_prepare."""
+pixels with, plus `pil_jpeg` to encode test images, and the real photos of the shared
+ImageNet sample (`sample_photos`). Shared by the transcoder, prepare and decode tests."""
 
 from __future__ import annotations
 
@@ -9,10 +9,16 @@ import io
 import math
 import shutil
 import subprocess
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
-from PIL import Image
+import pytest
+from PIL import Image, ImageOps
+
+#: The 1,000 ImageNet JPEGs beside the checkout (../shared; never copied into it).
+SAMPLE_DIR = Path(__file__).resolve().parents[2] / "shared" / "imagenet-sample"
 
 HAS_DJPEG = shutil.which("djpeg") is not None
 
@@ -118,6 +124,24 @@ def assert_restart_layout(data: bytes, interval: int | None = 1) -> Layout:
 
 
 # ---- independent decoders ----------------------------------------------------------------------
+
+
+def sample_photos(names: Iterable[str]) -> list[bytes]:
+    """The bytes of these files of the shared sample; the test skips where it is absent."""
+    paths = [SAMPLE_DIR / name for name in names]
+    if not all(p.is_file() for p in paths):
+        pytest.skip(f"real-photo sample {SAMPLE_DIR} not present on this machine")
+    return [p.read_bytes() for p in paths]
+
+
+def pil_rgb(data: bytes, *, reduce: int = 1, transpose: bool = True) -> np.ndarray:
+    """PIL's decode (its own libjpeg) as RGB, at 1/``reduce`` through `draft` (libjpeg's scaled
+    IDCT, as TurboJPEG's), EXIF-oriented unless ``transpose`` is False."""
+    with Image.open(io.BytesIO(data)) as img:
+        if reduce > 1:
+            img.draft("RGB", (img.width // reduce, img.height // reduce))
+        shown = ImageOps.exif_transpose(img) if transpose else img
+        return np.asarray(shown.convert("RGB"))
 
 
 def pil_pixels(data: bytes) -> np.ndarray:

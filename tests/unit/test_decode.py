@@ -21,6 +21,7 @@ from batchwire.pipeline.decode import (
     decode_full,
     read_header,
 )
+from jpegchecks import SAMPLE_DIR, pil_rgb
 from oddfiles import (
     BAD_KINDS,
     GOOD_KINDS,
@@ -33,7 +34,6 @@ from oddfiles import (
 )
 from PIL import Image, ImageOps
 
-SAMPLE_DIR = Path(__file__).resolve().parents[3] / "shared" / "imagenet-sample"
 # libjpeg versions (PIL's bundled one vs the system libturbojpeg) may round a few pixels
 # differently; on this machine they agree exactly, the bounds leave room for other versions.
 MEAN_TOL = 0.5
@@ -47,15 +47,6 @@ def sample_files(n: int) -> list[Path]:
     if not files:
         pytest.skip(f"no JPEGs in {SAMPLE_DIR}")
     return files[:n]
-
-
-def pil_rgb(data: bytes, *, transpose: bool = True, reduce: int = 1) -> np.ndarray:
-    img = Image.open(io.BytesIO(data))
-    if reduce > 1:
-        img.draft("RGB", (img.width // reduce, img.height // reduce))
-    if transpose:
-        img = ImageOps.exif_transpose(img)
-    return np.asarray(img.convert("RGB"))
 
 
 def assert_close(got: np.ndarray, expected: np.ndarray, mean_tol=MEAN_TOL, max_tol=MAX_TOL):

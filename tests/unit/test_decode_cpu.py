@@ -5,10 +5,8 @@ exception, never pixels), its threads and their lifetime."""
 
 from __future__ import annotations
 
-import io
 import os
 import threading
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,26 +16,14 @@ from batchwire.pipeline.decode import DecodeError, DecodeRequest, read_header
 from batchwire.pipeline.decode.contract import ROUTE_REGION, ROUTE_RESTART, ROUTE_WHOLE, ImageHeader
 from batchwire.pipeline.decode.cpu import CpuBatchDecoder, chunked, decode_for_crop
 from batchwire.pipeline.synthetic import SyntheticSpec, render_jpeg
+from jpegchecks import pil_rgb, sample_photos
 from oddfiles import exif_orientation_block, jpeg_bytes, odd_file_bytes, smooth_image
-from PIL import Image, ImageOps
 
-SAMPLE_DIR = Path(__file__).resolve().parents[3] / "shared" / "imagenet-sample"
 SAMPLES = ("n01443537_goldfish.JPEG", "n01530575_brambling.JPEG", "n02951585_can_opener.JPEG")
 
 
 def samples() -> list[bytes]:
-    paths = [SAMPLE_DIR / name for name in SAMPLES]
-    if not all(p.is_file() for p in paths):
-        pytest.skip(f"real-photo sample {SAMPLE_DIR} not present on this machine")
-    return [p.read_bytes() for p in paths]
-
-
-def pil(data: bytes, denom: int = 1) -> np.ndarray:
-    """PIL's decode at 1/denom (`draft`: libjpeg's scaled IDCT), EXIF-oriented, RGB."""
-    with Image.open(io.BytesIO(data)) as img:
-        if denom > 1:
-            img.draft("RGB", (img.width // denom, img.height // denom))
-        return np.asarray(ImageOps.exif_transpose(img).convert("RGB"))
+    return sample_photos(SAMPLES)
 
 
 def inside(box, shape, margin: int = 2) -> tuple[slice, slice]:
@@ -70,7 +56,7 @@ def test_both_routes_cut_the_box_from_pils_pixels_at_the_chosen_scale(denom: int
         h, w = header.height, header.width
         box = (h * 0.1 + 0.3, w * 0.2 + 0.7, h * 0.9, w * 0.75)
         out_hw = (int((box[2] - box[0]) / denom), int((box[3] - box[1]) / denom))
-        reference = pil(data, denom)
+        reference = pil_rgb(data, reduce=denom)
         fh, fw = reference.shape[:2]
         assert (fh, fw) == (-(-h // denom), -(-w // denom))
         scaled = (box[0] * fh / h, box[1] * fw / w, box[2] * fh / h, box[3] * fw / w)
@@ -91,9 +77,9 @@ def test_whole_route_box_follows_turbojpegs_rounded_up_sizes() -> None:
     header = read_header(data)
     full = (0.0, 0.0, 101.0, 147.0)
     got = decode_for_crop(data, header, full, (12, 18), roi=False)
-    assert got.pixels.shape == (13, 19, 3) == pil(data, 8).shape
+    assert got.pixels.shape == (13, 19, 3) == pil_rgb(data, reduce=8).shape
     assert got.box == pytest.approx((0.0, 0.0, 13.0, 19.0))
-    np.testing.assert_array_equal(got.pixels, pil(data, 8))
+    np.testing.assert_array_equal(got.pixels, pil_rgb(data, reduce=8))
 
 
 @pytest.mark.parametrize("orientation", [3, 6, 7])
@@ -102,7 +88,7 @@ def test_exif_orientation_on_both_routes(orientation: int) -> None:
         smooth_image(120, 168, seed=orientation), exif=exif_orientation_block(orientation)
     )
     header = read_header(data)
-    reference = pil(data, 2)
+    reference = pil_rgb(data, reduce=2)
     h, w = header.height, header.width
     fh, fw = reference.shape[:2]
     box = (h * 0.25, w * 0.1, h * 0.85, w * 0.6)
@@ -119,7 +105,7 @@ def test_embedded_dataset_image_at_full_size() -> None:
     box = (3.5, 5.25, header.height - 9.0, header.width - 2.0)
     got = decode_for_crop(data, header, box, (header.height, header.width))
     assert got.route == ROUTE_REGION
-    crop_of(got, pil(data), box)
+    crop_of(got, pil_rgb(data), box)
 
 
 def test_intact_bytes_take_the_restart_route_to_the_same_pixels() -> None:
@@ -141,7 +127,7 @@ def test_without_the_region_decoder_the_whole_image_serves(monkeypatch) -> None:
     box = (0.0, 0.0, float(header.height), float(header.width))
     got = decode_for_crop(data, header, box, (header.height // 4, header.width // 4))
     assert got.route == ROUTE_WHOLE
-    np.testing.assert_array_equal(got.pixels, pil(data, 4))
+    np.testing.assert_array_equal(got.pixels, pil_rgb(data, reduce=4))
     monkeypatch.delenv("BATCHWIRE_JPEG_ROI")
     for kind in ("cmyk", "png_as_jpg"):
         data = odd_file_bytes(kind, height=96, width=128)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import io
 import subprocess
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,7 +16,7 @@ from batchwire.pipeline.decode.contract import ROUTE_REGION, ROUTE_RESTART, Imag
 from batchwire.pipeline.decode.region import reach_region
 from batchwire.pipeline.decode.roi import decode_roi
 from batchwire.pipeline.synthetic import SyntheticSpec, render_jpeg
-from jpegchecks import HAS_DJPEG, djpeg_pixels
+from jpegchecks import HAS_DJPEG, djpeg_pixels, pil_rgb, sample_photos
 from oddfiles import (
     corrupt_jpeg,
     exif_orientation_block,
@@ -27,28 +26,27 @@ from oddfiles import (
     pil_restart_jpeg,
     smooth_image,
 )
-from PIL import Image, ImageOps
+from PIL import Image
 
-SAMPLE_DIR = Path(__file__).resolve().parents[3] / "shared" / "imagenet-sample"
 # A grey-and-colour handful: 4:2:0 photos of several sizes, the sample's one EXIF-rotated file.
 SAMPLES = ("n01440764_tench.JPEG", "n01443537_goldfish.JPEG", "n02951585_can_opener.JPEG")
 
 
 def samples() -> list[bytes]:
-    paths = [SAMPLE_DIR / name for name in SAMPLES]
-    if not all(p.is_file() for p in paths):
-        pytest.skip(f"real-photo sample {SAMPLE_DIR} not present on this machine")
-    return [p.read_bytes() for p in paths]
+    return sample_photos(SAMPLES)
 
 
 def reference(data: bytes, denom: int = 1) -> np.ndarray:
-    """PIL's decode (its own libjpeg), at 1/denom through `draft` (libjpeg's scaled IDCT, as
-    TurboJPEG's), EXIF-oriented."""
+    """`pil_rgb` at 1/denom, checked to be the scale asked (PIL's `draft` may choose another)."""
+    if denom > 1:
+        assert -(-read_stored_width(data) // denom) == _drafted_width(data, denom), "PIL scale"
+    return pil_rgb(data, reduce=denom)
+
+
+def _drafted_width(data: bytes, denom: int) -> int:
     with Image.open(io.BytesIO(data)) as img:
-        if denom > 1:
-            img.draft("RGB", (img.width // denom, img.height // denom))
-            assert img.width == -(-read_stored_width(data) // denom), "PIL chose another scale"
-        return np.asarray(ImageOps.exif_transpose(img).convert("RGB"))
+        img.draft("RGB", (img.width // denom, img.height // denom))
+        return img.width
 
 
 def read_stored_width(data: bytes) -> int:
