@@ -33,7 +33,8 @@ The rules:
   previous batch's release too: the same calls).
 - Loops and recursion collapse: a thread's hops are its distinct edges (caller file:line and
   function -> callee file and function), in the order each is first made. Threads of one
-  role (the producer threads, a decoder's pool) are one list.
+  role (the producer threads, a decoder's pool) are one list. Each thread's line also counts
+  its hops in coarser units (`coarser`): distinct pairs of modules, and of packages.
 - A call back is a hop that is not a call down the dependency graph: "up", the callee's
   module imports the caller's (for two packages: the callee's package sits above the caller's
   in the import table, `ALLOWED`'s closure), or "handed", neither module imports the other
@@ -426,6 +427,20 @@ def _rel(path: str) -> str:
     return Path(path).resolve().relative_to(REPO).as_posix()
 
 
+def _package(path: str) -> str:
+    """A product file's top folder: `pipeline/decode/cpu.py` -> `pipeline`."""
+    return path.split("/", 1)[0]
+
+
+def coarser(role_hops: list[Hop]) -> tuple[int, int]:
+    """The same hops counted in coarser units: distinct (caller module, callee module) pairs
+    and distinct pairs of different packages. The hop stays the unit of the target; these
+    say how much of the count is calls inside one module pair or one package."""
+    modules = {(h.caller, h.callee) for h in role_hops}
+    packages = {(_package(a), _package(b)) for a, b in modules if _package(a) != _package(b)}
+    return len(modules), len(packages)
+
+
 def summary(hops: dict[str, list[Hop]], batch: int) -> list[str]:
     """The lines ARCHITECTURE.md quotes: totals per thread, and the calls back."""
     every = [h for role_hops in hops.values() for h in role_hops]
@@ -435,7 +450,11 @@ def summary(hops: dict[str, list[Hop]], batch: int) -> list[str]:
         f"(pipeline-server {' '.join(SERVER_ARGS)}; RemoteLoader(prefetch=1))"
     ]
     for r, role_hops in hops.items():
-        lines.append(f"  {r}: {len(role_hops)} hops, {sum(bool(h.back) for h in role_hops)} back")
+        modules, packages = coarser(role_hops)
+        lines.append(
+            f"  {r}: {len(role_hops)} hops ({modules} module pairs, {packages} package pairs), "
+            f"{sum(bool(h.back) for h in role_hops)} back"
+        )
     lines.append("calls back:")
     lines += [f"  {h.summary()}" for h in back]
     return lines

@@ -431,5 +431,11 @@ def test_a_malformed_endpoint_is_a_value_error_and_leaves_no_socket_open(
 
 def test_an_ipv6_address_gets_an_ipv6_socket(ctx: zmq.Context) -> None:
     # Without the option libzmq accepts the connect and never reaches the address.
-    assert ServerConnection(ctx, "tcp://[::1]:5555").socket.ipv6
-    assert not ServerConnection(ctx, "tcp://127.0.0.1:5555").socket.ipv6
+    v6 = ServerConnection(ctx, "tcp://[::1]:5555")
+    v4 = ServerConnection(ctx, "tcp://127.0.0.1:5555")
+    try:
+        assert v6.socket.ipv6
+        assert not v4.socket.ipv6
+    finally:
+        v6.close()
+        v4.close()
