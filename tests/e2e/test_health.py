@@ -172,8 +172,10 @@ def test_a_dead_producer_fails_healthz_and_ends_the_server(tmp_path, ctx) -> Non
         def healthz_fails() -> bool:
             try:
                 code, body = probe(port, "/healthz")
-            except requests.ConnectionError:
-                return True  # the process is gone already
+            except (requests.ConnectionError, requests.exceptions.ChunkedEncodingError):
+                # The process is gone already, or went while it answered (a cut body): a
+                # probe that gets no answer fails, as Kubernetes counts it.
+                return True
             assert code in (200, 503), body
             return code == 503 and body["checks"]["production"] is False
 
