@@ -291,16 +291,22 @@ class ProducerThreads:
         order = job.order
         plan = order.sampler.plan(order.epoch, order.batch_index)
         spec = order.spec or self.spec
+        kw = self._produce_kwargs(order, plan, spec)
         if self.device != "cpu":
-            return self._produce_on_device(
-                order.split, plan, spec, job.slot.tensor, _sized(order), clock
-            )
+            return self._produce_on_device(order.split, plan, spec, job.slot.tensor, kw, clock)
         out = _batch_in(spec, job.slot.tensor)
+        return self.producers[order.split].produce(plan, out, clock=clock, **kw)
+
+    def _produce_kwargs(self, order: BatchOrder, plan: BatchPlan, spec: BatchSpec) -> dict:
+        """`BatchProducer.produce`'s options for the order, one set for both devices: its size,
+        the next batches a source may read along (`next_batches`: tar shards in a bucket), and
+        the sample window where the core marked the order for it (CPU servers only:
+        `server.sharing.sample_window_applies`)."""
         kw: dict = dict(_sized(order), upcoming=next_batches(order.sampler, plan))
         if order.share_samples and self.samples is not None:
             key = (order.split, spec.height, spec.width, spec.dtype, spec.layout)
             kw["reuse"] = (self.samples, key)
-        return self.producers[order.split].produce(plan, out, clock=clock, **kw)
+        return kw
 
     @staticmethod
     def _stats(producer: BatchProducer | None, clock: StageClock) -> BatchStats | None:
@@ -324,7 +330,7 @@ class ProducerThreads:
         plan: BatchPlan,
         spec: BatchSpec,
         host_out: torch.Tensor,
-        sized: dict,
+        kw: dict,
         clock: StageClock,
     ) -> BatchMeta:
         """Augment into this worker's device buffer, then copy into the pinned host buffer.
@@ -347,7 +353,7 @@ class ProducerThreads:
             local.copied = BufferFence()
         with torch.cuda.stream(local.cuda_stream):
             out = _batch_in(spec, local.device_out)
-            meta = self.producers[split].produce(plan, out, clock=clock, **sized)
+            meta = self.producers[split].produce(plan, out, clock=clock, **kw)
             if flat:
                 n = spec.nbytes
                 host_out[:n].copy_(local.device_out[:n], non_blocking=True)

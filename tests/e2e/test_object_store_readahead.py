@@ -7,12 +7,14 @@ loader's AccessWatch."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -20,6 +22,7 @@ import torch
 from batchwire.pipeline.augment_plan import AugmentConfig
 from batchwire.pipeline.dataset import ImageDataset, open_dataset
 from batchwire.pipeline.decode import CpuBatchDecoder
+from batchwire.pipeline.producer import BatchProducer
 from batchwire.pipeline.sampler import ShardSampler
 from batchwire.pipeline.samples import (
     LoadedSample,
@@ -27,9 +30,12 @@ from batchwire.pipeline.samples import (
     TransientReadError,
     next_batches,
 )
+from batchwire.pipeline.stages import StageHook
 from batchwire.pipeline.storage.readahead import ReadAhead
 from batchwire.pipeline.synthetic import default_dataset
 from batchwire.prepare.shards import write_shards
+from batchwire.server.jobs import BatchOrder, Job
+from batchwire.server.workers import ProducerThreads
 
 seaweed = pytest.importorskip("objectstore", reason="needs tests/objectstore.py").seaweed
 BUCKET = "readahead"
@@ -131,6 +137,44 @@ def test_the_local_batches_in_fewer_gets(seaweed, shards) -> None:
     assert read_ahead * 2 <= plain, gets
     counters = remote.reader.ahead.counters()
     assert counters["taken"] > 0 and counters["held_bytes"] + counters["flight_bytes"] == 0
+
+
+@pytest.mark.parametrize(
+    "device",
+    [
+        "cpu",
+        pytest.param(
+            "cuda",
+            marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+        ),
+    ],
+)
+def test_producer_threads_read_along_on_either_device(seaweed, shards, device: str) -> None:
+    """The server's producer threads hand the producer the epoch's next batches whatever the
+    device: with `--device cuda` they gave none, so no member was ever read along (``taken``
+    stayed 0) and every batch paid its own GETs."""
+    remote = _open(shards["a"], shards["cache"])
+    sampler = ShardSampler(len(remote), BATCH, seed=5, shuffle=True, drop_last=True)
+    config = AugmentConfig(image_size=24, train=True, output_dtype="uint8")
+    spec = config.batch_spec(BATCH)
+    r, w = os.pipe()
+    with CpuBatchDecoder(1) as dec:
+        threads = ProducerThreads(
+            {"train": BatchProducer(remote, config, 5, dec)}, 1, StageHook(), w, spec, device=device
+        )
+        try:
+            for k in range(sampler.num_batches):
+                order = BatchOrder("train", sampler, 1, k, 1, 0)
+                threads.submit(Job(order, SimpleNamespace(tensor=spec.empty())))  # type: ignore[arg-type]
+                result = threads.results.get(timeout=60)
+                assert result.ok, result
+        finally:
+            threads.stop()
+            os.close(r)
+            os.close(w)
+    remote.reader._background().submit(lambda: None).result()
+    counters = remote.reader.ahead.counters()
+    assert counters["taken"] > 0, counters
 
 
 def _read_along_case(remote: ImageDataset) -> tuple[int, int]:
