@@ -7,8 +7,10 @@ not kill a draining server). During the drain a new hello is refused as ``transi
 client asks its other servers); a client mid-stream gets the batches already in production,
 then `shutdown`; the process exits 0.
 
-Slow producers keep the drain open long enough to look at: a list file naming one 16-megapixel
-PNG (a batch of 4 takes about a second to decode on one thread).
+The drain stays open as long as the test looks at it: the server's producer waits at a gate (a
+file the test creates) before each batch, installed in the real server process by Python's
+start-up hook. A slow decode held it open before, for about 2 s; a loaded machine that paused
+the test that long found the server gone (CI once did).
 
 A producer thread that dies fails /healthz and ends the process with a non-zero exit code and
 the traceback in its log (a liveness probe or any supervisor restarts it).
@@ -23,15 +25,12 @@ import textwrap
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 import requests
 from batchwire import wire
 from batchwire.wire.raw_client import RawClient
 from rawclient import wait_for
 from serverproc import running_server, small_server_args
-
-cv2 = pytest.importorskip("cv2")
 
 
 def free_port() -> int:
@@ -46,19 +45,32 @@ def probe(port: int, path: str) -> tuple[int, dict]:
     return resp.status_code, resp.json()
 
 
-@pytest.fixture(scope="module")
-def big_images(tmp_path_factory) -> Path:
-    folder = tmp_path_factory.mktemp("big")
-    side = 4000
-    ramp = (np.arange(side, dtype=np.uint32) * 255 // side).astype(np.uint8)
-    image = np.empty((side, side, 3), np.uint8)
-    image[..., 0] = ramp[None, :]
-    image[..., 1] = ramp[:, None]
-    image[..., 2] = 128
-    assert cv2.imwrite(str(folder / "big.png"), image, [cv2.IMWRITE_PNG_COMPRESSION, 1])
-    listing = folder / "list.txt"
-    listing.write_text("".join(f"big.png {i % 2}\n" for i in range(64)))
-    return listing
+# Installed in the server process by Python's own start-up hook (sitecustomize on PYTHONPATH):
+# each batch waits, at most 60 s, for the file BW_TEST_GATE names.
+_GATED_PRODUCER = """
+    import os
+    import time
+    from batchwire.pipeline.producer import BatchProducer
+
+    produce_now = BatchProducer.produce
+
+    def produce(self, *args, **kwargs):
+        deadline = time.monotonic() + 60
+        while not os.path.exists(os.environ["BW_TEST_GATE"]) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return produce_now(self, *args, **kwargs)
+
+    BatchProducer.produce = produce
+"""
+
+
+def hooked_env(tmp_path: Path, hook_source: str, **env: str) -> dict[str, str]:
+    """PYTHONPATH with a sitecustomize.py of ``hook_source`` first, and ``env``."""
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(textwrap.dedent(hook_source))
+    path = os.pathsep.join(p for p in (str(hook), os.environ.get("PYTHONPATH", "")) if p)
+    return {"PYTHONPATH": path, **env}
 
 
 @pytest.mark.timeout(120)
@@ -86,14 +98,16 @@ def test_probes_answer_on_the_metrics_port_only_where_asked() -> None:
 
 
 @pytest.mark.timeout(120)
-def test_sigterm_drains_readyz_503_healthz_200_batches_in_production_sent(big_images, ctx) -> None:
+def test_sigterm_drains_readyz_503_healthz_200_batches_in_production_sent(tmp_path, ctx) -> None:
     port = free_port()
+    gate = tmp_path / "gate"
     args = (
-        *("--train", str(big_images), "--batch-size", "4", "--image-size", "32"),
-        *("--workers", "1", "--producers", "1", "--prefetch-depth", "2"),
+        *small_server_args(seed=3),
+        *("--batch-size", "4", "--producers", "1", "--prefetch-depth", "2"),
         *("--metrics-port", str(port), "--drain-timeout", "30"),
     )
-    with running_server(*args) as srv:
+    env = hooked_env(tmp_path, _GATED_PRODUCER, BW_TEST_GATE=str(gate))
+    with running_server(*args, env=env) as srv:
         client = RawClient.connect(ctx, srv.endpoint, batches=(0, 1, 2, 3))
         client.start()
         wait_for(
@@ -112,6 +126,7 @@ def test_sigterm_drains_readyz_503_healthz_200_batches_in_production_sent(big_im
         msg, _ = late.recv(10)
         assert isinstance(msg, wire.ErrorReply), msg
         assert msg.reason == "transient" and "draining" in msg.message
+        gate.touch()  # the batches in production may now be made
         got = []
         while True:
             msg, _ = client.recv(30)
@@ -157,13 +172,9 @@ def test_a_dead_producer_fails_healthz_and_ends_the_server(tmp_path, ctx) -> Non
     bookkeeping); a user transform cannot be used, since its errors, SystemExit included, are
     caught where it is called.
     """
-    hook = tmp_path / "hook"
-    hook.mkdir()
-    (hook / "sitecustomize.py").write_text(textwrap.dedent(_DYING_PRODUCER))
-    path = os.pathsep.join(p for p in (str(hook), os.environ.get("PYTHONPATH", "")) if p)
     port = free_port()
     args = (*small_server_args(seed=2), "--metrics-port", str(port), "--producers", "1")
-    with running_server(*args, env={"PYTHONPATH": path}) as srv:
+    with running_server(*args, env=hooked_env(tmp_path, _DYING_PRODUCER)) as srv:
         assert probe(port, "/healthz")[0] == 200
         client = RawClient.connect(ctx, srv.endpoint, batches=(0,))
         client.start()
