@@ -26,6 +26,7 @@ CORE = (
     "peers.py",
     "budget.py",
     "delivery.py",
+    "pacing.py",
 )
 # What only a shell may touch: threads and locks, the clock, sockets, the telemetry.
 FORBIDDEN = ("threading", "time", "zmq", "socket", "queue", "batchwire.server.telemetry")
