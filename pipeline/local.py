@@ -38,6 +38,7 @@ from batchwire.pipeline.dataset import ImageDataset, open_dataset
 from batchwire.pipeline.decode import DEFAULT_MAX_PIXELS, BatchDecoder
 from batchwire.pipeline.decode.select import make_decoder
 from batchwire.pipeline.producer import BatchMeta
+from batchwire.pipeline.samples import next_batches
 from batchwire.pipeline.sources.metadata import batch_metadata
 from batchwire.pipeline.sources.mix import is_mix, open_mix, parse_mix
 from batchwire.pipeline.split import build_split
@@ -343,12 +344,15 @@ class LocalLoader:
             ready.put(e)
 
     def _produce(self, plan: Any, buf: torch.Tensor) -> BatchMeta:
+        # The epoch's next batches, for a source that reads along (tar shards in a bucket), as
+        # the server's producer threads give them.
+        upcoming = next_batches(self.sampler, plan)
         order = self._order
         if order is None:
-            return self.producer.produce(plan, self._images(buf))
+            return self.producer.produce(plan, self._images(buf), upcoming=upcoming)
         i = self._index[buf.data_ptr()]
         with torch.cuda.device(order.device), torch.cuda.stream(order.stream):
             order.before_produce(i)
-            meta = self.producer.produce(plan, self._images(buf))
+            meta = self.producer.produce(plan, self._images(buf), upcoming=upcoming)
             order.produced(i)
         return meta
