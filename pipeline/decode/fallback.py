@@ -29,6 +29,7 @@ import dataclasses
 import logging
 import threading
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 from batchwire.common import devices
@@ -92,6 +93,11 @@ class CpuFallback:
             if self._cpu is None:
                 self._cpu = CpuBatchDecoder(self.threads)
             return self._cpu
+
+    @property
+    def pool(self) -> ThreadPoolExecutor | None:
+        """The CPU decoder's threads (None with one thread)."""
+        return self._decoder().pool
 
     def decode(
         self,
@@ -201,6 +207,13 @@ class GpuDecoderBase:
             self.max_batch * self.max_image_pixels * 3 / 2**20,
             extra,
         )
+
+    @property
+    def pool(self) -> ThreadPoolExecutor | None:
+        """The CPU fallback's threads: the sample loader reads and checks a batch's files on
+        them (`SampleLoader._each`), as it does on a CPU decoder's, instead of one file at a
+        time on the producer thread."""
+        return self._fallback.pool
 
     @property
     def fallbacks(self) -> int:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import os
+import threading
 from types import SimpleNamespace
 
 import pytest
@@ -17,6 +18,7 @@ from batchwire.pipeline.decode import CpuBatchDecoder, DecodeRequest, read_heade
 from batchwire.pipeline.decode.fallback import GpuBatch, GpuDecoderBase
 from batchwire.pipeline.producer import BatchProducer
 from batchwire.pipeline.sampler import ShardSampler
+from batchwire.pipeline.samples import SampleLoader
 from batchwire.pipeline.stages import DECODE, BatchStats, StageClock, StageHook
 from batchwire.server.jobs import BatchOrder, Job
 from batchwire.server.telemetry import Telemetry
@@ -145,11 +147,11 @@ class RefusingGpuDecoder(GpuDecoderBase):
 
     name = "refusing"
 
-    def __init__(self) -> None:
+    def __init__(self, threads: int = 1) -> None:
         self.device = torch.device("cpu")
         self.max_batch = 8
         self.max_image_pixels = None
-        self._start_fallback(1)
+        self._start_fallback(threads)
 
     def _decode_group(self, items: list[int], batch: GpuBatch) -> None:
         for i in items:
@@ -305,3 +307,22 @@ def test_a_producer_thread_reports_its_batch_stats(tmp_path) -> None:
     bad = [p for p in dataset.paths if "bad_text" in p]
     assert [p for res in results for p in res.stats.bad_files] == bad  # once
     assert hook.depth == {"read": 0, "decode": 0, "augment": 0}
+
+
+def test_a_gpu_decoder_lends_its_cpu_threads_to_read_and_check_files(tmp_path) -> None:
+    """The sample loader reads and checks a batch's files on its decoder's pool
+    (`SampleLoader._each`). A GPU decoder lends its CPU fallback's threads, as a CPU decoder
+    lends its own: it had no pool, so a GPU server read and checked one file at a time on each
+    producer thread."""
+    root = write_image_folder(tmp_path / "tree", classes=2, good_per_class=4, bad={})
+    dataset = open_dataset(root, cache_dir=tmp_path / "cache")
+    config = AugmentConfig(image_size=8, train=False, output_dtype="uint8")
+    decoder = RefusingGpuDecoder(threads=2)
+    try:
+        loader = SampleLoader(dataset, config, 0, decoder)
+        names = loader._each(lambda _: threading.current_thread().name, range(8))
+        assert {n.rpartition("_")[0] for n in names} == {"bw-decode"}, names
+        got = loader.load(0, list(range(8)))
+        assert [s.index for s in got] == list(range(8))
+    finally:
+        decoder.close()
