@@ -115,7 +115,7 @@ class ServerApp:
         # Pinned only where a GPU copy reads them (a --device cuda server's device-to-host
         # copies): a CPU server on a training node must not open a CUDA context on GPU 0.
         self.buffers = BufferPool(
-            self.capacity, plan.buffers, pin=config.device != "cpu", flat=True
+            self.capacity, plan.buffers, pin=config.device != "cpu", flat=True, device=config.device
         )
         self._bad_files = BadFileTally()  # bad_total: distinct files over all splits
         # The splits' user transforms: their error totals feed transform_errors_total.

@@ -11,6 +11,7 @@ the clients do. Used from the ROUTER loop thread only.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import dataclass
 
@@ -61,10 +62,14 @@ class BufferPool:
         chunk: int = CHUNK,
         pin: bool | None = None,
         flat: bool = False,
+        device: str = "cpu",
     ) -> None:
         if max_buffers < 1:
             raise ValueError(f"max_buffers must be >= 1, got {max_buffers}")
         self.spec = spec
+        # The GPU whose copies read the buffers (--device): pinned blocks are allocated under
+        # it (`_allocating_on`).
+        self.device = torch.device(device)
         self.flat = flat or spec.multi_view
         self.max_buffers = int(max_buffers)
         self.chunk = chunk
@@ -97,10 +102,11 @@ class BufferPool:
         if self._pinned():  # fill the power of two the pinned allocator rounds the block to
             span = buffer_span((self.spec.nbytes,), torch.uint8)
             count = pinned_ring_size(count, span, room)
-        if self.flat:
-            ring = BufferRing(count, (self.spec.nbytes,), torch.uint8, pin=self.pin)
-        else:
-            ring = BufferRing.for_spec(count, self.spec, self.pin)
+        with self._allocating_on():
+            if self.flat:
+                ring = BufferRing(count, (self.spec.nbytes,), torch.uint8, pin=self.pin)
+            else:
+                ring = BufferRing.for_spec(count, self.spec, self.pin)
         self._rings.append(ring)
         self.peak = max(self.peak, self.capacity)
         log.debug(
@@ -112,6 +118,15 @@ class BufferPool:
         )
         self.held += 1
         return Slot(ring.acquire(timeout=0), ring)
+
+    def _allocating_on(self) -> contextlib.AbstractContextManager:
+        """The server's GPU as the current device while a pinned block is allocated. Where no
+        CUDA context exists yet (the CPU decoder: the producers touch the GPU only later),
+        torch's pinned allocator opens one on the thread's current device, GPU 0 for
+        --device cuda:1: hundreds of MB on another job's GPU."""
+        if self.device.type == "cuda" and self._pinned():
+            return torch.cuda.device(self.device)
+        return contextlib.nullcontext()
 
     def _pinned(self) -> bool:
         """Whether new rings are pinned (`BufferRing`'s rule for ``pin=None``)."""

@@ -9,6 +9,10 @@ shrinking), so the sampling (indices, labels) is exact and the images' mean colo
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+import sys
+
 import pytest
 import torch
 from batchwire.client import RemoteLoader
@@ -67,3 +71,44 @@ def test_gpu_memory_statement_adds_each_producers_decode_output_and_batch():
     assert "3 producers x (decode output 3072 MiB + batch 9 MiB) = 9244 MiB" in line, line
     # A decoder with no pixel bound (DALI on the CPU) holds no device decode output.
     assert "decode output 0 MiB" in gpu_memory_statement(2, 64, None, 2**20)
+
+
+_PIN_ON_SECOND_GPU = """
+import os, subprocess
+from batchwire.server.bufpool import BufferPool
+from batchwire.wire import BatchSpec
+
+spec = BatchSpec(batch_size=4, height=8, width=8, dtype="uint8")
+pool = BufferPool(spec, 8, pin=True, flat=True, device="cuda:1")
+assert pool.acquire().tensor.is_pinned()
+
+
+def rows(*query):
+    out = subprocess.check_output(["nvidia-smi", *query, "--format=csv,noheader"], text=True)
+    return [line.split(", ") for line in out.splitlines() if ", " in line]
+
+
+index_of = {uuid: index for index, uuid in rows("--query-gpu=index,uuid")}
+mine = [index_of[uuid] for pid, uuid in rows("--query-compute-apps=pid,gpu_uuid")
+        if int(pid) == os.getpid()]
+print(",".join(sorted(mine)))
+"""
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(
+    torch.cuda.device_count() < 2 or shutil.which("nvidia-smi") is None,
+    reason="needs two CUDA devices and nvidia-smi",
+)
+def test_pinned_buffers_for_the_second_gpu_open_no_context_on_the_first() -> None:
+    """--device cuda:1 with the CPU decoder: the buffer pool's first pinned block is the
+    process's first CUDA call. torch's pinned allocator opens a context on the thread's
+    current device when none exists, so without `BufferPool._allocating_on` GPU 0 got one."""
+    run = subprocess.run(
+        [sys.executable, "-c", _PIN_ON_SECOND_GPU], capture_output=True, text=True, timeout=120
+    )
+    assert run.returncode == 0, run.stderr
+    gpus = run.stdout.strip()
+    if not gpus:
+        pytest.skip("nvidia-smi lists no process of this container (another PID namespace)")
+    assert gpus == "1", f"the process holds contexts on GPUs {gpus}"
