@@ -29,7 +29,8 @@ producer's first four stages (pipeline/stages.py) over a `SampleBatch`: read (th
 verify (checksum and header), plan (augmentation draws), decode (pixels of the whole batch in
 one `BatchDecoder.decode_batch` call, which lets GPU decoders batch). A file that verify or
 decode finds bad sends its sample back to read, for its next substitute. Reads and checks run
-on the decoder's threads where it has a pool (`CpuBatchDecoder.pool`).
+on the decoder's threads where it has a pool (`CpuBatchDecoder.pool`; a GPU decoder lends its CPU
+fallback's, `GpuDecoderBase.pool`).
 
 Object stores answer a request in 10-50 ms: read one by one on the decoder's few threads, a
 batch would wait for its samples in turn. So where the dataset reads many samples at once
