@@ -172,7 +172,7 @@ class BatchProducer:
             and isinstance(out, torch.Tensor)
             and out.device.type == "cpu"
         ):
-            return self._produce_reusing(plan, out, config, *reuse, clock)
+            return self._produce_reusing(plan, out, config, *reuse, clock, upcoming)
         return self._produce(plan, out, config, clock, upcoming)
 
     def _produce(
@@ -233,8 +233,10 @@ class BatchProducer:
         window: SampleWindow,
         prefix: Hashable,
         clock: StageClock,
+        upcoming: Upcoming | None = None,
     ) -> BatchMeta:
-        """`produce` through the sample window (module doc of pipeline/sample_window.py)."""
+        """`produce` through the sample window (module doc of pipeline/sample_window.py);
+        the samples it makes read the epoch's next batches along, as `_produce`'s do."""
         n = len(plan.indices)
         expected = self._spec(config, n)
         if list(out.shape) != expected.shape or out.dtype != expected.torch_dtype:
@@ -258,7 +260,7 @@ class BatchProducer:
             if taken:
                 try:
                     todo = [k[2] for k in taken]
-                    self._make(plan, todo, config, entries, window, keys, clock)
+                    self._make(plan, todo, config, entries, window, keys, clock, upcoming)
                 except BaseException:
                     window.abandon(taken)
                     raise
@@ -293,6 +295,7 @@ class BatchProducer:
         window: SampleWindow | None,
         keys: dict[int, Hashable],
         clock: StageClock,
+        upcoming: Upcoming | None = None,
     ) -> int:
         """Produce samples ``todo`` as a batch of their own into a scratch tensor; each into
         ``entries`` and, with a window, published there. Returns how many."""
@@ -305,7 +308,7 @@ class BatchProducer:
             valid=np.ones(len(todo), dtype=bool),
         )
         scratch = self._spec(config, len(todo)).empty()
-        meta = self._produce(sub, scratch, config, clock)
+        meta = self._produce(sub, scratch, config, clock, upcoming)
         for j, i in enumerate(todo):
             pixel_index = int(meta.pixel_indices[j])
             # The sample's own (scalar) label, as `SampleLoader` gives it; multi-label rows are

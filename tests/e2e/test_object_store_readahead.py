@@ -24,6 +24,7 @@ from batchwire.pipeline.dataset import ImageDataset, open_dataset
 from batchwire.pipeline.decode import CpuBatchDecoder
 from batchwire.pipeline.local import LocalLoader
 from batchwire.pipeline.producer import BatchProducer
+from batchwire.pipeline.sample_window import SampleWindow
 from batchwire.pipeline.sampler import ShardSampler
 from batchwire.pipeline.samples import (
     LoadedSample,
@@ -141,31 +142,38 @@ def test_the_local_batches_in_fewer_gets(seaweed, shards) -> None:
 
 
 @pytest.mark.parametrize(
-    "device",
+    ("device", "window"),
     [
-        "cpu",
+        ("cpu", False),
+        ("cpu", True),
         pytest.param(
             "cuda",
+            False,
             marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
         ),
     ],
+    ids=["cpu", "cpu-sample-window", "cuda"],
 )
-def test_producer_threads_read_along_on_either_device(seaweed, shards, device: str) -> None:
-    """The server's producer threads hand the producer the epoch's next batches whatever the
-    device: with `--device cuda` they gave none, so no member was ever read along (``taken``
-    stayed 0) and every batch paid its own GETs."""
+def test_producer_threads_read_along_on_every_path(
+    seaweed, shards, device: str, window: bool
+) -> None:
+    """The server's producer threads hand the producer the epoch's next batches on every path:
+    `--device cuda` and the sample window (a server taking several batch sizes) gave none, so
+    no member was ever read along (``taken`` stayed 0) and every batch paid its own GETs."""
     remote = _open(shards["a"], shards["cache"])
     sampler = ShardSampler(len(remote), BATCH, seed=5, shuffle=True, drop_last=True)
     config = AugmentConfig(image_size=24, train=True, output_dtype="uint8")
     spec = config.batch_spec(BATCH)
+    samples = SampleWindow(64 << 20) if window else None
     r, w = os.pipe()
     with CpuBatchDecoder(1) as dec:
+        producers = {"train": BatchProducer(remote, config, 5, dec)}
         threads = ProducerThreads(
-            {"train": BatchProducer(remote, config, 5, dec)}, 1, StageHook(), w, spec, device=device
+            producers, 1, StageHook(), w, spec, device=device, samples=samples
         )
         try:
             for k in range(sampler.num_batches):
-                order = BatchOrder("train", sampler, 1, k, 1, 0)
+                order = BatchOrder("train", sampler, 1, k, 1, 0, share_samples=window)
                 threads.submit(Job(order, SimpleNamespace(tensor=spec.empty())))  # type: ignore[arg-type]
                 result = threads.results.get(timeout=60)
                 assert result.ok, result
@@ -176,6 +184,8 @@ def test_producer_threads_read_along_on_either_device(seaweed, shards, device: s
     remote.reader._background().submit(lambda: None).result()
     counters = remote.reader.ahead.counters()
     assert counters["taken"] > 0, counters
+    if samples is not None:
+        assert samples.bytes > 0  # the batches went through the window
 
 
 def test_local_loader_reads_along_like_the_server(seaweed, shards) -> None:
