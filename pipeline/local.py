@@ -26,6 +26,7 @@ import logging
 import queue
 import threading
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +48,15 @@ log = logging.getLogger("batchwire.pipeline")
 
 _SPLITS = ("train", "val")
 _POLL_S = 0.2  # how often a blocked background thread checks whether to stop
+
+
+@dataclass(eq=False)
+class _Pass:
+    """One iteration's background producer and the batches it made ahead of the consumer."""
+
+    stop: threading.Event
+    worker: threading.Thread
+    ready: queue.Queue
 
 
 def _open(
@@ -198,6 +208,10 @@ class LocalLoader:
         self.with_metadata = bool(with_metadata)
         self.batch_size = int(batch_size)
         self.epoch = 0
+        # The pass being iterated: a newer iter() ends it (its worker holds ring buffers).
+        self._pass: _Pass | None = None
+        self._iteration = 0
+        self._closed = False
         self.decoder, self._owns_decoder = _make_decoder(decoder, threads, device, batch_size)
         try:  # the producer's probe fails on a dataset without a readable image
             self._split = build_split(
@@ -249,6 +263,11 @@ class LocalLoader:
         return self.producer.counts()
 
     def close(self) -> None:
+        active = getattr(self, "_pass", None)
+        if active is not None:  # its worker must not decode on a closed decoder
+            self._iteration += 1  # and its iterator raises, rather than wait for it
+            self._closed = True
+            self._end_pass(active)
         order = getattr(self, "_order", None)
         if order is not None:
             order.synchronize()
@@ -265,11 +284,20 @@ class LocalLoader:
         return self._iterate(self.epoch)
 
     def _iterate(self, epoch: int) -> Iterator[tuple[torch.Tensor, ...]]:
+        # A newer pass supersedes an older one still open (a peeked iterator kept, zip(loader,
+        # loader), a notebook cell re-run after an error): the older one's worker held the ring's
+        # buffers, and the newer one waited for them for ever. As `RemoteLoader`, the older
+        # iterator then raises.
+        if self._pass is not None:
+            self._end_pass(self._pass)
+        self._iteration += 1
+        iteration = self._iteration
         ready: queue.Queue = queue.Queue()
         stop = threading.Event()
         worker = threading.Thread(
             target=self._produce_all, args=(epoch, ready, stop), name="bw-local", daemon=True
         )
+        this = self._pass = _Pass(stop, worker, ready)
         worker.start()
         held: torch.Tensor | None = None
         try:
@@ -277,6 +305,12 @@ class LocalLoader:
                 if held is not None:
                     self._give_back(held)
                     held = None
+                if iteration != self._iteration:
+                    raise RuntimeError(
+                        "the loader was closed while this iterator was in use"
+                        if self._closed
+                        else "this iterator was superseded by a newer iter(loader)"
+                    )
                 item = ready.get()
                 if isinstance(item, BaseException):
                     raise item
@@ -295,14 +329,20 @@ class LocalLoader:
                     images = self._images(buf)
                 yield self._output(images, meta)
         finally:
-            stop.set()
             if held is not None:
                 self._give_back(held)
-            worker.join()
-            while not ready.empty():  # batches produced ahead of a caller who stopped early
-                item = ready.get_nowait()
-                if not isinstance(item, BaseException):
-                    self.ring.release(item[0])
+            self._end_pass(this)
+
+    def _end_pass(self, ended: _Pass) -> None:
+        """Stop a pass's worker and give back what it made ahead (idempotent)."""
+        ended.stop.set()
+        ended.worker.join()
+        while not ended.ready.empty():  # batches produced ahead of a caller who stopped early
+            item = ended.ready.get_nowait()
+            if not isinstance(item, BaseException):
+                self.ring.release(item[0])
+        if self._pass is ended:
+            self._pass = None
 
     def _give_back(self, buf: torch.Tensor) -> None:
         """A buffer the consumer had: guarded by its stream's event, then back to the ring."""

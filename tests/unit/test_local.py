@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -129,6 +130,53 @@ def test_ring_semantics_and_early_stop(mixed: ImageDataset) -> None:
         assert torch.equal(next(again)[0], kept[0][1])
         again.close()
         assert safe.ring.free == len(safe.ring)
+    finally:
+        decoder.close()
+
+
+def _within(seconds: float, fn):
+    """``fn()``'s result, or a failure (not a hung test) when it takes longer."""
+    box: list = []
+
+    def run() -> None:
+        try:
+            box.append((fn(), None))
+        except Exception as exc:  # raised again in the test's thread
+            box.append((None, exc))
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert box, f"still waiting after {seconds} s"
+    result, error = box[0]
+    if error is not None:
+        raise error
+    return result
+
+
+@pytest.mark.parametrize("copy", [True, False])
+def test_a_newer_iterator_supersedes_an_open_one(mixed: ImageDataset, copy: bool) -> None:
+    """A pass left open (a peeked iterator kept, zip(loader, loader), a notebook cell re-run
+    after an error) held the ring's buffers in its worker, and the next iter() waited for them
+    for ever. Now the newer pass ends the older one, whose iterator raises, as RemoteLoader's."""
+    decoder = CpuBatchDecoder(1)
+    try:
+        loader = LocalLoader(mixed, batch_size=3, image_size=12, decoder=decoder, ring=2, copy=copy)
+        reference = [labels.clone() for _, labels in loader]
+        first = iter(loader)
+        next(first)
+        second = iter(loader)
+        got = _within(30, lambda: [labels.clone() for _, labels in second])
+        assert [g.tolist() for g in got] == [r.tolist() for r in reference]
+        with pytest.raises(RuntimeError, match="superseded by a newer iter"):
+            next(first)
+        assert loader.ring.free == len(loader.ring)
+
+        third = iter(loader)
+        next(third)
+        loader.close()  # mid-pass: its worker stops and the iterator says why, never waits
+        with pytest.raises(RuntimeError, match="loader was closed"):
+            _within(10, lambda: next(third))
     finally:
         decoder.close()
 
