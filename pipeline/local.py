@@ -168,6 +168,10 @@ class LocalLoader:
     in the order given, exactly what a server with the same --views sends. `with_metadata`:
     one more element, the per-sample metadata of a manifest's other columns (a list of dicts,
     None for padding slots and datasets without), as `RemoteLoader(with_metadata=True)`.
+
+    One pass at a time: a newer ``iter(loader)`` ends a pass still open (its background
+    thread stops and gives its buffers back), and the older iterator's next step raises
+    RuntimeError, as `RemoteLoader`'s does; `close` ends the open pass too.
     """
 
     def __init__(
