@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,9 +38,10 @@ from batchwire.pipeline.augment_plan import AugmentConfig
 from batchwire.pipeline.buffers import BufferRing, BufferTimeout
 from batchwire.pipeline.dataset import ImageDataset, open_dataset
 from batchwire.pipeline.decode import DEFAULT_MAX_PIXELS, BatchDecoder
+from batchwire.pipeline.decode.files import is_transient
 from batchwire.pipeline.decode.select import make_decoder
 from batchwire.pipeline.producer import BatchMeta
-from batchwire.pipeline.samples import next_batches
+from batchwire.pipeline.samples import TransientReadError, next_batches
 from batchwire.pipeline.sources.metadata import batch_metadata
 from batchwire.pipeline.sources.mix import is_mix, open_mix, parse_mix
 from batchwire.pipeline.split import build_split
@@ -48,6 +50,11 @@ log = logging.getLogger("batchwire.pipeline")
 
 _SPLITS = ("train", "val")
 _POLL_S = 0.2  # how often a blocked background thread checks whether to stop
+# A batch that fails transient (a store restarting, descriptors running out) is made again,
+# backing off from the first to the longest wait, for at most this long: as a RemoteLoader
+# asks its servers again within its default timeout.
+TRANSIENT_WAIT_S = 60.0
+_RETRY_FIRST_S, _RETRY_MAX_S = 0.25, 4.0
 
 
 @dataclass(eq=False)
@@ -379,13 +386,35 @@ class LocalLoader:
                     except BufferTimeout:
                         continue
                 try:
-                    meta = self._produce(plan, buf)
+                    meta = self._produce_patiently(plan, buf, stop)
                 except BaseException:
                     self.ring.release(buf)
                     raise
                 ready.put((buf, meta))
         except BaseException as e:
             ready.put(e)
+
+    def _produce_patiently(self, plan: Any, buf: torch.Tensor, stop: threading.Event) -> BatchMeta:
+        """`_produce`, made again while it fails for a reason that may pass (`TransientReadError`,
+        `AccessDeniedError`, out of memory or descriptors) for up to `TRANSIENT_WAIT_S`, each
+        time logged: the server answers such a batch "transient" and its client asks again,
+        so a store restarting mid-epoch costs a wait, never a sample, in-process too."""
+        deadline = time.monotonic() + TRANSIENT_WAIT_S
+        delay = _RETRY_FIRST_S
+        while True:
+            try:
+                return self._produce(plan, buf)
+            except Exception as exc:
+                passing = isinstance(exc, TransientReadError) or is_transient(exc)
+                if not passing or time.monotonic() + delay > deadline:
+                    raise
+                log.warning(
+                    "batch %d failed (%s: %s); making it again in %.2f s",
+                    plan.batch_index, type(exc).__name__, exc, delay,
+                )  # fmt: skip
+                if stop.wait(delay):  # the pass ended meanwhile: nobody waits for the batch
+                    raise
+                delay = min(_RETRY_MAX_S, 2 * delay)
 
     def _produce(self, plan: Any, buf: torch.Tensor) -> BatchMeta:
         # The epoch's next batches, for a source that reads along (tar shards in a bucket), as

@@ -7,6 +7,7 @@ loader's AccessWatch."""
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import threading
@@ -266,6 +267,7 @@ def test_a_store_killed_mid_epoch_costs_retries_never_a_sample(seaweed, shards) 
         want = _epoch(SampleLoader(local, CONFIG, 11, dec), sampler, 2, ahead=False)
         loader = SampleLoader(remote, CONFIG, 11, dec, check_start=False)
         got, failed = [], 0
+        restart: threading.Timer | None = None
         for b in range(sampler.num_batches):
             plan = sampler.plan(2, b)
             if b == 2:
@@ -277,12 +279,45 @@ def test_a_store_killed_mid_epoch_costs_retries_never_a_sample(seaweed, shards) 
                     break
                 except TransientReadError:  # what the client retries
                     if failed == 0:  # the outage is met: the store comes back 3 s later
-                        threading.Timer(3.0, seaweed.start).start()
+                        restart = threading.Timer(3.0, seaweed.start)
+                        restart.start()
                     failed += 1
                     assert time.monotonic() < deadline
+    if restart is not None:
+        restart.join(60)  # the store is up before the next test uses it
     _same(got, want)
     assert failed > 0, "the outage was not met"
     assert loader.bad_total == 0 and loader.transient_total > 0
+
+
+def test_local_loader_waits_out_a_store_restart(seaweed, shards, caplog) -> None:
+    """The store SIGKILLed after the first batch and started again 4 s later (past the sample
+    loader's own second of retries): `LocalLoader` makes the batches that failed transient
+    again, as a server's client asks for them again, and its epoch is the local shards' epoch,
+    no sample replaced. It used to raise the first TransientReadError to the training loop."""
+    local = _open(shards["local"], shards["cache"])
+    remote = _open(shards["a"], shards["cache"])
+    remote.reader.ahead = ReadAhead(batches=2)  # small windows: the epoch outruns them
+    kw = {"batch_size": BATCH, "image_size": 24, "seed": 11, "threads": 1}
+    with LocalLoader(local, output_dtype="uint8", **kw) as reference:
+        want = [(images.clone(), labels.clone()) for images, labels in reference]
+    got = []
+    restart = threading.Timer(4.0, seaweed.start)
+    with (
+        caplog.at_level(logging.WARNING, logger="batchwire.pipeline"),
+        LocalLoader(remote, output_dtype="uint8", **kw) as loader,
+    ):
+        for k, (images, labels) in enumerate(loader):
+            got.append((images.clone(), labels.clone()))
+            if k == 0:
+                seaweed.kill()
+                restart.start()
+        assert loader.counts()["replaced_total"] == 0
+    restart.join(60)  # the store is up before the next test kills it again
+    assert len(got) == len(want) >= 8
+    for (images, labels), (ref_images, ref_labels) in zip(got, want, strict=True):
+        assert torch.equal(labels, ref_labels) and torch.equal(images, ref_images)
+    assert "making it again" in caplog.text, "the outage was not met"
 
 
 def test_a_window_that_cannot_be_read_in_the_background_is_read_by_its_batches(
