@@ -1,7 +1,12 @@
 """`LocalLoader`: batches produced in-process, the server-less way to use the pipeline.
 
 Same sampler, decoder, bad-input handling and augment op as the server, so a model trained with
-`LocalLoader` sees exactly the batches `RemoteLoader` would deliver for the same seed. A
+`LocalLoader` sees exactly the batches `RemoteLoader` would deliver for the same seed, rank,
+world size and epoch, given ``output_dtype="uint8"`` (the server's default wire; `LocalLoader`'s
+default is float32, normalised here from the unrounded pixel, where a `RemoteLoader` normalises
+the rounded uint8 one: values differ by up to half a grey level over std). Unlike
+`RemoteLoader`, it takes ``rank`` and ``world_size`` as given (torchrun's are not read) and
+moves to another epoch only on ``set_epoch``, as a DataLoader with a DistributedSampler. A
 background thread produces the next batches into a ring of preallocated buffers while the caller
 works on the current one.
 
