@@ -139,7 +139,7 @@ def test_a_multi_view_server_is_a_clear_error_naming_the_readme_section():
     assert line == (
         f"pipeline-train: error: pipeline-server at {srv.endpoint} serves multi-view batches "
         "(--views: 4 views per sample); pipeline-train trains one view per sample: train on "
-        "them with your own loop over RemoteLoader (docs/transforms.md, \"Multi-view and "
+        'them with your own loop over RemoteLoader (docs/transforms.md, "Multi-view and '
         'progressive resizing"), or serve without --views'
     ), line
     readme = (Path(__file__).parents[2] / "docs" / "transforms.md").read_text()
