@@ -7,7 +7,8 @@
 
 called on each decoded sample in the producer threads. ``image`` is the whole decoded image,
 HWC uint8 RGB, at full resolution (no crop-region decode and no DCT reduction: the transform
-decides the crop, so the decoder cannot know which part or scale it will read). ``generator``
+decides the crop, so the decoder cannot know which part or scale it will read), on the
+decoder's device (a GPU decoder's images are CUDA tensors; docs/transforms.md). ``generator``
 is a CPU `torch.Generator` seeded from (seed, epoch, sample index) through the pipeline's
 counter-based draws (`augment_plan.draw_uniforms` with `TRANSFORM_SALT`), so a sample's output
 depends on nothing else: any server, thread count or resume point produces the same bytes, as
