@@ -174,7 +174,8 @@ class LocalLoader:
     default device) is this rank's GPU: the one `torch.cuda.set_device` chose, else
     LOCAL_RANK's. Extra keyword arguments are `AugmentConfig` fields (scale, ratio, flip_prob,
     brightness, ..., output_dtype, layout, and `transform`: a user transform, "module:callable"
-    or the callable itself, as the server's --transform; pipeline/transforms.py; `views`:
+    or the callable itself, as the server's --transform on a train loader and its
+    --val-transform on a val one: give each loader its own; pipeline/transforms.py; `views`:
     multi-view crops, the server's --views spelling, e.g. "2x224:0.4-1.0,6x96:0.05-0.4").
     With views each batch is `(views_list, labels[, indices])`, views_list[k] `[B, 3, Hk, Wk]`
     in the order given, exactly what a server with the same --views sends. `with_metadata`:
