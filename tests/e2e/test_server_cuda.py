@@ -9,6 +9,7 @@ shrinking), so the sampling (indices, labels) is exact and the images' mean colo
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -16,6 +17,8 @@ import sys
 import pytest
 import torch
 from batchwire.client import RemoteLoader
+from batchwire.pipeline.decode.dali import dali_decode_missing
+from batchwire.pipeline.decode.nvjpeg import nvjpeg_decode_missing
 from batchwire.server.memory import gpu_memory_statement
 from serverproc import running_server, small_server_args
 
@@ -46,6 +49,11 @@ def test_cuda_server_serves_the_cpu_servers_epoch(cpu_epoch, decoder):
         got = epoch(srv.endpoint)
         log = srv.log()
     assert "GPU memory bound:" in log, log[-2000:]
+    if decoder == "auto":  # a GPU decoder where one decodes here: not a silent CPU fallback
+        chosen = re.search(r"decoder: (\w+) on cuda", log)
+        assert chosen is not None, log[-2000:]
+        gpu_decodes = dali_decode_missing("cuda") is None or nvjpeg_decode_missing("cuda") is None
+        assert (chosen.group(1) != "cpu") == gpu_decodes, log[-2000:]
     assert len(got) == len(cpu_epoch) > 0
     colour_diffs = []
     for (images, labels, indices), (ref_images, ref_labels, ref_indices) in zip(
