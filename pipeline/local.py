@@ -43,10 +43,9 @@ from batchwire.pipeline.augment_plan import AugmentConfig
 from batchwire.pipeline.buffers import BufferRing, BufferTimeout
 from batchwire.pipeline.dataset import ImageDataset, open_dataset
 from batchwire.pipeline.decode import DEFAULT_MAX_PIXELS, BatchDecoder
-from batchwire.pipeline.decode.files import is_transient
 from batchwire.pipeline.decode.select import make_decoder
 from batchwire.pipeline.producer import BatchMeta
-from batchwire.pipeline.samples import TransientReadError, next_batches
+from batchwire.pipeline.samples import batch_may_pass, next_batches
 from batchwire.pipeline.sources.metadata import batch_metadata
 from batchwire.pipeline.sources.mix import is_mix, open_mix, parse_mix
 from batchwire.pipeline.split import build_split
@@ -401,18 +400,17 @@ class LocalLoader:
             ready.put(e)
 
     def _produce_patiently(self, plan: Any, buf: torch.Tensor, stop: threading.Event) -> BatchMeta:
-        """`_produce`, made again while it fails for a reason that may pass (`TransientReadError`,
-        `AccessDeniedError`, out of memory or descriptors) for up to `TRANSIENT_WAIT_S`, each
-        time logged: the server answers such a batch "transient" and its client asks again,
-        so a store restarting mid-epoch costs a wait, never a sample, in-process too."""
+        """`_produce`, made again while it fails for a reason that may pass (`batch_may_pass`)
+        for up to `TRANSIENT_WAIT_S`, each time logged: the server answers such a batch
+        "transient" and its client asks again, so a store restarting mid-epoch costs a wait,
+        never a sample, in-process too."""
         deadline = time.monotonic() + TRANSIENT_WAIT_S
         delay = _RETRY_FIRST_S
         while True:
             try:
                 return self._produce(plan, buf)
             except Exception as exc:
-                passing = isinstance(exc, TransientReadError) or is_transient(exc)
-                if not passing or time.monotonic() + delay > deadline:
+                if not batch_may_pass(exc) or time.monotonic() + delay > deadline:
                     raise
                 log.warning(
                     "batch %d failed (%s: %s); making it again in %.2f s",

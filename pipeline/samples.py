@@ -121,6 +121,15 @@ class AccessDeniedError(TransientReadError):
     as transient; no file is remembered as bad for it."""
 
 
+def batch_may_pass(exc: BaseException) -> bool:
+    """Whether a batch that failed with ``exc`` may succeed if made again: its reads kept
+    failing for a reason that says nothing about the files (`TransientReadError`,
+    `AccessDeniedError`), or the machine ran out of memory or descriptors elsewhere
+    (`decode.files.is_transient`). The server answers such a batch "transient" and its
+    client asks again; `LocalLoader` makes it again."""
+    return isinstance(exc, TransientReadError) or is_transient(exc)
+
+
 def _retrying(
     fn: Callable[[], object],
     what: str,

@@ -63,9 +63,10 @@ def remove_gone(dst: Path, previous: Previous, source: Source, mirror: Mirror) -
     """Removes what earlier runs wrote for files and folders SRC no longer has (see the
     module doc), recording it in `mirror`."""
     files, dirs = _accounted(source)
+    root = Path(os.path.realpath(dst))  # once: every path removed must lie under it
     gone = []
     for rel in sorted(rel for rel in previous.records if rel not in files):
-        if _under(dst, rel):
+        if _under(root, rel):
             gone.append(rel)
         else:
             mirror.kept.append((rel, OUTSIDE))
@@ -84,7 +85,7 @@ def remove_gone(dst: Path, previous: Previous, source: Source, mirror: Mirror) -
             emptied.update(_parents(rel))
         elif why:
             mirror.kept.append((rel, why))
-    candidates = {d for d in (previous.dirs | emptied) - dirs if _under(dst, d)}
+    candidates = {d for d in (previous.dirs | emptied) - dirs if _under(root, d)}
     for rel in sorted(candidates, key=lambda d: (-d.count("/"), d)):
         with contextlib.suppress(OSError):  # not empty (someone else's files), or gone
             os.rmdir(dst / rel)
@@ -94,15 +95,15 @@ def remove_gone(dst: Path, previous: Previous, source: Source, mirror: Mirror) -
 OUTSIDE = "outside DST (an absolute or '..' path, or a folder symlinked elsewhere): never removed"
 
 
-def _under(dst: Path, rel: str) -> bool:
-    """Whether a manifest's path names a place inside DST: a plain relative path whose folder,
-    symlinks resolved, is DST or under it. A row edited by hand ("../x", "/etc/x") or a folder
-    of DST replaced by a symlink must never make a rerun remove anything outside DST."""
+def _under(root: Path, rel: str) -> bool:
+    """Whether a manifest's path names a place inside DST (``root``, its real path): a plain
+    relative path whose folder, symlinks resolved, is DST or under it. A row edited by hand
+    ("../x", "/etc/x") or a folder of DST replaced by a symlink must never make a rerun remove
+    anything outside DST."""
     parts = rel.split("/")
     if rel.startswith("/") or any(part in ("", ".", "..") for part in parts):
         return False
-    root = Path(os.path.realpath(dst))
-    folder = Path(os.path.realpath(dst.joinpath(*parts[:-1])))
+    folder = Path(os.path.realpath(root.joinpath(*parts[:-1])))
     return folder == root or root in folder.parents
 
 

@@ -43,10 +43,9 @@ from typing import TYPE_CHECKING
 
 import torch
 from batchwire.common.cuda_events import BufferFence
-from batchwire.pipeline.decode.files import is_transient
 from batchwire.pipeline.producer import BatchMeta, BatchProducer
 from batchwire.pipeline.sample_window import SampleWindow
-from batchwire.pipeline.samples import AccessDeniedError, TransientReadError, next_batches
+from batchwire.pipeline.samples import AccessDeniedError, batch_may_pass, next_batches
 from batchwire.pipeline.stages import BatchStats, StageClock, StageHook
 from batchwire.server.jobs import BatchOrder, Job, JobResult
 from batchwire.wire import BatchSpec
@@ -266,8 +265,7 @@ class ProducerThreads:
                 self.on_broken_cuda(broken)  # by default the process ends here
             # Out of descriptors or memory anywhere (a read after its retries, but also, say, a
             # lazy import on the first plan of an epoch) may pass: the client asks again.
-            transient = isinstance(exc, TransientReadError) or is_transient(exc)
-            reason = "transient" if transient else "failed"
+            reason = "transient" if batch_may_pass(exc) else "failed"
             return JobResult(
                 job,
                 0.0,
