@@ -22,6 +22,7 @@ import torch
 from batchwire import native
 from batchwire.pipeline.augment_plan import AugmentConfig
 from batchwire.pipeline.decode import DEFAULT_MAX_PIXELS, BatchDecoder
+from batchwire.pipeline.decode.fallback import upload
 from batchwire.pipeline.image_dataset import ImageDataset
 from batchwire.pipeline.sample_window import CHUNK, WAIT_S, SampleEntry, SampleWindow
 from batchwire.pipeline.sampler import PADDING_LABEL, BatchPlan
@@ -203,11 +204,9 @@ class BatchProducer:
             clock.enter(LABEL)
             return self._meta(plan, samples)
         device = outs[0].device
-        non_blocking = device.type == "cuda"
-        images = [
-            s.image if s.image.device == device else s.image.to(device, non_blocking=non_blocking)
-            for s in samples
-        ]
+        # CPU-decoded images on a GPU server: `upload`, queued from pinned memory (a pageable
+        # copy would make this producer wait for its stream's queued work).
+        images = [s.image if s.image.device == device else upload(s.image, device) for s in samples]
         # The parameters stay on the host whatever the device: the op reads them there, and
         # device copies would cost a host synchronisation each.
         if not self.config.views:
