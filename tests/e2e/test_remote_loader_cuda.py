@@ -195,11 +195,15 @@ def test_cuda_close_waits_for_work_on_another_consumer_stream(server, cpu_run):
     assert_same([tuple(t.cpu() for t in kept)], cpu_run[:1])
 
 
-def test_cuda_stream_on_another_device_is_refused(server):
+def test_cuda_stream_on_its_own_device_is_accepted(server):
     loader = RemoteLoader(server.endpoint, device="cuda:0", stream=torch.cuda.Stream("cuda:0"))
+    assert loader.server_info()  # connects: the stream's device is checked then
     loader.close()
-    if torch.cuda.device_count() < 2:
-        pytest.skip("needs two GPUs")
+
+
+@pytest.mark.multi_gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_cuda_stream_on_another_device_is_refused(server):
     loader = RemoteLoader(server.endpoint, device="cuda:0", stream=torch.cuda.Stream("cuda:1"))
     with pytest.raises(ValueError, match="stream= is on cuda:1"):
         loader.server_info()

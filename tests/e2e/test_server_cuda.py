@@ -104,6 +104,7 @@ print(",".join(sorted(mine)))
 
 
 @pytest.mark.cuda
+@pytest.mark.multi_gpu
 @pytest.mark.skipif(
     torch.cuda.device_count() < 2 or shutil.which("nvidia-smi") is None,
     reason="needs two CUDA devices and nvidia-smi",

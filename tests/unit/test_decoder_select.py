@@ -102,7 +102,10 @@ def test_nvjpeg_by_name_is_refused_when_the_probe_fails():
     from batchwire.pipeline.decode.nvjpeg import nvjpeg_decode_missing
 
     missing = nvjpeg_decode_missing("cuda:0")
-    if missing is None:
-        pytest.skip("nvJPEG decodes here: nothing to refuse")
+    if missing is None:  # nothing to refuse: asked for by name, it is built
+        dec = make_decoder("nvjpeg", "cuda", 1)
+        assert dec.name == "nvjpeg"
+        dec.close()
+        return
     with pytest.raises(RuntimeError, match="--decoder nvjpeg needs CUDA and torchvision"):
         make_decoder("nvjpeg", "cuda", 1)

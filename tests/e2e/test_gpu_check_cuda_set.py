@@ -78,10 +78,6 @@ def test_the_cuda_set_is_collected_from_the_scripts_files(cuda_set: list[dict]) 
     assert {r["test"].split("::")[0] for r in cuda_set} <= set(files)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="gpu-review finding: multi-GPU and nothing-to-check skips in the -m cuda set",
-)
 def test_no_cuda_test_of_the_check_skips_on_a_healthy_single_gpu(cuda_set: list[dict]) -> None:
     bad = [(r["test"], s) for r in cuda_set for s in r["skips"] if not ALLOWED.search(s)]
     assert not bad, f"skips a healthy single-GPU machine takes (step 4 then FAILs): {bad}"
