@@ -195,6 +195,9 @@ class CudaStager:
                     out=out,
                     hand=HandOff(),
                 )
+            # The slots came from the caching allocator on the current stream (a block freed
+            # there may still be read by its queued kernels); copy_stream writes them.
+            self.copy_stream.wait_stream(torch.cuda.current_stream(device))
 
     def acquire(self, header: wire.BatchHeader) -> HostSlot:
         slot = self.ring.acquire()

@@ -38,7 +38,10 @@ class BufferFence:
     """
 
     def __init__(self) -> None:
-        self.event = torch.cuda.Event()
+        # A blocking-sync event: a host that waits for it sleeps. The default spins a core
+        # (CUDA's automatic scheduling, with fewer contexts than cores), a core a producer
+        # thread's CPU fallback and checks need.
+        self.event = torch.cuda.Event(blocking=True)
         #: A use was recorded and the host has not waited for it since.
         self.recorded = False
 

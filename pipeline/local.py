@@ -248,6 +248,10 @@ class LocalLoader:
                 self._order = _CudaOrder(where, ring)
                 with torch.cuda.device(where):
                     self.ring = BufferRing.for_spec(ring, spec, pin=False, device=where)
+                    # The caching allocator gave the buffers on the current stream (a block
+                    # freed there may still be read by its queued kernels); the producer stream
+                    # writes them, so it waits for what is queued there first.
+                    self._order.stream.wait_stream(torch.cuda.current_stream(where))
             else:
                 self.ring = BufferRing.for_spec(ring, spec, pin=False, device=where)
             self._index = {t.data_ptr(): i for i, t in enumerate(self.ring.buffers)}

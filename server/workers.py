@@ -348,6 +348,9 @@ class ProducerThreads:
             else:
                 local.device_out = self.spec.empty(device=self.device)
             local.cuda_stream = torch.cuda.Stream(device=self.device)
+            # device_out came from the caching allocator on this thread's current stream: the
+            # worker's stream, which writes it, waits for what is queued there first.
+            local.cuda_stream.wait_stream(torch.cuda.current_stream(self.device))
             local.copied = BufferFence()
         with torch.cuda.stream(local.cuda_stream):
             out = _batch_in(spec, local.device_out)

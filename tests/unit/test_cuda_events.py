@@ -17,6 +17,7 @@ CUDA = torch.cuda.is_available()
 class Log:
     def __init__(self) -> None:
         self.ops: list[tuple] = []
+        self.created: list[dict[str, bool]] = []  # each event's flags
 
 
 @pytest.fixture
@@ -24,6 +25,9 @@ def log(monkeypatch: pytest.MonkeyPatch) -> Log:
     calls = Log()
 
     class Event:
+        def __init__(self, **flags: bool) -> None:
+            calls.created.append(flags)
+
         def record(self, stream) -> None:
             calls.ops.append(("record", self, stream))
 
@@ -47,6 +51,12 @@ def test_fence_is_free_until_recorded(log: Log) -> None:
     fence.wait(Stream(log, "s"))
     fence.synchronize()
     assert log.ops == []
+
+
+def test_a_host_waiting_on_a_fence_sleeps(log: Log) -> None:
+    """A blocking-sync event: a producer thread waiting for its copy does not spin a core."""
+    BufferFence()
+    assert log.created == [{"blocking": True}]
 
 
 def test_fence_record_then_wait_and_synchronize(log: Log) -> None:

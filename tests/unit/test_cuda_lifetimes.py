@@ -167,6 +167,18 @@ def test_stager_creates_its_stream_and_events_with_the_device_current(cuda: Fake
     assert not stager.ring.pinned  # a CPU target pins nothing (only a GPU copy reads slots)
 
 
+def test_stager_side_stream_waits_for_the_stream_its_slots_were_allocated_on(
+    cuda: FakeCuda,
+) -> None:
+    """The caching allocator gives blocks on the current stream, where a freed block may still
+    be read by queued kernels: the side stream that writes the slots waits for that stream."""
+    stager = make_stager()
+    assert cuda.ops("wait_stream", stager.copy_stream) == [
+        ("wait_stream", stager.copy_stream, cuda.default)
+    ]
+    stager.close()
+
+
 def test_batch_is_guarded_by_the_stream_it_was_handed_to(cuda: FakeCuda) -> None:
     stager = make_stager(slots=1)
     consumer = cuda.Stream(name="consumer")
