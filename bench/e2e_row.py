@@ -20,11 +20,14 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from batchwire.bench.baselines import Measured, RowLoop, time_batches
 from batchwire.common.launcher import PipelineServer, free_tcp_endpoint
+
+if TYPE_CHECKING:
+    from batchwire.wire.stats import Counters
 
 #: How the benchmark's RemoteLoader reaches its server.
 TRANSPORTS = ("ipc", "tcp")
@@ -169,9 +172,8 @@ def batchwire_row(
     return dataclasses.replace(measured, fallbacks=fallbacks)
 
 
-def server_fallbacks(endpoint: str, keys: str | None = None) -> int | None:
-    """The server's `decode_fallbacks_total` (images its GPU decoder sent to the CPU decoder),
-    None where the stats do not say (an older server, or no answer)."""
+def server_counters(endpoint: str, keys: str | None = None) -> Counters | None:
+    """The server's totals (`wire.stats.Counters`), None where it does not answer."""
     from batchwire.wire.keys import ClientKeys
     from batchwire.wire.stats_client import StatsUnavailable, fetch_stats
 
@@ -179,4 +181,11 @@ def server_fallbacks(endpoint: str, keys: str | None = None) -> int | None:
         stats = fetch_stats(endpoint, keys=None if keys is None else ClientKeys.load(keys))
     except StatsUnavailable:
         return None
-    return stats.counters.decode_fallbacks_total
+    return stats.counters
+
+
+def server_fallbacks(endpoint: str, keys: str | None = None) -> int | None:
+    """The server's `decode_fallbacks_total` (images its GPU decoder sent to the CPU decoder),
+    None where the stats do not say (an older server, or no answer)."""
+    counters = server_counters(endpoint, keys)
+    return None if counters is None else counters.decode_fallbacks_total

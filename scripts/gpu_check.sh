@@ -3,7 +3,7 @@
 # H100/H200: CPython 3.12 with torch and torchvision, no package index; carry a kit packed by
 # scripts/gpu_kit.sh). The log, JSON and table land in $OUT (default /tmp/gpu-check).
 #
-#   bash scripts/gpu_check.sh [--budget SECONDS]          # on the GPU machine (default 300 s)
+#   bash scripts/gpu_check.sh [--budget SECONDS]          # on the GPU machine (default 480 s)
 #   bash scripts/gpu_check.sh --cpu [--budget SECONDS]    # no GPU: rehearses the steps here
 #
 # Without a visible GPU (no nvidia-smi, no device it lists, or torch.cuda.is_available() false)
@@ -31,7 +31,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 cpu=0
-budget=300
+budget=480
 while [ $# -gt 0 ]; do
     case $1 in
         --cpu) cpu=1 ;;

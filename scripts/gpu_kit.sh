@@ -48,4 +48,4 @@ fi
 ls -l "$kit/whl"
 echo "$(find "$kit/images" -type f | wc -l) images; kit size: $(du -sm "$kit" | cut -f1) MiB" \
     "(working tree: $(git ls-files -z | du -cm --files0-from=- | tail -n 1 | cut -f1) MiB; 64 MiB in all)"
-echo "carry $kit, then run: bash scripts/gpu_check.sh --budget 300"
+echo "carry $kit, then run: bash scripts/gpu_check.sh --budget 480"

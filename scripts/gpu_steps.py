@@ -58,6 +58,10 @@ REHEARSAL_OVERRIDES = {"torch": "torch==2.13.0", "torchvision": None, "numpy": "
 # garbled blocks and wrong channel order; it is a lead until a GPU run measures the real worst.
 DECODE_MEAN_TOLERANCE = 2.0
 DECODE_MAX_TOLERANCE = 96
+#: The share of images a GPU decoder may send to the CPU decoder and still pass: the kit's photos
+#: are all ones it decodes (none is routed to the CPU by design), so more means GPU decodes fail
+#: and the CPU safety net hides it.
+MAX_FALLBACK_FRACTION = 0.02
 STATUSES = ("PASS", "FAIL", "REHEARSED", "NOT RUN")
 
 
@@ -346,12 +350,14 @@ def step_compare(data: Path, cpu: bool, images: int) -> int:
             and d["worst_mean_diff"] <= DECODE_MEAN_TOLERANCE
             and d["worst_max_diff"] <= DECODE_MAX_TOLERANCE
             and d["compared_on_device"] > 0
+            and d["fallbacks"] <= MAX_FALLBACK_FRACTION * d["images"]
         )
         figures = (
             f"{d['compared_on_device']} images on {device}: mean abs diff <= "
             f"{d['worst_mean_diff']} (tolerance {DECODE_MEAN_TOLERANCE}), "
             f"max {d['worst_max_diff']} (tolerance {DECODE_MAX_TOLERANCE}); "
-            f"fallbacks to the CPU decoder: {d['fallbacks']} of {d['images']}; "
+            f"fallbacks to the CPU decoder: {d['fallbacks']} of {d['images']} (at most "
+            f"{MAX_FALLBACK_FRACTION:.0%}); "
             f"failed only here: {len(d['failed_only_here'])}"
         )
         verdict(row, ("REHEARSED" if cpu else "PASS") if ok else "FAIL", figures)
@@ -369,7 +375,7 @@ def step_serve(data: Path | None, cpu: bool, images: int) -> int:
     """One real pipeline-server on the device feeding a RemoteLoader on the device, timed."""
     import torch
     from batchwire.bench.data import resolve_data
-    from batchwire.bench.e2e_row import pipeline_server, server_fallbacks, time_remote_loader
+    from batchwire.bench.e2e_row import pipeline_server, server_counters, time_remote_loader
 
     started = time.monotonic()
     device = "cpu" if cpu else "cuda"
@@ -384,20 +390,26 @@ def step_serve(data: Path | None, cpu: bool, images: int) -> int:
             measure_images=images,
             max_seconds=max(5.0, seconds_left(started) - 20),
         )
-        fallbacks = server_fallbacks(endpoint)
+        counters = server_counters(endpoint)
         memory = "no GPU"
         if not cpu:
             free, total = torch.cuda.mem_get_info()
             peak = torch.cuda.max_memory_allocated() / 2**20
             memory = f"device memory in use {(total - free) / 2**20:.0f} MiB with the server up"
             memory += f", loader peak {peak:.0f} MiB"
+    fallbacks = None if counters is None else counters.decode_fallbacks_total
+    made = 0 if counters is None else counters.images_total
     figures = (
         f"--device {device} --decoder auto: {measured.images_per_s:.0f} images/s "
         f"({measured.images} images in {measured.seconds:.1f} s), data-wait "
         f"{stats.get('data_wait_fraction', float('nan')):.1%}, server decode fallbacks "
-        f"{fallbacks}, {memory}"
+        f"{fallbacks} of {made}, {memory}"
     )
-    verdict("server -> RemoteLoader", "REHEARSED" if cpu else "PASS", figures)
+    ok = fallbacks is not None and fallbacks <= MAX_FALLBACK_FRACTION * made
+    if not ok:
+        figures += f"; more than {MAX_FALLBACK_FRACTION:.0%} of the images made, or unsaid"
+    status = ("REHEARSED" if cpu else "PASS") if ok else "FAIL"
+    verdict("server -> RemoteLoader", status, figures)
     return 0
 
 
@@ -460,7 +472,8 @@ def step_sanitize() -> int:
         run = _run_tail(cmd, share, env)
         took = time.monotonic() - t0
         if run is None:
-            verdict(f"sanitizer {name}", "FAIL", f"ran past its share of {share:.0f} s")
+            # A sanitized run is 10-100x slower: out of time says nothing about the op.
+            verdict(f"sanitizer {name}", "NOT RUN", f"no time: ran past its share of {share:.0f} s")
         else:
             summary = re.findall(r"ERROR SUMMARY: .*", run.stdout + run.stderr)
             passed = re.search(r"(\d+) passed", run.stdout)
