@@ -144,11 +144,19 @@ class TransformError(Exception):
     device, NaN or inf, values out of the output dtype's range)."""
 
 
+#: The largest value of a float image a uint8 output refuses as "not in 0..255" (`value_problem`):
+#: above a normalised ImageNet image's 2.64, far below any photo's brightest pixel.
+UINT8_SCALE_HINT = 3.0
+
+
 def value_problem(result: torch.Tensor, dtype: torch.dtype) -> str | None:
     """Why ``result``'s values cannot be written into a ``dtype`` output, or None when they can.
 
     NaN and inf are never sent. A float into a uint8 output is rounded and clamped (the
-    documented cast), so only its finiteness matters; an integer into an integer output must
+    documented cast), so beyond its finiteness only one mistake is caught: a whole image at most
+    `UINT8_SCALE_HINT` (a [0, 1] image, or one already normalised, [-2.1, 2.6] for ImageNet's
+    statistics), which the cast would send as a black one (0..3 of 255); no photo in 0..255 is
+    that dark but an all-black one, which passes. An integer into an integer output must
     fit (the cast would wrap: 300 becomes 44, -1 becomes 255); anything into a float output
     must fit its finite range (1e5 would become inf in float16). One `aminmax` pass (about 23 µs
     on a [3, 224, 224] float32 tensor on one core, under 1 % of its decode), skipped when the
@@ -156,9 +164,15 @@ def value_problem(result: torch.Tensor, dtype: torch.dtype) -> str | None:
     """
     if result.dtype == torch.bool or (result.dtype == dtype and not dtype.is_floating_point):
         return None
-    lo, hi = (float(v) for v in torch.aminmax(result))
+    lo, hi = torch.stack(torch.aminmax(result)).double().tolist()  # one device sync, not two
     if result.is_floating_point() and not (math.isfinite(lo) and math.isfinite(hi)):
         return "non-finite values (NaN or inf)"
+    if dtype == torch.uint8 and result.is_floating_point() and 0 < hi <= UINT8_SCALE_HINT:
+        return (
+            f"values in [{lo:g}, {hi:g}] (an image scaled to [0, 1] or normalised, sent black "
+            "as uint8: return pixels in 0..255, which the loader normalises, or use a float "
+            "--output-dtype)"
+        )
     if dtype.is_floating_point:
         limit = float(torch.finfo(dtype).max)
         if lo < -limit or hi > limit:
@@ -293,6 +307,11 @@ class TransformRunner:
             )
         if out.dtype == torch.uint8 and result.is_floating_point():
             result = result.round().clamp_(0, 255)
+        if out.is_cuda and not result.is_cuda:
+            # Only a GPU server gets here: a trainer importing BatchMixer loads no decoder.
+            from batchwire.pipeline.decode.fallback import upload
+
+            result = upload(result, out.device)  # pinned and queued: a pageable copy waits
         out.copy_(result)
 
     def record_error(self, exc: TransformError, where: str) -> None:

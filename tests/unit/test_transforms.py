@@ -276,6 +276,9 @@ def with_value(dtype: torch.dtype, value: float, at: tuple[int, ...] = (1, 2, 3)
         (with_value(torch.int64, -1), torch.uint8, "out of torch.uint8's [0, 255]"),
         (with_value(torch.int16, 256), torch.uint8, "out of torch.uint8's [0, 255]"),
         (torch.zeros(3, 8, 8, device="meta"), torch.float32, "on meta"),
+        # A [0, 1] or normalised image into uint8 would be sent black (0..3 of 255).
+        (torch.rand(3, 8, 8) * 0.9 + 0.05, torch.uint8, "or normalised, sent black"),
+        (torch.linspace(-2.1, 2.6, 192).view(3, 8, 8), torch.uint8, "float --output-dtype"),
         (torch.zeros(3, 8, 8, dtype=torch.complex64), torch.float32, "complex64"),
     ],
     ids=lambda v: str(v) if isinstance(v, (str, torch.dtype)) else None,
@@ -296,6 +299,8 @@ def test_a_result_the_output_cannot_hold_is_a_transform_error(
     [
         (with_value(torch.float32, 300.7), torch.uint8, 255),  # the documented clamp
         (with_value(torch.float32, -3.0), torch.uint8, 0),
+        (torch.zeros(3, 8, 8), torch.uint8, 0),  # an all-black photo stays one
+        (with_value(torch.float32, 3.5, at=(0, 0, 0)) * 0.0 + 3.5, torch.uint8, 4),  # dark photo
         (with_value(torch.int64, 255), torch.uint8, 255),
         (with_value(torch.uint8, 255), torch.float16, 255),
         (with_value(torch.float64, 1e30), torch.float32, 1e30),
