@@ -289,6 +289,10 @@ class RemoteLoader(IterableDataset):
         # Batches handed out and not yet recycled, oldest first (at most `hold`).
         self._handed: deque[Staged] = deque()
         self._iteration = 0  # bumps with every __iter__, so a stale iterator stops
+        # The call that moved the position during a pass (`_end_pass`), which that pass's
+        # iterator names when it stops; None: a newer iter(loader) superseded it.
+        self._ended_by: str | None = None
+        self._started = 0  # the latest iteration whose iterator has begun (its first next())
         self._stats: LoaderStats | None = LoaderStats()  # None only in an unpickled copy
         self._finalizer: weakref.finalize | None = None
 
@@ -327,6 +331,8 @@ class RemoteLoader(IterableDataset):
         if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
             raise ValueError(f"epoch must be an integer >= 0, got {epoch!r}")
         refuse_resharding_wrappers()  # Accelerate's shard calls this before iterating
+        if epoch != self._progress.epoch:
+            self._end_pass("set_epoch()")
         self._progress.set_epoch(epoch)
 
     @property
@@ -396,6 +402,7 @@ class RemoteLoader(IterableDataset):
                 "RemoteLoader: split %r moves on to epoch %d by itself", self.split, self.epoch
             )
         self._iteration += 1
+        self._ended_by = None
         return self._iterate(self._iteration)
 
     def stats(self) -> dict | None:
@@ -473,6 +480,17 @@ class RemoteLoader(IterableDataset):
                 self._receiver.ask_batch_size(self._batch_size)
         saved_world = int(state["world_size"])
         self._progress.restore(state, self._current_world_size(saved_world))
+        self._end_pass("load_state_dict()")
+
+    def _end_pass(self, call: str) -> None:
+        """``call`` moved the position, which decides the next ``iter(loader)``: a pass under
+        way cannot go on from a position that is no longer its own, so its iterator stops,
+        with a `LoaderError` naming the call if batches of it were left (nothing if it had
+        handed out its last one). An iterator not begun yet starts from the new position:
+        Lightning restores a loader's state between ``iter(loader)`` and the first batch."""
+        if self._started == self._iteration:
+            self._iteration += 1
+            self._ended_by = call
 
     def _current_world_size(self, default: int) -> int:
         """This loader's world size if it can be known now (argument, torch.distributed,
@@ -588,6 +606,7 @@ class RemoteLoader(IterableDataset):
                 self._receiver.release(staged)
 
     def _iterate(self, iteration: int) -> Iterator[tuple[torch.Tensor, ...]]:
+        self._started = iteration
         receiver = self._connect()
         # The last batches of an earlier pass were valid until now (see the module's docstring).
         self._release_handed()
@@ -606,11 +625,21 @@ class RemoteLoader(IterableDataset):
             return
         # Nothing is recycled when a pass ends (or is left): its last `hold` batches stay valid,
         # e.g. for the prefetch pattern's last step; the next pass or `close` recycles them.
-        while progress.next_batch < total:
+        handed_all = False
+        while True:  # checked first: set_epoch or load_state_dict may have moved `progress`
             if iteration != self._iteration:
-                raise LoaderError("this iterator was superseded by a newer iter(loader)")
+                if self._ended_by is None:
+                    raise LoaderError("this iterator was superseded by a newer iter(loader)")
+                if handed_all:
+                    return
+                raise LoaderError(
+                    f"{self._ended_by} during a pass ended it: the call decides the next "
+                    "iter(loader), so make it before the loop (or after it)"
+                )
             if self._receiver is not receiver:
                 raise LoaderError("the loader was closed while this iterator was in use")
+            if progress.next_batch >= total:
+                return
             t0 = time.perf_counter()
             self._release_handed(keep=self.hold - 1)  # the oldest of `hold` is recycled
             # The report rides on the credits this hand-out makes (data, not a callback).
@@ -619,6 +648,7 @@ class RemoteLoader(IterableDataset):
             receiver.hand_out(arrived, self.cuda_stream)
             self._handed.append(arrived.staged)
             progress.handed_out(total)
+            handed_all = progress.next_batch >= total
             if stats is not None:
                 stats.record_wait(time.perf_counter() - t0)
                 stats.record_batch(arrived.header.batch_size, arrived.header.shared)
