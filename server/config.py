@@ -254,6 +254,11 @@ class ServerConfig:
         if self.prefetch_depth > MAX_PREFETCH:
             problems.append(f"--prefetch-depth must be <= {MAX_PREFETCH}")
         problems.extend(self._mix_problems())
+        # A transform for a split the server does not serve would be ignored, unsaid.
+        if self.val_transform is not None and self.val is None:
+            problems.append("--val-transform needs --val: this server serves no val split")
+        if self.transform is not None and self.train is None and self.val is not None:
+            problems.append("--transform needs --train: this server serves no train split")
         if self.verify_checksums not in VERIFY_MODES:
             problems.append(
                 f"--verify-checksums must be one of {list(VERIFY_MODES)}, "
