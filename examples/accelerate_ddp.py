@@ -7,6 +7,7 @@ A server beyond this host serves only holders of its keys: add --keys DIR (see p
 Do not pass the loader (or a DataLoader around it) to accelerator.prepare(): Accelerate
 re-shards iterable datasets between processes, and RemoteLoader already gives each rank its own
 shard (it refuses to run under that wrapper, with this advice).
+On a host without CUDA, launch with ACCELERATE_USE_CPU=true (else each rank trains alone).
 """
 
 import argparse

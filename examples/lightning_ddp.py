@@ -3,7 +3,8 @@
 python lightning_ddp.py --server tcp://HOST:5555 --devices 2 --ckpt-dir ckpt
 python lightning_ddp.py --server tcp://HOST:5555 --devices 2 --resume ckpt/STEP.ckpt
 A server beyond this host serves only holders of its keys: add --keys DIR (see pipeline-keys).
-Metrics per epoch go to LOG_DIR/version_N/metrics.csv (--log-dir) and the progress bar.
+Metrics per epoch go to LOG_DIR/lightning_logs/version_N/metrics.csv (--log-dir) and the
+progress bar.
 """
 
 import argparse
