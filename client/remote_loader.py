@@ -148,8 +148,9 @@ def _normalizes(normalize: bool | None, wire_dtype: str) -> bool:
     if normalize and wire_dtype != "uint8":
         raise ValueError(
             f"normalize_on_device=True needs a uint8 wire, but the server sends {wire_dtype} "
-            "(already normalised); drop normalize_on_device (the default passes a float wire "
-            "through) or start the server with --output-dtype uint8"
+            "(normalised by the server, or a --transform's values as they are); drop "
+            "normalize_on_device (the default passes a float wire through) or start the server "
+            "with --output-dtype uint8"
         )
     return normalize
 
