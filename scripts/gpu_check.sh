@@ -121,7 +121,11 @@ install_overlay() {
         echo "no kit at $kit: the runtime dependencies from the package index"
         "${pip[@]}" -r scripts/gpu_kit_requirements.txt || return 1
     fi
-    "${pip[@]}" --no-index --no-build-isolation . || return 1
+    if [ -d "$kit/build" ]; then  # built in isolation from the kit's setuptools and wheel
+        "${pip[@]}" --no-index --find-links "$kit/build" . || return 1
+    else
+        "${pip[@]}" --no-index --no-build-isolation . || return 1
+    fi
 }
 if [ -d "$kit/whl" ] || [ $cpu = 0 ]; then
     # PYTHONSAFEPATH: `python -m` puts no working directory first: the overlay's installed

@@ -13,6 +13,9 @@
 #             built here);
 #   lib/, include/   libturbojpeg and libjpeg with the libjpeg headers (PyTurboJPEG loads the
 #             first; the op's region decoder compiles and links against the others);
+#   build/    wheels of pyproject.toml's build requirements (setuptools, wheel): batchwire is
+#             built in an isolated environment from them, whatever setuptools the image holds
+#             (an older one cannot read pyproject.toml's `license`);
 #   images/   the sample JPEGs (GPU pixels against the CPU's, the timed server run).
 # Knobs: GPU_KIT (the folder), KIT_PYTHON (3.12; 3.11 for scripts/gpu_rehearsal.sh on this host).
 set -euo pipefail
@@ -24,7 +27,7 @@ python=.venv/bin/python
 
 "$python" scripts/gpu_steps.py gap  # exits 1 naming what the requirement list lacks
 rm -rf "$kit"
-mkdir -p "$kit/whl" "$kit/lib" "$kit/include" "$kit/images"
+mkdir -p "$kit/whl" "$kit/build" "$kit/lib" "$kit/include" "$kit/images"
 grep -v -e '^#' -e '^PyTurboJPEG' scripts/gpu_kit_requirements.txt > "$kit/binary.txt"
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version "$version" \
     --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_26_x86_64 \
@@ -32,6 +35,9 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version "$vers
     -r "$kit/binary.txt"
 python3 -m pip wheel -q --no-deps -w "$kit/whl" "$(grep '^PyTurboJPEG' scripts/gpu_kit_requirements.txt)"
 grep -v '^#' scripts/gpu_kit_requirements.txt > "$kit/requirements.txt"
+"$python" -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["build-system"]["requires"]))' \
+    > "$kit/build-requirements.txt"
+python3 -m pip download -q --only-binary=:all: -d "$kit/build" -r "$kit/build-requirements.txt"  # with their own requirements
 rm "$kit/binary.txt"
 
 arch_lib=/usr/lib/x86_64-linux-gnu
