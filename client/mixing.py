@@ -109,10 +109,14 @@ class BatchMixer:
     rank: int = 0
 
     def __post_init__(self) -> None:
-        if self.num_classes < 1:
-            raise ValueError(f"num_classes must be >= 1, got {self.num_classes}")
-        if self.mixup_alpha < 0 or self.cutmix_alpha < 0:
-            raise ValueError("mixup_alpha and cutmix_alpha must be >= 0")
+        n = self.num_classes
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"num_classes must be an integer >= 1, got {n!r}")
+        if not all(0 <= a < math.inf for a in (self.mixup_alpha, self.cutmix_alpha)):
+            raise ValueError(
+                "mixup_alpha and cutmix_alpha must be finite and >= 0, got "
+                f"{self.mixup_alpha!r} and {self.cutmix_alpha!r}"
+            )
         if not (0.0 <= self.prob <= 1.0 and 0.0 <= self.switch_prob <= 1.0):
             raise ValueError("prob and switch_prob must be in [0, 1]")
         if not 0.0 <= self.label_smoothing < 1.0:

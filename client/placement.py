@@ -41,6 +41,9 @@ def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
 
 def check_rank(rank: int | None, world_size: int | None) -> None:
     """Validate whichever of the two is known now."""
+    for name, value in (("rank", rank), ("world_size", world_size)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise ValueError(f"{name} must be an integer, got {value!r}")
     if world_size is not None and world_size < 1:
         raise ValueError(f"need world_size >= 1, got world_size={world_size}")
     if rank is not None and rank < 0:

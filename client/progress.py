@@ -18,6 +18,7 @@ No clock: nothing here depends on time. Plain data, so a pickled loader carries 
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Mapping
 from typing import Any
 
@@ -83,14 +84,17 @@ class Progress:
         epoch after the saved global position (``start_sample + next_batch * world_size *
         batch_size``) as a pass of its own (`pass_`); a saved position at the epoch's end
         makes the next pass the next epoch."""
-        saved_world = int(state["world_size"])
-        epoch, nxt = int(state["epoch"]), int(state["next_batch"])
-        if epoch < 0 or nxt < 0:
-            raise ValueError(f"invalid RemoteLoader state position: epoch {epoch}, batch {nxt}")
+        saved_world = _state_int(state, "world_size", 1)
+        epoch, nxt = _state_int(state, "epoch", 0), _state_int(state, "next_batch", 0)
         shape = state.get("epoch_shape", state.get("stream"))
         shape = dict(shape) if isinstance(shape, dict) else {}
-        start = int(state.get("start_sample", 0))
-        epoch_world = int(state.get("epoch_world_size", saved_world))
+        if nxt > shape.get("num_batches", nxt):
+            raise ValueError(
+                f"invalid RemoteLoader state position: next_batch {nxt} is past the end of "
+                f"its epoch ({shape['num_batches']} batches)"
+            )
+        start = _state_int({"start_sample": 0, **state}, "start_sample", 0)
+        epoch_world = _state_int({"epoch_world_size": saved_world, **state}, "epoch_world_size", 1)
         self.epoch, self.epoch_passed = epoch, False
         if start == 0 and saved_world == world_size:
             # The epoch's own batches at the same world size: resume at the saved batch.
@@ -157,3 +161,15 @@ class Progress:
             "start_sample": self.pass_[0],
             "epoch_world_size": self.pass_[1] or world_size,
         }
+
+
+def _state_int(state: Mapping[str, Any], key: str, lowest: int) -> int:
+    """``state[key]``, an integer >= ``lowest`` (what `state_dict` saves; a bool, a float or a
+    numeric string is a damaged or hand-made state, not a position to round)."""
+    value = state[key]
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < lowest:
+        raise ValueError(
+            f"invalid RemoteLoader state position: {key} must be an integer >= {lowest}, "
+            f"got {value!r}"
+        )
+    return int(value)

@@ -72,6 +72,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import os
 import time
 import weakref
@@ -252,10 +253,13 @@ class RemoteLoader(IterableDataset):
             raise ValueError(f"endpoints must be 'tcp://host:port' style strings, got {endpoints}")
         if len(set(eps)) != len(eps):
             raise ValueError(f"endpoints must be distinct, got {eps}")
-        if not 1 <= prefetch <= wire.MAX_PREFETCH:
-            raise ValueError(f"prefetch must be in [1, {wire.MAX_PREFETCH}], got {prefetch}")
-        if timeout <= 0 or heartbeat <= 0:
-            raise ValueError("timeout and heartbeat must be > 0 seconds")
+        if not _is_int(prefetch) or not 1 <= prefetch <= wire.MAX_PREFETCH:
+            raise ValueError(
+                f"prefetch must be an integer in [1, {wire.MAX_PREFETCH}], got {prefetch!r}"
+            )
+        for name, seconds in (("timeout", timeout), ("heartbeat", heartbeat)):
+            if not _is_seconds(seconds):
+                raise ValueError(f"{name} must be a finite number of seconds > 0, got {seconds!r}")
         if stream is not None and not isinstance(stream, torch.cuda.Stream):
             raise ValueError(f"stream must be a torch.cuda.Stream, got {type(stream).__name__}")
         if isinstance(hold, bool) or not isinstance(hold, int) or not 1 <= hold <= 64:
@@ -294,7 +298,7 @@ class RemoteLoader(IterableDataset):
         # iterator names when it stops; None: a newer iter(loader) superseded it.
         self._ended_by: str | None = None
         self._started = 0  # the latest iteration whose iterator has begun (its first next())
-        self._stats: LoaderStats | None = LoaderStats()  # None only in an unpickled copy
+        self._stats: LoaderStats | None = LoaderStats()  # None only while pickled
         self._finalizer: weakref.finalize | None = None
 
     # ------------------------------------------------------------------ public API
@@ -528,6 +532,11 @@ class RemoteLoader(IterableDataset):
         )
         return state
 
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """An unpickled copy (a spawned process's loader) counts and reports its own batches."""
+        self.__dict__.update(state)
+        self._stats = LoaderStats()
+
     def __repr__(self) -> str:
         where = (
             "unresolved"
@@ -682,6 +691,16 @@ class _EpochSetter:
         loader = self._loader()
         if loader is not None:
             loader.set_epoch(epoch)
+
+
+def _is_int(value: Any) -> bool:
+    """An integer, and not a bool (``True`` would pass for 1)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_seconds(value: Any) -> bool:
+    """A finite number > 0 (inf and NaN would reach the socket waits as integers)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < math.inf
 
 
 def _batch_size(size: Any) -> int | None:

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from batchwire.pipeline.decode.region import Box
 from batchwire.wire.batch_spec import DTYPES, LAYOUTS, BatchSpec
+from batchwire.wire.messages import MAX_IMAGE_SIDE
 
 if TYPE_CHECKING:
     import torch
@@ -210,8 +211,12 @@ class AugmentConfig:
         except (TypeError, ValueError):
             msg = f"image_size must be an int or (height, width), got {size!r}"
             raise ValueError(msg) from None
-        if int(h) != h or int(w) != w or h < 1 or w < 1:
-            raise ValueError(f"image_size must be positive integers, got {size!r}")
+        if (
+            int(h) != h
+            or int(w) != w
+            or not (1 <= h <= MAX_IMAGE_SIDE and 1 <= w <= MAX_IMAGE_SIDE)
+        ):
+            raise ValueError(f"image_size must be integers in 1..{MAX_IMAGE_SIDE}, got {size!r}")
         object.__setattr__(self, "image_size", (int(h), int(w)))
         object.__setattr__(self, "train", bool(self.train))
 

@@ -28,6 +28,7 @@ on a CPU-only run).
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import threading
 import time
@@ -84,6 +85,8 @@ def _open(
         raise ValueError("mix_schedule needs a mix: data='mix:NAME=WEIGHT@SOURCE,...'")
     if isinstance(data, ImageDataset):
         return data
+    if data is not None and not (isinstance(data, os.PathLike) or (isinstance(data, str) and data)):
+        raise ValueError(f"data must be a path, a mix: text, an ImageDataset or None, got {data!r}")
     checks = {"verify_checksums": verify_checksums, "checksum_dirs": checksum_dirs}
     if data is None:
         from batchwire.pipeline.synthetic import default_dataset
@@ -276,7 +279,10 @@ class LocalLoader:
         return self.dataset.num_classes
 
     def set_epoch(self, epoch: int) -> None:
-        self.epoch = int(epoch)
+        """Select the epoch the next ``iter(loader)`` serves (as `RemoteLoader.set_epoch`)."""
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+            raise ValueError(f"epoch must be an integer >= 0, got {epoch!r}")
+        self.epoch = epoch
 
     def counts(self) -> dict[str, int]:
         """Bad-input counters: `bad_total` (distinct bad files), `replaced_total` (samples)."""

@@ -49,7 +49,7 @@ _PACKED_KEY = bytes([0xA0 | len(PART_KEY)]) + PART_KEY.encode()  # msgpack's "pa
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
 # A part starts where a comma is followed by NAME=: sources may hold commas of their own
 # (brace patterns {a,b}) as long as no element looks like NAME=.
-_PART_SPLIT = re.compile(r",(?=\s*[A-Za-z0-9_][A-Za-z0-9_.-]*=)")
+_PART_SPLIT = re.compile(r",(?=\s*[A-Za-z0-9_][A-Za-z0-9_.-]*\s*=)")
 
 
 @dataclass(frozen=True)
