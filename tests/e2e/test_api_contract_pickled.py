@@ -21,7 +21,7 @@ def test_an_unpickled_loader_counts_its_batches_and_reports_its_waits(server):
     copy = pickle.loads(pickle.dumps(loader))  # what spawn does with a loader argument
     loader.close()
     batches = sum(1 for _ in copy)
-    # Today: stats() is None and batch_totals() is (0, 0) after 25 batches, and the copy sends
+    # Before: stats() is None and batch_totals() is (0, 0) after 25 batches, and the copy sends
     # the server no loader report (RemoteLoader.__getstate__ sets _stats=None).
     assert copy.batch_totals() == (batches, 0)
     figures = copy.stats()

@@ -1,4 +1,4 @@
-"""Values a user's code may pass that the API takes silently today (audit of the public API):
+"""Values a user's code may pass that the API took silently before (public API audit):
 each must be refused at once, naming the argument, or do what it says."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ def folder(tmp_path_factory):
 @pytest.mark.parametrize("name", ["timeout", "heartbeat"])
 @pytest.mark.parametrize("value", [math.inf, math.nan])
 def test_remote_loader_refuses_non_finite_seconds_naming_them(name, value):
-    # Today: accepted; the first len()/iter() raises "OverflowError: cannot convert float
+    # Before: accepted; the first len()/iter() raises "OverflowError: cannot convert float
     # infinity to integer" (or "ValueError: cannot convert float NaN to integer").
     with pytest.raises(ValueError, match=name):
         RemoteLoader(NOWHERE, **{name: value})
@@ -37,7 +37,7 @@ def test_remote_loader_refuses_non_finite_seconds_naming_them(name, value):
     ],
 )
 def test_remote_loader_refuses_a_rank_or_world_size_that_is_not_an_int(kwargs):
-    # Today: accepted; rank=True is saved as "rank": True, rank=0.5 reaches the server, which
+    # Before: accepted; rank=True is saved as "rank": True, rank=0.5 reaches the server, which
     # answers "malformed message: field 'rank' must be an integer".
     with pytest.raises((TypeError, ValueError), match=r"rank|world_size"):
         RemoteLoader(NOWHERE, **kwargs)
@@ -45,7 +45,7 @@ def test_remote_loader_refuses_a_rank_or_world_size_that_is_not_an_int(kwargs):
 
 @pytest.mark.parametrize("value", [True, 2.5, "4", None])
 def test_remote_loader_refuses_a_prefetch_that_is_not_an_int(value):
-    # Today: True -> 1 and 2.5 -> 2 silently; "4" and None raise "'<=' not supported ...".
+    # Before: True -> 1 and 2.5 -> 2 silently; "4" and None raise "'<=' not supported ...".
     with pytest.raises((TypeError, ValueError), match="prefetch"):
         RemoteLoader(NOWHERE, prefetch=value)
 
@@ -72,7 +72,7 @@ def test_load_state_dict_refuses_a_position_no_loader_saves(state):
         "epoch_world_size": 1,
         "epoch_shape": {"num_batches": 25, "batch_size": 16, "num_samples": 400},
     }
-    # Today: 10**6 (past the saved 25-batch epoch) gives an empty pass, 3.5 and True are
+    # Before: 10**6 (past the saved 25-batch epoch) gives an empty pass, 3.5 and True are
     # truncated, world_size 0 restores; None raises "int() argument must be ... not 'NoneType'".
     with pytest.raises(ValueError, match="state"):
         loader.load_state_dict({**saved, **state})
@@ -80,7 +80,7 @@ def test_load_state_dict_refuses_a_position_no_loader_saves(state):
 
 
 def test_local_loader_refuses_an_image_size_beyond_the_wire_limit(folder):
-    # Today: OSError: [Errno 12] Cannot allocate memory (a 3 x 10^12-byte ring buffer).
+    # Before: OSError: [Errno 12] Cannot allocate memory (a 3 x 10^12-byte ring buffer).
     with pytest.raises(ValueError, match="image_size"):
         LocalLoader(folder, batch_size=4, image_size=10**6)
 
@@ -88,7 +88,7 @@ def test_local_loader_refuses_an_image_size_beyond_the_wire_limit(folder):
 @pytest.mark.parametrize("data", ["", 123])
 def test_local_loader_refuses_data_that_is_no_dataset(folder, data, monkeypatch):
     monkeypatch.chdir(folder)  # an ImageFolder happens to be the current directory
-    # Today: "" opens the current directory as the dataset, silently; 123 raises
+    # Before: "" opens the current directory as the dataset, silently; 123 raises
     # "TypeError: 'int' object is not subscriptable".
     with pytest.raises((TypeError, ValueError), match="data"):
         LocalLoader(data, batch_size=1, image_size=16)
@@ -96,7 +96,7 @@ def test_local_loader_refuses_data_that_is_no_dataset(folder, data, monkeypatch)
 
 @pytest.mark.parametrize("epoch", [-1, True, 1.5, "2", None])
 def test_local_loader_set_epoch_refuses_what_remote_loader_refuses(folder, epoch):
-    # Today: True -> 1, 1.5 -> 1, "2" -> 2 silently; -1 only fails at the next iter().
+    # Before: True -> 1, 1.5 -> 1, "2" -> 2 silently; -1 only fails at the next iter().
     loader = LocalLoader(folder, batch_size=4, image_size=16)
     with pytest.raises(ValueError, match="epoch"):
         loader.set_epoch(epoch)
@@ -114,14 +114,14 @@ def test_local_loader_set_epoch_refuses_what_remote_loader_refuses(folder, epoch
     ],
 )
 def test_batch_mixer_refuses_non_finite_alphas_and_non_int_class_counts(kwargs):
-    # Today: accepted; inf mixes every batch into NaN images and NaN targets, nan raises
+    # Before: accepted; inf mixes every batch into NaN images and NaN targets, nan raises
     # numpy's "a <= 0" on some batches, 4.5 and True fail inside torch at the first call.
     with pytest.raises(ValueError):
         BatchMixer(**kwargs)
 
 
 def test_spaces_around_a_later_parts_name_split_the_mix_as_around_the_first(folder):
-    # Today: the second part is read as part of the first one's path:
+    # Before: the second part is read as part of the first one's path:
     # "mix part 'a' (A , b = 1 @ A): dataset path does not exist".
     with LocalLoader(
         f"mix: a = 1 @ {folder} , b = 1 @ {folder}",
