@@ -179,6 +179,9 @@ class LocalLoader:
     or the callable itself, as the server's --transform on a train loader and its
     --val-transform on a val one: give each loader its own; pipeline/transforms.py; `views`:
     multi-view crops, the server's --views spelling, e.g. "2x224:0.4-1.0,6x96:0.05-0.4").
+    `threads`: the decoder's threads (None: the cores this process may use); `ring`: the
+    output buffers the background thread fills ahead of the loop; `max_pixels`: a file
+    declaring more pixels is a bad sample (the server's --max-pixels; None: no bound).
     With views each batch is `(views_list, labels[, indices])`, views_list[k] `[B, 3, Hk, Wk]`
     in the order given, exactly what a server with the same --views sends. `with_metadata`:
     one more element, the per-sample metadata of a manifest's other columns (a list of dicts,
@@ -186,7 +189,9 @@ class LocalLoader:
 
     One pass at a time: a newer ``iter(loader)`` ends a pass still open (its background
     thread stops and gives its buffers back), and the older iterator's next step raises
-    RuntimeError, as `RemoteLoader`'s does; `close` ends the open pass too.
+    RuntimeError, as `RemoteLoader`'s does; `close` ends the open pass too. It is a plain
+    iterable, not a torch Dataset, and holds threads: iterate it directly (not through a
+    DataLoader), in the process that made it (it cannot be pickled).
     """
 
     def __init__(
@@ -215,8 +220,24 @@ class LocalLoader:
     ) -> None:
         if split not in _SPLITS:
             raise ValueError(f"split must be 'train' or 'val', got {split!r}")
-        if ring < 1:
-            raise ValueError(f"ring must be >= 1, got {ring}")
+        for name, value, lowest in (
+            ("batch_size", batch_size, 1),
+            ("seed", seed, 0),
+            ("ring", ring, 1),
+            ("threads", threads, 1),
+            ("max_pixels", max_pixels, 1),
+        ):
+            if value is None and name in ("threads", "max_pixels"):
+                continue
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"{name} must be an integer >= {lowest}, got {value!r}")
+            if value < lowest:
+                raise ValueError(f"{name} must be an integer >= {lowest}, got {value!r}")
+        if isinstance(checksum_dirs, (str, Path)):
+            raise ValueError(
+                f"checksum_dirs must be a list of folders, got the one {checksum_dirs!r}: "
+                "give [folder]"
+            )
         self.split = split
         self.dataset = _open(
             data, split, allow_outside_root, verify_checksums, checksum_dirs, mix_schedule

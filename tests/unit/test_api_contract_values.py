@@ -130,3 +130,31 @@ def test_spaces_around_a_later_parts_name_split_the_mix_as_around_the_first(fold
         with_metadata=True,
     ) as loader:
         assert {m["part"] for *_, meta in loader for m in meta} == {"a", "b"}
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"threads": 0},
+        {"threads": -1},
+        {"ring": None},
+        {"ring": 1.5},
+        {"seed": None},
+        {"seed": -1},
+        {"batch_size": None},
+        {"batch_size": True},
+        {"max_pixels": 0},
+    ],
+    ids=str,
+)
+def test_local_loader_refuses_an_integer_argument_that_is_not_one_naming_it(folder, kwargs):
+    # Before: threads <= 0 fell back to the default unsaid; None gave a TypeError naming nothing.
+    args = {"batch_size": 4, "image_size": 16, **kwargs}
+    with pytest.raises((TypeError, ValueError), match=next(iter(kwargs))):
+        LocalLoader(folder, **args)
+
+
+def test_local_loader_refuses_one_checksum_folder_given_as_a_string(folder, tmp_path):
+    # Before: the string was read as a list of one-character folder names.
+    with pytest.raises(ValueError, match="checksum_dirs must be a list"):
+        LocalLoader(folder, batch_size=4, image_size=16, checksum_dirs=str(tmp_path))
