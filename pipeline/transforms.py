@@ -418,7 +418,27 @@ class RandomResizedCropFlip:
         mean: tuple[float, float, float] | None = None,
         std: tuple[float, float, float] | None = None,
     ) -> None:
-        self.size = (size, size) if isinstance(size, int) else (int(size[0]), int(size[1]))
+        # Checked here, as torchvision checks them: a bad value would otherwise fail (or
+        # divide by zero) sample by sample on the producer threads.
+        pair: tuple = (size, size) if isinstance(size, int) else ()
+        if isinstance(size, (tuple, list)):
+            pair = tuple(size)
+        if len(pair) != 2 or any(isinstance(v, bool) or not isinstance(v, int) for v in pair):
+            raise ValueError(f"size must be PX or (H, W) integers, got {size!r}")
+        if min(pair) < 1:
+            raise ValueError(f"size must be >= 1, got {size!r}")
+        for name, (lo, hi) in (("scale", scale), ("ratio", ratio)):
+            if not 0 < lo <= hi or not math.isfinite(hi):
+                raise ValueError(f"{name} must be (low, high) with 0 < low <= high, got {(lo, hi)}")
+        if not 0.0 <= flip_prob <= 1.0:
+            raise ValueError(f"flip_prob must be in [0, 1], got {flip_prob}")
+        if (mean is None) != (std is None):
+            raise ValueError("mean and std go together: give both, or neither")
+        if std is not None and (len(std) != 3 or min(std) <= 0):
+            raise ValueError(f"std must be three values > 0, got {std!r}")
+        if mean is not None and len(mean) != 3:
+            raise ValueError(f"mean must be three values, got {mean!r}")
+        self.size = (int(pair[0]), int(pair[1]))
         self.scale = scale
         self.ratio = ratio
         self.flip_prob = flip_prob

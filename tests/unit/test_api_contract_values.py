@@ -158,3 +158,25 @@ def test_local_loader_refuses_one_checksum_folder_given_as_a_string(folder, tmp_
     # Before: the string was read as a list of one-character folder names.
     with pytest.raises(ValueError, match="checksum_dirs must be a list"):
         LocalLoader(folder, batch_size=4, image_size=16, checksum_dirs=str(tmp_path))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "names"),
+    [
+        ({"size": 0}, "size"),
+        ({"size": (32,)}, "size"),
+        ({"size": 32.5}, "size"),
+        ({"size": 32, "scale": (2.0, 1.0)}, "scale"),
+        ({"size": 32, "ratio": (0.0, 1.0)}, "ratio"),
+        ({"size": 32, "flip_prob": 1.5}, "flip_prob"),
+        ({"size": 32, "mean": (0.5, 0.5, 0.5)}, "mean and std"),
+        ({"size": 32, "mean": (0.5, 0.5, 0.5), "std": (0.5, 0.0, 0.5)}, "std"),
+    ],
+    ids=str,
+)
+def test_random_resized_crop_flip_checks_its_arguments_when_built(kwargs, names):
+    # Before: accepted; each sample then failed on the producer threads (std 0: inf values).
+    from batchwire.pipeline.transforms import RandomResizedCropFlip
+
+    with pytest.raises(ValueError, match=names):
+        RandomResizedCropFlip(**kwargs)
