@@ -145,8 +145,8 @@ class BatchMixer:
         soft targets float [B, num_classes] whose rows sum to 1."""
         if not images.is_floating_point():
             raise TypeError(
-                "mix float images (e.g. RemoteLoader(normalize_on_device=True)); got "
-                f"{images.dtype}"
+                "mix float images (RemoteLoader's default output; not the raw uint8 of "
+                f"normalize_on_device=False or of a uint8 LocalLoader); got {images.dtype}"
             )
         p = self.params(epoch, batch_index, int(images.shape[-2]), int(images.shape[-1]))
         targets = one_hot(labels, self.num_classes, self.label_smoothing).to(images.device)
