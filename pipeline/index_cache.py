@@ -77,6 +77,7 @@ def scan_image_folder(root: str | os.PathLike[str]) -> FolderIndex:
 
     rel_paths: list[str] = []
     counts: list[int] = []
+    left_out: list[str] = []  # image names that are not regular files (FIFO, dangling link...)
     seen: set[tuple[int, int]] = set()  # (device, inode): symlinked folders must not loop
     for cls in classes:
         found: list[str] = []
@@ -98,14 +99,22 @@ def scan_image_folder(root: str | os.PathLike[str]) -> FolderIndex:
                     rel = f"{rel_dir}/{e.name}"
                     if e.is_dir():
                         stack.append(rel)
-                    elif os.path.splitext(e.name)[1].lower() in IMAGE_EXTENSIONS and e.is_file():
-                        found.append(rel)
+                    elif os.path.splitext(e.name)[1].lower() in IMAGE_EXTENSIONS:
+                        (found if e.is_file() else left_out).append(rel)
         found.sort()
         if not found:
             log.warning("class folder %s has no image files", os.path.join(root_s, cls))
         rel_paths.extend(found)
         counts.append(len(found))
 
+    if left_out:  # never opened (a FIFO could block a read), but never lost without a word
+        log.warning(
+            "%s: %d image name(s) left out, not regular files (a FIFO, a device, a dangling "
+            "link): %s",
+            root_s,
+            len(left_out),
+            ", ".join(left_out[:5]) + (", ..." if len(left_out) > 5 else ""),
+        )
     labels = np.repeat(np.arange(len(classes), dtype=np.int64), np.asarray(counts, dtype=np.int64))
     return FolderIndex(
         root=root_s,

@@ -471,6 +471,7 @@ class ServerApp:
                 self._drain_wakeups()
             if self.socket.monitor in events:
                 self.socket.peer_events()
+            self.socket.log_handshake_summary()
             self._peers_gone()
             if self.socket.router in events:
                 self._receive()

@@ -86,8 +86,10 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=(
             "Every option can also be set in a TOML file (--config) under the same name, with "
             'dashes or underscores (batch-size = 64, bind = ["tcp://*:5555"]); command-line '
-            "options win. Stop with SIGINT or SIGTERM: connected clients are told, exit code 0 "
-            "within 2 s, even with producers stuck in a slow read."
+            "options win. SIGTERM drains (batches in production are finished and sent) for at "
+            "most --drain-timeout, then stops; SIGINT, a second SIGTERM or --drain-timeout 0 "
+            "stops at once. Either way connected clients are told and the exit code is 0, the "
+            "stop itself within 2 s even with producers stuck in a slow read."
         ),
     )
     add_version_argument(p)

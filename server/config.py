@@ -336,6 +336,28 @@ def _keeps_text(value: str) -> bool:
     return is_url(value) or is_mix(value)
 
 
+# The TOML value types a setting's annotation admits (None aside); other annotations (tuples,
+# lists, mappings) are left to `ServerConfig.validate`.
+_TOML_TYPES: dict[str, tuple[type, ...]] = {
+    "int": (int,),
+    "float": (int, float),
+    "bool": (bool,),
+    "str": (str,),
+}
+
+
+def _check_toml_type(path: str | os.PathLike[str], key: str, value: Any) -> None:
+    """A setting of the wrong type is an error naming the file and the key, as argparse names
+    the option, rather than whatever Python says deep inside the checks."""
+    kinds = [k.strip() for k in str(_FIELDS[key.replace("-", "_")].type).split("|")]
+    kinds = [k for k in kinds if k != "None"]
+    if not all(k in _TOML_TYPES for k in kinds):
+        return
+    accepted = tuple(t for k in kinds for t in _TOML_TYPES[k])
+    if not isinstance(value, accepted) or (isinstance(value, bool) and "bool" not in kinds):
+        raise ValueError(f"{path}: {key} = {value!r}: expected {' or '.join(kinds)}")
+
+
 def config_from_toml(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Read a TOML file of server settings into ``{field: value}``; unknown keys are an error."""
     with open(path, "rb") as fh:
@@ -348,6 +370,7 @@ def config_from_toml(path: str | os.PathLike[str]) -> dict[str, Any]:
         name = key.replace("-", "_")
         if name not in _FIELDS:
             raise ValueError(f"{path}: unknown setting {key!r}; known: {sorted(_FIELDS)}")
+        _check_toml_type(path, key, value)
         if name in ("bind", "checksum_dirs") and isinstance(value, str):
             value = [value]
         if name in ("scale", "ratio", "mean", "std") and isinstance(value, list):

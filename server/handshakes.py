@@ -55,12 +55,20 @@ class HandshakeFailures:
         self.total: Counter[str] = Counter()
         self._since_log: Counter[str] = Counter()
         self._logged_at = -math.inf
+        self._endpoint = ""  # where the latest failure happened (the summary names it)
 
     def record(self, reason: str, endpoint: str, now: float) -> str | None:
         """Count one failure on ``endpoint``; the warning to log now, or None."""
         self.total[reason] += 1
         self._since_log[reason] += 1
-        if now - self._logged_at < self.interval_s:
+        self._endpoint = endpoint
+        return self.due(now)
+
+    def due(self, now: float) -> str | None:
+        """The warning for the failures not yet logged, once `interval_s` has passed since the
+        last one (the first at once); else None. The server asks at every turn of its loop too:
+        a burst of failures that ends (a misconfigured client given up) is still said."""
+        if not self._since_log or now - self._logged_at < self.interval_s:
             return None
         first = self._logged_at == -math.inf
         self._logged_at = now
@@ -68,6 +76,6 @@ class HandshakeFailures:
         what = "; ".join(f"{n} x {REASONS.get(r, r)}" for r, n in counts.most_common())
         when = "" if first else f" in the last {self.interval_s:g} s or more"
         return (
-            f"rejected {sum(counts.values())} connection(s) on {endpoint}{when} in the "
+            f"rejected {sum(counts.values())} connection(s) on {self._endpoint}{when} in the "
             f"security handshake (--keys is on): {what}"
         )

@@ -206,6 +206,13 @@ class RouterSocket:
         if line is not None:
             log.warning("%s", line)
 
+    def log_handshake_summary(self) -> None:
+        """Log the rejected handshakes not yet said, once their interval is over (a burst
+        that ended is still said: `HandshakeFailures.due`); called at every turn of the loop."""
+        line = self.handshake_failures.due(time.monotonic())
+        if line is not None:
+            log.warning("%s", line)
+
     def _accept_failed(self, errno_value: int) -> None:
         """libzmq could not accept a connection (out of descriptors?): warn now and then."""
         self._accept_failures += 1
