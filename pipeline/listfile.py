@@ -18,6 +18,32 @@ from pathlib import Path
 MAX_LABEL = (1 << 22) - 1
 
 
+#: The first bytes of the image files a split's path may name by mistake (a single photo given
+#: where a folder or a list file goes).
+_IMAGE_MAGIC = {b"\xff\xd8\xff": "a JPEG image", b"\x89PNG\r\n\x1a\n": "a PNG image"}
+
+
+def refuse_an_image(head: bytes, shown: str) -> None:
+    """A ValueError naming ``shown`` when its first bytes are an image's: one photo given
+    where a split's folder, list file or manifest goes."""
+    what = next((name for magic, name in _IMAGE_MAGIC.items() if head.startswith(magic)), None)
+    if what is not None:
+        raise ValueError(
+            f"{shown} is {what}, not a dataset: a split takes a folder (ImageFolder), a list "
+            "file, a manifest, tar shards, Parquet or a bucket URL"
+        )
+
+
+def decode_list_text(data: bytes, shown: str) -> str:
+    """A list file's bytes as text; a ValueError naming ``shown`` when they are not UTF-8
+    (`refuse_an_image` first: a photo is not a list file with a bad byte)."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        refuse_an_image(data, shown)
+        raise ValueError(f"{shown}: list file is not UTF-8 text ({exc})") from None
+
+
 def parse_list_line(
     raw: str, where: str, *, no_label: str = "no label field"
 ) -> tuple[str, int] | None:

@@ -20,7 +20,7 @@ import numpy as np
 from batchwire.pipeline import paths as _paths
 from batchwire.pipeline.image_dataset import ImageDataset
 from batchwire.pipeline.index_cache import IMAGE_EXTENSIONS, cached_folder_index
-from batchwire.pipeline.listfile import confined_path, parse_list_line
+from batchwire.pipeline.listfile import confined_path, decode_list_text, parse_list_line
 
 __all__ = ["open_folder_or_list", "read_list_file"]
 
@@ -40,10 +40,7 @@ def read_list_file(
     base = list_path.parent
     out_paths: list[str] = []
     out_labels: list[int] = []
-    try:
-        text = list_path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise ValueError(f"{list_path}: list file is not UTF-8 text ({exc})") from None
+    text = decode_list_text(list_path.read_bytes(), str(list_path))
     for lineno, raw in enumerate(text.splitlines(), start=1):
         parsed = parse_list_line(raw, f"{list_path}:{lineno}")
         if parsed is None:

@@ -23,6 +23,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from batchwire.pipeline.listfile import refuse_an_image
 from batchwire.pipeline.storage import LocalStore, Store
 from batchwire.pipeline.storage.urls import redact
 
@@ -353,6 +354,8 @@ def locate(spec: str | os.PathLike[str] | Sequence[str]) -> Located:
         p = Path(names[0]).expanduser()
         if not p.exists():
             raise FileNotFoundError(f"dataset path does not exist: {p}")
+        if p.is_file():
+            refuse_an_image(_read_head(p.resolve()), str(p))
         kind = local_kind(p.resolve())
         if p.is_dir():
             p = p.resolve()

@@ -45,7 +45,7 @@ from batchwire.pipeline.index_cache import (
     read_npz,
     unpack_strings,
 )
-from batchwire.pipeline.listfile import parse_list_line
+from batchwire.pipeline.listfile import decode_list_text, parse_list_line
 from batchwire.pipeline.storage.base import ObjectInfo, Store
 from batchwire.pipeline.storage.errors import CredentialsError
 from batchwire.pipeline.storage.options import StoreOptions, default_options
@@ -371,10 +371,7 @@ def open_store_dataset(
             raise _open_error(exc, shown, "cannot read the list file") from None
         if len(text_bytes) > LIST_FILE_MAX_BYTES:
             raise ValueError(f"{shown}: list file larger than {LIST_FILE_MAX_BYTES} bytes")
-        try:
-            text = text_bytes.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise ValueError(f"{shown}: list file is not UTF-8 text ({exc})") from None
+        text = decode_list_text(text_bytes, shown)
         keys, labels = parse_list_text(text, shown)
         if not keys:
             raise ValueError(f"list file {shown} names no images")

@@ -10,6 +10,7 @@ import pytest
 from batchwire.pipeline import paths
 from batchwire.pipeline.dataset import open_dataset, read_list_file
 from batchwire.pipeline.index_cache import index_file
+from PIL import Image
 
 
 def _touch(path: Path, data: bytes | None = None) -> Path:
@@ -188,6 +189,14 @@ def test_empty_and_missing_datasets_are_clear_errors(tmp_path: Path) -> None:
         open_dataset(binary)
 
 
+def test_a_single_image_given_as_a_split_is_named_as_one(tmp_path: Path) -> None:
+    """`--train photo.jpg`: a split's path that is one image, read as a list file, says so."""
+    photo = tmp_path / "photo.jpg"
+    Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(photo)
+    with pytest.raises(ValueError, match=r"photo\.jpg is a JPEG image, not a dataset"):
+        open_dataset(photo)
+
+
 def test_cache_dir_follows_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("BATCHWIRE_CACHE", str(tmp_path / "explicit"))
     assert paths.cache_dir() == (tmp_path / "explicit").resolve()
@@ -207,3 +216,14 @@ def test_default_cache_dir_used_when_none_given(
     assert not open_dataset(tree).from_cache
     assert index_file(tree.resolve(), tmp_path / "envcache").is_file()
     assert open_dataset(tree).from_cache
+
+
+def test_a_list_file_that_is_an_image_is_named_as_one() -> None:
+    """A bucket's list file read as text (`storage.listing`): an image's bytes say what they are."""
+    from batchwire.pipeline.listfile import decode_list_text
+
+    with pytest.raises(ValueError, match=r"s3://b/x\.txt is a PNG image"):
+        decode_list_text(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\xff", "s3://b/x.txt")
+    with pytest.raises(ValueError, match=r"x\.txt: list file is not UTF-8 text"):
+        decode_list_text(b"a/b.jpg 1\n\xff\n", "x.txt")
+    assert decode_list_text(b"a/b.jpg 1\n", "x.txt") == "a/b.jpg 1\n"
