@@ -48,6 +48,7 @@ from batchwire.server.jobs import Job, JobResult
 from batchwire.server.memory import gpu_memory_statement, host_memory_statement
 from batchwire.server.router_socket import RouterSocket, check_ipc_endpoint
 from batchwire.server.security import bind_policy
+from batchwire.server.sharing import window_statement
 from batchwire.server.sizing import plan_buffers, stage_capacities
 from batchwire.server.splits import StartupError, make_decoder, open_splits
 from batchwire.server.telemetry import Telemetry
@@ -370,6 +371,7 @@ class ServerApp:
             budget.reserve,
             self.config.max_clients,
         )
+        statement += "; " + window_statement(self.config.share_window, budget.max_buffers)
         if self._sample_batches:
             statement += (
                 f"; {self._sample_batches} of those buffers' bytes "

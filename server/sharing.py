@@ -66,6 +66,25 @@ def window_batches(requested: int | None, max_buffers: int) -> int:
     return min(want, max_buffers // 4)
 
 
+def window_statement(requested: int | None, max_buffers: int) -> str:
+    """The share window in use, said at start: a bound the operator asked for and did not get
+    (capped at a quarter of --max-buffers) is named, not applied unsaid."""
+    window = window_batches(requested, max_buffers)
+    if window == 0:
+        return (
+            "share window: off (--share-window 0)"
+            if requested == 0
+            else (f"share window: off (a quarter of --max-buffers {max_buffers} is 0)")
+        )
+    asked = DEFAULT_WINDOW if requested is None else requested
+    if window < asked:
+        return (
+            f"share window: {window} batches, capped from {asked} at a quarter of "
+            f"--max-buffers {max_buffers} (raise --max-buffers for more)"
+        )
+    return f"share window: {window} batches (--share-window)"
+
+
 def sample_window_applies(config: ServerConfig) -> bool:
     """Does this server share samples across batch sizes (pipeline/sample_window.py)? The one
     place that decides: only a server that expects a mix of batch sizes (--max-batch-size above

@@ -197,3 +197,16 @@ def test_the_window_is_emptied_once_no_client_is_left() -> None:
     s.tick(1.0)  # housekeeping
     assert len(s.released) == 2 and s.core.shared.idle == 0
     assert s.trims[-1] == 0
+
+
+def test_the_share_window_in_use_is_said_and_a_cap_named() -> None:
+    """`--share-window 100` with 70 buffers is capped at 17: the start line says so."""
+    from batchwire.server.sharing import window_statement
+
+    assert window_statement(100, 70) == (
+        "share window: 17 batches, capped from 100 at a quarter of --max-buffers 70 "
+        "(raise --max-buffers for more)"
+    )
+    assert window_statement(None, 70) == "share window: 16 batches (--share-window)"
+    assert window_statement(0, 70) == "share window: off (--share-window 0)"
+    assert window_statement(None, 3).startswith("share window: off (a quarter")
