@@ -640,7 +640,7 @@ class Fleet:
             self.welcome = w
             self.unasked.set_total(w.num_batches)
             self.unasked_next.set_total(w.num_batches)
-        s.welcomed = True
+        s.welcomed = p.ever_welcomed = True
         p.refusal, p.refusal_streak = None, 0
         if p.state is S.HELLO_SENT:
             p.move(E.WELCOMED)

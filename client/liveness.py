@@ -143,6 +143,11 @@ def unavailable(waiting: Waiting, now: float) -> ServerUnavailable:
         )
     elif p.state is PeerState.BACKING_OFF:
         msg = f"pipeline-server at {p.endpoint} answered with errors for {t} s"
+    elif (p.session is None or not p.session.welcomed) and p.ever_welcomed:
+        msg = (
+            f"pipeline-server at {p.endpoint} is connected and served this loader before, but "
+            f"did not answer its hello within {t} s (is the server stopped or overloaded?)"
+        )
     elif p.session is None or not p.session.welcomed:
         msg = (
             f"pipeline-server at {p.endpoint} is connected but did not answer the hello "

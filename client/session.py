@@ -167,6 +167,9 @@ class Peer:
     session: Session | None = None
     connected: bool = False
     ever_connected: bool = False
+    #: It welcomed one of this loader's hellos before: a later silence is not a protocol
+    #: mismatch (a stopped or overloaded server), whatever the current session's state.
+    ever_welcomed: bool = False
     last_sent: float = 0.0
     #: BACKING_OFF / REFUSED: no hello before this time.
     retry_at: float = 0.0

@@ -40,8 +40,9 @@ def test_a_hello_waits_for_the_connection_and_the_welcome_brings_credits() -> No
     shell.tick()
     (hello,) = shell.hellos(0)
     assert (hello.epoch, hello.batches, shell.state(0)) == (0, (), S.HELLO_SENT)
+    assert not shell.fleet.peers[0].ever_welcomed
     shell.welcome()
-    assert shell.state(0) is S.STREAMING
+    assert shell.state(0) is S.STREAMING and shell.fleet.peers[0].ever_welcomed
     assert shell.asked(0) == [0, 1, 2, 3]  # prefetch 4, lowest first
     assert shell.fleet.num_batches == NUM_BATCHES
 

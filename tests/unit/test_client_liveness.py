@@ -88,3 +88,17 @@ def test_past_the_timeout_the_error_says_why_and_names_the_others() -> None:
     assert "nor did tcp://server-1:5555 deliver it" in text
     assert "tcp://server-1:5555 refused: no split 'val'" in text
     assert text.endswith("its last error: disk full")
+
+
+def test_a_server_that_served_before_and_then_stopped_answering_is_not_called_a_mismatch() -> None:
+    """A server paused mid-run (SIGSTOP, overload): the re-sent hello goes unanswered, but it
+    welcomed this loader before, so the protocol is not in question."""
+    p = owing(0)
+    p.session.welcomed = False
+    p.state = S.HELLO_SENT
+    waiting = Waiting([p], 3, 1, "train", 60.0)
+    assert "speaking protocol" in str(unavailable(waiting, now=62.0))  # never welcomed
+    p.ever_welcomed = True
+    text = str(unavailable(waiting, now=62.0))
+    assert "served this loader before, but did not answer its hello within 60 s" in text
+    assert "protocol" not in text
