@@ -1,11 +1,11 @@
 """A `pipeline-prepare`d tree of odd files served by a real server, intact and then damaged.
 
-Three trees, three servers with the same seed and arguments: the original tree (odd JPEGs:
+Four trees, four servers with the same seed and arguments: the original tree (odd JPEGs:
 CMYK, greyscale, progressive, 4:4:4, 4:2:2 in every EXIF orientation, a 9 x 17 one, a PNG named
 .jpg, an empty file, a truncated JPEG, a header over the pixel cap, among noisy photos), the
-tree `pipeline-prepare` made of it, and a copy of that with one byte changed in ten rewritten
-files, each at another kind of place (SOI, DQT, DHT, SOF, DRI, the interval index, SOS, a
-restart marker, the entropy-coded data, EOI).
+tree `pipeline-prepare` made of it, one made with `--restart-interval 3`, and a copy of the
+first with one byte changed in ten rewritten files, each at another kind of place (SOI, DQT,
+DHT, SOF, DRI, the interval index, SOS, a restart marker, the entropy-coded data, EOI).
 
 What must hold (docs/performance.md, "Faster CPU crops"): the prepared tree's batches are the
 original's, byte for byte, odd files included, with the same bad samples counted; and in the
@@ -70,7 +70,9 @@ def odd_tree(root: Path) -> Path:
     for o in range(1, 9):
         files[f"b/exif{o}.jpg"] = pil_jpeg(pic, subsampling=1, exif=exif_orientation_block(o))
     for k in range(12):
-        files[f"{'ab'[k % 2]}/photo{k:02d}.jpg"] = pil_jpeg(noisy_pixels(96 + 8 * k, 130, seed=k))
+        files[f"{'ab'[k % 2]}/photo{k:02d}.jpg"] = pil_jpeg(
+            noisy_pixels(96 + 8 * k, 130 + 16 * (k % 2), seed=k)
+        )
     for rel, data in files.items():
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_bytes(data)
@@ -116,23 +118,33 @@ def batches(endpoint: str, split: str, epochs: int) -> list[tuple[torch.Tensor, 
     return out
 
 
-@pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    root = tmp_path_factory.mktemp("audit")
-    original = odd_tree(root / "original")
-    prepared = root / "prepared"
+def prepare(original: Path, prepared: Path, *args: str) -> Path:
     done = subprocess.run(
-        [str(PREPARE), str(original), str(prepared), "--quiet"],
+        [str(PREPARE), str(original), str(prepared), "--quiet", *args],
         capture_output=True,
         text=True,
         timeout=120,
     )
     assert done.returncode == 1, done.stdout + done.stderr  # the truncated JPEG: corrupt
+    return prepared
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    root = tmp_path_factory.mktemp("audit")
+    original = odd_tree(root / "original")
+    prepared = prepare(original, root / "prepared")
     for k in range(len(PLACES)):  # every photo to damage is entered at its markers
         data = (prepared / f"{'ab'[k % 2]}/photo{k:02d}.jpg").read_bytes()
         assert restart_layout(data)[0] is not None
-    trees = {"original": original, "prepared": prepared}
-    trees["damaged"] = root / "damaged"
+    trees = {
+        "original": original,
+        "prepared": prepared,
+        # A marker every 3 MCUs: photos 130 px wide (9 MCUs a row) are entered at their
+        # markers, those 146 px wide (10) decoded as before (no layout).
+        "every3": prepare(original, root / "every3", "--restart-interval", "3"),
+        "damaged": root / "damaged",
+    }
     where = damage(prepared, trees["damaged"])
     paths = [Path(p).relative_to(prepared).as_posix() for p in open_dataset(prepared).paths]
     out: dict = {"where": where, "paths": paths}
@@ -145,6 +157,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> dict:
             out[name] = {s: batches(srv.endpoint, s, 2 if s == "train" else 1) for s in SPLITS}
             out[f"{name}_counters"] = srv.stats()["counters"]
             out[f"{name}_log"] = srv.log()
+    entered = [restart_layout(p.read_bytes())[0] is not None for p in trees["every3"].rglob("ph*")]
+    out["every3_entered"] = sum(entered), len(entered)
     return out
 
 
@@ -161,15 +175,16 @@ def slots(served: dict, a: str, b: str):
                     yield split, index, torch.equal(xa[slot], xb[slot])
 
 
-def test_prepared_odd_files_serve_the_originals_batches(served: dict) -> None:
+@pytest.mark.parametrize("tree", ["prepared", "every3"])
+def test_prepared_odd_files_serve_the_originals_batches(served: dict, tree: str) -> None:
     paths = served["paths"]
-    differ = [
-        (split, paths[i]) for split, i, same in slots(served, "original", "prepared") if not same
-    ]
+    differ = [(split, paths[i]) for split, i, same in slots(served, "original", tree) if not same]
     assert not differ
-    want, got = served["original_counters"], served["prepared_counters"]
+    want, got = served["original_counters"], served[f"{tree}_counters"]
     assert want["bad_total"] == got["bad_total"] == len(BAD), (want, got)
     assert want["replaced_total"] == got["replaced_total"] > 0
+    entered, photos = served["every3_entered"]
+    assert 0 < entered < photos, (entered, photos)  # 3 MCUs tile some photos' rows, not all
 
 
 def test_every_damaged_byte_is_counted_logged_and_replaced(served: dict) -> None:
