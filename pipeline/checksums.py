@@ -312,7 +312,7 @@ def load_checksums(
         return None
     max_bytes = max(MAX_BYTES_FLOOR, MAX_BYTES_PER_FILE * len(paths))
     manifests_read: list[str] = []
-    beside_data = shared_folder(paths) if kind == "list" else None
+    beside_data = data_manifest_folder(paths) if kind == "list" else None
     if beside_data == dataset_folder(root, kind):
         beside_data = None  # the list sits with its files: its folder is read below
     data_entries = (
@@ -413,6 +413,28 @@ def shared_folder(paths: Sequence[str]) -> Path | None:
     if not folder or not os.path.isabs(folder):
         return None
     return Path(folder)
+
+
+#: How far above a list's files `data_manifest_folder` looks for a manifest: DST/imgs/CLASS/...
+#: sits two folders below a prepared list dataset's DST.
+MANIFEST_LEVELS_UP = 3
+
+
+def data_manifest_folder(paths: Sequence[str]) -> Path | None:
+    """The folder whose manifests apply to a list's files: the deepest one holding a manifest
+    among the folder they all lie in (`shared_folder`) and the folders above it, so that a list
+    naming a prepared list dataset's DST/imgs/... finds DST's manifest; that folder itself when
+    none holds one (None without a shared folder). The records' names are relative to it. At
+    most `MANIFEST_LEVELS_UP` folders up: a manifest far above belongs to another dataset."""
+    start = shared_folder(paths)
+    folder = start
+    for _ in range(MANIFEST_LEVELS_UP + 1):
+        if folder is None:
+            break
+        if _existing(_folder_checksum_manifests(folder)):
+            return folder
+        folder = folder.parent if folder.parent != folder else None
+    return start
 
 
 def _read_checksum_manifests(

@@ -65,6 +65,22 @@ def _visible(name: str) -> bool:
     return not name.startswith(".")
 
 
+def _is_dir(entry: os.DirEntry) -> bool:
+    """`entry.is_dir()`, False where the OS cannot say (a symlink to itself: ELOOP)."""
+    try:
+        return entry.is_dir()
+    except OSError:
+        return False
+
+
+def _is_file(entry: os.DirEntry) -> bool:
+    """`entry.is_file()`, False where the OS cannot say (left out with the dangling links)."""
+    try:
+        return entry.is_file()
+    except OSError:
+        return False
+
+
 def scan_image_folder(root: str | os.PathLike[str]) -> FolderIndex:
     """Walk `root`: each visible sub-folder is a class (sorted names give label ids); its image
     files, recursively, sorted by relative path, are its samples."""
@@ -73,7 +89,7 @@ def scan_image_folder(root: str | os.PathLike[str]) -> FolderIndex:
     dirs: list[str] = [""]
     mtimes: list[int] = [os.stat(root_s).st_mtime_ns]
     with os.scandir(root_s) as it:
-        classes = sorted(e.name for e in it if _visible(e.name) and e.is_dir())
+        classes = sorted(e.name for e in it if _visible(e.name) and _is_dir(e))
 
     rel_paths: list[str] = []
     counts: list[int] = []
@@ -97,10 +113,10 @@ def scan_image_folder(root: str | os.PathLike[str]) -> FolderIndex:
                     if not _visible(e.name):
                         continue
                     rel = f"{rel_dir}/{e.name}"
-                    if e.is_dir():
+                    if _is_dir(e):
                         stack.append(rel)
                     elif os.path.splitext(e.name)[1].lower() in IMAGE_EXTENSIONS:
-                        (found if e.is_file() else left_out).append(rel)
+                        (found if _is_file(e) else left_out).append(rel)
         found.sort()
         if not found:
             log.warning("class folder %s has no image files", os.path.join(root_s, cls))

@@ -131,7 +131,7 @@ def load(path: Path) -> Previous:
     """The manifest at `path` (absent: an empty Previous); lines that make no sense are
     skipped (a line cut short by a kill, or edited by hand)."""
     try:
-        text = path.read_text(encoding="utf-8", errors="replace")
+        text = path.read_text(encoding="utf-8", errors="surrogateescape")
     except FileNotFoundError:
         return Previous({}, finished=False, exists=False)
     previous = Previous({}, finished=False, exists=True)
@@ -194,7 +194,9 @@ class Writer:
         with contextlib.suppress(OSError), open(self.path, "rb") as f:
             f.seek(-1, os.SEEK_END)  # OSError for an empty file: nothing to mend
             cut_short = f.read(1) != b"\n"
-        self._file: IO[str] = open(self.path, "a", encoding="utf-8")  # noqa: SIM115
+        self._file: IO[str] = open(  # noqa: SIM115
+            self.path, "a", encoding="utf-8", errors="surrogateescape"
+        )
         if cut_short:  # the last line was cut short by a kill: start a new one
             self._file.write("\n")
         self._file.write(header.to_line())
@@ -213,7 +215,7 @@ class Writer:
         self.close()
         fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX, dir=self.path.parent)
         try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
+            with os.fdopen(fd, "w", encoding="utf-8", errors="surrogateescape") as f:
                 f.write(self.header.to_line())
                 f.writelines(r.to_line() for r in records)
                 f.write(json.dumps({"finished": True}) + "\n")

@@ -12,8 +12,11 @@ command finishes it.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import signal
 import sys
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from typing import Protocol
 
 from batchwire.common.cores import available_cores
@@ -185,19 +188,47 @@ class _Summary(Protocol):
     def text(self) -> str: ...
 
 
+@contextlib.contextmanager
+def _sigterm_interrupts() -> Iterator[None]:
+    """SIGTERM (`kill`, `timeout`, a container stop, a scheduler's preemption) ends the run as
+    Ctrl-C does: the files in flight finish, the summary and report are written, exit status 3.
+    The previous handler is restored after (main() also runs inside other programs' processes)."""
+
+    def interrupt(_signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt
+
+    if threading.current_thread() is not threading.main_thread():  # signal.signal would raise
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def _finish(work: Callable[[], _Summary]) -> int:
     """Run `work`, print its summary, return its exit status: how both modes (copy and
     `--shards`) end. A usage error exits 2 and an OSError 3, each as one line on stderr."""
     try:
-        summary = work()
+        with _sigterm_interrupts():
+            summary = work()
     except UsageError as exc:
         print(f"pipeline-prepare: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except OSError as exc:
         print(f"pipeline-prepare: error: {exc}", file=sys.stderr)
         return EXIT_INCOMPLETE
-    print(summary.text())
+    print(printable(summary.text()))
     return summary.exit_status
+
+
+def printable(text: str) -> str:
+    """`text` as stdout can take it: a file name that is not UTF-8 (kept surrogate-escaped, as
+    Python reads it) shown escaped (caf\\udce9.jpg) rather than failing the run at its very
+    end on a strict stdout (any UTF-8 locale but C.UTF-8)."""
+    encoding = sys.stdout.encoding or "utf-8"
+    return text.encode(encoding, "backslashreplace").decode(encoding)
 
 
 if __name__ == "__main__":
