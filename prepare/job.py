@@ -46,6 +46,7 @@ from batchwire.native.jpeg_transcode import (
 )
 from batchwire.pipeline.checksums import checksum
 from batchwire.pipeline.decode import DEFAULT_MAX_PIXELS, DecodeError, read_header
+from batchwire.pipeline.decode.backends import arithmetic_frame
 from batchwire.pipeline.decode.files import NotARegularFile, read_file, read_file_and_stat
 from batchwire.pipeline.decode.headers import ImageTooLarge, ImplausibleHeader
 from batchwire.prepare.checksum_manifest import (
@@ -171,6 +172,14 @@ def rewrite(
         return data, CORRUPT, str(exc)
     except DecodeError:
         pass  # any other header problem: the strict transcoder judges the file
+    if arithmetic_frame(data):
+        # The server refuses arithmetic coding; a Huffman rewrite it would serve, so the
+        # prepared tree would not serve the original's batches. Kept as it is: refused alike.
+        return (
+            data,
+            UNVERIFIED,
+            "arithmetic-coded JPEG (SOF9..SOF15): the server does not decode it",
+        )
     try:
         if restart_interval == AUTO:
             out = transcode_restart(data, AUTO_MOST, fit_rows=True)
