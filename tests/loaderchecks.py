@@ -77,3 +77,14 @@ def counting_loader(endpoint: str, split: str) -> RemoteLoader:
         heartbeat=60,
         prefetch_next_epoch=False,
     )
+
+
+def counted_batches(endpoint: str, split: str, epochs: int) -> list[tuple[torch.Tensor, list[int]]]:
+    """(images, sampler indices) of every batch of ``epochs`` epochs, through `counting_loader`."""
+    out = []
+    with counting_loader(endpoint, split) as loader:
+        for epoch in range(epochs):
+            loader.set_epoch(epoch)
+            for images, _labels, indices in loader:
+                out.append((images.clone(), indices.tolist()))
+    return out

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 from corrupt_corpus import corpus, seed_jpeg, strict_rejects
-from loaderchecks import counting_loader
+from loaderchecks import counted_batches
 from serverproc import running_server
 
 GOOD = 24
@@ -54,16 +54,6 @@ def write_lists(root: Path) -> tuple[Path, Path, set[int], set[int]]:
     return lists[0], lists[1], plain, marked
 
 
-def batches(endpoint: str, split: str, epochs: int) -> list[tuple[torch.Tensor, list[int]]]:
-    out = []
-    with counting_loader(endpoint, split) as loader:
-        for epoch in range(epochs):
-            loader.set_epoch(epoch)
-            for images, _labels, indices in loader:
-                out.append((images.clone(), indices.tolist()))
-    return out
-
-
 @pytest.mark.timeout(240)
 def test_damaged_files_are_counted_and_replaced_never_served_wrong(tmp_path: Path) -> None:
     damaged, intact, plain, marked = write_lists(tmp_path)
@@ -74,7 +64,7 @@ def test_damaged_files_are_counted_and_replaced_never_served_wrong(tmp_path: Pat
     served = {}
     for name, listing in (("damaged", damaged), ("intact", intact)):
         with running_server("--train", str(listing), "--val", str(listing), *common) as srv:
-            served[name] = {s: batches(srv.endpoint, s, 3) for s in ("val", "train")}
+            served[name] = {s: counted_batches(srv.endpoint, s, 3) for s in ("val", "train")}
             if name == "damaged":
                 counters = srv.stats()["counters"]
     differing, plain_slots = 0, 0

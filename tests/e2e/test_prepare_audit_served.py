@@ -28,7 +28,7 @@ from batchwire import native
 from batchwire.native.jpeg_roi import restart_layout
 from batchwire.pipeline.dataset import open_dataset
 from corrupt_corpus import noisy_pixels, segments
-from loaderchecks import counting_loader
+from loaderchecks import counted_batches
 from oddfiles import exif_orientation_block, huge_header_jpeg, pil_jpeg, png_bytes, smooth_image
 from serverproc import running_server
 
@@ -108,16 +108,6 @@ def damage(prepared: Path, out: Path) -> dict[str, str]:
     return where
 
 
-def batches(endpoint: str, split: str, epochs: int) -> list[tuple[torch.Tensor, list[int]]]:
-    out = []
-    with counting_loader(endpoint, split) as loader:
-        for epoch in range(epochs):
-            loader.set_epoch(epoch)
-            for images, _labels, indices in loader:
-                out.append((images.clone(), indices.tolist()))
-    return out
-
-
 def prepare(original: Path, prepared: Path, *args: str) -> Path:
     done = subprocess.run(
         [str(PREPARE), str(original), str(prepared), "--quiet", *args],
@@ -154,7 +144,9 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> dict:
     )
     for name, tree in trees.items():
         with running_server("--train", str(tree), "--val", str(tree), *common) as srv:
-            out[name] = {s: batches(srv.endpoint, s, 2 if s == "train" else 1) for s in SPLITS}
+            out[name] = {
+                s: counted_batches(srv.endpoint, s, 2 if s == "train" else 1) for s in SPLITS
+            }
             out[f"{name}_counters"] = srv.stats()["counters"]
             out[f"{name}_log"] = srv.log()
     entered = [restart_layout(p.read_bytes())[0] is not None for p in trees["every3"].rglob("ph*")]
