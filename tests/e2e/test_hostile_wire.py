@@ -241,11 +241,12 @@ def test_a_hello_with_extreme_values_is_served_or_refused_never_crashes(server, 
 def test_another_peer_cannot_take_over_a_trainers_identity_or_session(server, ctx):
     """A ROUTER refuses a second connection with an identity in use: the spoofer's bye and
     hello never arrive and it gets no reply. A peer sending the trainer's session number,
-    rank and epoch from its own identity opens its own session and ends only that one."""
-    trainer = RawClient.connect(ctx, server.endpoint, identity=b"trainer-7", session=11)
+    job, rank and epoch from its own identity opens its own session and ends only that one."""
+    victim = {"session": 11, "job": "victim"}
+    trainer = RawClient.connect(ctx, server.endpoint, identity=b"trainer-7", **victim)
     trainer.start()  # its connection holds the identity before the spoofer's comes
-    spoof = RawClient.connect(ctx, server.endpoint, identity=b"trainer-7", session=11)
-    mimic = RawClient.connect(ctx, server.endpoint, session=11, batches=(0, 1))
+    spoof = RawClient.connect(ctx, server.endpoint, identity=b"trainer-7", **victim)
+    mimic = RawClient.connect(ctx, server.endpoint, batches=(0, 1), **victim)
     try:
         assert trainer.batch()[0].batch_index == 0
         spoof.send(wire.Bye())
@@ -260,7 +261,7 @@ def test_another_peer_cannot_take_over_a_trainers_identity_or_session(server, ct
         assert (head.batch_index, head.session) == (1, 11)
         trainer.credit([2, 3])
         assert [trainer.batch()[0].batch_index for _ in range(2)] == [2, 3]
-        rows = [c for c in server.stats()["clients"] if c["id"] == b"trainer-7".hex()]
+        rows = [c for c in server.stats()["clients"] if c["job"] == "victim"]
         assert len(rows) == 1 and rows[0]["sent"] == 4, rows
         trainer.bye()
     finally:
