@@ -46,6 +46,7 @@ from batchwire.server.core import (
 from batchwire.server.footprint import expected_rss_statement, median_pixels, resident_mib
 from batchwire.server.jobs import Job, JobResult
 from batchwire.server.memory import gpu_memory_statement, host_memory_statement
+from batchwire.server.peer_names import shown
 from batchwire.server.router_socket import RouterSocket, check_ipc_endpoint
 from batchwire.server.security import bind_policy
 from batchwire.server.sharing import window_statement
@@ -158,6 +159,8 @@ class ServerApp:
         # Sent batches ZeroMQ still holds: each tracker and the core's ticket for it.
         self._in_flight: deque[tuple[zmq.MessageTracker, int]] = deque()
         self._tracker_wait_ms = 1
+        # This turn's stats reply, packed once for every peer asking before anything changes.
+        self._stats_packed: bytes | None = None
         self._stopping = False
         self._stop_requested = threading.Event()  # set by the signal handler
         self._stopped = threading.Event()  # set once shut down
@@ -465,6 +468,7 @@ class ServerApp:
         poller.register(self.socket.monitor, zmq.POLLIN)
         while not self._stopping:
             self._heartbeat = time.monotonic()
+            self._stats_packed = None
             # Trackers have no file descriptor: poll them with a timeout that backs off while
             # nothing completes (a stalled client's buffers may stay with ZeroMQ for long).
             timeout = self._tracker_wait_ms if self._in_flight else _IDLE_POLL_MS
@@ -522,7 +526,10 @@ class ServerApp:
     def _receive(self) -> None:
         for identity, frames in self.socket.receive():
             parts = [f.buffer for f in frames]
-            self._carry_out(self.core.on_frames(identity, parts, time.monotonic()))
+            actions = self.core.on_frames(identity, parts, time.monotonic())
+            if not (len(actions) == 1 and isinstance(actions[0], ReplyStats)):
+                self._stats_packed = None  # e.g. a credit's loader report: the stats change
+            self._carry_out(actions)
             if len(frames) == 1 and self.core.has_session(identity):
                 self.socket.track(identity, frames[0])
                 self._peers_gone()
@@ -607,11 +614,25 @@ class ServerApp:
                     self.telemetry.count(action.counts)
                 self.socket.reply(action.identity, action.message)
             elif isinstance(action, ReplyStats):
-                self.socket.reply(action.identity, StatsReply(self.stats_snapshot()))
+                self._reply_stats(action.identity)
+                continue
             elif isinstance(action, TrimBuffers) and self.buffers.capacity:
                 self.buffers.trim(action.keep)
                 if action.keep == 0 and self.samples is not None:  # nobody left to share with
                     self.samples.clear()
+
+            self._stats_packed = None  # what the next stats reply says may have changed
+
+    def _reply_stats(self, identity: bytes) -> None:
+        """Answer a stats request, unless ZeroMQ still holds this peer's last answer (a peer
+        asking again and again without reading) or too many answers: then it is dropped. One
+        snapshot serves every request of a turn (a flood costs one, not one per request)."""
+        if not self.socket.may_reply_stats(identity):
+            log.debug("stats request from %s dropped: its last reply is unread", shown(identity))
+            return
+        if self._stats_packed is None:
+            self._stats_packed = StatsReply(self.stats_snapshot()).pack()
+        self.socket.reply_stats(identity, self._stats_packed)
 
     # ----------------------------------------------------------------------------- stats
 

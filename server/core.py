@@ -104,6 +104,8 @@ from batchwire.server.delivery import Deliveries
 from batchwire.server.housekeeping import BUFFERS_IDLE_S, HOUSEKEEPING_S, STALL_S
 from batchwire.server.jobs import JobResult
 from batchwire.server.lending import DEBTOR_EVERY_S, NOT_READING_S, Lender, Lending
+from batchwire.server.lograte import LineBudget
+from batchwire.server.peer_names import shown
 from batchwire.server.peers import PeerLedger
 from batchwire.server.scheduling import Scheduling
 from batchwire.server.sessions import ClientSession, Produced
@@ -206,6 +208,7 @@ class ServerCore:
         )
         self._next_housekeeping = now + HOUSEKEEPING_S
         self._malformed_seen = 0
+        self._client_lines = LineBudget()  # admitted, bye, disconnected: bounded per window
         self._errors_seen = 0
         self.draining = False  # begin_drain: admit nothing, finish what is under way
         self.drain_started = self.drain_deadline = float("inf")  # begin_drain: --drain-timeout
@@ -237,7 +240,7 @@ class ServerCore:
         self.peers.seen(identity, now)
         if isinstance(msg, Credit):
             if session is None:  # e.g. after a restart or a drop: the client will re-send hello
-                log.debug("credit from unknown client %s ignored", identity.hex())
+                log.debug("credit from unknown client %s ignored", shown(identity))
                 return []
             session.loader_stats = LoaderReport.clean(msg.stats)
             refused = session.ask(msg.batches, now)
@@ -252,7 +255,7 @@ class ServerCore:
         if isinstance(msg, Bye):
             if session is None:
                 return []
-            log.info("client %s said bye", identity.hex())
+            self._client_log(now, "client %s said bye", shown(identity))
             return self._drop(identity)
         if isinstance(msg, StatsRequest):
             return [ReplyStats(identity)]
@@ -321,9 +324,10 @@ class ServerCore:
         session = self.sessions.get(identity)
         if session is not None:
             h = session.hello
-            log.info(
+            self._client_log(
+                now,
                 "client %s (%s rank %d/%d) %s: its session and queued batches dropped",
-                identity.hex(),
+                shown(identity),
                 h.split,
                 h.rank,
                 h.world_size,
@@ -332,9 +336,10 @@ class ServerCore:
             return self._drop(identity)
         held = self.deliveries.held(identity)
         if held:
-            log.info(
+            self._client_log(
+                now,
                 "client %s %s: the %d sent batch(es) ZeroMQ held for it are freed",
-                identity.hex(),
+                shown(identity),
                 why,
                 held,
             )
@@ -524,9 +529,10 @@ class ServerCore:
         if self.peers.opened(identity, hello, now):
             self._log_debt(session)
         asks = f"batch {hello.batches[0]}" if hello.batches else "nothing yet"
-        log.info(
+        self._client_log(
+            now,
             "client %s%s: %s epoch %d rank %d/%d%s, asks for %s (%d asked, %d in the epoch)",
-            identity.hex(),
+            shown(identity),
             f" (job {wire.show(hello.job)})" if hello.job else "",
             hello.split,
             hello.epoch,
@@ -580,9 +586,12 @@ class ServerCore:
                 session, self.deliveries.waiting(identity, now), held, now, timeout
             )
             if why is not None:
-                log.warning("client %s %s", identity.hex(), why)
+                log.warning("client %s %s", shown(identity), why)
                 actions += self._drop(identity)
         self.peers.expire(now, timeout, self.sessions)
+        held = self._client_lines.summary(now)
+        if held is not None:
+            log.info("%s", held)
         if not self.sessions:  # nobody left to share with: the memory goes back now
             actions += [Release(s) for s in self.shared.flush()]
         keep = housekeeping.buffers_to_keep(
@@ -595,6 +604,14 @@ class ServerCore:
         )
         actions.append(TrimBuffers(keep))
         return actions
+
+    def _client_log(self, now: float, msg: str, *args: object) -> None:
+        """A line about a client coming or going, within `LineBudget` (a peer reconnecting
+        or re-sending hellos in a loop must not fill the disk)."""
+        held = self._client_lines.summary(now)
+        if held is not None:
+            log.info("%s", held)
+        log.log(self._client_lines.level(now), msg, *args)
 
     def _log_debt(self, session: ClientSession) -> None:
         self._debts_logged += 1
@@ -627,7 +644,7 @@ class ServerCore:
         self._errors_seen += 1
         # Refused hellos are rare from real trainers; a peer repeating one must not fill the log.
         level = logging.WARNING if self._errors_seen <= ERRORS_LOGGED else logging.DEBUG
-        log.log(level, "client %s: %s%s", identity.hex(), message, clip(detail))
+        log.log(level, "client %s: %s%s", shown(identity), message, clip(detail))
         return [Reply(identity, ErrorReply(message, reason, session=session), "errors_total")]
 
     def _malformed(self, identity: bytes, message: str) -> list[Action]:
@@ -637,14 +654,14 @@ class ServerCore:
         if self._malformed_seen <= MALFORMED_LOGGED:
             log.warning(
                 "malformed message from %s: %s%s",
-                identity.hex(),
+                shown(identity),
                 message,
                 " (further ones are only counted)"
                 if self._malformed_seen == MALFORMED_LOGGED
                 else "",
             )
         else:
-            log.debug("malformed message from %s: %s", identity.hex(), message)
+            log.debug("malformed message from %s: %s", shown(identity), message)
         reply = ErrorReply(f"malformed message: {message}", "bad-request")
         return [Reply(identity, reply, "malformed_total")]
 

@@ -16,6 +16,7 @@ a loop that is stuck still gets a prompt 503 from ``/healthz``.
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -29,6 +30,19 @@ REQUEST_TIMEOUT_S = 10.0
 
 #: ``health(path)`` -> (HTTP status, body): 200 when the check passes, 503 when it does not.
 HealthCheck = Callable[[str], tuple[int, bytes]]
+
+
+class _QuietHTTPServer(ThreadingHTTPServer):
+    """A peer that hangs up or goes quiet mid-request (a scanner, a scraper that gave up) is
+    not news: socketserver would write a traceback to stderr, the server's log, for each one,
+    and a peer reconnecting in a loop would fill the disk."""
+
+    daemon_threads = True
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        if isinstance(sys.exc_info()[1], OSError):
+            return
+        super().handle_error(request, client_address)  # a bug of ours: its traceback
 
 
 def start_metrics_server(
@@ -72,8 +86,7 @@ def start_metrics_server(
         def log_message(self, format: str, *args: object) -> None:  # scrapes are not news
             pass
 
-    httpd = ThreadingHTTPServer((host, int(port)), Handler)
-    httpd.daemon_threads = True
+    httpd = _QuietHTTPServer((host, int(port)), Handler)
     thread = threading.Thread(target=httpd.serve_forever, name="bw-metrics", daemon=True)
     thread.start()
     return httpd, thread

@@ -9,6 +9,7 @@ connections closed. Used from the loop thread only (zmq sockets are not thread-s
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import logging
 import math
 import os
@@ -22,6 +23,7 @@ import zmq
 from batchwire import wire
 from batchwire.server.config import ServerConfig
 from batchwire.server.handshakes import HandshakeFailures, classify
+from batchwire.server.peer_names import shown
 from batchwire.server.security import owner_only
 from batchwire.server.splits import StartupError
 from batchwire.wire.keys import ServerKeys
@@ -35,6 +37,11 @@ _SNDHWM = 4 * wire.MAX_PREFETCH + 64
 # Frames above this are refused by ZeroMQ itself (the peer is disconnected); smaller oversized
 # frames reach us and are counted as malformed.
 _MAXMSGSIZE = 16 * 1024 * 1024
+# A stats reply may be large (~1 MB with hundreds of clients) for a 20-byte request: each peer
+# has at most one that ZeroMQ still holds, all of them together at most this many bytes, so a
+# peer that asks again and again and never reads cannot make us hold its replies (an honest
+# monitor asks once and waits for the answer).
+_STATS_HELD_BYTES = 64 * 1024 * 1024
 MAX_RECV_PER_TURN = 256  # then do other work: a flood cannot starve sending
 # ZMTP heartbeats: the server pings every peer each second and closes a connection that answers
 # nothing for 3 s (a trainer host that vanished without closing its sockets). A client's libzmq
@@ -70,6 +77,7 @@ class RouterSocket:
         self.handshake_failures = HandshakeFailures()
         self._on_handshake_failure = on_handshake_failure
         self.ctx = zmq.Context()
+        _seed_routing_ids()
         self.router = self.ctx.socket(zmq.ROUTER)
         self.router.sndhwm = _SNDHWM
         self.router.maxmsgsize = _MAXMSGSIZE
@@ -107,6 +115,8 @@ class RouterSocket:
         self._peer_fd: dict[bytes, int] = {}  # identity with a session -> its connection's fd
         self._fd_open: dict[int, bool] = {}  # fd -> last event was ACCEPTED (not DISCONNECTED)
         self._gone: list[tuple[bytes, str]] = []
+        # Stats replies ZeroMQ still holds: peer -> (tracker, bytes).
+        self._stats_held: dict[bytes, tuple[zmq.MessageTracker, int]] = {}
         self._accept_failed_at = -math.inf  # last warning about failing accepts
         self._accept_failures = 0
         self.endpoints: list[str] = []
@@ -134,7 +144,26 @@ class RouterSocket:
         try:
             self.router.send_multipart([identity, msg.pack()], zmq.NOBLOCK)
         except zmq.ZMQError as exc:
-            log.debug("reply to %s dropped: %s", identity.hex(), exc)
+            log.debug("reply to %s dropped: %s", shown(identity), exc)
+
+    def may_reply_stats(self, identity: bytes) -> bool:
+        """Does ZeroMQ hold no stats reply of this peer's, and room for another peer's?"""
+        self._stats_held = {i: h for i, h in self._stats_held.items() if not h[0].done}
+        held = sum(size for _, size in self._stats_held.values())
+        return identity not in self._stats_held and held < _STATS_HELD_BYTES
+
+    def reply_stats(self, identity: bytes, packed: bytes) -> None:
+        """Send a packed stats reply (shared by every peer asking in the same turn), tracked
+        so that `may_reply_stats` knows while ZeroMQ holds it."""
+        frame = zmq.Frame(packed, track=True, copy=False, copy_threshold=0)
+        try:
+            tracker = self.router.send_multipart(
+                [identity, frame], zmq.NOBLOCK, copy=False, track=True
+            )
+        except zmq.ZMQError as exc:
+            log.debug("stats reply to %s dropped: %s", shown(identity), exc)
+            return
+        self._stats_held[identity] = (tracker, len(packed))
 
     def send_batch(
         self, identity: bytes, header: wire.BatchHeader, images: np.ndarray, labels: np.ndarray
@@ -243,6 +272,19 @@ class RouterSocket:
         if self._keys is not None:
             self._keys.stop()  # the ZAP authenticator's socket, before the context ends
         self.ctx.term()
+
+
+def _seed_routing_ids() -> None:
+    """Make the routing ids libzmq gives peers that set none unguessable.
+
+    libzmq names such a peer (every RemoteLoader) 0x00 + a 32-bit counter that starts at
+    libc's rand() when the ROUTER is made, and nobody seeds it: 0x6b8b4567 in every process.
+    A peer may claim a name of that form for itself, and the next peer given the same name
+    aborts the process in a libzmq assertion (its auto-naming checks no name in use), so the
+    names must not be guessable. Seeded from the OS, the counter's start is not.
+    """
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None).srand(int.from_bytes(os.urandom(4), "little"))
 
 
 def check_ipc_endpoint(endpoint: str) -> None:

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from batchwire.common.rates import RateMeter
 from batchwire.pipeline.sampler import ShardSampler
+from batchwire.server.peer_names import shown
 from batchwire.wire import MAX_PREFETCH, ClientRow, Hello, LoaderReport, show
 
 if TYPE_CHECKING:
@@ -162,9 +163,9 @@ class ClientSession:
 
     @property
     def peer_hex(self) -> str:
-        """The peer's ZeroMQ identity in hex (the stats row's ``id``): not the session id,
-        which is ``hello.session``."""
-        return self.identity.hex()
+        """The peer's name (the stats row's ``id``; `peer_names.shown`: its ZeroMQ identity in
+        hex, or a keyed hash of libzmq's own): not the session id, which is ``hello.session``."""
+        return shown(self.identity)
 
     @property
     def closed(self) -> bool:

@@ -27,6 +27,8 @@ CORE = (
     "budget.py",
     "delivery.py",
     "pacing.py",
+    "lograte.py",
+    "peer_names.py",
 )
 # What only a shell may touch: threads and locks, the clock, sockets, the telemetry.
 FORBIDDEN = ("threading", "time", "zmq", "socket", "queue", "batchwire.server.telemetry")

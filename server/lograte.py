@@ -1,0 +1,48 @@
+"""Lines about clients coming and going, bounded per interval (pure: callers pass ``now``).
+
+A trainer fleet logs a few lines per rank and epoch; a peer that says hello, bye or reconnects
+thousands of times a second would log as many lines and fill the disk. `LineBudget` lets
+`per_window` lines through per `window_s` at their level, takes the rest down to DEBUG and
+counts them, and `summary` is the one line that says how many were held back.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+#: Lines about clients (admitted, bye, disconnected) logged per window at their own level.
+CLIENT_LINES_PER_WINDOW = 100
+CLIENT_LINES_WINDOW_S = 10.0
+
+
+class LineBudget:
+    """At most ``per_window`` lines per ``window_s`` at their level; the rest at DEBUG."""
+
+    def __init__(
+        self, per_window: int = CLIENT_LINES_PER_WINDOW, window_s: float = CLIENT_LINES_WINDOW_S
+    ) -> None:
+        self.per_window, self.window_s = per_window, window_s
+        self._window_start = -math.inf
+        self._used = 0
+        self._held = 0
+
+    def level(self, now: float, level: int = logging.INFO) -> int:
+        """The level to log one more line at (call `summary` first: a new window resets)."""
+        if now - self._window_start >= self.window_s:
+            self._window_start, self._used = now, 0
+        self._used += 1
+        if self._used <= self.per_window:
+            return level
+        self._held += 1
+        return logging.DEBUG
+
+    def summary(self, now: float) -> str | None:
+        """Once the window that held lines back is over: the line that says how many."""
+        if not self._held or now - self._window_start < self.window_s:
+            return None
+        held, self._held = self._held, 0
+        return (
+            f"{held} more line(s) about clients (admitted, bye, disconnected) in the last "
+            f"{self.window_s:g} s or more were only counted; --log-level DEBUG shows each"
+        )
