@@ -104,7 +104,12 @@ from batchwire.server.delivery import Deliveries
 from batchwire.server.housekeeping import BUFFERS_IDLE_S, HOUSEKEEPING_S, STALL_S
 from batchwire.server.jobs import JobResult
 from batchwire.server.lending import DEBTOR_EVERY_S, NOT_READING_S, Lender, Lending
-from batchwire.server.lograte import LineBudget
+from batchwire.server.lograte import (
+    ERROR_LINES_PER_WINDOW,
+    MALFORMED_LINES_PER_WINDOW,
+    PEER_FAULT_WINDOW_S,
+    LineBudget,
+)
 from batchwire.server.peer_names import shown
 from batchwire.server.peers import PeerLedger
 from batchwire.server.scheduling import Scheduling
@@ -160,8 +165,6 @@ DEBTS_LOGGED = 20
 # (a row is at most ~4 KB: a 255-byte identity, a loader report of wire.stats.MAX_LOADER_FIGURES
 # figures) whatever the client count.
 STATS_CLIENTS_LISTED = 256
-MALFORMED_LOGGED = 20
-ERRORS_LOGGED = 100
 MESSAGE_MAX = 1000  # characters of an error reply or log line about a peer's message
 
 
@@ -207,9 +210,11 @@ class ServerCore:
             now,
         )
         self._next_housekeeping = now + HOUSEKEEPING_S
-        self._malformed_seen = 0
+        self._malformed_lines = LineBudget(
+            "malformed messages", MALFORMED_LINES_PER_WINDOW, PEER_FAULT_WINDOW_S
+        )
         self._client_lines = LineBudget()  # admitted, bye, disconnected: bounded per window
-        self._errors_seen = 0
+        self._error_lines = LineBudget("refusals", ERROR_LINES_PER_WINDOW, PEER_FAULT_WINDOW_S)
         self.draining = False  # begin_drain: admit nothing, finish what is under way
         self.drain_started = self.drain_deadline = float("inf")  # begin_drain: --drain-timeout
 
@@ -220,17 +225,18 @@ class ServerCore:
     ) -> list[Action]:
         """A message's frames after the routing frame: checked and decoded, then handled."""
         if len(frames) != 1:
-            return self._malformed(identity, f"expected 1 control frame, got {len(frames)}")
+            return self._malformed(now, identity, f"expected 1 control frame, got {len(frames)}")
         try:
             msg = wire.decode_client_message(frames[0])
         except VersionMismatch as exc:
             return self._malformed(
+                now,
                 identity,
                 f"protocol version mismatch: client speaks v{wire.show(exc.peer_version)}, "
                 f"server speaks v{wire.PROTOCOL_VERSION}",
             )
         except ProtocolError as exc:
-            return self._malformed(identity, str(exc))
+            return self._malformed(now, identity, str(exc))
         return self.on_message(identity, msg, now)
 
     def on_message(self, identity: bytes, msg: wire.ClientMessage, now: float) -> list[Action]:
@@ -246,7 +252,7 @@ class ServerCore:
             refused = session.ask(msg.batches, now)
             if refused is not None:
                 return self._error(
-                    identity, f"credit refused: {refused}", session=session.hello.session
+                    now, identity, f"credit refused: {refused}", session=session.hello.session
                 )
             self.peers.acknowledged(identity, len(msg.batches), session.owed)
             return []
@@ -282,6 +288,7 @@ class ServerCore:
                 if result.reason == "cancelled":
                     continue
                 actions += self._error(
+                    now,
                     session.identity,
                     _failure_text(session.hello.split, k, result),
                     result.reason,
@@ -463,6 +470,7 @@ class ServerCore:
         if self.draining:
             # A new hello ends the peer's previous session (as below): it is not waited for.
             return self._drop(identity) + self._error(
+                now,
                 identity,
                 "this server is draining (shutting down): ask the other servers; "
                 "a replacement takes its place",
@@ -472,6 +480,7 @@ class ServerCore:
         split = self.splits.get(hello.split)
         if split is None:
             return self._error(
+                now,
                 identity,
                 f"unknown split {wire.show(hello.split)}: this server serves {sorted(self.splits)}",
                 session=session_no,
@@ -481,6 +490,7 @@ class ServerCore:
         holder = world_size_holder(self.sessions.values(), identity, hello, now)
         if holder is not None:
             return self._error(
+                now,
                 identity,
                 world_size_conflict(hello, holder, now, self.config.client_timeout),
                 "busy",
@@ -489,6 +499,7 @@ class ServerCore:
         limit = self.config.max_clients
         if identity not in self.sessions and len(self.sessions) >= limit:
             return self._error(
+                now,
                 identity,
                 f"this server serves at most {limit} clients (--max-clients) and has "
                 f"{len(self.sessions)}; try again when one leaves, or use another server",
@@ -502,7 +513,7 @@ class ServerCore:
         spec = spec_for(hello, self.spec, self.config)
         if isinstance(spec, str):
             return actions + self._error(
-                identity, f"cannot serve this hello: {spec}", session=session_no
+                now, identity, f"cannot serve this hello: {spec}", session=session_no
             )
         try:  # e.g. more ranks x batch than the split has samples: this client's problem alone
             sampler = split.sampler(spec.batch_size, self.config.seed, hello.rank, hello.world_size)
@@ -510,7 +521,7 @@ class ServerCore:
                 sampler = sampler.resumed(hello.start_sample, hello.epoch_world_size)
         except ValueError as exc:
             return actions + self._error(
-                identity, f"cannot serve this hello: {exc}", session=session_no
+                now, identity, f"cannot serve this hello: {exc}", session=session_no
             )
         self._serial += 1
         session = ClientSession(
@@ -521,7 +532,7 @@ class ServerCore:
         refused = session.ask(hello.batches, now)
         if refused is not None:
             return actions + self._error(
-                identity, f"cannot serve this hello: {refused}", session=session_no
+                now, identity, f"cannot serve this hello: {refused}", session=session_no
             )
         self.sessions[identity] = session
         self._by_serial[session.serial] = session
@@ -589,9 +600,10 @@ class ServerCore:
                 log.warning("client %s %s", shown(identity), why)
                 actions += self._drop(identity)
         self.peers.expire(now, timeout, self.sessions)
-        held = self._client_lines.summary(now)
-        if held is not None:
-            log.info("%s", held)
+        for budget in (self._client_lines, self._error_lines, self._malformed_lines):
+            held = budget.summary(now)  # a window that held lines back is over: say how many
+            if held is not None:
+                log.info("%s", held)
         if not self.sessions:  # nobody left to share with: the memory goes back now
             actions += [Release(s) for s in self.shared.flush()]
         keep = housekeeping.buffers_to_keep(
@@ -606,12 +618,21 @@ class ServerCore:
         return actions
 
     def _client_log(self, now: float, msg: str, *args: object) -> None:
-        """A line about a client coming or going, within `LineBudget` (a peer reconnecting
+        """A line about a client coming or going, within its `LineBudget` (a peer reconnecting
         or re-sending hellos in a loop must not fill the disk)."""
-        held = self._client_lines.summary(now)
+        self._budgeted(self._client_lines, now, logging.INFO, msg, *args)
+
+    @staticmethod
+    def _budgeted(budget: LineBudget, now: float, level: int, msg: str, *args: object) -> None:
+        """Log one line a peer caused within ``budget``: its level while the window allows,
+        else DEBUG; the summary of a window that held lines back first."""
+        held = budget.summary(now)
         if held is not None:
             log.info("%s", held)
-        log.log(self._client_lines.level(now), msg, *args)
+        level = budget.level(now, level)
+        if level != logging.DEBUG and budget.last_in_window():
+            msg += f" (further ones only counted for up to {budget.window_s:g} s)"
+        log.log(level, msg, *args)
 
     def _log_debt(self, session: ClientSession) -> None:
         self._debts_logged += 1
@@ -630,6 +651,7 @@ class ServerCore:
 
     def _error(
         self,
+        now: float,
         identity: bytes,
         message: str,
         reason: str = "refused",
@@ -641,27 +663,29 @@ class ServerCore:
         hello or session ``session``, and log ``detail`` beside it (paths, the exception: for
         the operator only)."""
         message = clip(message)
-        self._errors_seen += 1
         # Refused hellos are rare from real trainers; a peer repeating one must not fill the log.
-        level = logging.WARNING if self._errors_seen <= ERRORS_LOGGED else logging.DEBUG
-        log.log(level, "client %s: %s%s", shown(identity), message, clip(detail))
+        self._budgeted(
+            self._error_lines,
+            now,
+            logging.WARNING,
+            "client %s: %s%s",
+            shown(identity),
+            message,
+            clip(detail),
+        )
         return [Reply(identity, ErrorReply(message, reason, session=session), "errors_total")]
 
-    def _malformed(self, identity: bytes, message: str) -> list[Action]:
+    def _malformed(self, now: float, identity: bytes, message: str) -> list[Action]:
         message = clip(message)
-        self._malformed_seen += 1
         # A flood of garbage must not flood the log too: the counter in stats tells the rest.
-        if self._malformed_seen <= MALFORMED_LOGGED:
-            log.warning(
-                "malformed message from %s: %s%s",
-                shown(identity),
-                message,
-                " (further ones are only counted)"
-                if self._malformed_seen == MALFORMED_LOGGED
-                else "",
-            )
-        else:
-            log.debug("malformed message from %s: %s", shown(identity), message)
+        self._budgeted(
+            self._malformed_lines,
+            now,
+            logging.WARNING,
+            "malformed message from %s: %s",
+            shown(identity),
+            message,
+        )
         reply = ErrorReply(f"malformed message: {message}", "bad-request")
         return [Reply(identity, reply, "malformed_total")]
 

@@ -24,7 +24,7 @@ import pytest
 import zmq
 from batchwire import wire
 from batchwire.client import RemoteLoader
-from batchwire.server.core import MALFORMED_LOGGED
+from batchwire.server.lograte import MALFORMED_LINES_PER_WINDOW
 from batchwire.wire.raw_client import RawClient
 from rawclient import wait_for
 from serverproc import ServerProcess, running_server, small_server_args
@@ -187,7 +187,7 @@ def test_fuzzed_frames_are_counted_and_an_honest_loader_beside_gets_its_exact_ba
     assert out["bad_request"] == out["malformed"], out
     assert malformed_total(server) - before == out["malformed"]
     logged = server.log().count("malformed message from")
-    assert logged <= MALFORMED_LOGGED, logged
+    assert logged <= MALFORMED_LINES_PER_WINDOW, logged
     assert honest_epoch(server) == reference
 
 

@@ -139,6 +139,26 @@ def test_malformed_frames_get_a_bad_request_without_session() -> None:
     assert s.core.on_frames(b"m", [StatsRequest().pack()], s.clock()) == [ReplyStats(b"m")]
 
 
+def test_garbage_past_the_log_budget_is_counted_and_the_budget_comes_back(caplog) -> None:
+    """A burst of malformed frames logs its first lines, then only counts; a minute later the
+    next one is said again (before, the first 20 of the server's life were the only ones)."""
+    from batchwire.server.lograte import MALFORMED_LINES_PER_WINDOW, PEER_FAULT_WINDOW_S
+
+    s = Server()
+    with caplog.at_level("INFO", logger="batchwire.server"):
+        for _ in range(MALFORMED_LINES_PER_WINDOW + 30):
+            s.run(s.core.on_frames(b"m", [b"\x00garbage"], s.clock()))
+        warned = [r for r in caplog.records if r.levelname == "WARNING"]
+        assert len(warned) == MALFORMED_LINES_PER_WINDOW
+        assert "only counted" in warned[-1].getMessage()
+        caplog.clear()
+        s.clock.t += PEER_FAULT_WINDOW_S + 1
+        s.run(s.core.on_frames(b"m", [b"\x00garbage"], s.clock()))
+    lines = [r.getMessage() for r in caplog.records]
+    assert any(line.startswith("30 more malformed messages") for line in lines), lines
+    assert any(line.startswith("malformed message from") for line in lines), lines
+
+
 # ------------------------------------------------------------------------------ world sizes
 
 

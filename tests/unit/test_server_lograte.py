@@ -14,7 +14,7 @@ def test_lines_past_the_budget_go_to_debug_and_are_summed_once_the_window_is_ove
     assert levels == [logging.INFO] * 3 + [logging.DEBUG] * 2
     assert budget.summary(now=5.0) is None  # the window is not over
     line = budget.summary(now=11.5)
-    assert line is not None and line.startswith("2 more line(s) about clients")
+    assert line is not None and line.startswith("2 more lines about clients")
     assert budget.summary(now=30.0) is None  # said once
     assert budget.level(now=30.0) == logging.INFO  # a new window
 
