@@ -37,9 +37,23 @@ from batchwire.wire.dns import (
 log = logging.getLogger(__name__)
 
 # Resolve is re-exported: the receiver's ``resolve=`` (tests inject one) has this type.
-__all__ = ["RESOLVE_EVERY_S", "Discovery", "Resolve"]
+__all__ = ["MAX_SERVERS_PER_NAME", "RESOLVE_EVERY_S", "Discovery", "Resolve"]
 
 RESOLVE_EVERY_S = 5.0
+#: A loader holds a ZeroMQ socket per server and a context allows 1023: a name with more records
+#: than this (a mistaken or hostile one) is refused as DNS trouble, never a ZMQError.
+MAX_SERVERS_PER_NAME = 256
+
+
+def servers_of(name: str, resolve: Resolve) -> list[str]:
+    """``name``'s endpoints now; `DnsError` for none, or for more than `MAX_SERVERS_PER_NAME`."""
+    found = resolve_dns_endpoint(name, resolve)
+    if len(found) > MAX_SERVERS_PER_NAME:
+        raise DnsError(
+            f"the name has {len(found)} addresses, more than the {MAX_SERVERS_PER_NAME} "
+            "servers a loader connects to"
+        )
+    return found
 
 
 class Discovery:
@@ -76,7 +90,7 @@ class Discovery:
         """Resolve every name now; a name with no records is an error (naming DNS)."""
         for name in self.names:
             try:
-                self._per_name[name] = resolve_dns_endpoint(name, self._resolve)
+                self._per_name[name] = servers_of(name, self._resolve)
             except DnsError as exc:
                 raise ServerUnavailable(name, lookup_failure(name, exc)) from None
         return self.current()
@@ -114,7 +128,7 @@ class Discovery:
         """One round over the names (the thread's work; tests call it directly)."""
         for name in self.names:
             try:
-                found = resolve_dns_endpoint(name, self._resolve)
+                found = servers_of(name, self._resolve)
             except DnsError as exc:
                 if name not in self._empty_said:
                     self._empty_said.add(name)

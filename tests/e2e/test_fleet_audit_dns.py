@@ -259,3 +259,28 @@ def test_a_name_pointing_at_a_port_that_is_not_batchwire_is_a_clear_error(dns):
     text = str(raised.value)
     assert f"tcp://{HOSTS[0]}:{port}" in text and "is pipeline-server running there?" in text
     assert took < 2.0 + 3.0, f"the loader gave up after {took:.1f} s, not its 2 s timeout"
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("when", ["at start", "mid-run"])
+def test_a_name_with_a_thousand_records_is_refused_not_a_zmq_error(dns, fleet, when):
+    """1000 A records (a mistaken or hostile name): at start a `ServerUnavailable` naming DNS
+    and the count; mid-run the loader keeps its servers and trains on. Before, a raw
+    ZMQError (ZeroMQ's 1023 sockets per context) ended the loader, mid-epoch too."""
+    port, _ = fleet
+    many = [HOSTS[0], *(f"127.0.{1 + i // 250}.{2 + i % 250}" for i in range(999))]
+    dns.set(*(many if when == "at start" else HOSTS[:1]), timeout=20)
+    with loader_for(port) as loader:
+        if when == "at start":
+            with pytest.raises(ServerUnavailable, match=r"DNS lookup failed.*1000 addresses"):
+                next(iter(loader))
+            return
+        loader.set_epoch(0)
+
+        def grow(k: int) -> None:
+            if k == 2:
+                dns.set(*many, timeout=20)
+                time.sleep(1.0)  # a few re-resolutions (every 0.3 s here)
+
+        indices = epoch_indices(loader, grow, pace=0.05)
+    assert sorted(indices) == list(range(400))

@@ -3,6 +3,7 @@ copy paths that exist and start commands that the package really installs."""
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -143,3 +144,15 @@ def test_dockerfiles_copy_existing_paths_and_run_our_commands(dockerfile: Path) 
     named = set(re.findall(r'"(pipeline-[a-z]+)"', words))
     assert named, f"{dockerfile.name} starts none of our commands"
     assert named <= _console_scripts(), f"{dockerfile.name} names unknown commands {named}"
+
+
+def test_the_server_images_metrics_port_is_reachable_from_outside_the_container() -> None:
+    """The image publishes 9100 (docker/README, compose.yaml): a metrics port on the default
+    host, 127.0.0.1, would be the container's own loopback, which a published port never
+    reaches (a fleet audit found `-p 9100:9100` serving nothing)."""
+    text = (ROOT / "docker" / "Dockerfile.server").read_text()
+    cmd = re.search(r"^CMD\s+(\[.*\])", text, flags=re.MULTILINE)
+    assert cmd is not None
+    args = json.loads(cmd.group(1))
+    assert "--metrics-port" in args
+    assert args[args.index("--metrics-host") + 1] == "0.0.0.0", args
