@@ -23,6 +23,7 @@ Each row of the targets sums to 1. No torchvision needed.
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 
 import numpy as np
@@ -110,8 +111,9 @@ class BatchMixer:
 
     def __post_init__(self) -> None:
         n = self.num_classes
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
             raise ValueError(f"num_classes must be an integer >= 1, got {n!r}")
+        object.__setattr__(self, "num_classes", int(n))
         if not all(0 <= a < math.inf for a in (self.mixup_alpha, self.cutmix_alpha)):
             raise ValueError(
                 "mixup_alpha and cutmix_alpha must be finite and >= 0, got "

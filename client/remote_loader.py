@@ -73,6 +73,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import numbers
 import os
 import time
 import weakref
@@ -616,6 +617,8 @@ class RemoteLoader(IterableDataset):
                 self._receiver.release(staged)
 
     def _iterate(self, iteration: int) -> Iterator[tuple[torch.Tensor, ...]]:
+        if iteration != self._iteration:  # begun after a newer iter(loader): touch nothing
+            raise LoaderError("this iterator was superseded by a newer iter(loader)")
         self._started = iteration
         receiver = self._connect()
         # The last batches of an earlier pass were valid until now (see the module's docstring).
@@ -694,13 +697,13 @@ class _EpochSetter:
 
 
 def _is_int(value: Any) -> bool:
-    """An integer, and not a bool (``True`` would pass for 1)."""
-    return isinstance(value, int) and not isinstance(value, bool)
+    """An integer (numpy's too), and not a bool (``True`` would pass for 1)."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def _is_seconds(value: Any) -> bool:
     """A finite number > 0 (inf and NaN would reach the socket waits as integers)."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < math.inf
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and 0 < value < math.inf
 
 
 def _batch_size(size: Any) -> int | None:

@@ -28,6 +28,7 @@ on a CPU-only run).
 from __future__ import annotations
 
 import logging
+import numbers
 import os
 import queue
 import threading
@@ -85,8 +86,11 @@ def _open(
         raise ValueError("mix_schedule needs a mix: data='mix:NAME=WEIGHT@SOURCE,...'")
     if isinstance(data, ImageDataset):
         return data
-    if data is not None and not (isinstance(data, os.PathLike) or (isinstance(data, str) and data)):
-        raise ValueError(f"data must be a path, a mix: text, an ImageDataset or None, got {data!r}")
+    if data is not None and not _is_source(data):
+        raise ValueError(
+            "data must be a path, a list of shard paths, a mix: text, an ImageDataset or None, "
+            f"got {data!r}"
+        )
     checks = {"verify_checksums": verify_checksums, "checksum_dirs": checksum_dirs}
     if data is None:
         from batchwire.pipeline.synthetic import default_dataset
@@ -102,6 +106,13 @@ def _open(
             schedule=mix_schedule if train else None,
         )
     return open_dataset(data, allow_outside_root=allow_outside_root, **checks)
+
+
+def _is_source(data: object) -> bool:
+    """A path (not ""), or a non-empty list or tuple of them (tar shards, Parquet files)."""
+    if isinstance(data, (list, tuple)):
+        return bool(data) and all(_is_source(d) for d in data)
+    return isinstance(data, os.PathLike) or (isinstance(data, str) and bool(data))
 
 
 class _CudaOrder:
@@ -229,7 +240,9 @@ class LocalLoader:
         ):
             if value is None and name in ("threads", "max_pixels"):
                 continue
-            if isinstance(value, bool) or not isinstance(value, int):
+            if name == "max_pixels" and isinstance(value, float) and value.is_integer():
+                value = max_pixels = int(value)  # 1e8
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
                 raise TypeError(f"{name} must be an integer >= {lowest}, got {value!r}")
             if value < lowest:
                 raise ValueError(f"{name} must be an integer >= {lowest}, got {value!r}")
@@ -301,9 +314,9 @@ class LocalLoader:
 
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch the next ``iter(loader)`` serves (as `RemoteLoader.set_epoch`)."""
-        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+        if isinstance(epoch, bool) or not isinstance(epoch, numbers.Integral) or epoch < 0:
             raise ValueError(f"epoch must be an integer >= 0, got {epoch!r}")
-        self.epoch = epoch
+        self.epoch = int(epoch)
 
     def counts(self) -> dict[str, int]:
         """Bad-input counters: `bad_total` (distinct bad files), `replaced_total` (samples)."""

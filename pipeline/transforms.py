@@ -45,6 +45,7 @@ import importlib
 import importlib.util
 import logging
 import math
+import numbers
 import random
 import sys
 import threading
@@ -149,25 +150,33 @@ class TransformError(Exception):
 UINT8_SCALE_HINT = 3.0
 
 
-def value_problem(result: torch.Tensor, dtype: torch.dtype) -> str | None:
+def value_problem(
+    result: torch.Tensor, dtype: torch.dtype, source: torch.Tensor | None = None
+) -> str | None:
     """Why ``result``'s values cannot be written into a ``dtype`` output, or None when they can.
 
     NaN and inf are never sent. A float into a uint8 output is rounded and clamped (the
     documented cast), so beyond its finiteness only one mistake is caught: a whole image at most
     `UINT8_SCALE_HINT` (a [0, 1] image, or one already normalised, [-2.1, 2.6] for ImageNet's
-    statistics), which the cast would send as a black one (0..3 of 255); no photo in 0..255 is
-    that dark but an all-black one, which passes. An integer into an integer output must
-    fit (the cast would wrap: 300 becomes 44, -1 becomes 255); anything into a float output
-    must fit its finite range (1e5 would become inf in float16). One `aminmax` pass (about 23 µs
-    on a [3, 224, 224] float32 tensor on one core, under 1 % of its decode), skipped when the
-    cast cannot go wrong (bool, or an integer tensor of the output's own dtype).
+    statistics), which the cast would send as a black one (0..3 of 255), unless ``source`` (the
+    decoded photo) is itself that dark: a near-black photo stays one (its max read only then).
+    An integer into an integer output must fit (the cast would wrap: 300 becomes 44, -1 becomes
+    255); anything into a float output must fit its finite range (1e5 would become inf in
+    float16). One `aminmax` pass (about 23 µs on a [3, 224, 224] float32 tensor on one core,
+    under 1 % of its decode), skipped when the cast cannot go wrong (bool, or an integer tensor
+    of the output's own dtype).
     """
     if result.dtype == torch.bool or (result.dtype == dtype and not dtype.is_floating_point):
         return None
     lo, hi = torch.stack(torch.aminmax(result)).double().tolist()  # one device sync, not two
     if result.is_floating_point() and not (math.isfinite(lo) and math.isfinite(hi)):
         return "non-finite values (NaN or inf)"
-    if dtype == torch.uint8 and result.is_floating_point() and 0 < hi <= UINT8_SCALE_HINT:
+    if (
+        dtype == torch.uint8
+        and result.is_floating_point()
+        and 0 < hi <= UINT8_SCALE_HINT
+        and not (source is not None and float(source.max()) <= UINT8_SCALE_HINT)
+    ):
         return (
             f"values in [{lo:g}, {hi:g}] (an image scaled to [0, 1] or normalised, sent black "
             "as uint8: return pixels in 0..255, which the loader normalises, or use a float "
@@ -300,7 +309,7 @@ class TransformRunner:
             )
         if result.is_complex():
             raise TransformError(f"transform {self.name} returned a {result.dtype} tensor")
-        problem = value_problem(result, out.dtype)
+        problem = value_problem(result, out.dtype, image)
         if problem is not None:
             raise TransformError(
                 f"transform {self.name} returned {problem} for a {out.dtype} output"
@@ -420,10 +429,12 @@ class RandomResizedCropFlip:
     ) -> None:
         # Checked here, as torchvision checks them: a bad value would otherwise fail (or
         # divide by zero) sample by sample on the producer threads.
-        pair: tuple = (size, size) if isinstance(size, int) else ()
+        pair: tuple = (size, size) if isinstance(size, numbers.Integral) else ()
         if isinstance(size, (tuple, list)):
             pair = tuple(size)
-        if len(pair) != 2 or any(isinstance(v, bool) or not isinstance(v, int) for v in pair):
+        if len(pair) != 2 or any(
+            isinstance(v, bool) or not isinstance(v, numbers.Integral) for v in pair
+        ):
             raise ValueError(f"size must be PX or (H, W) integers, got {size!r}")
         if min(pair) < 1:
             raise ValueError(f"size must be >= 1, got {size!r}")

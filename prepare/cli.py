@@ -219,6 +219,9 @@ def _finish(work: Callable[[], _Summary]) -> int:
     except OSError as exc:
         print(f"pipeline-prepare: error: {exc}", file=sys.stderr)
         return EXIT_INCOMPLETE
+    except KeyboardInterrupt:  # --shards (the copy mode writes its own summary)
+        print("pipeline-prepare: interrupted: DST is incomplete", file=sys.stderr)
+        return EXIT_INCOMPLETE
     print(printable(summary.text()))
     return summary.exit_status
 

@@ -255,10 +255,8 @@ class ServerConfig:
             problems.append(f"--prefetch-depth must be <= {MAX_PREFETCH}")
         problems.extend(self._mix_problems())
         # A transform for a split the server does not serve would be ignored, unsaid.
-        if self.val_transform is not None and self.val is None:
+        if self.val_transform is not None and self.val is None and self.train is not None:
             problems.append("--val-transform needs --val: this server serves no val split")
-        if self.transform is not None and self.train is None and self.val is not None:
-            problems.append("--transform needs --train: this server serves no train split")
         if self.verify_checksums not in VERIFY_MODES:
             problems.append(
                 f"--verify-checksums must be one of {list(VERIFY_MODES)}, "
@@ -346,16 +344,20 @@ _TOML_TYPES: dict[str, tuple[type, ...]] = {
 }
 
 
-def _check_toml_type(path: str | os.PathLike[str], key: str, value: Any) -> None:
-    """A setting of the wrong type is an error naming the file and the key, as argparse names
-    the option, rather than whatever Python says deep inside the checks."""
+def _check_toml_type(path: str | os.PathLike[str], key: str, value: Any) -> Any:
+    """``value``, checked: a setting of the wrong type is an error naming the file and the key,
+    as argparse names the option, rather than whatever Python says deep inside the checks. A
+    whole float for an integer setting (max-pixels = 1e9) is that integer, as it always was."""
     kinds = [k.strip() for k in str(_FIELDS[key.replace("-", "_")].type).split("|")]
     kinds = [k for k in kinds if k != "None"]
     if not all(k in _TOML_TYPES for k in kinds):
-        return
+        return value
+    if "int" in kinds and "float" not in kinds and isinstance(value, float) and value.is_integer():
+        return int(value)
     accepted = tuple(t for k in kinds for t in _TOML_TYPES[k])
     if not isinstance(value, accepted) or (isinstance(value, bool) and "bool" not in kinds):
         raise ValueError(f"{path}: {key} = {value!r}: expected {' or '.join(kinds)}")
+    return value
 
 
 def config_from_toml(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -370,7 +372,7 @@ def config_from_toml(path: str | os.PathLike[str]) -> dict[str, Any]:
         name = key.replace("-", "_")
         if name not in _FIELDS:
             raise ValueError(f"{path}: unknown setting {key!r}; known: {sorted(_FIELDS)}")
-        _check_toml_type(path, key, value)
+        value = _check_toml_type(path, key, value)
         if name in ("bind", "checksum_dirs") and isinstance(value, str):
             value = [value]
         if name in ("scale", "ratio", "mean", "std") and isinstance(value, list):

@@ -82,7 +82,8 @@ def window_statement(requested: int | None, max_buffers: int) -> str:
             f"share window: {window} batches, capped from {asked} at a quarter of "
             f"--max-buffers {max_buffers} (raise --max-buffers for more)"
         )
-    return f"share window: {window} batches (--share-window)"
+    how = "the default" if requested is None else "--share-window"
+    return f"share window: {window} batches ({how})"
 
 
 def sample_window_applies(config: ServerConfig) -> bool:

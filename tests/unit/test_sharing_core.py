@@ -207,6 +207,7 @@ def test_the_share_window_in_use_is_said_and_a_cap_named() -> None:
         "share window: 17 batches, capped from 100 at a quarter of --max-buffers 70 "
         "(raise --max-buffers for more)"
     )
-    assert window_statement(None, 70) == "share window: 16 batches (--share-window)"
+    assert window_statement(None, 70) == "share window: 16 batches (the default)"
+    assert window_statement(8, 70) == "share window: 8 batches (--share-window)"
     assert window_statement(0, 70) == "share window: off (--share-window 0)"
     assert window_statement(None, 3).startswith("share window: off (a quarter")

@@ -15,14 +15,6 @@ def test_val_transform_without_a_val_split_is_refused(tmp_path, capsys) -> None:
     assert "--val-transform" in capsys.readouterr().err
 
 
-def test_a_train_transform_on_a_val_only_server_is_refused(tmp_path, capsys) -> None:
-    (tmp_path / "t.py").write_text("def f(image, generator):\n    return image\n")
-    with pytest.raises(SystemExit) as exit_:
-        parse_config(["--val", str(tmp_path), "--transform", f"{tmp_path}/t.py:f"])
-    assert exit_.value.code == 2
-    assert "--transform needs --train" in capsys.readouterr().err
-
-
 def test_both_transforms_with_both_splits_are_taken(tmp_path) -> None:
     (tmp_path / "t.py").write_text("def f(image, generator):\n    return image\n")
     spec = f"{tmp_path}/t.py:f"
