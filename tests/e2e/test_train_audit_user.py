@@ -1,0 +1,166 @@
+"""A first-week user's checks of pipeline-train and pipeline-monitor against one real server.
+
+What a user relies on, checked against a count made here rather than against the tool's own
+figures: a mid-epoch resume trains the same weights as the uninterrupted run; a sweep of three
+jobs on one server reports shared batches that the server's counters back; `pipeline-monitor
+--once --json` keeps its documented shape and lists each job's trainer. One module-scoped
+server (the embedded dataset at 32 px, ipc://). About 35 s for the file on 2 loaded cores.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from batchwire.train.checkpoint import load_latest
+from serverproc import ServerProcess, running_server
+
+BATCH = 32
+BATCHES_PER_EPOCH = 46  # 1,500 embedded train images // 32 (drop_last)
+BIN = Path(sys.executable).parent
+SHARED = re.compile(r"^epoch (\d+): .*shared (\d+)/(\d+) batches", re.MULTILINE)
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[ServerProcess]:
+    args = ("--image-size", "32", "--batch-size", str(BATCH), "--seed", "0")
+    with running_server(*args, "--log-level", "WARNING", endpoint="ipc") as srv:
+        yield srv
+
+
+def _env(job: str | None = None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    if job:
+        env["BATCHWIRE_JOB"] = job
+    return env
+
+
+def _train(endpoint: str, *extra: str) -> list[str]:
+    return [
+        str(BIN / "pipeline-train"), "--server", endpoint, "--model", "small",
+        "--device", "cpu", "--log-every", "1000", *extra,
+    ]  # fmt: skip
+
+
+def _run(cmd: list[str], timeout: float = 90) -> str:
+    done = subprocess.run(
+        cmd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        timeout=timeout, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout
+    return done.stdout
+
+
+def _start_job(endpoint: str, i: int) -> subprocess.Popen:
+    """Sweep job `i`: its own learning rate and BATCHWIRE_JOB, one epoch, no validation."""
+    cmd = _train(endpoint, "--epochs", "1", "--no-val", "--lr", f"0.0{i}")
+    return subprocess.Popen(
+        cmd, env=_env(f"sweep{i}"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+
+
+def _weights(folder: Path) -> dict[str, torch.Tensor]:
+    found = load_latest(folder)
+    assert found is not None, f"no checkpoint in {folder}"
+    return found[1]["model"]
+
+
+@pytest.mark.timeout(150)
+def test_a_mid_epoch_resume_trains_the_same_weights_as_the_uninterrupted_run(
+    server: ServerProcess, tmp_path: Path
+) -> None:
+    """The docs: the loader state makes the epoch continue at the next batch. On the CPU the
+    steps are deterministic, so the resumed run must end bit-identical to the straight one."""
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    common = ("--epochs", "1", "--no-val")
+    _run(_train(server.endpoint, *common, "--checkpoint-dir", str(straight)))
+    _run(_train(server.endpoint, *common, "--checkpoint-dir", str(resumed), "--max-steps", "17"))
+    out = _run(_train(server.endpoint, *common, "--checkpoint-dir", str(resumed)))
+    assert "epoch 0, batch 17, step 17" in out, out
+    a, b = _weights(straight), _weights(resumed)
+    assert a.keys() == b.keys()
+    differ = [k for k in a if not torch.equal(a[k], b[k])]
+    assert not differ, f"resumed weights differ from the uninterrupted run's in {differ}"
+
+
+@pytest.mark.timeout(150)
+def test_a_sweep_of_three_jobs_reports_sharing_the_server_backs(
+    server: ServerProcess, tmp_path: Path
+) -> None:
+    """Three jobs at once, one epoch each: every epoch line counts 46 batches, the jobs'
+    shared figures (a lower bound, per docs/sweeps.md) add up to no more than the server's
+    shared count, and the server produced fewer batches than it sent."""
+    before = server.stats()["counters"]
+    procs = [_start_job(server.endpoint, i) for i in (1, 2, 3)]
+    outs = []
+    try:
+        for p in procs:
+            out, _ = p.communicate(timeout=120)
+            assert p.returncode == 0, out
+            outs.append(out)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    after = server.stats()["counters"]
+    shared_by_jobs = 0
+    for out in outs:
+        assert "sharing on:" in out, out
+        lines = SHARED.findall(out)
+        assert [(e, n) for e, _, n in lines] == [("0", str(BATCHES_PER_EPOCH))], out
+        shared_by_jobs += int(lines[0][1])
+    sent = after["batches_total"] - before["batches_total"]
+    produced = after["batches_produced_total"] - before["batches_produced_total"]
+    shared = after["batches_shared_total"] - before["batches_shared_total"]
+    assert sent >= 3 * BATCHES_PER_EPOCH, (sent, outs)
+    assert shared_by_jobs <= shared, (shared_by_jobs, shared)
+    assert produced < sent, f"no batch was shared: produced {produced}, sent {sent}"
+
+
+@pytest.mark.timeout(60)
+def test_monitor_once_json_has_the_documented_shape_and_lists_each_job(
+    server: ServerProcess,
+) -> None:
+    """docs/metrics.md: one object with fleet, time, dns_error, servers (endpoint, stats,
+    error) and total; a single server's stats also at the top level. A connected trainer shows
+    under its job's name."""
+    loader_code = (
+        "from batchwire.client import RemoteLoader\n"
+        f"loader = RemoteLoader({server.endpoint!r}, 'train', job='audit-job', timeout=30)\n"
+        "it = iter(loader); next(it); next(it); print('ready', flush=True)\n"
+        "import sys; sys.stdin.read()\n"
+    )
+    trainer = subprocess.Popen(
+        [sys.executable, "-c", loader_code], env=_env(), stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        assert trainer.stdout is not None
+        assert trainer.stdout.readline().strip() == "ready"
+        done = subprocess.run(
+            [str(BIN / "pipeline-monitor"), server.endpoint, "--once", "--json"],
+            env=_env(), capture_output=True, text=True, timeout=30, check=False,
+        )  # fmt: skip
+    finally:
+        trainer.kill()
+        trainer.wait()
+    assert done.returncode == 0, done.stderr
+    view = json.loads(done.stdout)
+    assert {"fleet", "time", "dns_error", "servers", "total"} <= view.keys(), view.keys()
+    assert view["fleet"] == server.endpoint and view["dns_error"] is None
+    [entry] = view["servers"]
+    assert entry["endpoint"] == server.endpoint and entry["error"] is None
+    stats = entry["stats"]
+    for key in ("counters", "clients", "stages", "throughput", "uptime_s"):
+        assert view[key] == stats[key], key  # the top level: the same server's stats
+    jobs = {c.get("job") for c in stats["clients"] if c["split"] == "train"}
+    assert "audit-job" in jobs, stats["clients"]
