@@ -40,8 +40,10 @@ log = logging.getLogger(__name__)
 __all__ = ["MAX_SERVERS_PER_NAME", "RESOLVE_EVERY_S", "Discovery", "Resolve"]
 
 RESOLVE_EVERY_S = 5.0
-#: A loader holds a ZeroMQ socket per server and a context allows 1023: a name with more records
-#: than this (a mistaken or hostile one) is refused as DNS trouble, never a ZMQError.
+#: A loader holds three ZeroMQ sockets per server (its DEALER, its monitor's pair) and a context
+#: 1023: a name whose records would make the loader's servers, all names and plain endpoints
+#: together, more than this (a mistaken or hostile one) is refused as DNS trouble, never a
+#: ZMQError.
 MAX_SERVERS_PER_NAME = 256
 
 
@@ -90,7 +92,7 @@ class Discovery:
         """Resolve every name now; a name with no records is an error (naming DNS)."""
         for name in self.names:
             try:
-                self._per_name[name] = servers_of(name, self._resolve)
+                self._per_name[name] = self._servers_of(name)
             except DnsError as exc:
                 raise ServerUnavailable(name, lookup_failure(name, exc)) from None
         return self.current()
@@ -128,7 +130,7 @@ class Discovery:
         """One round over the names (the thread's work; tests call it directly)."""
         for name in self.names:
             try:
-                found = servers_of(name, self._resolve)
+                found = self._servers_of(name)
             except DnsError as exc:
                 if name not in self._empty_said:
                     self._empty_said.add(name)
@@ -147,6 +149,20 @@ class Discovery:
                 if found != self._per_name.get(name):
                     self._per_name[name] = found
                     self._changed = True
+
+    def _servers_of(self, name: str) -> list[str]:
+        """`servers_of`, and `DnsError` where they would make the loader's servers, with its
+        other names' and plain endpoints, more than `MAX_SERVERS_PER_NAME`."""
+        found = servers_of(name, self._resolve)
+        with self._lock:
+            others = {e for n, got in self._per_name.items() if n != name for e in got}
+        others.update(e for e in self.endpoints if not is_dns_endpoint(e))
+        if len(others | set(found)) > MAX_SERVERS_PER_NAME:
+            raise DnsError(
+                f"the name has {len(found)} addresses: with the loader's {len(others)} other "
+                f"servers, more than the {MAX_SERVERS_PER_NAME} a loader connects to"
+            )
+        return found
 
     def _run(self) -> None:
         while not self._stop.is_set():

@@ -322,6 +322,11 @@ def load_checksums(
         if beside_data is not None
         else {}
     )
+    if data_entries and not _aligned(paths, beside_data, data_entries, []).count:
+        # Found up to MANIFEST_LEVELS_UP folders above the files, recording none of them: another
+        # dataset's; --verify-checksums on must not pass on it with nothing checked.
+        log.info("%s: records none of %s's files: not used", " and ".join(manifests_read), root)
+        data_entries, manifests_read[:] = {}, []
     merged = _read_checksum_manifests(
         checksum_manifest_paths(root, kind, manifest_dirs), max_bytes, manifests_read
     )

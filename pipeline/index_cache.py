@@ -19,6 +19,7 @@ writers are harmless: the last rename wins and every version is complete.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import logging
 import os
@@ -65,11 +66,20 @@ def _visible(name: str) -> bool:
     return not name.startswith(".")
 
 
+#: Links that can never be followed (a loop, a path through a file): left out, named in a
+#: warning, as dangling ones are. Any other OSError (EACCES, EIO, ESTALE: a permission or a
+#: passing fault) fails the scan as it always did: a class folder left out would move every
+#: later class's label, and the cached listing would keep that after the fault is gone.
+_BROKEN_LINK = frozenset({errno.ELOOP, errno.ENOTDIR})
+
+
 def _is_dir(entry: os.DirEntry) -> bool:
-    """`entry.is_dir()`, False where the OS cannot say (a symlink to itself: ELOOP)."""
+    """`entry.is_dir()`, False for a link that cannot be followed (`_BROKEN_LINK`)."""
     try:
         return entry.is_dir()
-    except OSError:
+    except OSError as exc:
+        if exc.errno not in _BROKEN_LINK:
+            raise
         return False
 
 
@@ -77,7 +87,9 @@ def _is_file(entry: os.DirEntry) -> bool:
     """`entry.is_file()`, False where the OS cannot say (left out with the dangling links)."""
     try:
         return entry.is_file()
-    except OSError:
+    except OSError as exc:
+        if exc.errno not in _BROKEN_LINK:
+            raise
         return False
 
 
@@ -89,7 +101,19 @@ def scan_image_folder(root: str | os.PathLike[str]) -> FolderIndex:
     dirs: list[str] = [""]
     mtimes: list[int] = [os.stat(root_s).st_mtime_ns]
     with os.scandir(root_s) as it:
-        classes = sorted(e.name for e in it if _visible(e.name) and _is_dir(e))
+        entries = [e for e in it if _visible(e.name)]
+    classes = sorted(e.name for e in entries if _is_dir(e))
+    broken = sorted(
+        e.name for e in entries if e.is_symlink() and not _is_dir(e) and not _is_file(e)
+    )
+    if broken:  # a class folder whose link broke: its images and its label id, not lost unsaid
+        log.warning(
+            "%s: %d link(s) left out, not class folders (dangling, a loop): %s; the class ids "
+            "are the sorted names of the folders left",
+            root_s,
+            len(broken),
+            ", ".join(broken[:5]) + (", ..." if len(broken) > 5 else ""),
+        )
 
     rel_paths: list[str] = []
     counts: list[int] = []

@@ -211,10 +211,12 @@ class ServerCore:
         )
         self._next_housekeeping = now + HOUSEKEEPING_S
         self._malformed_lines = LineBudget(
-            "malformed messages", MALFORMED_LINES_PER_WINDOW, PEER_FAULT_WINDOW_S
+            "malformed messages", MALFORMED_LINES_PER_WINDOW, PEER_FAULT_WINDOW_S, logging.WARNING
         )
         self._client_lines = LineBudget()  # admitted, bye, disconnected: bounded per window
-        self._error_lines = LineBudget("refusals", ERROR_LINES_PER_WINDOW, PEER_FAULT_WINDOW_S)
+        self._error_lines = LineBudget(
+            "refusals", ERROR_LINES_PER_WINDOW, PEER_FAULT_WINDOW_S, logging.WARNING
+        )
         self.draining = False  # begin_drain: admit nothing, finish what is under way
         self.drain_started = self.drain_deadline = float("inf")  # begin_drain: --drain-timeout
 
@@ -603,7 +605,7 @@ class ServerCore:
         for budget in (self._client_lines, self._error_lines, self._malformed_lines):
             held = budget.summary(now)  # a window that held lines back is over: say how many
             if held is not None:
-                log.info("%s", held)
+                log.log(budget.summary_level, "%s", held)
         if not self.sessions:  # nobody left to share with: the memory goes back now
             actions += [Release(s) for s in self.shared.flush()]
         keep = housekeeping.buffers_to_keep(
@@ -628,7 +630,7 @@ class ServerCore:
         else DEBUG; the summary of a window that held lines back first."""
         held = budget.summary(now)
         if held is not None:
-            log.info("%s", held)
+            log.log(budget.summary_level, "%s", held)
         level = budget.level(now, level)
         if level != logging.DEBUG and budget.last_in_window():
             msg += f" (further ones only counted for up to {budget.window_s:g} s)"

@@ -31,8 +31,11 @@ class LineBudget:
         what: str = "lines about clients (admitted, bye, disconnected)",
         per_window: int = CLIENT_LINES_PER_WINDOW,
         window_s: float = CLIENT_LINES_WINDOW_S,
+        summary_level: int = logging.INFO,
     ) -> None:
         self.what, self.per_window, self.window_s = what, per_window, window_s
+        #: The summary's level: the lines' own, so a log filtered at WARNING still says it.
+        self.summary_level = summary_level
         self._window_start = -math.inf
         self._used = 0
         self._held = 0

@@ -40,8 +40,8 @@ class _QuietHTTPServer(ThreadingHTTPServer):
     daemon_threads = True
 
     def handle_error(self, request: object, client_address: object) -> None:
-        if isinstance(sys.exc_info()[1], OSError):
-            return
+        if isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):
+            return  # the peer hung up or went quiet; any other error is ours: its traceback
         super().handle_error(request, client_address)  # a bug of ours: its traceback
 
 

@@ -8,7 +8,8 @@ blind). Shown as it is, one anonymous peer's name would tell any peer that reads
 the name the next one gets. So such names are shown as a keyed hash (the key drawn once per
 process: the same peer is the same name in the stats, the errors and the log; 10 hex digits,
 as the name itself was), and a name a client chose itself, which tells nothing of anyone
-else's, is shown as it is, in hex.
+else's, is shown as it is, in hex, unless it is 5 bytes long: such a name is hashed too, or a
+peer could take another's shown name as its routing id and be shown as that peer.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ _KEY = os.urandom(16)
 
 def shown(identity: bytes) -> str:
     """``identity`` as the server says it: hex, or a keyed hash of libzmq's own names."""
-    if len(identity) == _AUTOMATIC_LENGTH and identity[0] == 0:
+    if len(identity) == _AUTOMATIC_LENGTH:  # a chosen 5-byte name too: else a peer could
+        # take another's shown name (10 hex digits) as its own and appear as that peer
         return hashlib.blake2b(identity, key=_KEY, digest_size=5).hexdigest()
     return identity.hex()
