@@ -1,10 +1,11 @@
 """A first-week user's checks of pipeline-train and pipeline-monitor against one real server.
 
 What a user relies on, checked against a count made here rather than against the tool's own
-figures: a mid-epoch resume trains the same weights as the uninterrupted run; a sweep of three
+figures: a mid-epoch resume trains the same weights as the uninterrupted run; the epoch
+line's val top-1 is the one a count of the val split here gets; a sweep of three
 jobs on one server reports shared batches that the server's counters back; `pipeline-monitor
 --once --json` keeps its documented shape and lists each job's trainer. One module-scoped
-server (the embedded dataset at 32 px, ipc://). About 35 s for the file on 2 loaded cores.
+server (the embedded dataset at 32 px, ipc://). About 40 s for the file on 2 loaded cores.
 """
 
 from __future__ import annotations
@@ -19,11 +20,15 @@ from pathlib import Path
 
 import pytest
 import torch
+from batchwire.client import RemoteLoader
+from batchwire.pipeline.sampler import PADDING_LABEL
 from batchwire.train.checkpoint import load_latest
+from batchwire.train.models import build_model
 from serverproc import ServerProcess, running_server
 
 BATCH = 32
 BATCHES_PER_EPOCH = 46  # 1,500 embedded train images // 32 (drop_last)
+VAL_IMAGES = 400  # the embedded val split
 BIN = Path(sys.executable).parent
 SHARED = re.compile(r"^epoch (\d+): .*shared (\d+)/(\d+) batches", re.MULTILINE)
 
@@ -89,6 +94,32 @@ def test_a_mid_epoch_resume_trains_the_same_weights_as_the_uninterrupted_run(
     assert a.keys() == b.keys()
     differ = [k for k in a if not torch.equal(a[k], b[k])]
     assert not differ, f"resumed weights differ from the uninterrupted run's in {differ}"
+
+
+@pytest.mark.timeout(120)
+def test_the_epoch_lines_val_top1_is_what_an_own_count_of_the_val_split_gets(
+    server: ServerProcess, tmp_path: Path
+) -> None:
+    """The checkpointed model, scored here over the server's whole val split (padding left
+    out, as a user would count), gets exactly the top-1 and sample count the epoch line says."""
+    ckpt = tmp_path / "ckpt"
+    out = _run(_train(server.endpoint, "--epochs", "1", "--checkpoint-dir", str(ckpt)))
+    said = re.search(r"^epoch 0: val top1=([\d.]+)%", out, re.MULTILINE)
+    assert said, out
+    model = build_model("small", 10)
+    model.load_state_dict(_weights(ckpt))
+    model.eval()
+    loader = RemoteLoader(server.endpoint, "val", normalize_on_device=True, timeout=30)
+    loader.set_epoch(0)
+    correct = total = 0
+    with torch.no_grad():
+        for images, labels in loader:
+            real = labels != PADDING_LABEL
+            correct += int((model(images).argmax(1)[real] == labels[real]).sum())
+            total += int(real.sum())
+    loader.close()
+    assert total == VAL_IMAGES
+    assert float(said.group(1)) == pytest.approx(100 * correct / total, abs=0.005), out
 
 
 @pytest.mark.timeout(150)
