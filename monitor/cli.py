@@ -151,14 +151,19 @@ def server_json(endpoint: str, snapshot: ServerStats) -> dict[str, Any]:
 
 
 def _run_json_lines(client: StatsClient, args: argparse.Namespace, out: TextIO) -> int:
-    """One JSON line per interval; a missed answer goes to stderr and polling goes on."""
+    """One JSON line per interval, polling on: a missed answer is a line too (the fleet's shape,
+    ``stats`` null and ``error``, as a fleet's server that did not answer), and said on
+    stderr; a script sees the outage, not a gap."""
     while True:
         started = time.monotonic()
         try:
-            out.write(json.dumps(server_json(args.endpoint, client.fetch())) + "\n")
-            out.flush()
+            line = server_json(args.endpoint, client.fetch())
         except StatsUnavailable as exc:
             print(f"pipeline-monitor: {exc}", file=sys.stderr, flush=True)
+            away = ServerView(args.endpoint, None, str(exc))
+            line = FleetSnapshot(args.endpoint, [away]).to_map()
+        out.write(json.dumps(line) + "\n")
+        out.flush()
         time.sleep(max(0.0, started + args.interval - time.monotonic()))
 
 

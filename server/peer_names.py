@@ -6,10 +6,10 @@ that name for itself: the next anonymous peer given a claimed name aborts the wh
 a libzmq assertion (router_socket.py seeds the counter's start, so it cannot be guessed
 blind). Shown as it is, one anonymous peer's name would tell any peer that reads the stats
 the name the next one gets. So such names are shown as a keyed hash (the key drawn once per
-process: the same peer is the same name in the stats, the errors and the log; 10 hex digits,
-as the name itself was), and a name a client chose itself, which tells nothing of anyone
-else's, is shown as it is, in hex, unless it is 5 bytes long: such a name is hashed too, or a
-peer could take another's shown name as its routing id and be shown as that peer.
+process: the same peer is the same name in the stats, the errors and the log). Such a name is
+"z" and 9 hex digits, 10 characters as the name in hex was; a name a client chose itself, which
+tells nothing of anyone else's, is shown as it is, in hex: never with a "z", so no peer can take
+another's shown name as its routing id and be shown as that peer.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ _KEY = os.urandom(16)
 
 def shown(identity: bytes) -> str:
     """``identity`` as the server says it: hex, or a keyed hash of libzmq's own names."""
-    if len(identity) == _AUTOMATIC_LENGTH:  # a chosen 5-byte name too: else a peer could
-        # take another's shown name (10 hex digits) as its own and appear as that peer
-        return hashlib.blake2b(identity, key=_KEY, digest_size=5).hexdigest()
+    if len(identity) == _AUTOMATIC_LENGTH and identity[0] == 0:
+        # "z" is no hex digit: no routing id is shown so, so no peer can pose as this one.
+        return "z" + hashlib.blake2b(identity, key=_KEY, digest_size=5).hexdigest()[:9]
     return identity.hex()
