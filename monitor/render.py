@@ -303,11 +303,11 @@ def frame(
         window = 0 if snapshot.buffers is None else snapshot.buffers.window_bytes or 0
         parts += [totals]
         sent_per_produced = counters.batches_total / counters.batches_produced_total
-        ratio = (
-            f"share ratio {sent_per_produced:.2f} (batches sent per batch produced)"
-            if len(states) > 1
-            else f"sent {counters.batches_total:,} (one client: nothing to share)"
-        )
+        if len(states) > 1:
+            ratio = f"share ratio {sent_per_produced:.2f} (batches sent per batch produced)"
+        else:
+            who = "one client" if states else "no client now"
+            ratio = f"sent {counters.batches_total:,} ({who}: nothing to share)"
         totals = _line(
             ("sharing     ", BOLD),
             f"produced {counters.batches_produced_total:,}  {ratio}  "

@@ -140,6 +140,8 @@ def test_a_lone_client_reads_as_nothing_to_share() -> None:
     assert "produced 3,386  sent 1,929 (one client: nothing to share)" in lone
     two = render(_sharing_snapshot(2), 160)
     assert "share ratio 0.57 (batches sent per batch produced)" in two
+    # Every client gone (a trainer audit saw "one client" then): no client, not one.
+    assert "sent 1,929 (no client now: nothing to share)" in render(_sharing_snapshot(0), 160)
 
 
 def test_a_mix_shows_each_parts_share_of_the_epoch_against_its_weight() -> None:
