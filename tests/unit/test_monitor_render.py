@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import time
 
 import pytest
 from batchwire import wire
@@ -63,7 +64,9 @@ def test_short_terminal_says_how_many_clients_are_hidden() -> None:
     assert lines[-1].strip() == "... and 2 more"  # room for the header row only
 
 
-def test_colour_codes_do_not_count_towards_width() -> None:
+def test_colour_codes_do_not_count_towards_width(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The header's clock, fixed: two renders straddling a second differed by their time alone.
+    monkeypatch.setattr(time, "strftime", lambda fmt, *args: "12:00:00")
     text = render(SNAP, 50, color=True)
     assert "\x1b[" in text
     assert all(len(ANSI.sub("", line)) <= 50 for line in text.splitlines())
