@@ -1,11 +1,11 @@
 """A first-week user's checks of pipeline-train and pipeline-monitor against one real server.
 
 What a user relies on, checked against a count made here rather than against the tool's own
-figures: a mid-epoch resume trains the same weights as the uninterrupted run; the epoch
-line's val top-1 is the one a count of the val split here gets; a sweep of three
+figures: the epoch line's val top-1 is the one a count of the val split here gets; a sweep of three
 jobs on one server reports shared batches that the server's counters back; `pipeline-monitor
 --once --json` keeps its documented shape and lists each job's trainer. One module-scoped
-server (the embedded dataset at 32 px, ipc://). About 40 s for the file on 2 loaded cores.
+server (the embedded dataset at 32 px, ipc://). A mid-epoch resume's bit-identical weights:
+test_train_data.py.
 """
 
 from __future__ import annotations
@@ -76,24 +76,6 @@ def _weights(folder: Path) -> dict[str, torch.Tensor]:
     found = load_latest(folder)
     assert found is not None, f"no checkpoint in {folder}"
     return found[1]["model"]
-
-
-@pytest.mark.timeout(150)
-def test_a_mid_epoch_resume_trains_the_same_weights_as_the_uninterrupted_run(
-    server: ServerProcess, tmp_path: Path
-) -> None:
-    """The docs: the loader state makes the epoch continue at the next batch. On the CPU the
-    steps are deterministic, so the resumed run must end bit-identical to the straight one."""
-    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    common = ("--epochs", "1", "--no-val")
-    _run(_train(server.endpoint, *common, "--checkpoint-dir", str(straight)))
-    _run(_train(server.endpoint, *common, "--checkpoint-dir", str(resumed), "--max-steps", "17"))
-    out = _run(_train(server.endpoint, *common, "--checkpoint-dir", str(resumed)))
-    assert "epoch 0, batch 17, step 17" in out, out
-    a, b = _weights(straight), _weights(resumed)
-    assert a.keys() == b.keys()
-    differ = [k for k in a if not torch.equal(a[k], b[k])]
-    assert not differ, f"resumed weights differ from the uninterrupted run's in {differ}"
 
 
 @pytest.mark.timeout(120)
