@@ -291,10 +291,12 @@ def test_a_store_killed_mid_epoch_costs_retries_never_a_sample(seaweed, shards) 
 
 
 def test_local_loader_waits_out_a_store_restart(seaweed, shards, caplog) -> None:
-    """The store SIGKILLed after the first batch and started again 4 s later (past the sample
-    loader's own second of retries): `LocalLoader` makes the batches that failed transient
-    again, as a server's client asks for them again, and its epoch is the local shards' epoch,
-    no sample replaced. It used to raise the first TransientReadError to the training loop."""
+    """The store SIGKILLed once the loader is open, before its first batch, and started again
+    4 s later (past the sample loader's own second of retries): `LocalLoader` makes the batches
+    that failed transient again, as a server's client asks for them again, and its epoch is the
+    local shards' epoch, no sample replaced. It used to raise the first TransientReadError to
+    the training loop. (Killed after the first batch instead, a loaded machine's read-ahead
+    could have read every shard before the kill: the outage then went unmet.)"""
     local = _open(shards["local"], shards["cache"])
     remote = _open(shards["a"], shards["cache"])
     remote.reader.ahead = ReadAhead(batches=2)  # small windows: the epoch outruns them
@@ -307,11 +309,10 @@ def test_local_loader_waits_out_a_store_restart(seaweed, shards, caplog) -> None
         caplog.at_level(logging.WARNING, logger="batchwire.pipeline"),
         LocalLoader(remote, output_dtype="uint8", **kw) as loader,
     ):
-        for k, (images, labels) in enumerate(loader):
+        seaweed.kill()
+        restart.start()
+        for images, labels in loader:
             got.append((images.clone(), labels.clone()))
-            if k == 0:
-                seaweed.kill()
-                restart.start()
         assert loader.counts()["replaced_total"] == 0
     restart.join(60)  # the store is up before the next test kills it again
     assert len(got) == len(want) >= 8
