@@ -27,6 +27,7 @@ import tempfile
 import threading
 import time
 import zipfile
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -73,24 +74,20 @@ def _visible(name: str) -> bool:
 _BROKEN_LINK = frozenset({errno.ELOOP, errno.ENOTDIR})
 
 
-def _is_dir(entry: os.DirEntry) -> bool:
-    """`entry.is_dir()`, False for a link that cannot be followed (`_BROKEN_LINK`)."""
+def _follows(check: Callable[[], bool]) -> bool:
+    """``check()`` (a `DirEntry`'s ``is_dir`` or ``is_file``), False for a link that cannot be
+    followed (`_BROKEN_LINK`); any other OSError is raised."""
     try:
-        return entry.is_dir()
+        return check()
     except OSError as exc:
         if exc.errno not in _BROKEN_LINK:
             raise
         return False
 
 
-def _is_file(entry: os.DirEntry) -> bool:
-    """`entry.is_file()`, False where the OS cannot say (left out with the dangling links)."""
-    try:
-        return entry.is_file()
-    except OSError as exc:
-        if exc.errno not in _BROKEN_LINK:
-            raise
-        return False
+def named_few(names: Sequence[str], most: int = 5) -> str:
+    """The first ``most`` of ``names`` for a log line, ", ..." after them when there are more."""
+    return ", ".join(names[:most]) + (", ..." if len(names) > most else "")
 
 
 def scan_image_folder(root: str | os.PathLike[str]) -> FolderIndex:
@@ -102,9 +99,11 @@ def scan_image_folder(root: str | os.PathLike[str]) -> FolderIndex:
     mtimes: list[int] = [os.stat(root_s).st_mtime_ns]
     with os.scandir(root_s) as it:
         entries = [e for e in it if _visible(e.name)]
-    classes = sorted(e.name for e in entries if _is_dir(e))
+    classes = sorted(e.name for e in entries if _follows(e.is_dir))
     broken = sorted(
-        e.name for e in entries if e.is_symlink() and not _is_dir(e) and not _is_file(e)
+        e.name
+        for e in entries
+        if e.is_symlink() and not _follows(e.is_dir) and not _follows(e.is_file)
     )
     if broken:  # a class folder whose link broke: its images and its label id, not lost unsaid
         log.warning(
@@ -112,7 +111,7 @@ def scan_image_folder(root: str | os.PathLike[str]) -> FolderIndex:
             "are the sorted names of the folders left",
             root_s,
             len(broken),
-            ", ".join(broken[:5]) + (", ..." if len(broken) > 5 else ""),
+            named_few(broken),
         )
 
     rel_paths: list[str] = []
@@ -137,10 +136,10 @@ def scan_image_folder(root: str | os.PathLike[str]) -> FolderIndex:
                     if not _visible(e.name):
                         continue
                     rel = f"{rel_dir}/{e.name}"
-                    if _is_dir(e):
+                    if _follows(e.is_dir):
                         stack.append(rel)
                     elif os.path.splitext(e.name)[1].lower() in IMAGE_EXTENSIONS:
-                        (found if _is_file(e) else left_out).append(rel)
+                        (found if _follows(e.is_file) else left_out).append(rel)
         found.sort()
         if not found:
             log.warning("class folder %s has no image files", os.path.join(root_s, cls))
@@ -153,7 +152,7 @@ def scan_image_folder(root: str | os.PathLike[str]) -> FolderIndex:
             "link): %s",
             root_s,
             len(left_out),
-            ", ".join(left_out[:5]) + (", ..." if len(left_out) > 5 else ""),
+            named_few(left_out),
         )
     labels = np.repeat(np.arange(len(classes), dtype=np.int64), np.asarray(counts, dtype=np.int64))
     return FolderIndex(

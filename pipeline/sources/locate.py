@@ -23,6 +23,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from batchwire.pipeline.index_cache import named_few
 from batchwire.pipeline.listfile import refuse_an_image
 from batchwire.pipeline.storage import LocalStore, Store
 from batchwire.pipeline.storage.urls import redact
@@ -336,7 +337,7 @@ def _shards_in(folder: Path, kind: str) -> list[str]:
             folder,
             len(left_out),
             kind,
-            ", ".join(left_out[:5]) + (", ..." if len(left_out) > 5 else ""),
+            named_few(left_out),
         )
     return sorted(e.name for e in named if e.is_file())
 
