@@ -6,20 +6,17 @@ one folder above the folder they all lie in."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from batchwire.pipeline.checksums import PREPARE_MANIFEST, checksum
 from batchwire.pipeline.dataset import open_dataset
+from batchwire.prepare.checksum_manifest import REWRITTEN, Record
 
 
 def record(rel: str, data: bytes) -> str:
     """A manifest line as pipeline-prepare writes one for a rewritten, intact file."""
-    return json.dumps(
-        {"path": rel, "size": len(data), "mtime_ns": 0, "outcome": "rewritten",
-         "bytes_in": len(data), "bytes_out": len(data), "restart_interval": 0,
-         "checksum": checksum(data), "intact": True}
-    ) + "\n"  # fmt: skip
+    n = len(data)
+    return Record(rel, n, 0, REWRITTEN, n, n, 0, checksum=checksum(data), intact=True).to_line()
 
 
 def test_a_list_elsewhere_naming_a_prepared_list_datasets_images_finds_its_manifest(

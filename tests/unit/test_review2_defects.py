@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 
@@ -10,6 +9,7 @@ import pytest
 from batchwire.pipeline.checksums import PREPARE_MANIFEST, ChecksumManifestError, checksum
 from batchwire.pipeline.dataset import open_dataset
 from batchwire.pipeline.index_cache import scan_image_folder
+from batchwire.prepare.checksum_manifest import REWRITTEN, Record
 
 
 def test_a_class_folder_link_the_os_cannot_resolve_is_not_dropped_silently(
@@ -35,11 +35,9 @@ def test_a_class_folder_link_the_os_cannot_resolve_is_not_dropped_silently(
 
 
 def record(rel: str, data: bytes) -> str:
-    return json.dumps(
-        {"path": rel, "size": len(data), "mtime_ns": 0, "outcome": "rewritten",
-         "bytes_in": len(data), "bytes_out": len(data), "restart_interval": 0,
-         "checksum": checksum(data), "intact": True}
-    ) + "\n"  # fmt: skip
+    """A manifest line as pipeline-prepare writes one for a rewritten, intact file."""
+    n = len(data)
+    return Record(rel, n, 0, REWRITTEN, n, n, 0, checksum=checksum(data), intact=True).to_line()
 
 
 def test_verify_on_is_not_satisfied_by_another_datasets_manifest_folders_above(
