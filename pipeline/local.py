@@ -47,6 +47,7 @@ from batchwire.pipeline.dataset import ImageDataset, open_dataset
 from batchwire.pipeline.decode import DEFAULT_MAX_PIXELS, BatchDecoder
 from batchwire.pipeline.decode.select import make_decoder
 from batchwire.pipeline.producer import BatchMeta
+from batchwire.pipeline.sampler import check_int
 from batchwire.pipeline.samples import batch_may_pass, next_batches
 from batchwire.pipeline.sources.metadata import batch_metadata
 from batchwire.pipeline.sources.mix import is_mix, open_mix, parse_mix
@@ -242,10 +243,7 @@ class LocalLoader:
                 continue
             if name == "max_pixels" and isinstance(value, float) and value.is_integer():
                 value = max_pixels = int(value)  # 1e8
-            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-                raise TypeError(f"{name} must be an integer >= {lowest}, got {value!r}")
-            if value < lowest:
-                raise ValueError(f"{name} must be an integer >= {lowest}, got {value!r}")
+            check_int(name, value, lowest)
         if isinstance(checksum_dirs, (str, Path)):
             raise ValueError(
                 f"checksum_dirs must be a list of folders, got the one {checksum_dirs!r}: "

@@ -48,7 +48,9 @@ class BatchPlan:
         return np.where(self.valid, self.indices, np.int64(PADDING_INDEX))
 
 
-def _check_int(name: str, value: object, minimum: int) -> int:
+def check_int(name: str, value: object, minimum: int) -> int:
+    """``value`` as an int (numpy's too, never a bool): TypeError for another type, ValueError
+    below ``minimum``; the check of every integer argument a user passes here and LocalLoader."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"{name} must be an integer, got {type(value).__name__}")
     if value < minimum:
@@ -76,13 +78,13 @@ class ShardSampler:
         rank: int = 0,
         world_size: int = 1,
     ) -> None:
-        self.num_samples = _check_int("num_samples", num_samples, 1)
-        self.batch_size = _check_int("batch_size", batch_size, 1)
-        self.world_size = _check_int("world_size", world_size, 1)
-        self.rank = _check_int("rank", rank, 0)
+        self.num_samples = check_int("num_samples", num_samples, 1)
+        self.batch_size = check_int("batch_size", batch_size, 1)
+        self.world_size = check_int("world_size", world_size, 1)
+        self.rank = check_int("rank", rank, 0)
         if self.rank >= self.world_size:
             raise ValueError(f"rank must be in [0, world_size={self.world_size}), got {rank}")
-        self.seed = _check_int("seed", seed, 0)
+        self.seed = check_int("seed", seed, 0)
         self.shuffle = bool(shuffle)
         self.drop_last = bool(drop_last)
 
@@ -106,7 +108,7 @@ class ShardSampler:
     def epoch_stop(self, epoch_world_size: int) -> int:
         """Where the epoch's samples end in its order when it was started at
         ``epoch_world_size`` ranks (train drops the last incomplete round, val keeps all)."""
-        per_round = self.batch_size * _check_int("epoch_world_size", epoch_world_size, 1)
+        per_round = self.batch_size * check_int("epoch_world_size", epoch_world_size, 1)
         return (self.num_samples // per_round) * per_round if self.drop_last else self.num_samples
 
     def resumed(self, start: int, epoch_world_size: int = 0) -> ShardSampler:
@@ -122,7 +124,7 @@ class ShardSampler:
         each sample's augmentation depends on (seed, epoch, sample) only.
         """
         stop = self.epoch_stop(epoch_world_size or self.world_size)
-        start = _check_int("start", start, 0)
+        start = check_int("start", start, 0)
         if start >= stop:
             raise ValueError(f"resume at sample {start}: the epoch has {stop} samples")
         out = copy.copy(self)
@@ -147,7 +149,7 @@ class ShardSampler:
         Cached for the last couple of epochs: a 1.3 M-sample permutation costs tens of ms and
         every batch plan of the epoch needs it.
         """
-        epoch = _check_int("epoch", epoch, 0)
+        epoch = check_int("epoch", epoch, 0)
         with self._lock:
             order = self._orders.get(epoch)
             if order is not None:
@@ -172,7 +174,7 @@ class ShardSampler:
 
     def plan(self, epoch: int, batch_index: int) -> BatchPlan:
         """Batch `batch_index` of this rank in `epoch`, computed directly."""
-        batch_index = _check_int("batch_index", batch_index, 0)
+        batch_index = check_int("batch_index", batch_index, 0)
         if batch_index >= self.num_batches:
             raise IndexError(
                 f"batch_index {batch_index} out of range: this rank has {self.num_batches} "
@@ -189,7 +191,7 @@ class ShardSampler:
 
     def plans(self, epoch: int, start: int = 0) -> Iterator[BatchPlan]:
         """This rank's batches of `epoch` from `start` on (resume point) to the end."""
-        start = _check_int("start", start, 0)
+        start = check_int("start", start, 0)
         for k in range(start, self.num_batches):
             yield self.plan(epoch, k)
 
