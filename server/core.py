@@ -582,7 +582,7 @@ class ServerCore:
         self._by_serial.pop(session.serial, None)
         self.peers.closed(identity, finished=session.owed == 0)
         actions: list[Action] = []
-        actions += [Cancel(pid) for pid in self.shared.forget_waiter(session.serial)]
+        actions += [Cancel(pid) for pid in self.shared.forget_waiter(session.serial, identity)]
         for batch in session.drain():
             actions += self.scheduling.unref(batch.production)
         return actions

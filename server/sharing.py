@@ -204,13 +204,16 @@ class SharedBatches:
     def in_production(self) -> list[Production]:
         return [p for p in self._by_id.values() if not p.done]
 
-    def forget_waiter(self, serial: int) -> list[int]:
-        """A session closed: it waits for nothing any more. Returns the productions nobody
-        waits for now, marked cancelled (the core's `Cancel`: skipped if not started)."""
+    def forget_waiter(self, serial: int, identity: bytes) -> list[int]:
+        """A session closed: it waits for nothing any more, and its peer (``identity``) no
+        longer shares what it waited for (its socket may live on with another session).
+        Returns the productions nobody waits for now, marked cancelled (the core's `Cancel`:
+        skipped if not started)."""
         cancelled: list[int] = []
         for p in self.in_production():
             if any(w[0] == serial for w in p.waiters):
                 p.waiters = [w for w in p.waiters if w[0] != serial]
+                p.peers.discard(identity)
                 if not p.waiters:
                     p.cancelled = True
                     cancelled.append(p.id)

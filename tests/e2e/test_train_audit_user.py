@@ -109,8 +109,14 @@ def test_a_sweep_of_three_jobs_reports_sharing_the_server_backs(
     server: ServerProcess, tmp_path: Path
 ) -> None:
     """Three jobs at once, one epoch each: every epoch line counts 46 batches, the jobs'
-    shared figures (a lower bound, per docs/sweeps.md) add up to no more than the server's
-    shared count, and the server produced fewer batches than it sent."""
+    shared figures are backed by the server's counters, and the server produced fewer batches
+    than it sent.
+
+    The server's ``batches_shared_total`` counts a production's sends after its first; a job
+    counts a batch another connected job waited for too, the first one sent included
+    (docs/sweeps.md). So a production sent s >= 2 times counts s - 1 on the server and at most
+    s in the jobs' lines: the jobs' sum is at most the server's shared count plus the number of
+    productions sent more than once, which is at most both that count and the productions."""
     before = server.stats()["counters"]
     procs = [_start_job(server.endpoint, i) for i in (1, 2, 3)]
     outs = []
@@ -135,7 +141,7 @@ def test_a_sweep_of_three_jobs_reports_sharing_the_server_backs(
     produced = after["batches_produced_total"] - before["batches_produced_total"]
     shared = after["batches_shared_total"] - before["batches_shared_total"]
     assert sent >= 3 * BATCHES_PER_EPOCH, (sent, outs)
-    assert shared_by_jobs <= shared, (shared_by_jobs, shared)
+    assert shared_by_jobs <= shared + min(shared, produced), (shared_by_jobs, shared, produced)
     assert produced < sent, f"no batch was shared: produced {produced}, sent {sent}"
 
 

@@ -211,3 +211,19 @@ def test_the_share_window_in_use_is_said_and_a_cap_named() -> None:
     assert window_statement(8, 70) == "share window: 8 batches (--share-window)"
     assert window_statement(0, 70) == "share window: off (--share-window 0)"
     assert window_statement(None, 3).startswith("share window: off (a quarter")
+
+
+def test_a_peer_that_stopped_waiting_shares_nothing_with_the_one_sent_the_batch() -> None:
+    """b waited for batch 0 with a, then moved on to another epoch on the same socket: a is
+    sent batch 0 alone, and its header must not say shared (the server counts one send, so a
+    job's 'shared' figure stays backed by the server's counters, docs/sweeps.md)."""
+    s = _server()
+    s.hello(b"a", batches=(0,))
+    s.hello(b"b", batches=(0,), session=2)
+    s.tick()
+    s.hello(b"b", batches=(0,), session=3, epoch=1)  # b's new session waits for other batches
+    s.tick()
+    s.finish(1)
+    sends = [a for a in s.tick() if isinstance(a, SendBatch) and a.identity == b"a"]
+    assert [x.header.batch_index for x in sends] == [0]
+    assert sends[0].header.shared is False
