@@ -308,7 +308,9 @@ def frame(
         else:
             who = "one client" if states else "no client now"
             ratio = f"sent {counters.batches_total:,} ({who}: nothing to share)"
-        totals = _line(
+        # Wrapped, not cropped: its client counts come last, and a lagging job is what an
+        # operator reads it for (a pipe renders at 120 columns).
+        totals = _wrapped_line(
             ("sharing     ", BOLD),
             f"produced {counters.batches_produced_total:,}  {ratio}  "
             f"window {human_bytes(window)}  clients: {states.count('shared')} shared, "

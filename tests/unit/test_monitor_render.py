@@ -147,6 +147,19 @@ def test_a_lone_client_reads_as_nothing_to_share() -> None:
     assert "sent 1,929 (no client now: nothing to share)" in render(_sharing_snapshot(0), 160)
 
 
+def test_the_sharing_line_keeps_its_lagging_count_in_a_pipe() -> None:
+    """`pipeline-monitor --once | tee log` renders at 120 columns: the sharing line's client
+    counts (a lagging job is what an operator looks for) are wrapped, never cut off."""
+    snap = _sharing_snapshot(2)
+    snap = dataclasses.replace(
+        snap, clients=[dataclasses.replace(c, sharing="lagging") for c in snap.clients]
+    )
+    for width in (80, 120):
+        text = render(snap, width)
+        assert all(len(line) <= width for line in text.splitlines())
+        assert "0 shared, 0 solo, 2 lagging" in " ".join(text.split())
+
+
 def test_a_mix_shows_each_parts_share_of_the_epoch_against_its_weight() -> None:
     """One line per mixture split: each part's share of the samples sent in the split's
     latest epoch (of all sent where a server gives no epoch count), and its weight."""
