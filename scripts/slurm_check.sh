@@ -14,6 +14,11 @@
 # so the requeued run must resume from the signal's step, exactly, and finish. Prints the job's
 # output and "slurm_check: OK in N s" or fails.
 #
+# First, a shorter job: the recipe with two server nodes (bwcpu and bwcpu2), one of them broken (a
+# node without the data mount: its pipeline-server is given a --train folder that is not there, by
+# a pipeline-server earlier on the job's PATH that runs the real one). The job must end within
+# BAD_NODE_LIMIT_S with that node's server named, the other server stopped, no trainer started.
+#
 # Not part of `make test`: it needs root (daemons, /run/munge, apt), starts system daemons, and
 # takes about a minute of a 2-core machine (see bench/RESULTS.md). Usage: scripts/slurm_check.sh
 set -euo pipefail
@@ -92,6 +97,7 @@ JobRequeue=1
 GresTypes=gpu
 NodeName=bwcpu NodeHostname=$host NodeAddr=127.0.0.1 Port=16818 CPUs=32 Weight=1 State=UNKNOWN
 NodeName=bwgpu NodeHostname=$host NodeAddr=127.0.0.1 Port=16819 CPUs=32 Gres=gpu:$GPUS Weight=100 State=UNKNOWN
+NodeName=bwcpu2 NodeHostname=$host NodeAddr=127.0.0.2 Port=16820 CPUs=32 Weight=10 State=UNKNOWN
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
 CONF
 echo "ConstrainCores=no" > "$WORK/cgroup.conf"
@@ -104,7 +110,7 @@ export SLURM_CONF=$WORK/slurm.conf
 
 slurmctld -f "$SLURM_CONF" -D >"$WORK/log/slurmctld.out" 2>&1 &
 pids+=($!)
-for node in bwcpu bwgpu; do  # two nodes on this host: one per heterogeneous component
+for node in bwcpu bwgpu bwcpu2; do  # three nodes on this host: bwcpu2 is a second server node
     mkdir -p "$WORK/spool/$node"
     slurmd -f "$SLURM_CONF" -N "$node" -D >"$WORK/log/slurmd-$node.out" 2>&1 &
     pids+=($!)
@@ -135,6 +141,44 @@ export BATCHWIRE_NPROC=2
 export OMP_NUM_THREADS=1
 echo "slurm_check: no GPU here: node bwgpu declares $GPUS stand-in GPUs (/dev/null's numbers) for" \
     "the recipe's --gpus-per-node=$GPUS; the trainers run --device cpu"
+# The broken second server node. Both nodes are this host and the recipe binds every interface,
+# so bwcpu's server would answer bwcpu2's /readyz too (127.0.0.2): bwcpu's server starts 5 s late
+# (a slow node: a large dataset's index takes longer), so bwcpu2's failure comes first, always.
+BAD_NODE_LIMIT_S=${SLURM_CHECK_BAD_NODE_LIMIT_S:-90}
+mkdir -p "$WORK/badnode"
+cat > "$WORK/badnode/pipeline-server" <<SH
+#!/bin/bash
+# bwcpu2 stands for a node without the data mount: its server's --train folder is not there.
+if [ "\$SLURMD_NODENAME" = bwcpu2 ]; then
+    exec "$VENV/bin/pipeline-server" "\$@" --train "$WORK/no-data-mount/train"
+fi
+sleep 5
+exec "$VENV/bin/pipeline-server" "\$@"
+SH
+chmod +x "$WORK/badnode/pipeline-server"
+sed '0,/^#SBATCH --nodes=1$/s//#SBATCH --nodes=2/' "$RECIPE" > "$WORK/two-servers.sbatch"
+bad_started=$(date +%s)
+bad=$(PATH="$WORK/badnode:$PATH" sbatch --parsable --output="$WORK/bad-%j.out" "$WORK/two-servers.sbatch")
+bad=${bad%%+*}
+echo "slurm_check: submitted job $bad (two server nodes, bwcpu2 without the data)"
+while squeue -h -j "$bad" 2>/dev/null | grep -q .; do
+    if [ $(( $(date +%s) - bad_started )) -ge "$BAD_NODE_LIMIT_S" ]; then
+        job=$bad
+        cat "$WORK"/bad-*.out || true
+        echo "slurm_check: job $bad still running after $BAD_NODE_LIMIT_S s with a broken server node"
+        exit 1
+    fi
+    sleep 1
+done
+bad_out=$(cat "$WORK"/bad-*.out)
+echo "$bad_out"
+grep -q "batchwire: the server on bwcpu2 exited (2) before" <<<"$bad_out" || {
+    echo "slurm_check: the job did not name bwcpu2's server as the one that exited"; exit 1; }
+grep -q "batchwire: server step exited" <<<"$bad_out" || {
+    echo "slurm_check: the recipe did not stop the other server"; exit 1; }
+! grep -q "servers ready" <<<"$bad_out" || { echo "slurm_check: trainers started"; exit 1; }
+echo "slurm_check: a broken server node ended its job in $(( $(date +%s) - bad_started )) s"
+
 job=$(sbatch --parsable --output="$WORK/job-%j.out" "$RECIPE")
 job=${job%%+*}
 echo "slurm_check: submitted job $job"

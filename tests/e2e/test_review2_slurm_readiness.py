@@ -2,10 +2,13 @@
 commands on PATH (srun, scontrol, scancel). Two server nodes whose servers both exit at once (a
 wrong BATCHWIRE_DATA): the server step ends, and the job ends within seconds with their error
 and exit 1, not after the 10-minute wait holding the trainers' nodes (the behaviour before it
-was 600 tries of up to 3 s, however early the servers had gone)."""
+was 600 tries of up to 3 s, however early the servers had gone). And one server node failing
+while the other's server is still starting: the job ends naming that node (its exit file in
+BATCHWIRE_STATE). The real Slurm run of both is scripts/slurm_check.sh."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -73,4 +76,71 @@ def test_servers_that_exit_before_readyz_end_the_job_at_once(tmp_path: Path) -> 
         raise AssertionError(f"still waiting 20 s after the servers exited:\n{out}") from None
     assert proc.returncode == 1, out
     assert "no folder" in out and "the servers exited (2) before" in out, out
+    assert "servers ready" not in out, out
+
+
+# One server task per node as Slurm runs it: the recipe's own task command (after srun's
+# options), with SLURMD_NODENAME set. n2's is run for real (a real pipeline-server that finds no
+# data); n1 stands for a slow node whose server is still starting (its index scan), so the step
+# goes on running.
+SRUN_ONE_BAD = """#!/bin/bash
+case "$*" in
+  *--het-group=0*)
+    while [ "${1#--}" != "$1" ]; do shift; done
+    SLURMD_NODENAME=n2 "$@" &
+    SLURMD_NODENAME=n1 sleep 300 >/dev/null 2>&1 &  # not on the job's output: it outlives srun
+    wait ;;
+  *) sleep 300 ;;  # the trainers: never reached here
+esac
+"""
+
+
+def test_one_server_node_failing_while_the_other_runs_ends_the_job_naming_it(
+    tmp_path: Path,
+) -> None:
+    """Before: the step ran on (n1's task), so the recipe waited the 10 minutes on n2's
+    /readyz. Now n2's task leaves its server's exit code in BATCHWIRE_STATE, and the recipe
+    ends the job within seconds, naming n2 and with the server's own error."""
+    stand_ins = tmp_path / "bin"
+    stand_ins.mkdir()
+    for name, text in (
+        ("srun", SRUN_ONE_BAD),
+        ("scontrol", SCONTROL),
+        ("scancel", "#!/bin/sh\nexit 1\n"),
+    ):
+        (stand_ins / name).write_text(text)
+        (stand_ins / name).chmod(0o755)
+    keys = tmp_path / "keys"  # the recipe makes them (pipeline-keys): the server reads them
+    env = {
+        **os.environ,
+        # The Slurm stand-ins first, then batchwire's own commands (pipeline-keys, -server).
+        "PATH": f"{stand_ins}:{Path(sys.executable).parent}:{os.environ['PATH']}",
+        "PYTHON": sys.executable,
+        "BATCHWIRE_DATA": str(tmp_path / "nowhere"),
+        "BATCHWIRE_KEYS": str(keys),
+        "BATCHWIRE_STATE": str(tmp_path / "state"),
+        "BATCHWIRE_PORT": str(free_port()),
+        "BATCHWIRE_METRICS_PORT": str(free_port()),  # nothing answers /readyz there
+        "SLURM_JOB_ID": "8",
+        "SLURM_JOB_NODELIST_HET_GROUP_0": "n[1-2]",
+        "SLURM_JOB_NODELIST_HET_GROUP_1": "g1",
+    }
+    proc = subprocess.Popen(
+        ["bash", str(ROOT / "deploy/slurm/batchwire.sbatch")],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        start_new_session=True, text=True,
+    )  # fmt: skip
+    try:
+        out, _ = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        raise AssertionError(f"still waiting 30 s after n2's server exited:\n{out}") from None
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # n1's stand-in task
+    assert proc.returncode == 1, out
+    assert "dataset path does not exist" in out, out  # the real server's own error
+    assert "the server on n2 exited (2) before" in out, out
+    assert (tmp_path / "state" / "8.1" / "n2").read_text().strip() == "2"
     assert "servers ready" not in out, out
