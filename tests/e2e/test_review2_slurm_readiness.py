@@ -43,25 +43,28 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_servers_that_exit_before_readyz_end_the_job_at_once(tmp_path: Path) -> None:
+def run_recipe(tmp_path: Path, srun: str, job_id: str, timeout: float, **env_extra: str) -> str:
+    """The recipe run by bash with the Slurm stand-ins (``srun``'s text, scontrol's two nodes
+    n1 and n2, a failing scancel) first on PATH, then batchwire's own commands; its output.
+    Fails if it is still running after ``timeout`` s; its process group is killed either way
+    (a stand-in task may outlive srun)."""
     stand_ins = tmp_path / "bin"
     stand_ins.mkdir()
-    for name, text in (("srun", SRUN), ("scontrol", SCONTROL), ("scancel", "#!/bin/sh\nexit 1\n")):
+    for name, text in (("srun", srun), ("scontrol", SCONTROL), ("scancel", "#!/bin/sh\nexit 1\n")):
         (stand_ins / name).write_text(text)
         (stand_ins / name).chmod(0o755)
-    keys = tmp_path / "keys"
-    keys.mkdir()
-    (keys / "server.key_secret").write_text("")  # so the recipe makes none
     env = {
         **os.environ,
-        "PATH": f"{stand_ins}:{os.environ['PATH']}",
+        "PATH": f"{stand_ins}:{Path(sys.executable).parent}:{os.environ['PATH']}",
         "PYTHON": sys.executable,
         "BATCHWIRE_DATA": str(tmp_path / "nowhere"),
-        "BATCHWIRE_KEYS": str(keys),
+        "BATCHWIRE_KEYS": str(tmp_path / "keys"),
+        "BATCHWIRE_PORT": str(free_port()),
         "BATCHWIRE_METRICS_PORT": str(free_port()),  # nothing answers /readyz there
-        "SLURM_JOB_ID": "7",
+        "SLURM_JOB_ID": job_id,
         "SLURM_JOB_NODELIST_HET_GROUP_0": "n[1-2]",
         "SLURM_JOB_NODELIST_HET_GROUP_1": "g1",
+        **env_extra,
     }
     proc = subprocess.Popen(
         ["bash", str(ROOT / "deploy/slurm/batchwire.sbatch")],
@@ -69,12 +72,23 @@ def test_servers_that_exit_before_readyz_end_the_job_at_once(tmp_path: Path) -> 
         start_new_session=True, text=True,
     )  # fmt: skip
     try:
-        out, _ = proc.communicate(timeout=20)
+        out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         out, _ = proc.communicate()
-        raise AssertionError(f"still waiting 20 s after the servers exited:\n{out}") from None
+        raise AssertionError(f"still waiting {timeout} s after a server exited:\n{out}") from None
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 1, out
+    return out
+
+
+def test_servers_that_exit_before_readyz_end_the_job_at_once(tmp_path: Path) -> None:
+    keys = tmp_path / "keys"
+    keys.mkdir()
+    (keys / "server.key_secret").write_text("")  # so the recipe makes none
+    out = run_recipe(tmp_path, SRUN, "7", timeout=20)
     assert "no folder" in out and "the servers exited (2) before" in out, out
     assert "servers ready" not in out, out
 
@@ -100,46 +114,11 @@ def test_one_server_node_failing_while_the_other_runs_ends_the_job_naming_it(
 ) -> None:
     """Before: the step ran on (n1's task), so the recipe waited the 10 minutes on n2's
     /readyz. Now n2's task leaves its server's exit code in BATCHWIRE_STATE, and the recipe
-    ends the job within seconds, naming n2 and with the server's own error."""
-    stand_ins = tmp_path / "bin"
-    stand_ins.mkdir()
-    for name, text in (
-        ("srun", SRUN_ONE_BAD),
-        ("scontrol", SCONTROL),
-        ("scancel", "#!/bin/sh\nexit 1\n"),
-    ):
-        (stand_ins / name).write_text(text)
-        (stand_ins / name).chmod(0o755)
-    keys = tmp_path / "keys"  # the recipe makes them (pipeline-keys): the server reads them
-    env = {
-        **os.environ,
-        # The Slurm stand-ins first, then batchwire's own commands (pipeline-keys, -server).
-        "PATH": f"{stand_ins}:{Path(sys.executable).parent}:{os.environ['PATH']}",
-        "PYTHON": sys.executable,
-        "BATCHWIRE_DATA": str(tmp_path / "nowhere"),
-        "BATCHWIRE_KEYS": str(keys),
-        "BATCHWIRE_STATE": str(tmp_path / "state"),
-        "BATCHWIRE_PORT": str(free_port()),
-        "BATCHWIRE_METRICS_PORT": str(free_port()),  # nothing answers /readyz there
-        "SLURM_JOB_ID": "8",
-        "SLURM_JOB_NODELIST_HET_GROUP_0": "n[1-2]",
-        "SLURM_JOB_NODELIST_HET_GROUP_1": "g1",
-    }
-    proc = subprocess.Popen(
-        ["bash", str(ROOT / "deploy/slurm/batchwire.sbatch")],
-        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        start_new_session=True, text=True,
-    )  # fmt: skip
-    try:
-        out, _ = proc.communicate(timeout=30)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        raise AssertionError(f"still waiting 30 s after n2's server exited:\n{out}") from None
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)  # n1's stand-in task
-    assert proc.returncode == 1, out
+    ends the job within seconds, naming n2 and with the server's own error (the keys: made by
+    the recipe's own pipeline-keys)."""
+    out = run_recipe(
+        tmp_path, SRUN_ONE_BAD, "8", timeout=30, BATCHWIRE_STATE=str(tmp_path / "state")
+    )
     assert "dataset path does not exist" in out, out  # the real server's own error
     assert "the server on n2 exited (2) before" in out, out
     assert (tmp_path / "state" / "8.1" / "n2").read_text().strip() == "2"
