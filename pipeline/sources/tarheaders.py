@@ -8,7 +8,8 @@ hostile input ends the listing with a `problem`, never a crash or a hang (tests 
 Understood: ustar/POSIX (name + prefix), GNU long names (`L`), pax extended headers (`x`:
 `path`, `size`), base-256 sizes; regular files (`0`, NUL, `7`) become members, directories,
 links and others are passed over, global pax headers (`g`) ignored. A member whose data runs
-past the object's end (a truncated shard) ends the listing with a problem naming it.
+past the object's end, a header cut short, or no end-of-archive marker (a truncated shard) ends
+the listing with a problem naming it.
 """
 
 from __future__ import annotations
@@ -146,4 +147,20 @@ def list_members(read_at: ReadAt, size: int) -> Listing:
                 )
             members.append(Member(name, data_at, member_size))
         pos = following
-    return Listing(members)
+    return Listing(members, _cut_end(read_at, pos, size))
+
+
+def _cut_end(read_at: ReadAt, pos: int, size: int) -> str | None:
+    """Why a listing that ran to the object's end without an end-of-archive marker is short,
+    or None: every tar writer ends with zero blocks, so a tar that stops at a header (part
+    of one, or right before one, as a copy cut at a block boundary does) lost whatever came
+    after, and is named rather than served short in silence. Zero bytes shorter than a block
+    are a cut end marker: nothing lost."""
+    if size == 0:
+        return "empty file (no tar header)"
+    if pos >= size:
+        return f"no end-of-archive marker: the tar ends at byte {size} (truncated tar)"
+    tail = read_at(pos, size - pos)
+    if tail.count(0) == len(tail):
+        return None
+    return f"header at byte {pos} cut short: {size - pos} of {BLOCK} bytes (truncated tar)"

@@ -1,0 +1,86 @@
+"""Stores audit: a tar shard cut short is named, never served short in silence.
+
+Written as a user's code: shards written by the `webdataset` library (the independent writer),
+cut the way an interrupted copy or download cuts a file, and opened with `LocalLoader`. The
+samples before the cut are served with the intact shard's pixels and labels; the cut is named
+in a warning (docs/stores-and-shards.md: "a truncated tar (the samples before the damage are
+served)"), so a user who lost most of a shard is told."""
+
+from __future__ import annotations
+
+import logging
+import tarfile
+from pathlib import Path
+
+import pytest
+import torch
+import webdataset as wds
+from batchwire.pipeline.local import LocalLoader
+
+SAMPLES = 8
+_PHOTOS = sorted(Path("/work/shared/imagenet-sample").glob("*.JPEG"))
+
+
+def _write_shard(path: Path) -> None:
+    if len(_PHOTOS) < SAMPLES:
+        pytest.skip("the sample JPEGs are not here")
+    with wds.TarWriter(str(path)) as sink:
+        for i, photo in enumerate(_PHOTOS[:SAMPLES]):
+            sink.write({"__key__": f"s{i:04d}", "jpg": photo.read_bytes(), "cls": i % 3})
+
+
+def _served(path: Path) -> dict[str, tuple[torch.Tensor, int]]:
+    """Each served sample's pixels and label, by its member name."""
+    loader = LocalLoader(
+        str(path),
+        split="val",
+        batch_size=4,
+        image_size=32,
+        output_dtype="uint8",
+        with_indices=True,
+        verify_checksums="off",
+    )
+    try:
+        names = loader.dataset.paths
+        out = {}
+        for images, labels, indices in loader:
+            for image, label, i in zip(images, labels.tolist(), indices.tolist(), strict=True):
+                if i >= 0:
+                    out[names[i].rpartition(":")[2]] = (image.clone(), label)
+        return out
+    finally:
+        loader.close()
+
+
+def _header_offset(path: Path, member: str) -> int:
+    with tarfile.open(path) as tar:
+        return next(m.offset for m in tar.getmembers() if m.name == member)
+
+
+@pytest.mark.parametrize(
+    "cut",
+    [
+        pytest.param(100, id="mid-header"),  # the copy stopped 100 bytes into a header
+        pytest.param(0, id="at-a-header"),  # ... or right before one (a block boundary)
+    ],
+)
+def test_a_tar_cut_at_a_header_is_named_and_its_first_samples_served(tmp_path, caplog, cut):
+    intact = tmp_path / "intact" / "train-000000.tar"
+    intact.parent.mkdir()
+    _write_shard(intact)
+    reference = _served(intact)
+    assert len(reference) == SAMPLES
+
+    at = _header_offset(intact, "s0003.cls") + cut  # the first header of sample 3
+    shard = tmp_path / "cut" / "train-000000.tar"
+    shard.parent.mkdir()
+    shard.write_bytes(intact.read_bytes()[:at])
+    with caplog.at_level(logging.WARNING, logger="batchwire.pipeline"):
+        served = _served(shard)
+
+    assert sorted(served) == ["s0000.jpg", "s0001.jpg", "s0002.jpg"]
+    for name, (image, label) in served.items():
+        assert label == reference[name][1]
+        assert torch.equal(image, reference[name][0]), name
+    named = [m for r in caplog.records if (m := r.getMessage()).startswith(f"skipped: {shard}: ")]
+    assert any("truncated tar" in m for m in named), caplog.text
