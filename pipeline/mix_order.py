@@ -37,12 +37,19 @@ MODES = ("weight", "repeat", "choose")
 # Separate the mix's random draws from the sampler's and the augmentation's.
 _PHASE_SALT = 0x4D495850  # "MIXP"
 _PART_SALT = 0x4D495844  # "MIXD"
+#: The most samples a mix epoch may draw: its order is materialised (about 24 bytes a position
+#: while it is made), so a typo such as ``repeat:1e9`` must stop the start, not fill memory.
+MAX_EPOCH_LENGTH = 1 << 31
+#: The most index blocks (`MixPlan.blocks`, one per part-epoch a mix epoch may show): laid out
+#: one by one at start, about a second per million.
+MAX_BLOCKS = 1 << 20
 
 
 def apportion(weights: Sequence[float], total: int) -> np.ndarray:
     """``total`` split in proportion to ``weights`` (largest remainder, ties to the first part):
     int64 counts summing to ``total``."""
     w = np.asarray(weights, dtype=np.float64)
+    w = w / w.max()  # relative: 1e308 twice is 1 twice (their sum would be inf)
     quotas = w / w.sum() * total
     counts = np.floor(quotas).astype(np.int64)
     short = int(total - counts.sum())
@@ -84,6 +91,17 @@ class MixPlan:
             raise ValueError(f"mix schedule epochs must increase from 0, got {starts}")
         if self.epoch_length < 1:
             raise ValueError("this mix draws no sample in an epoch")
+        if self.epoch_length > MAX_EPOCH_LENGTH:
+            raise ValueError(
+                f"a mix epoch of {self.epoch_length} samples is over {MAX_EPOCH_LENGTH}: "
+                "a repeat, choose or weight value is too large"
+            )
+        if sum(self.copies) > MAX_BLOCKS:
+            raise ValueError(
+                f"a mix epoch would show its parts in {sum(self.copies)} copies (one per "
+                f"pass over a part), over {MAX_BLOCKS}: a small part drawn far more times "
+                "than its size (a repeat, choose or weight value too large)"
+            )
 
     @property
     def epoch_length(self) -> int:
@@ -228,6 +246,12 @@ def _check_values(mode: str, values: Sequence[float], parts: int) -> None:
         raise ValueError(f"{parts} parts but {len(values)} values")
     if any(not math.isfinite(v) or v < 0 for v in values):
         raise ValueError(f"mix {mode}s must be finite and >= 0, got {list(values)}")
+    if mode != "weight" and max(values) > MAX_EPOCH_LENGTH:
+        # Checked before any count is made: int(1e19) overflows numpy's int64.
+        raise ValueError(
+            f"mix {mode} values over {MAX_EPOCH_LENGTH} would make a mix epoch over "
+            f"{MAX_EPOCH_LENGTH} samples, got {list(values)}"
+        )
     if mode == "weight" and not sum(values) > 0:
         raise ValueError("mix weights must not all be 0")
     if mode == "choose" and any(v != int(v) for v in values):
