@@ -314,6 +314,9 @@ class TransformRunner:
             raise TransformError(
                 f"transform {self.name} returned {problem} for a {out.dtype} output"
             )
+        # Values only: a result that requires grad (a transform built on a torch module) would
+        # make the batch carry its autograd graph (`LocalLoader` yields that batch).
+        result = result.detach()
         if out.dtype == torch.uint8 and result.is_floating_point():
             result = result.round().clamp_(0, 255)
         if out.is_cuda and not result.is_cuda:
