@@ -93,7 +93,12 @@ class CachedStore:
         """Key entries of these objects by the versions given (ETags or size and mtime, as
         the source read them at open), so an object rewritten since is fetched again rather
         than served from an older entry: what tar shards and Parquet files call once they
-        have looked their objects up. Merged with any lookup given at construction."""
+        have looked their objects up. Merged with any lookup given at construction. Passed
+        on to the store behind (an `ObjectStore` checks what it fetches against them: a range
+        fetched from a rewritten object is never kept under the old version's name)."""
+        inner_pin = getattr(self.inner, "pin_versions", None)
+        if callable(inner_pin):
+            inner_pin(versions)
         before = self._versions
         pinned = dict(versions)
 

@@ -129,6 +129,18 @@ def _planned(ranges: Sequence[tuple[int, int]]) -> tuple[list[Request], list[int
     return plan, [r.start for r in plan], [r.end for r in plan]
 
 
+class ObjectChanged(OSError):
+    """A pinned object (`ObjectStore.pin_versions`) answered with another version: rewritten
+    since it was indexed. The sample's fault (no errno: a bad sample, counted, logged and
+    replaced), not a transient error: asking again gets the same new object."""
+
+
+def _version(meta: Any) -> str:
+    """An object's version as `list` and `head` report it and a GET's answer carries: its
+    ETag, else its size and modification time."""
+    return str(meta.get("e_tag") or f"{meta['size']}-{meta['last_modified']}")
+
+
 class _LoopThread:
     """A private asyncio loop on a daemon thread: `run(coro)` from any thread, blocking.
 
@@ -179,6 +191,7 @@ class ObjectStore:
         self._sem: asyncio.Semaphore | None = None
         self._lock = threading.Lock()
         self._counts = {"requests": 0, "objects": 0, "bytes": 0, "errors": 0}
+        self._pinned: dict[str, str] = {}  # key -> the version its ranged reads must find
 
     # -- identity ---------------------------------------------------------------------------
 
@@ -198,6 +211,26 @@ class ObjectStore:
 
     def __repr__(self) -> str:
         return f"ObjectStore({self.display!r})"
+
+    def pin_versions(self, versions: dict[str, str]) -> None:
+        """Ranged reads of these objects must find the versions given (what `head` said when
+        a tar shard or Parquet file was indexed): a sample is read at an offset taken from
+        that version, and an object rewritten since holds other bytes there (another photo,
+        served under the old sample's label). Every answer carries the object's version (its
+        ETag), so checking costs no request; a changed object is `ObjectChanged`."""
+        with self._lock:
+            self._pinned.update(versions)
+
+    def _check_version(self, key: str, meta: Any) -> None:
+        with self._lock:
+            pinned = self._pinned.get(key)
+        now = _version(meta)
+        if pinned is not None and now != pinned:
+            self._count(0, 0, 0, 1)
+            raise ObjectChanged(
+                f"{self.where(key)}: changed since it was opened (version {pinned}, now {now}): "
+                "its samples are not read at the old offsets; restart to serve the new object"
+            )
 
     # -- counters ---------------------------------------------------------------------------
 
@@ -231,8 +264,7 @@ class ObjectStore:
                 for meta in chunk:
                     if not meta["path"].startswith(prefix):
                         continue
-                    version = meta.get("e_tag") or f"{meta['size']}-{meta['last_modified']}"
-                    out.append(ObjectInfo(meta["path"], int(meta["size"]), str(version)))
+                    out.append(ObjectInfo(meta["path"], int(meta["size"]), _version(meta)))
         except Exception as exc:
             raise self._fail(exc, prefix) from None
         out.sort(key=lambda o: o.key)
@@ -262,8 +294,7 @@ class ObjectStore:
             meta = obstore.head(self._store, key)
         except Exception as exc:
             raise self._fail(exc, key) from None
-        version = meta.get("e_tag") or f"{meta['size']}-{meta['last_modified']}"
-        return ObjectInfo(key, int(meta["size"]), str(version))
+        return ObjectInfo(key, int(meta["size"]), _version(meta))
 
     def read(self, key: str) -> bytes:
         import obstore
@@ -282,12 +313,37 @@ class ObjectStore:
         if not plan:
             return [b""] * len(ranges)
         try:
-            parts = obstore.get_ranges(self._store, key, starts=starts, ends=ends, coalesce=0)
+            if self._is_pinned(key):
+                parts = [self._get_range(key, r) for r in plan]
+            else:
+                parts = obstore.get_ranges(self._store, key, starts=starts, ends=ends, coalesce=0)
+        except ObjectChanged:
+            raise
         except Exception as exc:
             raise self._fail(exc, key) from None
         out = slice_members(ranges, plan, parts)
         self._count(len(plan), 1, sum(len(p) for p in out), 0)
         return out
+
+    def _is_pinned(self, key: str) -> bool:
+        with self._lock:
+            return key in self._pinned
+
+    def _get_range(self, key: str, request: Request) -> bytes:
+        """One planned GET of a pinned object, its answer's version checked."""
+        import obstore
+
+        result = obstore.get(self._store, key, options={"range": (request.start, request.end)})
+        self._check_version(key, result.meta)
+        return bytes(result.bytes())
+
+    async def _get_range_async(self, key: str, request: Request) -> bytes:
+        import obstore
+
+        options = {"range": (request.start, request.end)}
+        result = await obstore.get_async(self._store, key, options=options)
+        self._check_version(key, result.meta)
+        return bytes(await result.bytes_async())
 
     # -- concurrent calls -------------------------------------------------------------------
 
@@ -326,9 +382,18 @@ class ObjectStore:
         if not plan:
             return [b""] * len(ranges)
         try:
-            parts = await self._bounded(
-                obstore.get_ranges_async(self._store, key, starts=starts, ends=ends, coalesce=0)
-            )
+            if self._is_pinned(key):
+                parts = list(
+                    await asyncio.gather(
+                        *(self._bounded(self._get_range_async(key, r)) for r in plan)
+                    )
+                )
+            else:
+                parts = await self._bounded(
+                    obstore.get_ranges_async(self._store, key, starts=starts, ends=ends, coalesce=0)
+                )
+        except ObjectChanged as exc:
+            return exc
         except Exception as exc:
             return self._fail(exc, key)
         out = slice_members(ranges, plan, parts)
