@@ -290,9 +290,40 @@ def test_a_store_killed_mid_epoch_costs_retries_never_a_sample(seaweed, shards) 
     assert loader.bad_total == 0 and loader.transient_total > 0
 
 
+class _RestartOnOutage(logging.Handler):
+    """Starts the killed store again 1 s after the loader first says it makes a batch again
+    (the outage met, however slow the machine), or after 30 s whatever happens (no hang)."""
+
+    def __init__(self, seaweed) -> None:
+        super().__init__()
+        self._seaweed = seaweed
+        self._lock = threading.Lock()
+        self._timer: threading.Timer | None = None
+        self._fallback = threading.Timer(30.0, self._start_once, args=(0.0,))
+        self._fallback.start()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if "making it again" in record.getMessage():
+            self._start_once(1.0)
+
+    def _start_once(self, delay: float) -> None:
+        with self._lock:
+            if self._timer is None:
+                self._timer = threading.Timer(delay, self._seaweed.start)
+                self._timer.start()
+
+    def join(self) -> None:
+        self._fallback.cancel()
+        self._start_once(0.0)
+        assert self._timer is not None
+        self._timer.join(60)
+
+
 def test_local_loader_waits_out_a_store_restart(seaweed, shards, caplog) -> None:
     """The store SIGKILLed once the loader is open, before its first batch, and started again
-    4 s later (past the sample loader's own second of retries): `LocalLoader` makes the batches
+    1 s after the first batch that failed (past the sample loader's own second of retries;
+    a timer from the kill let a loaded machine's first read come after the store was back, the
+    outage unmet): `LocalLoader` makes the batches
     that failed transient again, as a server's client asks for them again, and its epoch is the
     local shards' epoch, no sample replaced. It used to raise the first TransientReadError to
     the training loop. (Killed after the first batch instead, a loaded machine's read-ahead
@@ -304,17 +335,21 @@ def test_local_loader_waits_out_a_store_restart(seaweed, shards, caplog) -> None
     with LocalLoader(local, output_dtype="uint8", **kw) as reference:
         want = [(images.clone(), labels.clone()) for images, labels in reference]
     got = []
-    restart = threading.Timer(4.0, seaweed.start)
+    restart = _RestartOnOutage(seaweed)
+    log = logging.getLogger("batchwire.pipeline")
     with (
         caplog.at_level(logging.WARNING, logger="batchwire.pipeline"),
         LocalLoader(remote, output_dtype="uint8", **kw) as loader,
     ):
         seaweed.kill()
-        restart.start()
-        for images, labels in loader:
-            got.append((images.clone(), labels.clone()))
+        log.addHandler(restart)
+        try:
+            for images, labels in loader:
+                got.append((images.clone(), labels.clone()))
+        finally:
+            log.removeHandler(restart)
+            restart.join()  # the store is up before the next test kills it again
         assert loader.counts()["replaced_total"] == 0
-    restart.join(60)  # the store is up before the next test kills it again
     assert len(got) == len(want) >= 8
     for (images, labels), (ref_images, ref_labels) in zip(got, want, strict=True):
         assert torch.equal(labels, ref_labels) and torch.equal(images, ref_images)
