@@ -18,6 +18,12 @@ the previous one in the batch (``roll(1)``), ``lam ~ Beta(alpha, alpha)``; CutMi
 of area ``(1 - lam)`` (clipped at the border, ``lam`` then recomputed from the clipped box);
 targets are ``lam * onehot(y) + (1 - lam) * onehot(y_rolled)``, after optional label smoothing.
 Each row of the targets sums to 1. No torchvision needed.
+
+Padding slots (label ``PADDING_LABEL``, -100) reach a trainer in train batches too: a pass
+resumed at another world size pads its last round (docs/your-data.md). They stay out of the mix:
+the real rows are mixed as a batch of only them would be (each with the previous real row), the
+padding rows keep their pixels and get an all-zero target row, which adds nothing to a
+soft-target cross-entropy, so a rank whose batch is all padding still steps with the others.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from batchwire.wire.batch_spec import PADDING_LABEL
 
 _MASK64 = (1 << 64) - 1
 #: Keeps the mixing draws apart from any other use of the same (seed, epoch, batch) key.
@@ -62,14 +69,13 @@ class MixParams:
 def one_hot(labels: torch.Tensor, num_classes: int, smoothing: float = 0.0) -> torch.Tensor:
     """Float [B, num_classes] targets (label smoothing spreads ``smoothing`` over all classes).
 
-    ValueError on a label out of range, e.g. a padded validation slot's -100: mixing is for
-    training batches."""
+    ValueError on a label out of range (`BatchMixer` takes padding slots out first)."""
     if labels.dim() != 1:
         raise ValueError(f"labels must be [B], got shape {list(labels.shape)}")
     if labels.numel() and (int(labels.min()) < 0 or int(labels.max()) >= num_classes):
         raise ValueError(
             f"labels must be in [0, {num_classes}) to mix, got {int(labels.min())}.."
-            f"{int(labels.max())} (padding -100 only appears in validation batches)"
+            f"{int(labels.max())}"
         )
     off = smoothing / num_classes
     out = torch.full((labels.shape[0], num_classes), off, device=labels.device)
@@ -150,6 +156,8 @@ class BatchMixer:
                 "mix float images (RemoteLoader's default output; not the raw uint8 of "
                 f"normalize_on_device=False or of a uint8 LocalLoader); got {images.dtype}"
             )
+        if labels.dim() == 1 and bool((labels == PADDING_LABEL).any()):
+            return self._with_padding(images, labels, epoch, batch_index)
         p = self.params(epoch, batch_index, int(images.shape[-2]), int(images.shape[-1]))
         targets = one_hot(labels, self.num_classes, self.label_smoothing).to(images.device)
         if p.kind == "none":
@@ -163,4 +171,19 @@ class BatchMixer:
             mixed = images.clone()
             mixed[..., y0:y1, x0:x1] = rolled[..., y0:y1, x0:x1]
         targets = targets.mul(p.lam).add_(targets.roll(1, 0), alpha=1.0 - p.lam)
+        return mixed, targets
+
+    def _with_padding(
+        self, images: torch.Tensor, labels: torch.Tensor, epoch: int, batch_index: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """A batch with padding slots (module doc): its real rows mixed as a batch of their
+        own (the same draws: they depend on the batch's key and image size, not its length),
+        the padding rows as they are with all-zero targets."""
+        real = (labels != PADDING_LABEL).nonzero().squeeze(1)
+        mixed = images.clone()
+        targets = torch.zeros(labels.shape[0], self.num_classes, device=images.device)
+        if real.numel():
+            mixed[real], targets[real] = self(
+                images[real], labels[real], epoch=epoch, batch_index=batch_index
+            )
         return mixed, targets
