@@ -42,6 +42,7 @@ from batchwire.pipeline.sources.labels import LabelTable
 from batchwire.pipeline.sources.locate import Located
 from batchwire.pipeline.sources.tarindex import MAX_MEMBER_BYTES
 from batchwire.pipeline.storage import LocalStore, Store
+from batchwire.pipeline.storage.cache import pin_versions
 
 log = logging.getLogger("batchwire.pipeline")
 
@@ -402,9 +403,7 @@ def open_parquet(located: Located) -> ImageDataset:
         sizes.append(info.size)
     if total == 0:
         raise ValueError(f"{located.display}: no rows")
-    pin = getattr(located.store, "pin_versions", None)
-    if callable(pin):  # a local cache: entries keyed by the versions read now
-        pin(versions)
+    pin_versions(located.store, versions)  # reads and cache entries keyed by them
     ids, classes = table.resolve(names)
     assert image is not None
     reader = ParquetReader(located, metadata, sizes, image, starts, groups, total, declared)

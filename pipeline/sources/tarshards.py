@@ -37,6 +37,8 @@ from batchwire.pipeline.sources.shardsets import (
 )
 from batchwire.pipeline.sources.tarindex import ShardIndex, cached_index
 from batchwire.pipeline.storage import ObjectInfo
+from batchwire.pipeline.storage.cache import pin_versions
+from batchwire.pipeline.storage.errors import ObjectChanged
 from batchwire.pipeline.storage.objects import ObjectStore
 from batchwire.pipeline.storage.readahead import Claim, ReadAhead
 
@@ -49,9 +51,10 @@ MAX_CLASSES_BYTES = 16 << 20
 _BACKGROUND_LOCK = threading.Lock()
 
 
-class MemberCutShort(OSError):
+class MemberCutShort(ObjectChanged):
     """A member read back shorter than its index says: the shard changed or was cut since it
-    was indexed. The sample's fault (a bad sample, replaced), not a transient error."""
+    was indexed (where its store could not tell by the version: `pin_versions`). The sample's
+    fault (a bad sample, replaced), not a transient error."""
 
 
 @dataclass
@@ -199,13 +202,12 @@ class TarReader:
 
 
 def _infos(located: Located) -> list[ObjectInfo]:
-    """Each shard's size and version; a local cache in front of a bucket keys its entries of
-    these shards by them (a shard rewritten since is not served from older entries)."""
+    """Each shard's size and version, pinned in its store: every read of a shard is checked
+    against the version indexed (one rewritten since is a bad sample, not other bytes at the
+    indexed offsets) and a local cache in front of a bucket keys its entries by them."""
     with ThreadPoolExecutor(min(_INDEX_THREADS, len(located.keys))) as pool:
         infos = list(pool.map(located.store.head, located.keys))
-    pin = getattr(located.store, "pin_versions", None)
-    if callable(pin):
-        pin({info.key: info.version for info in infos})
+    pin_versions(located.store, {info.key: info.version for info in infos})
     return infos
 
 

@@ -93,12 +93,8 @@ class CachedStore:
         """Key entries of these objects by the versions given (ETags or size and mtime, as
         the source read them at open), so an object rewritten since is fetched again rather
         than served from an older entry: what tar shards and Parquet files call once they
-        have looked their objects up. Merged with any lookup given at construction. Passed
-        on to the store behind (an `ObjectStore` checks what it fetches against them: a range
-        fetched from a rewritten object is never kept under the old version's name)."""
-        inner_pin = getattr(self.inner, "pin_versions", None)
-        if callable(inner_pin):
-            inner_pin(versions)
+        have looked their objects up (`pin_versions`, the function, pins the store behind
+        too). Merged with any lookup given at construction."""
         before = self._versions
         pinned = dict(versions)
 
@@ -349,3 +345,15 @@ def uncached(store: Store) -> Store:
     """The store under a `CachedStore` (`store` itself otherwise): for objects that must be
     read fresh every time, such as a checksum manifest rewritten in place."""
     return store.inner if isinstance(store, CachedStore) else store
+
+
+def pin_versions(store: Store, versions: dict[str, str]) -> None:
+    """Pin `versions` (each object's, as `head` said when a tar shard or Parquet file was
+    indexed) at every layer of `store` that keeps them: a `CachedStore` names its entries by
+    them, and the store that fetches (`ObjectStore`, `LocalStore`) checks each ranged read
+    against them, so a range of a rewritten object is neither served nor cached under the old
+    version's name."""
+    for layer in dict.fromkeys((store, uncached(store))):
+        pin = getattr(layer, "pin_versions", None)
+        if callable(pin):
+            pin(versions)

@@ -76,6 +76,13 @@ class CredentialsError(PermissionError):
     `pipeline.access`, counts a role taken away as it counts revoked keys)."""
 
 
+class ObjectChanged(OSError):
+    """A pinned object (`pin_versions` of a store: a tar shard, a Parquet file) read as
+    another version: rewritten since it was indexed, so the indexed offsets hold other bytes.
+    The sample's fault (no errno: a bad sample, counted, logged and replaced), not a
+    transient error: reading again finds the same new object."""
+
+
 def describe(exc: BaseException) -> str:
     """What the store said, in a few words: 'HTTP 503 SlowDown', 'HTTP error: error sending
     request' (connection refused or reset), 'no credentials could be fetched'."""

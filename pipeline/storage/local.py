@@ -13,6 +13,7 @@ from typing import BinaryIO, TypeVar
 
 from batchwire.pipeline.decode.files import open_regular, read_file
 from batchwire.pipeline.storage.base import ObjectInfo
+from batchwire.pipeline.storage.errors import ObjectChanged
 
 
 class LocalStore:
@@ -25,6 +26,14 @@ class LocalStore:
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root).expanduser().resolve()
+        self._pinned: dict[str, str] = {}  # key -> the version its ranged reads must find
+
+    def pin_versions(self, versions: dict[str, str]) -> None:
+        """Ranged reads of these files must find the versions given (size and modification
+        time, as `head` said when a tar shard was indexed): a file rewritten since holds
+        other bytes at the indexed offsets, so such a read is `ObjectChanged` (a bad sample),
+        found from the descriptor's own stat at no cost."""
+        self._pinned.update(versions)
 
     @property
     def display(self) -> str:
@@ -60,13 +69,13 @@ class LocalStore:
                 except OSError:
                     continue  # vanished or a dangling link: not an object
                 if stat.S_ISREG(st.st_mode):  # not a FIFO, device or socket
-                    out.append(ObjectInfo(key, st.st_size, f"{st.st_size}-{st.st_mtime_ns}"))
+                    out.append(ObjectInfo(key, st.st_size, _version(st)))
         out.sort(key=lambda o: o.key)
         return out
 
     def head(self, key: str) -> ObjectInfo:
         st = os.stat(self.path(key))
-        return ObjectInfo(key, st.st_size, f"{st.st_size}-{st.st_mtime_ns}")
+        return ObjectInfo(key, st.st_size, _version(st))
 
     def read(self, key: str) -> bytes:
         return read_file(self.path(key))
@@ -76,6 +85,13 @@ class LocalStore:
         would block the open for good), and each read is cut at the end of the file, so a range
         far past it (a corrupt member size) comes back short rather than allocating its length."""
         with open_regular(self.path(key)) as (fd, st):
+            pinned = self._pinned.get(key)
+            if pinned is not None and _version(st) != pinned:
+                raise ObjectChanged(
+                    f"{self.where(key)}: changed since it was opened (version {pinned}, now "
+                    f"{_version(st)}): its samples are not read at the old offsets; restart "
+                    "to serve the new file"
+                )
             # end < start or start < 0 stay an OSError (EINVAL) from pread
             return [
                 os.pread(fd, min(end, max(start, st.st_size)) - start, start)
@@ -122,6 +138,11 @@ class LocalStore:
             except OSError as exc:
                 out.append(exc)
         return out
+
+
+def _version(st: os.stat_result) -> str:
+    """A file's version: its size and modification time (what a rewrite changes)."""
+    return f"{st.st_size}-{st.st_mtime_ns}"
 
 
 _W = TypeVar("_W", bound="AbortOnExit")

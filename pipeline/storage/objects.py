@@ -45,7 +45,7 @@ from typing import Any, TypeVar
 
 from batchwire.pipeline.storage.base import ObjectInfo
 from batchwire.pipeline.storage.coalesce import Request, plan_requests, slice_members
-from batchwire.pipeline.storage.errors import describe, to_os_error
+from batchwire.pipeline.storage.errors import ObjectChanged, describe, to_os_error
 from batchwire.pipeline.storage.local import AbortOnExit
 from batchwire.pipeline.storage.options import StoreOptions
 from batchwire.pipeline.storage.urls import StoreURL, parse_url, redact_url
@@ -127,12 +127,6 @@ def _planned(ranges: Sequence[tuple[int, int]]) -> tuple[list[Request], list[int
     whole object's read, and `b""` needs no request."""
     plan = plan_requests(ranges)
     return plan, [r.start for r in plan], [r.end for r in plan]
-
-
-class ObjectChanged(OSError):
-    """A pinned object (`ObjectStore.pin_versions`) answered with another version: rewritten
-    since it was indexed. The sample's fault (no errno: a bad sample, counted, logged and
-    replaced), not a transient error: asking again gets the same new object."""
 
 
 def _version(meta: Any) -> str:

@@ -21,17 +21,18 @@ SAMPLES = 8
 _PHOTOS = sorted(Path("/work/shared/imagenet-sample").glob("*.JPEG"))
 
 
-def _write_shard(path: Path) -> None:
-    if len(_PHOTOS) < SAMPLES:
+def _write_shard(path: Path, photos: list[bytes] | None = None, first: int = 0) -> None:
+    if len(_PHOTOS) < 2 * SAMPLES:
         pytest.skip("the sample JPEGs are not here")
+    if photos is None:
+        photos = [p.read_bytes() for p in _PHOTOS[:SAMPLES]]
     with wds.TarWriter(str(path)) as sink:
-        for i, photo in enumerate(_PHOTOS[:SAMPLES]):
-            sink.write({"__key__": f"s{i:04d}", "jpg": photo.read_bytes(), "cls": i % 3})
+        for k, data in enumerate(photos):
+            sink.write({"__key__": f"s{first + k:04d}", "jpg": data, "cls": (first + k) % 3})
 
 
-def _served(path: Path) -> dict[str, tuple[torch.Tensor, int]]:
-    """Each served sample's pixels and label, by its member name."""
-    loader = LocalLoader(
+def _loader(path: Path | str) -> LocalLoader:
+    return LocalLoader(
         str(path),
         split="val",
         batch_size=4,
@@ -40,14 +41,24 @@ def _served(path: Path) -> dict[str, tuple[torch.Tensor, int]]:
         with_indices=True,
         verify_checksums="off",
     )
+
+
+def _pass(loader: LocalLoader, epoch: int = 0) -> dict[str, tuple[torch.Tensor, int]]:
+    """Each served sample's pixels and label, by its member name."""
+    loader.set_epoch(epoch)
+    names = loader.dataset.paths
+    out = {}
+    for images, labels, indices in loader:
+        for image, label, i in zip(images, labels.tolist(), indices.tolist(), strict=True):
+            if i >= 0:
+                out[names[i].rpartition(":")[2]] = (image.clone(), label)
+    return out
+
+
+def _served(path: Path) -> dict[str, tuple[torch.Tensor, int]]:
+    loader = _loader(path)
     try:
-        names = loader.dataset.paths
-        out = {}
-        for images, labels, indices in loader:
-            for image, label, i in zip(images, labels.tolist(), indices.tolist(), strict=True):
-                if i >= 0:
-                    out[names[i].rpartition(":")[2]] = (image.clone(), label)
-        return out
+        return _pass(loader)
     finally:
         loader.close()
 
@@ -84,3 +95,38 @@ def test_a_tar_cut_at_a_header_is_named_and_its_first_samples_served(tmp_path, c
         assert torch.equal(image, reference[name][0]), name
     named = [m for r in caplog.records if (m := r.getMessage()).startswith(f"skipped: {shard}: ")]
     assert any("truncated tar" in m for m in named), caplog.text
+
+
+def test_a_local_shard_rewritten_mid_run_is_a_bad_sample_not_another_photo(tmp_path, caplog):
+    """A shard copied over (same layout, one photo swapped for another of the same length)
+    while a loader has it open: its indexed offsets now hold the other photo, which must not
+    be served under the old sample's label."""
+    photos = [p.read_bytes() for p in _PHOTOS[: 2 * SAMPLES]]
+    _write_shard(tmp_path / "train-000000.tar", photos[:SAMPLES])
+    _write_shard(tmp_path / "train-000001.tar", photos[SAMPLES:], SAMPLES)
+    other = next(
+        p.read_bytes() for p in _PHOTOS[2 * SAMPLES :] if p.stat().st_size <= len(photos[0])
+    )
+    changed = [other + bytes(len(photos[0]) - len(other)), *photos[1:SAMPLES]]
+    rewritten = tmp_path / "rewritten" / "train-000000.tar"
+    rewritten.parent.mkdir()
+    _write_shard(rewritten, changed)
+    (rewritten.parent / "train-000001.tar").symlink_to(tmp_path / "train-000001.tar")
+    wrong = _served(rewritten.parent / "train-{000000..000001}.tar")["s0000.jpg"][0]
+
+    loader = _loader(tmp_path / "train-{000000..000001}.tar")
+    try:
+        before = _pass(loader, 0)
+        (tmp_path / "train-000000.tar").write_bytes(rewritten.read_bytes())
+        with caplog.at_level(logging.WARNING, logger="batchwire.pipeline"):
+            after = _pass(loader, 1)
+        counts = loader.counts()
+    finally:
+        loader.close()
+
+    assert not torch.equal(after["s0000.jpg"][0], wrong), "another photo served as s0000"
+    assert counts["replaced_total"] >= 1, counts
+    assert "changed since it was opened" in caplog.text, caplog.text
+    for k in range(SAMPLES, 2 * SAMPLES):  # the shard left alone is served as it was
+        name = f"s{k:04d}.jpg"
+        assert torch.equal(after[name][0], before[name][0]) and after[name][1] == before[name][1]
