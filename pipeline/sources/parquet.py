@@ -322,7 +322,10 @@ class ParquetReader:
         got = self.cache.get((f, rg, first), lambda: self._image_slice(g, first, per))
         if not 0 <= row - got.start < len(got.column):
             raise OSError(f"{where}: not in the slice read ({got.start}+{len(got.column)})")
-        buf = got.column[row - got.start]["bytes"].as_buffer()
+        cell = got.column[row - got.start]
+        if not cell.is_valid:
+            raise FileNotFoundError(f"{where} has no image (a null image cell)")
+        buf = cell["bytes"].as_buffer()
         if buf is None:
             raise FileNotFoundError(f"{where} has no image bytes (a path-only image)")
         if buf.size > MAX_MEMBER_BYTES:
