@@ -19,7 +19,7 @@ applies no normalisation to a transform's output: the values it returns are the 
 
 A transform that raises (anything, `SystemExit` and `KeyboardInterrupt` included: see
 `TransformRunner.apply`) on a sample, or returns what the server cannot send as it is (not a
-tensor, the wrong shape, a tensor on another device than the image's or the output's, NaN or
+tensor, not a dense one: sparse, quantized or nested; the wrong shape, a tensor on another device than the image's or the output's, NaN or
 inf, values the output dtype cannot hold: an int 300 for a uint8 output, which the cast would
 wrap to 44, or 1e5 for a float16 one, which it would make inf), is counted
 (`transform_errors_total`) and logged (the traceback once per distinct error), and the sample
@@ -297,6 +297,14 @@ class TransformRunner:
             raise TransformError(
                 f"transform {self.name} returned a {type(result).__name__}, expected a "
                 f"[3, {h}, {w}] tensor"
+            )
+        if result.is_nested or result.layout != torch.strided or result.is_quantized:
+            # Before any look at its shape or values: these tensors have no dense sizes, or no
+            # aminmax (`value_problem`), and would fail the whole batch instead of one sample.
+            kind = "nested" if result.is_nested else "quantized" if result.is_quantized else ""
+            raise TransformError(
+                f"transform {self.name} returned a {kind or result.layout} tensor, expected a "
+                f"dense [3, {h}, {w}] one"
             )
         if tuple(result.shape) != (3, h, w):
             raise TransformError(

@@ -1,7 +1,9 @@
 """Audit of user transforms as a trainer's own code writes them, in `LocalLoader` (in-process):
 a transform built on a torch module (a learned colour layer, whose output requires grad) must
 still yield plain batches: a batch that carries the transform's autograd graph would send the
-model's gradients into the transform's parameters and keep every batch's graph alive."""
+model's gradients into the transform's parameters and keep every batch's graph alive. A result
+that is not a dense tensor (sparse, quantized, nested) is a failed sample, counted and
+replaced, not an error that fails the whole batch."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import torch
 from batchwire.pipeline.local import LocalLoader
 from batchwire.pipeline.transforms import RandomResizedCropFlip
 from oddfiles import write_image_folder
+from PIL import Image
 
 
 @pytest.fixture(scope="module")
@@ -46,3 +49,42 @@ def test_a_module_transform_yields_batches_without_its_autograd_graph(tree: Path
             loss.backward()
     assert model[1].weight.grad is not None
     assert colour.mix.weight.grad is None  # the model's loss never reached the transform
+
+
+def _exotic(kind: str):
+    """A transform that returns a dense result on even-height images and, on odd ones, a
+    ``kind`` tensor: sparse (``to_sparse()``), quantized or nested."""
+    crop = RandomResizedCropFlip(32)
+
+    def transform(image: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        out = crop(image, generator)
+        if image.shape[0] % 2 == 0:
+            return out
+        if kind == "sparse":
+            return out.to_sparse()
+        if kind == "quantized":
+            return torch.quantize_per_tensor(out, 1.0, 0, torch.quint8)
+        return torch.nested.nested_tensor(list(out))
+
+    return transform
+
+
+@pytest.mark.parametrize("kind", ["sparse", "quantized", "nested"])
+def test_a_sparse_quantized_or_nested_result_is_a_counted_replaced_sample(
+    tree: Path, kind: str
+) -> None:
+    """Not a dense tensor: replaced and counted like any result the server cannot send, not an
+    error out of the value check that fails the whole batch."""
+    heights = {_height(p) for p in tree.rglob("*.jpg")}
+    assert {h % 2 for h in heights} == {0, 1}, heights  # both kinds of image in the tree
+    with LocalLoader(
+        str(tree), batch_size=4, image_size=32, seed=0, transform=_exotic(kind)
+    ) as loader:
+        batches = [images.clone() for images, _ in loader]
+        assert loader.counts()["transform_errors_total"] > 0
+    assert len(batches) == 3
+
+
+def _height(path: Path) -> int:
+    with Image.open(path) as im:
+        return im.height
