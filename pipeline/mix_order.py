@@ -48,8 +48,7 @@ MAX_BLOCKS = 1 << 20
 def apportion(weights: Sequence[float], total: int) -> np.ndarray:
     """``total`` split in proportion to ``weights`` (largest remainder, ties to the first part):
     int64 counts summing to ``total``."""
-    w = np.asarray(weights, dtype=np.float64)
-    w = w / w.max()  # relative: 1e308 twice is 1 twice (their sum would be inf)
+    w = _summable(weights)
     quotas = w / w.sum() * total
     counts = np.floor(quotas).astype(np.int64)
     short = int(total - counts.sum())
@@ -202,8 +201,8 @@ class MixPlan:
     def shares(self, epoch: int) -> tuple[float, ...]:
         """Each part's planned share of ``epoch``, summing to 1: its weight normalised (the
         weight in force then), or, for repeat and choose, its draws over the epoch's."""
-        values = self.weights_at(epoch) if self.mode == "weight" else self.counts(epoch)
-        total = float(sum(values))
+        values = _summable(self.weights_at(epoch) if self.mode == "weight" else self.counts(epoch))
+        total = float(values.sum())
         return tuple(float(v) / total for v in values)
 
     def _part_draws(self, seed: int, part: int, first: int, n: int) -> np.ndarray:
@@ -224,6 +223,16 @@ class MixPlan:
             out[done : done + take] = starts[(part, copy)] + perm[r : r + take]
             done += take
         return out
+
+
+def _summable(values: Sequence[float] | np.ndarray) -> np.ndarray:
+    """``values`` as float64, scaled down by their largest only where their sum would overflow
+    (weights are relative: 1e308 twice is 1 twice); otherwise unchanged, so every existing mix
+    keeps its counts to the last bit."""
+    w = np.asarray(values, dtype=np.float64)
+    with np.errstate(over="ignore"):
+        finite = bool(np.isfinite(w.sum()))
+    return w if finite else w / w.max()
 
 
 def _interleave(seed: int, epoch: int, counts: np.ndarray) -> np.ndarray:

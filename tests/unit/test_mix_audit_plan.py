@@ -63,10 +63,12 @@ def test_each_part_goes_through_its_own_epochs_without_replacement(mode):
 
 
 def test_huge_equal_weights_are_still_half_and_half():
-    """`a=1e308,b=1e308` is `a=1,b=1` (weights are relative): the epoch is both parts."""
+    """`a=1e308,b=1e308` is `a=1,b=1` (weights are relative): the epoch is both parts, and
+    each part's planned share is a half."""
     plan = parse_mix("mix:a=1e308@/x,b=1e308@/y").plan([10, 10], train=True)
     assert plan.epoch_length == 20
     assert plan.counts(0).tolist() == [10, 10]
+    assert plan.shares(0) == (0.5, 0.5)  # the stats' and pipeline-monitor's "w 0.50"
 
 
 @pytest.mark.parametrize(
