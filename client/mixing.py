@@ -151,6 +151,12 @@ class BatchMixer:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Mixed images (new tensor, same dtype/device/layout; floating point required) and
         soft targets float [B, num_classes] whose rows sum to 1."""
+        if not isinstance(images, torch.Tensor):
+            raise TypeError(
+                f"BatchMixer mixes one [B, C, H, W] tensor, got a {type(images).__name__}: for "
+                "a multi-view batch (--views) call it on each view with the same epoch and "
+                "batch_index (the same pairing and weight for every view)"
+            )
         if not images.is_floating_point():
             raise TypeError(
                 "mix float images (RemoteLoader's default output; not the raw uint8 of "

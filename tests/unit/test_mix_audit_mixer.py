@@ -54,3 +54,17 @@ def test_other_negative_labels_are_still_refused() -> None:
     images, labels = _batch()
     with pytest.raises(ValueError, match="labels must be in"):
         BatchMixer(num_classes=5)(images, labels.clamp(min=-1), epoch=0, batch_index=0)
+
+
+def test_a_multi_view_batch_is_refused_with_how_to_mix_it() -> None:
+    """`--views` batches are a list of tensors (docs/transforms.md "Multi-view"): a TypeError
+    that says to mix each view, not an AttributeError from inside the mixer."""
+    views = [torch.zeros(2, 3, 8, 8), torch.zeros(2, 3, 4, 4)]
+    mixer = BatchMixer(num_classes=3)
+    with pytest.raises(TypeError, match="each view"):
+        mixer(views, torch.tensor([0, 1]), epoch=0, batch_index=0)
+    # What the message says to do: the same batch key gives every view the same pairing and
+    # weight (with Mixup, the same targets for every view).
+    mixup = BatchMixer(num_classes=3, cutmix_alpha=0.0)
+    targets = [mixup(v, torch.tensor([0, 1]), epoch=0, batch_index=0)[1] for v in views]
+    assert torch.equal(targets[0], targets[1])
