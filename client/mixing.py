@@ -155,7 +155,7 @@ class BatchMixer:
             raise TypeError(
                 f"BatchMixer mixes one [B, C, H, W] tensor, got a {type(images).__name__}: for "
                 "a multi-view batch (--views) call it on each view with the same epoch and "
-                "batch_index (the same pairing and weight for every view)"
+                "batch_index (the same pairing and draws for every view)"
             )
         if not images.is_floating_point():
             raise TypeError(
