@@ -19,9 +19,10 @@ applies no normalisation to a transform's output: the values it returns are the 
 
 A transform that raises (anything, `SystemExit` and `KeyboardInterrupt` included: see
 `TransformRunner.apply`) on a sample, or returns what the server cannot send as it is (not a
-tensor, not a dense one: sparse, quantized or nested; the wrong shape, a tensor on another device than the image's or the output's, NaN or
-inf, values the output dtype cannot hold: an int 300 for a uint8 output, which the cast would
-wrap to 44, or 1e5 for a float16 one, which it would make inf), is counted
+tensor, not a dense one: sparse, quantized or nested; the wrong shape, a tensor on another
+device than the image's or the output's, NaN or inf, values the output dtype cannot hold: an
+int 300 for a uint8 output, which the cast would wrap to 44, or 1e5 for a float16 one, which it
+would make inf), is counted
 (`transform_errors_total`) and logged (the traceback once per distinct error), and the sample
 is replaced like a corrupt file (its next substitute, transformed in turn); it never stops a
 producer. The failure is not remembered as a bad file: it may depend on the epoch's draws, and a
