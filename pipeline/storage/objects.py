@@ -18,7 +18,9 @@ and `read_ranges` asks for all ranges of one object in one call: neighbours whos
 less to read than a request are one GET (`coalesce.plan_requests`, the measured cost model;
 obstore's own 1 MiB rule is off), the GETs of one object run in parallel, and each range is
 cut back out of its GET's bytes. A single `read` is a plain blocking GET (the GIL released
-while it waits).
+while it waits). Objects read at offsets indexed at open (tar shards, Parquet files) are pinned
+to the version seen then (`pin_versions`): their GETs are made one by one, so that each
+answer's ETag can be checked (about 0.14 ms more client CPU a GET, measured on SeaweedFS).
 
 Errors leave here as the `OSError`s the sample loader already handles (`errors.to_os_error`):
 transient after obstore's own retries (`StoreOptions`), or the object's (missing, forbidden).
