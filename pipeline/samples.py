@@ -80,6 +80,7 @@ from batchwire.pipeline.decode import (
 from batchwire.pipeline.decode.cpu import chunked
 from batchwire.pipeline.image_dataset import ImageDataset
 from batchwire.pipeline.sampler import BatchPlan, ShardSampler
+from batchwire.pipeline.sources.mix import MixDataset
 from batchwire.pipeline.stages import DECODE, PLAN, READ, UNTIMED, VERIFY, StageClock
 
 log = logging.getLogger("batchwire.pipeline")
@@ -306,13 +307,29 @@ class SampleLoader:
         self._denied: set[int] = set()  # indices in `_bad` because their read was denied
         self._lock = threading.Lock()
         if check_start:
-            probe(
-                dataset,
-                max_pixels=max_pixels,
-                retry_delays=self.retry_delays,
-                sleep=sleep,
-                on_transient=self._count_transient,
-            )
+            self._probe(dataset, max_pixels, sleep)
+
+    def _probe(
+        self, dataset: ImageDataset, max_pixels: int | None, sleep: Callable[[float], None]
+    ) -> None:
+        """`probe` the dataset, a mix part by part: a part with no readable image would pass a
+        probe of the whole mix (its other parts decode) and fail every batch drawing from it."""
+        named: Iterable[tuple[str, ImageDataset]] = [("", dataset)]
+        if isinstance(dataset, MixDataset):
+            named = zip(dataset.names, dataset.parts, strict=True)
+        for name, part in named:
+            try:
+                probe(
+                    part,
+                    max_pixels=max_pixels,
+                    retry_delays=self.retry_delays,
+                    sleep=sleep,
+                    on_transient=self._count_transient,
+                )
+            except UnreadableDatasetError as exc:
+                if not name:
+                    raise
+                raise UnreadableDatasetError(f"mix part {name!r}: {exc}") from None
 
     # -- bookkeeping ---------------------------------------------------------------------------
 

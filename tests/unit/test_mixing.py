@@ -57,13 +57,13 @@ def test_targets_sum_to_one_and_match_the_pixels(kind: str) -> None:
             assert p.lam == pytest.approx(1 - inside.float().mean().item())
 
 
-def test_refuses_uint8_and_padding_labels() -> None:
+def test_refuses_uint8_and_labels_out_of_range() -> None:
     images, labels = batch()
     mixer = BatchMixer(num_classes=5)
     with pytest.raises(TypeError, match="float"):
         mixer(images.to(torch.uint8), labels, epoch=0, batch_index=0)
-    with pytest.raises(ValueError, match="-100"):
-        mixer(images, torch.full((8,), -100), epoch=0, batch_index=0)
+    with pytest.raises(ValueError, match="labels must be in"):
+        mixer(images, torch.full((8,), -1), epoch=0, batch_index=0)
     none = BatchMixer(num_classes=5, prob=0.0)
     mixed, targets = none(images, labels, epoch=0, batch_index=0)
     assert torch.equal(mixed, images) and torch.equal(targets.argmax(1), labels)
