@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 from batchwire.client import multi_hot
 from batchwire.client.mixing import BatchMixer, MixParams
+from batchwire.wire import PADDING_LABEL
 from torch.nn import functional as F
 
 from .config import ConfigError
@@ -67,13 +68,19 @@ class Objective:
         if self.mixer is None:
             return images, targets
         # The pixels are mixed by BatchMixer itself; its one-hot targets do not apply to
-        # multi-hot rows, so it gets placeholder labels (class 0, discarded) and the rows are
-        # mixed with its draws (`params` is a pure function of the same key: the same draws).
-        mixed, _ = self.mixer(
-            images, torch.zeros_like(labels[:, 0]), epoch=epoch, batch_index=batch_index
-        )
+        # multi-hot rows, so it gets placeholder labels (class 0, discarded; a padded row's
+        # PADDING_LABEL, which it keeps out of the mix) and the real rows' targets are mixed
+        # with its draws (`params` is a pure function of the same key: the same draws).
+        padded = labels[:, 0] == PADDING_LABEL  # a padded slot's row is all PADDING_LABEL
+        placeholders = torch.where(padded, PADDING_LABEL, 0)
+        mixed, _ = self.mixer(images, placeholders, epoch=epoch, batch_index=batch_index)
         params = self.mixer.params(epoch, batch_index, images.shape[-2], images.shape[-1])
-        return mixed, mix_targets(targets, params)
+        if not bool(padded.any()):
+            return mixed, mix_targets(targets, params)
+        real = (~padded).nonzero().squeeze(1).to(targets.device)
+        out = torch.zeros_like(targets)  # a padded row's target: all zero, as multi_hot made it
+        out[real] = mix_targets(targets[real], params)
+        return mixed, out
 
     def loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """The batch's mean loss (float32 whatever autocast computed the logits in)."""

@@ -29,6 +29,7 @@ from batchwire.train.resize import (
     parse_resize_schedule,
     size_at,
 )
+from batchwire.wire import PADDING_LABEL
 from torch import nn
 from torch.nn import functional as F
 
@@ -206,6 +207,29 @@ def test_multi_label_targets_are_multi_hot_and_mix_as_lam_y_plus_rest_y_rolled()
         )
         assert torch.equal(again[0], x) and torch.equal(again[1], targets)  # a resumed run
     assert kinds == {"mixup", "cutmix"}
+
+
+def test_multi_label_padding_rows_stay_out_of_the_mix() -> None:
+    """An elastic resume pads a train batch (rows of PADDING_LABEL): as BatchMixer does for one
+    label, the real rows mix among themselves (pixels and targets) and a padded row keeps its
+    pixels and an all-zero target; its repeated pixels never enter a real row."""
+    images, _, labels = _batch()
+    labels = labels.clone()
+    labels[-2:] = PADDING_LABEL
+    real = labels[:-2]
+    for batch_index in range(6):
+        mixer = BatchMixer(5, mixup_alpha=0.8, cutmix_alpha=1.0, seed=9, rank=0)
+        x, targets = Objective(5, multi_label=True, mixer=mixer)(
+            images, labels, epoch=1, batch_index=batch_index
+        )
+        want_x, _ = mixer(
+            images[:-2], torch.zeros(4, dtype=torch.long), epoch=1, batch_index=batch_index
+        )
+        p = mixer.params(1, batch_index, 8, 8)
+        y = multi_hot(real, 5)
+        assert torch.equal(x[:-2], want_x) and torch.equal(x[-2:], images[-2:])
+        assert torch.allclose(targets[:-2], p.lam * y + (1 - p.lam) * y.roll(1, 0))
+        assert not targets[-2:].any()
 
 
 def test_label_smoothing_is_refused_with_multi_label_targets() -> None:
