@@ -8,6 +8,7 @@ served)"), so a user who lost most of a shard is told."""
 
 from __future__ import annotations
 
+import io
 import logging
 import tarfile
 from pathlib import Path
@@ -66,6 +67,31 @@ def _served(path: Path) -> dict[str, tuple[torch.Tensor, int]]:
 def _header_offset(path: Path, member: str) -> int:
     with tarfile.open(path) as tar:
         return next(m.offset for m in tar.getmembers() if m.name == member)
+
+
+def test_whole_shards_of_every_writer_are_served_without_a_warning(tmp_path, caplog):
+    """The end-of-archive check names no whole shard: `webdataset`'s writer, Python's
+    `tarfile` in each format, and the same shard with its zero padding cut to one block."""
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    _write_shard(shards / "train-000000.tar")
+    for k, fmt in enumerate((tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT, tarfile.PAX_FORMAT), 1):
+        with tarfile.open(shards / f"train-{k:06d}.tar", "w", format=fmt) as tar:
+            for name in ("s.jpg", "s.cls"):
+                data = _PHOTOS[k].read_bytes() if name.endswith("jpg") else b"1"
+                info = tarfile.TarInfo(f"{k}/{name}")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    whole = (shards / "train-000001.tar").read_bytes().rstrip(b"\0")
+    (shards / "train-000004.tar").write_bytes(whole + bytes(-len(whole) % 512 + 512))
+    with caplog.at_level(logging.WARNING, logger="batchwire.pipeline"):
+        loader = _loader(shards)
+        try:
+            served = sum(int((indices >= 0).sum()) for _, _, indices in loader)
+        finally:
+            loader.close()
+    assert served == SAMPLES + 4
+    assert not caplog.records, caplog.text
 
 
 @pytest.mark.parametrize(
