@@ -64,6 +64,26 @@ def _pick(names: list[str], wanted: tuple[str, ...]) -> int | None:
     return next((low.index(w) for w in wanted if w in low), None)
 
 
+def _check_header(row: list[str], columns: tuple[int, int], where: str) -> None:
+    """ManifestError when the header names its path or label column twice: which one holds
+    the label would be a guess."""
+    low = [n.strip().lower() for n in row]
+    for c in columns:
+        if low.count(low[c]) > 1:
+            raise ManifestError(f"{where}: header {row!r} names column {low[c]!r} twice")
+
+
+def _check_width(row: list[str], width: int, where: str) -> None:
+    """ManifestError for a row with more (non-empty) fields than its header: a path holding
+    an unquoted comma splits into a path and a wrong label, whose real one would be dropped
+    in silence. Empty trailing fields (some spreadsheet exports write them) are fine."""
+    if len(row) > width and any(field.strip() for field in row[width:]):
+        raise ManifestError(
+            f"{where}: {len(row)} fields, the header has {width}: {row!r} (a comma in a "
+            'path? quote the field: "a,b.jpg")'
+        )
+
+
 def _lines(data: bytes, where: str) -> Iterator[str]:
     """`data`'s lines (each with its newline), decoded one at a time: the whole manifest as
     one str (and `io.StringIO`'s copy of it, four bytes a character) is never made."""
@@ -99,6 +119,7 @@ def _csv_rows(data: bytes, where: str, delimiter: str) -> Iterator[_Row]:
                             f"({', '.join(PATH_COLUMNS)}) and a label column "
                             f"({', '.join(LABEL_COLUMNS)})"
                         )
+                    _check_header(row, (p, lab), f"{where}:{reader.line_num}")
                     path_col, label_col = p, lab
                     names = [n.strip() for n in row]
                     extra = [(c, n) for c, n in enumerate(names) if c not in (p, lab) and n]
@@ -107,6 +128,8 @@ def _csv_rows(data: bytes, where: str, delimiter: str) -> Iterator[_Row]:
                 raise ManifestError(
                     f"{where}:{reader.line_num}: expected a path and a label, got {row!r}"
                 )
+            if names:
+                _check_width(row, len(names), f"{where}:{reader.line_num}")
             meta = {n: row[c] for c, n in extra if c < len(row)} if extra else None
             yield _Row(reader.line_num, row[path_col].strip(), row[label_col], meta or None)
     except csv.Error as exc:
