@@ -73,14 +73,15 @@ def _check_header(row: list[str], columns: tuple[int, int], where: str) -> None:
             raise ManifestError(f"{where}: header {row!r} names column {low[c]!r} twice")
 
 
-def _check_width(row: list[str], width: int, where: str) -> None:
-    """ManifestError for a row with more (non-empty) fields than its header: a path holding
-    an unquoted comma splits into a path and a wrong label, whose real one would be dropped
-    in silence. Empty trailing fields (some spreadsheet exports write them) are fine."""
+def _check_width(row: list[str], width: int, whose: str, where: str) -> None:
+    """ManifestError for a row with more (non-empty) fields than the header (or, without
+    one, the first row): a path holding an unquoted comma splits into a path and a wrong
+    label, whose real one would be dropped in silence. Empty trailing fields (some
+    spreadsheet exports write them) are fine; `whose` says what `width` is."""
     if len(row) > width and any(field.strip() for field in row[width:]):
         raise ManifestError(
-            f"{where}: {len(row)} fields, the header has {width}: {row!r} (a comma in a "
-            'path? quote the field: "a,b.jpg")'
+            f"{where}: {len(row)} fields, {whose} {width}: {row!r} (a comma in a path? quote "
+            'the field: "a,b.jpg")'
         )
 
 
@@ -105,6 +106,8 @@ def _csv_rows(data: bytes, where: str, delimiter: str) -> Iterator[_Row]:
     path_col, label_col, first = 0, 1, True
     names: list[str] = []
     extra: list[tuple[int, str]] = []  # metadata columns: (index, name)
+    width: int | None = None  # fields a row may have (the header's, else the first row's)
+    whose = ""
     try:
         for row in reader:
             if not row or not "".join(row).strip() or row[0].lstrip().startswith("#"):
@@ -123,13 +126,16 @@ def _csv_rows(data: bytes, where: str, delimiter: str) -> Iterator[_Row]:
                     path_col, label_col = p, lab
                     names = [n.strip() for n in row]
                     extra = [(c, n) for c, n in enumerate(names) if c not in (p, lab) and n]
+                    width, whose = len(names), "the header has"
                     continue
             if len(row) <= max(path_col, label_col):
                 raise ManifestError(
                     f"{where}:{reader.line_num}: expected a path and a label, got {row!r}"
                 )
-            if names:
-                _check_width(row, len(names), f"{where}:{reader.line_num}")
+            if width is None:  # no header: the first row's fields are every row's
+                width = max(c for c, field in enumerate(row) if field.strip()) + 1
+                whose = "the first row has"
+            _check_width(row, width, whose, f"{where}:{reader.line_num}")
             meta = {n: row[c] for c, n in extra if c < len(row)} if extra else None
             yield _Row(reader.line_num, row[path_col].strip(), row[label_col], meta or None)
     except csv.Error as exc:

@@ -45,6 +45,7 @@ def images(tmp_path: Path) -> Path:
             ":3:",
             id="field-past-the-header",
         ),
+        pytest.param("img/a.jpg,tench\nimg/b,c.jpg,goldfish\n", "first row has 2", id="no-header"),
         pytest.param("path,label,label\nimg/a.jpg,tench,goldfish\n", "'label'", id="label-twice"),
         pytest.param("path,PATH,label\nimg/a.jpg,img/b.jpg,tench\n", "'path'", id="path-twice"),
     ],
