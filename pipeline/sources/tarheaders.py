@@ -62,6 +62,20 @@ def _checksum_ok(header: bytes) -> bool:
     return recorded in (unsigned, signed)
 
 
+#: The first bytes of compressed files a `.tar` name may hold (`tar czf x.tar`...).
+_COMPRESSED_MAGIC = (
+    (b"\x1f\x8b", "gzip"),
+    (b"\x28\xb5\x2f\xfd", "zstd"),
+    (b"\xfd7zXZ\x00", "xz"),
+    (b"BZh", "bzip2"),
+    (b"\x04\x22\x4d\x18", "lz4"),
+)
+
+
+def _compression(head: bytes) -> str | None:
+    return next((name for magic, name in _COMPRESSED_MAGIC if head.startswith(magic)), None)
+
+
 def _text(raw: bytes) -> str:
     return raw.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
 
@@ -101,6 +115,13 @@ def list_members(read_at: ReadAt, size: int) -> Listing:
         if header.count(0) == BLOCK:
             return Listing(members)  # end-of-archive marker
         if not _checksum_ok(header):
+            packed = _compression(header) if pos == 0 else None
+            if packed is not None:
+                return Listing(
+                    members,
+                    f"{packed}-compressed, not a tar: a sample is one read at its member's "
+                    "offset, which a compressed stream does not allow; decompress it",
+                )
             return Listing(members, f"damaged tar header at byte {pos}")
         try:
             member_size = _number(header[124:136])

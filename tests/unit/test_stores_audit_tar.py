@@ -8,6 +8,7 @@ served)"), so a user who lost most of a shard is told."""
 
 from __future__ import annotations
 
+import importlib
 import io
 import logging
 import tarfile
@@ -156,3 +157,21 @@ def test_a_local_shard_rewritten_mid_run_is_a_bad_sample_not_another_photo(tmp_p
     for k in range(SAMPLES, 2 * SAMPLES):  # the shard left alone is served as it was
         name = f"s{k:04d}.jpg"
         assert torch.equal(after[name][0], before[name][0]) and after[name][1] == before[name][1]
+
+
+@pytest.mark.parametrize("compress", ["gzip", "bz2", "lzma"])
+def test_a_compressed_shard_under_a_tar_name_says_so(tmp_path, caplog, compress):
+    """`tar czf train-000000.tar ...` (a compressed tar under a plain `.tar` name): named as
+    compressed, with what to do, not as "a damaged tar header"."""
+    plain = tmp_path / "plain.tar"
+    _write_shard(plain)
+    module = importlib.import_module(compress)
+    shard = tmp_path / "train-000000.tar"
+    shard.write_bytes(module.compress(plain.read_bytes()))
+    with (
+        caplog.at_level(logging.WARNING, logger="batchwire.pipeline"),
+        pytest.raises(ValueError, match="no usable samples"),
+    ):
+        _loader(shard)
+    said = {"gzip": "gzip", "bz2": "bzip2", "lzma": "xz"}[compress]
+    assert f"{said}-compressed" in caplog.text and "decompress it" in caplog.text, caplog.text
