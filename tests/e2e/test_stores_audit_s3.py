@@ -155,3 +155,31 @@ def test_a_shard_rewritten_mid_run_is_a_bad_sample_not_another_photo(
     assert "changed" in caplog.text and "train-000000.tar" in caplog.text, caplog.text
     for i in range(PER_SHARD, 2 * PER_SHARD):  # the shard left alone is served as it was
         assert torch.equal(after[i][0], before[i][0]) and after[i][1] == before[i][1], i
+
+
+def test_a_shard_deleted_mid_run_is_bad_samples_and_the_pass_ends(store, s3_env, caplog):
+    """A shard deleted from the bucket between two passes (its members read ahead and along
+    with the others'): its samples are bad samples, named by URL (404), replaced; the shard
+    left alone is served as it was, and the pass ends (no read waits for ever)."""
+    import obstore
+
+    photos = [p.read_bytes() for p in _PHOTOS[: 2 * PER_SHARD]]
+    for k in range(2):
+        chunk = photos[k * PER_SHARD : (k + 1) * PER_SHARD]
+        store.put(BUCKET, f"deleted/train-{k:06d}.tar", _shard(chunk, k * PER_SHARD))
+    loader = _loader(f"s3://{BUCKET}/deleted/train-{{000000..000001}}.tar")
+    try:
+        before = _pass(loader, 0)
+        obstore.delete(store.client(BUCKET), "deleted/train-000000.tar")
+        with caplog.at_level(logging.WARNING, logger="batchwire.pipeline"):
+            after = _pass(loader, 1)
+        counts = loader.counts()
+    finally:
+        loader.close()
+    assert sorted(after) == sorted(before)
+    assert counts["bad_total"] == PER_SHARD and counts["replaced_total"] == PER_SHARD, counts
+    assert "train-000000.tar" in caplog.text and "404" in caplog.text, caplog.text
+    for i in range(PER_SHARD, 2 * PER_SHARD):
+        assert torch.equal(after[i][0], before[i][0]) and after[i][1] == before[i][1], i
+    for i in range(PER_SHARD):  # each replaced by a photo of the shard still there
+        assert any(torch.equal(after[i][0], before[j][0]) for j in range(PER_SHARD, 2 * PER_SHARD))
