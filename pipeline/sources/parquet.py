@@ -223,6 +223,17 @@ class _Slice:
         return int(self.column.nbytes)
 
 
+def _unreadable(exc: BaseException, message: str) -> OSError:
+    """The OSError for a row group that could not be read: the store's own error keeps its
+    class and errno (pyarrow hands back what the file object raised), so a store that timed
+    out or restarted is a transient read (EIO: the batch is made again) and a forbidden
+    object a denied one, never a bad sample for the wrong reason; anything else (damaged
+    bytes) is the samples' (no errno: bad samples, replaced)."""
+    if isinstance(exc, OSError) and exc.errno is not None:
+        return type(exc)(exc.errno, message)
+    return OSError(message)
+
+
 @dataclass
 class ParquetReader:
     """`read(i)` for an `ImageDataset`: sample i's image bytes from its row group (or the
@@ -267,9 +278,10 @@ class ParquetReader:
 
     def _image_slice(self, g: int, first: int, count: int) -> _Slice:
         """Rows first..first+count of group `g`'s image column; a row group pyarrow cannot
-        read is an OSError (its samples are bad samples, replaced), never another exception
-        that would fail a batch. The whole row group is read as it is (no combining copy);
-        a slice is streamed (`iter_batches`), the rows before it decoded and dropped."""
+        read is an OSError (its samples are bad samples, replaced; a store's own error keeps
+        its errno: `_unreadable`), never another exception that would fail a batch. The whole
+        row group is read as it is (no combining copy); a slice is streamed (`iter_batches`),
+        the rows before it decoded and dropped."""
         import pyarrow as pa
 
         f, rg = self.groups[g]
@@ -288,7 +300,7 @@ class ParquetReader:
             raise IndexError(f"row {first} not found")
         except (pa.ArrowException, *_PARQUET_ERRORS) as exc:
             name = self.located.name(self.located.keys[f])
-            raise OSError(f"{name}: row group {rg} unreadable ({exc})") from None
+            raise _unreadable(exc, f"{name}: row group {rg} unreadable ({exc})") from None
 
     def sample_keys(self) -> SampleKeys:
         """Checksum-manifest names ("FILE#ROW", ROW within its file) with each file's size

@@ -183,3 +183,50 @@ def test_a_shard_deleted_mid_run_is_bad_samples_and_the_pass_ends(store, s3_env,
         assert torch.equal(after[i][0], before[i][0]) and after[i][1] == before[i][1], i
     for i in range(PER_SHARD):  # each replaced by a photo of the shard still there
         assert any(torch.equal(after[i][0], before[j][0]) for j in range(PER_SHARD, 2 * PER_SHARD))
+
+
+def test_a_store_stalling_under_a_parquet_read_costs_a_wait_never_a_sample(store, s3_env):
+    """The store stops answering (SIGSTOP: every request times out) while a Parquet row group
+    is read from the bucket, and answers again 2 s later: the read is transient (the batch is
+    made again, docs/stores-and-shards.md "Latency"), never a bad sample. It used to come out
+    of pyarrow as an OSError without its errno: the samples were marked bad, and with every
+    substitute failing too, the pass ended with "the dataset looks broken"."""
+    import io
+    import signal
+    import threading
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from batchwire.pipeline.storage import StoreOptions, set_default_options
+
+    cells = [{"bytes": p.read_bytes(), "path": p.name} for p in _PHOTOS[:PER_SHARD]]
+    image = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+    table = pa.table({"image": pa.array(cells, type=image), "label": [0, 1, 2, 0]})
+    buf = io.BytesIO()
+    pq.write_table(table, buf, row_group_size=2)
+    store.put(BUCKET, "stalled/train-0.parquet", buf.getvalue())
+    url = f"s3://{BUCKET}/stalled/train-0.parquet"
+    reference = _loader(url)
+    try:
+        want = _pass(reference, 0)
+    finally:
+        reference.close()
+    set_default_options(StoreOptions(max_retries=0, timeout_s=0.5, connect_timeout_s=0.5))
+    resume = threading.Timer(2.0, store.proc.send_signal, args=(signal.SIGCONT,))
+    try:
+        loader = _loader(url)  # opened (its footer read) while the store answers
+        try:
+            store.proc.send_signal(signal.SIGSTOP)
+            resume.start()
+            got = _pass(loader, 0)
+            counts = loader.counts()
+        finally:
+            loader.close()
+    finally:
+        resume.cancel()
+        store.proc.send_signal(signal.SIGCONT)
+        set_default_options(StoreOptions())
+    assert counts["replaced_total"] == 0 and counts["transient_total"] > 0, counts
+    assert sorted(got) == sorted(want)
+    for i, (pixels, label) in want.items():
+        assert torch.equal(got[i][0], pixels) and got[i][1] == label, i
