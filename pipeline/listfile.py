@@ -36,9 +36,10 @@ def refuse_an_image(head: bytes, shown: str) -> None:
 
 def decode_list_text(data: bytes, shown: str) -> str:
     """A list file's bytes as text; a ValueError naming ``shown`` when they are not UTF-8
-    (`refuse_an_image` first: a photo is not a list file with a bad byte)."""
+    (`refuse_an_image` first: a photo is not a list file with a bad byte). A leading byte-order
+    mark (Windows editors save one) is dropped: it is not part of the first path."""
     try:
-        return data.decode("utf-8")
+        return data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         refuse_an_image(data, shown)
         raise ValueError(f"{shown}: list file is not UTF-8 text ({exc})") from None

@@ -131,8 +131,43 @@ def _ancestors(rel_dir: str) -> list[str]:
     return ["/".join(parts[: i + 1]) for i in range(len(parts))]
 
 
+#: What the copy mode cannot rewrite, as users name it (`pipeline.sources.source_kind`'s kinds).
+_OTHER_KINDS = {
+    "tar": "tar shards",
+    "parquet": "Parquet",
+    "csv": "a CSV manifest",
+    "jsonl": "a JSON-lines manifest",
+}
+
+
+def _other_kind(src: str | os.PathLike[str]) -> str | None:
+    """What SRC is when it is not a local folder tree or list file (None when it is one, or
+    missing): the copy mode rewrites files, not members of shards or cells of Parquet."""
+    from batchwire.pipeline.sources import is_classic, source_kind
+    from batchwire.pipeline.storage.urls import is_url
+
+    if is_classic(src):
+        return None
+    if is_url(os.fspath(src)):
+        return "a bucket URL"
+    try:
+        return _OTHER_KINDS.get(source_kind(src), "not a folder tree or a list file")
+    except (OSError, ValueError):
+        return "not a folder tree or a list file"
+
+
 def discover(src: str | os.PathLike[str]) -> Source:
-    """The Source for SRC (a folder or a list file); UsageError when it cannot be used."""
+    """The Source for SRC (a folder or a list file); UsageError when it cannot be used (another
+    source kind is named, with the modes that take it)."""
+    from batchwire.pipeline.storage.urls import redact_url
+
+    other = _other_kind(src)
+    if other is not None:
+        raise UsageError(
+            f"SRC {redact_url(os.fspath(src))} is {other}: pipeline-prepare SRC DST rewrites the "
+            "JPEGs of a local folder tree or list file; `pipeline-prepare SRC DST --shards SIZE` "
+            "writes shards from it, `pipeline-prepare --checksums-only SRC` its checksums"
+        )
     path = Path(src).expanduser()
     if not path.exists():
         raise UsageError(f"SRC does not exist: {path}")

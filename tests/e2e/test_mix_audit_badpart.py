@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 from batchwire.pipeline.local import LocalLoader
+from jpegchecks import SAMPLE_DIR
 from serverproc import free_tcp_endpoint
 
-SAMPLE = Path("/work/shared/imagenet-sample")
+SAMPLE = SAMPLE_DIR
 BIN = Path(sys.executable).parent
 
 

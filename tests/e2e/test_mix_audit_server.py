@@ -25,9 +25,10 @@ import pytest
 import torch
 from batchwire.client import RemoteLoader
 from batchwire.client.mixing import BatchMixer
+from jpegchecks import SAMPLE_DIR
 from serverproc import running_server
 
-SAMPLE = Path("/work/shared/imagenet-sample")
+SAMPLE = SAMPLE_DIR
 B = 4
 
 

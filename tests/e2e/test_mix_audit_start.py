@@ -11,9 +11,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from jpegchecks import SAMPLE_DIR
 from serverproc import free_tcp_endpoint
 
-SAMPLE = Path("/work/shared/imagenet-sample")
+SAMPLE = SAMPLE_DIR
 BIN = Path(sys.executable).parent
 
 

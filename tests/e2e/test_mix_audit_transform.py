@@ -11,15 +11,15 @@ sample tells which kind of file it came from: part a's photos (their own heights
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import pytest
 import torch
 from batchwire.client import RemoteLoader
+from jpegchecks import SAMPLE_DIR
 from PIL import Image
 from serverproc import running_server
 
-SAMPLE = Path("/work/shared/imagenet-sample")
+SAMPLE = SAMPLE_DIR
 TRANSFORM = '''
 import torch
 

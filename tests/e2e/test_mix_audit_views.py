@@ -11,14 +11,14 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import pytest
 import torch
 from batchwire.client import RemoteLoader
+from jpegchecks import SAMPLE_DIR
 from serverproc import running_server
 
-SAMPLE = Path("/work/shared/imagenet-sample")
+SAMPLE = SAMPLE_DIR
 
 
 @pytest.fixture(scope="module")

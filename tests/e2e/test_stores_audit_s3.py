@@ -24,11 +24,12 @@ import torch
 import webdataset as wds
 from batchwire.common.devstore import _OTHER_PORTS, weed_binary
 from batchwire.pipeline.local import LocalLoader
+from jpegchecks import SAMPLE_DIR
 from objectstore import SeaweedS3
 
 BUCKET = "audit"
 PER_SHARD = 4
-_PHOTOS = sorted(Path("/work/shared/imagenet-sample").glob("*.JPEG"))
+_PHOTOS = sorted(SAMPLE_DIR.glob("*.JPEG"))
 _HIGHEST_PORT = 55534
 
 

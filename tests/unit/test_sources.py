@@ -19,7 +19,7 @@ import pytest
 from batchwire.pipeline.dataset import ImageDataset, open_dataset
 from batchwire.pipeline.sources import expand_braces, parquet, source_kind, tarindex
 from batchwire.pipeline.sources.labels import LabelError, LabelTable, parse_label
-from batchwire.pipeline.sources.tarshards import MemberCutShort
+from batchwire.pipeline.storage.errors import ObjectChanged
 from batchwire.pipeline.synthetic import default_dataset
 
 
@@ -362,7 +362,7 @@ def test_tar_member_changed_after_indexing_is_the_samples_fault(tmp_path, ref):
     path = write_tar(tmp_path / "s.tar", shard_samples(ref, range(4)))
     got = open_dataset(path, tmp_path / "c")
     path.write_bytes(path.read_bytes()[:2048])
-    with pytest.raises(MemberCutShort) as info:
+    with pytest.raises(ObjectChanged) as info:  # cut since indexed: it changed
         got.read_bytes(3)
     assert info.value.errno is None  # not transient: a bad sample, replaced
 
@@ -427,7 +427,7 @@ def test_tar_read_many_coalesces_per_shard(tmp_path, ref):
     assert got.reader.read_many(idx) == [ref.read_bytes(i) for i in idx]
     (tmp_path / "t-1.tar").write_bytes((tmp_path / "t-1.tar").read_bytes()[:4096])
     many = got.reader.read_many(idx)
-    assert isinstance(many[0], MemberCutShort) and many[1] == ref.read_bytes(0)
+    assert isinstance(many[0], ObjectChanged) and many[1] == ref.read_bytes(0)
 
 
 def test_local_loader_on_shards_equals_the_folder(tmp_path, folder, ref):

@@ -9,19 +9,14 @@ from __future__ import annotations
 
 import codecs
 import shutil
-from pathlib import Path
 
 import pytest
 from batchwire.pipeline.local import LocalLoader
+from jpegchecks import SAMPLE_DIR
 
-_PHOTOS = sorted(Path("/work/shared/imagenet-sample").glob("*.JPEG"))
+_PHOTOS = sorted(SAMPLE_DIR.glob("*.JPEG"))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs pipeline/listfile.py decode_list_text to decode 'utf-8-sig' (stores audit "
-    "report); remove this mark with that change",
-)
 def test_a_list_file_with_a_byte_order_mark_serves_its_first_file(tmp_path):
     if len(_PHOTOS) < 4:
         pytest.skip("the sample JPEGs are not here")

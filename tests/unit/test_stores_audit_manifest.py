@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 from batchwire.pipeline.local import LocalLoader
+from jpegchecks import SAMPLE_DIR
 
-_PHOTOS = sorted(Path("/work/shared/imagenet-sample").glob("*.JPEG"))
+_PHOTOS = sorted(SAMPLE_DIR.glob("*.JPEG"))
 
 
 def _open(manifest: Path) -> LocalLoader:

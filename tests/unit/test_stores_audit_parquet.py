@@ -7,14 +7,14 @@ log must say which, so the user looks for the right bug in their writer."""
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from batchwire.pipeline.local import LocalLoader
+from jpegchecks import SAMPLE_DIR
 
-_PHOTOS = sorted(Path("/work/shared/imagenet-sample").glob("*.JPEG"))
+_PHOTOS = sorted(SAMPLE_DIR.glob("*.JPEG"))
 _IMAGE = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
 
 

@@ -17,8 +17,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from batchwire.prepare.cli import main
+from jpegchecks import SAMPLE_DIR
 
-JPEG = next(iter(sorted(Path("/work/shared/imagenet-sample").glob("*.JPEG"))), None)
+JPEG = next(iter(sorted(SAMPLE_DIR.glob("*.JPEG"))), None)
 
 
 def _shard(path: Path) -> Path:
@@ -53,11 +54,6 @@ SOURCES = {
 }
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs the prepare/source.py discover() change in the stores audit report; remove "
-    "this mark with it",
-)
 @pytest.mark.parametrize("kind", list(SOURCES))
 def test_the_copy_mode_names_a_source_kind_it_does_not_rewrite(tmp_path, capsys, kind):
     if JPEG is None:

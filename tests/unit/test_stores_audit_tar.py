@@ -18,9 +18,10 @@ import pytest
 import torch
 import webdataset as wds
 from batchwire.pipeline.local import LocalLoader
+from jpegchecks import SAMPLE_DIR
 
 SAMPLES = 8
-_PHOTOS = sorted(Path("/work/shared/imagenet-sample").glob("*.JPEG"))
+_PHOTOS = sorted(SAMPLE_DIR.glob("*.JPEG"))
 
 
 def _write_shard(path: Path, photos: list[bytes] | None = None, first: int = 0) -> None:
