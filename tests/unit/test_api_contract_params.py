@@ -223,7 +223,11 @@ def test_batch_mixer_is_deterministic_and_its_targets_sum_to_one():
     with pytest.raises(TypeError, match="float"):
         mixer(images.to(torch.uint8), labels, epoch=0, batch_index=0)
     with pytest.raises(ValueError, match="labels"):
-        mixer(images, torch.tensor([0, 1, 2, 3, 4, -100]), epoch=0, batch_index=0)
+        mixer(images, torch.tensor([0, 1, 2, 3, 4, -1]), epoch=0, batch_index=0)
+    # A padded slot (PADDING_LABEL, -100: an elastic resume's last train round) stays out of
+    # the mix: its pixels as they are, an all-zero target row.
+    padded, targets = mixer(images, torch.tensor([0, 1, 2, 3, 4, -100]), epoch=0, batch_index=0)
+    assert torch.equal(padded[5], images[5]) and not targets[5].any()
 
 
 # ---------------------------------------------------------------- LocalLoader and mixtures
