@@ -21,7 +21,10 @@ catch up by a short wait: it produces its own, `lagging`), waits while that one 
 A held session loses its turn, not its place; joining a production (a batch already made or
 being made for another session) is never held. Positions are in samples of the epoch order
 (`sample_position`): a batch of world size W, rank r and size B starts at sample (kW + r) B,
-later epochs after earlier ones.
+later epochs after earlier ones. Only sessions that could share are compared (`pace_group`: one
+split at one output size; another image size shares no batch and no sample). The allowance is
+the peer's, not the session's: each new hello of a loader (every epoch, a resume) is a new
+session, and a fresh allowance per hello would hold a job of short epochs far beyond its share.
 """
 
 from __future__ import annotations
@@ -73,8 +76,18 @@ def sample_position(session: ClientSession, batch_size: int, num_samples: int) -
     return h.epoch * num_samples + (k * h.world_size + h.rank) * batch_size
 
 
-#: Per split: (position, session serial, job) of the sessions that hold others back, sorted.
-Laggards = dict[str, list[tuple[int, int, "tuple | None"]]]
+#: What a session is paced against: (split, output height and width; None: the server's).
+PaceGroup = tuple[str, "tuple[int, int] | None"]
+#: Per group: (position, session serial, job) of the sessions that hold others back, sorted.
+Laggards = dict[PaceGroup, list[tuple[int, int, "tuple | None"]]]
+
+
+def pace_group(session: ClientSession) -> PaceGroup:
+    """The sessions a session may be held for: its split's at its output size. Sessions at
+    another image size share nothing with it (sharing.py's key carries the size, and a sample's
+    bytes depend on it), so holding it for them would cost time and save no decoding."""
+    spec = session.spec
+    return (session.hello.split, None if spec is None else (spec.height, spec.width))
 
 
 def _job_of(session: ClientSession) -> tuple | None:
@@ -93,40 +106,40 @@ class Pacing:
     def __init__(self, span: int, position: Callable[[ClientSession], int | None]) -> None:
         self.span = int(span)  # the window, in samples; 0: no pacing
         self.position = position
-        self._allowances: dict[int, _Allowance] = {}  # by session serial
+        self._allowances: dict[bytes, _Allowance] = {}  # by peer (identity), module doc
 
     @property
     def enabled(self) -> bool:
         return self.span > 0
 
     def laggards(self, sessions: Iterable[ClientSession], now: float) -> Laggards:
-        """Per split, the sessions that made progress within `PACE_IDLE_S`, by position
-        (sorted); the allowances of sessions gone are dropped."""
+        """Per `pace_group`, the sessions that made progress within `PACE_IDLE_S`, by
+        position (sorted); the allowances of peers gone are dropped."""
         out: Laggards = {}
-        live: set[int] = set()
+        live: set[bytes] = set()
         for s in sessions:
-            live.add(s.serial)
+            live.add(s.identity)
             if s.closed or s.progress_at is None or now - s.progress_at > PACE_IDLE_S:
                 continue
             pos = self.position(s)
             if pos is not None:
-                out.setdefault(s.hello.split, []).append((pos, s.serial, _job_of(s)))
+                out.setdefault(pace_group(s), []).append((pos, s.serial, _job_of(s)))
         for entries in out.values():
             entries.sort()
-        for serial in self._allowances.keys() - live:
-            del self._allowances[serial]
+        for identity in self._allowances.keys() - live:
+            del self._allowances[identity]
         return out
 
     def holds(self, session: ClientSession, laggards: Laggards, now: float) -> bool:
         """Must ``session`` wait before starting a new production of its next batch?"""
-        entries = laggards.get(session.hello.split)
+        entries = laggards.get(pace_group(session))
         pos = self.position(session) if entries else None
         ahead = pos is not None and self._another_in_reach(session, entries, pos)  # type: ignore[arg-type]
-        allowance = self._allowances.get(session.serial)
+        allowance = self._allowances.get(session.identity)
         if allowance is None:
             if not ahead:
                 return False
-            allowance = self._allowances[session.serial] = _Allowance(at=now)
+            allowance = self._allowances[session.identity] = _Allowance(at=now)
         return allowance.hold(ahead, now)
 
     def _another_in_reach(
@@ -146,6 +159,6 @@ class Pacing:
 
     def started(self, session: ClientSession, now: float) -> None:
         """The session started a batch: it is held no more (its allowance counts that)."""
-        allowance = self._allowances.get(session.serial)
+        allowance = self._allowances.get(session.identity)
         if allowance is not None:
             allowance.hold(False, now)
