@@ -22,7 +22,8 @@ A held session loses its turn, not its place; joining a production (a batch alre
 being made for another session) is never held. Positions are in samples of the epoch order
 (`sample_position`): a batch of world size W, rank r and size B starts at sample (kW + r) B,
 later epochs after earlier ones. Only sessions that could share are compared (`pace_group`: one
-split at one output size; another image size shares no batch and no sample). The allowance is
+split at one output size; another image size shares no batch and no sample; another batch size
+shares samples only through the sample window, so without one it is another group). The allowance is
 the peer's, not the session's: each new hello of a loader (every epoch, a resume) is a new
 session, and a fresh allowance per hello would hold a job of short epochs far beyond its share.
 """
@@ -76,18 +77,24 @@ def sample_position(session: ClientSession, batch_size: int, num_samples: int) -
     return h.epoch * num_samples + (k * h.world_size + h.rank) * batch_size
 
 
-#: What a session is paced against: (split, output height and width; None: the server's).
-PaceGroup = tuple[str, "tuple[int, int] | None"]
+#: What a session is paced against: (split, output height and width, and the batch size where
+#: batch sizes share nothing; None: the server's).
+PaceGroup = tuple[str, "tuple[int, ...] | None"]
 #: Per group: (position, session serial, job) of the sessions that hold others back, sorted.
 Laggards = dict[PaceGroup, list[tuple[int, int, "tuple | None"]]]
 
 
-def pace_group(session: ClientSession) -> PaceGroup:
-    """The sessions a session may be held for: its split's at its output size. Sessions at
-    another image size share nothing with it (sharing.py's key carries the size, and a sample's
-    bytes depend on it), so holding it for them would cost time and save no decoding."""
+def pace_group(session: ClientSession, batch_sizes_share: bool = True) -> PaceGroup:
+    """The sessions a session may be held for: its split's at its output size (and batch size,
+    unless ``batch_sizes_share``: the server's sample window). Sessions at another image size
+    share nothing with it (sharing.py's key carries the size, and a sample's bytes depend on
+    it), nor do other batch sizes without a sample window, so holding it for them would cost
+    time and save no decoding."""
     spec = session.spec
-    return (session.hello.split, None if spec is None else (spec.height, spec.width))
+    if spec is None:
+        return (session.hello.split, None)
+    size = (spec.height, spec.width)
+    return (session.hello.split, size if batch_sizes_share else (*size, spec.batch_size))
 
 
 def _job_of(session: ClientSession) -> tuple | None:
@@ -103,9 +110,16 @@ def _job_of(session: ClientSession) -> tuple | None:
 class Pacing:
     """Holds sessions more than `PACE_FRACTION` of ``span`` samples ahead (module doc)."""
 
-    def __init__(self, span: int, position: Callable[[ClientSession], int | None]) -> None:
+    def __init__(
+        self,
+        span: int,
+        position: Callable[[ClientSession], int | None],
+        batch_sizes_share: bool = True,
+    ) -> None:
         self.span = int(span)  # the window, in samples; 0: no pacing
         self.position = position
+        # Jobs of other batch sizes share samples (the producers' sample window): paced together.
+        self.batch_sizes_share = batch_sizes_share
         self._allowances: dict[bytes, _Allowance] = {}  # by peer (identity), module doc
 
     @property
@@ -123,7 +137,9 @@ class Pacing:
                 continue
             pos = self.position(s)
             if pos is not None:
-                out.setdefault(pace_group(s), []).append((pos, s.serial, _job_of(s)))
+                out.setdefault(pace_group(s, self.batch_sizes_share), []).append(
+                    (pos, s.serial, _job_of(s))
+                )
         for entries in out.values():
             entries.sort()
         for identity in self._allowances.keys() - live:
@@ -132,7 +148,7 @@ class Pacing:
 
     def holds(self, session: ClientSession, laggards: Laggards, now: float) -> bool:
         """Must ``session`` wait before starting a new production of its next batch?"""
-        entries = laggards.get(pace_group(session))
+        entries = laggards.get(pace_group(session, self.batch_sizes_share))
         pos = self.position(session) if entries else None
         ahead = pos is not None and self._another_in_reach(session, entries, pos)  # type: ignore[arg-type]
         allowance = self._allowances.get(session.identity)

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
 from batchwire.server.pacing import PACE_BURST_S, PACE_SHARE, Pacing, sample_position
 from batchwire.server.sessions import ClientSession
 from batchwire.wire import BatchSpec
-from coresim import BATCH, SAMPLES, session
+from coresim import BATCH, SAMPLES, Server, session
 
 SPAN = 8 * BATCH  # a share window of 8 batches, in samples
 EPOCH_BATCHES = SAMPLES // BATCH
@@ -74,3 +75,32 @@ def test_batch_sizes_of_one_image_size_still_pace_each_other() -> None:
     lag.spec = dataclasses.replace(lead.spec, batch_size=2 * BATCH)  # type: ignore[arg-type]
     lag.batches[:] = [0, 1]  # at sample 0 either way
     assert p.holds(lead, p.laggards([lead, lag], 0.0), 0.0)
+
+
+def test_without_a_sample_window_batch_sizes_do_not_pace_each_other() -> None:
+    """Where batch sizes share nothing (no sample window), they are other groups."""
+    p = Pacing(SPAN, lambda s: sample_position(s, BATCH, SAMPLES), batch_sizes_share=False)
+    lead = _sized(at(b"lead", 7, 1), 32, 32)
+    lag = at(b"lag", 0, 2)
+    lag.spec = dataclasses.replace(lead.spec, batch_size=2 * BATCH)  # type: ignore[arg-type]
+    assert not p.holds(lead, p.laggards([lead, lag], 0.0), 0.0)
+    same = _sized(at(b"same", 0, 3), 32, 32)
+    assert p.holds(lead, p.laggards([lead, lag, same], 0.0), 0.0)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="server/scheduling.py must pass share_samples to Pacing (sweep audit report's diff)",
+)
+def test_a_server_without_a_sample_window_does_not_hold_a_job_for_another_batch_size() -> None:
+    """A server with a user transform and --max-batch-size above --batch-size: jobs of batch
+    sizes 4 and 8 share no batch and no sample, so the one ahead is not held for the other."""
+    from batchwire.server.core import Submit
+
+    s = Server(config=dict(share_window=16, max_batch_size=8, transform="aug.py:crop"))
+    assert not s.core.scheduling.share_samples
+    s.hello(b"eight", batches=(0, 1), batch_size=8, session=2)  # at sample 0
+    s.hello(b"four", batches=(20, 21), session=1)  # at sample 80: 1.25 windows of 64 ahead
+    submitted = [s.core._by_serial[a.order.session_serial].identity for a in s.tick()
+                 if isinstance(a, Submit)]  # fmt: skip
+    assert b"four" in submitted
