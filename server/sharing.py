@@ -40,6 +40,8 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from batchwire.pipeline.sample_window import CHUNK as SAMPLE_CHUNK
+
 if TYPE_CHECKING:
     from batchwire.server.bufpool import Slot
     from batchwire.server.config import ServerConfig
@@ -109,6 +111,19 @@ def sample_window_batches(config: ServerConfig, max_buffers: int) -> int:
     if not sample_window_applies(config):
         return 0
     return window_batches(config.share_window, max_buffers) // 2
+
+
+def sample_window_samples(config: ServerConfig, max_buffers: int) -> int:
+    """How many samples the sample window holds (0: none): its batches of the largest size
+    (`sample_window_batches`) less what each producer may pin past the window's bytes (its
+    scratch chunk and an evicted chunk a live entry still shares, 2 x CHUNK - 1 samples):
+    those come out of the window's bytes (server/sizing.py), so pacing, which keeps a sweep's
+    jobs within the window, must count without them."""
+    batches = sample_window_batches(config, max_buffers)
+    if not batches:
+        return 0
+    pinned = config.producers * (2 * SAMPLE_CHUNK - 1)
+    return max(0, batches * config.batch_size_cap - pinned)
 
 
 @dataclass(eq=False)

@@ -1,0 +1,46 @@
+"""Sweep audit: pacing keeps a sweep's jobs within what the sample window really holds.
+
+docs/sweeps.md: jobs of batch sizes 64 and 128 decode each sample once because pacing holds a
+job more than 3/4 of the window ahead of another. The window's bytes (server/sizing.py) are its
+batches less what the producers may pin past them; the pace span must not count those, or jobs
+drift past the samples the window still has (a server of --max-buffers 40, batches of 16 and
+32 at 32 px, reused 31 of 384 samples on loopback).
+"""
+
+from __future__ import annotations
+
+import pytest
+from batchwire.server.config import ServerConfig
+from batchwire.server.sharing import sample_window_samples
+from batchwire.server.sizing import plan_buffers
+from coresim import Server
+
+SETTINGS = dict(batch_size=16, max_batch_size=32, image_size=32, max_buffers=40, producers=3)
+
+
+def _window_holds(config: ServerConfig) -> int:
+    """The samples the sample window's bytes hold, as the server allocates them."""
+    capacity = config.capacity_spec()
+    plan = plan_buffers(config, capacity)
+    return plan.sample_window_nbytes // (capacity.nbytes // capacity.batch_size)
+
+
+@pytest.mark.parametrize("max_buffers", [16, 40, 70, 200])
+def test_sample_window_samples_is_what_the_server_allocates(max_buffers: int) -> None:
+    config = ServerConfig(**{**SETTINGS, "max_buffers": max_buffers})
+    assert sample_window_samples(config, config.buffer_cap) == _window_holds(config)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="server/core.py's _share_span must use sharing.sample_window_samples (audit report)",
+)
+@pytest.mark.parametrize("max_buffers", [16, 40])
+def test_the_pace_span_is_no_more_than_the_sample_window_holds(max_buffers: int) -> None:
+    config = ServerConfig(**{**SETTINGS, "max_buffers": max_buffers})
+    buffers = plan_buffers(config, config.capacity_spec()).buffers
+    s = Server(
+        max_buffers=buffers, config={**SETTINGS, "max_buffers": max_buffers, "share_window": None}
+    )
+    assert s.core.scheduling.share_samples
+    assert s.core.scheduling.pacing.span <= _window_holds(config)
