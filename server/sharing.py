@@ -68,24 +68,34 @@ def window_batches(requested: int | None, max_buffers: int) -> int:
     return min(want, max_buffers // 4)
 
 
-def window_statement(requested: int | None, max_buffers: int) -> str:
+def window_statement(requested: int | None, max_buffers: int, sample_batches: int = 0) -> str:
     """The share window in use, said at start: a bound the operator asked for and did not get
-    (capped at a quarter of --max-buffers) is named, not applied unsaid."""
+    (capped at a quarter of the batch buffers, ``max_buffers``) is named, not applied unsaid.
+    ``sample_batches``: the batches' bytes --max-buffers gave the sample window first, so the
+    line names the --max-buffers the operator set, not what was left of it."""
     window = window_batches(requested, max_buffers)
+    if sample_batches:
+        of = (
+            f"the {max_buffers} batch buffers (--max-buffers {max_buffers + sample_batches} "
+            f"less {sample_batches} for the sample window)"
+        )
+    else:
+        of = f"--max-buffers {max_buffers}"
     if window == 0:
         return (
             "share window: off (--share-window 0)"
             if requested == 0
-            else (f"share window: off (a quarter of --max-buffers {max_buffers} is 0)")
+            else (f"share window: off (a quarter of {of} is 0)")
         )
     asked = DEFAULT_WINDOW if requested is None else requested
+    batches = "batch" if window == 1 else "batches"
     if window < asked:
         return (
-            f"share window: {window} batches, capped from {asked} at a quarter of "
-            f"--max-buffers {max_buffers} (raise --max-buffers for more)"
+            f"share window: {window} {batches}, capped from {asked} at a quarter of "
+            f"{of} (raise --max-buffers for more)"
         )
     how = "the default" if requested is None else "--share-window"
-    return f"share window: {window} batches ({how})"
+    return f"share window: {window} {batches} ({how})"
 
 
 def sample_window_applies(config: ServerConfig) -> bool:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 from batchwire.server.config import ServerConfig
-from batchwire.server.sharing import sample_window_samples
+from batchwire.server.sharing import sample_window_samples, window_statement
 from batchwire.server.sizing import plan_buffers
 from coresim import Server
 
@@ -44,3 +44,17 @@ def test_the_pace_span_is_no_more_than_the_sample_window_holds(max_buffers: int)
     )
     assert s.core.scheduling.share_samples
     assert s.core.scheduling.pacing.span <= _window_holds(config)
+
+
+def test_the_start_line_names_the_max_buffers_the_operator_set() -> None:
+    """--max-buffers 16 on a server with a sample window (2 batches' bytes): the window is a
+    quarter of the 14 batch buffers left, and the line says where 14 comes from."""
+    assert window_statement(None, 14, 2) == (
+        "share window: 3 batches, capped from 16 at a quarter of the 14 batch buffers "
+        "(--max-buffers 16 less 2 for the sample window) (raise --max-buffers for more)"
+    )
+    assert window_statement(None, 7, 1) == (
+        "share window: 1 batch, capped from 16 at a quarter of the 7 batch buffers "
+        "(--max-buffers 8 less 1 for the sample window) (raise --max-buffers for more)"
+    )
+    assert window_statement(1, 70) == "share window: 1 batch (--share-window)"
