@@ -22,11 +22,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[2]
-FIX = "deploy/slurm/batchwire.sbatch: empty BATCHWIRE_SERVER_EXITS after its mkdir -p"
-
 # Both server tasks stand for healthy servers: one /readyz answering 200 on every interface
 # (127.0.0.1 is n1, 127.0.0.2 is n2) until SIGTERM (the recipe's stop_servers).
 SRUN = """#!/bin/bash
@@ -109,7 +105,6 @@ def test_healthy_servers_start_the_trainers(tmp_path: Path) -> None:
     assert code == 0, out
 
 
-@pytest.mark.xfail(strict=True, reason=f"an earlier job's exit file ends the job; fix: {FIX}")
 def test_an_earlier_job_of_the_same_id_does_not_end_this_one(tmp_path: Path) -> None:
     earlier = tmp_path / "batchwire-state" / "8.1"
     earlier.mkdir(parents=True)
