@@ -11,6 +11,12 @@
   --label-smoothing is refused with multi-label targets (it is defined for a softmax over
   classes, not for independent sigmoids).
 
+Padded slots (an elastic resume's last train round: label PADDING_LABEL, pixels repeating a real
+sample's) train nothing, whatever the objective: the loss is the mean over the real rows, as
+cross-entropy's ``ignore_index`` makes it for one unmixed label. A mixed one-label batch's
+padded rows have all-zero soft targets (a real row's sum to 1); a multi-label padded row's
+targets are -1 (`PADDED_TARGET`), since an all-zero row is a real photo with no class.
+
 Mixing is deterministic from (--seed, epoch, batch index in the epoch, rank): `BatchMixer`
 draws from a generator keyed by them alone, so a resumed run mixes batch k exactly as the
 uninterrupted one did.
@@ -25,6 +31,9 @@ from batchwire.wire import PADDING_LABEL
 from torch.nn import functional as F
 
 from .config import ConfigError
+
+#: A multi-label padded row's targets (`Objective.__call__`), left out by `Objective.loss`.
+PADDED_TARGET = -1.0
 
 
 def mix_targets(targets: torch.Tensor, params: MixParams) -> torch.Tensor:
@@ -65,28 +74,42 @@ class Objective:
                 return images, labels
             return self.mixer(images, labels, epoch=epoch, batch_index=batch_index)
         targets = multi_hot(labels, self.num_classes).to(images.device)
+        padded = labels[:, 0] == PADDING_LABEL  # a padded slot's row is all PADDING_LABEL
         if self.mixer is None:
+            targets[padded.to(targets.device)] = PADDED_TARGET
             return images, targets
         # The pixels are mixed by BatchMixer itself; its one-hot targets do not apply to
         # multi-hot rows, so it gets placeholder labels (class 0, discarded; a padded row's
         # PADDING_LABEL, which it keeps out of the mix) and the real rows' targets are mixed
         # with its draws (`params` is a pure function of the same key: the same draws).
-        padded = labels[:, 0] == PADDING_LABEL  # a padded slot's row is all PADDING_LABEL
         placeholders = torch.where(padded, PADDING_LABEL, 0)
         mixed, _ = self.mixer(images, placeholders, epoch=epoch, batch_index=batch_index)
         params = self.mixer.params(epoch, batch_index, images.shape[-2], images.shape[-1])
         if not bool(padded.any()):
             return mixed, mix_targets(targets, params)
         real = (~padded).nonzero().squeeze(1).to(targets.device)
-        out = torch.zeros_like(targets)  # a padded row's target: all zero, as multi_hot made it
+        out = torch.full_like(targets, PADDED_TARGET)
         out[real] = mix_targets(targets[real], params)
         return mixed, out
 
     def loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """The batch's mean loss (float32 whatever autocast computed the logits in)."""
+        """The batch's mean loss over its real rows (float32 whatever autocast computed the
+        logits in); 0, still a function of the logits, when every row is padding (the rank
+        steps with the others). Masked, not indexed: no host sync on a GPU."""
         logits = logits.float()
         if self.multi_label:
-            return F.binary_cross_entropy_with_logits(logits, targets)
+            real = (targets >= 0).all(1)  # a padded row's targets are PADDED_TARGET
+            per_class = F.binary_cross_entropy_with_logits(
+                logits, targets.clamp(min=0), reduction="none"
+            )
+            return _mean_over(real, per_class.mean(1))
         if targets.dim() == 2:  # soft targets of a mixed batch, smoothing already in them
-            return F.cross_entropy(logits, targets)
+            per_row = -(targets * F.log_softmax(logits, 1)).sum(1)  # cross_entropy's, per row
+            return _mean_over(targets.sum(1) > 0, per_row)  # a padded row's are all zero
         return F.cross_entropy(logits, targets, label_smoothing=self.label_smoothing)
+
+
+def _mean_over(real: torch.Tensor, per_row: torch.Tensor) -> torch.Tensor:
+    """The mean of ``per_row`` over the rows ``real`` marks (0 when it marks none)."""
+    weights = real.to(per_row.dtype)
+    return (per_row * weights).sum() / weights.sum().clamp(min=1.0)

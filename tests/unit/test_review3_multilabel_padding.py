@@ -12,15 +12,12 @@ the loss from `Objective.loss`, backward through it.
 
 from __future__ import annotations
 
-import pytest
 import torch
 from batchwire.client.mixing import BatchMixer
 from batchwire.train.objective import Objective
 from batchwire.wire import PADDING_LABEL
 
 CLASSES = 5
-FIX = "train/objective.py Objective.loss: a multi-label row with no positive target is padding"
-FIX_MIXED = "train/objective.py Objective.loss: a mixed batch's mean over its real rows"
 
 
 def _batch() -> tuple[torch.Tensor, torch.Tensor]:
@@ -44,7 +41,6 @@ def _step(objective: Objective, images: torch.Tensor, labels: torch.Tensor, batc
     return loss.detach(), logits.grad
 
 
-@pytest.mark.xfail(strict=True, reason=f"padded rows are trained as negatives; fix: {FIX}")
 def test_a_padded_row_adds_nothing_to_the_multi_label_loss() -> None:
     images, labels = _batch()
     objective = Objective(CLASSES, multi_label=True)
@@ -55,7 +51,6 @@ def test_a_padded_row_adds_nothing_to_the_multi_label_loss() -> None:
     assert torch.allclose(loss, alone), (loss, alone)
 
 
-@pytest.mark.xfail(strict=True, reason=f"padded rows are trained as negatives; fix: {FIX}")
 def test_a_padded_row_adds_nothing_to_the_mixed_multi_label_loss() -> None:
     images, labels = _batch()
     for batch_index in range(4):
@@ -79,7 +74,6 @@ def test_one_label_padding_already_adds_nothing() -> None:
     assert not grad[4:].any()
 
 
-@pytest.mark.xfail(strict=True, reason=f"the mean counts padded rows; fix: {FIX_MIXED}")
 def test_the_mixed_one_label_loss_is_the_mean_over_the_real_rows() -> None:
     """pipeline-train --mixup, one label: the mixed real rows are those of a batch of only them
     (BatchMixer's draws depend on the batch's key, not its length), so the loss should be theirs,
