@@ -23,7 +23,10 @@ being made for another session) is never held. Positions are in samples of the e
 (`sample_position`): a batch of world size W, rank r and size B starts at sample (kW + r) B,
 later epochs after earlier ones. Only sessions that could share are compared (`pace_group`: one
 split at one output size; another image size shares no batch and no sample; another batch size
-shares samples only through the sample window, so without one it is another group). The allowance is
+shares samples only through the sample window, so without one it is another group). The window
+holds the batches and samples of every group read at the time, so each group active now (in
+`laggards`) paces to its share of the span: two sizes read at once have half the window each.
+The allowance is
 the peer's, not the session's: each new hello of a loader (every epoch, a resume) is a new
 session, and a fresh allowance per hello would hold a job of short epochs far beyond its share.
 """
@@ -150,7 +153,14 @@ class Pacing:
         """Must ``session`` wait before starting a new production of its next batch?"""
         entries = laggards.get(pace_group(session, self.batch_sizes_share))
         pos = self.position(session) if entries else None
-        ahead = pos is not None and self._another_in_reach(session, entries, pos)  # type: ignore[arg-type]
+        # The window holds every group's batches (and samples): each group active now has its
+        # share of it, so a group's jobs must keep within that share.
+        ahead = pos is not None and self._another_in_reach(
+            session,
+            entries,  # type: ignore[arg-type]
+            pos,
+            self.span / len(laggards),
+        )
         allowance = self._allowances.get(session.identity)
         if allowance is None:
             if not ahead:
@@ -159,15 +169,19 @@ class Pacing:
         return allowance.hold(ahead, now)
 
     def _another_in_reach(
-        self, session: ClientSession, entries: list[tuple[int, int, tuple | None]], pos: int
+        self,
+        session: ClientSession,
+        entries: list[tuple[int, int, tuple | None]],
+        pos: int,
+        span: float,
     ) -> bool:
-        """Is another job's session between `PACE_REACH` and `PACE_FRACTION` windows behind
-        ``pos``? (Not this session's own earlier place, nor a rank of its own job: a job's
+        """Is another job's session between `PACE_REACH` and `PACE_FRACTION` of ``span``
+        behind ``pos``? (Not this session's own earlier place, nor a rank of its own job: a job's
         ranks are apart by design and never share a batch.)"""
         job = _job_of(session)
-        i = bisect_left(entries, (pos - PACE_REACH * self.span,))
+        i = bisect_left(entries, (pos - PACE_REACH * span,))
         for other_pos, serial, other_job in entries[i:]:
-            if other_pos >= pos - PACE_FRACTION * self.span:
+            if other_pos >= pos - PACE_FRACTION * span:
                 return False
             if serial != session.serial and (job is None or other_job != job):
                 return True

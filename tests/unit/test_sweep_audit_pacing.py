@@ -104,3 +104,16 @@ def test_a_server_without_a_sample_window_does_not_hold_a_job_for_another_batch_
     submitted = [s.core._by_serial[a.order.session_serial].identity for a in s.tick()
                  if isinstance(a, Submit)]  # fmt: skip
     assert b"four" in submitted
+
+
+def test_groups_reading_at_once_each_keep_within_their_share_of_the_window() -> None:
+    """The window holds the batches of every split and image size read at the time: with a
+    second pair of jobs at another size, each pair has half of it. A lead 5 batches ahead is
+    within 3/4 of the whole window (6) but past 3/4 of its half (3): it waits."""
+    p = pacing()
+    lead, lag = _sized(at(b"lead", 5, 1), 32, 32), _sized(at(b"lag", 0, 2), 32, 32)
+    assert not p.holds(lead, p.laggards([lead, lag], 0.0), 0.0)
+    big_lead, big_lag = _sized(at(b"bl", 1, 3), 48, 48), _sized(at(b"bg", 0, 4), 48, 48)
+    everyone = [lead, lag, big_lead, big_lag]
+    assert p.holds(lead, p.laggards(everyone, 0.0), 0.0)
+    assert not p.holds(big_lead, p.laggards(everyone, 0.0), 0.0)  # 1 batch: within its half
