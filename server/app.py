@@ -374,7 +374,9 @@ class ServerApp:
             budget.reserve,
             self.config.max_clients,
         )
-        statement += "; " + window_statement(self.config.share_window, budget.max_buffers)
+        statement += "; " + window_statement(
+            self.config.share_window, budget.max_buffers, self._sample_batches
+        )
         if self._sample_batches:
             statement += (
                 f"; {self._sample_batches} of those buffers' bytes "

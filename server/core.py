@@ -117,7 +117,7 @@ from batchwire.server.sessions import ClientSession, Produced
 from batchwire.server.sharing import (
     SharedBatches,
     sample_window_applies,
-    sample_window_batches,
+    sample_window_samples,
     window_batches,
 )
 from batchwire.wire import (
@@ -206,7 +206,7 @@ class ServerCore:
             self.lender,
             # Orders go through the producers' sample window: sharing is on and it applies.
             share_samples,
-            _share_span(config, self.shared.window, budget.max_buffers, share_samples),
+            _share_span(config, self.shared.window, share_samples),
             now,
         )
         self._next_housekeeping = now + HOUSEKEEPING_S
@@ -531,6 +531,8 @@ class ServerCore:
         )
         session.spec = spec
         session.taken_at = taken_at
+        if self.shared.enabled:  # "off" is --share-window 0's; a new epoch keeps the peer's state
+            session.sharing = "solo" if previous is None else previous.sharing
         refused = session.ask(hello.batches, now)
         if refused is not None:
             return actions + self._error(
@@ -710,10 +712,11 @@ def clip(message: str) -> str:
     return f"{message[: MESSAGE_MAX - 20]}... ({len(message)} characters)"
 
 
-def _share_span(config: ServerConfig, window: int, max_buffers: int, share_samples: bool) -> int:
+def _share_span(config: ServerConfig, window: int, share_samples: bool) -> int:
     """How many samples of a split's epoch order the share window holds (0: sharing off): the
-    sample window's (its batches of the largest size) where it applies, else the batch
-    window's. Pacing keeps a split's sessions within it (server/pacing.py)."""
+    sample window's (the samples its bytes hold, `sample_window_samples`, of --max-buffers as
+    server/sizing.py divides it) where it applies, else the batch window's. Pacing keeps a
+    split's sessions within it (server/pacing.py)."""
     if share_samples:
-        return sample_window_batches(config, max_buffers) * config.batch_size_cap
+        return sample_window_samples(config, config.buffer_cap)
     return window * int(config.batch_size)

@@ -84,7 +84,7 @@ class Scheduling:
         self.scheduler = RoundRobin()
         # A session far ahead on its split waits for the others (pacing.py): ``pace_span`` is
         # the share window in samples (0: sharing off, no pacing).
-        self.pacing = Pacing(pace_span, self._position)
+        self.pacing = Pacing(pace_span, self._position, batch_sizes_share=share_samples)
         # Jobs submitted whose result has not come back: one in production and one queued per
         # producer at most, so a job never waits long behind others for a client that left.
         self.jobs_out = 0

@@ -9,10 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from batchwire.pipeline.sample_window import CHUNK as SAMPLE_CHUNK
 from batchwire.server.bufpool import default_reserve
 from batchwire.server.config import ServerConfig
-from batchwire.server.sharing import sample_window_batches
+from batchwire.server.sharing import sample_window_batches, sample_window_samples
 from batchwire.wire import BatchSpec
 
 
@@ -40,12 +39,11 @@ def plan_buffers(config: ServerConfig, capacity: BatchSpec) -> BufferPlan:
     window = sample_window_batches(config, cap)
     buffers = cap - window
     sample_nbytes = capacity.nbytes // capacity.batch_size
-    pinned = config.producers * (2 * SAMPLE_CHUNK - 1) * sample_nbytes
     return BufferPlan(
         buffers=buffers,
         reserve=default_reserve(buffers, config.producers),
         sample_batches=window,
-        sample_window_nbytes=max(0, window * capacity.nbytes - pinned) if window else 0,
+        sample_window_nbytes=sample_window_samples(config, cap) * sample_nbytes,
     )
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 
-import pytest
 from batchwire.server.pacing import PACE_BURST_S, PACE_SHARE, Pacing, sample_position
 from batchwire.server.sessions import ClientSession
 from batchwire.wire import BatchSpec
@@ -88,10 +87,6 @@ def test_without_a_sample_window_batch_sizes_do_not_pace_each_other() -> None:
     assert p.holds(lead, p.laggards([lead, lag, same], 0.0), 0.0)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="server/scheduling.py must pass share_samples to Pacing (sweep audit report's diff)",
-)
 def test_a_server_without_a_sample_window_does_not_hold_a_job_for_another_batch_size() -> None:
     """A server with a user transform and --max-batch-size above --batch-size: jobs of batch
     sizes 4 and 8 share no batch and no sample, so the one ahead is not held for the other."""

@@ -8,14 +8,9 @@ batch, nor at each new epoch (every epoch's hello is a new session): a dashboard
 
 from __future__ import annotations
 
-import pytest
 from coresim import Server
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="server/core.py's _hello must set the new session's state (sweep audit report's diff)",
-)
 def test_a_client_of_a_sharing_server_never_reads_off() -> None:
     s = Server(config={"share_window": 16})
     s.hello(b"a", batches=(), session=1)  # connected, nothing asked yet

@@ -31,10 +31,6 @@ def test_sample_window_samples_is_what_the_server_allocates(max_buffers: int) ->
     assert sample_window_samples(config, config.buffer_cap) == _window_holds(config)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="server/core.py's _share_span must use sharing.sample_window_samples (audit report)",
-)
 @pytest.mark.parametrize("max_buffers", [16, 40])
 def test_the_pace_span_is_no_more_than_the_sample_window_holds(max_buffers: int) -> None:
     config = ServerConfig(**{**SETTINGS, "max_buffers": max_buffers})
