@@ -177,6 +177,8 @@ grep -q "batchwire: the server on bwcpu2 exited (2) before" <<<"$bad_out" || {
 grep -q "batchwire: server step exited" <<<"$bad_out" || {
     echo "slurm_check: the recipe did not stop the other server"; exit 1; }
 ! grep -q "servers ready" <<<"$bad_out" || { echo "slurm_check: trainers started"; exit 1; }
+[ "$(cat "$WORK/batchwire-state/$bad.1/bwcpu2" 2>/dev/null)" = 2 ] || {
+    echo "slurm_check: no exit file of bwcpu2's server under BATCHWIRE_STATE"; exit 1; }
 echo "slurm_check: a broken server node ended its job in $(( $(date +%s) - bad_started )) s"
 
 job=$(sbatch --parsable --output="$WORK/job-%j.out" "$RECIPE")
@@ -242,4 +244,6 @@ echo "slurm_check: USR1 at step $step; the requeued run resumed from $(basename 
 [ "$(grep -c "batchwire: trainers exited 0" <<<"$out")" = 1 ] || fail "the trainers did not finish once"
 [ -f "$BATCHWIRE_CHECKPOINTS/ckpt-$(printf %09d "$STEPS").pt" ] || fail "no checkpoint of step $STEPS"
 [ "$(grep -c "drained in" <<<"$out")" -ge 2 ] || fail "the servers did not drain in both runs"
+[ ! -e "$WORK/batchwire-state/$job.1" ] && [ ! -e "$WORK/batchwire-state/$job.2" ] \
+    || fail "the runs' exit-file folders were left under BATCHWIRE_STATE"
 echo "slurm_check: OK in $(( $(date +%s) - started )) s"
