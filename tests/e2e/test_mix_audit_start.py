@@ -1,7 +1,9 @@
-"""Audit of a mix's start with a hostile part (docs/mixtures.md): an empty part and a huge
-repeat stop the start with the reason (`pipeline-server` exits 2), not a start that never ends.
-The parts fixture also holds a part whose every file is bad, for
-test_mix_audit_badpart.py."""
+"""Audit of a mix's start with a hostile part (docs/mixtures.md, docs/bad-input.md): an empty
+part and a huge repeat stop the start with the reason (`pipeline-server` exits 2), not a start
+that never ends; a part whose every file is bad stops it with its name (`pipeline-server` exits
+2; `LocalLoader` raises), as a dataset with no readable image does alone, instead of a server
+that starts and then fails every batch that draws from that part (the client's ServerError
+after 3 tries)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from batchwire.pipeline.local import LocalLoader
 from jpegchecks import SAMPLE_DIR
 from serverproc import free_tcp_endpoint
 
@@ -62,3 +65,17 @@ def test_an_empty_part_or_a_huge_repeat_stops_the_start(parts, part, said):
     code, out = _start(train + part.format(empty=empty, good=good))
     assert code == 2, out[-3000:]
     assert said in out, out[-3000:]
+
+
+@pytest.mark.timeout(60)
+def test_a_part_whose_every_file_is_bad_stops_the_start_naming_it(parts):
+    good, bad, _ = parts
+    code, out = _start(f"mix:web=1@{good},junk=1@{bad}")
+    assert code == 2, out[-3000:]
+    assert "junk" in out and "no readable image" in out, out[-3000:]
+
+
+def test_local_loader_refuses_a_part_whose_every_file_is_bad(parts):
+    good, bad, _ = parts
+    with pytest.raises(ValueError, match=r"junk.*no readable image"):
+        LocalLoader(f"mix:web=1@{good},junk=1@{bad}", batch_size=4, image_size=32)
