@@ -8,15 +8,9 @@ BATCHWIRE_STATE). The real Slurm run of both is scripts/slurm_check.sh."""
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from slurmrecipe import run_recipe
 
 SRUN = """#!/bin/bash
 case "$*" in
@@ -28,67 +22,14 @@ case "$*" in
   *) sleep 300 ;;  # the trainers: never reached here
 esac
 """
-SCONTROL = """#!/bin/bash
-case "$1 $2" in
-  "show hostnames") echo n1; echo n2 ;;
-  "show node") [ "$3" = n1 ] && echo "NodeName=n1 NodeAddr=127.0.0.1 State=IDLE" \\
-               || echo "NodeName=n2 NodeAddr=127.0.0.2 State=IDLE" ;;
-esac
-"""
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def run_recipe(tmp_path: Path, srun: str, job_id: str, timeout: float, **env_extra: str) -> str:
-    """The recipe run by bash with the Slurm stand-ins (``srun``'s text, scontrol's two nodes
-    n1 and n2, a failing scancel) first on PATH, then batchwire's own commands; its output.
-    Fails if it is still running after ``timeout`` s; its process group is killed either way
-    (a stand-in task may outlive srun)."""
-    stand_ins = tmp_path / "bin"
-    stand_ins.mkdir()
-    for name, text in (("srun", srun), ("scontrol", SCONTROL), ("scancel", "#!/bin/sh\nexit 1\n")):
-        (stand_ins / name).write_text(text)
-        (stand_ins / name).chmod(0o755)
-    env = {
-        **os.environ,
-        "PATH": f"{stand_ins}:{Path(sys.executable).parent}:{os.environ['PATH']}",
-        "PYTHON": sys.executable,
-        "BATCHWIRE_DATA": str(tmp_path / "nowhere"),
-        "BATCHWIRE_KEYS": str(tmp_path / "keys"),
-        "BATCHWIRE_PORT": str(free_port()),
-        "BATCHWIRE_METRICS_PORT": str(free_port()),  # nothing answers /readyz there
-        "SLURM_JOB_ID": job_id,
-        "SLURM_JOB_NODELIST_HET_GROUP_0": "n[1-2]",
-        "SLURM_JOB_NODELIST_HET_GROUP_1": "g1",
-        **env_extra,
-    }
-    proc = subprocess.Popen(
-        ["bash", str(ROOT / "deploy/slurm/batchwire.sbatch")],
-        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        start_new_session=True, text=True,
-    )  # fmt: skip
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        raise AssertionError(f"still waiting {timeout} s after a server exited:\n{out}") from None
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == 1, out
-    return out
 
 
 def test_servers_that_exit_before_readyz_end_the_job_at_once(tmp_path: Path) -> None:
     keys = tmp_path / "keys"
     keys.mkdir()
     (keys / "server.key_secret").write_text("")  # so the recipe makes none
-    out = run_recipe(tmp_path, SRUN, "7", timeout=20)
+    code, out = run_recipe(tmp_path, SRUN, "7", timeout=20)
+    assert code == 1, out
     assert "no folder" in out and "the servers exited (2) before" in out, out
     assert "servers ready" not in out, out
 
@@ -116,9 +57,10 @@ def test_one_server_node_failing_while_the_other_runs_ends_the_job_naming_it(
     /readyz. Now n2's task leaves its server's exit code in BATCHWIRE_STATE, and the recipe
     ends the job within seconds, naming n2 and with the server's own error (the keys: made by
     the recipe's own pipeline-keys)."""
-    out = run_recipe(
+    code, out = run_recipe(
         tmp_path, SRUN_ONE_BAD, "8", timeout=30, BATCHWIRE_STATE=str(tmp_path / "state")
     )
+    assert code == 1, out
     assert "dataset path does not exist" in out, out  # the real server's own error
     assert "the server on n2 exited (2) before" in out, out
     assert (tmp_path / "state" / "8.1" / "n2").read_text().strip() == "2"

@@ -14,15 +14,10 @@ trainer step ends at once (exit 0).
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from slurmrecipe import run_recipe
+
 # Both server tasks stand for healthy servers: one /readyz answering 200 on every interface
 # (127.0.0.1 is n1, 127.0.0.2 is n2) until SIGTERM (the recipe's stop_servers).
 SRUN = """#!/bin/bash
@@ -42,60 +37,18 @@ http.server.HTTPServer(("0.0.0.0", int(os.environ["BATCHWIRE_METRICS_PORT"])), H
   *--het-group=1*) echo "trainers ran"; exit 0 ;;
 esac
 """
-SCONTROL = """#!/bin/bash
-case "$1 $2" in
-  "show hostnames") case "$3" in g1) echo g1 ;; *) echo n1; echo n2 ;; esac ;;
-  "show node") case "$3" in n1) echo "NodeName=n1 NodeAddr=127.0.0.1" ;;
-               n2) echo "NodeName=n2 NodeAddr=127.0.0.2" ;;
-               *) echo "NodeName=$3 NodeAddr=127.0.0.3" ;; esac ;;
-esac
-"""
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _run(tmp_path: Path, timeout: float = 60) -> tuple[int, str]:
-    stand_ins = tmp_path / "bin"
-    stand_ins.mkdir()
-    for name, text in (("srun", SRUN), ("scontrol", SCONTROL), ("scancel", "#!/bin/sh\nexit 1\n")):
-        (stand_ins / name).write_text(text)
-        (stand_ins / name).chmod(0o755)
+def _run(tmp_path: Path) -> tuple[int, str]:
+    """The recipe with healthy servers and a keys folder and data it finds."""
     keys = tmp_path / "keys"
     keys.mkdir()
     (keys / "server.key_secret").write_text("")  # so the recipe makes none
     (tmp_path / "data" / "train").mkdir(parents=True)
-    env = {
-        **os.environ,
-        "PATH": f"{stand_ins}:{Path(sys.executable).parent}:{os.environ['PATH']}",
-        "PYTHON": sys.executable,
-        "BATCHWIRE_DATA": str(tmp_path / "data"),
-        "BATCHWIRE_KEYS": str(keys),
-        "BATCHWIRE_PORT": str(_free_port()),
-        "BATCHWIRE_METRICS_PORT": str(_free_port()),
-        "BATCHWIRE_TRAIN_ARGS": "pipeline-train",
-        "SLURM_JOB_ID": "8",
-        "SLURM_JOB_NODELIST_HET_GROUP_0": "n[1-2]",
-        "SLURM_JOB_NODELIST_HET_GROUP_1": "g1",
-    }
-    proc = subprocess.Popen(
-        ["bash", str(ROOT / "deploy/slurm/batchwire.sbatch")],
-        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        start_new_session=True, text=True,
+    return run_recipe(
+        tmp_path, SRUN, "8", timeout=60,
+        BATCHWIRE_DATA=str(tmp_path / "data"), BATCHWIRE_TRAIN_ARGS="pipeline-train",
     )  # fmt: skip
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        raise AssertionError(f"the recipe still ran after {timeout} s:\n{out}") from None
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-    return proc.returncode, out
 
 
 def test_healthy_servers_start_the_trainers(tmp_path: Path) -> None:
