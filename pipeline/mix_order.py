@@ -92,8 +92,8 @@ class MixPlan:
             raise ValueError("this mix draws no sample in an epoch")
         if self.epoch_length > MAX_EPOCH_LENGTH:
             raise ValueError(
-                f"a mix epoch of {self.epoch_length} samples is over {MAX_EPOCH_LENGTH}: "
-                "a repeat, choose or weight value is too large"
+                f"a mix epoch of {self.epoch_length} samples is over {MAX_EPOCH_LENGTH}: the "
+                "parts together, or a repeat or choose value, are too large"
             )
         if sum(self.copies) > MAX_BLOCKS:
             raise ValueError(
