@@ -38,8 +38,13 @@ from batchwire.wire.stats import ServerStats
 #: Largest credit window (batches listed and not yet received) a client may ask of a server;
 #: the server's own --prefetch-depth bounds what it produces and holds for a client.
 MAX_PREFETCH = 256
-#: Largest output side a hello may ask for (`Hello.image_size`).
+#: Largest output side a hello may ask for (`Hello.image_size`), and a welcome or batch header
+#: may announce (`shape`, every view).
 MAX_IMAGE_SIDE = 16384
+#: Largest images frame a welcome or batch header may announce (all views): the loader sizes
+#: its slots from the welcome (pinned host memory on CUDA), so a hostile or broken server must
+#: not make it ask for terabytes. A batch of 256 images of 3 x 1024 x 1024 float32 is 3 GiB.
+MAX_BATCH_NBYTES = 16 << 30
 #: Longest job name in a hello.
 MAX_JOB_LEN = 256
 #: Longest `Welcome.mix_fingerprint` (the server sends 16 hex digits).
@@ -126,9 +131,29 @@ def _batch_list(d: Mapping[str, Any]) -> tuple[int, ...]:
 def _shape(d: Mapping[str, Any]) -> list[int]:
     shape = _int_list(d, "shape", 4)
     b, c, h, w = shape
-    if not (1 <= b <= MAX_BATCH_SIZE and c == 3 and h >= 1 and w >= 1):
-        raise ProtocolError(f"field 'shape' must be [B, 3, H, W] with B, H, W >= 1, got {shape}")
+    if not (
+        1 <= b <= MAX_BATCH_SIZE
+        and c == 3
+        and 1 <= h <= MAX_IMAGE_SIDE
+        and 1 <= w <= MAX_IMAGE_SIDE
+    ):
+        raise ProtocolError(
+            f"field 'shape' must be [B, 3, H, W] with B in 1..{MAX_BATCH_SIZE} and H, W in "
+            f"1..{MAX_IMAGE_SIDE}, got {shape}"
+        )
     return shape
+
+
+def _bounded_spec(shape: list[int], dtype: str, layout: str, views: list[list[int]]) -> BatchSpec:
+    """The spec a welcome or header announces, refused past `MAX_BATCH_NBYTES` (the loader
+    allocates its slots from it)."""
+    spec = BatchSpec.from_shape(shape, dtype, layout, views)
+    if spec.nbytes > MAX_BATCH_NBYTES:
+        raise ProtocolError(
+            f"a batch of {spec.nbytes} bytes ({shape}, {len(views) or 1} view(s) of {dtype}) "
+            f"exceeds the protocol's {MAX_BATCH_NBYTES}"
+        )
+    return spec
 
 
 def _views(d: Mapping[str, Any], shape: list[int]) -> list[list[int]]:
@@ -141,12 +166,16 @@ def _views(d: Mapping[str, Any], shape: list[int]) -> list[list[int]]:
         or any(
             not isinstance(v, list)
             or len(v) != 2
-            or any(isinstance(x, bool) or not isinstance(x, int) or x < 1 for x in v)
+            or any(
+                isinstance(x, bool) or not isinstance(x, int) or not 1 <= x <= MAX_IMAGE_SIDE
+                for x in v
+            )
             for v in value
         )
     ):
         raise ProtocolError(
-            f"field 'views' must be a list of at most {MAX_VIEWS} [H, W] pairs, got {show(value)}"
+            f"field 'views' must be a list of at most {MAX_VIEWS} [H, W] pairs in "
+            f"1..{MAX_IMAGE_SIDE}, got {show(value)}"
         )
     if value and value[0] != shape[2:]:
         raise ProtocolError(f"field 'views' starts with {value[0]}, 'shape' says {shape[2:]}")
@@ -399,19 +428,25 @@ class Welcome(_Message):
                 f"{show(d.get('num_classes'))}"
             )
         shape = _shape(d)
+        dtype, layout, views = (
+            _str(d, "dtype", tuple(DTYPES)),
+            _str(d, "layout", LAYOUTS),
+            _views(d, shape),
+        )
+        _bounded_spec(shape, dtype, layout, views)
         return cls(
             session=_int(d, "session"),
             num_batches=_int(d, "num_batches", 0),
             num_samples=_int(d, "num_samples", 0),
             batch_size=_int(d, "batch_size", 1, MAX_BATCH_SIZE),
             shape=shape,
-            dtype=_str(d, "dtype", tuple(DTYPES)),
-            layout=_str(d, "layout", LAYOUTS),
+            dtype=dtype,
+            layout=layout,
             mean=_float_list(d, "mean", 3),
             std=_float_list(d, "std", 3),
             num_classes=_int(d, "num_classes", 0),
             classes=classes,
-            views=_views(d, shape),
+            views=views,
             label_width=_label_width(d),
             share_window=_int(d, "share_window", 0) if "share_window" in d else 0,
             mix_fingerprint=_mix_fingerprint(d),
@@ -546,7 +581,7 @@ class BatchHeader(_Message):
         nbytes = _int(d, "nbytes", 0)
         views = _views(d, shape)
         layout = _str(d, "layout", LAYOUTS)
-        want = BatchSpec.from_shape(shape, dtype, layout, views).nbytes
+        want = _bounded_spec(shape, dtype, layout, views).nbytes
         if nbytes != want:
             what = f"views {views}" if views else f"shape {shape}"
             raise ProtocolError(
