@@ -12,6 +12,7 @@ from typing import Any
 
 import msgpack
 import numpy as np
+from batchwire.wire.batch_spec import PADDING_LABEL
 from batchwire.wire.errors import PROTOCOL_VERSION, ProtocolError, VersionMismatch
 
 #: Largest control frame accepted from a client (hello, credit with loader stats, bye, stats).
@@ -73,7 +74,11 @@ def labels_to_frame(labels: np.ndarray) -> np.ndarray:
 
 
 def labels_from_frame(
-    buf: bytes | memoryview, batch_size: int, out: np.ndarray | None = None, width: int = 0
+    buf: bytes | memoryview,
+    batch_size: int,
+    out: np.ndarray | None = None,
+    width: int = 0,
+    num_classes: int = 0,
 ) -> np.ndarray:
     """The labels frame (``batch_size`` little-endian int64) as native-order int64 labels.
 
@@ -85,7 +90,8 @@ def labels_from_frame(
     of its own (the frame's memory may go). `out` given (``batch_size`` int64, possibly the very
     memory the frame was received into with ``recv_into``): the labels are written there and
     `out` is returned; received in place on a little-endian host, nothing is copied. A frame of
-    the wrong size is a `ProtocolError`.
+    the wrong size is a `ProtocolError`; so is, with ``num_classes`` > 0 (the welcome's), a
+    label that is neither a class id below it nor padding (`check_labels`).
     """
     view = memoryview(buf)
     expected = batch_size * max(width, 1) * LABELS_DTYPE.itemsize
@@ -96,8 +102,27 @@ def labels_from_frame(
         raw = raw.reshape(batch_size, width)
         if out is not None:
             out = out.reshape(batch_size, width)  # a view of a flat out (contiguous)
+    if num_classes:
+        check_labels(raw, num_classes, width)
     if out is None:
         return raw.astype(np.int64)
     if out.ctypes.data != raw.ctypes.data or out.dtype != raw.dtype:  # not already in place
         np.copyto(out, raw)  # numpy copes with the overlap: a swap in place on big-endian hosts
     return out
+
+
+def check_labels(labels: np.ndarray, num_classes: int, width: int = 0) -> None:
+    """`ProtocolError` unless every label is a class id in [0, num_classes), a padded slot's
+    `PADDING_LABEL` or, in a multi-label row (``width`` > 0), the -1 after its ids: a broken or
+    hostile server's label 10**12 must not become a target that trains on garbage (or trips a
+    CUDA assert in the loss, far from its cause). Two passes over B x K int64: microseconds."""
+    if not labels.size:
+        return
+    negative = labels < 0
+    allowed = (labels == PADDING_LABEL) | ((labels == -1) if width else False)
+    bad = (labels >= num_classes) | (negative & ~allowed)
+    if bad.any():
+        raise ProtocolError(
+            f"label {int(labels[bad].flat[0])} is neither a class id below num_classes="
+            f"{num_classes} nor padding ({PADDING_LABEL}{', -1' if width else ''})"
+        )

@@ -24,6 +24,7 @@ from batchwire.client import ProtocolError, RemoteLoader, ServerUnavailable
 from batchwire.wire.raw_client import RawClient
 from loaderchecks import assert_same, rest
 from serverproc import running_server, small_server_args
+from wirefakes import NBYTES
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -159,6 +160,39 @@ def test_a_flood_of_unsolicited_messages_still_times_out_naming_the_server():
         took = time.monotonic() - started
     assert srv.endpoint in str(info.value)
     assert took < 4.5, f"a 2 s timeout took {took:.1f} s under a flood"
+
+
+#: What the labels test needs (client/staging.py, client/remote_loader.py, client/receiver.py;
+#: the exact diff is in the report of the hostile-server audit).
+LABELS_FIX = (
+    "BatchFormat carries the welcome's num_classes; both stagers pass it to "
+    "wire.labels_from_frame(..., num_classes=), and the receiver names the server in the "
+    "ProtocolError it raises"
+)
+
+
+@pytest.mark.xfail(strict=True, reason=LABELS_FIX)
+@pytest.mark.parametrize("bad", [[10**12, 0], [0, -5]])
+def test_a_label_no_class_has_is_a_protocol_error_naming_the_server(bad):
+    """The welcome says 3 classes: a label of 10**12 (or -5, not the padding's -100) is no
+    class id; handed out, it trains on garbage or trips a CUDA assert in the loss."""
+    got = []
+
+    def reply(sock, identity, hello, stop):
+        s = hello.session
+        sock.send_multipart([identity, wirefakes.welcome(s).pack()])
+        labels = wire.labels_to_frame(bad).tobytes()
+        sock.send_multipart([identity, wirefakes.header(s, 0).pack(), b"\1" * NBYTES, labels])
+
+    with (
+        HostileServer(reply) as srv,
+        RemoteLoader(srv.endpoint, "train", rank=0, world_size=1, device="cpu", timeout=3)
+        as loader,
+        pytest.raises(ProtocolError) as info,
+    ):  # fmt: skip
+        got.extend(b[1].tolist() for b in loader)
+    assert got == []
+    assert srv.endpoint in str(info.value) and "is neither a class id" in str(info.value)
 
 
 # --------------------------------------------------------------------------- a fleet of two

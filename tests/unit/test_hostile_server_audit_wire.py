@@ -9,6 +9,7 @@ tests/e2e/test_hostile_server_audit.py.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import wirefakes
 from batchwire import wire
@@ -78,3 +79,47 @@ def test_the_bound_is_on_the_whole_images_frame(case, kind):
     else:
         with pytest.raises(wire.ProtocolError, match="exceeds the protocol's"):
             decode(m)
+
+
+# --------------------------------------------------------------------------- labels
+
+
+def labels_frame(values: list[int]) -> bytes:
+    return wire.labels_to_frame(values).tobytes()
+
+
+@pytest.mark.parametrize("values", [[0, 2, -100], [2, 2, 2]])
+def test_class_ids_and_padding_pass_the_label_check(values):
+    got = wire.labels_from_frame(labels_frame(values), 3, num_classes=3)
+    assert got.tolist() == values
+
+
+@pytest.mark.parametrize(
+    "values", [[0, 3, 1], [10**12, 0, 0], [0, -5, 1], [-1, 0, 0], [-(2**63), 0, 0]]
+)
+def test_a_label_no_class_has_is_a_protocol_error(values):
+    bad = next(v for v in values if not (0 <= v < 3 or v == -100))
+    with pytest.raises(wire.ProtocolError, match=f"label {bad} is neither a class id"):
+        wire.labels_from_frame(labels_frame(values), 3, num_classes=3)
+
+
+def test_multi_label_rows_may_end_in_minus_one_and_nothing_else():
+    rows = [[1, 2, -1], [-100, -100, -100]]
+    got = wire.labels_from_frame(
+        labels_frame([1, 2, -1, -100, -100, -100]), 2, width=3, num_classes=3
+    )
+    assert got.tolist() == rows
+    with pytest.raises(wire.ProtocolError, match="label -7"):
+        wire.labels_from_frame(labels_frame([1, -7, -1, 0, 0, 0]), 2, width=3, num_classes=3)
+
+
+def test_the_check_also_guards_labels_received_in_place():
+    """The CUDA path decodes into its pinned slot (``out``): the check runs there too."""
+    out = np.zeros(2, dtype=np.int64)
+    with pytest.raises(wire.ProtocolError, match="label 9"):
+        wire.labels_from_frame(labels_frame([0, 9]), 2, out=out, num_classes=3)
+
+
+def test_no_num_classes_checks_nothing():
+    """A welcome without classes (0) and every older caller: labels as they come."""
+    assert wire.labels_from_frame(labels_frame([10**12, -5]), 2).tolist() == [10**12, -5]
