@@ -569,6 +569,13 @@ class Fleet:
         server (rendezvous), unless that one is slow or not streaming; then fewest outstanding
         first."""
         takers = [p for p in self.peers if p.state is S.STREAMING and not p.retiring]
+        if takers and all(p.silences for p in takers):
+            # Each fell silent while it owed batches and has delivered none since (a server
+            # that welcomes every hello and then sends nothing): while another member has
+            # not, the batches wait for that one, which leaves the next epoch for them.
+            healthy = [p for p in self._members() if not p.silences]
+            if any(p.state is not S.STREAMING for p in healthy):
+                takers = []
         if self.unasked and not takers:
             # Lost batches came back, but every live server is busy with the next epoch.
             for p in self.peers:

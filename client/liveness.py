@@ -39,7 +39,7 @@ def delivered(p: Peer, heartbeat: float) -> None:
     """``p`` delivered a batch the loader uses (`Peer.last_heard` is its arrival): progress.
     Its error streaks reset; its heartbeat (not below the loader's ``heartbeat``) and pace
     follow this batch."""
-    p.error_streak = p.transient_streak = 0  # an error after this is a new one
+    p.error_streak = p.transient_streak = p.silences = 0  # an error after this is a new one
     # How long this batch took to come (since we last heard or asked): the silence check
     # waits a few times that, so a server that is merely slow is not restarted in a loop.
     gap = p.last_heard - max(p.last_sent, p.prev_heard)
@@ -68,6 +68,10 @@ def silent(peers: Sequence[Peer], since: float, now: float, timeout: float) -> l
                 "batches" if p.state is PeerState.STREAMING else "a welcome",
             )
             p.heartbeat = min(2 * p.heartbeat, max(timeout / 2, 1.0))
+            # As slow as its silence (`assignment.SLOW_PACE_FACTOR`): it is asked for one late
+            # batch at most until it delivers, instead of the one the consumer waits for.
+            p.pace = max(p.pace, quiet)
+            p.silences += 1
             quiet_ones.append(p)
     return quiet_ones
 

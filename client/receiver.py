@@ -370,10 +370,17 @@ class BatchReceiver:
             self._early.setdefault(i, []).append((h, *self._recv_frames(c, h)))
         else:
             assert self.stager is not None
-            if isinstance(self.stager, CpuStager):
-                staged = self.stager.stage_frames(h, *self._recv_frames(c, h))
-            else:
-                staged = self._recv_into_slot(self.stager, c, h)
+            try:
+                if isinstance(self.stager, CpuStager):
+                    staged = self.stager.stage_frames(h, *self._recv_frames(c, h))
+                else:
+                    staged = self._recv_into_slot(self.stager, c, h)
+            except ProtocolError as exc:
+                if c.endpoint not in exc.args[0]:  # a label check's (the frame checks name it)
+                    exc.args = (
+                        f"pipeline-server at {c.endpoint}: batch {h.batch_index}: {exc.args[0]}",
+                    )
+                raise
             self.held[h.batch_index] = Arrived(h, staged, i)
         self._carry_out(actions)
 

@@ -128,6 +128,7 @@ def _make_stager(
         mean=mean or tuple(welcome.mean) or IMAGENET_MEAN,
         std=std or tuple(welcome.std) or IMAGENET_STD,
         label_width=welcome.label_width,
+        num_classes=welcome.num_classes,
     )
     if device.type == "cuda":
         # The receiver's ``slots`` count one batch handed out; the others of `hold` come on top.

@@ -190,6 +190,10 @@ class Peer:
     #: Seconds between its batches while it owed some, smoothed (0: none received yet); the
     #: fleet asks little of a server much slower than the fastest (`assignment.SLOW_PACE_FACTOR`).
     pace: float = 0.0
+    #: Times it fell silent while owing since it last delivered a batch (`liveness.silent`):
+    #: a server that welcomes every hello and then sends nothing must not keep the batch the
+    #: consumer waits for while another server could take it.
+    silences: int = 0
     #: When it last went from owing nothing to owing batches (`pace` counts from there).
     busy_since: float = 0.0
 

@@ -46,6 +46,7 @@ class BatchFormat:
     mean: tuple[float, float, float]
     std: tuple[float, float, float]
     label_width: int = 0  # K of a multi-label stream's [B, K] labels; 0: [B]
+    num_classes: int = 0  # the welcome's: a label past it is a ProtocolError (0: unchecked)
 
     @property
     def labels_per_sample(self) -> int:
@@ -119,7 +120,12 @@ class CpuStager:
         spec = header.spec
         raw = spec.view_bytes(frame_tensor(images, spec.torch_dtype))
         own = torch.from_numpy(
-            wire.labels_from_frame(labels.buffer, header.batch_size, width=header.label_width)
+            wire.labels_from_frame(
+                labels.buffer,
+                header.batch_size,
+                width=header.label_width,
+                num_classes=self.fmt.num_classes,
+            )
         )
         return Staged(None, raw, own, normalize_pending=self.fmt.normalize)
 
@@ -211,7 +217,13 @@ class CudaStager:
         w = header.label_width
         n = b * max(w, 1)  # labels in the frame
         nbytes = header.nbytes
-        wire.labels_from_frame(slot.labels_buffer(n), b, out=slot.labels[:n].numpy(), width=w)
+        wire.labels_from_frame(
+            slot.labels_buffer(n),
+            b,
+            out=slot.labels[:n].numpy(),
+            width=w,
+            num_classes=self.fmt.num_classes,
+        )
         with torch.cuda.device(self.device), torch.cuda.stream(self.copy_stream):
             dev.hand.before_write(self.copy_stream)  # the consumer's last kernels on it come first
             dev.images[:nbytes].copy_(slot.images[:nbytes], non_blocking=True)

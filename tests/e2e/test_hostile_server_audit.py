@@ -162,16 +162,6 @@ def test_a_flood_of_unsolicited_messages_still_times_out_naming_the_server():
     assert took < 4.5, f"a 2 s timeout took {took:.1f} s under a flood"
 
 
-#: What the labels test needs (client/staging.py, client/remote_loader.py, client/receiver.py;
-#: the exact diff is in the report of the hostile-server audit).
-LABELS_FIX = (
-    "BatchFormat carries the welcome's num_classes; both stagers pass it to "
-    "wire.labels_from_frame(..., num_classes=), and the receiver names the server in the "
-    "ProtocolError it raises"
-)
-
-
-@pytest.mark.xfail(strict=True, reason=LABELS_FIX)
 @pytest.mark.parametrize("bad", [[10**12, 0], [0, -5]])
 def test_a_label_no_class_has_is_a_protocol_error_naming_the_server(bad):
     """The welcome says 3 classes: a label of 10**12 (or -5, not the padding's -100) is no
@@ -213,15 +203,6 @@ def fleet_loader(endpoints: list[str], **kw) -> RemoteLoader:
         endpoints, "train", rank=0, world_size=1, device="cpu", with_indices=True,
         normalize_on_device=False, heartbeat=0.5, **kw,
     )  # fmt: skip
-
-
-#: What the stall test needs (client/liveness.py and client/fleet.py; see the report).
-STALL_FIX = (
-    "liveness.silent: a server silent while it owes batches counts as slow (pace >= its "
-    "silence) and its Peer.silences (reset when it delivers) grows; Fleet._refill: while every "
-    "streaming server has fallen silent since it last delivered and another member has not, "
-    "the unasked batches wait for that one (its next-epoch session ends)"
-)
 
 
 def honest_welcome(endpoint: str) -> wire.Welcome:
@@ -282,7 +263,6 @@ def test_a_fleet_member_that_sends_a_batch_it_was_not_asked_for_is_named(honest)
     assert_same(got, reference[: len(got)])
 
 
-@pytest.mark.xfail(strict=True, reason=STALL_FIX)
 def test_a_fleet_member_that_welcomes_and_stalls_leaves_the_epoch_to_the_honest_one(honest):
     """Welcomed, then silent whatever it owes (a server stalled mid-stream, or one that answers
     hellos and nothing else): the loader takes its batches back past the heartbeat, and the
