@@ -26,6 +26,7 @@ from batchwire.pipeline.storage.options import (
 )
 from batchwire.pipeline.storage.urls import is_url
 from batchwire.wire import MAX_PREFETCH, BatchSpec
+from batchwire.wire.messages import MAX_BATCH_NBYTES
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -293,10 +294,24 @@ class ServerConfig:
         if not problems:
             try:  # the augmentation and output settings, checked where they are defined
                 self.batch_spec()
+                problems.extend(self._batch_bound_problems())
             except ValueError as exc:
                 problems.append(str(exc))
         if problems:
             raise ValueError("; ".join(problems))
+
+    def _batch_bound_problems(self) -> list[str]:
+        """The largest batch past what every client accepts (`wire.MAX_BATCH_NBYTES`): each
+        trainer's welcome would be refused, so the start says so instead."""
+        largest = self.capacity_spec()
+        if largest.nbytes <= MAX_BATCH_NBYTES:
+            return []
+        return [
+            f"the largest batch ({largest.batch_size} images of {largest.height}x{largest.width}, "
+            f"{self.output_dtype}: {largest.nbytes / 2**30:.1f} GiB) is over the "
+            f"{MAX_BATCH_NBYTES >> 30} GiB a client accepts: lower --batch-size, "
+            "--max-batch-size, --image-size or --max-image-size, or use --output-dtype uint8"
+        ]
 
     def _mix_problems(self) -> list[str]:
         """What is wrong with the --train/--val mixes and --mix-schedule (pipeline.sources.mix)."""
