@@ -22,10 +22,11 @@ adopts them (they then take their slots) or drops them. The loader's position (i
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -265,8 +266,10 @@ class BatchReceiver:
                     self._carry_out(self.fleet.on_send_failed(action))
             elif isinstance(action, core.AdoptEarly):
                 assert self.stager is not None
+                endpoint = self.fleet.peers[action.server].endpoint
                 for h, images, labels in self._early.pop(action.server, []):
-                    staged = self.stager.stage_frames(h, images, labels)
+                    with _named(endpoint, h):
+                        staged = self.stager.stage_frames(h, images, labels)
                     self.held[h.batch_index] = Arrived(h, staged, action.server)
             elif isinstance(action, core.DropEarly):
                 self._early.pop(action.server, None)
@@ -370,17 +373,12 @@ class BatchReceiver:
             self._early.setdefault(i, []).append((h, *self._recv_frames(c, h)))
         else:
             assert self.stager is not None
-            try:
-                if isinstance(self.stager, CpuStager):
-                    staged = self.stager.stage_frames(h, *self._recv_frames(c, h))
-                else:
-                    staged = self._recv_into_slot(self.stager, c, h)
-            except ProtocolError as exc:
-                if c.endpoint not in exc.args[0]:  # a label check's (the frame checks name it)
-                    exc.args = (
-                        f"pipeline-server at {c.endpoint}: batch {h.batch_index}: {exc.args[0]}",
-                    )
-                raise
+            if isinstance(self.stager, CpuStager):
+                frames = self._recv_frames(c, h)
+                with _named(c.endpoint, h):
+                    staged = self.stager.stage_frames(h, *frames)
+            else:
+                staged = self._recv_into_slot(self.stager, c, h)
             self.held[h.batch_index] = Arrived(h, staged, i)
         self._carry_out(actions)
 
@@ -393,7 +391,8 @@ class BatchReceiver:
         self._check_frames(c, h, size, more, "images")
         size, more = c.recv_into(slot.labels_buffer(h.labels_nbytes // 8))
         self._check_frames(c, h, size, more, "labels")
-        return stager.stage(slot, h)
+        with _named(c.endpoint, h):
+            return stager.stage(slot, h)
 
     def _recv_frames(self, c: ServerConnection, h: wire.BatchHeader) -> tuple[zmq.Frame, zmq.Frame]:
         """Receive the images and labels frames as they are (no copy), checking their sizes."""
@@ -422,3 +421,15 @@ class BatchReceiver:
                 f"pipeline-server at {c.endpoint}: batch {h.batch_index} labels frame has "
                 f"{size} bytes, expected {h.labels_nbytes}{' and then more frames' if more else ''}"
             )
+
+
+@contextlib.contextmanager
+def _named(endpoint: str, h: wire.BatchHeader) -> Iterator[None]:
+    """A staged batch's `ProtocolError` (a label the welcome rules out: `wire.check_labels`)
+    names the server that sent it and the batch, as the frame checks do."""
+    try:
+        yield
+    except ProtocolError as exc:
+        raise ProtocolError(
+            f"pipeline-server at {endpoint}: batch {h.batch_index}: {exc}"
+        ) from None

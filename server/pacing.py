@@ -26,9 +26,9 @@ split at one output size; another image size shares no batch and no sample; anot
 shares samples only through the sample window, so without one it is another group). The window
 holds the batches and samples of every group read at the time, so each group active now (in
 `laggards`) paces to its share of the span: two sizes read at once have half the window each.
-The allowance is
-the peer's, not the session's: each new hello of a loader (every epoch, a resume) is a new
-session, and a fresh allowance per hello would hold a job of short epochs far beyond its share.
+The allowance is the peer's, not the session's: each new hello of a loader (every epoch, a
+resume) is a new session, and a fresh allowance per hello would hold a job of short epochs far
+beyond its share.
 """
 
 from __future__ import annotations

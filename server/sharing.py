@@ -82,11 +82,8 @@ def window_statement(requested: int | None, max_buffers: int, sample_batches: in
     else:
         of = f"--max-buffers {max_buffers}"
     if window == 0:
-        return (
-            "share window: off (--share-window 0)"
-            if requested == 0
-            else (f"share window: off (a quarter of {of} is 0)")
-        )
+        why = "--share-window 0" if requested == 0 else f"a quarter of {of} is 0"
+        return f"share window: off ({why})"
     asked = DEFAULT_WINDOW if requested is None else requested
     batches = "batch" if window == 1 else "batches"
     if window < asked:
