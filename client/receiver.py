@@ -42,6 +42,9 @@ from batchwire.wire.keys import ClientKeys
 log = logging.getLogger(__name__)
 
 _POLL_MS = 100  # longest single poll; bounds how late a reconnect or timeout is noticed
+#: Messages taken from one server before the loader looks at its clock and the others again: a
+#: server that floods it faster than it can read must not keep it from its timeout for ever.
+MAX_RECV_PER_TURN = 256
 # While the consumer waits this long or longer for a batch, the loader says so (and again each
 # time this much more has passed): address, seconds waited, and what the server is doing.
 WAIT_SAY_S = 5.0
@@ -326,11 +329,11 @@ class BatchReceiver:
     def _receive_ready(self) -> None:
         for i, c in enumerate(self.conns):
             # The list may grow, or a server leave, while its batches are carried out.
-            while (
-                c is not None
-                and self.conns[i] is c
-                and c.socket.getsockopt(zmq.EVENTS) & zmq.POLLIN
-            ):
+            for _ in range(MAX_RECV_PER_TURN):
+                if c is None or self.conns[i] is not c:
+                    break
+                if not c.socket.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                    break
                 self._receive_one(i, c)
 
     def _receive_one(self, i: int, c: ServerConnection) -> None:

@@ -127,8 +127,10 @@ def test_a_welcome_announcing_terabytes_is_a_protocol_error_naming_the_server(ca
 
 def test_a_flood_of_unsolicited_messages_still_times_out_naming_the_server():
     """Stats replies, stale welcomes and stale errors as fast as the server can send them,
-    never a batch: the loader keeps up (each is a few microseconds) and gives up at its
-    timeout, naming the server, instead of spinning in its receive loop for ever."""
+    never a batch, for as long as the loader listens (up to 30 s): it gives up at its 2 s
+    timeout, naming the server, instead of spinning in its receive loop while the flood lasts
+    (it reads at most `MAX_RECV_PER_TURN` messages of a server before it looks at its clock;
+    a loaded machine, slower than the flood, took 6.5-12.9 s before that bound)."""
     frames: list[bytes] = []
 
     def reply(sock, identity, hello, stop):
@@ -139,7 +141,7 @@ def test_a_flood_of_unsolicited_messages_still_times_out_naming_the_server():
             wire.ErrorReply(message="old", session=s - 1).pack(),
             wirefakes.header(s - 1, 0).pack(),
         ]
-        sent, until = 0, time.monotonic() + 6
+        sent, until = 0, time.monotonic() + 30
         while not stop.is_set() and time.monotonic() < until:
             for f in frames:
                 try:
@@ -159,7 +161,7 @@ def test_a_flood_of_unsolicited_messages_still_times_out_naming_the_server():
             next(iter(loader))
         took = time.monotonic() - started
     assert srv.endpoint in str(info.value)
-    assert took < 4.5, f"a 2 s timeout took {took:.1f} s under a flood"
+    assert took < 10, f"a 2 s timeout took {took:.1f} s under a flood"
 
 
 @pytest.mark.parametrize("bad", [[10**12, 0], [0, -5]])
