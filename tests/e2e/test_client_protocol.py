@@ -8,14 +8,11 @@ that works is tested against real servers in test_remote_loader*.py.
 from __future__ import annotations
 
 import itertools
-import threading
 import time
-from collections.abc import Callable
 
 import msgpack
 import pytest
 import wirefakes
-import zmq
 from batchwire import wire
 from batchwire.client import (
     ProtocolError,
@@ -25,7 +22,7 @@ from batchwire.client import (
     VersionMismatch,
 )
 from batchwire.client.fleet import ERRORS_BEFORE_RAISING
-from wirefakes import NBYTES
+from wirefakes import NBYTES, RawServer
 
 
 def welcome(session: int) -> bytes:
@@ -40,42 +37,8 @@ def labels(k: int) -> bytes:
     return wire.labels_to_frame([k, k + 1]).tobytes()
 
 
-class RawServer:
-    """A ROUTER that answers each epoch-0 hello with ``reply(identity, hello)``.
-
-    It serves one epoch only: the loader's early hello for epoch 1 (sent once epoch 0 is
-    delivered) stays unanswered, as a real server would never answer it with epoch-0 batches."""
-
-    def __init__(self, reply: Callable[[zmq.Socket, bytes, wire.Hello], None]) -> None:
-        self.ctx = zmq.Context()
-        self.sock = self.ctx.socket(zmq.ROUTER)
-        self.sock.linger = 0
-        port = self.sock.bind_to_random_port("tcp://127.0.0.1")
-        self.endpoint = f"tcp://127.0.0.1:{port}"
-        self._reply = reply
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="raw-server", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            if not self.sock.poll(50):
-                continue
-            identity, frame = self.sock.recv_multipart()
-            msg = wire.decode_client_message(frame)
-            if isinstance(msg, wire.Hello) and msg.epoch == 0:
-                self._reply(self.sock, identity, msg)
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(5)
-        assert not self._thread.is_alive(), "raw server thread did not stop"
-        self.sock.close()
-        self.ctx.term()
-
-
 def run_loader(reply) -> list:
-    srv = RawServer(reply)
+    srv = RawServer(lambda sock, identity, hello, _stop: reply(sock, identity, hello))
     try:
         with RemoteLoader(
             srv.endpoint, "train", rank=0, world_size=1, device="cpu", with_indices=True, timeout=5,
@@ -169,7 +132,7 @@ def test_batch_unlike_the_welcome_is_a_protocol_error():
 
 @pytest.mark.timeout(30)
 def test_peer_that_never_answers_the_hello_times_out_naming_it():
-    srv = RawServer(lambda sock, identity, hello: None)
+    srv = RawServer(lambda sock, identity, hello, _stop: None)
     try:
         loader = RemoteLoader(
             srv.endpoint, "train", rank=0, world_size=1, device="cpu", timeout=1.0
@@ -193,7 +156,7 @@ def test_a_repeated_error_reply_is_raised_as_the_servers_error_after_a_few_backe
         sock.send_multipart([identity, welcome(hello.session)])
         sock.send_multipart([identity, wire.ErrorReply(message="disk on fire").pack()])
 
-    srv = RawServer(reply)
+    srv = RawServer(lambda sock, identity, hello, _stop: reply(sock, identity, hello))
     try:
         with RemoteLoader(
             srv.endpoint, "train", rank=0, world_size=1, device="cpu", timeout=30

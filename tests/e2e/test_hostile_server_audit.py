@@ -11,9 +11,7 @@ chose, never a batch the trainer did not ask for.
 from __future__ import annotations
 
 import resource
-import threading
 import time
-from collections.abc import Callable
 
 import pytest
 import torch
@@ -24,55 +22,9 @@ from batchwire.client import ProtocolError, RemoteLoader, ServerUnavailable
 from batchwire.wire.raw_client import RawClient
 from loaderchecks import assert_same, rest
 from serverproc import running_server, small_server_args
-from wirefakes import NBYTES
+from wirefakes import NBYTES, RawServer
 
 pytestmark = pytest.mark.timeout(60)
-
-Reply = Callable[[zmq.Socket, bytes, wire.Hello, threading.Event], None]
-OnCredit = Callable[[zmq.Socket, bytes, wire.Hello, wire.Credit], None]
-
-
-class HostileServer:
-    """A ROUTER that answers each epoch-0 hello with ``reply(sock, identity, hello, stop)``
-    (on its own thread, so a reply may go on sending until ``stop`` is set), and each credit
-    after one with ``on_credit(sock, identity, hello, credit)``."""
-
-    def __init__(self, reply: Reply, on_credit: OnCredit | None = None) -> None:
-        self.ctx = zmq.Context()
-        self.sock = self.ctx.socket(zmq.ROUTER)
-        self.sock.linger = 0
-        self.endpoint = f"tcp://127.0.0.1:{self.sock.bind_to_random_port('tcp://127.0.0.1')}"
-        self.hellos: list[wire.Hello] = []
-        self._reply = reply
-        self._on_credit = on_credit
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="hostile-server", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            if not self.sock.poll(50):
-                continue
-            identity, frame = self.sock.recv_multipart()
-            msg = wire.decode_client_message(frame)
-            if isinstance(msg, wire.Hello) and msg.epoch == 0:
-                self.hellos.append(msg)
-                self._reply(self.sock, identity, msg, self._stop)
-            elif isinstance(msg, wire.Credit) and self.hellos and self._on_credit:
-                self._on_credit(self.sock, identity, self.hellos[-1], msg)
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(5)
-        assert not self._thread.is_alive(), "hostile server thread did not stop"
-        self.sock.close()
-        self.ctx.term()
-
-    def __enter__(self) -> HostileServer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 def rss_mib() -> float:
@@ -109,7 +61,7 @@ def test_a_welcome_announcing_terabytes_is_a_protocol_error_naming_the_server(ca
         sock.send_multipart([identity, huge_welcome(hello.session, shape, views)])
 
     before = rss_mib()
-    with HostileServer(reply) as srv:
+    with RawServer(reply) as srv:
         started = time.monotonic()
         with (
             RemoteLoader(
@@ -151,7 +103,7 @@ def test_a_flood_of_unsolicited_messages_still_times_out_naming_the_server():
                     pass
         frames.append(str(sent).encode())
 
-    with HostileServer(reply) as srv:
+    with RawServer(reply) as srv:
         started = time.monotonic()
         with (
             RemoteLoader(srv.endpoint, "train", rank=0, world_size=1, device="cpu", timeout=2)
@@ -177,7 +129,7 @@ def test_a_label_no_class_has_is_a_protocol_error_naming_the_server(bad):
         sock.send_multipart([identity, wirefakes.header(s, 0).pack(), b"\1" * NBYTES, labels])
 
     with (
-        HostileServer(reply) as srv,
+        RawServer(reply) as srv,
         RemoteLoader(srv.endpoint, "train", rank=0, world_size=1, device="cpu", timeout=3)
         as loader,
         pytest.raises(ProtocolError) as info,
@@ -253,7 +205,7 @@ def test_a_fleet_member_that_sends_a_batch_it_was_not_asked_for_is_named(honest)
 
     got = []
     with (
-        HostileServer(reply, on_credit) as hostile,
+        RawServer(reply, on_credit) as hostile,
         fleet_loader([srv.endpoint, hostile.endpoint]) as loader,
         pytest.raises(ProtocolError) as info,
     ):
@@ -279,7 +231,7 @@ def test_a_fleet_member_that_welcomes_and_stalls_leaves_the_epoch_to_the_honest_
         sock.send_multipart([identity, mimic(w, hello.session)])
 
     with (
-        HostileServer(reply) as hostile,
+        RawServer(reply) as hostile,
         fleet_loader([srv.endpoint, hostile.endpoint], timeout=6.0) as loader,
     ):
         started = time.monotonic()
