@@ -103,12 +103,15 @@ class Assignment:
         # slow server (SLOW_PACE_FACTOR) is asked as `takes` says.
         cap = max(1, -(-3 * self.budget // (2 * max(1, len(candidates)))))
         fastest = min((p.pace for p in takers if p.pace > 0.0), default=0.0)
+        # A server silent while it owed since it last delivered (`liveness.silent`) is slow
+        # while another is not: until it delivers again, not for the pace it then shows.
+        heard = any(not p.silences for p in takers)
 
         def outstanding(p: Peer) -> int:
             return p.outstanding() + len(asks.get(p.index, ()))
 
         def slow(p: Peer) -> bool:
-            return p.pace > SLOW_PACE_FACTOR * fastest > 0.0
+            return (heard and p.silences > 0) or p.pace > SLOW_PACE_FACTOR * fastest > 0.0
 
         def takes(p: Peer, k: int) -> bool:
             """Does ``p``, batch ``k``'s preferred server, get it? Not past its room; a slow

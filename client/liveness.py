@@ -68,9 +68,8 @@ def silent(peers: Sequence[Peer], since: float, now: float, timeout: float) -> l
                 "batches" if p.state is PeerState.STREAMING else "a welcome",
             )
             p.heartbeat = min(2 * p.heartbeat, max(timeout / 2, 1.0))
-            # As slow as its silence (`assignment.SLOW_PACE_FACTOR`): it is asked for one late
-            # batch at most until it delivers, instead of the one the consumer waits for.
-            p.pace = max(p.pace, quiet)
+            # Slow until it delivers (`assignment`): asked for one late batch at most, instead
+            # of the one the consumer waits for.
             p.silences += 1
             quiet_ones.append(p)
     return quiet_ones
