@@ -5,6 +5,10 @@
 #
 #   bash scripts/gpu_check.sh [--budget SECONDS]          # on the GPU machine (default 480 s)
 #   bash scripts/gpu_check.sh --cpu [--budget SECONDS]    # no GPU: rehearses the steps here
+#   bash scripts/gpu_check.sh --only 'CUDA tests,sanitizer initcheck'   # a rerun of some steps
+#
+# --only NAMES (comma-separated, as the table names them): the install and the op's build always
+# run; the other steps not named are NOT RUN ("not selected"), so a short lease can re-check what failed.
 #
 # Without a visible GPU (no nvidia-smi, no device it lists, or torch.cuda.is_available() false)
 # and without --cpu it exits 2 at once, saying so. Run it under a call limit of the budget + 60 s.
@@ -32,11 +36,14 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 cpu=0
 budget=480
+only=
 while [ $# -gt 0 ]; do
     case $1 in
         --cpu) cpu=1 ;;
         --budget) budget=${2:?--budget needs SECONDS}; shift ;;
         --budget=*) budget=${1#*=} ;;
+        --only) only=${2:?--only needs step names}; shift ;;
+        --only=*) only=${1#*=} ;;
         *) echo "gpu_check.sh: unknown argument $1 (--cpu, --budget SECONDS)" >&2; exit 64 ;;
     esac
     shift
@@ -73,6 +80,22 @@ start=$SECONDS
 deadline=$((SECONDS + budget))
 kit=${GPU_KIT:-.gpukit}
 
+# selected NAME: true without --only, or when NAME (or, for "sanitizers", one of its tools'
+# rows) is among --only's names.
+selected() {
+    [ -z "$only" ] && return 0
+    case $1 in "install (kit, batchwire)" | "CUDA build of the op") return 0 ;; esac  # needed first
+    local want
+    IFS=',' read -ra want <<< "$only"
+    for w in "${want[@]}"; do
+        w=$(echo "$w" | sed 's/^ *//; s/ *$//')
+        [ "$w" = "$1" ] && return 0
+        [ "$1" = sanitizers ] && [[ $w == "sanitizer "* ]] && return 0
+        [ "$1" = "kernel alone" ] && [[ $w == "kernel "* ]] && return 0
+        [ "$1" = "GPU vs CPU reference" ] && [[ $w == *" vs "* ]] && return 0
+    done
+    return 1
+}
 record() { printf '%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "${4:-}" >> "$results"; }
 # run_step NAME CAP NEED CMD...: CMD under `timeout` for min(CAP, what is left of the budget);
 # NOT RUN when less than NEED seconds are left. Its rows come from the verdict file, else from
@@ -81,6 +104,10 @@ run_step() {
     local name=$1 cap=$2 need=$3
     shift 3
     local left=$((deadline - SECONDS))
+    if ! selected "$name"; then
+        record "$name" "NOT RUN" 0 "not selected (--only)"
+        return
+    fi
     if [ "$left" -lt "$need" ]; then
         echo "=== $name: NOT RUN (no time: ${left} s of the budget left, it needs ${need} s)"
         record "$name" "NOT RUN" 0 "no time left in --budget $budget (${left} s left, needs ~${need} s)"
@@ -174,7 +201,7 @@ run_step "server -> RemoteLoader" 90 30 "$py" $steps serve "${mode[@]}" --data "
 
 # ------------------------------------------------------------------------- 7. sanitizers
 if [ $cpu = 0 ]; then
-    run_step "sanitizers" 240 40 "$py" $steps sanitize
+    GPU_SANITIZERS=$only run_step "sanitizers" 240 40 "$py" $steps sanitize
 else
     for tool in memcheck racecheck synccheck initcheck; do
         record "sanitizer $tool" "NOT RUN" 0 "--cpu: no GPU"

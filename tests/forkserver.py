@@ -152,6 +152,15 @@ def _shebang_is(path: str, executable: str) -> bool:
     return line.rstrip(b"\r\n") == b"#!" + os.fsencode(executable)
 
 
+def _set_first_path(entry: str) -> None:
+    """Put first on `sys.path` what the interpreter puts there for this argv, in place of the
+    fork server's own script folder. Under PYTHONSAFEPATH (or -P) the interpreter puts nothing
+    there, and the fork server's first entry is then PYTHONPATH's first: it stays (replacing it
+    lost an overlay site of installed packages, scripts/gpu_check.sh's, for every child)."""
+    if not sys.flags.safe_path:
+        sys.path[0] = entry
+
+
 def _run_as_main(kind: str, target: str, rest: list[str]) -> None:
     """Run ``target`` as `__main__`, as the interpreter would for that argv."""
     import runpy
@@ -162,16 +171,16 @@ def _run_as_main(kind: str, target: str, rest: list[str]) -> None:
     sys.modules["__main__"] = main
     if kind == "module":
         sys.argv = ["-m", *rest]
-        sys.path[0] = os.getcwd()
+        _set_first_path(os.getcwd())
         runpy._run_module_as_main(target, alter_argv=True)  # what `python -m` calls
         return
     if kind == "code":
         sys.argv = ["-c", *rest]
-        sys.path[0] = ""
+        _set_first_path("")
         exec(compile(target, "<string>", "exec"), main.__dict__)
         return
     sys.argv = [target, *rest]
-    sys.path[0] = os.path.dirname(target)
+    _set_first_path(os.path.dirname(target))
     main.__file__ = target
     source = Path(target).read_bytes()
     exec(compile(source, target, "exec"), main.__dict__)

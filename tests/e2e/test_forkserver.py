@@ -213,3 +213,37 @@ def test_a_forked_child_s_own_python_children_are_forked_too(
     )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
     assert done.stdout == "True\n", done.stderr  # torch was there before the grandchild ran
+
+
+def test_a_safe_path_interpreter_keeps_pythonpath_first_in_a_forked_child(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under PYTHONSAFEPATH the interpreter puts no script folder or working directory first on
+    sys.path, so PYTHONPATH's first entry is first; a forked child must keep it. (The GPU check
+    installs batchwire into an overlay site on PYTHONPATH with PYTHONSAFEPATH=1: every server
+    a CUDA test started was forked without that site and could not import batchwire.)"""
+    site = tmp_path / "site"
+    (site / "bw_overlay_probe").mkdir(parents=True)
+    (site / "bw_overlay_probe" / "__init__.py").write_text("")
+    (site / "bw_overlay_probe" / "__main__.py").write_text(
+        "import sys; print('imported', sys.argv[1:], sys.path[0])"
+    )
+    script = tmp_path / "script.py"
+    script.write_text("import bw_overlay_probe, sys; print('script', sys.path[0])")
+    monkeypatch.setenv("PYTHONSAFEPATH", "1")
+    monkeypatch.setenv("PYTHONPATH", str(site))
+    argvs = [
+        [sys.executable, "-m", "bw_overlay_probe", "arg"],
+        [sys.executable, "-c", "import bw_overlay_probe, sys; print('code', sys.path[0])"],
+        [sys.executable, str(script)],
+    ]
+    fresh = [_run(argv, tmp_path) for argv in argvs]  # real execs: this environment is new
+    with ForkServer.start() as server:
+        server.install()
+        try:
+            forked = [_run(argv, tmp_path) for argv in argvs]
+        finally:
+            server.uninstall()
+        assert server.forked == len(argvs), server.execd
+    assert fresh[0] == (0, f"imported ['arg'] {site}\n", "")
+    assert forked == fresh

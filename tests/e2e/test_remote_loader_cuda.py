@@ -103,8 +103,9 @@ def test_cuda_next_epoch_started_early_equals_a_fresh_cpu_run(server, cpu_run):
     ) as loader:
         loader.set_epoch(1)
         cpu_epoch1 = [tuple(t.clone() for t in b) for b in loader]
-    hellos = re.compile(r": train epoch 1 rank 0/1 from batch 0")
+    hellos = re.compile(r": train epoch 1 rank 0/1, asks for ")
     before = len(hellos.findall(server.log()))
+    assert before >= 1, "no hello for epoch 1 from the CPU run: the pattern is stale"
     with RemoteLoader(
         server.endpoint, "train", rank=0, world_size=1, device="cuda", with_indices=True,
         prefetch=2, **RAW,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from batchwire.bench.gpu_check import mean_diff_to_closer_reference, replicated_chroma_reference
 from batchwire.pipeline.decode import CpuBatchDecoder, DecodeRequest, read_header
 from batchwire.pipeline.decode.nvjpeg import (
     PROBE_JPEG,
@@ -152,10 +153,14 @@ def test_gpu_decode_matches_cpu_with_fallbacks():
         if exp.image is None:
             continue
         assert res.image is not None and res.image.device.type == "cuda", req.index
-        diff = (res.image.cpu().int() - exp.image.int()).abs().float()
-        # nvJPEG's IDCT and chroma upsampling differ from libjpeg-turbo's at sharp colour edges;
-        # an orientation or colour mistake would move the mean by tens of grey levels.
-        assert diff.mean().item() < 2.0 and diff.max().item() <= 96, req.index
+        # nvJPEG replicates chroma samples where libjpeg-turbo smooths them by default (2.44 grey
+        # levels apart on average on this picture, on an H200): measured against the closer of
+        # libjpeg-turbo's two upsamplings, only the IDCTs differ, by under a level. An
+        # orientation or colour mistake would move the mean by tens.
+        mean, most = mean_diff_to_closer_reference(
+            res.image, exp.image, replicated_chroma_reference(req.data)
+        )
+        assert mean < 1.0 and most <= 96, (req.index, mean, most)
     assert dec.fallbacks == len(fell)  # truncated, CMYK, oversize (progressive, if refused)
     assert dec.failures == 1
 

@@ -117,3 +117,41 @@ def test_built_kit_has_an_image_wheel_for_every_requirement() -> None:
             assert need in image or need in kit, f"{wheels[name]} needs {need}: neither has it"
     assert (BUILT_KIT / "lib" / "libturbojpeg.so.0").is_file()
     assert (BUILT_KIT / "include" / "jpeglib.h").is_file()
+
+
+#: compute-sanitizer's printed errors, as initcheck printed them on the H200 (2026-11-28),
+#: backtraces cut short.
+SANITIZER_OUTPUT = """========= COMPUTE-SANITIZER
+========= Uninitialized __global__ memory read of size 1 bytes
+=========     at void at::native::elementwise_kernel<128, 4>(int)+0x1f0
+=========     by thread (0,0,0) in block (0,0,0)
+=========         Host Frame: at::_ops::clone::call [0x29bb14d] in libtorch_cpu.so
+=========         Host Frame: test_unit_scale_copies_pixels_and_flip_mirrors in test_native.py:239
+=========         Host Frame: pytest_pyfunc_call in python.py:167
+=========
+========= Uninitialized __global__ memory read of size 4 bytes
+=========     at void batchwire_augment_kernel<float>(Params)+0x80
+=========         Host Frame: test_matches_reference_on_random_batches in test_native.py:133
+=========
+========= Uninitialized __global__ memory read of size 1 bytes
+=========     at void at::native::elementwise_kernel<128, 4>(int)+0x1f0
+=========         Host Frame: test_unit_scale_copies_pixels_and_flip_mirrors in test_native.py:239
+=========
+========= ERROR SUMMARY: 3 errors
+"""
+
+
+def test_sanitizer_errors_are_counted_by_kernel_and_test_line() -> None:
+    found = gpu_steps.sanitizer_errors(SANITIZER_OUTPUT)
+    torch_copy = (
+        "Uninitialized __global__ memory read of size 1 bytes",
+        "void at::native::elementwise_kernel<128, 4>(int)+0x1f0",
+        "test_unit_scale_copies_pixels_and_flip_mirrors in test_native.py:239",
+    )
+    ours = (
+        "Uninitialized __global__ memory read of size 4 bytes",
+        "void batchwire_augment_kernel<float>(Params)+0x80",
+        "test_matches_reference_on_random_batches in test_native.py:133",
+    )
+    assert found == {torch_copy: 2, ours: 1}
+    assert gpu_steps.sanitizer_errors("========= ERROR SUMMARY: 0 errors\n") == {}
