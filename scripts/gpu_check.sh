@@ -29,7 +29,9 @@
 #      data-wait, the server's decode fallbacks, GPU memory;
 #   7. compute-sanitizer memcheck/racecheck/synccheck/initcheck over the op's CUDA tests
 #      ("Device not supported": NOT RUN, not available);
-#   8. the fused kernel alone against the card's memory bandwidth.
+#   8. the fused kernel alone against the card's memory bandwidth;
+#   9. a study, not a claim: the served rate by configuration (nvJPEG or the CPU decoder on the GPU
+#      server, the CPU alone, more producers), each with the server's stage times and CPU per image.
 # The CPU suite is not a step (CI runs it). Exit: 0 every step ran with no failure, 1 a failure,
 # 2 no GPU, 3 no failure but a step had no time (the check is incomplete).
 set -uo pipefail
@@ -92,6 +94,7 @@ selected() {
         [ "$w" = "$1" ] && return 0
         [ "$1" = sanitizers ] && [[ $w == "sanitizer "* ]] && return 0
         [ "$1" = "kernel alone" ] && [[ $w == "kernel "* ]] && return 0
+        [ "$1" = "serve study" ] && [[ $w == "serve study"* ]] && return 0
         [ "$1" = "GPU vs CPU reference" ] && [[ $w == *" vs "* ]] && return 0
     done
     return 1
@@ -210,6 +213,9 @@ fi
 
 # ------------------------------------------------------------------------- 8. kernel alone
 run_step "kernel alone" 90 20 "$py" $steps kernel "${mode[@]}" --data "$images"
+
+# ------------------------------------------------------------------------- 9. serve study
+run_step "serve study" 120 40 "$py" $steps study "${mode[@]}" --data "$images" --images 8192
 
 # -------------------------------------------------------------------------------- report
 echo

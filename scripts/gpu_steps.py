@@ -414,6 +414,79 @@ def step_serve(data: Path | None, cpu: bool, images: int) -> int:
     return 0
 
 
+#: The served configurations the study compares: (device, decoder, --workers, --producers), None
+#: the server's default. nvJPEG against the CPU decoder on the same GPU server, the CPU alone, and
+#: more producer threads: which of them moves the rate says where a GPU server's time goes.
+STUDY_CONFIGS: tuple[tuple[str, str, int | None, int | None], ...] = (
+    ("cuda", "nvjpeg", None, None),
+    ("cuda", "cpu", None, None),
+    ("cpu", "cpu", None, None),
+    ("cuda", "nvjpeg", None, 4),
+)
+
+
+def study_configs(cpu: bool) -> list[tuple[str, str, int | None, int | None]]:
+    """STUDY_CONFIGS on a GPU; on the CPU (a rehearsal) the CPU ones, with and without 2
+    producers, since nothing else runs there."""
+    if cpu:
+        return [("cpu", "cpu", None, None), ("cpu", "cpu", None, 2)]
+    return list(STUDY_CONFIGS)
+
+
+def step_study(data: Path | None, cpu: bool, images: int) -> int:
+    """The served rate by configuration, with the server's stages (recent ms per batch, depth
+    of bound) and its CPU seconds per image made: where a GPU server's time goes. (The first
+    H200 run served 2,001 images/s with the loader waiting 99.5 % of its time.)"""
+    from batchwire.bench.data import resolve_data
+    from batchwire.bench.e2e_row import pipeline_server, time_remote_loader
+    from batchwire.wire.stats_client import StatsUnavailable, fetch_stats
+
+    started = time.monotonic()
+    train = resolve_data(str(data) if data else None).server_train
+    configs = study_configs(cpu)
+    for i, (device, decoder, workers, producers) in enumerate(configs):
+        name = f"serve study: {device}/{decoder}" + (
+            f", {producers} producers" if producers else ""
+        )
+        share = seconds_left(started) / (len(configs) - i)
+        if share < 20:
+            verdict(name, "NOT RUN", "no time left in this step's cap")
+            continue
+        before = os.times()
+        try:
+            with pipeline_server(
+                train, batch_size=64, image_size=224, threads=workers, device=device,
+                decoder=decoder, producers=producers,
+            ) as endpoint:  # fmt: skip
+                measured, stats = time_remote_loader(
+                    endpoint, device=device, normalize_on_device=True,
+                    measure_images=images, max_seconds=max(5.0, share - 15),
+                )  # fmt: skip
+                try:
+                    snap = fetch_stats(endpoint)
+                except StatsUnavailable:
+                    snap = None
+        except Exception as e:  # one configuration failing (its server's start...) is its row
+            verdict(name, "FAIL", f"{type(e).__name__}: {str(e).splitlines()[0][:200]}")
+            continue
+        after = os.times()
+        server_cpu = (after.children_user - before.children_user) + (
+            after.children_system - before.children_system
+        )
+        made = snap.counters.images_total if snap else 0
+        stages = "; ".join(
+            f"{st.name} {st.latency_ms:.1f} ms ({st.depth}/{st.capacity})" for st in snap.stages
+        ) if snap else "no stats"  # fmt: skip
+        per_image = f"{1e3 * server_cpu / made:.2f} server CPU ms/image made" if made else ""
+        figures = (
+            f"{measured.images_per_s:.0f} images/s, data-wait "
+            f"{stats.get('data_wait_fraction', float('nan')):.1%}, {per_image} (its start "
+            f"included), {made} made; stages: {stages}"
+        )
+        verdict(name, "REHEARSED" if cpu else "PASS", figures)
+    return 0
+
+
 def _run_tail(cmd: Sequence[str], timeout: float, env: dict[str, str] | None = None):
     """Run `cmd` with its output printed and kept; None if it ran past `timeout`."""
     try:
@@ -615,10 +688,10 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     for name in ("gap", "rehearsal-requirements", "image-subset", "probe", "sanitize"):
         sub.add_parser(name)
-    for name in ("imports", "build", "compare", "serve", "kernel", "pytest"):
+    for name in ("imports", "build", "compare", "serve", "study", "kernel", "pytest"):
         p = sub.add_parser(name)
         p.add_argument("--cpu", action="store_true")
-        if name in ("compare", "serve", "kernel"):
+        if name in ("compare", "serve", "study", "kernel"):
             p.add_argument("--data", type=Path)
             p.add_argument("--images", type=int, default=256 if name == "compare" else 4096)
         if name == "pytest":
@@ -657,6 +730,7 @@ def main(argv: list[str] | None = None) -> int:
         "pytest": lambda: step_pytest(args.name, args.cpu, args.args),
         "compare": lambda: step_compare(args.data, args.cpu, args.images),
         "serve": lambda: step_serve(args.data, args.cpu, args.images),
+        "study": lambda: step_study(args.data, args.cpu, args.images),
         "kernel": lambda: step_kernel(args.data, args.cpu),
     }
     return steps[args.command]()
