@@ -46,11 +46,28 @@ while [ $# -gt 0 ]; do
         --budget=*) budget=${1#*=} ;;
         --only) only=${2:?--only needs step names}; shift ;;
         --only=*) only=${1#*=} ;;
-        *) echo "gpu_check.sh: unknown argument $1 (--cpu, --budget SECONDS)" >&2; exit 64 ;;
+        *) echo "gpu_check.sh: unknown argument $1 (--cpu, --budget SECONDS, --only NAMES)" >&2; exit 64 ;;
     esac
     shift
 done
 [[ $budget =~ ^[0-9]+$ ]] || { echo "gpu_check.sh: --budget takes whole seconds, got $budget" >&2; exit 64; }
+# trim NAME: without leading and trailing spaces.
+trim() { local w=$1; w=${w#"${w%%[! ]*}"}; printf '%s' "${w%"${w##*[! ]}"}"; }
+# --only's names, each a step or a row of the table: a typo would check nothing and exit 0.
+if [ -n "$only" ]; then
+    IFS=',' read -ra wanted <<< "$only"
+    for w in "${wanted[@]}"; do
+        case $(trim "$w") in
+            "install (kit, batchwire)" | environment | "CUDA build of the op" | "launch probe" \
+                | "CUDA tests" | "CUDA tests: DALI" | "GPU vs CPU reference" | "nvjpeg vs libjpeg-turbo" \
+                | "dali vs libjpeg-turbo" | "op vs float64 reference" | "server -> RemoteLoader" \
+                | sanitizers | "sanitizer memcheck" | "sanitizer racecheck" | "sanitizer synccheck" \
+                | "sanitizer initcheck" | "kernel alone" | "kernel uint8" | "kernel float32" \
+                | "serve study" | "serve study: "*) ;;
+            *) echo "gpu_check.sh: --only: no step or row is named '$(trim "$w")'" >&2; exit 64 ;;
+        esac
+    done
+fi
 py=${PYTHON:-python3}
 mode=()
 [ $cpu = 1 ] && mode=(--cpu)
@@ -87,12 +104,12 @@ kit=${GPU_KIT:-.gpukit}
 selected() {
     [ -z "$only" ] && return 0
     case $1 in "install (kit, batchwire)" | "CUDA build of the op") return 0 ;; esac  # needed first
-    local want
+    local want w
     IFS=',' read -ra want <<< "$only"
     for w in "${want[@]}"; do
-        w=$(echo "$w" | sed 's/^ *//; s/ *$//')
+        w=$(trim "$w")
         [ "$w" = "$1" ] && return 0
-        [ "$1" = sanitizers ] && [[ $w == "sanitizer "* ]] && return 0
+        [ "$1" = sanitizers ] && [[ $w == sanitizer* ]] && return 0
         [ "$1" = "kernel alone" ] && [[ $w == "kernel "* ]] && return 0
         [ "$1" = "serve study" ] && [[ $w == "serve study"* ]] && return 0
         [ "$1" = "GPU vs CPU reference" ] && [[ $w == *" vs "* ]] && return 0
@@ -215,7 +232,7 @@ fi
 run_step "kernel alone" 90 20 "$py" $steps kernel "${mode[@]}" --data "$images"
 
 # ------------------------------------------------------------------------- 9. serve study
-run_step "serve study" 120 40 "$py" $steps study "${mode[@]}" --data "$images" --images 8192
+run_step "serve study" 120 85 "$py" $steps study "${mode[@]}" --data "$images" --images 8192
 
 # -------------------------------------------------------------------------------- report
 echo

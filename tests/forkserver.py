@@ -157,7 +157,7 @@ def _set_first_path(entry: str) -> None:
     fork server's own script folder. Under PYTHONSAFEPATH (or -P) the interpreter puts nothing
     there, and the fork server's first entry is then PYTHONPATH's first: it stays (replacing it
     lost an overlay site of installed packages, scripts/gpu_check.sh's, for every child)."""
-    if not sys.flags.safe_path:
+    if not getattr(sys.flags, "safe_path", False):  # -P / PYTHONSAFEPATH: Python 3.11+
         sys.path[0] = entry
 
 

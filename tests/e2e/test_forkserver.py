@@ -215,6 +215,7 @@ def test_a_forked_child_s_own_python_children_are_forked_too(
     assert done.stdout == "True\n", done.stderr  # torch was there before the grandchild ran
 
 
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="PYTHONSAFEPATH is Python 3.11's")
 def test_a_safe_path_interpreter_keeps_pythonpath_first_in_a_forked_child(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

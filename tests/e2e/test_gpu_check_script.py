@@ -99,6 +99,24 @@ def test_steps_with_no_time_left_are_not_run_never_passed(checkout: Path) -> Non
     ]  # fmt: skip
 
 
+def test_only_runs_the_named_steps_and_refuses_a_name_it_does_not_know(checkout: Path) -> None:
+    run, _ = run_check(
+        checkout, "--cpu", "--budget", "0", "--only", " CUDA tests, kernel uint8,sanitizers",
+        path=os.environ["PATH"], timeout=120,
+    )  # fmt: skip
+    assert run.returncode == 3, run.stdout + run.stderr  # the named steps had no time
+    rows = json.loads((checkout / "out" / "gpu-check.json").read_text())["steps"]
+    why = {r["step"]: r["figures"] for r in rows}
+    assert why["CUDA tests"].startswith("no time left")
+    assert why["kernel alone"].startswith("no time left")
+    assert why["CUDA build of the op"].startswith("no time left")  # always run: the tests need it
+    assert why["environment"] == why["serve study"] == "not selected (--only)"
+    assert why["server -> RemoteLoader"] == "not selected (--only)"
+    typo, _ = run_check(checkout, "--cpu", "--only", "CUDA test", path=os.environ["PATH"])
+    assert typo.returncode == 64 and "no step or row is named 'CUDA test'" in typo.stderr
+    assert not (checkout / "out" / "gpu-check-table.txt").read_text().count("CUDA test'")
+
+
 def test_on_a_gpu_a_skip_fails_the_step_but_dali_absence_is_not_run(tmp_path, monkeypatch):
     # Real pytest runs on two small test files: a module skipped for DALI's absence, and a test
     # skipped for want of CUDA (as a CUDA test on a machine where CUDA did not come up).

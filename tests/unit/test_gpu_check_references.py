@@ -32,10 +32,9 @@ def test_a_replicated_chroma_image_passes_and_a_mistake_does_not() -> None:
     default = torch.from_numpy(decode_full(data))
     replicated = replicated_chroma_reference(data)
     as_nvjpeg = torch.from_numpy(replicated.copy())
-    # Against the default decode alone it would be 2.4 levels off (the H200's figure).
-    assert (as_nvjpeg.int() - default.int()).abs().float().mean().item() == pytest.approx(
-        2.4378, abs=1e-3
-    )
+    # Against the default decode alone it is levels off (2.4378 with libjpeg-turbo 2.1.5 here and
+    # for nvJPEG on the H200).
+    assert (as_nvjpeg.int() - default.int()).abs().float().mean().item() > 1.0
     mean, most = mean_diff_to_closer_reference(as_nvjpeg, default, replicated)
     assert mean == 0.0 and most > 0
     swapped = as_nvjpeg.flip(-1)  # BGR served as RGB

@@ -119,13 +119,14 @@ def test_built_kit_has_an_image_wheel_for_every_requirement() -> None:
     assert (BUILT_KIT / "include" / "jpeglib.h").is_file()
 
 
-#: compute-sanitizer's printed errors, as initcheck printed them on the H200 (2026-11-28),
-#: backtraces cut short.
+#: compute-sanitizer's printed errors in the shape initcheck printed them on the H200 (2026-11-28):
+#: backtraces cut short, the kernel lines made up (the log kept only the tail of one backtrace).
 SANITIZER_OUTPUT = """========= COMPUTE-SANITIZER
 ========= Uninitialized __global__ memory read of size 1 bytes
 =========     at void at::native::elementwise_kernel<128, 4>(int)+0x1f0
 =========     by thread (0,0,0) in block (0,0,0)
 =========         Host Frame: at::_ops::clone::call [0x29bb14d] in libtorch_cpu.so
+=========         Host Frame: _check_inputs in test_native.py:120
 =========         Host Frame: test_unit_scale_copies_pixels_and_flip_mirrors in test_native.py:239
 =========         Host Frame: pytest_pyfunc_call in python.py:167
 =========
@@ -137,6 +138,7 @@ SANITIZER_OUTPUT = """========= COMPUTE-SANITIZER
 =========     at void at::native::elementwise_kernel<128, 4>(int)+0x1f0
 =========         Host Frame: test_unit_scale_copies_pixels_and_flip_mirrors in test_native.py:239
 =========
+========= Target application returned an error
 ========= ERROR SUMMARY: 3 errors
 """
 
@@ -155,3 +157,37 @@ def test_sanitizer_errors_are_counted_by_kernel_and_test_line() -> None:
     )
     assert found == {torch_copy: 2, ours: 1}
     assert gpu_steps.sanitizer_errors("========= ERROR SUMMARY: 0 errors\n") == {}
+
+
+def test_the_sanitizer_summary_is_its_count_not_the_unprinted_rest() -> None:
+    tail = (
+        "========= ERROR SUMMARY: 7009 errors\n========= ERROR SUMMARY: 6989 errors were not "
+        "printed. Use --print-limit option to adjust the number of printed errors\n"
+    )  # run 1's initcheck, on the H200
+    assert gpu_steps.sanitizer_summary(tail) == "ERROR SUMMARY: 7009 errors"
+    race = "========= RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)\n"
+    assert gpu_steps.sanitizer_summary(race).startswith("RACECHECK SUMMARY: 0 hazards")
+    assert gpu_steps.sanitizer_summary("14 passed\n") == "no summary"
+
+
+@pytest.mark.parametrize(
+    ("only", "tools"),
+    [
+        ("", ["memcheck", "racecheck", "synccheck", "initcheck"]),
+        ("CUDA tests, sanitizers", ["memcheck", "racecheck", "synccheck", "initcheck"]),
+        ("CUDA tests,sanitizer initcheck", ["initcheck"]),
+        (" sanitizer racecheck , sanitizer memcheck", ["memcheck", "racecheck"]),
+        ("CUDA tests", []),
+    ],
+)
+def test_only_chooses_the_sanitizers_it_names(only: str, tools: list[str]) -> None:
+    assert gpu_steps.chosen_sanitizers(only) == tools
+
+
+def test_the_study_list_makes_epochs_long_enough(tmp_path: Path) -> None:
+    paths = [f"/data/{i}.jpg" for i in range(200)]  # the kit's 200 photos
+    lines = gpu_steps.study_list(paths, 64, tmp_path).read_text().splitlines()
+    assert len(lines) >= gpu_steps.STUDY_EPOCH_BATCHES * 64
+    assert len(lines) % 200 == 0 and lines[:200] == [f"{p} 0" for p in paths]
+    many = gpu_steps.study_list([f"/d/{i}" for i in range(5000)], 64, tmp_path).read_text()
+    assert len(many.splitlines()) == 5000  # long enough already: named once
