@@ -516,7 +516,45 @@ def step_study(data: Path | None, cpu: bool, images: int) -> int:
             f"({made} made); stages: {stages}"
         )
         verdict(name, "REHEARSED" if cpu else "PASS", figures)
+    if not cpu and seconds_left(started) > 15:
+        files = [Path(p) for p in resolve_data(str(data) if data else None).paths]
+        try:
+            verdict("serve study: nvjpeg alone", "PASS", nvjpeg_alone(files, seconds=4.0))
+        except Exception as e:  # torchvision without nvJPEG, a decode error: the row says which
+            verdict("serve study: nvjpeg alone", "FAIL", f"{type(e).__name__}: {e}"[:300])
     return 0
+
+
+def nvjpeg_alone(files: Sequence[Path], seconds: float) -> str:
+    """torchvision's nvJPEG decode alone, batches of 64 photos, from 1 thread and from 3 (the
+    server's producers): images/s each. torchvision serializes every `decode_jpeg` call on a
+    CUDA device behind one process-wide lock, so 3 threads are expected to gain nothing: this
+    bounds what `--decoder nvjpeg` can serve per server process."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import torch
+    from torchvision.io import decode_jpeg
+
+    datas = [torch.frombuffer(bytearray(f.read_bytes()), dtype=torch.uint8) for f in files]
+    batch = (datas * (1 + 64 // max(1, len(datas))))[:64]
+
+    def decode_for(deadline: float) -> int:
+        done = 0
+        while time.monotonic() < deadline:
+            decode_jpeg(batch, device="cuda")
+            torch.cuda.current_stream().synchronize()
+            done += len(batch)
+        return done
+
+    decode_for(time.monotonic() + 0.5)  # warm-up: the decoder's handles and buffers
+    rates = []
+    for threads in (1, 3):
+        begun = time.monotonic()
+        with ThreadPoolExecutor(threads) as pool:
+            done = sum(pool.map(decode_for, [begun + seconds / 2] * threads))
+        rate = done / (time.monotonic() - begun)
+        rates.append(f"{threads} thread{'s' if threads > 1 else ''} {rate:.0f} images/s")
+    return ", ".join(rates) + " (torchvision.io.decode_jpeg, batches of 64, to cuda)"
 
 
 def _images_made(endpoint: str) -> int:
