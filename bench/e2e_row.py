@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -89,7 +89,7 @@ def pipeline_server(
 
 
 def time_remote_loader(
-    endpoint: str,
+    endpoint: str | Sequence[str],
     *,
     device: str,
     normalize_on_device: bool,
@@ -100,7 +100,8 @@ def time_remote_loader(
     start_timeout: float = 120,
     keys: str | None = None,
 ) -> tuple[Measured, dict[str, Any]]:
-    """Time the train batches a RemoteLoader receives from `endpoint`, epoch after epoch.
+    """Time the train batches a RemoteLoader receives from `endpoint` (or several servers'
+    endpoints, one fleet), epoch after epoch.
 
     Returns the rate and the loader's own figures (`LoaderStats.as_dict()`, e.g. how much of
     the time the consumer waited for data).

@@ -30,8 +30,9 @@
 #   7. compute-sanitizer memcheck/racecheck/synccheck/initcheck over the op's CUDA tests
 #      ("Device not supported": NOT RUN, not available);
 #   8. the fused kernel alone against the card's memory bandwidth;
-#   9. a study, not a claim: the served rate by configuration (nvJPEG or the CPU decoder on the GPU
-#      server, the CPU alone, more producers), each with the server's stage times and CPU per image.
+#   9. a study, not a claim: nvJPEG's decode alone from 1 and 3 threads, then the served rate by
+#      configuration (nvJPEG or the CPU decoder on the GPU server, the CPU alone, more producers, two
+#      nvJPEG servers), each with the server's stage times and CPU per image.
 # The CPU suite is not a step (CI runs it). Exit: 0 every step ran with no failure, 1 a failure,
 # 2 no GPU, 3 no failure but a step had no time (the check is incomplete).
 set -uo pipefail
@@ -232,7 +233,7 @@ fi
 run_step "kernel alone" 90 20 "$py" $steps kernel "${mode[@]}" --data "$images"
 
 # ------------------------------------------------------------------------- 9. serve study
-run_step "serve study" 120 85 "$py" $steps study "${mode[@]}" --data "$images" --images 8192
+run_step "serve study" 150 110 "$py" $steps study "${mode[@]}" --data "$images" --images 8192
 
 # -------------------------------------------------------------------------------- report
 echo

@@ -21,6 +21,7 @@ image's packages that batchwire and the check need, for a venv that stands in fo
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -33,7 +34,7 @@ import xml.etree.ElementTree as ET
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 ROOT = Path(__file__).resolve().parents[1]
 IMAGE_PACKAGES = ROOT / "scripts" / "gpu_image_packages.txt"
@@ -420,26 +421,43 @@ def step_serve(data: Path | None, cpu: bool, images: int) -> int:
     return 0
 
 
-#: The served configurations the study compares: (device, decoder, --workers, --producers), None
-#: the server's default (3 producers). nvJPEG against the CPU decoder on the same GPU server, the
-#: CPU alone, and twice the producers: which of them moves the rate says where a GPU server's time
-#: goes.
-STUDY_CONFIGS: tuple[tuple[str, str, int | None, int | None], ...] = (
-    ("cuda", "nvjpeg", None, None),
-    ("cuda", "cpu", None, None),
-    ("cpu", "cpu", None, None),
-    ("cuda", "nvjpeg", None, 6),
+class StudyConfig(NamedTuple):
+    """One served configuration of the study: --device, --decoder, --producers (None: the
+    server's default, 3) and how many server processes the loader reads from together."""
+
+    device: str
+    decoder: str
+    producers: int | None = None
+    servers: int = 1
+
+    @property
+    def name(self) -> str:
+        name = f"serve study: {self.device}/{self.decoder}"
+        name += f", {self.producers} producers" if self.producers else ""
+        return name + (f", {self.servers} servers" if self.servers > 1 else "")
+
+
+#: What the study compares: nvJPEG against the CPU decoder on the same GPU server, the CPU alone,
+#: twice the producers, and two nvJPEG server processes. torchvision's CUDA decode holds one lock
+#: per process: more producers should not help if that lock is the limit, two processes should.
+STUDY_CONFIGS = (
+    StudyConfig("cuda", "nvjpeg"),
+    StudyConfig("cuda", "cpu"),
+    StudyConfig("cpu", "cpu"),
+    StudyConfig("cuda", "nvjpeg", producers=6),
+    StudyConfig("cuda", "nvjpeg", servers=2),
 )
 #: Batches in one epoch of the study at the least: the kit's 200 photos make 3 batches of 64, and
 #: an epoch that short measures epoch turnover as much as the server.
 STUDY_EPOCH_BATCHES = 32
 
 
-def study_configs(cpu: bool) -> list[tuple[str, str, int | None, int | None]]:
-    """STUDY_CONFIGS on a GPU; on the CPU (a rehearsal) the CPU ones, with the default and with
-    more producers, since nothing else runs there."""
+def study_configs(cpu: bool) -> list[StudyConfig]:
+    """STUDY_CONFIGS on a GPU; on the CPU (a rehearsal) the CPU ones: the default, more
+    producers, two servers."""
     if cpu:
-        return [("cpu", "cpu", None, None), ("cpu", "cpu", None, 4)]
+        return [StudyConfig("cpu", "cpu"), StudyConfig("cpu", "cpu", producers=4),
+                StudyConfig("cpu", "cpu", servers=2)]  # fmt: skip
     return list(STUDY_CONFIGS)
 
 
@@ -477,35 +495,44 @@ def step_study(data: Path | None, cpu: bool, images: int) -> int:
 
     started = time.monotonic()
     work = Path(os.environ.get("GPU_CHECK_WORK", tempfile.gettempdir()))
-    train = str(study_list(resolve_data(str(data) if data else None).paths, 64, work))
+    paths = resolve_data(str(data) if data else None).paths
+    train = str(study_list(paths, 64, work))
+    if not cpu:  # first: seconds, and the most telling figure
+        try:
+            verdict("serve study: nvjpeg alone", "PASS", nvjpeg_alone(paths, seconds=4.0))
+        except Exception as e:  # torchvision without nvJPEG, a decode error: the row says which
+            verdict("serve study: nvjpeg alone", "FAIL", f"{type(e).__name__}: {e}"[:300])
     configs = study_configs(cpu)
-    for i, (device, decoder, workers, producers) in enumerate(configs):
-        name = f"serve study: {device}/{decoder}"
-        name += f", {producers} producers" if producers else ""
+    for i, config in enumerate(configs):
         share = seconds_left(started) / (len(configs) - i)
         if share < 20:
-            verdict(name, "NOT RUN", "no time left in this step's cap")
+            verdict(config.name, "NOT RUN", "no time left in this step's cap")
             continue
         try:
-            with pipeline_server(
-                train, batch_size=64, image_size=224, threads=workers, device=device,
-                decoder=decoder, producers=producers,
-            ) as endpoint:  # fmt: skip
-                cpu_before, made_before = child_cpu_seconds(), _images_made(endpoint)
+            with contextlib.ExitStack() as stack:
+                endpoints = [
+                    stack.enter_context(pipeline_server(
+                        train, batch_size=64, image_size=224, threads=None,
+                        device=config.device, decoder=config.decoder, producers=config.producers,
+                    ))
+                    for _ in range(config.servers)
+                ]  # fmt: skip
+                cpu_before = child_cpu_seconds()
+                made_before = sum(_images_made(e) for e in endpoints)
                 measured, stats = time_remote_loader(
-                    endpoint, device=device, normalize_on_device=True,
+                    endpoints, device=config.device, normalize_on_device=True,
                     measure_images=images, max_seconds=max(5.0, share - 15),
                 )  # fmt: skip
                 cpu_used = child_cpu_seconds() - cpu_before
+                made = sum(_images_made(e) for e in endpoints) - made_before
                 try:
-                    snap = fetch_stats(endpoint)
+                    snap = fetch_stats(endpoints[0])
                 except StatsUnavailable:
                     snap = None
         except Exception as e:  # one configuration failing (its server's start...) is its row
-            print(f"{name}: {type(e).__name__}: {e}", flush=True)  # the server's log tail: why
-            verdict(name, "FAIL", f"{type(e).__name__}: {str(e).splitlines()[0][:200]}")
+            print(f"{config.name}: {type(e).__name__}: {e}", flush=True)  # the log tail: why
+            verdict(config.name, "FAIL", f"{type(e).__name__}: {str(e).splitlines()[0][:200]}")
             continue
-        made = snap.counters.images_total - made_before if snap else 0
         stages = "; ".join(
             f"{st.name} {st.latency_ms:.1f} ms ({st.depth}/{st.capacity})" for st in snap.stages
         ) if snap else "no stats"  # fmt: skip
@@ -513,19 +540,14 @@ def step_study(data: Path | None, cpu: bool, images: int) -> int:
         figures = (
             f"{measured.images_per_s:.0f} images/s, data-wait "
             f"{stats.get('data_wait_fraction', float('nan')):.1%}, {per_image} while serving "
-            f"({made} made); stages: {stages}"
+            f"({made} made); {'the first server' if config.servers > 1 else 'the server'}'s "
+            f"stages: {stages}"
         )
-        verdict(name, "REHEARSED" if cpu else "PASS", figures)
-    if not cpu and seconds_left(started) > 15:
-        files = [Path(p) for p in resolve_data(str(data) if data else None).paths]
-        try:
-            verdict("serve study: nvjpeg alone", "PASS", nvjpeg_alone(files, seconds=4.0))
-        except Exception as e:  # torchvision without nvJPEG, a decode error: the row says which
-            verdict("serve study: nvjpeg alone", "FAIL", f"{type(e).__name__}: {e}"[:300])
+        verdict(config.name, "REHEARSED" if cpu else "PASS", figures)
     return 0
 
 
-def nvjpeg_alone(files: Sequence[Path], seconds: float) -> str:
+def nvjpeg_alone(files: Sequence[str], seconds: float) -> str:
     """torchvision's nvJPEG decode alone, batches of 64 photos, from 1 thread and from 3 (the
     server's producers): images/s each. torchvision serializes every `decode_jpeg` call on a
     CUDA device behind one process-wide lock, so 3 threads are expected to gain nothing: this
@@ -535,7 +557,7 @@ def nvjpeg_alone(files: Sequence[Path], seconds: float) -> str:
     import torch
     from torchvision.io import decode_jpeg
 
-    datas = [torch.frombuffer(bytearray(f.read_bytes()), dtype=torch.uint8) for f in files]
+    datas = [torch.frombuffer(bytearray(Path(f).read_bytes()), dtype=torch.uint8) for f in files]
     batch = (datas * (1 + 64 // max(1, len(datas))))[:64]
 
     def decode_for(deadline: float) -> int:
