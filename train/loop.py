@@ -4,8 +4,11 @@ Resume contract. Data-parallel ranks move in lockstep (every optimizer step all-
 rank 0 writes the checkpoint of step s, every rank has consumed exactly the same number k of its
 own batches in the epoch. The checkpoint stores (epoch, k) and every rank's loader
 `state_dict()` (gathered to rank 0, a few numbers each); on restart each rank loads its own loader
-state, i.e. resumes its own shard at the same k. A mid-epoch resume therefore needs the same world
-size (the shards depend on it); an epoch-end checkpoint can be resumed with any world size.
+state, i.e. resumes its own shard at the same k. At another world size (an elastic restart under
+torchrun, a resized Slurm job) every rank loads rank 0's state, and the loader serves the rest of
+the epoch as one pass split over the new ranks (RemoteLoader's elastic resume: each remaining sample
+once, the last round padded with rows that train nothing); that pass's batches are numbered from 0,
+and the learning-rate curve resumes at the share of the epoch already trained.
 Batches trained after the last checkpoint are trained again after a restart: their updates are
 not in the checkpoint, so this repeats no update and skips no sample. SIGUSR1 (`preemption`)
 writes the checkpoint of the step it arrives in and stops, so that a stop announced ahead (a Slurm
@@ -47,12 +50,41 @@ from .models import build_model
 from .objective import Objective
 from .preemption import CheckpointedOnSignal, CheckpointRequest
 from .progress import EpochBar, LossAverage, loader_totals, throughput_meter
-from .record import IndexRecorder
+from .record import IndexRecorder, truncate_records
 from .resize import size_at
 from .schedule import build_scheduler, resume_schedule
 
 log = logging.getLogger(__name__)
 CHECKPOINT_FORMAT = 1
+
+
+class Pass:
+    """One pass of the train loader, begun: its batches `start` to `n` (each with the seconds
+    waited for it), the first already received. A loader that ends early is an error naming
+    the batch, not a short epoch trained in silence."""
+
+    def __init__(
+        self,
+        epoch: int,
+        start: int,
+        n: int,
+        first: tuple[Any, float] | None,
+        rest: Iterator[tuple[Any, float]],
+    ) -> None:
+        self.epoch, self.start, self.n = epoch, start, n
+        self._first, self._rest = first, rest
+
+    def __iter__(self) -> Iterator[tuple[Any, float]]:
+        pending, self._first = self._first, None
+        for k in range(self.start, self.n):
+            item = pending if pending is not None else next(self._rest, None)
+            pending = None
+            if item is None:
+                raise RuntimeError(
+                    f"the train loader ended after batch {k - 1} of epoch {self.epoch}; "
+                    f"expected {self.n} batches"
+                )
+            yield item
 
 
 @dataclass(frozen=True)
@@ -200,7 +232,7 @@ class Trainer:
             raise ConfigError(str(exc)) from None
         if found is None:
             if self.recorder:
-                self.recorder.truncate_to(0, 0)
+                self._cut_records(0, 0, 0)
             return
         path, state = found
         if state.get("format") != CHECKPOINT_FORMAT or state.get("model_name") != cfg.model:
@@ -211,9 +243,8 @@ class Trainer:
             )
         self.raw_model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
-        position = state["epoch"] * self.steps_per_epoch + math.ceil(
-            state["batch"] / cfg.accum_steps
-        )
+        loader_state = self._saved_loader_state(path, state) if state["batch"] > 0 else None
+        position = self._schedule_position(state, loader_state)
         if not resume_schedule(self.scheduler, state["scheduler"], position):
             self.say(
                 f"the learning-rate curve differs from the checkpoint's ({self.steps_per_epoch} "
@@ -222,25 +253,59 @@ class Trainer:
         if self.scaler is not None and state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
         self.epoch, self.batch, self.step = state["epoch"], state["batch"], state["step"]
-        if self.batch > 0:
-            if state["world_size"] != self.ctx.world_size:
-                raise ConfigError(
-                    f"{path} was written mid-epoch by {state['world_size']} ranks; resuming it "
-                    f"needs the same world size (this run has {self.ctx.world_size}), because "
-                    "each rank's shard of the epoch depends on it"
-                )
-            loader_state = state["loader"][self.ctx.rank]
-            position = (loader_state.get("epoch"), loader_state.get("next_batch"))
-            if position != (self.epoch, self.batch):
-                raise RuntimeError(
-                    f"{path} is inconsistent: rank {self.ctx.rank}'s loader stood at "
-                    f"(epoch, batch) {position}, the model at {(self.epoch, self.batch)}"
-                )
-            self._loader_state = loader_state
+        self._loader_state = loader_state
         if self.recorder:
-            self.recorder.truncate_to(self.epoch, self.batch)
+            pass_start = int(loader_state.get("start_sample", 0)) if loader_state else 0
+            self._cut_records(self.epoch, pass_start, self.batch)
         self.resumed = True
         self.say(f"resumed from {path}: epoch {self.epoch}, batch {self.batch}, step {self.step}")
+
+    def _saved_loader_state(self, path: Any, state: dict[str, Any]) -> dict[str, Any]:
+        """The loader state this rank resumes from: its own at the saved world size; rank 0's at
+        another (any rank's holds for all: ranks step in lockstep), which the loader turns into
+        the rest of the epoch split over this run's ranks."""
+        states = state["loader"]
+        same_world = state["world_size"] == self.ctx.world_size
+        loader_state = states[self.ctx.rank] if same_world else states[0]
+        position = (loader_state.get("epoch"), loader_state.get("next_batch"))
+        if position != (state["epoch"], state["batch"]):
+            rank = self.ctx.rank if same_world else 0
+            raise RuntimeError(
+                f"{path} is inconsistent: rank {rank}'s loader stood at (epoch, batch) "
+                f"{position}, the model at {(state['epoch'], state['batch'])}"
+            )
+        if not same_world:
+            self.say(
+                f"{path} was written mid-epoch by {state['world_size']} ranks; this run has "
+                f"{self.ctx.world_size}: the rest of epoch {state['epoch']} is split over them"
+            )
+        return loader_state
+
+    def _schedule_position(self, state: dict[str, Any], loader_state: dict | None) -> int:
+        """The optimizer steps a checkpoint stands at, in this run's steps per epoch: the
+        epoch's own batches by count; a pass of another world size by the share of the epoch's
+        samples trained before it (its batches count in another unit)."""
+        epoch_steps = state["epoch"] * self.steps_per_epoch
+        if loader_state is None:
+            return epoch_steps
+        world = int(loader_state["world_size"])
+        same_pass = int(loader_state.get("start_sample", 0)) == 0 and world == self.ctx.world_size
+        if same_pass:
+            return epoch_steps + math.ceil(state["batch"] / self.cfg.accum_steps)
+        shape = loader_state.get("epoch_shape") or loader_state.get("stream") or {}  # older name
+        round_size = int(shape.get("batch_size", 0)) * int(loader_state["epoch_world_size"])
+        trained = int(loader_state.get("start_sample", 0))
+        trained += int(loader_state["next_batch"]) * world * int(shape.get("batch_size", 0))
+        usable = (int(shape.get("num_samples", 0)) // round_size * round_size) if round_size else 0
+        share = min(1.0, trained / usable) if usable else 0.0
+        return epoch_steps + round(share * self.steps_per_epoch)
+
+    def _cut_records(self, epoch: int, pass_start: int, batch: int) -> None:
+        """Rank 0 cuts every rank's index record back to the resume point; all ranks wait for
+        it before any appends (after another world size, no rank owns the old ranks' files)."""
+        if self.ctx.is_main:
+            truncate_records(self.cfg.record_indices, epoch, pass_start, batch)
+        barrier(self.ctx)
 
     def save(self, epoch: int, batch: int, extra: dict[str, Any] | None = None) -> None:
         """Collective: gather loader states, rank 0 writes, everyone waits until it is on disk."""
@@ -269,29 +334,41 @@ class Trainer:
 
     # ------------------------------------------------------------------ training
 
-    def _batches(self, epoch: int, start: int) -> Iterator[tuple[Any, float]]:
-        """This epoch's train batches from `start` on, each with the seconds spent waiting.
+    def _start_pass(self, epoch: int, start: int) -> tuple[Pass, int, int, int]:
+        """Begin this epoch's pass of the train loader: (its batches from the first one on,
+        that first batch's index, the batches in the pass, the pass's first sample of the epoch
+        order: 0 for the epoch's own batches).
 
         With --resize-schedule the loader is asked for the epoch's size first; a restored
         mid-epoch state then sets the size its epoch was started at (the loader state holds it).
+        A restored state starts its pass where it was saved; at another world size that pass is
+        the rest of the epoch, numbered from its own batch 0, and the loader's length, once the
+        pass has begun, is that pass's.
         """
         if self.resize_steps:
             self.train_loader.set_image_size(size_at(self.resize_steps, epoch))
+        pass_start = 0
         if start > 0 and self._loader_state is not None:
             self.train_loader.load_state_dict(self._loader_state)
             self._loader_state = None
+            position = self.train_loader.state_dict()
+            start, pass_start = int(position["next_batch"]), int(position.get("start_sample", 0))
         else:
             self.train_loader.set_epoch(epoch)
-        it = iter(self.train_loader)
-        for k in range(start, self.num_batches):
+        batches = self._batches(iter(self.train_loader))
+        first = next(batches, None)  # begins the pass: the loader now knows its length
+        n = len(self.train_loader) if first is not None else start
+        return Pass(epoch, start, n, first, batches), start, n, pass_start
+
+    @staticmethod
+    def _batches(it: Iterator[Any]) -> Iterator[tuple[Any, float]]:
+        """Each batch of `it` with the seconds spent waiting for it."""
+        while True:
             t0 = time.perf_counter()
             try:
                 batch = next(it)
             except StopIteration:
-                raise RuntimeError(
-                    f"the train loader ended after batch {k - 1} of epoch {epoch}; "
-                    f"expected {self.num_batches} batches"
-                ) from None
+                return
             yield batch, time.perf_counter() - t0
 
     def _optimizer_step(self) -> None:
@@ -315,32 +392,35 @@ class Trainer:
 
         The meters count images (column 0) and the time blocked on each batch (intervals).
         """
-        n = self.num_batches
+        batches, start, n, pass_start = self._start_pass(epoch, start)
         self.model.train()
         epoch_meter, line_meter = throughput_meter(), throughput_meter()
         epoch_loss, line_loss = LossAverage(self.ctx.device), LossAverage(self.ctx.device)
         self._bar = EpochBar(self.ctx.is_main, n, initial=start, desc=f"epoch {epoch}")
+        meters = (epoch_meter, line_meter, epoch_loss, line_loss)
         try:
-            return self._train_batches(epoch, start, epoch_meter, line_meter, epoch_loss, line_loss)
+            return self._train_batches(batches, pass_start, *meters)
         finally:
             self._bar.close()
             self._bar = None
 
     def _train_batches(
         self,
-        epoch: int,
-        start: int,
+        batches: Pass,
+        pass_start: int,
         epoch_meter: RateMeter,
         line_meter: RateMeter,
         epoch_loss: LossAverage,
         line_loss: LossAverage,
     ) -> tuple[bool, RateMeter, float]:
-        cfg, accum, n = self.cfg, self.cfg.accum_steps, self.num_batches
+        """Train the pass's batches (`_start_pass`); ``pass_start``: its first sample."""
+        epoch, start, n = batches.epoch, batches.start, batches.n
+        cfg, accum = self.cfg, self.cfg.accum_steps
         assert self._bar is not None
         k = start
-        for (images, labels, indices), wait_s in self._batches(epoch, start):
+        for (images, labels, indices), wait_s in batches:
             if self.recorder:
-                self.recorder.append(epoch, k, torch.as_tensor(indices).tolist())
+                self.recorder.append(epoch, k, torch.as_tensor(indices).tolist(), pass_start)
             # Groups are aligned to batch 0 so a resumed epoch keeps them; a resume with another
             # --accum-steps gets one short first group, averaged over what it really has.
             group_start = max((k // accum) * accum, start)

@@ -142,3 +142,66 @@ def test_killed_rank_resumes_from_checkpoint_and_trains_the_epoch_exactly_once(
     assert (state["epoch"], state["batch"]) == (1, 0)
     assert state["step"] == -(-sampler.num_batches // 2)  # ceil: the last step has 1 micro-batch
     assert torch.isfinite(next(iter(state["model"].values()))).all()
+
+
+@pytest.mark.timeout(200)
+def test_a_mid_epoch_checkpoint_of_2_ranks_resumes_on_1_and_trains_each_sample_once(
+    tmp_path: Path,
+) -> None:
+    """An elastic restart (torchrun after a node is lost): 2 gloo ranks train 2 steps of epoch 0
+    and stop with a checkpoint; one process resumes it. The rest of the epoch is served to it as
+    one pass, so that the record holds every sample of the epoch (as 2 ranks cut it) exactly
+    once, and the epoch ends as a whole one. Before, the restart stopped with a ConfigError."""
+    ckpt, rec = tmp_path / "ckpt", tmp_path / "rec"
+    common = [
+        "--epochs",
+        "1",
+        "--no-val",
+        "--checkpoint-dir",
+        str(ckpt),
+        "--record-indices",
+        str(rec),
+    ]
+    with running_server(*SERVER_ARGS) as srv:
+        first = _run(
+            [
+                sys.executable, "-m", "torch.distributed.run", "--standalone",
+                "--nproc_per_node=2", "--no-python", str(TRAIN_BIN),
+                *_train_args(srv.endpoint, *common, "--max-steps", "2"),
+            ],
+            120,
+        )  # fmt: skip
+        assert first.returncode == 0, first.stdout
+        _, state = load_latest(ckpt)
+        assert (state["epoch"], state["batch"], state["world_size"]) == (0, 2, 2)
+        second = _run([str(TRAIN_BIN), *_train_args(srv.endpoint, *common)], 120)
+    out = second.stdout
+    assert second.returncode == 0, out
+    assert "written mid-epoch by 2 ranks; this run has 1: the rest of epoch 0" in out, out
+    assert "epoch 0, batch 2, step 2" in out, out
+    # 2 steps of 2 ranks trained 128 samples: 4 steps of this run's curve (46 steps an epoch).
+    assert "following this run's curve from step 4" in out, out
+
+    num_samples = len(open_dataset(default_dataset().train_root).paths)
+    epoch = [
+        ShardSampler(
+            num_samples, BATCH, seed=SEED, shuffle=True, drop_last=True, rank=r, world_size=2
+        )
+        for r in (0, 1)
+    ]
+    want = sorted(
+        i for s in epoch for k in range(s.num_batches) for i in s.plan(0, k).indices.tolist()
+    )
+    lines = [r for rank in (0, 1) for r in read_record(record_path(rec, rank))]
+    first_pass = [r for r in lines if "pass" not in r]
+    rest = [r for r in lines if "pass" in r]
+    assert sorted((r["batch"]) for r in first_pass) == [0, 0, 1, 1]  # 2 steps x 2 ranks
+    assert {r["pass"] for r in rest} == {2 * 2 * BATCH}  # from the checkpoint's global position
+    assert [r["batch"] for r in rest] == list(range(len(rest)))  # rank 0 alone, from batch 0
+    trained = [i for r in lines for i in r["indices"] if i >= 0]  # -1: the padded last round
+    assert sorted(trained) == want  # every sample of the epoch, each exactly once
+
+    _, state = load_latest(ckpt)
+    assert (state["epoch"], state["batch"], state["world_size"]) == (1, 0, 1)
+    assert state["step"] == 2 + len(rest)
+    assert torch.isfinite(next(iter(state["model"].values()))).all()

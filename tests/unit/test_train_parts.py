@@ -20,7 +20,13 @@ from batchwire.train.checkpoint import (
 )
 from batchwire.train.evaluate import count_correct
 from batchwire.train.models import build_model
-from batchwire.train.record import IndexRecorder, read_record, record_path
+from batchwire.train.record import (
+    IndexRecorder,
+    read_record,
+    record_path,
+    record_position,
+    truncate_records,
+)
 from batchwire.train.schedule import build_scheduler, resume_schedule
 
 
@@ -191,14 +197,45 @@ def test_accuracy_counts_exclude_padding() -> None:
 
 
 def test_record_truncates_to_a_resume_point_and_ignores_a_torn_line(tmp_path) -> None:
+    truncate_records(tmp_path, 0, 0, 0)
     rec = IndexRecorder(tmp_path, rank=1)
-    rec.truncate_to(0, 0)
     for epoch, batch in [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1)]:
         rec.append(epoch, batch, [epoch * 100 + batch])
     rec.close()
     with open(record_path(tmp_path, 1), "a") as f:
         f.write('{"epoch": 1, "batch": 2, "ind')  # killed mid-write
     assert len(read_record(record_path(tmp_path, 1))) == 5
-    rec.truncate_to(1, 1)
+    truncate_records(tmp_path, 1, 0, 1)
     kept = [(r["epoch"], r["batch"]) for r in read_record(record_path(tmp_path, 1))]
     assert kept == [(0, 0), (0, 1), (0, 2), (1, 0)]
+
+
+def test_records_of_every_rank_are_cut_and_a_resumed_pass_orders_after_its_epoch_start(
+    tmp_path,
+) -> None:
+    """An elastic restart: 2 ranks trained batches 0-3 of epoch 0, the checkpoint is at batch 2;
+    the restarted single rank trains the rest as a pass from sample 128, numbered from 0."""
+    for rank in (0, 1):
+        rec = IndexRecorder(tmp_path, rank)
+        for batch in range(4):
+            rec.append(0, batch, [rank, batch])
+        rec.close()
+    truncate_records(tmp_path, 0, 0, 2)  # rank 0 cuts both files: rank 1 has no owner now
+    for rank in (0, 1):
+        assert [r["batch"] for r in read_record(record_path(tmp_path, rank))] == [0, 1]
+    rec = IndexRecorder(tmp_path, 0)
+    for batch in range(3):
+        rec.append(0, batch, [9, batch], pass_start=128)
+    rec.close()
+    lines = read_record(record_path(tmp_path, 0))
+    assert [record_position(r) for r in lines] == [
+        (0, 0, 0),
+        (0, 0, 1),
+        (0, 128, 0),
+        (0, 128, 1),
+        (0, 128, 2),
+    ]
+    assert "pass" not in lines[0]  # the epoch's own pass: lines as before
+    truncate_records(tmp_path, 0, 128, 1)  # a second restart, inside the resumed pass
+    kept = [record_position(r) for r in read_record(record_path(tmp_path, 0))]
+    assert kept == [(0, 0, 0), (0, 0, 1), (0, 128, 0)]
