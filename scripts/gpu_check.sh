@@ -213,6 +213,7 @@ else
 fi
 run_step "CUDA tests" 150 30 "$py" $steps pytest "${mode[@]}" "CUDA tests" -- -m "cuda and not multi_gpu" \
     tests/e2e/test_native.py tests/e2e/test_server_cuda.py tests/e2e/test_remote_loader_cuda.py \
+    tests/e2e/test_train_cuda.py \
     tests/unit/test_buffers.py tests/unit/test_cuda_events.py tests/unit/test_decode_dali.py \
     tests/unit/test_decode_dali_probe.py tests/unit/test_decode_nvjpeg.py \
     tests/unit/test_decode_upload.py tests/unit/test_decoder_select.py tests/unit/test_local.py \
