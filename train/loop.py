@@ -52,7 +52,7 @@ from .preemption import CheckpointedOnSignal, CheckpointRequest
 from .progress import EpochBar, LossAverage, loader_totals, throughput_meter
 from .record import IndexRecorder, truncate_records
 from .resize import size_at
-from .schedule import build_scheduler, resume_schedule
+from .schedule import build_scheduler, resume_schedule, step_schedule
 
 log = logging.getLogger(__name__)
 CHECKPOINT_FORMAT = 1
@@ -293,7 +293,8 @@ class Trainer:
         if same_pass:
             return epoch_steps + math.ceil(state["batch"] / self.cfg.accum_steps)
         shape = loader_state.get("epoch_shape") or loader_state.get("stream") or {}  # older name
-        round_size = int(shape.get("batch_size", 0)) * int(loader_state["epoch_world_size"])
+        epoch_world = int(loader_state.get("epoch_world_size", world))  # older states: none
+        round_size = int(shape.get("batch_size", 0)) * epoch_world
         trained = int(loader_state.get("start_sample", 0))
         trained += int(loader_state["next_batch"]) * world * int(shape.get("batch_size", 0))
         usable = (int(shape.get("num_samples", 0)) // round_size * round_size) if round_size else 0
@@ -384,7 +385,7 @@ class Trainer:
                 nn.utils.clip_grad_norm_(self.raw_model.parameters(), clip)
             opt.step()
         opt.zero_grad(set_to_none=True)
-        self.scheduler.step()
+        step_schedule(self.scheduler)
         self.step += 1
 
     def train_epoch(self, epoch: int, start: int) -> tuple[bool, RateMeter, float]:
@@ -449,7 +450,7 @@ class Trainer:
             # batches flow, not after --log-every steps (minutes at 224 px on a CPU).
             if self.step % cfg.log_every == 0 or not self._logged_first_step:
                 self._logged_first_step = True
-                self._log_line(epoch, k, line_meter, line_loss)
+                self._log_line(epoch, k, n, line_meter, line_loss)
             if k < n and self._checkpoint_requested():
                 self._stop_on_signal(epoch, k)
             if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0 and k < n:
@@ -517,7 +518,7 @@ class Trainer:
             log.warning("--fail-at-step %d: rank %d kills itself", self.step, self.ctx.rank)
             os.kill(os.getpid(), signal.SIGKILL)
 
-    def _log_line(self, epoch: int, k: int, meter: RateMeter, loss: LossAverage) -> None:
+    def _log_line(self, epoch: int, k: int, n: int, meter: RateMeter, loss: LossAverage) -> None:
         lr = self.optimizer.param_groups[0]["lr"]
         figures = meter.read()
         row = {
@@ -530,7 +531,7 @@ class Trainer:
             "data_wait": figures.interval_fraction(),
         }
         line = (
-            f"step {self.step} (epoch {epoch} batch {k}/{self.num_batches}): "
+            f"step {self.step} (epoch {epoch} batch {k}/{n}): "
             f"loss {row['loss']:.4f} lr {lr:.4g} images/s {row['images_per_s']:.0f} "
             f"data-wait {100 * row['data_wait']:.1f}%"
         )

@@ -106,7 +106,10 @@ class Objective:
         if targets.dim() == 2:  # soft targets of a mixed batch, smoothing already in them
             per_row = -(targets * F.log_softmax(logits, 1)).sum(1)  # cross_entropy's, per row
             return _mean_over(targets.sum(1) > 0, per_row)  # a padded row's are all zero
-        return F.cross_entropy(logits, targets, label_smoothing=self.label_smoothing)
+        per_row = F.cross_entropy(  # a padded row (PADDING_LABEL, the ignore_index) gives 0
+            logits, targets, label_smoothing=self.label_smoothing, reduction="none"
+        )
+        return _mean_over(targets != PADDING_LABEL, per_row)
 
 
 def _mean_over(real: torch.Tensor, per_row: torch.Tensor) -> torch.Tensor:

@@ -80,6 +80,16 @@ def build_scheduler(
     return scheduler
 
 
+def step_schedule(scheduler: LRScheduler) -> None:
+    """One optimizer step's scheduler step, none past the curve's last: a pass resumed at another
+    world size can take a step or two more than the rebuilt curve counts (its position is
+    rounded, its samples cut at the old world size), and OneCycleLR raises past its end while a
+    cosine would climb again."""
+    curve = getattr(scheduler, "curve", None)
+    if curve is None or scheduler.last_epoch < curve["total_steps"]:
+        scheduler.step()
+
+
 def resume_schedule(scheduler: LRScheduler, saved: dict[str, Any], position: int) -> bool:
     """Continue `scheduler` from a checkpoint's scheduler state; True if it was restored as is.
 
@@ -93,6 +103,11 @@ def resume_schedule(scheduler: LRScheduler, saved: dict[str, Any], position: int
     if saved.get("curve") == getattr(scheduler, "curve", None):
         scheduler.load_state_dict(saved)
         return True
+    # The optimizer's restored state put the old curve's lr in each group, and the schedulers
+    # compute each step from the current lr: seek from this curve's own first value, or the old
+    # curve's ratio carries into every later step (a warm-up past the peak, a cosine kept low).
+    for group, lr in zip(scheduler.optimizer.param_groups, scheduler.get_last_lr(), strict=True):
+        group["lr"] = lr
     with warnings.catch_warnings():  # "step() before optimizer.step()": on purpose, to seek
         warnings.simplefilter("ignore", UserWarning)
         for _ in range(position):

@@ -87,3 +87,17 @@ def test_the_mixed_one_label_loss_is_the_mean_over_the_real_rows() -> None:
         loss, _ = _step(objective, images, single, batch_index)
         alone, _ = _step(objective, images[:4], single[:4], batch_index)
         assert torch.allclose(loss, alone), (batch_index, loss, alone)
+
+
+def test_an_all_padding_one_label_batch_is_a_zero_loss_step() -> None:
+    """An elastic resume that grows the world size can hand a rank a batch of padding only (its
+    last round). cross_entropy's mean over no rows is NaN; the step must be 0, with 0 grads, as
+    the docstring of `Objective.loss` says and the multi-label path does."""
+    images, labels = _batch()
+    padding = labels[4:, 0]
+    for smoothing in (0.0, 0.1):
+        objective = Objective(CLASSES, multi_label=False, label_smoothing=smoothing)
+        loss, grad = _step(objective, images[4:], padding, 0)
+        assert loss.item() == 0.0 and not grad.any(), (smoothing, loss)
+        real, _ = _step(objective, images[:4], labels[:4, 0], 0)  # real rows: a real loss
+        assert torch.isfinite(real) and real > 0

@@ -27,7 +27,7 @@ from batchwire.train.record import (
     record_position,
     truncate_records,
 )
-from batchwire.train.schedule import build_scheduler, resume_schedule
+from batchwire.train.schedule import build_scheduler, resume_schedule, step_schedule
 
 
 @pytest.mark.parametrize(
@@ -136,6 +136,56 @@ def test_a_changed_curve_is_followed_from_the_same_place(tmp_path) -> None:
     assert changed.get_last_lr() == pytest.approx(fresh.get_last_lr())
     assert changed.optimizer.param_groups[0]["lr"] == pytest.approx(fresh.get_last_lr()[0])
     assert changed.curve["total_steps"] == 64  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("warmup_epochs", [0, 2])
+def test_a_changed_curve_seeks_from_its_own_start_not_the_restored_optimizer_lr(
+    warmup_epochs: int,
+) -> None:
+    """As pipeline-train resumes: the optimizer's state is loaded first (with the old curve's lr
+    in it), then the schedule. The seek must still land on this curve's value: the schedulers
+    step from the current lr, so an old lr carried its ratio into every later step (a warm-up
+    past the peak; a cosine without warm-up kept 15 % low for good)."""
+
+    def scheduler(steps_per_epoch: int):
+        opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.2)
+        return build_scheduler(
+            opt, "cosine", total_steps=4 * steps_per_epoch,
+            warmup_steps=warmup_epochs * steps_per_epoch,
+        )  # fmt: skip
+
+    old = scheduler(23)  # 2 ranks
+    for _ in range(7):
+        old.optimizer.step()
+        old.step()
+    resumed = scheduler(46)  # 1 rank: twice the steps per epoch
+    resumed.optimizer.load_state_dict(old.optimizer.state_dict())
+    assert not resume_schedule(resumed, old.state_dict(), position=14)
+    fresh = scheduler(46)
+    for _ in range(14):
+        fresh.optimizer.step()
+        fresh.step()
+    for _ in range(60):  # and every later step: the same curve
+        assert resumed.optimizer.param_groups[0]["lr"] == pytest.approx(fresh.get_last_lr()[0])
+        for sched in (resumed, fresh):
+            sched.optimizer.step()
+            sched.step()
+
+
+@pytest.mark.parametrize("kind", ["cosine", "onecycle"])
+def test_no_scheduler_step_past_the_curve(kind: str) -> None:
+    """A pass resumed at another world size may take a step or two more than the rebuilt curve
+    counts: OneCycleLR would raise, a cosine would climb again; the lr holds at its end."""
+    opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
+    sched = build_scheduler(opt, kind, total_steps=10, warmup_steps=2)
+    for _ in range(10):
+        opt.step()
+        step_schedule(sched)
+    end = opt.param_groups[0]["lr"]
+    for _ in range(3):
+        opt.step()
+        step_schedule(sched)
+    assert opt.param_groups[0]["lr"] == end and sched.last_epoch == 10
 
 
 def test_an_unreadable_newer_file_never_costs_the_new_checkpoints(tmp_path) -> None:

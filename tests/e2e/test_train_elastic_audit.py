@@ -1,0 +1,424 @@
+"""Audit of pipeline-train's elastic restart (a mid-epoch checkpoint resumed at another world
+size), as users and operators meet it: real pipeline-server, real pipeline-train, gloo ranks
+under torchrun, the embedded dataset at 32 px (1,500 images: 46 batches of 32 at 1 rank, 23 at
+2 ranks; train drops the last incomplete round).
+
+Two job histories are run once each (module fixtures) and checked by several tests:
+
+- growing: 1 process trains 3 steps of epoch 0 and stops (--max-steps); 2 ranks resume it and
+  train to the end of --epochs 2, with --resize-schedule 24:0,32:1 and --log-dir;
+- a crash, then shrinking, then growing, with --accum-steps 2: 2 ranks write a checkpoint each
+  step (--checkpoint-every 1) and lose rank 1 after step 2 (--fail-at-step, before that step's
+  checkpoint), so both ranks' index records hold batches the model does not carry; 1 process
+  resumes from the step-1 checkpoint (rank 0 must cut rank 1's record too), stops inside the
+  pass; 1 process resumes again inside that pass (same world size, a state with
+  start_sample > 0); 2 ranks finish the epoch (an odd number of rounds: a short last group).
+
+and a crash inside a resumed pass: the growing history's 1-process checkpoint resumed by 2
+ranks under torchrun --max-restarts=1, rank 1 SIGKILLed after a --checkpoint-every checkpoint.
+
+Runtime on this 2-core machine (shared): about 18 s for the file (25 s of CPU).
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+from batchwire.pipeline.dataset import open_dataset
+from batchwire.pipeline.sampler import ShardSampler
+from batchwire.pipeline.synthetic import default_dataset
+from batchwire.train.checkpoint import checkpoint_path, load_latest
+from batchwire.train.record import read_record, record_path
+from serverproc import running_server
+
+BATCH, SEED, LR = 32, 0, 0.2
+SERVER_ARGS = (
+    "--image-size", "32", "--max-image-size", "32", "--batch-size", str(BATCH),
+    "--output-dtype", "uint8", "--scale", "0.35,1", "--seed", str(SEED), "--log-level", "WARNING",
+)  # fmt: skip
+TRAIN_BIN = Path(sys.executable).parent / "pipeline-train"
+NUM_SAMPLES = len(open_dataset(default_dataset().train_root).paths)
+
+
+def _env() -> dict[str, str]:
+    """A clean single-process environment (no inherited torchrun variables), 1 thread each."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    return env
+
+
+def _train(endpoint: str, ranks: int, *extra: str) -> subprocess.CompletedProcess:
+    """pipeline-train on `ranks` processes (torchrun with gloo ranks above 1, no restarts)."""
+    launcher = [str(TRAIN_BIN)] if ranks == 1 else _torchrun(ranks, restarts=0)
+    return subprocess.run(
+        launcher + _args(endpoint, *extra), env=_env(), stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True, timeout=120, check=False,
+    )  # fmt: skip
+
+
+def _args(endpoint: str, *extra: str) -> list[str]:
+    return [
+        "--server", endpoint, "--model", "small", "--device", "cpu", "--lr", str(LR),
+        "--log-every", "1", "--no-val", *extra,
+    ]  # fmt: skip
+
+
+def _torchrun(ranks: int, restarts: int) -> list[str]:
+    return [
+        sys.executable, "-m", "torch.distributed.run", "--standalone",
+        f"--nproc_per_node={ranks}", f"--max-restarts={restarts}", "--no-python", str(TRAIN_BIN),
+    ]  # fmt: skip
+
+
+def _pid_writing(path: Path) -> int | None:
+    """The pid of the process that holds `path` open (a rank holds its index record open), if
+    any. By open file, not by parent or environment: the suite's fork server (tests/forkserver.py)
+    forks torchrun's ranks as its own children, whose /proc shows its environment."""
+    target = str(path)
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if any(os.readlink(fd) == target for fd in (proc / "fd").iterdir()):
+                return int(proc.name)
+        except OSError:
+            continue  # gone meanwhile, or not ours
+    return None
+
+
+def _sampler(world: int, rank: int) -> ShardSampler:
+    return ShardSampler(
+        NUM_SAMPLES, BATCH, seed=SEED, shuffle=True, drop_last=True, rank=rank, world_size=world
+    )
+
+
+def _epoch_samples(epoch: int, world: int) -> list[int]:
+    """The samples epoch `epoch` trains when started at `world` ranks, sorted."""
+    return sorted(
+        i
+        for r in range(world)
+        for s in [_sampler(world, r)]
+        for k in range(s.num_batches)
+        for i in s.plan(epoch, k).indices.tolist()
+    )
+
+
+def _records(rec: Path) -> dict[int, list[dict]]:
+    """Each rank's index record (ranks 0 and 1: the most either history runs)."""
+    return {r: read_record(record_path(rec, r)) for r in (0, 1) if record_path(rec, r).exists()}
+
+
+def _trained(lines: list[dict], epoch: int) -> list[int]:
+    """The samples the records show trained in `epoch`, sorted (padding, -1, left out)."""
+    return sorted(i for r in lines if r["epoch"] == epoch for i in r["indices"] if i >= 0)
+
+
+def _curve_step(out: str) -> int:
+    found = re.findall(r"following this run's curve from step (\d+)", out)
+    assert len(found) == 1, out
+    return int(found[0])
+
+
+@pytest.fixture(scope="module")
+def endpoint() -> Iterator[str]:
+    with running_server(*SERVER_ARGS) as srv:
+        yield srv.endpoint
+
+
+# --------------------------------------------------------------------------- growing 1 -> 2
+
+
+@dataclass
+class Grown:
+    first: subprocess.CompletedProcess
+    second: subprocess.CompletedProcess
+    ckpt: Path
+    rec: Path
+    logs: Path
+    stopped: Path  # a copy of ckpt/ and rec/ as the 1-process run left them
+
+
+GROWN_ARGS = ("--epochs", "2", "--resize-schedule", "24:0,32:1")
+
+
+@pytest.fixture(scope="module")
+def grown(endpoint: str, tmp_path_factory: pytest.TempPathFactory) -> Grown:
+    """1 process: 3 steps of epoch 0 (96 samples); then 2 ranks to the end of 2 epochs."""
+    tmp = tmp_path_factory.mktemp("grown")
+    ckpt, rec, logs = tmp / "ckpt", tmp / "rec", tmp / "logs"
+    common = [
+        *GROWN_ARGS, "--checkpoint-dir", str(ckpt), "--record-indices", str(rec),
+        "--log-dir", str(logs),
+    ]  # fmt: skip
+    first = _train(endpoint, 1, *common, "--max-steps", "3")
+    assert first.returncode == 0, first.stdout
+    stopped = tmp / "stopped"
+    shutil.copytree(ckpt, stopped / "ckpt")
+    shutil.copytree(rec, stopped / "rec")
+    second = _train(endpoint, 2, *common)
+    return Grown(first, second, ckpt, rec, logs, stopped)
+
+
+@pytest.mark.timeout(200)
+def test_growing_from_1_to_2_ranks_trains_each_sample_of_the_epoch_once(grown: Grown) -> None:
+    """The rest of epoch 0 (1,376 samples) is one pass over 2 ranks: 22 rounds of 64, the last
+    half padding (index -1) on rank 1; with the 96 trained before, each sample of the epoch
+    (as 1 process cuts it) exactly once; the pass keeps the epoch's 24 px."""
+    out = grown.second.stdout
+    assert grown.second.returncode == 0, out
+    assert "written mid-epoch by 1 ranks; this run has 2: the rest of epoch 0" in out, out
+    assert "epoch 0, batch 3, step 3" in out, out
+    assert out.index("epoch 0: training at 24x24 px") < out.index("epoch 0: val"), out
+
+    records = _records(grown.rec)
+    first = [r for r in records[0] if "pass" not in r and r["epoch"] == 0]
+    assert [r["batch"] for r in first] == [0, 1, 2]
+    for rank in (0, 1):
+        rest = [r for r in records[rank] if "pass" in r]
+        assert {r["pass"] for r in rest} == {3 * BATCH}, rank
+        assert [r["batch"] for r in rest] == list(range(22)), rank
+        padded = [r["batch"] for r in rest if -1 in r["indices"]]
+        assert padded == ([21] if rank == 1 else []), (rank, padded)
+    lines = records[0] + records[1]
+    assert _trained(lines, 0) == _epoch_samples(0, world=1)  # each exactly once
+
+
+@pytest.mark.timeout(200)
+def test_growing_then_the_next_epoch_is_a_whole_one_at_the_new_world_size(grown: Grown) -> None:
+    """After the resumed pass, epoch 1 is the 2-rank epoch, batch for batch (no "pass"), at
+    its 32 px; the run ends at epoch 2 after 3 + 22 + 23 steps; steps.csv has every step once."""
+    out = grown.second.stdout
+    assert grown.second.returncode == 0, out
+    assert "epoch 1: training at 32x32 px" in out, out
+    records = _records(grown.rec)
+    for rank in (0, 1):
+        epoch1 = [r for r in records[rank] if r["epoch"] == 1]
+        assert [(r["batch"], "pass" in r) for r in epoch1] == [(k, False) for k in range(23)]
+        sampler = _sampler(2, rank)
+        for r in epoch1:
+            assert r["indices"] == sampler.plan(1, r["batch"]).indices.tolist(), (rank, r)
+
+    _, state = load_latest(grown.ckpt)
+    assert (state["epoch"], state["batch"], state["world_size"]) == (2, 0, 2)
+    assert state["step"] == 3 + 22 + 23
+    assert all(torch.isfinite(t).all() for t in state["model"].values())
+    with open(grown.logs / "steps.csv") as f:
+        assert [int(r["step"]) for r in csv.DictReader(f)] == list(range(1, 49))
+    with open(grown.logs / "epochs.csv") as f:
+        assert [r["epoch"] for r in csv.DictReader(f)] == ["0", "0", "1"]
+
+
+@pytest.mark.timeout(200)
+def test_growing_resumes_the_lr_warmup_where_it_was_and_never_above_the_peak(
+    grown: Grown,
+) -> None:
+    """96 of 1,472 samples trained = 1.5 of the 2-rank run's 23 steps per epoch: its curve
+    resumes at step 1 or 2. Epoch 0 is the warm-up (--warmup-epochs 1): the learning rate
+    climbs to --lr 0.2 and never above it, in small steps (0.9 x 0.2 / 23 each)."""
+    assert grown.second.returncode == 0, grown.second.stdout
+    assert _curve_step(grown.second.stdout) in (1, 2)
+    with open(grown.logs / "steps.csv") as f:
+        lrs = {int(r["step"]): float(r["lr"]) for r in csv.DictReader(f)}
+    too_high = {s: lr for s, lr in lrs.items() if lr > LR * (1 + 1e-6)}
+    assert not too_high, f"learning rate above the peak --lr {LR}: {too_high}"
+    rise = 0.9 * LR / 23
+    jumps = {s: lrs[s] - lrs[s - 1] for s in range(5, 26) if lrs[s] - lrs[s - 1] > rise * 1.01}
+    assert not jumps, f"warm-up steps larger than {rise:.5f}: {jumps}"
+
+
+@pytest.mark.timeout(200)
+def test_growing_step_lines_count_the_pass_batches_like_the_progress_bar(grown: Grown) -> None:
+    """A step line says `batch k/n` of the batches being trained: in the resumed pass, n is the
+    pass's 22 (the progress bar's total), not the 23 of a whole epoch, so the log does not
+    show an epoch that ended at batch 22 of 23."""
+    out = grown.second.stdout
+    assert grown.second.returncode == 0, out
+    assert "step 25 (epoch 0 batch 22/22)" in out, out
+    assert "step 48 (epoch 1 batch 23/23)" in out, out
+
+
+# ------------------------------------------- crash at 2 ranks, 1 -> 1 inside a pass, 1 -> 2
+
+
+@dataclass
+class Shrunk:
+    runs: list[subprocess.CompletedProcess]
+    ckpt: Path
+    rec: Path
+    logs: Path
+    old: Path  # a copy of the step-1 checkpoint (2 ranks, batch 2), before any resume
+
+
+@pytest.fixture(scope="module")
+def shrunk(endpoint: str, tmp_path_factory: pytest.TempPathFactory) -> Shrunk:
+    tmp = tmp_path_factory.mktemp("shrunk")
+    ckpt, rec, logs, old = tmp / "ckpt", tmp / "rec", tmp / "logs", tmp / "old"
+    common = [
+        "--epochs", "1", "--accum-steps", "2", "--warmup-epochs", "0", "--checkpoint-dir",
+        str(ckpt), "--record-indices", str(rec), "--log-dir", str(logs),
+    ]  # fmt: skip
+    crash = _train(endpoint, 2, *common, "--checkpoint-every", "1", "--fail-at-step", "2")
+    old.mkdir()
+    shutil.copy(checkpoint_path(ckpt, 1), old)
+    runs = [
+        crash,
+        _train(endpoint, 1, *common, "--max-steps", "4"),  # pass from 128: 6 batches
+        _train(endpoint, 1, *common, "--max-steps", "5"),  # pass from 320: 2 batches
+        _train(endpoint, 2, *common),  # pass from 384: 17 rounds, 9 steps
+    ]
+    return Shrunk(runs, ckpt, rec, logs, old)
+
+
+@pytest.mark.timeout(200)
+def test_a_crash_then_1_rank_then_2_with_accumulation_trains_each_sample_once(
+    shrunk: Shrunk,
+) -> None:
+    """Rank 1 dies after step 2; its record (and rank 0's) holds batches 2-3, after the step-1
+    checkpoint. The 1-process restart cuts both files back (no rank of it owns rank 1's), and
+    every later pass starts at the global position its checkpoint holds: 128, 320, 384."""
+    crash, shrink, again, regrow = shrunk.runs
+    assert crash.returncode != 0 and "--fail-at-step 2: rank 1 kills itself" in crash.stdout
+    for run in (shrink, again, regrow):
+        assert run.returncode == 0, run.stdout
+    assert "written mid-epoch by 2 ranks; this run has 1" in shrink.stdout, shrink.stdout
+    assert "epoch 0, batch 2, step 1" in shrink.stdout, shrink.stdout
+    assert "epoch 0, batch 6, step 4" in again.stdout, again.stdout
+    assert "written mid-epoch by 1 ranks; this run has 2" in regrow.stdout, regrow.stdout
+    assert "epoch 0, batch 2, step 5" in regrow.stdout, regrow.stdout
+
+    records = _records(shrunk.rec)
+    for rank in (0, 1):
+        first = [r["batch"] for r in records[rank] if "pass" not in r]
+        assert first == [0, 1], f"rank {rank}'s record was not cut to the checkpoint: {first}"
+    passes = [(r.get("pass"), r["batch"]) for r in records[0] if "pass" in r]
+    assert passes == [(128, k) for k in range(6)] + [(320, 0), (320, 1)] + [
+        (384, k) for k in range(17)
+    ]
+    assert [r["batch"] for r in records[1] if "pass" in r] == list(range(17))
+    assert _trained(records[0] + records[1], 0) == _epoch_samples(0, world=2)
+
+
+@pytest.mark.timeout(200)
+def test_the_regrown_pass_ends_the_epoch_with_a_short_last_group_on_the_share_curve(
+    shrunk: Shrunk,
+) -> None:
+    """17 rounds at --accum-steps 2: 9 optimizer steps, the last of one micro-batch; the run
+    ends at step 5 + 9, epoch 1 of 1; the curve resumed at 384 / 1,472 of 12 steps = 3.13."""
+    regrow = shrunk.runs[-1]
+    assert regrow.returncode == 0, regrow.stdout
+    assert _curve_step(regrow.stdout) == 3
+    _, state = load_latest(shrunk.ckpt)
+    assert (state["epoch"], state["batch"], state["world_size"], state["step"]) == (1, 0, 2, 14)
+    assert all(torch.isfinite(t).all() for t in state["model"].values())
+
+
+@pytest.mark.timeout(200)
+def test_each_restart_follows_its_own_cosine_curve_from_the_share_trained(shrunk: Shrunk) -> None:
+    """--warmup-epochs 0: the curve is a cosine from --lr to 0 over the run's steps. The
+    1-process runs (23 steps an epoch at --accum-steps 2) start at 128 / 1,472 of it = step 2;
+    the 2-rank run (12 steps) at 384 / 1,472 = step 3.13, i.e. 3, and ends at 0 on its last
+    step. Each step's learning rate is its own curve's, whatever the optimizer state held."""
+    for run in shrunk.runs[1:]:
+        assert run.returncode == 0, run.stdout
+    assert _curve_step(shrunk.runs[1].stdout) == 2
+    with open(shrunk.logs / "steps.csv") as f:
+        lrs = {int(r["step"]): float(r["lr"]) for r in csv.DictReader(f)}  # the last run's
+    want = {s: LR / 2 * (1 + math.cos(math.pi * (s + 1) / 23)) for s in range(2, 6)}
+    want.update({s: LR / 2 * (1 + math.cos(math.pi * (s - 2) / 12)) for s in range(6, 15)})
+    off = {s: (lrs[s], w) for s, w in want.items() if not math.isclose(lrs[s], w, abs_tol=1e-9)}
+    assert not off, f"(logged, this run's curve) by step: {off}"
+
+
+@pytest.mark.timeout(200)
+def test_a_checkpoint_without_the_elastic_keys_resumes_at_another_world_size(
+    endpoint: str, shrunk: Shrunk
+) -> None:
+    """A checkpoint written before RemoteLoader's state had `start_sample` and
+    `epoch_world_size` (the loader itself reads such states as the epoch's own pass at the
+    saved world size) resumes on 1 process like a new one: no traceback."""
+    path = checkpoint_path(shrunk.old, 1)
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    for loader_state in state["loader"]:
+        del loader_state["start_sample"], loader_state["epoch_world_size"]
+    torch.save(state, path)
+    run = _train(
+        endpoint, 1, "--epochs", "1", "--accum-steps", "2", "--checkpoint-dir", str(shrunk.old),
+        "--max-steps", "2",
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout
+    assert "written mid-epoch by 2 ranks; this run has 1: the rest of epoch 0" in run.stdout
+    assert "Traceback" not in run.stdout, run.stdout
+    _, state = load_latest(shrunk.old)
+    assert (state["epoch"], state["batch"], state["step"]) == (0, 2, 2)
+    assert state["loader"][0]["start_sample"] == 2 * 2 * BATCH
+
+
+# ----------------------------------------- a crash inside the resumed pass, torchrun restarts
+
+
+@pytest.mark.timeout(200)
+def test_a_crash_inside_the_resumed_pass_restarts_under_torchrun_and_trains_each_sample_once(
+    endpoint: str, grown: Grown, tmp_path: Path
+) -> None:
+    """The growing history's 1-process checkpoint (3 steps) again: 2 ranks under torchrun
+    --max-restarts=1 resume it with --checkpoint-every 4 up to the pass's end (--max-steps 25),
+    and rank 1 is SIGKILLed once the step-8 checkpoint (batch 5 of the
+    pass) is on disk (--fail-at-step only fires in a fresh run, not a resumed one). torchrun
+    restarts both ranks at the same world size, inside the pass (a state with start_sample > 0):
+    they resume from the latest checkpoint, the records are cut back to it, and the epoch ends
+    with each sample trained once."""
+    ckpt, rec = tmp_path / "ckpt", tmp_path / "rec"
+    shutil.copytree(grown.stopped / "ckpt", ckpt)
+    shutil.copytree(grown.stopped / "rec", rec)
+    common = [*GROWN_ARGS, "--checkpoint-dir", str(ckpt), "--record-indices", str(rec)]
+    cmd = _torchrun(2, restarts=1) + _args(
+        endpoint, *common, "--checkpoint-every", "4", "--max-steps", "25"
+    )
+    agent = subprocess.Popen(
+        cmd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not checkpoint_path(ckpt, 8).exists() and agent.poll() is None:
+            assert time.monotonic() < deadline, "no step-8 checkpoint"
+            time.sleep(0.005)
+        victim = _pid_writing(record_path(rec, 1))
+        assert victim is not None, "the 2 ranks ended before the step-8 checkpoint was seen"
+        os.kill(victim, signal.SIGKILL)
+        out, _ = agent.communicate(timeout=120)
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+            agent.wait()
+    assert agent.returncode == 0, out
+    assert "written mid-epoch by 1 ranks; this run has 2" in out, out
+    resumed = re.findall(r"resumed from \S+: epoch 0, batch (\d+), step (\d+)", out)
+    assert len(resumed) == 2, out  # the elastic start, then torchrun's restart
+    batch, step = (int(x) for x in resumed[1])
+    assert step >= 8 and batch == step - 3, out  # a checkpoint of the pass (from batch 0)
+
+    records, want = _records(rec), _epoch_samples(0, world=1)
+    restart = 3 * BATCH + batch * 2 * BATCH  # the global position of that checkpoint
+    after = -(-(len(want) - restart) // (2 * BATCH))  # rounds left, the last one padded
+    for rank in (0, 1):
+        rest = [(r["pass"], r["batch"]) for r in records[rank] if "pass" in r]
+        assert rest == [(3 * BATCH, k) for k in range(batch)] + [
+            (restart, k) for k in range(after)
+        ], rank
+    assert _trained(records[0] + records[1], 0) == want
+    _, state = load_latest(ckpt)
+    assert (state["epoch"], state["batch"], state["world_size"]) == (1, 0, 2)
+    assert state["step"] == step + after
