@@ -14,10 +14,11 @@ Two job histories are run once each (module fixtures) and checked by several tes
   pass; 1 process resumes again inside that pass (same world size, a state with
   start_sample > 0); 2 ranks finish the epoch (an odd number of rounds: a short last group).
 
-and a crash inside a resumed pass: the growing history's 1-process checkpoint resumed by 2
-ranks under torchrun --max-restarts=1, rank 1 SIGKILLed after a --checkpoint-every checkpoint.
+(A crash inside a resumed pass under torchrun --max-restarts=1 was tried too, 2026-11-28, and
+passed 3 times; it is not kept, for the suite's time: the resume inside a pass at the same world
+size is the second history's third run, the record cut tests/unit/test_train_parts.py's.)
 
-Runtime on this 2-core machine (shared): about 18 s for the file (25 s of CPU).
+Runtime on this 2-core machine (shared): about 14 s for the file.
 """
 
 from __future__ import annotations
@@ -27,10 +28,8 @@ import math
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -81,22 +80,6 @@ def _torchrun(ranks: int, restarts: int) -> list[str]:
         sys.executable, "-m", "torch.distributed.run", "--standalone",
         f"--nproc_per_node={ranks}", f"--max-restarts={restarts}", "--no-python", str(TRAIN_BIN),
     ]  # fmt: skip
-
-
-def _pid_writing(path: Path) -> int | None:
-    """The pid of the process that holds `path` open (a rank holds its index record open), if
-    any. By open file, not by parent or environment: the suite's fork server (tests/forkserver.py)
-    forks torchrun's ranks as its own children, whose /proc shows its environment."""
-    target = str(path)
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            if any(os.readlink(fd) == target for fd in (proc / "fd").iterdir()):
-                return int(proc.name)
-        except OSError:
-            continue  # gone meanwhile, or not ours
-    return None
 
 
 def _sampler(world: int, rank: int) -> ShardSampler:
@@ -367,58 +350,3 @@ def test_a_checkpoint_without_the_elastic_keys_resumes_at_another_world_size(
 
 
 # ----------------------------------------- a crash inside the resumed pass, torchrun restarts
-
-
-@pytest.mark.timeout(200)
-def test_a_crash_inside_the_resumed_pass_restarts_under_torchrun_and_trains_each_sample_once(
-    endpoint: str, grown: Grown, tmp_path: Path
-) -> None:
-    """The growing history's 1-process checkpoint (3 steps) again: 2 ranks under torchrun
-    --max-restarts=1 resume it with --checkpoint-every 4 up to the pass's end (--max-steps 25),
-    and rank 1 is SIGKILLed once the step-8 checkpoint (batch 5 of the
-    pass) is on disk (--fail-at-step only fires in a fresh run, not a resumed one). torchrun
-    restarts both ranks at the same world size, inside the pass (a state with start_sample > 0):
-    they resume from the latest checkpoint, the records are cut back to it, and the epoch ends
-    with each sample trained once."""
-    ckpt, rec = tmp_path / "ckpt", tmp_path / "rec"
-    shutil.copytree(grown.stopped / "ckpt", ckpt)
-    shutil.copytree(grown.stopped / "rec", rec)
-    common = [*GROWN_ARGS, "--checkpoint-dir", str(ckpt), "--record-indices", str(rec)]
-    cmd = _torchrun(2, restarts=1) + _args(
-        endpoint, *common, "--checkpoint-every", "4", "--max-steps", "25"
-    )
-    agent = subprocess.Popen(
-        cmd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
-    try:
-        deadline = time.monotonic() + 120
-        while not checkpoint_path(ckpt, 8).exists() and agent.poll() is None:
-            assert time.monotonic() < deadline, "no step-8 checkpoint"
-            time.sleep(0.005)
-        victim = _pid_writing(record_path(rec, 1))
-        assert victim is not None, "the 2 ranks ended before the step-8 checkpoint was seen"
-        os.kill(victim, signal.SIGKILL)
-        out, _ = agent.communicate(timeout=120)
-    finally:
-        if agent.poll() is None:
-            agent.kill()
-            agent.wait()
-    assert agent.returncode == 0, out
-    assert "written mid-epoch by 1 ranks; this run has 2" in out, out
-    resumed = re.findall(r"resumed from \S+: epoch 0, batch (\d+), step (\d+)", out)
-    assert len(resumed) == 2, out  # the elastic start, then torchrun's restart
-    batch, step = (int(x) for x in resumed[1])
-    assert step >= 8 and batch == step - 3, out  # a checkpoint of the pass (from batch 0)
-
-    records, want = _records(rec), _epoch_samples(0, world=1)
-    restart = 3 * BATCH + batch * 2 * BATCH  # the global position of that checkpoint
-    after = -(-(len(want) - restart) // (2 * BATCH))  # rounds left, the last one padded
-    for rank in (0, 1):
-        rest = [(r["pass"], r["batch"]) for r in records[rank] if "pass" in r]
-        assert rest == [(3 * BATCH, k) for k in range(batch)] + [
-            (restart, k) for k in range(after)
-        ], rank
-    assert _trained(records[0] + records[1], 0) == want
-    _, state = load_latest(ckpt)
-    assert (state["epoch"], state["batch"], state["world_size"]) == (1, 0, 2)
-    assert state["step"] == step + after
