@@ -36,6 +36,12 @@ JOBS_DEADLINE_S = 60.0
 # A loader of 2 servers (prefetch 4) keeps a budget of 8 batches (4 per server); asking the
 # next epoch ahead, each server is sent share = budget // servers = 4 of its batches.
 AHEAD = 8
+#: Batches read per batch produced, fleet-wide, at the least: 2 with perfect sharing, 1 with
+#: none. Not 1.8: on a loaded 2-core host a server that falls behind has a few of its batches
+#: asked of the other (the fleet's pacing, as it should), and a fresh clone's run measured 1.72
+#: (2026-11-28): 4 of 25 batches made twice. Jobs asking either server at random would give
+#: about 1.33 (half their asks meet), jobs asking different servers 1.0.
+MIN_SHARE_RATIO = 1.5
 # How long a server hangs before it is killed: the jobs ask it for batches meanwhile, and it
 # is less than the loader's heartbeat (1 s), so the kill, not silence, ends its sessions.
 OWING_S = 0.2
@@ -131,7 +137,7 @@ def test_two_jobs_on_two_servers_share_one_pass(solo, two) -> None:
     sent, produced, per_server = fleet_counters(two)
     assert sent == 2 * NUM_BATCHES  # nothing asked ahead: every batch sent was taken
     assert all(per_server), f"one server did all the work: {per_server}"
-    assert sent / produced > 1.8, (
+    assert sent / produced > MIN_SHARE_RATIO, (
         f"{produced} batches produced ({per_server} per server) for {sent} sent: the jobs asked "
         "different servers for the same batches"
     )
@@ -150,7 +156,7 @@ def test_the_next_epoch_asked_ahead_is_shared_too(solo, two) -> None:
     # of epoch 2 early (produced long before it closes, shared like the others when both
     # jobs ask the same server, never read): epochs 0 and 1 cost `produced - AHEAD`.
     read = 2 * 2 * NUM_BATCHES
-    assert read / (produced - AHEAD) > 1.8, (
+    assert read / (produced - AHEAD) > MIN_SHARE_RATIO, (
         f"{produced} batches produced ({per_server} per server) for 2 jobs x 2 epochs of "
         f"{NUM_BATCHES}, at most {AHEAD} of epoch 2 asked ahead"
     )
