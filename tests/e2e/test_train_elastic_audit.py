@@ -139,7 +139,8 @@ GROWN_ARGS = ("--epochs", "2", "--resize-schedule", "24:0,32:1")
 
 @pytest.fixture(scope="module")
 def grown(endpoint: str, tmp_path_factory: pytest.TempPathFactory) -> Grown:
-    """1 process: 3 steps of epoch 0 (96 samples); then 2 ranks to the end of 2 epochs."""
+    """1 process: 3 steps of epoch 0 (96 samples); then 2 ranks to step 31: the rest of epoch 0,
+    then 6 steps of epoch 1 (enough to see it is the 2-rank epoch; its end costs time, not news)."""
     tmp = tmp_path_factory.mktemp("grown")
     ckpt, rec, logs = tmp / "ckpt", tmp / "rec", tmp / "logs"
     common = [
@@ -151,7 +152,7 @@ def grown(endpoint: str, tmp_path_factory: pytest.TempPathFactory) -> Grown:
     stopped = tmp / "stopped"
     shutil.copytree(ckpt, stopped / "ckpt")
     shutil.copytree(rec, stopped / "rec")
-    second = _train(endpoint, 2, *common)
+    second = _train(endpoint, 2, *common, "--max-steps", "31")
     return Grown(first, second, ckpt, rec, logs, stopped)
 
 
@@ -182,24 +183,24 @@ def test_growing_from_1_to_2_ranks_trains_each_sample_of_the_epoch_once(grown: G
 @pytest.mark.timeout(200)
 def test_growing_then_the_next_epoch_is_a_whole_one_at_the_new_world_size(grown: Grown) -> None:
     """After the resumed pass, epoch 1 is the 2-rank epoch, batch for batch (no "pass"), at
-    its 32 px; the run ends at epoch 2 after 3 + 22 + 23 steps; steps.csv has every step once."""
+    its 32 px; the run stops at --max-steps 31 = 3 + 22 + 6; steps.csv has every step once."""
     out = grown.second.stdout
     assert grown.second.returncode == 0, out
     assert "epoch 1: training at 32x32 px" in out, out
     records = _records(grown.rec)
     for rank in (0, 1):
         epoch1 = [r for r in records[rank] if r["epoch"] == 1]
-        assert [(r["batch"], "pass" in r) for r in epoch1] == [(k, False) for k in range(23)]
+        assert [(r["batch"], "pass" in r) for r in epoch1] == [(k, False) for k in range(6)]
         sampler = _sampler(2, rank)
         for r in epoch1:
             assert r["indices"] == sampler.plan(1, r["batch"]).indices.tolist(), (rank, r)
 
     _, state = load_latest(grown.ckpt)
-    assert (state["epoch"], state["batch"], state["world_size"]) == (2, 0, 2)
-    assert state["step"] == 3 + 22 + 23
+    assert (state["epoch"], state["batch"], state["world_size"]) == (1, 6, 2)
+    assert state["step"] == 3 + 22 + 6
     assert all(torch.isfinite(t).all() for t in state["model"].values())
     with open(grown.logs / "steps.csv") as f:
-        assert [int(r["step"]) for r in csv.DictReader(f)] == list(range(1, 49))
+        assert [int(r["step"]) for r in csv.DictReader(f)] == list(range(1, 32))
     with open(grown.logs / "epochs.csv") as f:
         assert [r["epoch"] for r in csv.DictReader(f)] == ["0", "0", "1"]
 
@@ -230,7 +231,7 @@ def test_growing_step_lines_count_the_pass_batches_like_the_progress_bar(grown: 
     out = grown.second.stdout
     assert grown.second.returncode == 0, out
     assert "step 25 (epoch 0 batch 22/22)" in out, out
-    assert "step 48 (epoch 1 batch 23/23)" in out, out
+    assert "step 31 (epoch 1 batch 6/23)" in out, out
 
 
 # ------------------------------------------- crash at 2 ranks, 1 -> 1 inside a pass, 1 -> 2
@@ -347,6 +348,3 @@ def test_a_checkpoint_without_the_elastic_keys_resumes_at_another_world_size(
     _, state = load_latest(shrunk.old)
     assert (state["epoch"], state["batch"], state["step"]) == (0, 2, 2)
     assert state["loader"][0]["start_sample"] == 2 * 2 * BATCH
-
-
-# ----------------------------------------- a crash inside the resumed pass, torchrun restarts
