@@ -118,34 +118,53 @@ def _free_dns_port() -> int:
     raise RuntimeError("no port free for both UDP and TCP")
 
 
+#: Starts of a private dnsmasq on fresh ports before its failure to start is an error.
+START_ATTEMPTS = 3
+#: Seconds within which a dnsmasq that could not bind its port has exited (a few ms here).
+EARLY_EXIT_S = 0.1
+
+
 class Dnsmasq:
     """A private dnsmasq on 127.0.0.1 answering for ``name`` from a hosts file that `set`
-    rewrites (SIGHUP rereads it; TTL 0, so every lookup sees the file as it is). Ask it with
-    ``BATCHWIRE_DNS_SERVER=`` `server`. Shared with tests/e2e/test_discovery.py."""
+    rewrites (SIGHUP rereads it; TTL 0 by default, so every lookup sees the file as it is; a
+    test of caching gives another ``ttl``). Ask it with ``BATCHWIRE_DNS_SERVER=`` `server`.
+    Shared with tests/e2e/test_discovery.py and test_fleet_audit_dns.py."""
 
-    def __init__(self, folder: Path, name: str, start_timeout: float = 10.0) -> None:
+    def __init__(self, folder: Path, name: str, start_timeout: float = 10.0, ttl: int = 0) -> None:
         if DNSMASQ is None:
             raise RuntimeError("dnsmasq is not installed (scripts/setup.sh installs dnsmasq-base)")
         self.name = name
         self.hosts = folder / "hosts"
         self.hosts.write_text(f"127.0.0.1 {name}\n")  # to see it answer (no SIGHUP before)
+        self._log = folder / "dnsmasq.log"
+        for attempt in range(START_ATTEMPTS):
+            self._start(ttl)
+            # Another process may take the port between the check and dnsmasq's bind: dnsmasq
+            # then exits at once, and another port is tried (a lookup would wait its timeout).
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(EARLY_EXIT_S)
+            if self.proc.poll() is not None and attempt + 1 < START_ATTEMPTS:
+                continue
+            try:
+                self._wait_for(["127.0.0.1"], start_timeout, "dnsmasq did not start")
+                return
+            except BaseException:
+                self.close()
+                raise
+
+    def _start(self, ttl: int) -> None:
         self.port = _free_dns_port()
         self.proc = subprocess.Popen(
             [
                 DNSMASQ, "--keep-in-foreground", "--conf-file=/dev/null", "--no-resolv",
                 "--no-hosts", f"--addn-hosts={self.hosts}", "--listen-address=127.0.0.1",
-                "--bind-interfaces", f"--port={self.port}", "--pid-file=", "--local-ttl=0",
+                "--bind-interfaces", f"--port={self.port}", "--pid-file=", f"--local-ttl={ttl}",
                 *(["--user=root"] if os.geteuid() == 0 else []),
-                f"--log-facility={folder / 'dnsmasq.log'}",
+                f"--log-facility={self._log}",
             ],
         )  # fmt: skip
         self.server = f"127.0.0.1:{self.port}"
         self._resolve = dnspython_resolver(self.server)
-        try:
-            self._wait_for(["127.0.0.1"], start_timeout, "dnsmasq did not start")
-        except BaseException:
-            self.close()
-            raise
 
     def lookup(self) -> list[str]:
         """What it answers for the name now (no records, or no answer: [])."""

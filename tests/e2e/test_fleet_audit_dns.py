@@ -16,14 +16,11 @@ from __future__ import annotations
 
 import http.server
 import logging
-import os
 import signal
 import socket
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from batchwire.bench.bench_fleet import DNSMASQ, Dnsmasq, free_port
@@ -164,23 +161,6 @@ def test_a_dns_server_that_stops_answering_mid_run_stalls_nothing(dns, fleet):
     assert closed_in < LOOKUP_BOUND_S + 1.0, f"close took {closed_in:.1f} s with DNS silent"
 
 
-def _dnsmasq_with_ttl(folder: Path, ttl: int) -> tuple[subprocess.Popen, str, Path]:
-    """A dnsmasq like `Dnsmasq`'s but answering with ``ttl``: (process, server, hosts file)."""
-    hosts = folder / "hosts"
-    hosts.write_text(f"{HOSTS[0]} {NAME}\n")
-    port = free_port(("127.0.0.1",), socket.SOCK_DGRAM)
-    proc = subprocess.Popen(
-        [
-            DNSMASQ, "--keep-in-foreground", "--conf-file=/dev/null", "--no-resolv", "--no-hosts",
-            f"--addn-hosts={hosts}", "--listen-address=127.0.0.1", "--bind-interfaces",
-            f"--port={port}", "--pid-file=", f"--local-ttl={ttl}",
-            *(["--user=root"] if os.geteuid() == 0 else []),
-            f"--log-facility={folder / 'dnsmasq.log'}",
-        ],
-    )  # fmt: skip
-    return proc, f"127.0.0.1:{port}", hosts
-
-
 def answer_ttl(server: str) -> int:
     """The TTL of ``server``'s A answer for NAME (dnspython, as the loader asks)."""
     import dns.resolver
@@ -191,38 +171,18 @@ def answer_ttl(server: str) -> int:
     return resolver.resolve(NAME, "A", search=False).rrset.ttl
 
 
-def _until(what: str, check, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.05)
-
-
 @pytest.mark.timeout(30)
 def test_a_huge_ttl_does_not_pin_the_old_records(tmp_path):
-    proc, server, hosts = _dnsmasq_with_ttl(tmp_path, 2**31 - 1)
-    try:
-        resolve = wire_dns.dnspython_resolver(server)
+    with Dnsmasq(tmp_path, NAME, ttl=2**31 - 1) as dns:
         endpoint = f"dns+tcp://{NAME}:5555"
-
-        def answers(*addresses: str) -> bool:
-            try:
-                return resolve(NAME, 5555) == sorted(addresses)
-            except wire_dns.DnsError:
-                return False
-
-        _until("dnsmasq did not start", lambda: answers(HOSTS[0]))
-        assert answer_ttl(server) == 2**31 - 1  # what the test is about: the answer says so
+        dns.set(HOSTS[0])
+        assert answer_ttl(dns.server) == 2**31 - 1  # what the test is about: the answer says so
+        resolve = wire_dns.dnspython_resolver(dns.server)
         d = discovery.Discovery([endpoint], resolve=resolve)
         assert d.initial() == [f"tcp://{HOSTS[0]}:5555"]
-        hosts.write_text(f"{HOSTS[1]} {NAME}\n")  # the record changes; its TTL said "forever"
-        proc.send_signal(signal.SIGHUP)
-        _until("dnsmasq did not take the new record", lambda: answers(HOSTS[1]))
+        dns.set(HOSTS[1])  # the record changes; its TTL said "forever"
         d.resolve_once()
         assert d.take() == [f"tcp://{HOSTS[1]}:5555"], "the loader kept the record its TTL named"
-    finally:
-        proc.terminate()
-        proc.wait(5)
 
 
 @pytest.mark.timeout(60)
@@ -284,3 +244,22 @@ def test_a_name_with_a_thousand_records_is_refused_not_a_zmq_error(dns, fleet, w
 
         indices = epoch_indices(loader, grow, pace=0.05)
     assert sorted(indices) == list(range(400))
+
+
+def test_a_dnsmasq_whose_port_was_taken_meanwhile_starts_on_another(tmp_path, monkeypatch):
+    """The race the suite met (2026-11-28): a port free when checked, taken by another test's
+    TCP listener before dnsmasq bound it; dnsmasq exits at once, and the helper picks another."""
+    from batchwire.bench import bench_fleet
+
+    taken = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    ports = iter([taken.getsockname()[1]])
+    real = bench_fleet._free_dns_port
+    monkeypatch.setattr(bench_fleet, "_free_dns_port", lambda: next(ports, None) or real())
+    try:
+        with Dnsmasq(tmp_path, NAME) as dns:
+            assert dns.port != taken.getsockname()[1]
+            assert dns.lookup() == ["127.0.0.1"]
+    finally:
+        taken.close()
