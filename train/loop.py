@@ -335,10 +335,9 @@ class Trainer:
 
     # ------------------------------------------------------------------ training
 
-    def _start_pass(self, epoch: int, start: int) -> tuple[Pass, int, int, int]:
-        """Begin this epoch's pass of the train loader: (its batches from the first one on,
-        that first batch's index, the batches in the pass, the pass's first sample of the epoch
-        order: 0 for the epoch's own batches).
+    def _start_pass(self, epoch: int, start: int) -> tuple[Pass, int]:
+        """Begin this epoch's pass of the train loader: (its batches, the pass's first sample of
+        the epoch order: 0 for the epoch's own batches).
 
         With --resize-schedule the loader is asked for the epoch's size first; a restored
         mid-epoch state then sets the size its epoch was started at (the loader state holds it).
@@ -359,7 +358,7 @@ class Trainer:
         batches = self._batches(iter(self.train_loader))
         first = next(batches, None)  # begins the pass: the loader now knows its length
         n = len(self.train_loader) if first is not None else start
-        return Pass(epoch, start, n, first, batches), start, n, pass_start
+        return Pass(epoch, start, n, first, batches), pass_start
 
     @staticmethod
     def _batches(it: Iterator[Any]) -> Iterator[tuple[Any, float]]:
@@ -393,11 +392,13 @@ class Trainer:
 
         The meters count images (column 0) and the time blocked on each batch (intervals).
         """
-        batches, start, n, pass_start = self._start_pass(epoch, start)
+        batches, pass_start = self._start_pass(epoch, start)
         self.model.train()
         epoch_meter, line_meter = throughput_meter(), throughput_meter()
         epoch_loss, line_loss = LossAverage(self.ctx.device), LossAverage(self.ctx.device)
-        self._bar = EpochBar(self.ctx.is_main, n, initial=start, desc=f"epoch {epoch}")
+        self._bar = EpochBar(
+            self.ctx.is_main, batches.n, initial=batches.start, desc=f"epoch {epoch}"
+        )
         meters = (epoch_meter, line_meter, epoch_loss, line_loss)
         try:
             return self._train_batches(batches, pass_start, *meters)
