@@ -40,7 +40,6 @@ LONGEST_FIRST = (
     "test_bad_input_sources.py",  # 21 s
     "test_remote_loader.py",  # 21 s
     "test_forkserver.py",  # 18 s
-    "test_train_elastic_audit.py",  # 11 s (2026-11-28): one history of gloo ranks, 4 runs
     "test_native_build.py",  # 17 s
     "test_progressive_resize.py",  # 17 s
     "test_object_store_cache.py",  # 17 s
@@ -50,6 +49,7 @@ LONGEST_FIRST = (
     "test_object_store_readahead.py",  # 15 s
     "test_multilabel_server.py",  # 15 s
     "test_native_lock.py",  # 15 s: a real build
+    "test_train_elastic_audit.py",  # 11 s (2026-11-28): one history of gloo ranks, 4 runs
 )
 
 
