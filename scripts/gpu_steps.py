@@ -581,12 +581,10 @@ def nvjpeg_alone(files: Sequence[str], seconds: float) -> str:
 
 def _images_made(endpoint: str) -> int:
     """The server's images_total now (0 where it does not answer)."""
-    from batchwire.wire.stats_client import StatsUnavailable, fetch_stats
+    from batchwire.bench.e2e_row import server_counters
 
-    try:
-        return fetch_stats(endpoint).counters.images_total
-    except StatsUnavailable:
-        return 0
+    counters = server_counters(endpoint)
+    return 0 if counters is None else counters.images_total
 
 
 def _run_tail(cmd: Sequence[str], timeout: float, env: dict[str, str] | None = None):

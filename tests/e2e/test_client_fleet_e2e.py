@@ -8,7 +8,6 @@ unit-tested with a fake clock in tests/unit/test_client_fleet.py.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -99,62 +98,37 @@ def test_every_server_refusing_is_one_error_naming_each():
 # ---------------------------------------------------------------------- errors of older sessions
 
 
-class LateErrorServer:
-    """A ROUTER that stays silent on the first hello (so the loader re-sends it), then answers
+def late_error_server() -> wirefakes.RawServer:
+    """A server that stays silent on the first hello (so the loader re-sends it), then answers
     the second with errors about the first session (as a server does whose read retries
     outlasted the loader's heartbeat) before welcoming it and serving every credit."""
+    hellos: list[wire.Hello] = []
 
-    def __init__(self) -> None:
-        self.ctx = zmq.Context()
-        self.sock = self.ctx.socket(zmq.ROUTER)
-        self.sock.linger = 0
-        port = self.sock.bind_to_random_port("tcp://127.0.0.1")
-        self.endpoint = f"tcp://127.0.0.1:{port}"
-        self.hellos: list[wire.Hello] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="late-error-server", daemon=True)
-        self._thread.start()
+    def reply(sock: zmq.Socket, identity: bytes, hello: wire.Hello, _stop: object) -> None:
+        hellos.append(hello)
+        if len(hellos) == 1:
+            return  # the first hello: silence
+        for reason in ("transient", "refused", "failed"):
+            error = wire.ErrorReply(
+                f"old news ({reason})", reason=reason, session=hellos[0].session
+            )
+            sock.send_multipart([identity, error.pack()])
+        sock.send_multipart([identity, wirefakes.welcome(hello.session, num_batches=3).pack()])
 
-    def _run(self) -> None:
-        session = None
-        while not self._stop.is_set():
-            if not self.sock.poll(50):
-                continue
-            identity, frame = self.sock.recv_multipart()
-            msg = wire.decode_client_message(frame)
-            if isinstance(msg, wire.Hello) and msg.epoch == 0:
-                self.hellos.append(msg)
-                if len(self.hellos) == 1:
-                    continue  # the first hello: silence
-                old = self.hellos[0].session
-                for reason in ("transient", "refused", "failed"):
-                    error = wire.ErrorReply(f"old news ({reason})", reason=reason, session=old)
-                    self.sock.send_multipart([identity, error.pack()])
-                session = msg.session
-                self.sock.send_multipart([identity, self._welcome(session)])
-            elif isinstance(msg, wire.Credit) and session is not None:
-                for k in msg.batches:
-                    self.sock.send_multipart([identity, *self._batch(session, k)])
+    def on_credit(
+        sock: zmq.Socket, identity: bytes, hello: wire.Hello, credit: wire.Credit
+    ) -> None:
+        for k in credit.batches:
+            header = wirefakes.header(hello.session, k)
+            frames = [header.pack(), bytes([k]) * NBYTES, wire.labels_to_frame([k, k]).tobytes()]
+            sock.send_multipart([identity, *frames])
 
-    @staticmethod
-    def _welcome(session: int) -> bytes:
-        return wirefakes.welcome(session, num_batches=3).pack()
-
-    @staticmethod
-    def _batch(session: int, k: int) -> list[bytes]:
-        header = wirefakes.header(session, k)
-        return [header.pack(), bytes([k]) * NBYTES, wire.labels_to_frame([k, k]).tobytes()]
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(5)
-        self.sock.close()
-        self.ctx.term()
+    return wirefakes.RawServer(reply, on_credit)
 
 
 def test_errors_about_an_older_session_do_not_end_the_run():
     """Issue 19's failure: the stale error was taken as a refusal of the new hello and raised."""
-    srv = LateErrorServer()
+    srv = late_error_server()
     try:
         with RemoteLoader(
             srv.endpoint,
