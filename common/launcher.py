@@ -42,6 +42,9 @@ __all__ = [
 
 #: How often the start-up wait looks at the process while no reply has come (seconds).
 POLL_S = 0.1
+#: Starts before a server that lost its port is an error: only for a port the launcher picked
+#: itself, which another process may take between the pick and the server's bind.
+START_ATTEMPTS = 3
 
 
 class ServerStartError(RuntimeError):
@@ -102,7 +105,9 @@ def terminate(proc: subprocess.Popen, grace: float) -> bool:
 class PipelineServer:
     """One `pipeline-server` child bound to ``endpoint``; the endpoint is kept across restarts.
 
-    ``args`` are the CLI's (``--bind endpoint`` is added). ``env`` adds variables to this
+    ``args`` are the CLI's (``--bind endpoint`` is added); no ``endpoint``: a free 127.0.0.1
+    port, and another one if a second process takes it before the server binds it (that server
+    exits at once saying so; its log must be kept to tell). ``env`` adds variables to this
     process's environment. ``log_path``: the child's stdout and stderr are appended there (and
     quoted in errors); None lets it write to this process's own stdout and stderr.
     As a context manager it starts (unless started) and stops the server.
@@ -117,6 +122,7 @@ class PipelineServer:
         log_path: str | os.PathLike[str] | None = None,
     ) -> None:
         self.args = tuple(str(a) for a in args)
+        self._port_picked = endpoint is None  # so another may be picked if this one is taken
         self.endpoint = endpoint or free_tcp_endpoint()
         #: The server's own ``--keys`` folder, if any: our requests to it hold its client key.
         self.keys = _keys_in(self.args)
@@ -159,6 +165,24 @@ class PipelineServer:
         """
         if self.running:
             raise RuntimeError(f"pipeline-server already running (pid {self.pid})")
+        for attempt in range(1, START_ATTEMPTS + 1):
+            try:
+                self._start_once(timeout)
+            except ServerStartError:
+                if attempt == START_ATTEMPTS or not self._lost_picked_port():
+                    raise
+                self.endpoint = free_tcp_endpoint()
+            else:
+                self._port_picked = False  # clients know this port now: restarts keep it
+                return self
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+    def _lost_picked_port(self) -> bool:
+        """The server exited because another process took the port this launcher picked."""
+        taken = f"cannot bind {self.endpoint}: Address already in use"
+        return self._port_picked and not self.running and taken in self.log()
+
+    def _start_once(self, timeout: float) -> None:
         command = self.command
         if self.log_path is None:
             self._proc = subprocess.Popen(command, env=self.env)
@@ -174,7 +198,6 @@ class PipelineServer:
         except BaseException:  # Ctrl-C or a bad reply included: no half-started child is left
             self.kill()
             raise
-        return self
 
     def wait_until_serving(self, timeout: float) -> ServerStats:
         """Return the server's first stats once it answers; ServerStartError if the process

@@ -50,7 +50,7 @@ class ServerProcess(PipelineServer):
     def __init__(
         self,
         args: tuple[str, ...],
-        endpoint: str,
+        endpoint: str | None,
         env: Mapping[str, str] | None,
         start_timeout: float,
         stop_timeout: float,
@@ -112,9 +112,7 @@ def running_server(
     generous because the first start may generate the embedded dataset.
     """
     with tempfile.TemporaryDirectory(prefix="bw-server-") as tmp:
-        if endpoint is None:
-            endpoint = free_tcp_endpoint()
-        elif endpoint == "ipc":
+        if endpoint == "ipc":
             endpoint = f"ipc://{tmp}/server.sock"
         srv = ServerProcess(args, endpoint, env, start_timeout, stop_timeout, Path(tmp))
         try:

@@ -6,6 +6,7 @@ start takes a few seconds on 2 cores, so the file starts three.
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 import time
@@ -61,6 +62,29 @@ def test_start_waits_until_it_serves_and_stop_is_a_clean_sigterm(tmp_path: Path)
     assert server.stop() == Stopped(0, False)  # stopping again is a no-op with the same answer
     assert server.log().startswith(f"$ {' '.join(server.command)}\n")
     assert _refuses(server.endpoint)
+
+
+@pytest.mark.timeout(120)
+def test_a_picked_port_taken_before_the_server_binds_it_moves_to_another(tmp_path: Path) -> None:
+    """The race behind a flaky suite: any process (another test's connection) may take the
+    port between the launcher's pick and the server's bind. Only a picked port moves."""
+    server = PipelineServer(_args(), log_path=tmp_path / "server.log")
+    taken = server.endpoint
+    port = int(taken.rsplit(":", 1)[1])
+    with socket.create_server(("127.0.0.1", port)):
+        with server as srv:
+            assert srv.endpoint != taken
+            assert fetch_stats(srv.endpoint, timeout=2.0).v == 1
+        assert f"cannot bind {taken}: Address already in use" in server.log()
+        # Once it served, the port is the server's: a restart keeps it, taken or not.
+        moved = server.endpoint
+        moved_port = int(moved.rsplit(":", 1)[1])
+        with (
+            socket.create_server(("127.0.0.1", moved_port)),
+            pytest.raises(ServerStartError, match="exited with code 2"),
+        ):
+            server.start()
+        assert server.endpoint == moved
 
 
 @pytest.mark.timeout(60)
