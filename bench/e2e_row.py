@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from batchwire.bench.baselines import Measured, RowLoop, time_batches
-from batchwire.common.launcher import PipelineServer, free_tcp_endpoint
+from batchwire.common.launcher import PipelineServer
 
 if TYPE_CHECKING:
     from batchwire.wire.stats import Counters
@@ -76,11 +76,11 @@ def pipeline_server(
     if keys is not None:
         args += ["--keys", keys]
     with tempfile.TemporaryDirectory(prefix="bw-bench-") as tmp:
-        endpoint = free_tcp_endpoint() if transport == "tcp" else f"ipc://{tmp}/server.sock"
+        endpoint = None if transport == "tcp" else f"ipc://{tmp}/server.sock"  # None: picked
         server = PipelineServer(args, endpoint, log_path=Path(tmp) / "server.log")
         server.start(start_timeout)
         try:
-            yield endpoint
+            yield server.endpoint
         except Exception as e:
             tail = server.log(tail_chars=2000)
             raise RuntimeError(f"{e}\n--- pipeline-server log (tail) ---\n{tail}") from e

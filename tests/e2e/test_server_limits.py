@@ -37,7 +37,7 @@ from batchwire.wire import BatchSpec
 from batchwire.wire.raw_client import RawClient
 from promtext import parse_metrics
 from rawclient import SERVER_ARGS, wait_for
-from serverproc import ServerProcess, free_tcp_endpoint, running_server
+from serverproc import ServerProcess, running_server
 
 _MONITOR = Path(sys.executable).parent / "pipeline-monitor"
 MONITOR = [str(_MONITOR)] if _MONITOR.exists() else [sys.executable, "-m", "batchwire.monitor.cli"]
@@ -225,7 +225,7 @@ class LimitedServer(ServerProcess):
 @contextmanager
 def limited_server(*args: str, nofile: int) -> Iterator[LimitedServer]:
     with tempfile.TemporaryDirectory(prefix="bw-limited-") as tmp:
-        srv = LimitedServer(args, free_tcp_endpoint(), None, 120.0, 10.0, Path(tmp))
+        srv = LimitedServer(args, None, None, 120.0, 10.0, Path(tmp))
         srv.nofile = nofile
         try:
             srv.start()
