@@ -301,6 +301,12 @@ class Fleet:
         """Hellos from now on ask for batches of ``batch_size`` (None: the servers')."""
         self.batch_size = batch_size
 
+    def ask_ahead(self, enabled: bool) -> None:
+        """Whether the next epoch is asked for early from now on (the loader's
+        ``prefetch_next_epoch``; off for a last epoch, whose next one would be made for
+        nothing). Batches already asked ahead are kept."""
+        self.speculation.enabled = bool(enabled)
+
     def cap_budget(self) -> None:
         """The shell's staging has as many slots as the budget now: it grows no more as
         servers join (`Assignment.cap`)."""

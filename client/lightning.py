@@ -10,7 +10,8 @@ epoch 0 and a mid-epoch resume would start the epoch over. This callback closes 
 
 It sets the epoch of every training RemoteLoader it finds (directly or as a DataLoader's
 dataset), keeps their positions in the checkpoint and restores them before the resumed epoch's
-first batch. It is harmless with the direct form too.
+first batch, and has them ask no epoch after ``max_epochs``'s last one ahead of time (its
+batches would be made for nothing). It is harmless with the direct form too.
 """
 
 from __future__ import annotations
@@ -55,7 +56,12 @@ class RemoteLoaderCallback(pl.Callback):
             loader.load_state_dict(state)
 
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # The last epoch of max_epochs (-1 or None: no end) asks no next one ahead of time.
+        end = trainer.max_epochs
+        last = end is not None and end >= 0 and trainer.current_epoch + 1 >= end
         for loader in remote_loaders(trainer.train_dataloader):
+            if last:
+                loader.prefetch_next_epoch = False
             loader.set_epoch(trainer.current_epoch)
 
     def state_dict(self) -> dict[str, Any]:

@@ -173,6 +173,10 @@ class BatchReceiver:
         """Hellos from now on ask for batches of ``batch_size`` (None: the servers')."""
         self.fleet.ask_batch_size(batch_size)
 
+    def ask_ahead(self, enabled: bool) -> None:
+        """Whether the next epoch is asked for early from now on (`Fleet.ask_ahead`)."""
+        self.fleet.ask_ahead(enabled)
+
     def wait_welcome(self) -> wire.Welcome:
         """Block until a server has welcomed this loader (the epoch's length is known then)."""
         self._wait(lambda: self.fleet.welcome is not None)

@@ -33,7 +33,9 @@ step (another epoch, ``load_state_dict``, iterating the same epoch again) discar
 and asks for what it needs; the position above never counts them. After a long pause between
 epochs (over `speculation.AHEAD_MAX_AGE_S`, e.g. a long validation) the early session is replaced
 rather than trusted, since the server may have dropped it meanwhile. ``prefetch_next_epoch=False``
-turns this off (e.g. a loader whose epochs are not consecutive).
+turns this off (e.g. a loader whose epochs are not consecutive); setting
+``loader.prefetch_next_epoch = False`` before the last epoch saves the batches of an epoch that
+never comes (pipeline-train and `RemoteLoaderCallback` do so).
 
 Tensor lifetime. On CPU every batch is yours to keep: it is never overwritten while any tensor,
 view or numpy array of it exists (a normalised batch's buffer is recycled only after that,
@@ -282,7 +284,7 @@ class RemoteLoader(IterableDataset):
         self.mean = None if mean is None else tuple(float(v) for v in mean)
         self.std = None if std is None else tuple(float(v) for v in std)
         self.dtype = check_dtype(dtype)
-        self.prefetch_next_epoch = bool(prefetch_next_epoch)
+        self._prefetch_next_epoch = bool(prefetch_next_epoch)
         self.job = default_job() if job is None else str(job)
         self.keys = client_keys(keys)  # loaded now: a bad keys folder fails at construction
         self.reuse_buffers = bool(reuse_buffers)
@@ -341,6 +343,20 @@ class RemoteLoader(IterableDataset):
         if epoch != self._progress.epoch:
             self._end_pass("set_epoch()")
         self._progress.set_epoch(epoch)
+
+    @property
+    def prefetch_next_epoch(self) -> bool:
+        """Whether the servers start the next epoch when this one's last batch is sent (the
+        module's "Next epoch early"). Settable at any time: turn it off before the last epoch
+        and no batch is made for an epoch that never comes (pipeline-train and
+        `RemoteLoaderCallback` do)."""
+        return self._prefetch_next_epoch
+
+    @prefetch_next_epoch.setter
+    def prefetch_next_epoch(self, enabled: bool) -> None:
+        self._prefetch_next_epoch = bool(enabled)
+        if self._receiver is not None:
+            self._receiver.ask_ahead(self._prefetch_next_epoch)
 
     @property
     def image_size(self) -> tuple[int, int] | None:
@@ -565,7 +581,7 @@ class RemoteLoader(IterableDataset):
                 prefetch=self.prefetch,
                 timeout=self.timeout,
                 heartbeat=self.heartbeat,
-                speculate=self.prefetch_next_epoch,
+                speculate=self._prefetch_next_epoch,
                 job=self.job,
                 batch_size=self._batch_size,
                 metadata=self.with_metadata,

@@ -347,6 +347,7 @@ class Trainer:
         """
         if self.resize_steps:
             self.train_loader.set_image_size(size_at(self.resize_steps, epoch))
+        self.train_loader.prefetch_next_epoch = self._has_next_epoch(epoch)
         pass_start = 0
         if start > 0 and self._loader_state is not None:
             self.train_loader.load_state_dict(self._loader_state)
@@ -359,6 +360,11 @@ class Trainer:
         first = next(batches, None)  # begins the pass: the loader now knows its length
         n = len(self.train_loader) if first is not None else start
         return Pass(epoch, start, n, first, batches), pass_start
+
+    def _has_next_epoch(self, epoch: int) -> bool:
+        """Whether an epoch follows ``epoch``: the loaders ask a last epoch's next one of the
+        servers early for nothing (its batches would be made and dropped)."""
+        return epoch + 1 < self.cfg.epochs
 
     @staticmethod
     def _batches(it: Iterator[Any]) -> Iterator[tuple[Any, float]]:
@@ -552,6 +558,7 @@ class Trainer:
         # Every rank evaluates rank 0's model, the one the checkpoint holds: BatchNorm statistics
         # drift apart by each rank's last training batch.
         broadcast_buffers(self.raw_model, self.ctx)
+        self.val_loader.prefetch_next_epoch = self._has_next_epoch(epoch)
         self.val_loader.set_epoch(epoch)
         if self.multi_label:
             return evaluate_multilabel(

@@ -90,22 +90,26 @@ def fresh(servers):
 @pytest.mark.timeout(90)
 def test_consecutive_epochs_start_early_and_equal_fresh_loaders(servers, fresh):
     srv = servers[0]
-    before = len(hellos(srv, "train", 1))
+    before, before_2 = len(hellos(srv, "train", 1)), len(hellos(srv, "train", 2))
     with loader_for(srv.endpoint) as loader:
         got0 = epoch_of(loader, 0)
         row = wait_for_early_epoch(srv, "train", 1)
         assert loader.state_dict()["epoch"] == 0, "the early stream must not move the position"
         assert loader.state_dict()["next_batch"] == len(got0)
         loader.set_epoch(1)
+        loader.prefetch_next_epoch = False  # the last epoch: nothing of epoch 2 is made
         it = iter(loader)
         t0 = time.perf_counter()
         first = take(it, 1)
         waited = time.perf_counter() - t0
         got1 = first + rest(it)
+        time.sleep(0.5)  # an early hello goes out as the last batch arrives: long before this
+        assert [c["epoch"] for c in srv.stats()["clients"] if c["split"] == "train"] == [1]
     assert row["sent"] >= 1
     assert_same(got0, fresh[0])
     assert_same(got1, fresh[1])
     assert hellos(srv, "train", 1)[before:] == [0], "epoch 1 was asked for again"
+    assert hellos(srv, "train", 2)[before_2:] == [], "the last epoch's next one was asked for"
     # A local hand-out: milliseconds, bounded loosely so a busy CI machine cannot flake it.
     assert waited < 0.5, f"the first batch of epoch 1 took {waited * 1000:.1f} ms"
 
@@ -275,12 +279,13 @@ def test_a_train_loader_iterated_again_moves_to_the_next_epoch_by_itself(servers
 
 
 @pytest.mark.timeout(120)
-def test_lightning_over_a_dataloader_without_the_callback_gets_a_new_order_each_epoch(
-    servers, fresh
-):
-    """``DataLoader(loader, batch_size=None)`` under Lightning, no RemoteLoaderCallback: Lightning
-    cannot reach set_epoch, the loader moves on by itself: epochs 0 and 1 as fresh loaders'."""
+@pytest.mark.parametrize("callback", [False, True], ids=["no callback", "RemoteLoaderCallback"])
+def test_lightning_over_a_dataloader_gets_a_new_order_each_epoch(servers, fresh, callback):
+    """``DataLoader(loader, batch_size=None)`` under Lightning. No RemoteLoaderCallback:
+    Lightning cannot reach set_epoch, the loader moves on by itself: epochs 0 and 1 as fresh
+    loaders'. With it, the same, and the last epoch (max_epochs) asks for no epoch 2 ahead."""
     L = pytest.importorskip("lightning")
+    from batchwire.client.lightning import RemoteLoaderCallback
     from torch.utils.data import DataLoader
 
     seen: list[torch.Tensor] = []
@@ -297,12 +302,17 @@ def test_lightning_over_a_dataloader_without_the_callback_gets_a_new_order_each_
         def configure_optimizers(self):
             return torch.optim.SGD(self.parameters(), lr=0.0)
 
+    asked_ahead = len(hellos(servers[0], "train", 2))
     with loader_for(servers[0].endpoint) as loader:
         trainer = L.Trainer(
             max_epochs=2, accelerator="cpu", devices=1, logger=False,
             enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+            callbacks=[RemoteLoaderCallback()] if callback else [],
         )  # fmt: skip
         trainer.fit(Module(), DataLoader(loader, batch_size=None))
+        time.sleep(0.3 if callback else 0)  # an early hello goes out as the last batch arrives
+    if callback:
+        assert hellos(servers[0], "train", 2)[asked_ahead:] == [], "epoch 2 was asked ahead"
     n = len(fresh[0])
     assert len(seen) == 2 * n
     for epoch, part in ((0, seen[:n]), (1, seen[n:])):

@@ -11,6 +11,7 @@ test_train_data.py.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import subprocess
@@ -85,9 +86,13 @@ def test_the_epoch_lines_val_top1_is_what_an_own_count_of_the_val_split_gets(
     """The checkpointed model, scored here over the server's whole val split (padding left
     out, as a user would count), gets exactly the top-1 and sample count the epoch line says."""
     ckpt = tmp_path / "ckpt"
+    before = server.stats()["counters"]
     out = _run(_train(server.endpoint, "--epochs", "1", "--checkpoint-dir", str(ckpt)))
     said = re.search(r"^epoch 0: val top1=([\d.]+)%", out, re.MULTILINE)
     assert said, out
+    sent = server.stats()["counters"]["batches_total"] - before["batches_total"]
+    # The epoch's batches, train and val, and no more: neither loader asked for epoch 1 ahead.
+    assert sent == BATCHES_PER_EPOCH + math.ceil(VAL_IMAGES / BATCH), out
     model = build_model("small", 10)
     model.load_state_dict(_weights(ckpt))
     model.eval()
