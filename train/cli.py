@@ -233,11 +233,11 @@ def make_loader(
     cfg: TrainConfig,
     ctx: DistContext,
     split: str,
-    normalize: bool,
     image_size: tuple[int, int] | None = None,
 ) -> Any:
-    """A RemoteLoader for `split` of this rank; `normalize` turns a uint8 wire into floats;
-    `image_size` None: the servers' --image-size."""
+    """A RemoteLoader for `split` of this rank, yielding normalised floats whatever the wire
+    (a uint8 wire is normalised on the device, a float one was by the server); `image_size`
+    None: the servers' --image-size."""
     from batchwire.client import RemoteLoader
 
     return RemoteLoader(
@@ -250,7 +250,7 @@ def make_loader(
         timeout=cfg.timeout,
         keys=cfg.keys,
         with_indices=True,
-        normalize_on_device=normalize,
+        normalize_on_device=None,  # decided by the wire's dtype at the welcome
         mean=cfg.mean,
         std=cfg.std,
         image_size=image_size,
@@ -265,10 +265,10 @@ def _refused_split(exc: Exception) -> bool:
 def open_loaders(cfg: TrainConfig, ctx: DistContext) -> tuple[Any, Any | None, Any]:
     """(train loader, val loader or None, the server's welcome), checked before any step.
 
-    The wire dtype decides whether the loader normalises on the device, and the loader must
-    know that before it connects, so the train loader's first connection is the probe: with a
-    float wire it is kept, with a uint8 wire it is replaced by a normalising one. A server
-    without a train split is an error here; one without a val split is said once (rank 0) and
+    The train loader's first connection is the probe, and it is kept: the loaders normalise a
+    uint8 wire on the device and pass a float one through, as each welcome says (a probe closed
+    and opened again had the server make the batches it asked for in between for nothing). A
+    server without a train split is an error here; one without a val split is said once (rank 0) and
     validation is skipped, instead of an epoch trained and then an error. The val loader asks
     for its welcome and leaves again (it reconnects when the first validation starts), so it
     holds no batches while the epoch trains. With --resize-schedule the probe asks for the
@@ -280,7 +280,7 @@ def open_loaders(cfg: TrainConfig, ctx: DistContext) -> tuple[Any, Any | None, A
 
     steps = cfg.resize_steps()
     probe_size = largest(steps) if steps else None
-    train = make_loader(cfg, ctx, "train", normalize=False, image_size=probe_size)
+    train = make_loader(cfg, ctx, "train", image_size=probe_size)
     try:
         welcome = train.server_info()
     except ServerError as exc:
@@ -301,12 +301,9 @@ def open_loaders(cfg: TrainConfig, ctx: DistContext) -> tuple[Any, Any | None, A
                 "sample: train on them with your own loop over RemoteLoader (docs/transforms.md, "
                 '"Multi-view and progressive resizing"), or serve without --views'
             )
-        if welcome.dtype == "uint8":
-            train.close()
-            train = make_loader(cfg, ctx, "train", normalize=True)
         val = None
         if not cfg.no_val:
-            val = make_loader(cfg, ctx, "val", normalize=welcome.dtype == "uint8")
+            val = make_loader(cfg, ctx, "val")
             try:
                 val.server_info()
             except ServerError as exc:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -128,6 +129,19 @@ def test_a_schedule_beyond_max_image_size_is_refused_at_start(multilabel, tmp_pa
     ), line
     assert "image_size 64x64 is larger than this server's --max-image-size 48x48" in line, line
     assert "Traceback" not in done.stdout and "step 1 (" not in done.stdout
+
+
+@pytest.mark.timeout(120)
+def test_a_server_normalising_itself_trains_on_its_floats_as_served():
+    """--output-dtype float32: the loaders pass the server's normalised floats through (a uint8
+    wire is normalised on the device), train and validate."""
+    args = (*small_server_args(seed=1, val=True), "--output-dtype", "float32")
+    with running_server(*args, "--log-level", "WARNING") as srv:
+        done = _train(srv.endpoint, "--max-steps", "2")
+    assert done.returncode == 0, done.stdout
+    step = re.search(r"^step 2 \(epoch 0 batch 2/25\): loss ([\d.]+)", done.stdout, re.M)
+    assert step and 0 < float(step.group(1)) < 10, done.stdout  # not NaN, not a raw-pixel scale
+    assert "epoch 0: val top1=" in done.stdout, done.stdout
 
 
 @pytest.mark.timeout(120)
