@@ -50,6 +50,7 @@ def main() -> None:
         step = int(os.path.basename(args.resume.rstrip("/")).removeprefix("step_"))
     for epoch in range(loader.epoch, args.epochs):
         loader.set_epoch(epoch)
+        loader.prefetch_next_epoch = epoch + 1 < args.epochs  # no batch made past the end
         totals = torch.zeros(3, device=accelerator.device)  # loss sum, correct, images
         bar = tqdm(batches, desc=f"epoch {epoch}", disable=not accelerator.is_main_process)
         for images, labels in bar:

@@ -49,6 +49,7 @@ def main() -> None:
         step = state["step"]
     for epoch in range(loader.epoch, args.epochs):
         loader.set_epoch(epoch)
+        loader.prefetch_next_epoch = epoch + 1 < args.epochs  # no batch made past the end
         totals = torch.zeros(3, device=device)  # loss sum, correct, images (this rank)
         for images, labels in tqdm(loader, desc=f"epoch {epoch}", disable=not main_rank):
             logits = model(images)
