@@ -11,7 +11,8 @@ monitor), `on_message` (welcome, error reply, shutdown), `on_batch` (a batch hea
 the verdict says whether to receive it into the reorder buffer, keep it for the next epoch, or
 drop it), `on_handed_out` (the consumer took batch k), `on_send_failed` (a send would have
 blocked), `tick` (time passed; with ``waiting_since`` while the consumer waits for a batch).
-Requests: `ask_image_size`, `ask_batch_size`, `cap_budget` (the shell's staging is sized).
+Requests: `ask_image_size`, `ask_batch_size`, `ask_ahead`, `cap_budget` (the shell's staging is
+sized).
 Actions out: `SendHello`, `SendCredit`, `AdoptEarly` (next-epoch batches received ahead join
 the reorder buffer), `DropEarly` (discard them), `Connect`, `Disconnect`. Errors the user
 must see are raised: `ServerError` (refused by every server, or the same error again and

@@ -260,7 +260,7 @@ class BufferStats(Record):
 
 @dataclass(frozen=True)
 class MixPartStats(Record):
-    """One part of a mixture split (``--train mix:NAME=WEIGHT@SOURCE,...``): its planned share
+    """One part of a mixture split (``--train mix:NAME=VALUE@SOURCE,...``): its planned share
     and the samples of it sent (valid slots only, every client's sends counted)."""
 
     WHERE: ClassVar[str] = "part"
