@@ -61,4 +61,8 @@ class BufferBudget:
         self.held += 1
 
     def returned(self) -> None:
+        """Count one buffer given back (RuntimeError with none lent: a bug, which would
+        otherwise let one buffer past the cap be lent later)."""
+        if self.held <= 0:
+            raise RuntimeError("a batch buffer was given back that was never lent")
         self.held -= 1

@@ -65,3 +65,13 @@ def test_a_returned_buffer_may_be_lent_again() -> None:
     assert budget.may_lend(holding=0, share=1)
     budget.lend()
     assert budget.full
+
+
+def test_a_buffer_given_back_that_was_never_lent_is_a_bug_not_room_past_the_cap() -> None:
+    budget = lent(1, 0, 1)
+    budget.returned()
+    with pytest.raises(RuntimeError, match="never lent"):
+        budget.returned()
+    assert budget.held == 0
+    budget.lend()
+    assert budget.full
