@@ -17,6 +17,7 @@ Only `batchwire.wire` is used to talk to the server (its one stats client,
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -65,6 +66,49 @@ def free_tcp_endpoint() -> str:
         return f"tcp://127.0.0.1:{s.getsockname()[1]}"
 
 
+#: /proc's TCP socket tables and the state of a listening socket in them (include/net/tcp_states.h).
+PROC_TCP_TABLES = ("/proc/net/tcp", "/proc/net/tcp6")
+TCP_LISTEN = "0A"
+
+
+def listens_on(pid: int, port: int) -> bool | None:
+    """Whether process ``pid`` holds a TCP socket listening on ``port`` (any address); None
+    where /proc cannot tell (not Linux, or not our process to look into).
+
+    How a launcher tells its own server's reply from another process's on the same port: the
+    socket inodes of the process's descriptors against the kernel's table of listening
+    sockets (what psutil's ``net_connections`` reads, without the dependency)."""
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+        tables = [Path(t).read_text() for t in PROC_TCP_TABLES if Path(t).exists()]
+    except OSError:
+        return None
+    if not tables:
+        return None
+    sockets = set()
+    for fd in fds:
+        with contextlib.suppress(OSError):  # closed meanwhile: the process's threads run on
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+            if link.startswith("socket:["):
+                sockets.add(link[len("socket:[") : -1])
+    for table in tables:
+        for row in table.splitlines()[1:]:
+            fields = row.split()  # sl local_address rem_address st ... uid timeout inode
+            local, state, inode = fields[1], fields[3], fields[9]
+            listening = state == TCP_LISTEN and int(local.rsplit(":", 1)[1], 16) == port
+            if listening and inode in sockets:
+                return True
+    return False
+
+
+def _tcp_port(endpoint: str) -> int | None:
+    """The port of a ``tcp://host:port`` endpoint; None for any other transport."""
+    if not endpoint.startswith("tcp://"):
+        return None
+    port = endpoint.rsplit(":", 1)[1]
+    return int(port) if port.isdigit() else None
+
+
 def server_executable() -> list[str]:
     """The `pipeline-server` console script next to this interpreter, else ``python -m``.
 
@@ -106,8 +150,9 @@ class PipelineServer:
     """One `pipeline-server` child bound to ``endpoint``; the endpoint is kept across restarts.
 
     ``args`` are the CLI's (``--bind endpoint`` is added); no ``endpoint``: a free 127.0.0.1
-    port, and another one if a second process takes it before the server binds it (that server
-    exits at once saying so; its log must be kept to tell). ``env`` adds variables to this
+    port, and another one if a second process takes it before the server binds it (the server
+    then exits saying so, once started; its log must be kept to tell). A reply on the port from
+    a process other than ours is never taken for our server's. ``env`` adds variables to this
     process's environment. ``log_path``: the child's stdout and stderr are appended there (and
     quoted in errors); None lets it write to this process's own stdout and stderr.
     As a context manager it starts (unless started) and stops the server.
@@ -206,6 +251,7 @@ class PipelineServer:
         if proc is None:
             raise RuntimeError("pipeline-server not started")
         deadline = time.monotonic() + timeout
+        foreign: ServerStats | None = None  # a reply from another process on our port
         with StatsClient(self.endpoint, keys=self.keys) as client:
             client.send()
             while True:
@@ -218,17 +264,31 @@ class PipelineServer:
                             f"answered on {self.endpoint}"
                         )
                     )
-                stats = client.receive(POLL_S)
+                stats = client.receive(POLL_S) if foreign is None else None
                 if stats is not None:
-                    return stats
+                    if not self._answered_by_another(proc.pid):
+                        return stats
+                    # Ours cannot bind a port another server holds: it exits, and a port the
+                    # launcher picked is then picked again (`start`).
+                    foreign = stats
+                if foreign is not None:
+                    time.sleep(POLL_S)
                 if time.monotonic() > deadline:
                     self.kill()
+                    held = " (another process answers there)" if foreign is not None else ""
                     raise ServerStartError(
                         self._with_log(
-                            f"pipeline-server did not answer on {self.endpoint} within "
+                            f"pipeline-server did not answer on {self.endpoint}{held} within "
                             f"{timeout:g}s (killed)"
                         )
                     )
+
+    def _answered_by_another(self, pid: int) -> bool:
+        """A reply on our TCP port while process ``pid`` (ours) does not listen there came from
+        another process (say, a server that took the port first); where /proc cannot tell,
+        the reply is trusted, as before."""
+        port = _tcp_port(self.endpoint)
+        return port is not None and listens_on(pid, port) is False
 
     def stop(self, grace: float = 10.0) -> Stopped:
         """SIGTERM and wait up to ``grace`` seconds, then SIGKILL; a no-op once it has exited."""

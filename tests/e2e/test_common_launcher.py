@@ -6,6 +6,7 @@ start takes a few seconds on 2 cores, so the file starts three.
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -19,6 +20,7 @@ from batchwire.common.launcher import (
     ServerStartError,
     Stopped,
     free_tcp_endpoint,
+    listens_on,
     terminate,
 )
 from batchwire.pipeline.synthetic import default_dataset
@@ -85,6 +87,20 @@ def test_a_picked_port_taken_before_the_server_binds_it_moves_to_another(tmp_pat
         ):
             server.start()
         assert server.endpoint == moved
+
+
+def test_listens_on_tells_which_process_holds_a_listening_port() -> None:
+    """How the launcher tells its server's reply from another process's on the same port."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        port = listener.getsockname()[1]
+        assert listens_on(os.getpid(), port) is True
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+        try:
+            assert listens_on(child.pid, port) is False  # alive, but not the one listening
+        finally:
+            child.kill()
+            child.wait()
+    assert listens_on(os.getpid(), port) is False  # closed
 
 
 @pytest.mark.timeout(60)
