@@ -251,6 +251,9 @@ class RemoteLoader(IterableDataset):
     ) -> None:
         super().__init__()
         self._image_size = _image_size(image_size)
+        # The size the pass of the current position runs at (`set_image_size` waits for the
+        # next pass): what `state_dict` records of a position inside a pass.
+        self._pass_image_size = self._image_size
         self._batch_size = _batch_size(batch_size)
         eps = [endpoints] if isinstance(endpoints, str) else list(endpoints)
         if not eps or not all(isinstance(e, str) and "://" in e for e in eps):
@@ -463,8 +466,10 @@ class RemoteLoader(IterableDataset):
             "start_sample": position["start_sample"],
             "epoch_world_size": position["epoch_world_size"],
         }
-        if self._image_size is not None:
-            state["image_size"] = list(self._image_size)
+        # Inside a pass, its own size; at a pass's start, the size the next pass will ask.
+        size = self._pass_image_size if position["next_batch"] > 0 else self._image_size
+        if size is not None:
+            state["image_size"] = list(size)
         if self._batch_size is not None:
             state["batch_size"] = self._batch_size
         welcome = None if self._receiver is None else self._receiver.welcome
@@ -496,7 +501,7 @@ class RemoteLoader(IterableDataset):
                 f"state is for split {state['split']!r}, this loader serves {self.split!r}"
             )
         if "image_size" in state:  # the size the saved pass was trained at (progressive)
-            self._image_size = _image_size(state["image_size"])
+            self._image_size = self._pass_image_size = _image_size(state["image_size"])
         if state.get("batch_size") is not None:  # the batch size the saved pass asked for
             self._batch_size = _batch_size(state["batch_size"])
             if self._receiver is not None:
@@ -644,6 +649,7 @@ class RemoteLoader(IterableDataset):
         total = receiver.num_batches
         if total is None or progress.next_batch < total or self._image_size != receiver.image_size:
             receiver.start(progress.epoch, progress.next_batch, progress.pass_, self._image_size)
+        self._pass_image_size = self._image_size
         if receiver.welcome is None:
             receiver.wait_welcome()
         total = len(self)
