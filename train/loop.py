@@ -347,7 +347,7 @@ class Trainer:
         """
         if self.resize_steps:
             self.train_loader.set_image_size(size_at(self.resize_steps, epoch))
-        self.train_loader.prefetch_next_epoch = self._has_next_epoch(epoch)
+        self.train_loader.prefetch_next_epoch = self._asks_ahead(epoch, start)
         pass_start = 0
         if start > 0 and self._loader_state is not None:
             self.train_loader.load_state_dict(self._loader_state)
@@ -361,10 +361,23 @@ class Trainer:
         n = len(self.train_loader) if first is not None else start
         return Pass(epoch, start, n, first, batches), pass_start
 
-    def _has_next_epoch(self, epoch: int) -> bool:
-        """Whether an epoch follows ``epoch``: the loaders ask a last epoch's next one of the
-        servers early for nothing (its batches would be made and dropped)."""
-        return epoch + 1 < self.cfg.epochs
+    def _asks_ahead(self, epoch: int, start: int) -> bool:
+        """Whether the train loader may ask the servers for epoch ``epoch + 1`` as the pass of
+        ``epoch`` from batch ``start`` ends (`RemoteLoader.prefetch_next_epoch`): not when the
+        run ends with this pass (--epochs, or --max-steps within its steps), nor when the next
+        epoch trains at another size (--resize-schedule): what was asked would be dropped.
+
+        The pass's steps are counted in the epoch's own batches: a resumed pass at another
+        world size asks nothing ahead anyway (the loader's rule)."""
+        if epoch + 1 >= self.cfg.epochs:
+            return False
+        accum = self.cfg.accum_steps
+        steps_left = self.steps_per_epoch - start // accum
+        if self.cfg.max_steps is not None and self.step + steps_left >= self.cfg.max_steps:
+            return False
+        if self.resize_steps:
+            return size_at(self.resize_steps, epoch + 1) == size_at(self.resize_steps, epoch)
+        return True
 
     @staticmethod
     def _batches(it: Iterator[Any]) -> Iterator[tuple[Any, float]]:
@@ -552,13 +565,15 @@ class Trainer:
 
     # ------------------------------------------------------------------ epochs
 
-    def validate(self, epoch: int) -> Accuracy | MultiLabelScores | None:
+    def validate(self, epoch: int, last: bool) -> Accuracy | MultiLabelScores | None:
+        """Score ``epoch``'s model on the val split; ``last``: no validation follows (the val
+        loader then asks the servers for no next epoch ahead)."""
         if self.val_loader is None:
             return None
         # Every rank evaluates rank 0's model, the one the checkpoint holds: BatchNorm statistics
         # drift apart by each rank's last training batch.
         broadcast_buffers(self.raw_model, self.ctx)
-        self.val_loader.prefetch_next_epoch = self._has_next_epoch(epoch)
+        self.val_loader.prefetch_next_epoch = not last
         self.val_loader.set_epoch(epoch)
         if self.multi_label:
             return evaluate_multilabel(
@@ -604,7 +619,7 @@ class Trainer:
                 device=self.ctx.device,
             )
             images, wait_s, wall_s, received, shared = all_reduce_sum(totals, self.ctx).tolist()
-            acc = self.validate(epoch)
+            acc = self.validate(epoch, last=stopped or epoch + 1 >= self.cfg.epochs)
             result = EpochResult(
                 epoch=epoch,
                 accuracy=acc,
