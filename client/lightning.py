@@ -10,12 +10,14 @@ epoch 0 and a mid-epoch resume would start the epoch over. This callback closes 
 
 It sets the epoch of every training RemoteLoader it finds (directly or as a DataLoader's
 dataset), keeps their positions in the checkpoint and restores them before the resumed epoch's
-first batch, and has them ask no epoch after ``max_epochs``'s last one ahead of time (its
-batches would be made for nothing). It is harmless with the direct form too.
+first batch, and has them (and the validation RemoteLoaders) ask the servers for no epoch after
+the fit's last one (of ``max_epochs``, or where ``max_steps`` ends it) ahead of time: its batches
+would be made for nothing. It is harmless with the direct form too.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from typing import Any
 
@@ -37,11 +39,26 @@ def remote_loaders(obj: object) -> Iterator[RemoteLoader]:
             yield from remote_loaders(value)
 
 
+def is_last_epoch(trainer: pl.Trainer) -> bool:
+    """Does the fit end with the current epoch: the last of ``max_epochs``, or one whose
+    optimizer steps reach ``max_steps`` (-1 or None: no such end)?"""
+    end = trainer.max_epochs
+    if end is not None and end >= 0 and trainer.current_epoch + 1 >= end:
+        return True
+    max_steps = trainer.max_steps
+    batches = trainer.num_training_batches
+    if max_steps is None or max_steps < 0 or not math.isfinite(batches):
+        return False
+    steps = math.ceil(batches / trainer.accumulate_grad_batches)
+    return trainer.global_step + steps >= max_steps
+
+
 class RemoteLoaderCallback(pl.Callback):
     """Epochs and exact mid-epoch resume for RemoteLoaders in any form (see the module)."""
 
     def __init__(self) -> None:
         self._to_restore: list[dict[str, Any]] = []
+        self._switched_off: list[RemoteLoader] = []  # early asks turned off for a last epoch
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # After the checkpoint is restored, before the first batch of the (resumed) epoch.
@@ -56,13 +73,32 @@ class RemoteLoaderCallback(pl.Callback):
             loader.load_state_dict(state)
 
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        # The last epoch of max_epochs (-1 or None: no end) asks no next one ahead of time.
-        end = trainer.max_epochs
-        last = end is not None and end >= 0 and trainer.current_epoch + 1 >= end
+        last = is_last_epoch(trainer)
         for loader in remote_loaders(trainer.train_dataloader):
-            if last:
-                loader.prefetch_next_epoch = False
+            self._ask_ahead(loader, not last)
             loader.set_epoch(trainer.current_epoch)
+
+    def on_validation_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.sanity_checking:
+            return  # a few batches: nothing is asked ahead
+        last = is_last_epoch(trainer)
+        for loader in remote_loaders(trainer.val_dataloaders):
+            self._ask_ahead(loader, not last)
+
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        for loader in self._switched_off:  # as their owner set them, for a later fit
+            loader.prefetch_next_epoch = True
+        self._switched_off.clear()
+
+    def _ask_ahead(self, loader: RemoteLoader, wanted: bool) -> None:
+        """Turn ``loader``'s early ask of the next epoch off for a last epoch; on again only
+        where this callback turned it off (the owner's own False stays)."""
+        if not wanted and loader.prefetch_next_epoch:
+            loader.prefetch_next_epoch = False
+            self._switched_off.append(loader)
+        elif wanted and any(loader is off for off in self._switched_off):
+            loader.prefetch_next_epoch = True
+            self._switched_off = [off for off in self._switched_off if off is not loader]
 
     def state_dict(self) -> dict[str, Any]:
         trainer = getattr(self, "_trainer", None)

@@ -26,6 +26,7 @@ from batchwire.common.launcher import (
 from batchwire.pipeline.synthetic import default_dataset
 from batchwire.wire.raw_client import RawClient
 from batchwire.wire.stats_client import StatsTimeout, fetch_stats
+from serverproc import running_server, small_server_args
 
 
 def _args() -> list[str]:
@@ -101,6 +102,38 @@ def test_listens_on_tells_which_process_holds_a_listening_port() -> None:
             child.kill()
             child.wait()
     assert listens_on(os.getpid(), port) is False  # closed
+
+
+@pytest.mark.timeout(120)
+def test_a_picked_port_taken_by_another_pipeline_server_is_not_taken_for_ours(tmp_path):
+    """When the process that takes the picked port is itself a pipeline-server, it answers the
+    stats request before ours has failed to bind: that reply is not taken for ours (`listens_on`),
+    and ours moves to another port."""
+    args = small_server_args(seed=9)  # a server of its own: the other holds the port
+    ours = PipelineServer(args, log_path=tmp_path / "ours.log")
+    taken = ours.endpoint
+    with running_server(*args, endpoint=taken):
+        ours.start()
+        try:
+            assert ours.endpoint != taken, (
+                f"start() returned on {taken}, which the other server holds; ours:\n"
+                + ours.log(tail_chars=300)
+            )
+        finally:
+            ours.stop()
+
+
+@pytest.mark.timeout(60)
+def test_an_explicit_endpoint_that_is_taken_does_not_move(tmp_path):
+    """Only a port the launcher picked moves: an endpoint the caller chose is what clients
+    were told, so a taken one is an error naming it, after one attempt."""
+    with socket.create_server(("127.0.0.1", 0)) as holder:
+        endpoint = f"tcp://127.0.0.1:{holder.getsockname()[1]}"
+        server = PipelineServer(small_server_args(seed=9), endpoint, log_path=tmp_path / "s.log")
+        with pytest.raises(ServerStartError, match="Address already in use"):
+            server.start(timeout=50)
+    assert server.endpoint == endpoint
+    assert server.log().count("$ ") == 1, server.log()
 
 
 @pytest.mark.timeout(60)

@@ -1,4 +1,6 @@
-"""Review of the "last epoch asks no next one ahead" change and the launcher's port retry.
+"""The next epoch asked ahead, and only when it will be trained: `prefetch_next_epoch` set at any
+time, pipeline-train (--epochs, --max-steps, --resize-schedule) and `RemoteLoaderCallback`
+(max_epochs, max_steps, validation loaders, a later fit), and a saved position's output size.
 
 One real pipeline-server (the embedded val folder served as both splits, batches of 16 at
 32 px, 25 per epoch, logging each hello at INFO) is shared by the loader tests; what it was
@@ -9,7 +11,6 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -18,7 +19,6 @@ from pathlib import Path
 import pytest
 import torch
 from batchwire.client import RemoteLoader
-from batchwire.common.launcher import PipelineServer, ServerStartError
 from serverproc import running_server, small_server_args
 
 TRAIN_BIN = Path(sys.executable).parent / "pipeline-train"
@@ -73,14 +73,10 @@ def train(endpoint: str, *extra: str) -> subprocess.CompletedProcess:
     )
 
 
-# ---------------------------------------------------------------- findings (fail today)
-
-
 @pytest.mark.timeout(120)
 def test_pipeline_train_stopped_by_max_steps_asks_no_epoch_after_its_last(srv):
     """--max-steps ends the run at the end of epoch 0 of --epochs 2: epoch 0 is the last one
-    trained and validated, so neither loader may ask for epoch 1 ahead (`Trainer._has_next_epoch`
-    only looks at --epochs)."""
+    trained and validated, so neither loader asks for epoch 1 ahead."""
     train_before, val_before = len(hellos(srv, "train", 1)), len(hellos(srv, "val", 1))
     done = train(srv.endpoint, "--epochs", "2", "--max-steps", str(BATCHES))
     assert done.returncode == 0, done.stdout
@@ -94,9 +90,8 @@ def test_pipeline_train_stopped_by_max_steps_asks_no_epoch_after_its_last(srv):
 
 @pytest.mark.timeout(120)
 def test_pipeline_train_asks_no_epoch_ahead_at_a_size_that_epoch_will_not_have(srv):
-    """Pre-existing, same waste: with --resize-schedule 32:0,48:1 the loader asks epoch 1
-    ahead at 32 px during epoch 0, and epoch 1 then starts afresh at 48 px: those batches are
-    made for nothing (`Trainer._start_pass` sets an epoch's size only as that epoch starts)."""
+    """--resize-schedule 32:0,48:1: epoch 1 is not asked ahead at epoch 0's 32 px (it starts
+    afresh at 48 px, and what was asked would be made for nothing)."""
     before = len(hellos(srv, "train", 1))
     done = train(
         srv.endpoint, "--epochs", "2", "--max-steps", str(BATCHES + 1), "--no-val",
@@ -110,10 +105,9 @@ def test_pipeline_train_asks_no_epoch_ahead_at_a_size_that_epoch_will_not_have(s
 
 @pytest.mark.timeout(60)
 def test_a_state_saved_with_a_next_size_pending_resumes_its_pass_at_the_pass_size(srv):
-    """Pre-existing in `RemoteLoader.state_dict`, and a trap for a fix of the test above (ask
-    the next epoch's size as soon as a pass starts): set_image_size applies "from the next pass
-    on", but a state saved afterwards records that pending size as the saved pass's, so the
-    resumed pass continues at the other size (silently different batches)."""
+    """set_image_size applies from the next pass on: a state saved afterwards records the size
+    of the pass its position is in, so the resumed pass goes on at that size (it went on at the
+    pending size: silently different batches)."""
     with loader_for(srv.endpoint, image_size=40) as loader:
         it = iter(loader)
         batches(next(it) for _ in range(5))
@@ -146,11 +140,11 @@ def _lightning_module():
     return L, Module
 
 
-def _trainer(L, max_epochs: int):
+def _trainer(L, max_epochs: int, max_steps: int = -1):
     from batchwire.client.lightning import RemoteLoaderCallback
 
     return L.Trainer(
-        max_epochs=max_epochs, accelerator="cpu", devices=1, logger=False,
+        max_epochs=max_epochs, max_steps=max_steps, accelerator="cpu", devices=1, logger=False,
         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
         num_sanity_val_steps=0, callbacks=[RemoteLoaderCallback()],
     )  # fmt: skip
@@ -158,9 +152,9 @@ def _trainer(L, max_epochs: int):
 
 @pytest.mark.timeout(120)
 def test_lightning_callback_the_last_epochs_val_loader_asks_no_next_one(srv):
-    """README/docs: with RemoteLoaderCallback the last of max_epochs no longer has the servers
-    make the next epoch's batches for nothing. The val loader of that epoch (returned from
-    val_dataloader, as docs/frameworks.md says) still asks for val epoch 1 ahead."""
+    """With RemoteLoaderCallback the last of max_epochs has the servers make no next epoch's
+    batches for nothing: the val loader (returned from val_dataloader, as docs/frameworks.md
+    says) of that epoch asks for no val epoch 1 either."""
     L, Module = _lightning_module()
     before = len(hellos(srv, "val", 1))
     with loader_for(srv.endpoint) as tl, loader_for(srv.endpoint, "val") as vl:
@@ -170,10 +164,20 @@ def test_lightning_callback_the_last_epochs_val_loader_asks_no_next_one(srv):
 
 
 @pytest.mark.timeout(120)
+def test_lightning_callback_where_max_steps_ends_the_fit_asks_no_next_epoch(srv):
+    """max_steps reached at the end of epoch 0 of max_epochs 3: epoch 0 is the last one."""
+    L, Module = _lightning_module()
+    before = len(hellos(srv, "train", 1))
+    with loader_for(srv.endpoint) as tl:
+        _trainer(L, 3, max_steps=BATCHES).fit(Module(), tl)
+        asked = new_hellos(srv, "train", 1, before)
+    assert asked == [], f"epoch 1 asked ahead after max_steps: {asked}"
+
+
+@pytest.mark.timeout(120)
 def test_lightning_callback_leaves_a_later_fit_asking_ahead(srv):
-    """The callback turns prefetch_next_epoch off for a fit's last epoch and never back on:
-    the same loader in a later, longer fit (stages of one training) no longer asks any epoch
-    ahead, though its owner never turned that off (before the change it did)."""
+    """The callback turns prefetch_next_epoch off for a fit's last epoch only: the same loader
+    in a later, longer fit (stages of one training) asks its next epoch ahead again."""
     L, Module = _lightning_module()
     with loader_for(srv.endpoint) as tl:
         _trainer(L, 1).fit(Module(), tl)
@@ -181,31 +185,6 @@ def test_lightning_callback_leaves_a_later_fit_asking_ahead(srv):
         _trainer(L, 2).fit(Module(), tl)
         asked = new_hellos(srv, "train", 1, before)
     assert asked == [0], f"epoch 1 of the second fit was not asked ahead: {asked}"
-
-
-@pytest.mark.timeout(120)
-def test_a_picked_port_taken_by_another_pipeline_server_is_not_taken_for_ours(tmp_path):
-    """Pre-existing in `PipelineServer.wait_until_serving`, and it defeats the new retry: when
-    the process that takes the picked port is itself a pipeline-server, it answers the stats
-    request before ours has failed to bind, so start() returns "serving" while ours exits 2."""
-    args = small_server_args(seed=9)
-    ours = PipelineServer(args, log_path=tmp_path / "ours.log")
-    taken = ours.endpoint
-    with running_server(*args, endpoint=taken):
-        try:
-            ours.start()
-        except ServerStartError:
-            return  # a clear error is fine too
-        try:
-            assert ours.endpoint != taken, (
-                f"start() returned on {taken}, which the other server holds; ours:\n"
-                + ours.log(tail_chars=300)
-            )
-        finally:
-            ours.stop()
-
-
-# ---------------------------------------------------------------- coverage kept
 
 
 @pytest.mark.timeout(120)
@@ -233,16 +212,3 @@ def test_prefetch_next_epoch_turned_off_and_on_mid_epoch_stays_exact(srv):
         loader.set_epoch(2)
         assert_same(batches(loader), fresh[2])
     assert hellos(srv, "train", 2)[ahead_2:] == [0], "epoch 2 was asked for again"
-
-
-@pytest.mark.timeout(60)
-def test_an_explicit_endpoint_that_is_taken_does_not_move(tmp_path):
-    """Only a port the launcher picked moves: an endpoint the caller chose is what clients
-    were told, so a taken one is an error naming it, after one attempt."""
-    with socket.create_server(("127.0.0.1", 0)) as holder:
-        endpoint = f"tcp://127.0.0.1:{holder.getsockname()[1]}"
-        server = PipelineServer(small_server_args(seed=9), endpoint, log_path=tmp_path / "s.log")
-        with pytest.raises(ServerStartError, match="Address already in use"):
-            server.start(timeout=50)
-    assert server.endpoint == endpoint
-    assert server.log().count("$ ") == 1, server.log()
