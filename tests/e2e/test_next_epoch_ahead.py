@@ -2,8 +2,8 @@
 time, pipeline-train (--epochs, --max-steps, --resize-schedule) and `RemoteLoaderCallback`
 (max_epochs, max_steps, validation loaders, a later fit), and a saved position's output size.
 
-One real pipeline-server (the embedded val folder served as both splits, batches of 16 at
-32 px, 25 per epoch, logging each hello at INFO) is shared by the loader tests; what it was
+One real pipeline-server (128 photos of the embedded val folder served as both splits, batches
+of 16 at 32 px, 8 per epoch, logging each hello at INFO) is shared by the loader tests; what it was
 asked for is read from its log (``hellos``), as tests/e2e/test_remote_loader_epochs.py does.
 """
 
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -19,15 +20,23 @@ from pathlib import Path
 import pytest
 import torch
 from batchwire.client import RemoteLoader
+from batchwire.pipeline.synthetic import default_dataset
 from serverproc import running_server, small_server_args
 
 TRAIN_BIN = Path(sys.executable).parent / "pipeline-train"
-BATCHES = 25  # 400 images in batches of 16, per epoch and split
+CLASSES, PER_CLASS = 4, 32  # of the embedded val folder's 10 classes of 40 photos
+BATCHES = CLASSES * PER_CLASS // 16  # 8 per epoch and split: more than a loader asks at once
 
 
 @pytest.fixture(scope="module")
-def srv():
-    with running_server(*small_server_args(seed=9, val=True), "--max-image-size", "48") as server:
+def srv(tmp_path_factory):
+    root = tmp_path_factory.mktemp("photos")
+    for folder in sorted(default_dataset().val_root.iterdir())[:CLASSES]:
+        (root / folder.name).mkdir()
+        for photo in sorted(folder.iterdir())[:PER_CLASS]:
+            shutil.copyfile(photo, root / folder.name / photo.name)
+    args = (*small_server_args(seed=9, root=str(root), val=True), "--max-image-size", "48")
+    with running_server(*args) as server:
         yield server
 
 
