@@ -161,6 +161,7 @@ def test_unbuildable_extension_falls_back_to_the_reference_with_a_warning(tmp_pa
     assert "no C++ compiler" in run.stderr
 
 
+@pytest.mark.fresh_python  # what a fresh process imports: the fork server holds batchwire's CLIs
 def test_native_imports_nothing_from_pipeline():
     code = (
         "import sys, batchwire.native, batchwire.native.build, batchwire.native.__main__\n"
