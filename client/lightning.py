@@ -86,7 +86,17 @@ class RemoteLoaderCallback(pl.Callback):
             self._ask_ahead(loader, not last)
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        for loader in self._switched_off:  # as their owner set them, for a later fit
+        self._give_back()
+
+    def on_exception(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
+    ) -> None:
+        self._give_back()
+
+    def _give_back(self) -> None:
+        """The loaders this callback turned off ask ahead again, as their owner set them, for
+        whatever comes after this fit."""
+        for loader in self._switched_off:
             loader.prefetch_next_epoch = True
         self._switched_off.clear()
 

@@ -196,6 +196,22 @@ def test_lightning_callback_leaves_a_later_fit_asking_ahead(srv):
     assert asked == [0], f"epoch 1 of the second fit was not asked ahead: {asked}"
 
 
+@pytest.mark.timeout(60)
+def test_lightning_callback_gives_the_early_ask_back_when_the_fit_fails(srv):
+    L, Module = _lightning_module()
+
+    class Failing(Module):
+        def training_step(self, batch, i):
+            if i == 2:
+                raise RuntimeError("a user's bug")
+            return super().training_step(batch, i)
+
+    with loader_for(srv.endpoint) as tl:
+        with pytest.raises(RuntimeError, match="a user's bug"):
+            _trainer(L, 1).fit(Failing(), tl)
+        assert tl.prefetch_next_epoch, "the failed fit's last epoch left the early ask off"
+
+
 @pytest.mark.timeout(120)
 def test_prefetch_next_epoch_turned_off_and_on_mid_epoch_stays_exact(srv):
     """Off mid-epoch 0: nothing of epoch 1 asked ahead; on again mid-epoch 1: epoch 2 asked
