@@ -14,17 +14,24 @@ another's shown name as its routing id and be shown as that peer.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 
 #: libzmq's own names: a zero byte and a 32-bit counter.
 _AUTOMATIC_LENGTH = 5
-_KEY = os.urandom(16)
+
+
+@functools.cache
+def _key() -> bytes:
+    """This process's key, drawn at first use, not at import: a process forked from one that
+    imported this module (a fork server) draws its own."""
+    return os.urandom(16)
 
 
 def shown(identity: bytes) -> str:
     """``identity`` as the server says it: hex, or a keyed hash of libzmq's own names."""
     if len(identity) == _AUTOMATIC_LENGTH and identity[0] == 0:
         # "z" is no hex digit: no routing id is shown so, so no peer can pose as this one.
-        return "z" + hashlib.blake2b(identity, key=_KEY, digest_size=5).hexdigest()[:9]
+        return "z" + hashlib.blake2b(identity, key=_key(), digest_size=5).hexdigest()[:9]
     return identity.hex()

@@ -1,4 +1,5 @@
-"""No batchwire module reads the environment or a file as it is imported.
+"""No batchwire module reads the environment or a file, or draws a random number, as it is
+imported.
 
 Why it matters: settings are read when they are used, so a variable set after import (a test's
 monkeypatch, a launcher's env for a child) is honoured; and the suite's fork server
@@ -39,6 +40,10 @@ FILE_READS = {
 }  # fmt: skip
 
 
+#: Calls that draw random numbers (a key drawn at import would be shared by forked processes).
+RANDOM_DRAWS = {"urandom", "getrandom", "token_bytes", "token_hex", "token_urlsafe", "randbits"}
+
+
 def import_time_nodes(tree: ast.Module) -> Iterator[ast.AST]:
     """Every node evaluated when the module is imported."""
     todo: list[ast.AST] = list(tree.body)
@@ -70,7 +75,7 @@ def reads_at_import(path: Path, root: Path = ROOT) -> list[str]:
         if isinstance(node, ast.Call):
             func = node.func
             called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
-            if called in FILE_READS:
+            if called in FILE_READS or called in RANDOM_DRAWS:
                 found.append(f"{path.relative_to(root)}:{node.lineno} calls {called}()")
     return found
 
@@ -80,7 +85,7 @@ def product_files() -> list[Path]:
 
 
 @pytest.mark.parametrize("package", PACKAGES)
-def test_no_module_reads_the_environment_or_a_file_at_import(package: str) -> None:
+def test_no_module_reads_the_environment_or_a_file_or_draws_at_import(package: str) -> None:
     found = [hit for p in sorted((ROOT / package).rglob("*.py")) for hit in reads_at_import(p)]
     assert not found, "\n".join(found)
 
@@ -95,12 +100,14 @@ def test_the_check_sees_what_runs_at_import_and_skips_what_runs_later(tmp_path: 
         "def f(d=os.getenv('Y')):\n"  # a default: import time
         "    return os.environ['Z'], open('g')\n"  # the body: later
         "g = lambda: os.environ\n"  # a lambda's body: later
+        "K = os.urandom(16)\n"  # a draw: import time
     )
     hits = reads_at_import(sample, root=tmp_path)
     assert sorted(h.split(" ", 1)[0] for h in hits) == [
         "sample.py:2",
         "sample.py:4",
         "sample.py:5",
+        "sample.py:8",
     ], hits
 
 
