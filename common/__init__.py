@@ -20,6 +20,13 @@ pulling in the server.
 ``batchwire.__version__``.
 """
 
-from batchwire.wire.version import __version__
+from batchwire.wire.version import installed_version
 
 __all__ = ["__version__"]
+
+
+def __getattr__(name: str) -> str:
+    """``__version__``, read lazily (PEP 562), as `batchwire.wire.version` reads it."""
+    if name == "__version__":
+        return installed_version()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

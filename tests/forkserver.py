@@ -25,7 +25,9 @@ process by its parent or its /proc environ is marked `fresh_python`, and so is a
 which modules a process imports: batchwire's command lines and loader are imported ahead too
 (`OWN_PRELOAD`), which changes nothing else a child sees, since no batchwire module reads the
 environment or a file at import (a variable a test sets for batchwire is read as in a fresh
-process).
+process). One thing differs: batchwire's loggers exist already, so a child that calls
+`logging.config.dictConfig` (whose `disable_existing_loggers` is on by default) before it imports
+batchwire disables them, where a fresh interpreter would not; such a test is `fresh_python`.
 
 The parent side is `ForkedPopen`, a `subprocess.Popen` whose `_execute_child` asks the fork
 server instead of calling fork/exec and whose wait reads the exit status the fork server sends
@@ -59,8 +61,12 @@ PRELOAD = ("torch", "numpy", "zmq", "msgpack", "turbojpeg", "cv2", "xxhash", "pr
 #: what a fresh interpreter sees, because no batchwire module reads the environment or a file
 #: as it is imported (tests/unit/test_import_time.py holds that).
 OWN_PRELOAD = (
-    "batchwire.server.app", "batchwire.server.cli", "batchwire.client", "batchwire.train.cli",
-    "batchwire.monitor.cli", "batchwire.prepare.cli",
+    "batchwire.server.app",
+    "batchwire.server.cli",
+    "batchwire.client",
+    "batchwire.train.cli",
+    "batchwire.monitor.cli",
+    "batchwire.prepare.cli",
 )
 
 #: Environment variables read when an interpreter or a preloaded library starts: a child whose
@@ -103,6 +109,18 @@ def startup_env(env: Mapping[str, str]) -> dict[str, str]:
         and not k.startswith(READ_WHEN_USED)
         and k not in TAKEN_AFTER_FORK
     }
+
+
+def _own_random_state() -> None:
+    """Seed torch's and numpy's global generators afresh, as a fresh interpreter's are (Python's
+    `random` reseeds itself after a fork): children that share the fork server's state would
+    draw the same numbers, and a test of seeding could not fail on a seed left unapplied."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.seed()
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        numpy.random.seed()
 
 
 def _take_startup_settings(env: Mapping[str, str]) -> None:
@@ -182,7 +200,8 @@ def _run_as_main(kind: str, target: str, rest: list[str]) -> None:
     if kind == "module":
         sys.argv = ["-m", *rest]
         _set_first_path(os.getcwd())
-        sys.modules.pop(target, None)  # preloaded: run afresh as __main__, as `python -m` does
+        if not hasattr(sys.modules.get(target), "__path__"):  # a package runs its __main__
+            sys.modules.pop(target, None)  # preloaded: run afresh as __main__, as `-m` does
         runpy._run_module_as_main(target, alter_argv=True)  # what `python -m` calls
         return
     if kind == "code":
@@ -260,6 +279,7 @@ def _child(request: dict, fds: list[int], close: list[int]) -> None:
         os.environ.clear()
         os.environ.update(request["env"])
         _take_startup_settings(request["env"])
+        _own_random_state()
         ForkClient(request["server"], request["server_env"]).install()  # its children fork too
         sys.orig_argv = [sys.executable, *request["argv"][1:]]
     except BaseException:

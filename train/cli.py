@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from batchwire.wire.cli import ArgumentParser
 from batchwire.wire.endpoints import UnresolvableHost, check_resolvable
-from batchwire.wire.version import __version__, add_version_argument
+from batchwire.wire.version import add_version_argument, installed_version
 
 from .config import AMP_MODES, MODEL_NAMES, OPTIMIZERS, SCHEDULES, ConfigError, TrainConfig
 from .preemption import (
@@ -389,7 +389,7 @@ def _run(cfg: TrainConfig, request: CheckpointRequest | None) -> list[EpochResul
     try:
         if ctx.is_main:  # at once: the welcome may take a while (a server still starting)
             print(
-                f"pipeline-train {__version__}: {cfg.model}, {ctx.world_size} rank(s) on "
+                f"pipeline-train {installed_version()}: {cfg.model}, {ctx.world_size} rank(s) on "
                 f"{ctx.device.type}; connecting to {', '.join(cfg.servers)} "
                 f"(waiting up to {cfg.timeout:g} s)",
                 flush=True,

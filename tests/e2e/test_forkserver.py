@@ -248,3 +248,47 @@ def test_a_safe_path_interpreter_keeps_pythonpath_first_in_a_forked_child(
         assert server.forked == len(argvs), server.execd
     assert fresh[0] == (0, f"imported ['arg'] {site}\n", "")
     assert forked == fresh
+
+
+def test_forked_children_draw_their_own_random_numbers(
+    fork_server: ForkServer | None, tmp_path: Path
+) -> None:
+    """torch and numpy, imported ahead, would hand every child the fork server's generator
+    state; fresh interpreters each draw their own (Python's `random` reseeds itself)."""
+    if fork_server is None:
+        pytest.skip("the fork server is off (BATCHWIRE_TEST_FORKSERVER=0)")
+    code = (
+        "import numpy, torch; "
+        "print(torch.initial_seed(), torch.rand(1).item(), numpy.random.rand())"
+    )
+    before = fork_server.forked
+    draws = [_run([sys.executable, "-c", code], tmp_path) for _ in range(2)]
+    assert fork_server.forked == before + 2
+    (torch_a, rand_a, np_a), (torch_b, rand_b, np_b) = (d[1].split() for d in draws)
+    assert torch_a != torch_b and rand_a != rand_b and np_a != np_b, draws
+
+
+def test_python_m_of_a_package_imported_ahead_keeps_one_package_object(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`python -m PACKAGE` runs its __main__; a package the fork server imported ahead (as
+    `batchwire.server`) must stay the one package object, its submodules its attributes."""
+    pkg = tmp_path / "site" / "preloadedpkg"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sub.py").write_text("")
+    (pkg / "__main__.py").write_text(
+        "import sys\n"
+        "import preloadedpkg.sub\n"
+        "print(sys.modules['preloadedpkg'].sub is sys.modules['preloadedpkg.sub'])\n"
+    )
+    monkeypatch.setenv("PYTHONPATH", str(pkg.parent))  # the fork server's and the children's
+    argv = [sys.executable, "-m", "preloadedpkg"]
+    with ForkServer.start(preload=["preloadedpkg.sub"]) as server:
+        server.install()
+        try:
+            forked = _run(argv, tmp_path)
+        finally:
+            server.uninstall()
+        assert server.forked == 1, server.execd
+    assert forked == (0, "True\n", "")

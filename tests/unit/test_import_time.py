@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import ast
 import importlib.util
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import pytest
@@ -37,6 +37,8 @@ ENVIRONMENT = {"environ", "getenv", "environb"}
 FILE_READS = {
     "open", "read_text", "read_bytes", "exists", "is_file", "is_dir", "glob", "rglob", "iterdir",
     "listdir", "scandir", "stat", "home", "cwd", "getcwd", "expanduser", "which",
+    # importlib.metadata's look-ups read a distribution's files found on sys.path
+    "version", "metadata", "distribution", "distributions", "entry_points",
 }  # fmt: skip
 
 
@@ -60,24 +62,36 @@ def import_time_nodes(tree: ast.Module) -> Iterator[ast.AST]:
         todo += ast.iter_child_nodes(node)
 
 
-def reads_at_import(path: Path, root: Path = ROOT) -> list[str]:
-    """Where ``path`` reads the environment or a file at import, as ``file:line what``."""
-    source = path.read_text()
-    found = []
-    for node in import_time_nodes(ast.parse(source, str(path))):
+def _reads(nodes: Iterable[ast.AST], readers: set[str]) -> Iterator[tuple[int, str]]:
+    """(line, what) for each read among ``nodes``; ``readers``: the module's own functions
+    that read, whose calls count as reads too."""
+    for node in nodes:
         name = None
         if isinstance(node, ast.Attribute):
             name = node.attr
         elif isinstance(node, ast.Name):
             name = node.id
         if name in ENVIRONMENT:
-            found.append(f"{path.relative_to(root)}:{node.lineno} reads the environment ({name})")
+            yield node.lineno, f"reads the environment ({name})"
         if isinstance(node, ast.Call):
             func = node.func
             called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
-            if called in FILE_READS or called in RANDOM_DRAWS:
-                found.append(f"{path.relative_to(root)}:{node.lineno} calls {called}()")
-    return found
+            if called in FILE_READS or called in RANDOM_DRAWS or called in readers:
+                yield node.lineno, f"calls {called}()"
+
+
+def reads_at_import(path: Path, root: Path = ROOT) -> list[str]:
+    """Where ``path`` reads the environment or a file, or draws, at import (directly, or by
+    calling one of its own functions that does), as ``file:line what``."""
+    tree = ast.parse(path.read_text(), str(path))
+    readers = {
+        node.name
+        for node in tree.body
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        and any(True for _ in _reads(ast.walk(node), set()))
+    }
+    where = path.relative_to(root)
+    return [f"{where}:{line} {what}" for line, what in _reads(import_time_nodes(tree), readers)]
 
 
 def product_files() -> list[Path]:
@@ -101,9 +115,13 @@ def test_the_check_sees_what_runs_at_import_and_skips_what_runs_later(tmp_path: 
         "    return os.environ['Z'], open('g')\n"  # the body: later
         "g = lambda: os.environ\n"  # a lambda's body: later
         "K = os.urandom(16)\n"  # a draw: import time
+        "def reader():\n"
+        "    return open('h')\n"
+        "V = reader()\n"  # a call of the module's own reader: import time
     )
     hits = reads_at_import(sample, root=tmp_path)
     assert sorted(h.split(" ", 1)[0] for h in hits) == [
+        "sample.py:11",
         "sample.py:2",
         "sample.py:4",
         "sample.py:5",
