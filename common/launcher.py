@@ -28,6 +28,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
+from batchwire.wire.endpoints import tcp_host_port
 from batchwire.wire.keys import ClientKeys
 from batchwire.wire.stats import ServerStats
 from batchwire.wire.stats_client import StatsClient
@@ -99,14 +100,6 @@ def listens_on(pid: int, port: int) -> bool | None:
             if listening and inode in sockets:
                 return True
     return False
-
-
-def _tcp_port(endpoint: str) -> int | None:
-    """The port of a ``tcp://host:port`` endpoint; None for any other transport."""
-    if not endpoint.startswith("tcp://"):
-        return None
-    port = endpoint.rsplit(":", 1)[1]
-    return int(port) if port.isdigit() else None
 
 
 def server_executable() -> list[str]:
@@ -251,7 +244,7 @@ class PipelineServer:
         if proc is None:
             raise RuntimeError("pipeline-server not started")
         deadline = time.monotonic() + timeout
-        foreign: ServerStats | None = None  # a reply from another process on our port
+        answered_elsewhere = False  # another process replied on our port
         with StatsClient(self.endpoint, keys=self.keys) as client:
             client.send()
             while True:
@@ -264,18 +257,18 @@ class PipelineServer:
                             f"answered on {self.endpoint}"
                         )
                     )
-                stats = client.receive(POLL_S) if foreign is None else None
+                stats = None if answered_elsewhere else client.receive(POLL_S)
                 if stats is not None:
                     if not self._answered_by_another(proc.pid):
                         return stats
                     # Ours cannot bind a port another server holds: it exits, and a port the
                     # launcher picked is then picked again (`start`).
-                    foreign = stats
-                if foreign is not None:
+                    answered_elsewhere = True
+                if answered_elsewhere:
                     time.sleep(POLL_S)
                 if time.monotonic() > deadline:
                     self.kill()
-                    held = " (another process answers there)" if foreign is not None else ""
+                    held = " (another process answers there)" if answered_elsewhere else ""
                     raise ServerStartError(
                         self._with_log(
                             f"pipeline-server did not answer on {self.endpoint}{held} within "
@@ -287,8 +280,10 @@ class PipelineServer:
         """A reply on our TCP port while process ``pid`` (ours) does not listen there came from
         another process (say, a server that took the port first); where /proc cannot tell,
         the reply is trusted, as before."""
-        port = _tcp_port(self.endpoint)
-        return port is not None and listens_on(pid, port) is False
+        host_port = tcp_host_port(self.endpoint)
+        if host_port is None or not host_port[1].isdigit():
+            return False
+        return listens_on(pid, int(host_port[1])) is False
 
     def stop(self, grace: float = 10.0) -> Stopped:
         """SIGTERM and wait up to ``grace`` seconds, then SIGKILL; a no-op once it has exited."""

@@ -268,8 +268,8 @@ def open_loaders(cfg: TrainConfig, ctx: DistContext) -> tuple[Any, Any | None, A
     The train loader's first connection is the probe, and it is kept: the loaders normalise a
     uint8 wire on the device and pass a float one through, as each welcome says (a probe closed
     and opened again had the server make the batches it asked for in between for nothing; a
-    resume, or --resize-schedule's first size, still starts the pass afresh). A
-    server without a train split is an error here; one without a val split is said once (rank 0) and
+    resume, or --resize-schedule's first size, still starts the pass afresh). A server without
+    a train split is an error here; one without a val split is said once (rank 0) and
     validation is skipped, instead of an epoch trained and then an error. The val loader asks
     for its welcome and leaves again (it reconnects when the first validation starts), so it
     holds no batches while the epoch trains. With --resize-schedule the probe asks for the
